@@ -1,0 +1,200 @@
+//! The `exec` backend: the user's own commands, with idempotency built in.
+//!
+//! `apply` is skipped (`no_change`) when the digest of the target's files,
+//! the command and its environment equals the digest stored at the last
+//! successful apply. With `always = true` the command runs every tick and its
+//! exit code says what happened:
+//!
+//! | exit code | result      |
+//! |-----------|-------------|
+//! | 0         | `changed`   |
+//! | 3         | `no_change` |
+//! | other     | `failed`    |
+//!
+//! Commands are argv vectors run in the target's directory; this module does
+//! not know about git, triggers or the queue.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+use super::{ApplyResult, Backend, BackendError, BoxFuture, Context, Outputs, Status};
+use crate::config::resolve_env_map;
+use crate::process::{self, Spec};
+
+/// The exit code with which an `exec` command says "nothing to do".
+pub const NO_CHANGE_EXIT_CODE: i32 = 3;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// argv run by `apply`.
+    pub apply: Vec<String>,
+    /// argv run by `destroy` (without one, destroy fails with a clear message).
+    pub destroy: Option<Vec<String>>,
+    /// argv whose stdout is a JSON object: the target's outputs.
+    pub outputs: Option<Vec<String>>,
+    /// Extra environment; values `env:NAME` are read from driftless's own
+    /// environment and masked in output.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Run `apply` every tick instead of only when the digest changed.
+    #[serde(default)]
+    pub always: bool,
+}
+
+impl Config {
+    pub(super) fn validate(&self) -> Result<(), String> {
+        for (key, argv) in [
+            ("apply", Some(&self.apply)),
+            ("destroy", self.destroy.as_ref()),
+            ("outputs", self.outputs.as_ref()),
+        ] {
+            if let Some(argv) = argv {
+                if argv.first().is_none_or(|p| p.trim().is_empty()) {
+                    return Err(format!(
+                        "`{key}` must be a non-empty argv list such as [\"./deploy.sh\", \"--prod\"]"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+pub struct Exec {
+    cfg: Config,
+    ctx: Context,
+}
+
+impl Exec {
+    pub fn new(cfg: Config, mut ctx: Context) -> Result<Self, BackendError> {
+        // Fail early, and register secret env values before anything runs.
+        let (_, secrets) =
+            resolve_env_map(&cfg.env).map_err(|e| BackendError::Config(e.to_string()))?;
+        for s in secrets {
+            ctx.redactor.add(s);
+        }
+        Ok(Exec { cfg, ctx })
+    }
+
+    /// Digest of the inputs: the tracked files, the command, the env as written.
+    fn digest(&self) -> String {
+        let mut h = Sha256::new();
+        h.update(b"driftless-exec-v1\0");
+        h.update(self.ctx.source_digest.as_bytes());
+        for a in &self.cfg.apply {
+            h.update(b"\0argv\0");
+            h.update(a.as_bytes());
+        }
+        for (k, v) in &self.cfg.env {
+            h.update(b"\0env\0");
+            h.update(k.as_bytes());
+            h.update(b"=");
+            h.update(v.as_bytes());
+        }
+        hex::encode(h.finalize())
+    }
+
+    async fn run(&self, argv: &[String]) -> Result<(Spec, process::Output), String> {
+        let (env, _) = resolve_env_map(&self.cfg.env).map_err(|e| e.to_string())?;
+        let mut spec = Spec::new(argv.to_vec(), &self.ctx.workdir);
+        spec.env = env;
+        spec.deadline = Some(Instant::now() + self.ctx.timeout);
+        let out = process::run(&spec, &self.ctx.redactor)
+            .await
+            .map_err(|e| self.ctx.redactor.redact(&e.to_string()))?;
+        Ok((spec, out))
+    }
+
+    async fn run_for_status(&self, argv: &[String], digest: Option<String>) -> Status {
+        let (spec, out) = match self.run(argv).await {
+            Ok(x) => x,
+            Err(e) => return Status::failed(e),
+        };
+        let (result, message) = match out.code {
+            _ if out.timed_out => (
+                ApplyResult::Failed,
+                process::describe_exit(&spec, &out, Some(self.ctx.timeout)),
+            ),
+            Some(0) => (ApplyResult::Changed, format!("`{}` succeeded", spec.display())),
+            Some(NO_CHANGE_EXIT_CODE) => (
+                ApplyResult::NoChange,
+                format!("`{}` reported no change", spec.display()),
+            ),
+            _ => {
+                let last = out
+                    .stderr
+                    .lines()
+                    .rev()
+                    .find(|l| !l.trim().is_empty())
+                    .unwrap_or("")
+                    .trim();
+                let exit = process::describe_exit(&spec, &out, None);
+                let msg = if last.is_empty() { exit } else { format!("{exit}: {last}") };
+                (ApplyResult::Failed, msg)
+            }
+        };
+        Status {
+            result,
+            message,
+            output_tail: out.tail,
+            digest: if result == ApplyResult::Failed { None } else { digest },
+        }
+    }
+}
+
+impl Backend for Exec {
+    fn apply(&self) -> BoxFuture<'_, Status> {
+        Box::pin(async move {
+            let digest = self.digest();
+            if !self.cfg.always && self.ctx.last_digest.as_deref() == Some(digest.as_str()) {
+                return Status {
+                    result: ApplyResult::NoChange,
+                    message: "inputs unchanged since the last successful apply".into(),
+                    output_tail: String::new(),
+                    digest: Some(digest),
+                };
+            }
+            self.run_for_status(&self.cfg.apply, Some(digest)).await
+        })
+    }
+
+    fn destroy(&self) -> BoxFuture<'_, Status> {
+        Box::pin(async move {
+            match &self.cfg.destroy {
+                Some(argv) => self.run_for_status(argv, None).await,
+                None => Status::failed("this exec target has no `destroy` command configured"),
+            }
+        })
+    }
+
+    fn outputs(&self) -> BoxFuture<'_, Result<Outputs, BackendError>> {
+        Box::pin(async move {
+            let Some(argv) = &self.cfg.outputs else {
+                return Ok(Outputs::new());
+            };
+            let (spec, out) = self.run(argv).await.map_err(BackendError::Command)?;
+            if !out.success() {
+                return Err(BackendError::Command(format!(
+                    "{}: {}",
+                    process::describe_exit(&spec, &out, Some(self.ctx.timeout)),
+                    out.stderr.trim()
+                )));
+            }
+            match serde_json::from_str::<serde_json::Value>(&out.stdout) {
+                Ok(serde_json::Value::Object(map)) => Ok(map),
+                Ok(_) => Err(BackendError::Command(format!(
+                    "`{}` must print a JSON object on stdout",
+                    spec.display()
+                ))),
+                Err(e) => Err(BackendError::Command(format!(
+                    "`{}` printed invalid JSON: {e}",
+                    spec.display()
+                ))),
+            }
+        })
+    }
+}

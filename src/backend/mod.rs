@@ -1,0 +1,172 @@
+//! Backends: how one kind of target is converged.
+//!
+//! The trait has three operations — `apply`, `destroy`, `outputs` — and
+//! nothing else: no plan, no refresh, no dry-run (see ARCHITECTURE.md for
+//! why). Everything a backend needs is bound when [`build`] makes it from its
+//! config and a [`Context`]. A backend never sees a trigger, a queue, git or a
+//! notifier; it must not import `queue`, `tick`, `git` or `http`.
+//!
+//! Per-backend config is a tagged enum (`kind = "terraform"`), each variant
+//! its own struct with `deny_unknown_fields`.
+
+pub mod exec;
+pub mod terraform;
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::redact::Redactor;
+
+/// The outcome class of an apply or destroy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApplyResult {
+    NoChange,
+    Changed,
+    Failed,
+}
+
+impl ApplyResult {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApplyResult::NoChange => "no_change",
+            ApplyResult::Changed => "changed",
+            ApplyResult::Failed => "failed",
+        }
+    }
+}
+
+/// What an apply or destroy reports.
+#[derive(Debug, Clone)]
+pub struct Status {
+    pub result: ApplyResult,
+    /// One or a few lines for people: what changed, or why it failed.
+    pub message: String,
+    /// The end of the commands' output (already redacted).
+    pub output_tail: String,
+    /// Backends that build "no change" from a digest of their inputs return
+    /// the digest they applied; it is stored after a successful apply and
+    /// handed back in [`Context::last_digest`] next time.
+    pub digest: Option<String>,
+}
+
+impl Status {
+    pub fn failed(message: impl Into<String>) -> Self {
+        Status {
+            result: ApplyResult::Failed,
+            message: message.into(),
+            output_tail: String::new(),
+            digest: None,
+        }
+    }
+}
+
+/// A backend's outputs: a JSON object.
+pub type Outputs = serde_json::Map<String, serde_json::Value>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("{0}")]
+    Config(String),
+    #[error("{0}")]
+    Command(String),
+}
+
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The protocol every backend satisfies.
+pub trait Backend: Send + Sync {
+    /// Converge the real world to the checkout. Idempotent: with nothing to
+    /// do it reports `no_change` and changes nothing.
+    fn apply(&self) -> BoxFuture<'_, Status>;
+    /// Tear the target down.
+    fn destroy(&self) -> BoxFuture<'_, Status>;
+    /// What the target exposes (terraform outputs, the command's JSON, …).
+    fn outputs(&self) -> BoxFuture<'_, Result<Outputs, BackendError>>;
+}
+
+/// What a backend is bound to when it is built.
+#[derive(Debug, Clone)]
+pub struct Context {
+    /// The target's directory inside the checkout.
+    pub workdir: PathBuf,
+    /// A content hash of every tracked file under `workdir`.
+    pub source_digest: String,
+    /// The digest stored after the last successful apply, if any.
+    pub last_digest: Option<String>,
+    /// Every operation is bounded by this; commands are killed past it.
+    pub timeout: Duration,
+    /// Masks secrets in everything the backend reports.
+    pub redactor: Redactor,
+}
+
+/// The `[targets.backend]` table.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum BackendConfig {
+    Terraform(terraform::Config),
+    Exec(exec::Config),
+}
+
+impl BackendConfig {
+    /// Parse the table; relative paths stay relative to the target's path.
+    pub fn from_value(v: serde_json::Value, _base: &Path) -> Result<Self, serde_json::Error> {
+        let cfg: BackendConfig = serde_json::from_value(v)?;
+        cfg.validate().map_err(serde::de::Error::custom)?;
+        Ok(cfg)
+    }
+
+    pub fn kind(&self) -> &'static str {
+        match self {
+            BackendConfig::Terraform(_) => "terraform",
+            BackendConfig::Exec(_) => "exec",
+        }
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        match self {
+            BackendConfig::Terraform(c) => c.validate(),
+            BackendConfig::Exec(c) => c.validate(),
+        }
+    }
+
+    /// Problems only visible on this machine (a missing binary), as
+    /// `(key, message)`, for `driftless check`.
+    pub fn check_environment(&self) -> Vec<(String, String)> {
+        match self {
+            BackendConfig::Terraform(c) => match find_on_path(&c.binary) {
+                Some(_) => vec![],
+                None => vec![(
+                    "binary".into(),
+                    format!("`{}` is not on the PATH", c.binary),
+                )],
+            },
+            BackendConfig::Exec(_) => vec![],
+        }
+    }
+}
+
+/// Build the backend for one operation.
+pub fn build(cfg: &BackendConfig, ctx: Context) -> Result<Box<dyn Backend>, BackendError> {
+    Ok(match cfg {
+        BackendConfig::Terraform(c) => Box::new(terraform::Terraform::new(c.clone(), ctx)?),
+        BackendConfig::Exec(c) => Box::new(exec::Exec::new(c.clone(), ctx)?),
+    })
+}
+
+/// Where `program` would be found, like `which`.
+pub fn find_on_path(program: &str) -> Option<PathBuf> {
+    if program.contains('/') {
+        let p = PathBuf::from(program);
+        return p.is_file().then_some(p);
+    }
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(program))
+            .find(|p| p.is_file())
+    })
+}

@@ -1,0 +1,436 @@
+//! The `terraform` backend (also OpenTofu: `binary = "tofu"`).
+//!
+//! `apply` runs `init -input=false` when the working directory is new or the
+//! dependency lock file / backend configuration changed since the last init
+//! (or when terraform itself says init is required), then
+//! `apply -auto-approve -input=false -json`, and reads the result from the
+//! machine-readable `change_summary` (and planned output changes). Refresh is
+//! part of terraform's apply; there is no separate plan step. `outputs` is
+//! `output -json` with sensitive values masked. This module knows nothing
+//! about git, triggers or the queue.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Instant;
+
+use serde::Deserialize;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use super::{ApplyResult, Backend, BackendError, BoxFuture, Context, Outputs, Status};
+use crate::config::resolve_env_map;
+use crate::process::{self, Spec};
+
+/// Written into `.terraform/` after a successful init: what init saw.
+const INIT_MARKER: &str = ".terraform/driftless-init.sha256";
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// `terraform` or `tofu` (or a path to either).
+    #[serde(default = "default_binary")]
+    pub binary: String,
+    /// `-var-file` arguments, relative to the target's path.
+    #[serde(default)]
+    pub var_files: Vec<String>,
+    /// `-var name=value` arguments; non-string values are passed as JSON.
+    #[serde(default)]
+    pub vars: BTreeMap<String, Value>,
+    /// Selected (and created if missing) before apply.
+    pub workspace: Option<String>,
+    /// Extra environment; values `env:NAME` are read from driftless's own
+    /// environment and masked in output.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Extra arguments for `init` (e.g. `-backend-config=prod.hcl`).
+    #[serde(default)]
+    pub init_args: Vec<String>,
+}
+
+fn default_binary() -> String {
+    "terraform".into()
+}
+
+impl Config {
+    pub(super) fn validate(&self) -> Result<(), String> {
+        if self.binary.trim().is_empty() {
+            return Err("`binary` must name the terraform or tofu program".into());
+        }
+        for f in &self.var_files {
+            if Path::new(f).is_absolute() || f.split('/').any(|c| c == "..") {
+                return Err(format!(
+                    "var_files entry `{f}` must be relative to the target's path, without `..`"
+                ));
+            }
+        }
+        if let Some(w) = &self.workspace {
+            if w.is_empty() || !w.chars().all(|c| c.is_ascii_alphanumeric() || "-_".contains(c)) {
+                return Err(format!("`workspace` `{w}` must be letters, digits, '-' or '_'"));
+            }
+        }
+        Ok(())
+    }
+}
+
+pub struct Terraform {
+    cfg: Config,
+    ctx: Context,
+    env: BTreeMap<String, String>,
+}
+
+/// What one `-json` run reported.
+#[derive(Debug, Default)]
+struct Report {
+    /// From the final `change_summary` (operation apply/destroy).
+    summary: Option<(u64, String)>,
+    /// Planned output changes (actions other than `noop`).
+    output_changes: u64,
+    /// Error diagnostics: "summary: detail (file:line)".
+    errors: Vec<String>,
+}
+
+impl Report {
+    fn parse(stdout: &str) -> Report {
+        let mut r = Report::default();
+        for line in stdout.lines() {
+            let Ok(v) = serde_json::from_str::<Value>(line) else {
+                continue;
+            };
+            match v.get("type").and_then(Value::as_str) {
+                Some("change_summary") => {
+                    let changes = &v["changes"];
+                    let op = changes["operation"].as_str().unwrap_or("");
+                    if op == "apply" || op == "destroy" {
+                        let n: u64 = ["add", "change", "remove", "import"]
+                            .iter()
+                            .map(|k| changes[*k].as_u64().unwrap_or(0))
+                            .sum();
+                        let msg = v["@message"].as_str().unwrap_or("").to_string();
+                        r.summary = Some((n, msg));
+                    }
+                }
+                Some("outputs") => {
+                    if let Some(outs) = v["outputs"].as_object() {
+                        r.output_changes += outs
+                            .values()
+                            .filter(|o| o["action"].as_str().is_some_and(|a| a != "noop"))
+                            .count() as u64;
+                    }
+                }
+                Some("diagnostic") if v["@level"] == "error" => {
+                    let d = &v["diagnostic"];
+                    let mut s = d["summary"].as_str().unwrap_or("error").to_string();
+                    if let Some(detail) = d["detail"].as_str().filter(|s| !s.is_empty()) {
+                        s.push_str(": ");
+                        s.push_str(detail);
+                    }
+                    if let (Some(file), Some(line)) = (
+                        d["range"]["filename"].as_str(),
+                        d["range"]["start"]["line"].as_u64(),
+                    ) {
+                        s.push_str(&format!(" ({file}:{line})"));
+                    }
+                    r.errors.push(s);
+                }
+                _ => {}
+            }
+        }
+        r
+    }
+
+    fn wants_init(&self) -> bool {
+        self.errors.iter().any(|e| {
+            e.contains("terraform init")
+                || e.contains("tofu init")
+                || e.contains("Backend initialization required")
+                || e.contains("Module not installed")
+        })
+    }
+}
+
+impl Terraform {
+    pub fn new(cfg: Config, mut ctx: Context) -> Result<Self, BackendError> {
+        let (mut env, secrets) =
+            resolve_env_map(&cfg.env).map_err(|e| BackendError::Config(e.to_string()))?;
+        for s in secrets {
+            ctx.redactor.add(s);
+        }
+        env.insert("TF_IN_AUTOMATION".into(), "1".into());
+        env.insert("TF_INPUT".into(), "0".into());
+        Ok(Terraform { cfg, ctx, env })
+    }
+
+    fn spec(&self, args: &[&str], deadline: Instant) -> Spec {
+        let mut argv = vec![self.cfg.binary.clone()];
+        argv.extend(args.iter().map(|s| s.to_string()));
+        let mut spec = Spec::new(argv, &self.ctx.workdir);
+        spec.env = self.env.clone();
+        spec.deadline = Some(deadline);
+        spec
+    }
+
+    fn var_args(&self) -> Vec<String> {
+        let mut args: Vec<String> = self
+            .cfg
+            .var_files
+            .iter()
+            .map(|f| format!("-var-file={f}"))
+            .collect();
+        for (k, v) in &self.cfg.vars {
+            let v = match v {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            args.push("-var".into());
+            args.push(format!("{k}={v}"));
+        }
+        args
+    }
+
+    /// What init depends on: the lock file, the init arguments, and every
+    /// file that configures a backend.
+    fn init_digest(&self) -> String {
+        let dir = &self.ctx.workdir;
+        let mut h = Sha256::new();
+        h.update(b"driftless-tf-init-v1\0");
+        h.update(self.cfg.binary.as_bytes());
+        for a in &self.cfg.init_args {
+            h.update(b"\0");
+            h.update(a.as_bytes());
+        }
+        if let Ok(lock) = std::fs::read(dir.join(".terraform.lock.hcl")) {
+            h.update(b"\0lock\0");
+            h.update(&lock);
+        }
+        let mut files: Vec<_> = std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.extension()
+                    .is_some_and(|e| e == "tf" || e == "json" || e == "hcl")
+            })
+            .collect();
+        files.sort();
+        for f in files {
+            if let Ok(text) = std::fs::read_to_string(&f) {
+                // backend blocks, and module sources (init installs modules)
+                if text.contains("backend") || text.contains("module") {
+                    h.update(b"\0file\0");
+                    h.update(f.file_name().map(|n| n.as_encoded_bytes()).unwrap_or(b""));
+                    h.update(text.as_bytes());
+                }
+            }
+        }
+        hex::encode(h.finalize())
+    }
+
+    async fn run(&self, spec: &Spec) -> Result<process::Output, String> {
+        process::run(spec, &self.ctx.redactor)
+            .await
+            .map_err(|e| self.ctx.redactor.redact(&e.to_string()))
+    }
+
+    async fn init(&self, deadline: Instant, tail: &mut String) -> Result<(), String> {
+        let mut args = vec!["init", "-input=false", "-no-color"];
+        args.extend(self.cfg.init_args.iter().map(String::as_str));
+        let spec = self.spec(&args, deadline);
+        let out = self.run(&spec).await?;
+        tail.push_str(&out.tail);
+        if !out.success() {
+            let why = out.stderr.trim();
+            return Err(format!(
+                "{}{}{}",
+                process::describe_exit(&spec, &out, Some(self.ctx.timeout)),
+                if why.is_empty() { "" } else { ": " },
+                why
+            ));
+        }
+        let marker = self.ctx.workdir.join(INIT_MARKER);
+        std::fs::write(&marker, self.init_digest())
+            .map_err(|e| format!("cannot write {}: {e}", marker.display()))?;
+        Ok(())
+    }
+
+    fn needs_init(&self) -> bool {
+        let marker = self.ctx.workdir.join(INIT_MARKER);
+        match std::fs::read_to_string(marker) {
+            Ok(saved) => saved.trim() != self.init_digest(),
+            Err(_) => true,
+        }
+    }
+
+    async fn select_workspace(&self, deadline: Instant, tail: &mut String) -> Result<(), String> {
+        let Some(ws) = &self.cfg.workspace else {
+            return Ok(());
+        };
+        let spec = self.spec(&["workspace", "select", "-or-create=true", ws], deadline);
+        let out = self.run(&spec).await?;
+        tail.push_str(&out.tail);
+        if out.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{}: {}",
+                process::describe_exit(&spec, &out, Some(self.ctx.timeout)),
+                out.stderr.trim()
+            ))
+        }
+    }
+
+    /// init if needed, select the workspace, then run `op` (`apply`/`destroy`).
+    async fn converge(&self, op: &str) -> Status {
+        let deadline = Instant::now() + self.ctx.timeout;
+        let mut tail = String::new();
+        let failed = |msg: String, tail: &str| Status {
+            result: ApplyResult::Failed,
+            message: msg,
+            output_tail: crate::redact::tail(tail, process::TAIL_BYTES),
+            digest: None,
+        };
+        if self.needs_init() {
+            if let Err(e) = self.init(deadline, &mut tail).await {
+                return failed(format!("terraform init failed: {e}"), &tail);
+            }
+        }
+        if let Err(e) = self.select_workspace(deadline, &mut tail).await {
+            return failed(format!("cannot select workspace: {e}"), &tail);
+        }
+        let mut args = vec![op.to_string(), "-auto-approve".into(), "-input=false".into(), "-json".into()];
+        args.extend(self.var_args());
+        let arg_refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut retried_init = false;
+        loop {
+            let spec = self.spec(&arg_refs, deadline);
+            let out = match self.run(&spec).await {
+                Ok(o) => o,
+                Err(e) => return failed(e, &tail),
+            };
+            tail.push_str(&out.tail);
+            let report = Report::parse(&out.stdout);
+            if out.timed_out {
+                return failed(
+                    process::describe_exit(&spec, &out, Some(self.ctx.timeout)),
+                    &tail,
+                );
+            }
+            if !out.success() {
+                if report.wants_init() && !retried_init {
+                    retried_init = true;
+                    if let Err(e) = self.init(deadline, &mut tail).await {
+                        return failed(format!("terraform init failed: {e}"), &tail);
+                    }
+                    continue;
+                }
+                let why = if report.errors.is_empty() {
+                    out.stderr.trim().to_string()
+                } else {
+                    report.errors.join("; ")
+                };
+                return failed(
+                    format!(
+                        "{}: {}",
+                        process::describe_exit(&spec, &out, None),
+                        self.ctx.redactor.redact(&why)
+                    ),
+                    &tail,
+                );
+            }
+            let (changes, msg) = report
+                .summary
+                .clone()
+                .unwrap_or((0, format!("{op} finished (no change summary reported)")));
+            let changed = changes > 0 || (op == "apply" && report.output_changes > 0);
+            let message = if changes == 0 && report.output_changes > 0 && op == "apply" {
+                format!("{msg} {} output(s) changed.", report.output_changes)
+            } else {
+                msg
+            };
+            return Status {
+                result: if changed {
+                    ApplyResult::Changed
+                } else {
+                    ApplyResult::NoChange
+                },
+                message,
+                output_tail: crate::redact::tail(&tail, process::TAIL_BYTES),
+                digest: None,
+            };
+        }
+    }
+}
+
+impl Backend for Terraform {
+    fn apply(&self) -> BoxFuture<'_, Status> {
+        Box::pin(self.converge("apply"))
+    }
+
+    fn destroy(&self) -> BoxFuture<'_, Status> {
+        Box::pin(self.converge("destroy"))
+    }
+
+    fn outputs(&self) -> BoxFuture<'_, Result<Outputs, BackendError>> {
+        Box::pin(async move {
+            let deadline = Instant::now() + self.ctx.timeout;
+            let mut tail = String::new();
+            self.select_workspace(deadline, &mut tail)
+                .await
+                .map_err(BackendError::Command)?;
+            let spec = self.spec(&["output", "-json"], deadline);
+            let out = self.run(&spec).await.map_err(BackendError::Command)?;
+            if !out.success() {
+                return Err(BackendError::Command(format!(
+                    "{}: {}",
+                    process::describe_exit(&spec, &out, Some(self.ctx.timeout)),
+                    out.stderr.trim()
+                )));
+            }
+            let all: serde_json::Map<String, Value> = serde_json::from_str(&out.stdout)
+                .map_err(|e| {
+                    BackendError::Command(format!("`{}` printed invalid JSON: {e}", spec.display()))
+                })?;
+            Ok(all
+                .into_iter()
+                .map(|(k, v)| {
+                    let value = if v["sensitive"].as_bool() == Some(true) {
+                        Value::String("(sensitive)".into())
+                    } else {
+                        v.get("value").cloned().unwrap_or(Value::Null)
+                    };
+                    (k, value)
+                })
+                .collect())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_real_terraform_json() {
+        let out = concat!(
+            r#"{"@level":"info","@message":"Plan: 1 to add","type":"change_summary","changes":{"add":1,"change":0,"import":0,"remove":0,"operation":"plan"}}"#,
+            "\n",
+            r#"{"@level":"info","@message":"Outputs: 1","type":"outputs","outputs":{"g":{"sensitive":false,"action":"noop"}}}"#,
+            "\n",
+            r#"{"@level":"info","@message":"Apply complete! Resources: 1 added, 0 changed, 0 destroyed.","type":"change_summary","changes":{"add":1,"change":0,"import":0,"remove":0,"operation":"apply"}}"#,
+            "\n"
+        );
+        let r = Report::parse(out);
+        assert_eq!(
+            r.summary,
+            Some((1, "Apply complete! Resources: 1 added, 0 changed, 0 destroyed.".into()))
+        );
+        assert_eq!(r.output_changes, 0);
+        let err = r#"{"@level":"error","@message":"Error: Unclosed configuration block","type":"diagnostic","diagnostic":{"severity":"error","summary":"Unclosed configuration block","detail":"There is no closing brace.","range":{"filename":"main.tf","start":{"line":15,"column":14,"byte":259}}}}"#;
+        let r = Report::parse(err);
+        assert_eq!(
+            r.errors,
+            vec!["Unclosed configuration block: There is no closing brace. (main.tf:15)".to_string()]
+        );
+        assert!(!r.wants_init());
+    }
+}

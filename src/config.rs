@@ -1,0 +1,802 @@
+//! Settings: the configuration file, its validation and secret references.
+//!
+//! The file is TOML read through the `config` crate, with `DRIFTLESS__`
+//! environment overrides (`DRIFTLESS__SERVER__WORKERS=8`). Validation collects
+//! *every* problem, each naming the key and, where there is one, the target, so
+//! `driftless check` can list them all at once. This module never touches the
+//! network, git, SQLite or a backend; it only reads the config file and, for
+//! `check`, looks at whether referenced files exist.
+
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Component, Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::backend::BackendConfig;
+
+/// Where the configuration is read from when neither `--config` nor
+/// `DRIFTLESS_CONFIG` says otherwise.
+pub const DEFAULT_CONFIG_PATH: &str = "config/driftless.toml";
+
+const DEFAULT_STATE_DIR: &str = "/var/lib/driftless";
+const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+const DEFAULT_WORKERS: usize = 4;
+const DEFAULT_INTERVAL: Duration = Duration::from_secs(5 * 60);
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+
+/// One problem found in a configuration file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// `targets[web]`, `server`, … — where the key lives.
+    pub section: String,
+    /// The key at fault, e.g. `interval` or `backend.binary`.
+    pub key: String,
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.section.is_empty() {
+            write!(f, "key `{}`: {}", self.key, self.message)
+        } else {
+            write!(f, "{}: key `{}`: {}", self.section, self.key, self.message)
+        }
+    }
+}
+
+/// Why a configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {message}")]
+    Read { path: PathBuf, message: String },
+    #[error("config file {path} has {} problem(s):\n{}", .problems.len(), list(.problems))]
+    Invalid {
+        path: PathBuf,
+        problems: Vec<Problem>,
+    },
+}
+
+fn list(problems: &[Problem]) -> String {
+    problems
+        .iter()
+        .map(|p| format!("  - {p}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A reference to a secret: a file to read, or an environment variable.
+/// The value is read when needed (so rotating the file works) and never
+/// printed: `Debug` shows only where it comes from.
+#[derive(Clone, PartialEq, Eq)]
+pub enum SecretRef {
+    File(PathBuf),
+    Env(String),
+}
+
+impl fmt::Debug for SecretRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SecretRef::File(p) => write!(f, "file:{}", p.display()),
+            SecretRef::Env(n) => write!(f, "env:{n}"),
+        }
+    }
+}
+
+impl fmt::Display for SecretRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+/// Reading a secret failed. The message names the reference, never the value.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot read secret {reference}: {reason}")]
+pub struct SecretError {
+    pub reference: String,
+    pub reason: String,
+}
+
+impl SecretRef {
+    /// `env:NAME` is an environment variable; anything else is a file path,
+    /// relative paths resolved against `base` (the config file's directory).
+    pub fn parse(raw: &str, base: &Path) -> Self {
+        match raw.strip_prefix("env:") {
+            Some(name) => SecretRef::Env(name.to_string()),
+            None => SecretRef::File(resolve(base, raw)),
+        }
+    }
+
+    /// Read the secret, trimming one trailing newline (files written by `echo`).
+    pub fn load(&self) -> Result<String, SecretError> {
+        let raw = match self {
+            SecretRef::File(p) => std::fs::read_to_string(p).map_err(|e| SecretError {
+                reference: self.to_string(),
+                reason: e.to_string(),
+            })?,
+            SecretRef::Env(n) => std::env::var(n).map_err(|e| SecretError {
+                reference: self.to_string(),
+                reason: e.to_string(),
+            })?,
+        };
+        let value = raw.strip_suffix('\n').unwrap_or(&raw);
+        let value = value.strip_suffix('\r').unwrap_or(value).to_string();
+        if value.is_empty() {
+            return Err(SecretError {
+                reference: self.to_string(),
+                reason: "it is empty".into(),
+            });
+        }
+        Ok(value)
+    }
+}
+
+/// The validated settings.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The file these settings came from.
+    pub source: PathBuf,
+    pub state_dir: PathBuf,
+    pub server: Server,
+    pub targets: Vec<Target>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Server {
+    pub listen: SocketAddr,
+    pub workers: usize,
+}
+
+/// One reconciled target.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub name: String,
+    /// A URL (`https://`, `ssh://`, `git://`, `file://`, `user@host:path`) or
+    /// an absolute local path (relative ones are resolved at load time).
+    pub repo: String,
+    pub branch: String,
+    /// Subdirectory of the repository the backend works in ("" = root).
+    pub path: PathBuf,
+    pub interval: Duration,
+    pub timeout: Duration,
+    pub git: GitAuth,
+    pub backend: BackendConfig,
+}
+
+/// Credentials for fetching a target's repository.
+#[derive(Debug, Clone, Default)]
+pub struct GitAuth {
+    /// https: token sent as the password.
+    pub token: Option<SecretRef>,
+    /// https: the user name sent with the token.
+    pub username: Option<String>,
+    /// ssh: private key file.
+    pub identity_file: Option<PathBuf>,
+    /// ssh: known_hosts file (host keys are always checked).
+    pub known_hosts_file: Option<PathBuf>,
+}
+
+impl Settings {
+    pub fn target(&self, name: &str) -> Option<&Target> {
+        self.targets.iter().find(|t| t.name == name)
+    }
+
+    pub fn locks_dir(&self) -> PathBuf {
+        self.state_dir.join("locks")
+    }
+
+    pub fn database_path(&self) -> PathBuf {
+        self.state_dir.join("driftless.db")
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Raw shapes, deserialized section by section so one bad target does not hide
+// the problems of the others.
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTop {
+    state_dir: Option<String>,
+    server: Option<Value>,
+    #[serde(default)]
+    targets: Vec<Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawServer {
+    listen: Option<String>,
+    workers: Option<i64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTarget {
+    name: String,
+    repo: String,
+    branch: Option<String>,
+    path: Option<String>,
+    interval: Option<String>,
+    timeout: Option<String>,
+    git: Option<RawGit>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGit {
+    token_file: Option<String>,
+    username: Option<String>,
+    identity_file: Option<String>,
+    known_hosts_file: Option<String>,
+}
+
+/// Load and validate the configuration at `path`, applying `DRIFTLESS__`
+/// environment overrides.
+pub fn load(path: &Path) -> Result<Settings, ConfigError> {
+    load_with_env(path, true)
+}
+
+fn load_with_env(path: &Path, env: bool) -> Result<Settings, ConfigError> {
+    if !path.is_file() {
+        return Err(ConfigError::Read {
+            path: path.to_path_buf(),
+            message: "no such file (pass --config PATH or set DRIFTLESS_CONFIG)".into(),
+        });
+    }
+    let mut builder = config::Config::builder().add_source(
+        config::File::from(path)
+            .format(config::FileFormat::Toml)
+            .required(true),
+    );
+    if env {
+        builder = builder.add_source(
+            config::Environment::with_prefix("DRIFTLESS")
+                .prefix_separator("__")
+                .separator("__")
+                .try_parsing(true),
+        );
+    }
+    let raw: Value = builder
+        .build()
+        .and_then(|c| c.try_deserialize())
+        .map_err(|e| ConfigError::Read {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+    let base = path
+        .canonicalize()
+        .ok()
+        .and_then(|p| p.parent().map(Path::to_path_buf))
+        .unwrap_or_else(|| PathBuf::from("."));
+    let mut problems = Vec::new();
+    let settings = validate(raw, path, &base, &mut problems);
+    match settings {
+        Some(s) if problems.is_empty() => Ok(s),
+        _ => Err(ConfigError::Invalid {
+            path: path.to_path_buf(),
+            problems,
+        }),
+    }
+}
+
+/// Like [`load`], then also check what can only be seen on this machine:
+/// secret files readable, local repositories present. Returns every problem.
+pub fn check(path: &Path) -> Result<Settings, ConfigError> {
+    let settings = load(path)?;
+    let mut problems = Vec::new();
+    for t in &settings.targets {
+        let section = format!("targets[{}]", t.name);
+        if let Some(token) = &t.git.token {
+            if let Err(e) = token.load() {
+                problems.push(problem(&section, "git.token_file", e.to_string()));
+            }
+        }
+        for (key, file) in [
+            ("git.identity_file", &t.git.identity_file),
+            ("git.known_hosts_file", &t.git.known_hosts_file),
+        ] {
+            if let Some(f) = file {
+                if !f.is_file() {
+                    problems.push(problem(
+                        &section,
+                        key,
+                        format!("{} is not a readable file", f.display()),
+                    ));
+                }
+            }
+        }
+        if Path::new(&t.repo).is_absolute() && !Path::new(&t.repo).exists() {
+            problems.push(problem(
+                &section,
+                "repo",
+                format!("local repository {} does not exist", t.repo),
+            ));
+        }
+        problems.extend(
+            t.backend
+                .check_environment()
+                .into_iter()
+                .map(|(key, msg)| problem(&section, &format!("backend.{key}"), msg)),
+        );
+    }
+    if problems.is_empty() {
+        Ok(settings)
+    } else {
+        Err(ConfigError::Invalid {
+            path: path.to_path_buf(),
+            problems,
+        })
+    }
+}
+
+fn problem(section: &str, key: &str, message: impl Into<String>) -> Problem {
+    Problem {
+        section: section.to_string(),
+        key: key.to_string(),
+        message: message.into(),
+    }
+}
+
+/// serde's "unknown field `x`, expected one of …" names the key; pull it out
+/// so the problem's `key` is right.
+fn serde_problem(section: &str, prefix: &str, err: &serde_json::Error) -> Problem {
+    let msg = err.to_string();
+    let key = msg
+        .split('`')
+        .nth(1)
+        .filter(|_| msg.starts_with("unknown field") || msg.starts_with("missing field"))
+        .map(|k| format!("{prefix}{k}"))
+        .unwrap_or_else(|| prefix.trim_end_matches('.').to_string());
+    let key = if key.is_empty() { "(table)".into() } else { key };
+    // serde_json appends " at line 0 column 0" to errors from `from_value`.
+    let msg = msg
+        .split(" at line ")
+        .next()
+        .unwrap_or(msg.as_str())
+        .to_string();
+    problem(section, &key, msg)
+}
+
+fn validate(raw: Value, path: &Path, base: &Path, problems: &mut Vec<Problem>) -> Option<Settings> {
+    let top: RawTop = match serde_json::from_value(raw) {
+        Ok(t) => t,
+        Err(e) => {
+            problems.push(serde_problem("", "", &e));
+            return None;
+        }
+    };
+    let state_dir = match top.state_dir.as_deref() {
+        Some("") => {
+            problems.push(problem("", "state_dir", "must not be empty"));
+            PathBuf::new()
+        }
+        Some(s) => resolve(base, s),
+        None => PathBuf::from(DEFAULT_STATE_DIR),
+    };
+    let server = validate_server(top.server, problems);
+
+    let mut targets = Vec::new();
+    let mut seen = HashSet::new();
+    for (i, raw) in top.targets.into_iter().enumerate() {
+        let label = raw
+            .get("name")
+            .and_then(Value::as_str)
+            .map(|n| format!("targets[{n}]"))
+            .unwrap_or_else(|| format!("targets[{i}]"));
+        if let Some(t) = validate_target(raw, &label, base, problems) {
+            if !seen.insert(t.name.clone()) {
+                problems.push(problem(
+                    &label,
+                    "name",
+                    format!("duplicate target name `{}`", t.name),
+                ));
+            }
+            targets.push(t);
+        }
+    }
+    Some(Settings {
+        source: path.to_path_buf(),
+        state_dir,
+        server,
+        targets,
+    })
+}
+
+fn validate_server(raw: Option<Value>, problems: &mut Vec<Problem>) -> Server {
+    let mut server = Server {
+        listen: DEFAULT_LISTEN.parse().unwrap_or(SocketAddr::from(([127, 0, 0, 1], 8080))),
+        workers: DEFAULT_WORKERS,
+    };
+    let Some(raw) = raw else { return server };
+    let raw: RawServer = match serde_json::from_value(raw) {
+        Ok(r) => r,
+        Err(e) => {
+            problems.push(serde_problem("server", "", &e));
+            return server;
+        }
+    };
+    if let Some(listen) = raw.listen {
+        match listen.parse() {
+            Ok(a) => server.listen = a,
+            Err(_) => problems.push(problem(
+                "server",
+                "listen",
+                format!("`{listen}` is not an address:port such as 127.0.0.1:8080"),
+            )),
+        }
+    }
+    if let Some(w) = raw.workers {
+        if (1..=64).contains(&w) {
+            server.workers = w as usize;
+        } else {
+            problems.push(problem("server", "workers", format!("{w} is not between 1 and 64")));
+        }
+    }
+    server
+}
+
+fn validate_target(
+    mut raw: Value,
+    label: &str,
+    base: &Path,
+    problems: &mut Vec<Problem>,
+) -> Option<Target> {
+    // The backend table is checked on its own so its problems name `backend.*`.
+    let backend_raw = raw.as_object_mut().and_then(|o| o.remove("backend"));
+    let backend = match backend_raw {
+        None => {
+            problems.push(problem(label, "backend", "missing table [targets.backend]"));
+            None
+        }
+        Some(b) => match BackendConfig::from_value(b, base) {
+            Ok(b) => Some(b),
+            Err(e) => {
+                problems.push(serde_problem(label, "backend.", &e));
+                None
+            }
+        },
+    };
+    let raw: RawTarget = match serde_json::from_value(raw) {
+        Ok(r) => r,
+        Err(e) => {
+            problems.push(serde_problem(label, "", &e));
+            return None;
+        }
+    };
+    let before = problems.len();
+    if !valid_name(&raw.name) {
+        problems.push(problem(
+            label,
+            "name",
+            format!(
+                "`{}` is not a safe target name: use 1-63 characters from a-z, 0-9, '_', '.', '-', starting with a letter or digit",
+                raw.name
+            ),
+        ));
+    }
+    let repo = raw.repo.trim().to_string();
+    let repo = if repo.is_empty() {
+        problems.push(problem(label, "repo", "must not be empty"));
+        repo
+    } else if is_url(&repo) {
+        repo
+    } else {
+        resolve(base, &repo).to_string_lossy().into_owned()
+    };
+    let branch = raw.branch.unwrap_or_else(|| "main".into());
+    if !valid_branch(&branch) {
+        problems.push(problem(
+            label,
+            "branch",
+            format!("`{branch}` is not a valid branch name"),
+        ));
+    }
+    let path = raw.path.unwrap_or_default();
+    let rel = Path::new(path.trim_matches('/'));
+    if Path::new(&path).is_absolute()
+        || rel
+            .components()
+            .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
+    {
+        problems.push(problem(
+            label,
+            "path",
+            format!("`{path}` must be a subdirectory of the repository (relative, no `..`)"),
+        ));
+    }
+    let interval = duration(label, "interval", raw.interval.as_deref(), DEFAULT_INTERVAL, problems);
+    let timeout = duration(label, "timeout", raw.timeout.as_deref(), DEFAULT_TIMEOUT, problems);
+    let git = match raw.git {
+        None => GitAuth::default(),
+        Some(g) => {
+            let empty = |key: &str, v: &Option<String>, problems: &mut Vec<Problem>| {
+                if v.as_deref() == Some("") {
+                    problems.push(problem(label, key, "must not be empty"));
+                }
+            };
+            empty("git.token_file", &g.token_file, problems);
+            empty("git.identity_file", &g.identity_file, problems);
+            empty("git.known_hosts_file", &g.known_hosts_file, problems);
+            if g.token_file.is_some() && g.identity_file.is_some() {
+                problems.push(problem(
+                    label,
+                    "git.token_file",
+                    "set either token_file (https) or identity_file (ssh), not both",
+                ));
+            }
+            if g.known_hosts_file.is_some() && g.identity_file.is_none() {
+                problems.push(problem(
+                    label,
+                    "git.known_hosts_file",
+                    "only used with identity_file (ssh)",
+                ));
+            }
+            GitAuth {
+                token: g.token_file.as_deref().map(|s| SecretRef::parse(s, base)),
+                username: g.username,
+                identity_file: g.identity_file.as_deref().map(|s| resolve(base, s)),
+                known_hosts_file: g.known_hosts_file.as_deref().map(|s| resolve(base, s)),
+            }
+        }
+    };
+    let backend = backend?;
+    if problems.len() != before {
+        return None;
+    }
+    Some(Target {
+        name: raw.name,
+        repo,
+        branch,
+        path: rel.to_path_buf(),
+        interval,
+        timeout,
+        git,
+        backend,
+    })
+}
+
+fn duration(
+    label: &str,
+    key: &str,
+    raw: Option<&str>,
+    default: Duration,
+    problems: &mut Vec<Problem>,
+) -> Duration {
+    let Some(raw) = raw else { return default };
+    match humantime::parse_duration(raw.trim()) {
+        Ok(d) if d >= Duration::from_secs(1) => d,
+        Ok(_) => {
+            problems.push(problem(label, key, format!("`{raw}` is shorter than one second")));
+            default
+        }
+        Err(e) => {
+            problems.push(problem(
+                label,
+                key,
+                format!("`{raw}` is not a duration such as \"90s\", \"5m\" or \"1h30m\" ({e})"),
+            ));
+            default
+        }
+    }
+}
+
+/// Target names end up in file names, URLs and SQL rows: keep them boring.
+pub fn valid_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_lowercase() | b[0].is_ascii_digit()
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || b"_.-".contains(c))
+        && !name.contains("..")
+}
+
+fn valid_branch(b: &str) -> bool {
+    !b.is_empty()
+        && !b.starts_with('-')
+        && !b.starts_with('/')
+        && !b.ends_with('/')
+        && !b.ends_with(".lock")
+        && !b.contains("..")
+        && !b.contains("@{")
+        && !b
+            .chars()
+            .any(|c| c.is_control() || c.is_whitespace() || "~^:?*[\\".contains(c))
+}
+
+fn is_url(s: &str) -> bool {
+    s.contains("://") || (s.contains('@') && s.contains(':') && !s.starts_with('/'))
+}
+
+/// Relative paths in the config are relative to the config file's directory.
+pub fn resolve(base: &Path, raw: &str) -> PathBuf {
+    let p = Path::new(raw);
+    if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        base.join(p)
+    }
+}
+
+/// Turn a table of `env`-style strings into values, resolving `env:NAME`
+/// references from driftless's own environment. Returns the resolved map and
+/// the values that came from references (so they can be redacted).
+pub fn resolve_env_map(
+    map: &BTreeMap<String, String>,
+) -> Result<(BTreeMap<String, String>, Vec<String>), SecretError> {
+    let mut out = BTreeMap::new();
+    let mut secrets = Vec::new();
+    for (k, v) in map {
+        if let Some(name) = v.strip_prefix("env:") {
+            let value = SecretRef::Env(name.to_string()).load()?;
+            secrets.push(value.clone());
+            out.insert(k.clone(), value);
+        } else {
+            out.insert(k.clone(), v.clone());
+        }
+    }
+    Ok((out, secrets))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load_str(s: &str) -> Result<Settings, ConfigError> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("c.toml");
+        std::fs::write(&p, s).expect("write");
+        load_with_env(&p, false)
+    }
+
+    fn problems(s: &str) -> Vec<Problem> {
+        match load_str(s) {
+            Err(ConfigError::Invalid { problems, .. }) => problems,
+            other => panic!("expected problems, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn names() {
+        for ok in ["web", "a", "prod-network", "x_1.2"] {
+            assert!(valid_name(ok), "{ok}");
+        }
+        for bad in ["", "Web", "-x", "a/b", "a..b", "a b", &"a".repeat(64), "é"] {
+            assert!(!valid_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn defaults_apply() {
+        let s = load_str(
+            r#"
+            state_dir = "st"
+            [[targets]]
+            name = "one"
+            repo = "https://example.net/r.git"
+            [targets.backend]
+            kind = "exec"
+            apply = ["true"]
+            "#,
+        )
+        .expect("valid");
+        let t = &s.targets[0];
+        assert_eq!(t.branch, "main");
+        assert_eq!(t.interval, Duration::from_secs(300));
+        assert_eq!(t.timeout, Duration::from_secs(1800));
+        assert_eq!(s.server.workers, 4);
+        assert!(s.state_dir.is_absolute());
+    }
+
+    #[test]
+    fn every_problem_is_listed_with_key_and_target() {
+        let p = problems(
+            r#"
+            [server]
+            workers = 0
+            [[targets]]
+            name = "web"
+            repo = "https://example.net/r.git"
+            interval = "5 parsecs"
+            intervall = "5m"
+            [targets.backend]
+            kind = "exec"
+            apply = ["true"]
+            [[targets]]
+            name = "web"
+            repo = "https://example.net/r.git"
+            path = "../etc"
+            [targets.backend]
+            kind = "terraform"
+            binaryy = "tofu"
+            [[targets]]
+            name = "Bad Name"
+            repo = "x"
+            [targets.backend]
+            kind = "exec"
+            apply = ["true"]
+            "#,
+        );
+        let text: Vec<String> = p.iter().map(ToString::to_string).collect();
+        let has = |section: &str, key: &str| {
+            p.iter().any(|q| q.section == section && q.key == key)
+        };
+        assert!(has("server", "workers"), "{text:#?}");
+        assert!(has("targets[web]", "intervall"), "{text:#?}");
+        assert!(has("targets[web]", "backend.binaryy"), "{text:#?}");
+        assert!(has("targets[Bad Name]", "name"), "{text:#?}");
+        // the first `web` has both a bad key and a bad duration: the unknown
+        // key stops that section, the second `web` reports its path.
+        assert!(has("targets[web]", "path"), "{text:#?}");
+    }
+
+    #[test]
+    fn bad_duration_and_duplicate_names() {
+        let p = problems(
+            r#"
+            [[targets]]
+            name = "a"
+            repo = "https://example.net/r.git"
+            interval = "soon"
+            [targets.backend]
+            kind = "exec"
+            apply = ["true"]
+            [[targets]]
+            name = "b"
+            repo = "https://example.net/r.git"
+            [targets.backend]
+            kind = "exec"
+            apply = ["true"]
+            [[targets]]
+            name = "b"
+            repo = "https://example.net/r.git"
+            [targets.backend]
+            kind = "exec"
+            apply = ["true"]
+            "#,
+        );
+        assert!(p.iter().any(|q| q.section == "targets[a]" && q.key == "interval"
+            && q.message.contains("soon")), "{p:?}");
+        assert!(p.iter().any(|q| q.section == "targets[b]" && q.key == "name"
+            && q.message.contains("duplicate")), "{p:?}");
+    }
+
+    #[test]
+    fn unknown_backend_kind() {
+        let p = problems(
+            r#"
+            [[targets]]
+            name = "a"
+            repo = "https://example.net/r.git"
+            [targets.backend]
+            kind = "terraforn"
+            "#,
+        );
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert_eq!(p[0].key, "backend");
+        assert!(p[0].message.contains("terraforn"), "{p:?}");
+    }
+
+    #[test]
+    fn secret_ref_debug_names_the_reference_only() {
+        let r = SecretRef::parse("env:SOME_TOKEN", Path::new("/etc"));
+        assert_eq!(format!("{r:?}"), "env:SOME_TOKEN");
+        let f = SecretRef::parse("token", Path::new("/etc/driftless"));
+        assert_eq!(f, SecretRef::File(PathBuf::from("/etc/driftless/token")));
+    }
+
+    #[test]
+    fn secret_file_is_trimmed_and_empty_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("s");
+        std::fs::write(&p, "hunter2\n").expect("write");
+        assert_eq!(SecretRef::File(p.clone()).load().expect("load"), "hunter2");
+        std::fs::write(&p, "\n").expect("write");
+        let e = SecretRef::File(p).load().expect_err("empty");
+        assert!(e.to_string().contains("empty"));
+    }
+}

@@ -1,0 +1,221 @@
+//! `driftless serve`: the worker pool, the scheduler and the HTTP listener.
+//!
+//! Workers claim jobs from the queue and hand them to the tick; a job whose
+//! target is locked elsewhere stays queued (or, if only the interval asked for
+//! it, is skipped). On SIGTERM/SIGINT the daemon stops claiming, lets running
+//! ticks finish for a grace period and exits; a tick cut short is requeued by
+//! the next start (its lease expires). This module wires parts together; it
+//! holds no reconcile logic of its own.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::sync::{Notify, watch};
+use tracing::{error, info, warn};
+
+use crate::http;
+use crate::queue::Job;
+use crate::scheduler::Scheduler;
+use crate::tick::{Engine, Outcome};
+
+/// When the queue is empty, how often a worker looks again (a notification
+/// usually wakes it sooner).
+const IDLE_POLL: Duration = Duration::from_millis(500);
+/// How long a job whose target is locked elsewhere waits before retrying.
+const BUSY_RETRY: Duration = Duration::from_secs(2);
+/// How long after an error (database) a job is retried.
+const ERROR_RETRY: Duration = Duration::from_secs(10);
+/// How long running ticks get to finish on shutdown.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(60);
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    #[error("cannot listen on {addr}: {reason}")]
+    Listen { addr: String, reason: String },
+}
+
+/// Shared between the workers and the HTTP health endpoints.
+#[derive(Default)]
+pub struct Health {
+    /// The last queue operation failed (the database is not writable).
+    pub store_failing: AtomicBool,
+}
+
+/// Run the daemon until a shutdown signal.
+pub async fn serve(engine: Engine) -> Result<(), DaemonError> {
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        info!("shutdown requested: finishing running ticks");
+        let _ = tx.send(true);
+    });
+    serve_until(engine, rx).await
+}
+
+/// Run the daemon until `shutdown` turns true.
+pub async fn serve_until(engine: Engine, shutdown: watch::Receiver<bool>) -> Result<(), DaemonError> {
+    let settings = engine.settings.clone();
+    let names: Vec<String> = settings.targets.iter().map(|t| t.name.clone()).collect();
+    let dropped = engine.queue.drop_unknown(&names).await?;
+    if dropped > 0 {
+        warn!(jobs = dropped, "closed queued jobs of targets no longer in the configuration");
+    }
+    let recovered = engine.queue.recover_expired().await?;
+    if !recovered.is_empty() {
+        warn!(jobs = ?recovered, "requeued jobs interrupted by an earlier stop");
+    }
+
+    let health = Arc::new(Health::default());
+    let listener = tokio::net::TcpListener::bind(settings.server.listen)
+        .await
+        .map_err(|e| DaemonError::Listen {
+            addr: settings.server.listen.to_string(),
+            reason: e.to_string(),
+        })?;
+    let addr = listener.local_addr().map_err(|e| DaemonError::Listen {
+        addr: settings.server.listen.to_string(),
+        reason: e.to_string(),
+    })?;
+    info!(%addr, targets = settings.targets.len(), workers = settings.server.workers,
+          state_dir = %settings.state_dir.display(), "driftless serving");
+
+    let wake = Arc::new(Notify::new());
+    let app = http::router(http::AppState {
+        engine: engine.clone(),
+        health: health.clone(),
+    });
+    let mut http_shutdown = shutdown.clone();
+    let server = tokio::spawn(async move {
+        let r = axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = http_shutdown.wait_for(|s| *s).await;
+            })
+            .await;
+        if let Err(e) = r {
+            error!(error = %e, "HTTP server stopped");
+        }
+    });
+
+    let scheduler = tokio::spawn(
+        Scheduler::new(settings.clone(), engine.queue.clone(), wake.clone()).run(shutdown.clone()),
+    );
+    let mut workers = Vec::new();
+    for n in 0..settings.server.workers {
+        workers.push(tokio::spawn(worker(
+            n,
+            engine.clone(),
+            names.clone(),
+            wake.clone(),
+            health.clone(),
+            shutdown.clone(),
+        )));
+    }
+
+    let mut done = shutdown.clone();
+    let _ = done.wait_for(|s| *s).await;
+    let _ = scheduler.await;
+    let all = futures_join(workers);
+    if tokio::time::timeout(SHUTDOWN_GRACE, all).await.is_err() {
+        warn!(
+            "running ticks did not finish within {}s; their jobs are requeued at the next start",
+            SHUTDOWN_GRACE.as_secs()
+        );
+    }
+    let _ = server.await;
+    info!("driftless stopped");
+    Ok(())
+}
+
+async fn futures_join(handles: Vec<tokio::task::JoinHandle<()>>) {
+    for h in handles {
+        let _ = h.await;
+    }
+}
+
+async fn worker(
+    n: usize,
+    engine: Engine,
+    targets: Vec<String>,
+    wake: Arc<Notify>,
+    health: Arc<Health>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        if *shutdown.borrow() {
+            return;
+        }
+        let notified = wake.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        match engine.queue.claim(&targets).await {
+            Ok(Some(job)) => {
+                health.store_failing.store(false, Ordering::Relaxed);
+                process(n, &engine, &job, &health).await;
+                // Another job may be queued for the target we just ran.
+                wake.notify_waiters();
+            }
+            Ok(None) => {
+                health.store_failing.store(false, Ordering::Relaxed);
+                tokio::select! {
+                    _ = &mut notified => {}
+                    _ = tokio::time::sleep(IDLE_POLL) => {}
+                    _ = shutdown.changed() => {}
+                }
+            }
+            Err(e) => {
+                health.store_failing.store(true, Ordering::Relaxed);
+                error!(worker = n, error = %e, "cannot claim a job");
+                tokio::select! {
+                    _ = tokio::time::sleep(ERROR_RETRY) => {}
+                    _ = shutdown.changed() => {}
+                }
+            }
+        }
+    }
+}
+
+async fn process(n: usize, engine: &Engine, job: &Job, health: &Health) {
+    let q = &engine.queue;
+    let result = match engine.run_job(job).await {
+        Ok(Outcome::Ran { run_id, result, .. }) => q.finish(job.id, Some(run_id), result.as_str()).await,
+        Ok(Outcome::Busy) if job.interval_only() => {
+            info!(target = %job.target, "target busy elsewhere: interval tick skipped");
+            q.finish(job.id, None, "skipped: target locked by another tick").await
+        }
+        Ok(Outcome::Busy) => {
+            info!(target = %job.target, "target busy elsewhere: job stays queued");
+            q.requeue(job.id, BUSY_RETRY).await
+        }
+        Err(e) => {
+            error!(worker = n, target = %job.target, job = job.id, error = %e, "tick stopped");
+            q.requeue(job.id, ERROR_RETRY).await
+        }
+    };
+    if let Err(e) = result {
+        health.store_failing.store(true, Ordering::Relaxed);
+        error!(worker = n, target = %job.target, job = job.id, error = %e,
+               "cannot record the job's end; its lease will expire and it will run again");
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(e) => {
+                warn!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops the daemon");
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+}

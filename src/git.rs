@@ -1,0 +1,384 @@
+//! Git: the only module that knows gix or the git CLI.
+//!
+//! One bare cache per remote under `<state_dir>/git/`, fetched with gix's
+//! blocking client inside `spawn_blocking`. Concurrent requests for the same
+//! remote and branch share one fetch (a fetch that *started* after a request
+//! was made satisfies it), and a file lock on the cache serialises fetches
+//! across processes (daemon and one-shot CLI). Each target has its own
+//! checkout under `<state_dir>/checkouts/<target>/`, a repository borrowing
+//! the cache's objects, moved to the exact commit with `git reset --hard`:
+//! tracked files match the commit, files git ignores survive (terraform's
+//! `.terraform/`, local state). Credentials come from config, are handed to
+//! gix or ssh directly, and never appear in a message.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+
+use crate::config::{GitAuth, Target};
+use crate::process::{self, Spec};
+use crate::redact::Redactor;
+
+/// How long one fetch or checkout command may take.
+const GIT_TIMEOUT: Duration = Duration::from_secs(10 * 60);
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum GitError {
+    #[error("git fetch of branch `{branch}` from {remote} failed: {reason}")]
+    Fetch {
+        remote: String,
+        branch: String,
+        reason: String,
+    },
+    #[error("branch `{branch}` does not exist in {remote}")]
+    NoBranch { remote: String, branch: String },
+    #[error("git checkout of {sha} into {dir} failed: {reason}")]
+    Checkout {
+        sha: String,
+        dir: String,
+        reason: String,
+    },
+    #[error("path `{path}` does not exist at commit {sha}")]
+    NoPath { path: String, sha: String },
+    #[error("cannot read git credentials: {0}")]
+    Credentials(String),
+}
+
+/// A target's checkout, moved to a commit.
+#[derive(Debug, Clone)]
+pub struct Synced {
+    /// The full commit id now checked out.
+    pub sha: String,
+    /// The checkout's root.
+    pub checkout: PathBuf,
+    /// `checkout/<target path>`: where the backend works.
+    pub workdir: PathBuf,
+    /// The git tree id of the target's path at `sha`: a content hash of every
+    /// tracked file under it (changes exactly when those files change).
+    pub source_digest: String,
+}
+
+type FetchResult = Result<String, GitError>;
+
+#[derive(Default)]
+struct FetchSlot {
+    last: Option<(Instant, FetchResult)>,
+}
+
+/// Fetches remotes into caches and moves checkouts. Cheap to clone.
+#[derive(Clone)]
+pub struct Git {
+    cache_root: PathBuf,
+    checkout_root: PathBuf,
+    slots: Arc<std::sync::Mutex<HashMap<(String, String), Arc<tokio::sync::Mutex<FetchSlot>>>>>,
+}
+
+/// Credentials resolved from config for one fetch.
+struct Auth {
+    token: Option<(String, String)>,
+    ssh_command: Option<String>,
+}
+
+impl Git {
+    pub fn new(state_dir: &Path) -> Self {
+        Git {
+            cache_root: state_dir.join("git"),
+            checkout_root: state_dir.join("checkouts"),
+            slots: Default::default(),
+        }
+    }
+
+    /// The directory a target's checkout lives in (it may not exist yet).
+    pub fn checkout_dir(&self, target: &str) -> PathBuf {
+        self.checkout_root.join(target)
+    }
+
+    /// The redactor for messages about this target's remote: knows its token.
+    pub fn redactor(auth: &GitAuth) -> Redactor {
+        let mut r = Redactor::new();
+        if let Some(t) = auth.token.as_ref().and_then(|t| t.load().ok()) {
+            r.add(t);
+        }
+        r
+    }
+
+    /// Fetch the target's branch and move its checkout to the branch tip.
+    pub async fn sync(&self, target: &Target) -> Result<Synced, GitError> {
+        let sha = self.fetch(&target.repo, &target.branch, &target.git).await?;
+        self.checkout(target, &sha).await
+    }
+
+    /// Fetch `branch` of `remote` into its cache and return the tip's id.
+    /// Requests arriving while a fetch runs wait for the next one that starts
+    /// after them; requests satisfied by a fetch that started after they were
+    /// made share its result.
+    pub async fn fetch(&self, remote: &str, branch: &str, auth: &GitAuth) -> FetchResult {
+        let requested = Instant::now();
+        let slot = {
+            let mut slots = self
+                .slots
+                .lock()
+                .map_err(|_| fetch_err(remote, branch, "internal lock poisoned"))?;
+            slots
+                .entry((remote.to_string(), branch.to_string()))
+                .or_default()
+                .clone()
+        };
+        let mut slot = slot.lock().await;
+        if let Some((started, result)) = &slot.last {
+            if *started >= requested {
+                return result.clone();
+            }
+        }
+        let started = Instant::now();
+        let resolved = resolve_auth(auth)?;
+        let redactor = Self::redactor(auth);
+        let dir = self.cache_dir(remote);
+        let (remote_s, branch_s) = (remote.to_string(), branch.to_string());
+        let result = tokio::task::spawn_blocking(move || {
+            fetch_blocking(&dir, &remote_s, &branch_s, resolved)
+        })
+        .await
+        .unwrap_or_else(|e| Err(fetch_err(remote, branch, &format!("fetch task failed: {e}"))))
+        .map_err(|e| redact_err(e, &redactor));
+        slot.last = Some((started, result.clone()));
+        result
+    }
+
+    /// Move the target's checkout to `sha` (which must be in the cache).
+    pub async fn checkout(&self, target: &Target, sha: &str) -> Result<Synced, GitError> {
+        let cache = self.cache_dir(&target.repo);
+        let dir = self.checkout_dir(&target.name);
+        let err = |reason: String| GitError::Checkout {
+            sha: sha.to_string(),
+            dir: dir.display().to_string(),
+            reason,
+        };
+        if !dir.join(".git").is_dir() {
+            std::fs::create_dir_all(&dir).map_err(|e| err(e.to_string()))?;
+            git_cli(&dir, &["init", "-q", "."]).await.map_err(&err)?;
+        }
+        // Borrow the cache's objects instead of copying them (as `clone --shared`).
+        let alternates = dir.join(".git/objects/info/alternates");
+        let objects = cache.join("objects");
+        let want = format!("{}\n", objects.display());
+        if std::fs::read_to_string(&alternates).ok().as_deref() != Some(want.as_str()) {
+            std::fs::create_dir_all(dir.join(".git/objects/info"))
+                .and_then(|()| std::fs::write(&alternates, &want))
+                .map_err(|e| err(e.to_string()))?;
+        }
+        git_cli(&dir, &["reset", "-q", "--hard", sha]).await.map_err(&err)?;
+        let path = target.path.to_string_lossy().into_owned();
+        let spec = if path.is_empty() {
+            format!("{sha}^{{tree}}")
+        } else {
+            format!("{sha}:{path}")
+        };
+        let tree = git_cli(&dir, &["rev-parse", "--verify", "-q", &spec])
+            .await
+            .map_err(|_| GitError::NoPath {
+                path: path.clone(),
+                sha: sha.to_string(),
+            })?;
+        let workdir = dir.join(&target.path);
+        if !workdir.is_dir() {
+            return Err(GitError::NoPath {
+                path,
+                sha: sha.to_string(),
+            });
+        }
+        Ok(Synced {
+            sha: sha.to_string(),
+            checkout: dir,
+            workdir,
+            source_digest: tree.trim().to_string(),
+        })
+    }
+
+    /// The commit the target's checkout is at, if it has one.
+    pub async fn checked_out(&self, target: &str) -> Option<String> {
+        let dir = self.checkout_dir(target);
+        if !dir.join(".git").is_dir() {
+            return None;
+        }
+        git_cli(&dir, &["rev-parse", "--verify", "-q", "HEAD"])
+            .await
+            .ok()
+            .map(|s| s.trim().to_string())
+    }
+
+    fn cache_dir(&self, remote: &str) -> PathBuf {
+        let hash = hex::encode(Sha256::digest(remote.as_bytes()));
+        let slug: String = remote
+            .rsplit(['/', ':'])
+            .find(|s| !s.is_empty())
+            .unwrap_or("repo")
+            .trim_end_matches(".git")
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
+            .take(40)
+            .collect();
+        self.cache_root.join(format!("{slug}-{}.git", &hash[..16]))
+    }
+}
+
+fn fetch_err(remote: &str, branch: &str, reason: &str) -> GitError {
+    GitError::Fetch {
+        remote: remote.to_string(),
+        branch: branch.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+fn redact_err(e: GitError, r: &Redactor) -> GitError {
+    match e {
+        GitError::Fetch {
+            remote,
+            branch,
+            reason,
+        } => GitError::Fetch {
+            remote: r.redact(&remote),
+            branch,
+            reason: r.redact(&reason),
+        },
+        GitError::NoBranch { remote, branch } => GitError::NoBranch {
+            remote: r.redact(&remote),
+            branch,
+        },
+        other => other,
+    }
+}
+
+fn resolve_auth(auth: &GitAuth) -> Result<Auth, GitError> {
+    let token = match &auth.token {
+        Some(t) => {
+            let secret = t.load().map_err(|e| GitError::Credentials(e.to_string()))?;
+            let user = auth
+                .username
+                .clone()
+                .unwrap_or_else(|| "x-access-token".to_string());
+            Some((user, secret))
+        }
+        None => None,
+    };
+    let ssh_command = auth.identity_file.as_ref().map(|key| {
+        let mut cmd = format!(
+            "ssh -o BatchMode=yes -o IdentitiesOnly=yes -i {}",
+            shell_quote(&key.to_string_lossy())
+        );
+        if let Some(kh) = &auth.known_hosts_file {
+            cmd.push_str(&format!(
+                " -o StrictHostKeyChecking=yes -o UserKnownHostsFile={}",
+                shell_quote(&kh.to_string_lossy())
+            ));
+        }
+        cmd
+    });
+    Ok(Auth { token, ssh_command })
+}
+
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+fn fetch_blocking(dir: &Path, remote: &str, branch: &str, auth: Auth) -> FetchResult {
+    let err = |reason: String| fetch_err(remote, branch, &reason);
+    std::fs::create_dir_all(dir.parent().unwrap_or(dir)).map_err(|e| err(e.to_string()))?;
+    // Serialise fetches into this cache across processes.
+    let lock_path = dir.with_extension("lock");
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| err(format!("cannot open {}: {e}", lock_path.display())))?;
+    lock.lock()
+        .map_err(|e| err(format!("cannot lock {}: {e}", lock_path.display())))?;
+
+    let mut repo = if dir.join("HEAD").is_file() {
+        gix::open(dir).map_err(|e| err(format!("cannot open cache {}: {e}", dir.display())))?
+    } else {
+        gix::init_bare(dir)
+            .map_err(|e| err(format!("cannot create cache {}: {e}", dir.display())))?
+    };
+    if let Some(cmd) = &auth.ssh_command {
+        let mut config = repo.config_snapshot_mut();
+        config
+            .set_value(&gix::config::tree::Core::SSH_COMMAND, cmd.as_str())
+            .map_err(|e| err(format!("cannot configure ssh: {e}")))?;
+    }
+    let refspec = format!("+refs/heads/{branch}:refs/remotes/origin/{branch}");
+    let remote_handle = repo
+        .remote_at(remote)
+        .map_err(|e| err(format!("invalid remote: {e}")))?
+        .with_refspecs([refspec.as_str()], gix::remote::Direction::Fetch)
+        .map_err(|e| err(format!("invalid branch: {e}")))?;
+    let mut connection = remote_handle
+        .connect(gix::remote::Direction::Fetch)
+        .map_err(|e| err(e.to_string()))?;
+    let token = auth.token;
+    connection.set_credentials(move |action| match action {
+        gix::credentials::helper::Action::Get(ctx) => match &token {
+            Some((username, password)) => Ok(Some(gix::credentials::protocol::Outcome {
+                identity: gix::sec::identity::Account {
+                    username: username.clone(),
+                    password: password.clone(),
+                    oauth_refresh_token: None,
+                },
+                next: ctx.into(),
+            })),
+            None => Err(gix::error::message(
+                "the remote asks for credentials and the target sets no git.token_file",
+            )
+            .into()),
+        },
+        _ => Ok(None),
+    });
+    let outcome = connection
+        .prepare_fetch(gix::progress::Discard, Default::default())
+        .map_err(|e| err(e.to_string()))?
+        .receive(gix::progress::Discard, &AtomicBool::new(false))
+        .map_err(|e| err(e.to_string()))?;
+    let wanted = format!("refs/heads/{branch}");
+    let tip = outcome
+        .ref_map
+        .mappings
+        .iter()
+        .find(|m| m.remote.as_name().is_some_and(|n| n == wanted.as_bytes()))
+        .and_then(|m| m.remote.as_id())
+        .map(|id| id.to_hex().to_string())
+        .ok_or_else(|| GitError::NoBranch {
+            remote: remote.to_string(),
+            branch: branch.to_string(),
+        })?;
+    drop(lock);
+    Ok(tip)
+}
+
+/// Run the git CLI in `dir` and return its stdout; the error is git's stderr.
+async fn git_cli(dir: &Path, args: &[&str]) -> Result<String, String> {
+    let mut argv = vec!["git".to_string()];
+    argv.extend(args.iter().map(|s| s.to_string()));
+    let mut spec = Spec::new(argv, dir);
+    spec.deadline = Some(Instant::now() + GIT_TIMEOUT);
+    // Keep the user's global git config out of the checkout's behaviour.
+    spec.env.insert("GIT_CONFIG_NOSYSTEM".into(), "1".into());
+    spec.env.insert("GIT_CONFIG_GLOBAL".into(), "/dev/null".into());
+    let out = process::run(&spec, &Redactor::new())
+        .await
+        .map_err(|e| e.to_string())?;
+    if out.success() {
+        Ok(out.stdout)
+    } else {
+        let msg = out.stderr.trim();
+        Err(if msg.is_empty() {
+            process::describe_exit(&spec, &out, Some(GIT_TIMEOUT))
+        } else {
+            msg.to_string()
+        })
+    }
+}

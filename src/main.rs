@@ -1,0 +1,136 @@
+//! The `driftless` binary: parse the command line, load the config, start
+//! logging, call into the library. No reconcile logic lives here.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+
+use driftless::cli;
+use driftless::config::{self, DEFAULT_CONFIG_PATH};
+use driftless::store::Operation;
+use driftless::tick::Engine;
+
+#[derive(Parser)]
+#[command(name = "driftless", version, about = "GitOps for infrastructure outside Kubernetes")]
+struct Args {
+    /// The configuration file.
+    #[arg(long, global = true, env = "DRIFTLESS_CONFIG", default_value = DEFAULT_CONFIG_PATH)]
+    config: PathBuf,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the daemon: interval scheduler, workers, HTTP endpoints.
+    Serve,
+    /// Reconcile targets once, now (for systemd timers and cron).
+    /// Exit 0: no_change/changed; 1: failed; 75: a target's lock is held elsewhere.
+    Tick {
+        /// Target names.
+        #[arg(required_unless_present = "all")]
+        targets: Vec<String>,
+        /// Every configured target, one after another.
+        #[arg(long, conflicts_with = "targets")]
+        all: bool,
+    },
+    /// Per target: the commit last applied and how the last run went.
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// The runs of one target, newest first.
+    History {
+        target: String,
+        #[arg(long)]
+        json: bool,
+        #[arg(long, default_value_t = 20)]
+        limit: i64,
+    },
+    /// What a target exposes (terraform outputs, the exec command's JSON).
+    Outputs {
+        target: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Tear a target down (at the commit last applied).
+    Destroy {
+        target: String,
+        /// Required: destroying is not undone by anything.
+        #[arg(long)]
+        yes: bool,
+    },
+    /// Validate the configuration and list every problem.
+    Check,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let default_level = match args.command {
+        Command::Serve | Command::Tick { .. } | Command::Destroy { .. } => "info",
+        _ => "warn",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("RUST_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+
+    if let Command::Check = args.command {
+        let r = cli::check(&args.config);
+        print!("{}", r.stdout);
+        return ExitCode::from(r.code);
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(cli::EXIT_FAILED);
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(cli::EXIT_FAILED)
+        }
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<u8> {
+    let settings = config::load(&args.config)?;
+    let engine = Engine::open(settings)
+        .await
+        .context("cannot open the state database")?;
+    let report = match args.command {
+        Command::Serve => {
+            driftless::daemon::serve(engine).await?;
+            return Ok(0);
+        }
+        Command::Tick { targets, all } => cli::tick(&engine, &targets, all, Operation::Apply).await?,
+        Command::Status { json } => cli::status(&engine, json).await?,
+        Command::History {
+            target,
+            json,
+            limit,
+        } => cli::history(&engine, &target, json, limit).await?,
+        Command::Outputs { target, json } => cli::outputs(&engine, &target, json).await?,
+        Command::Destroy { target, yes } => {
+            if !yes {
+                anyhow::bail!(
+                    "destroy tears down everything target `{target}` manages; pass --yes to confirm"
+                );
+            }
+            eprintln!(
+                "note: a running daemon will apply `{target}` again at its next tick unless you remove it from the configuration"
+            );
+            cli::tick(&engine, &[target], false, Operation::Destroy).await?
+        }
+        Command::Check => unreachable!("handled before the runtime starts"),
+    };
+    print!("{}", report.stdout);
+    Ok(report.code)
+}

@@ -1,0 +1,278 @@
+//! Running external commands: argv in, captured and redacted output out.
+//!
+//! Every command a backend runs goes through [`run`]: an argv vector (never a
+//! shell string), its own process group, stdin closed, `GIT_TERMINAL_PROMPT=0`,
+//! stdout and stderr captured, and a deadline after which the whole group is
+//! sent SIGTERM and, after a grace period, SIGKILL. This module knows nothing
+//! about backends, targets or git.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::process::Command;
+
+use crate::redact::{self, Redactor};
+
+/// How much of the interleaved output is kept for the run record.
+pub const TAIL_BYTES: usize = 16 * 1024;
+/// The most of one stream kept in memory for parsing (the end is kept).
+const STREAM_CAP: usize = 32 * 1024 * 1024;
+/// After SIGTERM on timeout, how long the group gets before SIGKILL.
+const KILL_GRACE: Duration = Duration::from_secs(5);
+/// After the command exits, how long we wait for pipes that a leftover
+/// background process may hold open.
+const DRAIN_WAIT: Duration = Duration::from_secs(2);
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    pub argv: Vec<String>,
+    pub cwd: PathBuf,
+    pub env: BTreeMap<String, String>,
+    /// Kill the process group when this instant passes.
+    pub deadline: Option<Instant>,
+}
+
+impl Spec {
+    pub fn new(argv: Vec<String>, cwd: &Path) -> Self {
+        Spec {
+            argv,
+            cwd: cwd.to_path_buf(),
+            env: BTreeMap::new(),
+            deadline: None,
+        }
+    }
+
+    /// The command line as shown in messages: argv joined by spaces.
+    pub fn display(&self) -> String {
+        self.argv.join(" ")
+    }
+}
+
+/// What came back. Text fields are already redacted.
+#[derive(Debug, Clone)]
+pub struct Output {
+    /// The exit code; `None` when killed by a signal.
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    /// The last [`TAIL_BYTES`] of stdout and stderr, interleaved by line.
+    pub tail: String,
+    /// The deadline passed and the group was killed.
+    pub timed_out: bool,
+    pub duration: Duration,
+}
+
+impl Output {
+    pub fn success(&self) -> bool {
+        self.code == Some(0) && !self.timed_out
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessError {
+    #[error("empty command")]
+    Empty,
+    #[error("cannot start `{program}` in {cwd}: {reason}")]
+    Spawn {
+        program: String,
+        cwd: String,
+        reason: String,
+    },
+    #[error("waiting for `{program}` failed: {reason}")]
+    Wait { program: String, reason: String },
+}
+
+#[derive(Default)]
+struct Capture {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    combined: Vec<u8>,
+}
+
+fn push_capped(buf: &mut Vec<u8>, line: &[u8], cap: usize) {
+    buf.extend_from_slice(line);
+    if buf.len() > cap * 2 {
+        let cut = buf.len() - cap;
+        buf.drain(..cut);
+    }
+}
+
+async fn pump<R: AsyncRead + Unpin>(reader: R, cap: Arc<Mutex<Capture>>, is_stdout: bool) {
+    let mut reader = BufReader::new(reader);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match reader.read_until(b'\n', &mut line).await {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {
+                let Ok(mut c) = cap.lock() else { break };
+                let stream = if is_stdout { &mut c.stdout } else { &mut c.stderr };
+                push_capped(stream, &line, STREAM_CAP);
+                push_capped(&mut c.combined, &line, TAIL_BYTES);
+            }
+        }
+    }
+}
+
+fn signal_group(pgid: i32, signal: i32) {
+    if pgid > 0 {
+        // SAFETY: killpg only sends a signal; a stale pgid yields ESRCH.
+        unsafe {
+            libc::killpg(pgid, signal);
+        }
+    }
+}
+
+/// Run `spec` to completion (or its deadline) and capture its output.
+pub async fn run(spec: &Spec, redactor: &Redactor) -> Result<Output, ProcessError> {
+    let program = spec.argv.first().ok_or(ProcessError::Empty)?;
+    let started = Instant::now();
+    let mut cmd = Command::new(program);
+    cmd.args(&spec.argv[1..])
+        .current_dir(&spec.cwd)
+        .envs(&spec.env)
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().map_err(|e| ProcessError::Spawn {
+        program: program.clone(),
+        cwd: spec.cwd.display().to_string(),
+        reason: e.to_string(),
+    })?;
+    let pgid = child.id().map(|p| p as i32).unwrap_or(0);
+    let capture = Arc::new(Mutex::new(Capture::default()));
+    let mut readers = Vec::new();
+    if let Some(out) = child.stdout.take() {
+        readers.push(tokio::spawn(pump(out, capture.clone(), true)));
+    }
+    if let Some(err) = child.stderr.take() {
+        readers.push(tokio::spawn(pump(err, capture.clone(), false)));
+    }
+
+    let mut timed_out = false;
+    let wait_err = |e: std::io::Error| ProcessError::Wait {
+        program: program.clone(),
+        reason: e.to_string(),
+    };
+    let status = match spec.deadline {
+        None => child.wait().await.map_err(wait_err)?,
+        Some(deadline) => {
+            tokio::select! {
+                s = child.wait() => s.map_err(wait_err)?,
+                _ = tokio::time::sleep_until(deadline.into()) => {
+                    timed_out = true;
+                    signal_group(pgid, libc::SIGTERM);
+                    match tokio::time::timeout(KILL_GRACE, child.wait()).await {
+                        Ok(s) => {
+                            // The leader is gone; make sure its children are too.
+                            signal_group(pgid, libc::SIGKILL);
+                            s.map_err(wait_err)?
+                        }
+                        Err(_) => {
+                            signal_group(pgid, libc::SIGKILL);
+                            child.wait().await.map_err(wait_err)?
+                        }
+                    }
+                }
+            }
+        }
+    };
+    for r in readers {
+        let abort = r.abort_handle();
+        if tokio::time::timeout(DRAIN_WAIT, r).await.is_err() {
+            abort.abort();
+        }
+    }
+    let (stdout, stderr, combined) = match capture.lock() {
+        Ok(c) => (
+            String::from_utf8_lossy(&c.stdout).into_owned(),
+            String::from_utf8_lossy(&c.stderr).into_owned(),
+            String::from_utf8_lossy(&c.combined).into_owned(),
+        ),
+        Err(_) => Default::default(),
+    };
+    Ok(Output {
+        code: status.code(),
+        stdout: redactor.redact(&stdout),
+        stderr: redactor.redact(&stderr),
+        tail: redactor.redact(&redact::tail(&combined, TAIL_BYTES)),
+        timed_out,
+        duration: started.elapsed(),
+    })
+}
+
+/// A one-line account of how a command ended, for messages.
+pub fn describe_exit(spec: &Spec, out: &Output, timeout: Option<Duration>) -> String {
+    if out.timed_out {
+        match timeout {
+            Some(t) => format!(
+                "`{}` timed out after {} and was killed with its process group",
+                spec.display(),
+                humantime::format_duration(t)
+            ),
+            None => format!("`{}` timed out and was killed", spec.display()),
+        }
+    } else {
+        match out.code {
+            Some(c) => format!("`{}` exited with code {c}", spec.display()),
+            None => format!("`{}` was killed by a signal", spec.display()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sh(script: &str) -> Spec {
+        Spec::new(
+            vec!["sh".into(), "-c".into(), script.into()],
+            Path::new("/"),
+        )
+    }
+
+    #[tokio::test]
+    async fn captures_and_redacts() {
+        let r = Redactor::new().with("topsecret");
+        let out = run(&sh("echo out topsecret; echo err >&2; exit 3"), &r)
+            .await
+            .expect("run");
+        assert_eq!(out.code, Some(3));
+        assert_eq!(out.stdout, "out [REDACTED]\n");
+        assert_eq!(out.stderr, "err\n");
+        assert!(out.tail.contains("out [REDACTED]") && out.tail.contains("err"));
+        assert!(!out.timed_out);
+    }
+
+    #[tokio::test]
+    async fn deadline_kills_the_group() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let marker = dir.path().join("survivor");
+        // The child spawns a grandchild that would write the marker later.
+        let mut spec = sh(&format!(
+            "(sleep 3; touch {}) & sleep 30",
+            marker.display()
+        ));
+        spec.deadline = Some(Instant::now() + Duration::from_millis(300));
+        let out = run(&spec, &Redactor::new()).await.expect("run");
+        assert!(out.timed_out);
+        assert!(out.duration < Duration::from_secs(10), "{:?}", out.duration);
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        assert!(!marker.exists(), "grandchild outlived the timeout");
+    }
+
+    #[tokio::test]
+    async fn missing_program_is_a_clear_error() {
+        let spec = Spec::new(vec!["/nonexistent/prog".into()], Path::new("/"));
+        let e = run(&spec, &Redactor::new()).await.expect_err("spawn fails");
+        assert!(e.to_string().contains("/nonexistent/prog"), "{e}");
+    }
+}

@@ -1,0 +1,513 @@
+//! The durable job queue: what should be reconciled, in SQLite.
+//!
+//! A request (interval, manual, webhook, cli) becomes a row before anyone is
+//! told it was accepted. At most one *queued* job per target — a newer request
+//! folds into it (its SHA wins, triggers and delivery ids are kept) — and at
+//! most one *running* job per target, both enforced by unique indexes rather
+//! than by a mutex. Workers claim a job with a lease and keep it alive with a
+//! heartbeat; a job whose lease expired (its process died) goes back to the
+//! queue and the run it left unfinished is marked `interrupted`. The queue
+//! decides order, never what a backend does.
+
+use std::time::Duration;
+
+use serde::Serialize;
+use sqlx::FromRow;
+
+use crate::store::{Store, StoreError, now_ms};
+
+/// How long a claim lasts without a heartbeat.
+pub const LEASE: Duration = Duration::from_secs(30);
+/// A job interrupted this many times is given up (the next interval retries).
+pub const MAX_ATTEMPTS: i64 = 5;
+
+/// What asked for a reconcile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Trigger {
+    Interval,
+    Manual,
+    Webhook,
+    Cli,
+}
+
+impl Trigger {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Trigger::Interval => "interval",
+            Trigger::Manual => "manual",
+            Trigger::Webhook => "webhook",
+            Trigger::Cli => "cli",
+        }
+    }
+}
+
+/// A request to reconcile one target.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub target: String,
+    pub trigger: Trigger,
+    pub sha: Option<String>,
+    pub delivery_id: Option<String>,
+}
+
+#[derive(Debug, Clone, FromRow)]
+struct JobRow {
+    id: i64,
+    target: String,
+    triggers: String,
+    requested_sha: Option<String>,
+    delivery_ids: String,
+    attempts: i64,
+}
+
+/// A claimed job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Job {
+    pub id: i64,
+    pub target: String,
+    /// In arrival order, each once.
+    pub triggers: Vec<String>,
+    pub requested_sha: Option<String>,
+    pub delivery_ids: Vec<String>,
+    pub attempts: i64,
+}
+
+impl Job {
+    fn from_row(r: JobRow) -> Job {
+        Job {
+            id: r.id,
+            target: r.target,
+            triggers: serde_json::from_str(&r.triggers).unwrap_or_default(),
+            requested_sha: r.requested_sha,
+            delivery_ids: serde_json::from_str(&r.delivery_ids).unwrap_or_default(),
+            attempts: r.attempts,
+        }
+    }
+
+    /// The triggers as recorded on a run: `webhook,interval`.
+    pub fn trigger_label(&self) -> String {
+        if self.triggers.is_empty() {
+            "unknown".into()
+        } else {
+            self.triggers.join(",")
+        }
+    }
+
+    /// Only the fallback interval asked for this job.
+    pub fn interval_only(&self) -> bool {
+        self.triggers.iter().all(|t| t == "interval")
+    }
+}
+
+/// Counts of queued and running jobs for one target.
+#[derive(Debug, Clone, Default, FromRow, Serialize)]
+pub struct Activity {
+    pub target: String,
+    pub queued: i64,
+    pub running: i64,
+}
+
+/// The queue, bound to one owner identity (this process).
+#[derive(Clone, Debug)]
+pub struct Queue {
+    store: Store,
+    owner: String,
+}
+
+impl Queue {
+    pub fn new(store: Store) -> Queue {
+        let owner = format!("pid{}-{:08x}", std::process::id(), fastrand::u32(..));
+        Queue { store, owner }
+    }
+
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Add a request, folding it into the target's queued job if there is one.
+    /// Returns the queued job's id. When this returns, the request is on disk.
+    pub async fn enqueue(&self, req: &Request) -> Result<i64, StoreError> {
+        sqlx::query_scalar(
+            "INSERT INTO jobs (target, state, triggers, requested_sha, delivery_ids, created_at, updated_at)
+             VALUES (?1, 'queued', json_array(?2), ?3,
+                     CASE WHEN ?4 IS NULL THEN '[]' ELSE json_array(?4) END, ?5, ?5)
+             ON CONFLICT (target) WHERE state = 'queued' DO UPDATE SET
+                 triggers = CASE WHEN EXISTS (SELECT 1 FROM json_each(jobs.triggers) WHERE value = ?2)
+                                 THEN jobs.triggers ELSE json_insert(jobs.triggers, '$[#]', ?2) END,
+                 requested_sha = COALESCE(?3, jobs.requested_sha),
+                 delivery_ids = CASE WHEN ?4 IS NULL THEN jobs.delivery_ids
+                                     ELSE json_insert(jobs.delivery_ids, '$[#]', ?4) END,
+                 updated_at = ?5
+             RETURNING id",
+        )
+        .bind(&req.target)
+        .bind(req.trigger.as_str())
+        .bind(&req.sha)
+        .bind(&req.delivery_id)
+        .bind(now_ms())
+        .fetch_one(self.store.pool())
+        .await
+        .map_err(self.store.err("queueing a job"))
+    }
+
+    /// Claim the oldest runnable job among `targets` (a target with a running
+    /// job is not runnable).
+    pub async fn claim(&self, targets: &[String]) -> Result<Option<Job>, StoreError> {
+        let now = now_ms();
+        let names = serde_json::to_string(targets).unwrap_or_else(|_| "[]".into());
+        let row = sqlx::query_as::<_, JobRow>(
+            "UPDATE jobs SET state = 'running', lease_owner = ?1, lease_until = ?2,
+                    attempts = attempts + 1, updated_at = ?3
+             WHERE id = (
+                SELECT j.id FROM jobs j
+                WHERE j.state = 'queued' AND j.not_before <= ?3
+                  AND j.target IN (SELECT value FROM json_each(?4))
+                  AND NOT EXISTS (SELECT 1 FROM jobs r WHERE r.target = j.target AND r.state = 'running')
+                ORDER BY j.id LIMIT 1)
+             RETURNING id, target, triggers, requested_sha, delivery_ids, attempts",
+        )
+        .bind(&self.owner)
+        .bind(now + LEASE.as_millis() as i64)
+        .bind(now)
+        .bind(names)
+        .fetch_optional(self.store.pool())
+        .await
+        .map_err(self.store.err("claiming a job"))?;
+        Ok(row.map(Job::from_row))
+    }
+
+    /// Create a job that is running from the start, for a one-shot `tick`
+    /// that already holds the target's lock. `None` when another job for the
+    /// target is marked running.
+    pub async fn start_now(&self, target: &str, trigger: Trigger) -> Result<Option<Job>, StoreError> {
+        let now = now_ms();
+        let row = sqlx::query_as::<_, JobRow>(
+            "INSERT INTO jobs (target, state, triggers, lease_owner, lease_until, attempts, created_at, updated_at)
+             VALUES (?1, 'running', json_array(?2), ?3, ?4, 1, ?5, ?5)
+             ON CONFLICT DO NOTHING
+             RETURNING id, target, triggers, requested_sha, delivery_ids, attempts",
+        )
+        .bind(target)
+        .bind(trigger.as_str())
+        .bind(&self.owner)
+        .bind(now + LEASE.as_millis() as i64)
+        .bind(now)
+        .fetch_optional(self.store.pool())
+        .await
+        .map_err(self.store.err("starting a job"))?;
+        Ok(row.map(Job::from_row))
+    }
+
+    /// Extend the lease. `false` when the job is no longer ours.
+    pub async fn heartbeat(&self, job_id: i64) -> Result<bool, StoreError> {
+        let now = now_ms();
+        let r = sqlx::query(
+            "UPDATE jobs SET lease_until = ?3, updated_at = ?4
+             WHERE id = ?1 AND state = 'running' AND lease_owner = ?2",
+        )
+        .bind(job_id)
+        .bind(&self.owner)
+        .bind(now + LEASE.as_millis() as i64)
+        .bind(now)
+        .execute(self.store.pool())
+        .await
+        .map_err(self.store.err("renewing a job lease"))?;
+        Ok(r.rows_affected() == 1)
+    }
+
+    /// The job is over: `outcome` says how (`changed`, `failed`, `skipped: …`).
+    pub async fn finish(&self, job_id: i64, run_id: Option<i64>, outcome: &str) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE jobs SET state = 'done', run_id = ?2, outcome = ?3, lease_owner = NULL,
+                    lease_until = NULL, updated_at = ?4
+             WHERE id = ?1",
+        )
+        .bind(job_id)
+        .bind(run_id)
+        .bind(outcome)
+        .bind(now_ms())
+        .execute(self.store.pool())
+        .await
+        .map_err(self.store.err("finishing a job"))?;
+        Ok(())
+    }
+
+    /// Put a running job back in the queue to run after `delay`, folding it
+    /// into a newer queued job for the same target if one arrived meanwhile.
+    pub async fn requeue(&self, job_id: i64, delay: Duration) -> Result<(), StoreError> {
+        let what = "requeueing a job";
+        let mut tx = self
+            .store
+            .pool()
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(self.store.err(what))?;
+        requeue_in(&mut tx, job_id, now_ms() + delay.as_millis() as i64)
+            .await
+            .map_err(self.store.err(what))?;
+        tx.commit().await.map_err(self.store.err(what))?;
+        Ok(())
+    }
+
+    /// Jobs whose lease expired go back to the queue (their process died);
+    /// the runs they left open are marked `interrupted`. Returns the ids.
+    pub async fn recover_expired(&self) -> Result<Vec<i64>, StoreError> {
+        let what = "recovering interrupted jobs";
+        let now = now_ms();
+        let mut tx = self
+            .store
+            .pool()
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(self.store.err(what))?;
+        let expired: Vec<(i64, i64)> = sqlx::query_as(
+            "SELECT id, attempts FROM jobs WHERE state = 'running' AND lease_until < ?1 ORDER BY id",
+        )
+        .bind(now)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(self.store.err(what))?;
+        for (id, attempts) in &expired {
+            sqlx::query(
+                "UPDATE runs SET result = 'interrupted', finished_at = ?2,
+                        duration_ms = ?2 - started_at,
+                        message = 'driftless stopped during this run (the process died or was killed); the job was queued again'
+                 WHERE job_id = ?1 AND result IS NULL",
+            )
+            .bind(id)
+            .bind(now)
+            .execute(&mut *tx)
+            .await
+            .map_err(self.store.err(what))?;
+            if *attempts >= MAX_ATTEMPTS {
+                sqlx::query(
+                    "UPDATE jobs SET state = 'done', outcome = ?2, lease_owner = NULL,
+                            lease_until = NULL, updated_at = ?3 WHERE id = ?1",
+                )
+                .bind(id)
+                .bind(format!("gave up after {attempts} interrupted attempts"))
+                .bind(now)
+                .execute(&mut *tx)
+                .await
+                .map_err(self.store.err(what))?;
+            } else {
+                requeue_in(&mut tx, *id, now).await.map_err(self.store.err(what))?;
+            }
+        }
+        tx.commit().await.map_err(self.store.err(what))?;
+        Ok(expired.into_iter().map(|(id, _)| id).collect())
+    }
+
+    /// Queued and running counts per target.
+    pub async fn activity(&self) -> Result<Vec<Activity>, StoreError> {
+        sqlx::query_as::<_, Activity>(
+            "SELECT target,
+                    SUM(state = 'queued') AS queued,
+                    SUM(state = 'running') AS running
+             FROM jobs WHERE state IN ('queued', 'running') GROUP BY target",
+        )
+        .fetch_all(self.store.pool())
+        .await
+        .map_err(self.store.err("reading the queue"))
+    }
+
+    /// Queued jobs for targets that are no longer configured are closed.
+    pub async fn drop_unknown(&self, targets: &[String]) -> Result<u64, StoreError> {
+        let names = serde_json::to_string(targets).unwrap_or_else(|_| "[]".into());
+        let r = sqlx::query(
+            "UPDATE jobs SET state = 'done', outcome = 'target no longer configured', updated_at = ?2
+             WHERE state = 'queued' AND target NOT IN (SELECT value FROM json_each(?1))",
+        )
+        .bind(names)
+        .bind(now_ms())
+        .execute(self.store.pool())
+        .await
+        .map_err(self.store.err("closing jobs of removed targets"))?;
+        Ok(r.rows_affected())
+    }
+}
+
+/// Move running job `id` back to queued (not before `not_before`), merging
+/// with an existing queued job of the same target. Runs inside a transaction.
+async fn requeue_in(
+    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    id: i64,
+    not_before: i64,
+) -> Result<(), sqlx::Error> {
+    let now = now_ms();
+    let queued: Option<i64> = sqlx::query_scalar(
+        "SELECT q.id FROM jobs q JOIN jobs r ON r.target = q.target
+         WHERE r.id = ?1 AND q.state = 'queued'",
+    )
+    .bind(id)
+    .fetch_optional(&mut **tx)
+    .await?;
+    match queued {
+        None => {
+            sqlx::query(
+                "UPDATE jobs SET state = 'queued', not_before = ?2, lease_owner = NULL,
+                        lease_until = NULL, updated_at = ?3 WHERE id = ?1",
+            )
+            .bind(id)
+            .bind(not_before)
+            .bind(now)
+            .execute(&mut **tx)
+            .await?;
+        }
+        Some(q) => {
+            // The queued job is newer: its SHA wins; the old job's triggers
+            // and deliveries are kept, old ones first.
+            let rows: Vec<JobRow> = sqlx::query_as(
+                "SELECT id, target, triggers, requested_sha, delivery_ids, attempts
+                 FROM jobs WHERE id IN (?1, ?2)",
+            )
+            .bind(id)
+            .bind(q)
+            .fetch_all(&mut **tx)
+            .await?;
+            let (Some(old), Some(new)) = (
+                rows.iter().find(|r| r.id == id).cloned().map(Job::from_row),
+                rows.iter().find(|r| r.id == q).cloned().map(Job::from_row),
+            ) else {
+                return Err(sqlx::Error::RowNotFound);
+            };
+            let mut triggers = old.triggers.clone();
+            for t in new.triggers {
+                if !triggers.contains(&t) {
+                    triggers.push(t);
+                }
+            }
+            let mut deliveries = old.delivery_ids.clone();
+            deliveries.extend(new.delivery_ids);
+            let json = |v: &Vec<String>| serde_json::to_string(v).unwrap_or_else(|_| "[]".into());
+            sqlx::query(
+                "UPDATE jobs SET triggers = ?2, delivery_ids = ?3, requested_sha = ?4, updated_at = ?5
+                 WHERE id = ?1",
+            )
+            .bind(q)
+            .bind(json(&triggers))
+            .bind(json(&deliveries))
+            .bind(new.requested_sha.or(old.requested_sha))
+            .bind(now)
+            .execute(&mut **tx)
+            .await?;
+            sqlx::query(
+                "UPDATE jobs SET state = 'done', outcome = ?2, lease_owner = NULL,
+                        lease_until = NULL, updated_at = ?3 WHERE id = ?1",
+            )
+            .bind(id)
+            .bind(format!("merged into job {q}"))
+            .bind(now)
+            .execute(&mut **tx)
+            .await?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn queue() -> (tempfile::TempDir, Queue) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(&dir.path().join("db.sqlite")).await.expect("open");
+        (dir, Queue::new(store))
+    }
+
+    fn req(target: &str, trigger: Trigger, sha: Option<&str>, delivery: Option<&str>) -> Request {
+        Request {
+            target: target.into(),
+            trigger,
+            sha: sha.map(Into::into),
+            delivery_id: delivery.map(Into::into),
+        }
+    }
+
+    #[tokio::test]
+    async fn requests_fold_into_one_queued_job() {
+        let (_d, q) = queue().await;
+        let a = q.enqueue(&req("web", Trigger::Webhook, Some("aaa"), Some("d1"))).await.expect("enqueue");
+        let b = q.enqueue(&req("web", Trigger::Interval, None, None)).await.expect("enqueue");
+        let c = q.enqueue(&req("web", Trigger::Webhook, Some("bbb"), Some("d2"))).await.expect("enqueue");
+        assert_eq!(a, b);
+        assert_eq!(b, c);
+        let job = q.claim(&["web".into()]).await.expect("claim").expect("a job");
+        assert_eq!(job.triggers, vec!["webhook", "interval"]);
+        assert_eq!(job.requested_sha.as_deref(), Some("bbb"));
+        assert_eq!(job.delivery_ids, vec!["d1", "d2"]);
+        // running: the target is not claimable again, but a new request queues
+        assert_eq!(q.claim(&["web".into()]).await.expect("claim"), None);
+        let d = q.enqueue(&req("web", Trigger::Manual, None, None)).await.expect("enqueue");
+        assert_ne!(d, job.id);
+        assert_eq!(q.claim(&["web".into()]).await.expect("claim"), None);
+        q.finish(job.id, None, "changed").await.expect("finish");
+        let next = q.claim(&["web".into()]).await.expect("claim").expect("the next job");
+        assert_eq!(next.id, d);
+    }
+
+    #[tokio::test]
+    async fn requeue_merges_into_a_newer_queued_job() {
+        let (_d, q) = queue().await;
+        q.enqueue(&req("web", Trigger::Webhook, Some("old"), Some("d1"))).await.expect("enqueue");
+        let running = q.claim(&["web".into()]).await.expect("claim").expect("job");
+        let newer = q.enqueue(&req("web", Trigger::Interval, None, None)).await.expect("enqueue");
+        q.requeue(running.id, Duration::ZERO).await.expect("requeue");
+        let job = q.claim(&["web".into()]).await.expect("claim").expect("job");
+        assert_eq!(job.id, newer);
+        assert_eq!(job.triggers, vec!["webhook", "interval"]);
+        assert_eq!(job.delivery_ids, vec!["d1"]);
+        assert_eq!(job.requested_sha.as_deref(), Some("old"));
+    }
+
+    #[tokio::test]
+    async fn expired_leases_are_recovered_and_runs_interrupted() {
+        let (_d, q) = queue().await;
+        q.enqueue(&req("web", Trigger::Manual, None, None)).await.expect("enqueue");
+        let job = q.claim(&["web".into()]).await.expect("claim").expect("job");
+        let store = q.store().clone();
+        store.register_targets(&[("web", "exec")]).await.expect("register");
+        let run = store
+            .begin_run(&crate::store::NewRun {
+                target: "web",
+                job_id: Some(job.id),
+                operation: crate::store::Operation::Apply,
+                trigger: "manual",
+                delivery_id: None,
+                requested_sha: None,
+            })
+            .await
+            .expect("run");
+        // not expired yet
+        assert!(q.recover_expired().await.expect("recover").is_empty());
+        sqlx::query("UPDATE jobs SET lease_until = 0 WHERE id = ?1")
+            .bind(job.id)
+            .execute(store.pool())
+            .await
+            .expect("expire");
+        assert_eq!(q.recover_expired().await.expect("recover"), vec![job.id]);
+        let r = store.run(run).await.expect("read").expect("run row");
+        assert_eq!(r.result.as_deref(), Some("interrupted"));
+        let again = q.claim(&["web".into()]).await.expect("claim").expect("requeued");
+        assert_eq!(again.id, job.id);
+        assert_eq!(again.attempts, 2);
+        // someone else's heartbeat cannot keep it
+        let other = Queue::new(store);
+        assert!(!other.heartbeat(job.id).await.expect("hb"));
+        assert!(q.heartbeat(job.id).await.expect("hb"));
+    }
+
+    #[tokio::test]
+    async fn start_now_refuses_a_second_running_job() {
+        let (_d, q) = queue().await;
+        let a = q.start_now("web", Trigger::Cli).await.expect("start");
+        assert!(a.is_some());
+        let b = q.start_now("web", Trigger::Cli).await.expect("start");
+        assert!(b.is_none());
+    }
+}

@@ -1,0 +1,128 @@
+//! Redaction: the one place that knows what a secret looks like.
+//!
+//! Everything driftless prints, stores or sends that came from a command or a
+//! remote (output tails, error messages, git errors) passes through a
+//! [`Redactor`] first. It replaces the secret values it was told about and
+//! credentials embedded in URLs (`https://user:token@host`). It must not be
+//! bypassed by "just this one log line".
+
+/// The marker that replaces a secret.
+pub const MASK: &str = "[REDACTED]";
+
+/// Replaces known secret values and URL credentials in text.
+#[derive(Clone, Default)]
+pub struct Redactor {
+    secrets: Vec<String>,
+}
+
+impl std::fmt::Debug for Redactor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Redactor({} secrets)", self.secrets.len())
+    }
+}
+
+impl Redactor {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Remember a secret value. Very short values (under 4 bytes) are not
+    /// masked: they would shred ordinary text and are not worth protecting.
+    pub fn add(&mut self, secret: impl Into<String>) {
+        let s = secret.into();
+        if s.len() >= 4 && !self.secrets.contains(&s) {
+            self.secrets.push(s);
+            // Longest first, so a secret containing another is masked whole.
+            self.secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+        }
+    }
+
+    pub fn with(mut self, secret: impl Into<String>) -> Self {
+        self.add(secret);
+        self
+    }
+
+    pub fn redact(&self, text: &str) -> String {
+        let mut out = strip_url_credentials(text);
+        for s in &self.secrets {
+            if out.contains(s.as_str()) {
+                out = out.replace(s.as_str(), MASK);
+            }
+        }
+        out
+    }
+}
+
+/// `scheme://user:password@host` → `scheme://[REDACTED]@host`.
+fn strip_url_credentials(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find("://") {
+        let (head, tail) = rest.split_at(i + 3);
+        out.push_str(head);
+        // The authority ends at the first '/', whitespace or quote.
+        let end = tail
+            .find(|c: char| c == '/' || c.is_whitespace() || c == '"' || c == '\'')
+            .unwrap_or(tail.len());
+        let authority = &tail[..end];
+        match authority.rfind('@') {
+            Some(at) if authority[..at].contains(':') => {
+                out.push_str(MASK);
+                out.push_str(&authority[at..]);
+            }
+            _ => out.push_str(authority),
+        }
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Keep at most the last `max` bytes of `text`, cut at a char boundary, with a
+/// marker saying how much was dropped.
+pub fn tail(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut start = text.len() - max;
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    format!("[… {start} bytes omitted …]\n{}", &text[start..])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn masks_known_values_longest_first() {
+        let r = Redactor::new().with("hunter2").with("hunter2-extended").with("ab");
+        assert_eq!(
+            r.redact("pw=hunter2-extended and hunter2 and ab"),
+            "pw=[REDACTED] and [REDACTED] and ab"
+        );
+    }
+
+    #[test]
+    fn masks_url_credentials() {
+        let r = Redactor::new();
+        assert_eq!(
+            r.redact("fatal: could not read from https://bob:s3cret@git.example.net/x.git: 403"),
+            "fatal: could not read from https://[REDACTED]@git.example.net/x.git: 403"
+        );
+        // a user name alone is not a secret
+        assert_eq!(r.redact("ssh://git@host/x"), "ssh://git@host/x");
+    }
+
+    #[test]
+    fn tail_keeps_the_end() {
+        assert_eq!(tail("abc", 10), "abc");
+        let t = tail("0123456789", 4);
+        assert!(t.ends_with("6789"), "{t}");
+        assert!(t.contains("6 bytes omitted"), "{t}");
+        // multi-byte boundary
+        let t = tail("ééé", 3);
+        assert!(t.ends_with('é'));
+    }
+}

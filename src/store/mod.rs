@@ -1,0 +1,352 @@
+//! State in SQLite: the pool, embedded migrations, and the run log.
+//!
+//! WAL, `synchronous=FULL` (a job is on disk before a webhook gets its 2xx),
+//! foreign keys on, a busy timeout so the daemon and the one-shot CLI can
+//! share the file. Every error names the database file. Queries are checked
+//! at run time (`sqlx::query`), not at compile time. This module stores what
+//! it is told; it decides nothing about when to tick or what a result means.
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+use sqlx::{FromRow, Row};
+
+use crate::backend::{ApplyResult, Status};
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// A state database error, naming the file and what was being done.
+#[derive(Debug, thiserror::Error)]
+#[error("state database {path}: {what} failed: {source}")]
+pub struct StoreError {
+    pub path: PathBuf,
+    pub what: &'static str,
+    #[source]
+    pub source: sqlx::Error,
+}
+
+/// The state database. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Store {
+    pool: SqlitePool,
+    path: PathBuf,
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// RFC 3339 for a stored millisecond timestamp.
+pub fn format_ms(ms: i64) -> String {
+    let t = UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64);
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+/// What kind of operation a run was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    Apply,
+    Destroy,
+}
+
+impl Operation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Operation::Apply => "apply",
+            Operation::Destroy => "destroy",
+        }
+    }
+}
+
+/// A run about to start: written before the backend is called.
+#[derive(Debug, Clone)]
+pub struct NewRun<'a> {
+    pub target: &'a str,
+    pub job_id: Option<i64>,
+    pub operation: Operation,
+    pub trigger: &'a str,
+    pub delivery_id: Option<&'a str>,
+    pub requested_sha: Option<&'a str>,
+}
+
+/// One recorded run.
+#[derive(Debug, Clone, FromRow, Serialize)]
+pub struct Run {
+    pub id: i64,
+    pub target: String,
+    pub job_id: Option<i64>,
+    pub operation: String,
+    pub trigger: String,
+    pub delivery_id: Option<String>,
+    pub requested_sha: Option<String>,
+    pub sha: Option<String>,
+    pub started_at: i64,
+    pub finished_at: Option<i64>,
+    pub duration_ms: Option<i64>,
+    pub result: Option<String>,
+    pub message: Option<String>,
+    pub output_tail: Option<String>,
+}
+
+/// What is known about one target.
+#[derive(Debug, Clone, FromRow, Serialize)]
+pub struct TargetState {
+    pub name: String,
+    pub backend: String,
+    pub last_applied_sha: Option<String>,
+    pub last_result: Option<String>,
+    pub last_message: Option<String>,
+    pub last_run_id: Option<i64>,
+    pub last_run_at: Option<i64>,
+    pub consecutive_failures: i64,
+    pub backend_digest: Option<String>,
+}
+
+impl Store {
+    /// Open (creating if needed) the database at `path` and migrate it.
+    pub async fn open(path: &Path) -> Result<Store, StoreError> {
+        let err = |what, source| StoreError {
+            path: path.to_path_buf(),
+            what,
+            source,
+        };
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| err("creating its directory", e.into()))?;
+        }
+        let opts = SqliteConnectOptions::from_str("sqlite:")
+            .map_err(|e| err("configuring", e))?
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .foreign_keys(true)
+            .busy_timeout(Duration::from_secs(15));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(8)
+            .connect_with(opts)
+            .await
+            .map_err(|e| err("opening", e))?;
+        // Two processes starting at once may race on the first migration:
+        // the loser retries once and finds it applied.
+        if let Err(e) = MIGRATOR.run(&pool).await {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            MIGRATOR
+                .run(&pool)
+                .await
+                .map_err(|_| err("migrating", e.into()))?;
+        }
+        Ok(Store {
+            pool,
+            path: path.to_path_buf(),
+        })
+    }
+
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub(crate) fn err(&self, what: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError + '_ {
+        move |source| StoreError {
+            path: self.path.clone(),
+            what,
+            source,
+        }
+    }
+
+    /// Make sure every configured target has a row (and the right backend).
+    pub async fn register_targets(&self, targets: &[(&str, &str)]) -> Result<(), StoreError> {
+        let now = now_ms();
+        for (name, backend) in targets {
+            sqlx::query(
+                "INSERT INTO targets (name, backend, updated_at) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (name) DO UPDATE SET backend = excluded.backend",
+            )
+            .bind(name)
+            .bind(backend)
+            .bind(now)
+            .execute(&self.pool)
+            .await
+            .map_err(self.err("registering targets"))?;
+        }
+        Ok(())
+    }
+
+    /// Record the start of a run; the backend may be called only after this.
+    pub async fn begin_run(&self, run: &NewRun<'_>) -> Result<i64, StoreError> {
+        let now = now_ms();
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(self.err("recording a run"))?;
+        let id: i64 = sqlx::query_scalar(
+            "INSERT INTO runs (target, job_id, operation, trigger, delivery_id, requested_sha, started_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) RETURNING id",
+        )
+        .bind(run.target)
+        .bind(run.job_id)
+        .bind(run.operation.as_str())
+        .bind(run.trigger)
+        .bind(run.delivery_id)
+        .bind(run.requested_sha)
+        .bind(now)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(self.err("recording a run"))?;
+        sqlx::query("UPDATE targets SET last_run_at = ?2, updated_at = ?2 WHERE name = ?1")
+            .bind(run.target)
+            .bind(now)
+            .execute(&mut *tx)
+            .await
+            .map_err(self.err("recording a run"))?;
+        tx.commit().await.map_err(self.err("recording a run"))?;
+        Ok(id)
+    }
+
+    /// Record which commit the run is about to apply.
+    pub async fn set_run_sha(&self, run_id: i64, sha: &str) -> Result<(), StoreError> {
+        sqlx::query("UPDATE runs SET sha = ?2 WHERE id = ?1")
+            .bind(run_id)
+            .bind(sha)
+            .execute(&self.pool)
+            .await
+            .map_err(self.err("recording the run's commit"))?;
+        Ok(())
+    }
+
+    /// Complete a run and fold its result into the target's state. A failed
+    /// run never moves the last applied SHA.
+    pub async fn finish_run(
+        &self,
+        run_id: i64,
+        target: &str,
+        operation: Operation,
+        sha: Option<&str>,
+        status: &Status,
+    ) -> Result<(), StoreError> {
+        let now = now_ms();
+        let what = "recording a run's result";
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(self.err(what))?;
+        sqlx::query(
+            "UPDATE runs SET finished_at = ?2, duration_ms = ?2 - started_at, result = ?3,
+                    message = ?4, output_tail = ?5
+             WHERE id = ?1",
+        )
+        .bind(run_id)
+        .bind(now)
+        .bind(status.result.as_str())
+        .bind(&status.message)
+        .bind(&status.output_tail)
+        .execute(&mut *tx)
+        .await
+        .map_err(self.err(what))?;
+        let q = match (status.result, operation) {
+            (ApplyResult::Failed, _) => sqlx::query(
+                "UPDATE targets SET last_result = 'failed', last_message = ?2, last_run_id = ?3,
+                        consecutive_failures = consecutive_failures + 1, updated_at = ?4
+                 WHERE name = ?1",
+            ),
+            (_, Operation::Apply) => sqlx::query(
+                "UPDATE targets SET last_result = ?5, last_message = ?2, last_run_id = ?3,
+                        consecutive_failures = 0, last_applied_sha = ?6,
+                        backend_digest = COALESCE(?7, backend_digest), updated_at = ?4
+                 WHERE name = ?1",
+            ),
+            (_, Operation::Destroy) => sqlx::query(
+                "UPDATE targets SET last_result = ?5, last_message = ?2, last_run_id = ?3,
+                        consecutive_failures = 0, last_applied_sha = NULL,
+                        backend_digest = NULL, updated_at = ?4
+                 WHERE name = ?1",
+            ),
+        };
+        q.bind(target)
+            .bind(&status.message)
+            .bind(run_id)
+            .bind(now)
+            .bind(status.result.as_str())
+            .bind(sha)
+            .bind(&status.digest)
+            .execute(&mut *tx)
+            .await
+            .map_err(self.err(what))?;
+        tx.commit().await.map_err(self.err(what))?;
+        Ok(())
+    }
+
+    pub async fn target_state(&self, name: &str) -> Result<Option<TargetState>, StoreError> {
+        sqlx::query_as::<_, TargetState>(
+            "SELECT name, backend, last_applied_sha, last_result, last_message, last_run_id,
+                    last_run_at, consecutive_failures, backend_digest
+             FROM targets WHERE name = ?1",
+        )
+        .bind(name)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(self.err("reading target state"))
+    }
+
+    pub async fn target_states(&self) -> Result<Vec<TargetState>, StoreError> {
+        sqlx::query_as::<_, TargetState>(
+            "SELECT name, backend, last_applied_sha, last_result, last_message, last_run_id,
+                    last_run_at, consecutive_failures, backend_digest
+             FROM targets ORDER BY name",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(self.err("reading target state"))
+    }
+
+    /// The newest runs of a target, newest first.
+    pub async fn history(&self, target: &str, limit: i64) -> Result<Vec<Run>, StoreError> {
+        sqlx::query_as::<_, Run>(
+            "SELECT id, target, job_id, operation, trigger, delivery_id, requested_sha, sha,
+                    started_at, finished_at, duration_ms, result, message, output_tail
+             FROM runs WHERE target = ?1 ORDER BY id DESC LIMIT ?2",
+        )
+        .bind(target)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(self.err("reading run history"))
+    }
+
+    pub async fn run(&self, id: i64) -> Result<Option<Run>, StoreError> {
+        sqlx::query_as::<_, Run>(
+            "SELECT id, target, job_id, operation, trigger, delivery_id, requested_sha, sha,
+                    started_at, finished_at, duration_ms, result, message, output_tail
+             FROM runs WHERE id = ?1",
+        )
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(self.err("reading a run"))
+    }
+
+    /// A cheap read to tell whether the database answers.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1")
+            .fetch_one(&self.pool)
+            .await
+            .map(|r| {
+                let _: i64 = r.get(0);
+            })
+            .map_err(self.err("answering a health check"))
+    }
+}

@@ -1,0 +1,294 @@
+//! One tick: lock → record → git sync → backend → record.
+//!
+//! Every way of starting work (interval, webhook, API, one-shot CLI) ends up
+//! in [`Engine::run_job`]; nothing else calls a backend's `apply` or
+//! `destroy`. The order is the contract: the target's lock is held for the
+//! whole tick; the run row (target, trigger, delivery) is written before git
+//! is touched and its commit before the backend is called — if either write
+//! fails the tick stops there; a failed run never moves the last applied SHA.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tracing::{error, info, warn};
+
+use crate::backend::{self, ApplyResult, Context, Outputs, Status};
+use crate::config::{Settings, Target};
+use crate::git::Git;
+use crate::lock::{LockError, TargetLock};
+use crate::queue::{Job, Queue, Trigger};
+use crate::store::{NewRun, Operation, Store, StoreError};
+
+/// Slack on top of a target's `timeout` before the tick gives up on a
+/// backend that did not return (its commands are killed at `timeout`).
+const BACKSTOP: Duration = Duration::from_secs(60);
+
+#[derive(Debug, thiserror::Error)]
+pub enum TickError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Lock(LockError),
+    #[error("target `{0}` is not in the configuration")]
+    UnknownTarget(String),
+    #[error("target `{target}` has no checkout yet: run `driftless tick {target}` first")]
+    NoCheckout { target: String },
+    #[error("target `{target}`: {message}")]
+    Backend { target: String, message: String },
+}
+
+/// How a tick ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// A run was recorded with this result.
+    Ran {
+        run_id: i64,
+        result: ApplyResult,
+        sha: Option<String>,
+        message: String,
+    },
+    /// Another tick holds the target's lock; nothing was done.
+    Busy,
+}
+
+/// Everything a tick needs. Cheap to clone.
+#[derive(Clone)]
+pub struct Engine {
+    pub settings: Arc<Settings>,
+    pub store: Store,
+    pub queue: Queue,
+    pub git: Git,
+}
+
+impl Engine {
+    /// Open the state database and register the configured targets.
+    pub async fn open(settings: Settings) -> Result<Engine, StoreError> {
+        let store = Store::open(&settings.database_path()).await?;
+        let names: Vec<(&str, &str)> = settings
+            .targets
+            .iter()
+            .map(|t| (t.name.as_str(), t.backend.kind()))
+            .collect();
+        store.register_targets(&names).await?;
+        Ok(Engine {
+            git: Git::new(&settings.state_dir),
+            queue: Queue::new(store.clone()),
+            store,
+            settings: Arc::new(settings),
+        })
+    }
+
+    pub fn target(&self, name: &str) -> Result<&Target, TickError> {
+        self.settings
+            .target(name)
+            .ok_or_else(|| TickError::UnknownTarget(name.to_string()))
+    }
+
+    /// Run a claimed job: apply the target at its branch tip.
+    pub async fn run_job(&self, job: &Job) -> Result<Outcome, TickError> {
+        let target = self.target(&job.target)?.clone();
+        self.run(&target, Some(job), Operation::Apply).await
+    }
+
+    /// A one-shot tick (CLI): take the lock, record a running `cli` job, run.
+    pub async fn tick_now(&self, name: &str, op: Operation) -> Result<Outcome, TickError> {
+        let target = self.target(name)?.clone();
+        let lock = match TargetLock::try_acquire(&self.settings.locks_dir(), name) {
+            Ok(l) => l,
+            Err(LockError::Busy { .. }) => return Ok(Outcome::Busy),
+            Err(e) => return Err(TickError::Lock(e)),
+        };
+        // A daemon worker may have marked a job running just before failing
+        // to take the lock we hold; it puts the job back within moments.
+        let mut job = None;
+        for _ in 0..30 {
+            job = self.queue.start_now(name, Trigger::Cli).await?;
+            if job.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let Some(job) = job else {
+            return Ok(Outcome::Busy);
+        };
+        let outcome = self.run_locked(&target, Some(&job), op, lock).await;
+        let label = match &outcome {
+            Ok(Outcome::Ran { result, .. }) => result.as_str(),
+            Ok(Outcome::Busy) => "busy",
+            Err(_) => "error",
+        };
+        let run_id = match &outcome {
+            Ok(Outcome::Ran { run_id, .. }) => Some(*run_id),
+            _ => None,
+        };
+        self.queue.finish(job.id, run_id, label).await?;
+        outcome
+    }
+
+    async fn run(&self, target: &Target, job: Option<&Job>, op: Operation) -> Result<Outcome, TickError> {
+        let lock = match TargetLock::try_acquire(&self.settings.locks_dir(), &target.name) {
+            Ok(l) => l,
+            Err(LockError::Busy { .. }) => return Ok(Outcome::Busy),
+            Err(e) => return Err(TickError::Lock(e)),
+        };
+        self.run_locked(target, job, op, lock).await
+    }
+
+    async fn run_locked(
+        &self,
+        target: &Target,
+        job: Option<&Job>,
+        op: Operation,
+        _lock: TargetLock,
+    ) -> Result<Outcome, TickError> {
+        // Keep the job's lease alive for as long as the tick runs.
+        let heartbeat = job.map(|j| {
+            let queue = self.queue.clone();
+            let id = j.id;
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(crate::queue::LEASE / 3).await;
+                    match queue.heartbeat(id).await {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            error!(job = id, "lost the lease of a running job");
+                            break;
+                        }
+                        Err(e) => warn!(job = id, error = %e, "cannot renew job lease"),
+                    }
+                }
+            })
+        });
+        let result = self.converge(target, job, op).await;
+        if let Some(h) = heartbeat {
+            h.abort();
+        }
+        result
+    }
+
+    async fn converge(&self, target: &Target, job: Option<&Job>, op: Operation) -> Result<Outcome, TickError> {
+        let trigger = job.map(Job::trigger_label).unwrap_or_else(|| "cli".into());
+        let delivery = job.and_then(|j| j.delivery_ids.last().cloned());
+        let requested = job.and_then(|j| j.requested_sha.clone());
+        let run_id = self
+            .store
+            .begin_run(&NewRun {
+                target: &target.name,
+                job_id: job.map(|j| j.id),
+                operation: op,
+                trigger: &trigger,
+                delivery_id: delivery.as_deref(),
+                requested_sha: requested.as_deref(),
+            })
+            .await?;
+        let state = self.store.target_state(&target.name).await?;
+
+        // git: the branch tip for apply; for destroy, what was last applied.
+        let synced = match op {
+            Operation::Apply => self.git.sync(target).await,
+            Operation::Destroy => {
+                match self.git.fetch(&target.repo, &target.branch, &target.git).await {
+                    Ok(tip) => {
+                        let sha = state
+                            .as_ref()
+                            .and_then(|s| s.last_applied_sha.clone())
+                            .unwrap_or(tip);
+                        self.git.checkout(target, &sha).await
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+        };
+        let synced = match synced {
+            Ok(s) => s,
+            Err(e) => {
+                let status = Status::failed(e.to_string());
+                return self.finish(target, run_id, op, None, status).await;
+            }
+        };
+        if let Some(req) = &requested {
+            if !synced.sha.starts_with(req.as_str()) {
+                info!(target = %target.name, requested = %req, tip = %synced.sha,
+                      "the branch tip differs from the requested commit; applying the tip");
+            }
+        }
+        // The commit is on record before the backend is called.
+        self.store.set_run_sha(run_id, &synced.sha).await?;
+
+        let ctx = Context {
+            workdir: synced.workdir.clone(),
+            source_digest: synced.source_digest.clone(),
+            last_digest: state.and_then(|s| s.backend_digest),
+            timeout: target.timeout,
+            redactor: Git::redactor(&target.git),
+        };
+        let status = match backend::build(&target.backend, ctx) {
+            Err(e) => Status::failed(e.to_string()),
+            Ok(b) => {
+                let fut = match op {
+                    Operation::Apply => b.apply(),
+                    Operation::Destroy => b.destroy(),
+                };
+                match tokio::time::timeout(target.timeout + BACKSTOP, fut).await {
+                    Ok(s) => s,
+                    Err(_) => Status::failed(format!(
+                        "the backend did not return within the target's timeout ({})",
+                        humantime::format_duration(target.timeout)
+                    )),
+                }
+            }
+        };
+        self.finish(target, run_id, op, Some(&synced.sha), status).await
+    }
+
+    async fn finish(
+        &self,
+        target: &Target,
+        run_id: i64,
+        op: Operation,
+        sha: Option<&str>,
+        status: Status,
+    ) -> Result<Outcome, TickError> {
+        self.store
+            .finish_run(run_id, &target.name, op, sha, &status)
+            .await?;
+        let short = sha.map(|s| &s[..s.len().min(12)]).unwrap_or("-");
+        match status.result {
+            ApplyResult::Failed => warn!(target = %target.name, run = run_id, sha = short,
+                operation = op.as_str(), message = %status.message, "run failed"),
+            r => info!(target = %target.name, run = run_id, sha = short,
+                operation = op.as_str(), result = r.as_str(), message = %status.message, "run finished"),
+        }
+        Ok(Outcome::Ran {
+            run_id,
+            result: status.result,
+            sha: sha.map(str::to_string),
+            message: status.message,
+        })
+    }
+
+    /// The target's outputs, read from its current checkout.
+    pub async fn outputs(&self, name: &str) -> Result<Outputs, TickError> {
+        let target = self.target(name)?;
+        let checkout = self.git.checkout_dir(name);
+        if self.git.checked_out(name).await.is_none() {
+            return Err(TickError::NoCheckout {
+                target: name.to_string(),
+            });
+        }
+        let state = self.store.target_state(name).await?;
+        let ctx = Context {
+            workdir: checkout.join(&target.path),
+            source_digest: String::new(),
+            last_digest: state.and_then(|s| s.backend_digest),
+            timeout: target.timeout,
+            redactor: Git::redactor(&target.git),
+        };
+        let err = |e: backend::BackendError| TickError::Backend {
+            target: name.to_string(),
+            message: e.to_string(),
+        };
+        let b = backend::build(&target.backend, ctx).map_err(err)?;
+        b.outputs().await.map_err(err)
+    }
+}
