@@ -32,9 +32,19 @@ fn short(sha: &Option<String>) -> String {
 }
 
 /// `driftless tick <target>... | --all`
-pub async fn tick(engine: &Engine, targets: &[String], all: bool, op: Operation) -> Result<Report, TickError> {
+pub async fn tick(
+    engine: &Engine,
+    targets: &[String],
+    all: bool,
+    op: Operation,
+) -> Result<Report, TickError> {
     let names: Vec<String> = if all {
-        engine.settings.targets.iter().map(|t| t.name.clone()).collect()
+        engine
+            .settings
+            .targets
+            .iter()
+            .map(|t| t.name.clone())
+            .collect()
     } else {
         targets.to_vec()
     };
@@ -135,11 +145,19 @@ pub async fn status(engine: &Engine, as_json: bool) -> Result<Report, TickError>
             state
         );
     }
-    Ok(Report { stdout: out, code: 0 })
+    Ok(Report {
+        stdout: out,
+        code: 0,
+    })
 }
 
 /// `driftless history <target> [--json] [--limit N]`
-pub async fn history(engine: &Engine, target: &str, as_json: bool, limit: i64) -> Result<Report, TickError> {
+pub async fn history(
+    engine: &Engine,
+    target: &str,
+    as_json: bool,
+    limit: i64,
+) -> Result<Report, TickError> {
     engine.target(target)?;
     let runs = engine.store.history(target, limit.clamp(1, 10_000)).await?;
     if as_json {
@@ -183,11 +201,21 @@ pub async fn history(engine: &Engine, target: &str, as_json: bool, limit: i64) -
             r.trigger,
             short(&r.sha),
             r.result.as_deref().unwrap_or("running"),
-            r.duration_ms.map(|d| d.to_string()).unwrap_or_else(|| "-".into()),
-            r.message.as_deref().unwrap_or("").lines().next().unwrap_or("")
+            r.duration_ms
+                .map(|d| d.to_string())
+                .unwrap_or_else(|| "-".into()),
+            r.message
+                .as_deref()
+                .unwrap_or("")
+                .lines()
+                .next()
+                .unwrap_or("")
         );
     }
-    Ok(Report { stdout: out, code: 0 })
+    Ok(Report {
+        stdout: out,
+        code: 0,
+    })
 }
 
 /// `driftless outputs <target> [--json]`

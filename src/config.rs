@@ -290,23 +290,23 @@ pub fn check(path: &Path) -> Result<Settings, ConfigError> {
     let mut problems = Vec::new();
     for t in &settings.targets {
         let section = format!("targets[{}]", t.name);
-        if let Some(token) = &t.git.token {
-            if let Err(e) = token.load() {
-                problems.push(problem(&section, "git.token_file", e.to_string()));
-            }
+        if let Some(token) = &t.git.token
+            && let Err(e) = token.load()
+        {
+            problems.push(problem(&section, "git.token_file", e.to_string()));
         }
         for (key, file) in [
             ("git.identity_file", &t.git.identity_file),
             ("git.known_hosts_file", &t.git.known_hosts_file),
         ] {
-            if let Some(f) = file {
-                if !f.is_file() {
-                    problems.push(problem(
-                        &section,
-                        key,
-                        format!("{} is not a readable file", f.display()),
-                    ));
-                }
+            if let Some(f) = file
+                && !f.is_file()
+            {
+                problems.push(problem(
+                    &section,
+                    key,
+                    format!("{} is not a readable file", f.display()),
+                ));
             }
         }
         if Path::new(&t.repo).is_absolute() && !Path::new(&t.repo).exists() {
@@ -351,7 +351,11 @@ fn serde_problem(section: &str, prefix: &str, err: &serde_json::Error) -> Proble
         .filter(|_| msg.starts_with("unknown field") || msg.starts_with("missing field"))
         .map(|k| format!("{prefix}{k}"))
         .unwrap_or_else(|| prefix.trim_end_matches('.').to_string());
-    let key = if key.is_empty() { "(table)".into() } else { key };
+    let key = if key.is_empty() {
+        "(table)".into()
+    } else {
+        key
+    };
     // serde_json appends " at line 0 column 0" to errors from `from_value`.
     let msg = msg
         .split(" at line ")
@@ -408,7 +412,9 @@ fn validate(raw: Value, path: &Path, base: &Path, problems: &mut Vec<Problem>) -
 
 fn validate_server(raw: Option<Value>, problems: &mut Vec<Problem>) -> Server {
     let mut server = Server {
-        listen: DEFAULT_LISTEN.parse().unwrap_or(SocketAddr::from(([127, 0, 0, 1], 8080))),
+        listen: DEFAULT_LISTEN
+            .parse()
+            .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 8080))),
         workers: DEFAULT_WORKERS,
     };
     let Some(raw) = raw else { return server };
@@ -433,7 +439,11 @@ fn validate_server(raw: Option<Value>, problems: &mut Vec<Problem>) -> Server {
         if (1..=64).contains(&w) {
             server.workers = w as usize;
         } else {
-            problems.push(problem("server", "workers", format!("{w} is not between 1 and 64")));
+            problems.push(problem(
+                "server",
+                "workers",
+                format!("{w} is not between 1 and 64"),
+            ));
         }
     }
     server
@@ -508,8 +518,20 @@ fn validate_target(
             format!("`{path}` must be a subdirectory of the repository (relative, no `..`)"),
         ));
     }
-    let interval = duration(label, "interval", raw.interval.as_deref(), DEFAULT_INTERVAL, problems);
-    let timeout = duration(label, "timeout", raw.timeout.as_deref(), DEFAULT_TIMEOUT, problems);
+    let interval = duration(
+        label,
+        "interval",
+        raw.interval.as_deref(),
+        DEFAULT_INTERVAL,
+        problems,
+    );
+    let timeout = duration(
+        label,
+        "timeout",
+        raw.timeout.as_deref(),
+        DEFAULT_TIMEOUT,
+        problems,
+    );
     let git = match raw.git {
         None => GitAuth::default(),
         Some(g) => {
@@ -570,7 +592,11 @@ fn duration(
     match humantime::parse_duration(raw.trim()) {
         Ok(d) if d >= Duration::from_secs(1) => d,
         Ok(_) => {
-            problems.push(problem(label, key, format!("`{raw}` is shorter than one second")));
+            problems.push(problem(
+                label,
+                key,
+                format!("`{raw}` is shorter than one second"),
+            ));
             default
         }
         Err(e) => {
@@ -615,11 +641,25 @@ fn is_url(s: &str) -> bool {
 /// Relative paths in the config are relative to the config file's directory.
 pub fn resolve(base: &Path, raw: &str) -> PathBuf {
     let p = Path::new(raw);
-    if p.is_absolute() {
+    let joined = if p.is_absolute() {
         p.to_path_buf()
     } else {
         base.join(p)
+    };
+    // Fold `.` and `..` so paths read well in logs and errors.
+    let mut out = PathBuf::new();
+    for c in joined.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                if !out.pop() {
+                    out.push(c);
+                }
+            }
+            other => out.push(other),
+        }
     }
+    out
 }
 
 /// Turn a table of `env`-style strings into values, resolving `env:NAME`
@@ -722,9 +762,7 @@ mod tests {
             "#,
         );
         let text: Vec<String> = p.iter().map(ToString::to_string).collect();
-        let has = |section: &str, key: &str| {
-            p.iter().any(|q| q.section == section && q.key == key)
-        };
+        let has = |section: &str, key: &str| p.iter().any(|q| q.section == section && q.key == key);
         assert!(has("server", "workers"), "{text:#?}");
         assert!(has("targets[web]", "intervall"), "{text:#?}");
         assert!(has("targets[web]", "backend.binaryy"), "{text:#?}");
@@ -759,10 +797,18 @@ mod tests {
             apply = ["true"]
             "#,
         );
-        assert!(p.iter().any(|q| q.section == "targets[a]" && q.key == "interval"
-            && q.message.contains("soon")), "{p:?}");
-        assert!(p.iter().any(|q| q.section == "targets[b]" && q.key == "name"
-            && q.message.contains("duplicate")), "{p:?}");
+        assert!(
+            p.iter().any(|q| q.section == "targets[a]"
+                && q.key == "interval"
+                && q.message.contains("soon")),
+            "{p:?}"
+        );
+        assert!(
+            p.iter().any(|q| q.section == "targets[b]"
+                && q.key == "name"
+                && q.message.contains("duplicate")),
+            "{p:?}"
+        );
     }
 
     #[test]

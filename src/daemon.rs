@@ -26,6 +26,10 @@ const IDLE_POLL: Duration = Duration::from_millis(500);
 const BUSY_RETRY: Duration = Duration::from_secs(2);
 /// How long after an error (database) a job is retried.
 const ERROR_RETRY: Duration = Duration::from_secs(10);
+/// How often the daemon looks for jobs left running by a dead process.
+const REAP_PERIOD: Duration = Duration::from_secs(2);
+/// How long such a job must have gone without a heartbeat.
+const REAP_QUIET: Duration = Duration::from_secs(5);
 /// How long running ticks get to finish on shutdown.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(60);
 
@@ -56,17 +60,20 @@ pub async fn serve(engine: Engine) -> Result<(), DaemonError> {
 }
 
 /// Run the daemon until `shutdown` turns true.
-pub async fn serve_until(engine: Engine, shutdown: watch::Receiver<bool>) -> Result<(), DaemonError> {
+pub async fn serve_until(
+    engine: Engine,
+    shutdown: watch::Receiver<bool>,
+) -> Result<(), DaemonError> {
     let settings = engine.settings.clone();
     let names: Vec<String> = settings.targets.iter().map(|t| t.name.clone()).collect();
     let dropped = engine.queue.drop_unknown(&names).await?;
     if dropped > 0 {
-        warn!(jobs = dropped, "closed queued jobs of targets no longer in the configuration");
+        warn!(
+            jobs = dropped,
+            "closed queued jobs of targets no longer in the configuration"
+        );
     }
-    let recovered = engine.queue.recover_expired().await?;
-    if !recovered.is_empty() {
-        warn!(jobs = ?recovered, "requeued jobs interrupted by an earlier stop");
-    }
+    recover_dead_jobs(&engine, Duration::ZERO).await?;
 
     let health = Arc::new(Health::default());
     let listener = tokio::net::TcpListener::bind(settings.server.listen)
@@ -102,6 +109,7 @@ pub async fn serve_until(engine: Engine, shutdown: watch::Receiver<bool>) -> Res
     let scheduler = tokio::spawn(
         Scheduler::new(settings.clone(), engine.queue.clone(), wake.clone()).run(shutdown.clone()),
     );
+    tokio::spawn(reaper(engine.clone(), wake.clone(), shutdown.clone()));
     let mut workers = Vec::new();
     for n in 0..settings.server.workers {
         workers.push(tokio::spawn(worker(
@@ -127,6 +135,47 @@ pub async fn serve_until(engine: Engine, shutdown: watch::Receiver<bool>) -> Res
     let _ = server.await;
     info!("driftless stopped");
     Ok(())
+}
+
+/// A job marked running whose target lock nobody holds belongs to a process
+/// that died: requeue it now rather than waiting for its lease to expire. A
+/// held lock means its process (or a command it left behind) is still at
+/// work: leave the job alone. Jobs of this process are never touched, and a
+/// job must have been quiet for `min_quiet` (live owners heartbeat), which
+/// covers the instants between marking a job running and taking the lock.
+async fn recover_dead_jobs(engine: &Engine, min_quiet: Duration) -> Result<(), DaemonError> {
+    let locks = engine.settings.locks_dir();
+    let mut dead = Vec::new();
+    for job in engine.queue.running().await? {
+        if job.owner == engine.queue.owner() || job.quiet_for < min_quiet {
+            continue;
+        }
+        if crate::lock::TargetLock::try_acquire(&locks, &job.target).is_ok() {
+            dead.push(job.id);
+        }
+    }
+    if !dead.is_empty() {
+        engine.queue.recover(&dead).await?;
+        warn!(jobs = ?dead, "requeued jobs whose process died mid-tick");
+    }
+    Ok(())
+}
+
+/// Every few seconds, look for jobs left running by a dead process.
+async fn reaper(engine: Engine, wake: Arc<Notify>, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(REAP_PERIOD) => {}
+            _ = shutdown.changed() => {}
+        }
+        if *shutdown.borrow() {
+            return;
+        }
+        match recover_dead_jobs(&engine, REAP_QUIET).await {
+            Ok(()) => wake.notify_waiters(),
+            Err(e) => error!(error = %e, "cannot look for interrupted jobs"),
+        }
+    }
 }
 
 async fn futures_join(handles: Vec<tokio::task::JoinHandle<()>>) {
@@ -180,10 +229,12 @@ async fn worker(
 async fn process(n: usize, engine: &Engine, job: &Job, health: &Health) {
     let q = &engine.queue;
     let result = match engine.run_job(job).await {
-        Ok(Outcome::Ran { run_id, result, .. }) => q.finish(job.id, Some(run_id), result.as_str()).await,
+        // The tick closed the job itself.
+        Ok(Outcome::Ran { .. }) => Ok(()),
         Ok(Outcome::Busy) if job.interval_only() => {
             info!(target = %job.target, "target busy elsewhere: interval tick skipped");
-            q.finish(job.id, None, "skipped: target locked by another tick").await
+            q.finish(job.id, None, "skipped: target locked by another tick")
+                .await
         }
         Ok(Outcome::Busy) => {
             info!(target = %job.target, "target busy elsewhere: job stays queued");

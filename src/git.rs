@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
@@ -63,6 +63,7 @@ pub struct Synced {
 }
 
 type FetchResult = Result<String, GitError>;
+type Slots = HashMap<(String, String), Arc<tokio::sync::Mutex<FetchSlot>>>;
 
 #[derive(Default)]
 struct FetchSlot {
@@ -74,7 +75,8 @@ struct FetchSlot {
 pub struct Git {
     cache_root: PathBuf,
     checkout_root: PathBuf,
-    slots: Arc<std::sync::Mutex<HashMap<(String, String), Arc<tokio::sync::Mutex<FetchSlot>>>>>,
+    slots: Arc<std::sync::Mutex<Slots>>,
+    fetches: Arc<AtomicU64>,
 }
 
 /// Credentials resolved from config for one fetch.
@@ -89,7 +91,13 @@ impl Git {
             cache_root: state_dir.join("git"),
             checkout_root: state_dir.join("checkouts"),
             slots: Default::default(),
+            fetches: Default::default(),
         }
+    }
+
+    /// How many fetches this instance has started.
+    pub fn fetch_count(&self) -> u64 {
+        self.fetches.load(Ordering::Relaxed)
     }
 
     /// The directory a target's checkout lives in (it may not exist yet).
@@ -108,7 +116,9 @@ impl Git {
 
     /// Fetch the target's branch and move its checkout to the branch tip.
     pub async fn sync(&self, target: &Target) -> Result<Synced, GitError> {
-        let sha = self.fetch(&target.repo, &target.branch, &target.git).await?;
+        let sha = self
+            .fetch(&target.repo, &target.branch, &target.git)
+            .await?;
         self.checkout(target, &sha).await
     }
 
@@ -129,12 +139,13 @@ impl Git {
                 .clone()
         };
         let mut slot = slot.lock().await;
-        if let Some((started, result)) = &slot.last {
-            if *started >= requested {
-                return result.clone();
-            }
+        if let Some((started, result)) = &slot.last
+            && *started >= requested
+        {
+            return result.clone();
         }
         let started = Instant::now();
+        self.fetches.fetch_add(1, Ordering::Relaxed);
         let resolved = resolve_auth(auth)?;
         let redactor = Self::redactor(auth);
         let dir = self.cache_dir(remote);
@@ -143,7 +154,13 @@ impl Git {
             fetch_blocking(&dir, &remote_s, &branch_s, resolved)
         })
         .await
-        .unwrap_or_else(|e| Err(fetch_err(remote, branch, &format!("fetch task failed: {e}"))))
+        .unwrap_or_else(|e| {
+            Err(fetch_err(
+                remote,
+                branch,
+                &format!("fetch task failed: {e}"),
+            ))
+        })
         .map_err(|e| redact_err(e, &redactor));
         slot.last = Some((started, result.clone()));
         result
@@ -171,7 +188,9 @@ impl Git {
                 .and_then(|()| std::fs::write(&alternates, &want))
                 .map_err(|e| err(e.to_string()))?;
         }
-        git_cli(&dir, &["reset", "-q", "--hard", sha]).await.map_err(&err)?;
+        git_cli(&dir, &["reset", "-q", "--hard", sha])
+            .await
+            .map_err(&err)?;
         let path = target.path.to_string_lossy().into_owned();
         let spec = if path.is_empty() {
             format!("{sha}^{{tree}}")
@@ -219,7 +238,13 @@ impl Git {
             .unwrap_or("repo")
             .trim_end_matches(".git")
             .chars()
-            .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                    c
+                } else {
+                    '_'
+                }
+            })
             .take(40)
             .collect();
         self.cache_root.join(format!("{slug}-{}.git", &hash[..16]))
@@ -316,7 +341,8 @@ fn fetch_blocking(dir: &Path, remote: &str, branch: &str, auth: Auth) -> FetchRe
         .remote_at(remote)
         .map_err(|e| err(format!("invalid remote: {e}")))?
         .with_refspecs([refspec.as_str()], gix::remote::Direction::Fetch)
-        .map_err(|e| err(format!("invalid branch: {e}")))?;
+        .map_err(|e| err(format!("invalid branch: {e}")))?
+        .with_fetch_tags(gix::remote::fetch::Tags::None);
     let mut connection = remote_handle
         .connect(gix::remote::Direction::Fetch)
         .map_err(|e| err(e.to_string()))?;
@@ -338,11 +364,23 @@ fn fetch_blocking(dir: &Path, remote: &str, branch: &str, auth: Auth) -> FetchRe
         },
         _ => Ok(None),
     });
+    let no_branch = || GitError::NoBranch {
+        remote: remote.to_string(),
+        branch: branch.to_string(),
+    };
     let outcome = connection
         .prepare_fetch(gix::progress::Discard, Default::default())
         .map_err(|e| err(e.to_string()))?
         .receive(gix::progress::Discard, &AtomicBool::new(false))
-        .map_err(|e| err(e.to_string()))?;
+        .map_err(|e| {
+            let msg = e.to_string();
+            // gix's wording when the refspec matched nothing on the remote
+            if msg.contains("None of the refspec") {
+                no_branch()
+            } else {
+                err(msg)
+            }
+        })?;
     let wanted = format!("refs/heads/{branch}");
     let tip = outcome
         .ref_map
@@ -351,10 +389,7 @@ fn fetch_blocking(dir: &Path, remote: &str, branch: &str, auth: Auth) -> FetchRe
         .find(|m| m.remote.as_name().is_some_and(|n| n == wanted.as_bytes()))
         .and_then(|m| m.remote.as_id())
         .map(|id| id.to_hex().to_string())
-        .ok_or_else(|| GitError::NoBranch {
-            remote: remote.to_string(),
-            branch: branch.to_string(),
-        })?;
+        .ok_or_else(no_branch)?;
     drop(lock);
     Ok(tip)
 }
@@ -367,7 +402,8 @@ async fn git_cli(dir: &Path, args: &[&str]) -> Result<String, String> {
     spec.deadline = Some(Instant::now() + GIT_TIMEOUT);
     // Keep the user's global git config out of the checkout's behaviour.
     spec.env.insert("GIT_CONFIG_NOSYSTEM".into(), "1".into());
-    spec.env.insert("GIT_CONFIG_GLOBAL".into(), "/dev/null".into());
+    spec.env
+        .insert("GIT_CONFIG_GLOBAL".into(), "/dev/null".into());
     let out = process::run(&spec, &Redactor::new())
         .await
         .map_err(|e| e.to_string())?;

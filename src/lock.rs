@@ -51,6 +51,11 @@ impl TargetLock {
     pub fn path(&self) -> &Path {
         &self.path
     }
+
+    /// The descriptor holding the lock, for commands that must keep it.
+    pub fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(&self._file)
+    }
 }
 
 #[cfg(test)]

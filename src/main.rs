@@ -13,7 +13,11 @@ use driftless::store::Operation;
 use driftless::tick::Engine;
 
 #[derive(Parser)]
-#[command(name = "driftless", version, about = "GitOps for infrastructure outside Kubernetes")]
+#[command(
+    name = "driftless",
+    version,
+    about = "GitOps for infrastructure outside Kubernetes"
+)]
 struct Args {
     /// The configuration file.
     #[arg(long, global = true, env = "DRIFTLESS_CONFIG", default_value = DEFAULT_CONFIG_PATH)]
@@ -77,6 +81,7 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 
     if let Command::Check = args.command {
@@ -84,7 +89,10 @@ fn main() -> ExitCode {
         print!("{}", r.stdout);
         return ExitCode::from(r.code);
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
@@ -110,7 +118,9 @@ async fn run(args: Args) -> anyhow::Result<u8> {
             driftless::daemon::serve(engine).await?;
             return Ok(0);
         }
-        Command::Tick { targets, all } => cli::tick(&engine, &targets, all, Operation::Apply).await?,
+        Command::Tick { targets, all } => {
+            cli::tick(&engine, &targets, all, Operation::Apply).await?
+        }
         Command::Status { json } => cli::status(&engine, json).await?,
         Command::History {
             target,

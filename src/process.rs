@@ -12,8 +12,24 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use std::future::Future;
+use std::os::fd::RawFd;
+
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::Command;
+
+tokio::task_local! {
+    /// A file descriptor every command started in this task inherits.
+    static INHERITED_FD: RawFd;
+}
+
+/// Run `fut` so that every command it starts inherits `fd` (normally closed
+/// on exec). The tick uses this for the target's lock: a command that
+/// outlives driftless (the daemon was killed) keeps the target locked until
+/// it exits, so a restarted daemon cannot converge the target alongside it.
+pub async fn with_inherited_fd<F: Future>(fd: RawFd, fut: F) -> F::Output {
+    INHERITED_FD.scope(fd, fut).await
+}
 
 use crate::redact::{self, Redactor};
 
@@ -111,7 +127,11 @@ async fn pump<R: AsyncRead + Unpin>(reader: R, cap: Arc<Mutex<Capture>>, is_stdo
             Ok(0) | Err(_) => break,
             Ok(_) => {
                 let Ok(mut c) = cap.lock() else { break };
-                let stream = if is_stdout { &mut c.stdout } else { &mut c.stderr };
+                let stream = if is_stdout {
+                    &mut c.stdout
+                } else {
+                    &mut c.stderr
+                };
                 push_capped(stream, &line, STREAM_CAP);
                 push_capped(&mut c.combined, &line, TAIL_BYTES);
             }
@@ -142,6 +162,18 @@ pub async fn run(spec: &Spec, redactor: &Redactor) -> Result<Output, ProcessErro
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
+    if let Ok(fd) = INHERITED_FD.try_with(|fd| *fd) {
+        // SAFETY: fcntl is async-signal-safe; it only clears FD_CLOEXEC on
+        // the child's copy of the descriptor table.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
     let mut child = cmd.spawn().map_err(|e| ProcessError::Spawn {
         program: program.clone(),
         cwd: spec.cwd.display().to_string(),
@@ -257,10 +289,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let marker = dir.path().join("survivor");
         // The child spawns a grandchild that would write the marker later.
-        let mut spec = sh(&format!(
-            "(sleep 3; touch {}) & sleep 30",
-            marker.display()
-        ));
+        let mut spec = sh(&format!("(sleep 3; touch {}) & sleep 30", marker.display()));
         spec.deadline = Some(Instant::now() + Duration::from_millis(300));
         let out = run(&spec, &Redactor::new()).await.expect("run");
         assert!(out.timed_out);

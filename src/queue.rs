@@ -100,6 +100,16 @@ impl Job {
     }
 }
 
+/// A job marked running, as seen by someone checking whether its owner lives.
+#[derive(Debug, Clone)]
+pub struct RunningJob {
+    pub id: i64,
+    pub target: String,
+    pub owner: String,
+    /// Time since the job's row last changed (claim or heartbeat).
+    pub quiet_for: Duration,
+}
+
 /// Counts of queued and running jobs for one target.
 #[derive(Debug, Clone, Default, FromRow, Serialize)]
 pub struct Activity {
@@ -184,7 +194,11 @@ impl Queue {
     /// Create a job that is running from the start, for a one-shot `tick`
     /// that already holds the target's lock. `None` when another job for the
     /// target is marked running.
-    pub async fn start_now(&self, target: &str, trigger: Trigger) -> Result<Option<Job>, StoreError> {
+    pub async fn start_now(
+        &self,
+        target: &str,
+        trigger: Trigger,
+    ) -> Result<Option<Job>, StoreError> {
         let now = now_ms();
         let row = sqlx::query_as::<_, JobRow>(
             "INSERT INTO jobs (target, state, triggers, lease_owner, lease_until, attempts, created_at, updated_at)
@@ -221,7 +235,12 @@ impl Queue {
     }
 
     /// The job is over: `outcome` says how (`changed`, `failed`, `skipped: …`).
-    pub async fn finish(&self, job_id: i64, run_id: Option<i64>, outcome: &str) -> Result<(), StoreError> {
+    pub async fn finish(
+        &self,
+        job_id: i64,
+        run_id: Option<i64>,
+        outcome: &str,
+    ) -> Result<(), StoreError> {
         sqlx::query(
             "UPDATE jobs SET state = 'done', run_id = ?2, outcome = ?3, lease_owner = NULL,
                     lease_until = NULL, updated_at = ?4
@@ -257,6 +276,44 @@ impl Queue {
     /// Jobs whose lease expired go back to the queue (their process died);
     /// the runs they left open are marked `interrupted`. Returns the ids.
     pub async fn recover_expired(&self) -> Result<Vec<i64>, StoreError> {
+        let expired: Vec<i64> = sqlx::query_scalar(
+            "SELECT id FROM jobs WHERE state = 'running' AND lease_until < ?1 ORDER BY id",
+        )
+        .bind(now_ms())
+        .fetch_all(self.store.pool())
+        .await
+        .map_err(self.store.err("recovering interrupted jobs"))?;
+        self.recover(&expired).await?;
+        Ok(expired)
+    }
+
+    /// Every job marked running.
+    pub async fn running(&self) -> Result<Vec<RunningJob>, StoreError> {
+        let now = now_ms();
+        let rows: Vec<(i64, String, Option<String>, i64)> = sqlx::query_as(
+            "SELECT id, target, lease_owner, updated_at FROM jobs WHERE state = 'running' ORDER BY id",
+        )
+        .fetch_all(self.store.pool())
+        .await
+        .map_err(self.store.err("reading running jobs"))?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, target, owner, updated)| RunningJob {
+                id,
+                target,
+                owner: owner.unwrap_or_default(),
+                quiet_for: Duration::from_millis((now - updated).max(0) as u64),
+            })
+            .collect())
+    }
+
+    /// Put jobs that were running when their process died back in the queue
+    /// and mark the runs they left open `interrupted`. A job interrupted
+    /// [`MAX_ATTEMPTS`] times is closed instead.
+    pub async fn recover(&self, ids: &[i64]) -> Result<(), StoreError> {
+        if ids.is_empty() {
+            return Ok(());
+        }
         let what = "recovering interrupted jobs";
         let now = now_ms();
         let mut tx = self
@@ -265,14 +322,14 @@ impl Queue {
             .begin_with("BEGIN IMMEDIATE")
             .await
             .map_err(self.store.err(what))?;
-        let expired: Vec<(i64, i64)> = sqlx::query_as(
-            "SELECT id, attempts FROM jobs WHERE state = 'running' AND lease_until < ?1 ORDER BY id",
-        )
-        .bind(now)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(self.store.err(what))?;
-        for (id, attempts) in &expired {
+        for id in ids {
+            let attempts: Option<i64> =
+                sqlx::query_scalar("SELECT attempts FROM jobs WHERE id = ?1 AND state = 'running'")
+                    .bind(id)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(self.store.err(what))?;
+            let Some(attempts) = attempts else { continue };
             sqlx::query(
                 "UPDATE runs SET result = 'interrupted', finished_at = ?2,
                         duration_ms = ?2 - started_at,
@@ -284,7 +341,7 @@ impl Queue {
             .execute(&mut *tx)
             .await
             .map_err(self.store.err(what))?;
-            if *attempts >= MAX_ATTEMPTS {
+            if attempts >= MAX_ATTEMPTS {
                 sqlx::query(
                     "UPDATE jobs SET state = 'done', outcome = ?2, lease_owner = NULL,
                             lease_until = NULL, updated_at = ?3 WHERE id = ?1",
@@ -296,11 +353,13 @@ impl Queue {
                 .await
                 .map_err(self.store.err(what))?;
             } else {
-                requeue_in(&mut tx, *id, now).await.map_err(self.store.err(what))?;
+                requeue_in(&mut tx, *id, now)
+                    .await
+                    .map_err(self.store.err(what))?;
             }
         }
         tx.commit().await.map_err(self.store.err(what))?;
-        Ok(expired.into_iter().map(|(id, _)| id).collect())
+        Ok(())
     }
 
     /// Queued and running counts per target.
@@ -416,7 +475,9 @@ mod tests {
 
     async fn queue() -> (tempfile::TempDir, Queue) {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = Store::open(&dir.path().join("db.sqlite")).await.expect("open");
+        let store = Store::open(&dir.path().join("db.sqlite"))
+            .await
+            .expect("open");
         (dir, Queue::new(store))
     }
 
@@ -432,32 +493,59 @@ mod tests {
     #[tokio::test]
     async fn requests_fold_into_one_queued_job() {
         let (_d, q) = queue().await;
-        let a = q.enqueue(&req("web", Trigger::Webhook, Some("aaa"), Some("d1"))).await.expect("enqueue");
-        let b = q.enqueue(&req("web", Trigger::Interval, None, None)).await.expect("enqueue");
-        let c = q.enqueue(&req("web", Trigger::Webhook, Some("bbb"), Some("d2"))).await.expect("enqueue");
+        let a = q
+            .enqueue(&req("web", Trigger::Webhook, Some("aaa"), Some("d1")))
+            .await
+            .expect("enqueue");
+        let b = q
+            .enqueue(&req("web", Trigger::Interval, None, None))
+            .await
+            .expect("enqueue");
+        let c = q
+            .enqueue(&req("web", Trigger::Webhook, Some("bbb"), Some("d2")))
+            .await
+            .expect("enqueue");
         assert_eq!(a, b);
         assert_eq!(b, c);
-        let job = q.claim(&["web".into()]).await.expect("claim").expect("a job");
+        let job = q
+            .claim(&["web".into()])
+            .await
+            .expect("claim")
+            .expect("a job");
         assert_eq!(job.triggers, vec!["webhook", "interval"]);
         assert_eq!(job.requested_sha.as_deref(), Some("bbb"));
         assert_eq!(job.delivery_ids, vec!["d1", "d2"]);
         // running: the target is not claimable again, but a new request queues
         assert_eq!(q.claim(&["web".into()]).await.expect("claim"), None);
-        let d = q.enqueue(&req("web", Trigger::Manual, None, None)).await.expect("enqueue");
+        let d = q
+            .enqueue(&req("web", Trigger::Manual, None, None))
+            .await
+            .expect("enqueue");
         assert_ne!(d, job.id);
         assert_eq!(q.claim(&["web".into()]).await.expect("claim"), None);
         q.finish(job.id, None, "changed").await.expect("finish");
-        let next = q.claim(&["web".into()]).await.expect("claim").expect("the next job");
+        let next = q
+            .claim(&["web".into()])
+            .await
+            .expect("claim")
+            .expect("the next job");
         assert_eq!(next.id, d);
     }
 
     #[tokio::test]
     async fn requeue_merges_into_a_newer_queued_job() {
         let (_d, q) = queue().await;
-        q.enqueue(&req("web", Trigger::Webhook, Some("old"), Some("d1"))).await.expect("enqueue");
+        q.enqueue(&req("web", Trigger::Webhook, Some("old"), Some("d1")))
+            .await
+            .expect("enqueue");
         let running = q.claim(&["web".into()]).await.expect("claim").expect("job");
-        let newer = q.enqueue(&req("web", Trigger::Interval, None, None)).await.expect("enqueue");
-        q.requeue(running.id, Duration::ZERO).await.expect("requeue");
+        let newer = q
+            .enqueue(&req("web", Trigger::Interval, None, None))
+            .await
+            .expect("enqueue");
+        q.requeue(running.id, Duration::ZERO)
+            .await
+            .expect("requeue");
         let job = q.claim(&["web".into()]).await.expect("claim").expect("job");
         assert_eq!(job.id, newer);
         assert_eq!(job.triggers, vec!["webhook", "interval"]);
@@ -468,10 +556,15 @@ mod tests {
     #[tokio::test]
     async fn expired_leases_are_recovered_and_runs_interrupted() {
         let (_d, q) = queue().await;
-        q.enqueue(&req("web", Trigger::Manual, None, None)).await.expect("enqueue");
+        q.enqueue(&req("web", Trigger::Manual, None, None))
+            .await
+            .expect("enqueue");
         let job = q.claim(&["web".into()]).await.expect("claim").expect("job");
         let store = q.store().clone();
-        store.register_targets(&[("web", "exec")]).await.expect("register");
+        store
+            .register_targets(&[("web", "exec")])
+            .await
+            .expect("register");
         let run = store
             .begin_run(&crate::store::NewRun {
                 target: "web",
@@ -493,7 +586,11 @@ mod tests {
         assert_eq!(q.recover_expired().await.expect("recover"), vec![job.id]);
         let r = store.run(run).await.expect("read").expect("run row");
         assert_eq!(r.result.as_deref(), Some("interrupted"));
-        let again = q.claim(&["web".into()]).await.expect("claim").expect("requeued");
+        let again = q
+            .claim(&["web".into()])
+            .await
+            .expect("claim")
+            .expect("requeued");
         assert_eq!(again.id, job.id);
         assert_eq!(again.attempts, 2);
         // someone else's heartbeat cannot keep it

@@ -97,7 +97,10 @@ mod tests {
 
     #[test]
     fn masks_known_values_longest_first() {
-        let r = Redactor::new().with("hunter2").with("hunter2-extended").with("ab");
+        let r = Redactor::new()
+            .with("hunter2")
+            .with("hunter2-extended")
+            .with("ab");
         assert_eq!(
             r.redact("pw=hunter2-extended and hunter2 and ab"),
             "pw=[REDACTED] and [REDACTED] and ab"

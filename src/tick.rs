@@ -84,10 +84,18 @@ impl Engine {
             .ok_or_else(|| TickError::UnknownTarget(name.to_string()))
     }
 
-    /// Run a claimed job: apply the target at its branch tip.
+    /// Run a claimed job: apply the target at its branch tip. When it ran,
+    /// the job is marked done before the target's lock is released. When the
+    /// target is locked elsewhere, `Busy` is returned and the job is left to
+    /// the caller.
     pub async fn run_job(&self, job: &Job) -> Result<Outcome, TickError> {
         let target = self.target(&job.target)?.clone();
-        self.run(&target, Some(job), Operation::Apply).await
+        let lock = match TargetLock::try_acquire(&self.settings.locks_dir(), &target.name) {
+            Ok(l) => l,
+            Err(LockError::Busy { .. }) => return Ok(Outcome::Busy),
+            Err(e) => return Err(TickError::Lock(e)),
+        };
+        self.run_locked(&target, job, Operation::Apply, lock).await
     }
 
     /// A one-shot tick (CLI): take the lock, record a running `cli` job, run.
@@ -111,40 +119,22 @@ impl Engine {
         let Some(job) = job else {
             return Ok(Outcome::Busy);
         };
-        let outcome = self.run_locked(&target, Some(&job), op, lock).await;
-        let label = match &outcome {
-            Ok(Outcome::Ran { result, .. }) => result.as_str(),
-            Ok(Outcome::Busy) => "busy",
-            Err(_) => "error",
-        };
-        let run_id = match &outcome {
-            Ok(Outcome::Ran { run_id, .. }) => Some(*run_id),
-            _ => None,
-        };
-        self.queue.finish(job.id, run_id, label).await?;
-        outcome
+        self.run_locked(&target, &job, op, lock).await
     }
 
-    async fn run(&self, target: &Target, job: Option<&Job>, op: Operation) -> Result<Outcome, TickError> {
-        let lock = match TargetLock::try_acquire(&self.settings.locks_dir(), &target.name) {
-            Ok(l) => l,
-            Err(LockError::Busy { .. }) => return Ok(Outcome::Busy),
-            Err(e) => return Err(TickError::Lock(e)),
-        };
-        self.run_locked(target, job, op, lock).await
-    }
-
+    /// Converge under the held lock, then close the job — still under the
+    /// lock, so nobody sees the job running with the target unlocked.
     async fn run_locked(
         &self,
         target: &Target,
-        job: Option<&Job>,
+        job: &Job,
         op: Operation,
-        _lock: TargetLock,
+        lock: TargetLock,
     ) -> Result<Outcome, TickError> {
         // Keep the job's lease alive for as long as the tick runs.
-        let heartbeat = job.map(|j| {
+        let heartbeat = {
             let queue = self.queue.clone();
-            let id = j.id;
+            let id = job.id;
             tokio::spawn(async move {
                 loop {
                     tokio::time::sleep(crate::queue::LEASE / 3).await;
@@ -158,15 +148,30 @@ impl Engine {
                     }
                 }
             })
-        });
-        let result = self.converge(target, job, op).await;
-        if let Some(h) = heartbeat {
-            h.abort();
+        };
+        // Commands inherit the lock: if driftless dies mid-apply, the target
+        // stays locked until the orphaned command is done.
+        let outcome = crate::process::with_inherited_fd(
+            lock.as_raw_fd(),
+            self.converge(target, Some(job), op),
+        )
+        .await;
+        heartbeat.abort();
+        if let Ok(Outcome::Ran { run_id, result, .. }) = &outcome {
+            self.queue
+                .finish(job.id, Some(*run_id), result.as_str())
+                .await?;
         }
-        result
+        drop(lock);
+        outcome
     }
 
-    async fn converge(&self, target: &Target, job: Option<&Job>, op: Operation) -> Result<Outcome, TickError> {
+    async fn converge(
+        &self,
+        target: &Target,
+        job: Option<&Job>,
+        op: Operation,
+    ) -> Result<Outcome, TickError> {
         let trigger = job.map(Job::trigger_label).unwrap_or_else(|| "cli".into());
         let delivery = job.and_then(|j| j.delivery_ids.last().cloned());
         let requested = job.and_then(|j| j.requested_sha.clone());
@@ -187,7 +192,11 @@ impl Engine {
         let synced = match op {
             Operation::Apply => self.git.sync(target).await,
             Operation::Destroy => {
-                match self.git.fetch(&target.repo, &target.branch, &target.git).await {
+                match self
+                    .git
+                    .fetch(&target.repo, &target.branch, &target.git)
+                    .await
+                {
                     Ok(tip) => {
                         let sha = state
                             .as_ref()
@@ -206,11 +215,11 @@ impl Engine {
                 return self.finish(target, run_id, op, None, status).await;
             }
         };
-        if let Some(req) = &requested {
-            if !synced.sha.starts_with(req.as_str()) {
-                info!(target = %target.name, requested = %req, tip = %synced.sha,
+        if let Some(req) = &requested
+            && !synced.sha.starts_with(req.as_str())
+        {
+            info!(target = %target.name, requested = %req, tip = %synced.sha,
                       "the branch tip differs from the requested commit; applying the tip");
-            }
         }
         // The commit is on record before the backend is called.
         self.store.set_run_sha(run_id, &synced.sha).await?;
@@ -238,7 +247,8 @@ impl Engine {
                 }
             }
         };
-        self.finish(target, run_id, op, Some(&synced.sha), status).await
+        self.finish(target, run_id, op, Some(&synced.sha), status)
+            .await
     }
 
     async fn finish(

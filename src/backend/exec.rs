@@ -52,12 +52,12 @@ impl Config {
             ("destroy", self.destroy.as_ref()),
             ("outputs", self.outputs.as_ref()),
         ] {
-            if let Some(argv) = argv {
-                if argv.first().is_none_or(|p| p.trim().is_empty()) {
-                    return Err(format!(
-                        "`{key}` must be a non-empty argv list such as [\"./deploy.sh\", \"--prod\"]"
-                    ));
-                }
+            if let Some(argv) = argv
+                && argv.first().is_none_or(|p| p.trim().is_empty())
+            {
+                return Err(format!(
+                    "`{key}` must be a non-empty argv list such as [\"./deploy.sh\", \"--prod\"]"
+                ));
             }
         }
         Ok(())
@@ -119,7 +119,10 @@ impl Exec {
                 ApplyResult::Failed,
                 process::describe_exit(&spec, &out, Some(self.ctx.timeout)),
             ),
-            Some(0) => (ApplyResult::Changed, format!("`{}` succeeded", spec.display())),
+            Some(0) => (
+                ApplyResult::Changed,
+                format!("`{}` succeeded", spec.display()),
+            ),
             Some(NO_CHANGE_EXIT_CODE) => (
                 ApplyResult::NoChange,
                 format!("`{}` reported no change", spec.display()),
@@ -133,7 +136,11 @@ impl Exec {
                     .unwrap_or("")
                     .trim();
                 let exit = process::describe_exit(&spec, &out, None);
-                let msg = if last.is_empty() { exit } else { format!("{exit}: {last}") };
+                let msg = if last.is_empty() {
+                    exit
+                } else {
+                    format!("{exit}: {last}")
+                };
                 (ApplyResult::Failed, msg)
             }
         };
@@ -141,7 +148,11 @@ impl Exec {
             result,
             message,
             output_tail: out.tail,
-            digest: if result == ApplyResult::Failed { None } else { digest },
+            digest: if result == ApplyResult::Failed {
+                None
+            } else {
+                digest
+            },
         }
     }
 }

@@ -63,10 +63,15 @@ impl Config {
                 ));
             }
         }
-        if let Some(w) = &self.workspace {
-            if w.is_empty() || !w.chars().all(|c| c.is_ascii_alphanumeric() || "-_".contains(c)) {
-                return Err(format!("`workspace` `{w}` must be letters, digits, '-' or '_'"));
-            }
+        if let Some(w) = &self.workspace
+            && (w.is_empty()
+                || !w
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_".contains(c)))
+        {
+            return Err(format!(
+                "`workspace` `{w}` must be letters, digits, '-' or '_'"
+            ));
         }
         Ok(())
     }
@@ -248,7 +253,9 @@ impl Terraform {
             ));
         }
         let marker = self.ctx.workdir.join(INIT_MARKER);
-        std::fs::write(&marker, self.init_digest())
+        // init with only built-in providers creates no .terraform directory
+        std::fs::create_dir_all(self.ctx.workdir.join(".terraform"))
+            .and_then(|()| std::fs::write(&marker, self.init_digest()))
             .map_err(|e| format!("cannot write {}: {e}", marker.display()))?;
         Ok(())
     }
@@ -289,15 +296,20 @@ impl Terraform {
             output_tail: crate::redact::tail(tail, process::TAIL_BYTES),
             digest: None,
         };
-        if self.needs_init() {
-            if let Err(e) = self.init(deadline, &mut tail).await {
-                return failed(format!("terraform init failed: {e}"), &tail);
-            }
+        if self.needs_init()
+            && let Err(e) = self.init(deadline, &mut tail).await
+        {
+            return failed(format!("terraform init failed: {e}"), &tail);
         }
         if let Err(e) = self.select_workspace(deadline, &mut tail).await {
             return failed(format!("cannot select workspace: {e}"), &tail);
         }
-        let mut args = vec![op.to_string(), "-auto-approve".into(), "-input=false".into(), "-json".into()];
+        let mut args = vec![
+            op.to_string(),
+            "-auto-approve".into(),
+            "-input=false".into(),
+            "-json".into(),
+        ];
         args.extend(self.var_args());
         let arg_refs: Vec<&str> = args.iter().map(String::as_str).collect();
         let mut retried_init = false;
@@ -386,8 +398,8 @@ impl Backend for Terraform {
                     out.stderr.trim()
                 )));
             }
-            let all: serde_json::Map<String, Value> = serde_json::from_str(&out.stdout)
-                .map_err(|e| {
+            let all: serde_json::Map<String, Value> =
+                serde_json::from_str(&out.stdout).map_err(|e| {
                     BackendError::Command(format!("`{}` printed invalid JSON: {e}", spec.display()))
                 })?;
             Ok(all
@@ -422,14 +434,19 @@ mod tests {
         let r = Report::parse(out);
         assert_eq!(
             r.summary,
-            Some((1, "Apply complete! Resources: 1 added, 0 changed, 0 destroyed.".into()))
+            Some((
+                1,
+                "Apply complete! Resources: 1 added, 0 changed, 0 destroyed.".into()
+            ))
         );
         assert_eq!(r.output_changes, 0);
         let err = r#"{"@level":"error","@message":"Error: Unclosed configuration block","type":"diagnostic","diagnostic":{"severity":"error","summary":"Unclosed configuration block","detail":"There is no closing brace.","range":{"filename":"main.tf","start":{"line":15,"column":14,"byte":259}}}}"#;
         let r = Report::parse(err);
         assert_eq!(
             r.errors,
-            vec!["Unclosed configuration block: There is no closing brace. (main.tf:15)".to_string()]
+            vec![
+                "Unclosed configuration block: There is no closing brace. (main.tf:15)".to_string()
+            ]
         );
         assert!(!r.wants_init());
     }

@@ -1,0 +1,330 @@
+//! Shared helpers for the integration tests: real git remotes, a config file
+//! in a temp dir, the real `driftless` binary (one-shot or as a daemon).
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_driftless"))
+}
+
+/// Run git in `dir`, panicking with git's stderr on failure.
+pub fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_AUTHOR_NAME", "test")
+        .env("GIT_AUTHOR_EMAIL", "test@example.net")
+        .env("GIT_COMMITTER_NAME", "test")
+        .env("GIT_COMMITTER_EMAIL", "test@example.net")
+        .output()
+        .expect("run git");
+    assert!(
+        out.status.success(),
+        "git {args:?} in {} failed: {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// A bare remote on disk plus a working clone to commit from.
+pub struct Remote {
+    pub bare: PathBuf,
+    pub work: PathBuf,
+}
+
+impl Remote {
+    pub fn new(root: &Path, name: &str) -> Remote {
+        let bare = root.join(format!("{name}.git"));
+        let work = root.join(format!("{name}-work"));
+        std::fs::create_dir_all(&bare).expect("mkdir bare");
+        git(&bare, &["init", "-q", "--bare", "-b", "main"]);
+        std::fs::create_dir_all(&work).expect("mkdir work");
+        git(&work, &["init", "-q", "-b", "main"]);
+        git(
+            &work,
+            &["remote", "add", "origin", bare.to_str().expect("utf8")],
+        );
+        Remote { bare, work }
+    }
+
+    pub fn url(&self) -> String {
+        format!("file://{}", self.bare.display())
+    }
+
+    /// Write files (path, content), commit everything, push; return the SHA.
+    pub fn commit(&self, files: &[(&str, &str)], message: &str) -> String {
+        for (path, content) in files {
+            let p = self.work.join(path);
+            std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+            std::fs::write(&p, content).expect("write file");
+        }
+        self.commit_all(message)
+    }
+
+    /// Delete a file, commit, push; return the SHA.
+    pub fn delete(&self, path: &str, message: &str) -> String {
+        std::fs::remove_file(self.work.join(path)).expect("remove file");
+        self.commit_all(message)
+    }
+
+    fn commit_all(&self, message: &str) -> String {
+        git(&self.work, &["add", "-A"]);
+        git(
+            &self.work,
+            &["commit", "-q", "--allow-empty", "-m", message],
+        );
+        git(&self.work, &["push", "-q", "origin", "main"]);
+        git(&self.work, &["rev-parse", "HEAD"])
+    }
+}
+
+/// A temp dir holding a config file and the state dir.
+pub struct Setup {
+    pub dir: tempfile::TempDir,
+    pub config: PathBuf,
+    pub state: PathBuf,
+}
+
+impl Setup {
+    /// `targets` is TOML for the `[[targets]]` tables; the server listens on
+    /// a free loopback port.
+    pub fn new(targets: &str) -> Setup {
+        Self::with_workers(targets, 4)
+    }
+
+    pub fn with_workers(targets: &str, workers: usize) -> Setup {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let state = dir.path().join("state");
+        let config = dir.path().join("driftless.toml");
+        let port = free_port();
+        std::fs::write(
+            &config,
+            format!(
+                "state_dir = \"{}\"\n[server]\nlisten = \"127.0.0.1:{port}\"\nworkers = {workers}\n\n{targets}",
+                state.display()
+            ),
+        )
+        .expect("write config");
+        Setup { dir, config, state }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Run a one-shot command: `driftless --config … <args>`.
+    pub fn run(&self, args: &[&str]) -> Output {
+        Command::new(bin())
+            .arg("--config")
+            .arg(&self.config)
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .output()
+            .expect("run driftless")
+    }
+
+    /// `status --json` as a list.
+    pub fn status(&self) -> Vec<Value> {
+        let out = self.run(&["status", "--json"]);
+        assert!(out.status.success(), "status failed: {}", text(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("status --json is JSON")
+    }
+
+    pub fn target_status(&self, name: &str) -> Value {
+        self.status()
+            .into_iter()
+            .find(|t| t["name"] == name)
+            .unwrap_or_else(|| panic!("no target {name} in status"))
+    }
+
+    pub fn history(&self, name: &str) -> Vec<Value> {
+        let out = self.run(&["history", name, "--json", "--limit", "1000"]);
+        assert!(
+            out.status.success(),
+            "history failed: {}",
+            text(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("history --json is JSON")
+    }
+
+    pub fn db(&self) -> PathBuf {
+        self.state.join("driftless.db")
+    }
+
+    pub fn checkout(&self, target: &str) -> PathBuf {
+        self.state.join("checkouts").join(target)
+    }
+
+    pub fn serve(&self) -> Daemon {
+        Daemon::start(self)
+    }
+}
+
+pub fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// A `driftless serve` process with its log in a file.
+pub struct Daemon {
+    child: Child,
+    pub log: PathBuf,
+    pub port: u16,
+}
+
+impl Daemon {
+    pub fn start(setup: &Setup) -> Daemon {
+        let n = std::fs::read_dir(setup.path())
+            .map(|d| d.count())
+            .unwrap_or(0);
+        let log = setup.path().join(format!("serve-{n}.log"));
+        let file = std::fs::File::create(&log).expect("log file");
+        let config = std::fs::read_to_string(&setup.config).expect("config");
+        let port: u16 = config
+            .split("127.0.0.1:")
+            .nth(1)
+            .and_then(|s| s.split('"').next())
+            .and_then(|p| p.parse().ok())
+            .expect("port in config");
+        let child = Command::new(bin())
+            .arg("--config")
+            .arg(&setup.config)
+            .arg("serve")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().expect("dup"))
+            .stderr(file)
+            .spawn()
+            .expect("spawn serve");
+        let d = Daemon { child, log, port };
+        wait_for(Duration::from_secs(30), "daemon health", || {
+            http_get(d.port, "/healthz").is_some_and(|(code, _)| code == 200)
+        });
+        d
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGKILL, no chance to clean up.
+    pub fn kill9(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM and wait for a clean exit.
+    pub fn stop(mut self) -> std::process::ExitStatus {
+        unsafe_sigterm(self.child.id());
+        self.child.wait().expect("wait")
+    }
+}
+
+fn unsafe_sigterm(pid: u32) {
+    let _ = Command::new("kill")
+        .arg("-TERM")
+        .arg(pid.to_string())
+        .status();
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A plain HTTP/1.1 GET on loopback: (status code, body).
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).ok()?;
+    let code = buf.split_whitespace().nth(1)?.parse().ok()?;
+    let body = buf.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    Some((code, body))
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// Poll `f` until it is true, or panic naming `what`.
+pub fn wait_for(timeout: Duration, what: &str, mut f: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if f() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("timed out after {timeout:?} waiting for {what}");
+}
+
+/// A `git daemon` serving `base` on a free loopback port (git://).
+pub struct GitDaemon {
+    child: Child,
+    pub port: u16,
+}
+
+impl GitDaemon {
+    pub fn start(base: &Path) -> GitDaemon {
+        let port = free_port();
+        let child = Command::new("git")
+            .args([
+                "daemon",
+                "--listen=127.0.0.1",
+                &format!("--port={port}"),
+                "--export-all",
+                "--reuseaddr",
+                &format!("--base-path={}", base.display()),
+                &base.display().to_string(),
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn git daemon");
+        wait_for(Duration::from_secs(10), "git daemon", || {
+            TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+        GitDaemon { child, port }
+    }
+}
+
+impl Drop for GitDaemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// An exec target's TOML.
+pub fn exec_target(name: &str, repo: &str, extra: &str, backend: &str) -> String {
+    format!(
+        "[[targets]]\nname = \"{name}\"\nrepo = \"{repo}\"\n{extra}\n[targets.backend]\nkind = \"exec\"\n{backend}\n\n"
+    )
+}
+
+/// A TOML string literal for any text (paths with quotes or backslashes).
+pub fn toml_str(s: &str) -> String {
+    serde_json::to_string(s).expect("json string")
+}

@@ -1,0 +1,283 @@
+//! The daemon and its queue, through the real `driftless serve`: requests
+//! folded while a target runs, targets in parallel, recovery after
+//! `kill -9`, and no overlapping applies of one target against concurrent
+//! one-shot ticks.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+use driftless::queue::{Queue, Request, Trigger};
+use driftless::store::Store;
+
+fn log_lines(p: &Path) -> Vec<String> {
+    std::fs::read_to_string(p)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+fn idle(s: &Setup, name: &str) -> bool {
+    let st = s.target_status(name);
+    st["queued"] == false && st["running"] == false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_requests_while_running_give_one_more_apply_at_the_newest_sha() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(&[("app/v", "0")], "first");
+    let log = root.path().join("applies.log");
+    let gate = root.path().join("release");
+    // Each apply records the commit it sees, then waits for the gate.
+    let s = Setup::new(&exec_target(
+        "app",
+        &remote.url(),
+        "path = \"app\"\ninterval = \"1h\"",
+        &format!(
+            "apply = [\"sh\", \"-c\", \"echo start $(git rev-parse HEAD) >> {log}; \
+             i=0; while [ ! -f {gate} ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; \
+             echo end >> {log}\"]\nalways = true",
+            log = log.display(),
+            gate = gate.display()
+        ),
+    ));
+    let daemon = s.serve();
+    // The first interval tick of a never-run target starts at once.
+    wait_for(Duration::from_secs(20), "the first apply to start", || {
+        log_lines(&log).len() == 1
+    });
+
+    let queue = Queue::new(
+        Store::open(&s.db())
+            .await
+            .expect("open the daemon's database"),
+    );
+    let mut newest = String::new();
+    for i in 1..=50 {
+        newest = remote.commit(&[("app/v", &i.to_string())], &format!("push {i}"));
+        queue
+            .enqueue(&Request {
+                target: "app".into(),
+                trigger: Trigger::Webhook,
+                sha: Some(newest.clone()),
+                delivery_id: Some(format!("delivery-{i}")),
+            })
+            .await
+            .expect("enqueue");
+    }
+    std::fs::write(&gate, "go").expect("open the gate");
+    wait_for(Duration::from_secs(30), "the queue to drain", || {
+        log_lines(&log).iter().filter(|l| *l == "end").count() >= 2 && idle(&s, "app")
+    });
+    // Give a wrongly queued third apply the chance to show itself.
+    std::thread::sleep(Duration::from_secs(2));
+    let lines = log_lines(&log);
+    let starts: Vec<&String> = lines.iter().filter(|l| l.starts_with("start")).collect();
+    assert_eq!(
+        starts.len(),
+        2,
+        "expected exactly one more apply: {lines:?}"
+    );
+    assert_eq!(*starts[1], format!("start {newest}"));
+    let runs = s.history("app");
+    assert_eq!(runs[0]["sha"], newest);
+    assert_eq!(runs[0]["requested_sha"], newest);
+    assert_eq!(runs[0]["trigger"], "webhook");
+    assert_eq!(runs[0]["delivery_id"], "delivery-50");
+    // Every delivery id is on record in the job that ran.
+    let ids: String = sqlx::query_scalar("SELECT delivery_ids FROM jobs WHERE run_id = ?1")
+        .bind(runs[0]["id"].as_i64().expect("run id"))
+        .fetch_one(queue.store().pool())
+        .await
+        .expect("job row");
+    let ids: Vec<String> = serde_json::from_str(&ids).expect("json");
+    assert_eq!(ids.len(), 50);
+    assert_eq!(ids[0], "delivery-1");
+    drop(daemon);
+}
+
+#[test]
+fn two_targets_converge_at_the_same_time() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(&[("x", "1")], "first");
+    let mut targets = String::new();
+    for name in ["left", "right"] {
+        let log = root.path().join(format!("{name}.log"));
+        targets.push_str(&exec_target(
+            name,
+            &remote.url(),
+            "interval = \"1h\"",
+            &format!(
+                "apply = [\"sh\", \"-c\", \"date +%s%N >> {l}; sleep 1.5; date +%s%N >> {l}\"]",
+                l = log.display()
+            ),
+        ));
+    }
+    let s = Setup::new(&targets);
+    let daemon = s.serve();
+    let span = |name: &str| -> Option<(u128, u128)> {
+        let l = log_lines(&root.path().join(format!("{name}.log")));
+        match l.as_slice() {
+            [a, b] => Some((a.parse().ok()?, b.parse().ok()?)),
+            _ => None,
+        }
+    };
+    wait_for(Duration::from_secs(30), "both applies", || {
+        span("left").is_some() && span("right").is_some()
+    });
+    let (l, r) = (span("left").expect("left"), span("right").expect("right"));
+    assert!(
+        l.0 < r.1 && r.0 < l.1,
+        "the two targets did not overlap: {l:?} {r:?}"
+    );
+    drop(daemon);
+}
+
+#[test]
+fn kill_9_mid_apply_then_restart_runs_the_job_again() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    let sha = remote.commit(&[("x", "1")], "first");
+    let log = root.path().join("apply.log");
+    let s = Setup::new(&exec_target(
+        "app",
+        &remote.url(),
+        "interval = \"1h\"",
+        &format!(
+            "apply = [\"sh\", \"-c\", \"echo started >> {l}; sleep 3; echo finished >> {l}\"]",
+            l = log.display()
+        ),
+    ));
+    let daemon = s.serve();
+    wait_for(Duration::from_secs(20), "the apply to start", || {
+        log_lines(&log) == ["started"]
+    });
+    daemon.kill9();
+    // Restart at once: the orphaned command still holds the target's lock,
+    // so the restarted daemon must wait for it, then run the job again.
+    let daemon = s.serve();
+    wait_for(
+        Duration::from_secs(60),
+        "the job to run again and finish",
+        || log_lines(&log).len() >= 4 && idle(&s, "app"),
+    );
+    assert_eq!(
+        log_lines(&log),
+        ["started", "finished", "started", "finished"],
+        "the rerun overlapped the orphaned apply"
+    );
+    let runs = s.history("app");
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    assert_eq!(runs[0]["result"], "changed");
+    assert_eq!(runs[0]["sha"], sha);
+    assert_eq!(runs[1]["result"], "interrupted");
+    assert_eq!(runs[0]["trigger"], "interval");
+    let st = s.target_status("app");
+    assert_eq!(st["last_applied_sha"], sha);
+    assert!(
+        daemon.log_text().contains("requeued jobs"),
+        "{}",
+        daemon.log_text()
+    );
+    let status = daemon.stop();
+    assert!(
+        status.success(),
+        "daemon did not stop cleanly on SIGTERM: {status}"
+    );
+}
+
+/// Check a log of "start PID" / "end PID" lines: strictly alternating, each
+/// end matching the start before it. Returns the number of applies.
+fn assert_no_overlap(name: &str, lines: &[String]) -> usize {
+    let mut open: Option<&str> = None;
+    let mut n = 0;
+    for (i, l) in lines.iter().enumerate() {
+        let (kind, pid) = l.split_once(' ').unwrap_or((l, ""));
+        match (kind, open) {
+            ("start", None) => open = Some(pid),
+            ("end", Some(p)) if p == pid => {
+                open = None;
+                n += 1;
+            }
+            _ => panic!(
+                "{name}: overlapping or torn applies at line {i}: {:?}",
+                &lines[i.saturating_sub(3)..(i + 2).min(lines.len())]
+            ),
+        }
+    }
+    n
+}
+
+#[test]
+fn no_two_applies_of_one_target_ever_overlap() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(&[("x", "1")], "first");
+    let mut targets = String::new();
+    for name in ["a", "b"] {
+        let log = root.path().join(format!("{name}.log"));
+        targets.push_str(&exec_target(
+            name,
+            &remote.url(),
+            "interval = \"1s\"",
+            &format!(
+                "apply = [\"sh\", \"-c\", \"echo start $$ >> {l}; sleep 0.05; echo end $$ >> {l}\"]\nalways = true",
+                l = log.display()
+            ),
+        ));
+    }
+    let s = Setup::with_workers(&targets, 4);
+    let daemon = s.serve();
+    // Concurrent one-shot ticks on the same targets, from three threads.
+    let config = s.config.clone();
+    let handles: Vec<_> = (0..3)
+        .map(|_| {
+            let config = config.clone();
+            std::thread::spawn(move || {
+                let mut codes = Vec::new();
+                for _ in 0..12 {
+                    let out = std::process::Command::new(bin())
+                        .args(["--config", config.to_str().expect("utf8"), "tick", "a", "b"])
+                        .output()
+                        .expect("tick");
+                    codes.push(out.status.code());
+                }
+                codes
+            })
+        })
+        .collect();
+    let mut busy = 0;
+    for h in handles {
+        for code in h.join().expect("thread") {
+            assert!(matches!(code, Some(0) | Some(75)), "tick exited {code:?}");
+            busy += usize::from(code == Some(75));
+        }
+    }
+    drop(daemon);
+    let mut total = 0;
+    for name in ["a", "b"] {
+        let lines = log_lines(&root.path().join(format!("{name}.log")));
+        total += assert_no_overlap(name, &lines);
+    }
+    // Both the daemon and the one-shot ticks must have taken part.
+    assert!(total >= 10, "only {total} applies ran (busy exits: {busy})");
+    for name in ["a", "b"] {
+        let runs = s.history(name);
+        let by = |t: &str| runs.iter().filter(|r| r["trigger"] == t).count();
+        assert!(
+            by("cli") > 0 && by("interval") > 0,
+            "{name}: cli {} interval {}",
+            by("cli"),
+            by("interval")
+        );
+        assert_eq!(
+            runs.len(),
+            log_lines(&root.path().join(format!("{name}.log"))).len() / 2
+        );
+    }
+}

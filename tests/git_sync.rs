@@ -1,0 +1,174 @@
+//! Git sync against real remotes: a bare repo over file:// and over
+//! `git daemon` (git://) on 127.0.0.1, driven through `driftless tick`.
+
+mod common;
+
+use common::*;
+
+/// An exec target that does nothing but succeed, so the tick's git sync is
+/// what is under test.
+fn setup_for(repo_url: &str) -> Setup {
+    Setup::new(&exec_target(
+        "site",
+        repo_url,
+        "path = \"site\"",
+        "apply = [\"true\"]\nalways = true",
+    ))
+}
+
+fn sync_scenario(remote: &Remote, url: &str) {
+    let first = remote.commit(
+        &[
+            ("site/index.html", "v1"),
+            ("site/old.txt", "to be deleted"),
+            ("site/.gitignore", "*.log\n"),
+            ("other/readme", "not this target"),
+        ],
+        "first",
+    );
+    let s = setup_for(url);
+    let out = s.run(&["tick", "site"]);
+    assert!(
+        out.status.success(),
+        "tick failed: {}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let checkout = s.checkout("site");
+    assert_eq!(git(&checkout, &["rev-parse", "HEAD"]), first);
+    assert_eq!(
+        std::fs::read_to_string(checkout.join("site/index.html")).expect("file"),
+        "v1"
+    );
+    assert_eq!(s.target_status("site")["last_applied_sha"], first);
+
+    // An ignored file written between ticks (like .terraform/) survives;
+    // a tracked file edited by hand is put back.
+    std::fs::write(checkout.join("site/debug.log"), "keep me").expect("write");
+    std::fs::write(checkout.join("site/index.html"), "edited by hand").expect("write");
+
+    let second = remote.delete("site/old.txt", "delete old.txt");
+    let second2 = remote.commit(&[("site/index.html", "v2")], "v2");
+    assert_ne!(second, second2);
+    let out = s.run(&["tick", "site"]);
+    assert!(out.status.success(), "tick failed: {}", text(&out.stderr));
+    assert_eq!(git(&checkout, &["rev-parse", "HEAD"]), second2);
+    assert!(
+        !checkout.join("site/old.txt").exists(),
+        "deleted file still in the checkout"
+    );
+    assert_eq!(
+        std::fs::read_to_string(checkout.join("site/index.html")).expect("file"),
+        "v2"
+    );
+    assert_eq!(
+        std::fs::read_to_string(checkout.join("site/debug.log")).expect("ignored file"),
+        "keep me"
+    );
+    assert_eq!(s.target_status("site")["last_applied_sha"], second2);
+    let runs = s.history("site");
+    assert_eq!(runs.len(), 2);
+    assert_eq!(runs[0]["sha"], second2);
+    assert_eq!(runs[0]["trigger"], "cli");
+    assert_eq!(runs[1]["sha"], first);
+}
+
+#[test]
+fn file_remote_checkout_follows_the_branch() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    let url = remote.url();
+    sync_scenario(&remote, &url);
+}
+
+#[test]
+fn git_daemon_remote_checkout_follows_the_branch() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    let daemon = GitDaemon::start(root.path());
+    let url = format!("git://127.0.0.1:{}/infra.git", daemon.port);
+    sync_scenario(&remote, &url);
+}
+
+#[test]
+fn missing_branch_or_path_fails_loudly_and_keeps_the_last_sha() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    let sha = remote.commit(&[("site/index.html", "v1")], "first");
+    let s = Setup::new(&format!(
+        "{}{}",
+        exec_target(
+            "site",
+            &remote.url(),
+            "path = \"site\"",
+            "apply = [\"true\"]"
+        ),
+        exec_target(
+            "elsewhere",
+            &remote.url(),
+            "branch = \"production\"",
+            "apply = [\"true\"]"
+        )
+    ));
+    assert!(s.run(&["tick", "site"]).status.success());
+
+    // The path disappears in the next commit: failed, last applied SHA stays.
+    git(&remote.work, &["rm", "-q", "-r", "site"]);
+    remote.commit(&[("moved/index.html", "v1")], "move site");
+    let out = s.run(&["tick", "site"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    let st = s.target_status("site");
+    assert_eq!(st["last_applied_sha"], sha);
+    assert_eq!(st["last_result"], "failed");
+    assert!(
+        st["last_message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("path `site` does not exist"),
+        "{st}"
+    );
+
+    let out = s.run(&["tick", "elsewhere"]);
+    assert_eq!(out.status.code(), Some(1));
+    let msg = s.target_status("elsewhere")["last_message"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(msg.contains("branch `production` does not exist"), "{msg}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_syncs_of_one_remote_share_a_fetch() {
+    use driftless::config::GitAuth;
+    use driftless::git::Git;
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    let sha = remote.commit(&[("a", "1")], "first");
+    let git = Git::new(&root.path().join("state"));
+    let url = remote.url();
+    // Ten targets on one repo and branch, synced at once.
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..10 {
+        let (git, url) = (git.clone(), url.clone());
+        set.spawn(async move { git.fetch(&url, "main", &GitAuth::default()).await });
+    }
+    while let Some(r) = set.join_next().await {
+        assert_eq!(r.expect("join").expect("fetch"), sha);
+    }
+    // The first request starts a fetch; requests made after it started
+    // cannot trust it (a push may have landed in between) and share the
+    // next one. Ten serial fetches would mean no sharing at all.
+    assert!(
+        git.fetch_count() <= 2,
+        "{} fetches for 10 concurrent requests",
+        git.fetch_count()
+    );
+    // A later request fetches again.
+    let newer = remote.commit(&[("a", "2")], "second");
+    assert_eq!(
+        git.fetch(&url, "main", &GitAuth::default())
+            .await
+            .expect("fetch"),
+        newer
+    );
+}
