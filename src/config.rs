@@ -386,19 +386,21 @@ fn validate(raw: Value, path: &Path, base: &Path, problems: &mut Vec<Problem>) -
     let mut targets = Vec::new();
     let mut seen = HashSet::new();
     for (i, raw) in top.targets.into_iter().enumerate() {
-        let label = raw
-            .get("name")
-            .and_then(Value::as_str)
+        let name = raw.get("name").and_then(Value::as_str).map(str::to_string);
+        let label = name
+            .as_ref()
             .map(|n| format!("targets[{n}]"))
             .unwrap_or_else(|| format!("targets[{i}]"));
+        if let Some(n) = &name
+            && !seen.insert(n.clone())
+        {
+            problems.push(problem(
+                &label,
+                "name",
+                format!("duplicate target name `{n}`"),
+            ));
+        }
         if let Some(t) = validate_target(raw, &label, base, problems) {
-            if !seen.insert(t.name.clone()) {
-                problems.push(problem(
-                    &label,
-                    "name",
-                    format!("duplicate target name `{}`", t.name),
-                ));
-            }
             targets.push(t);
         }
     }

@@ -84,11 +84,6 @@ fn main() -> ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 
-    if let Command::Check = args.command {
-        let r = cli::check(&args.config);
-        print!("{}", r.stdout);
-        return ExitCode::from(r.code);
-    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -109,6 +104,11 @@ fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> anyhow::Result<u8> {
+    if let Command::Check = args.command {
+        let r = cli::check(&args.config);
+        print!("{}", r.stdout);
+        return Ok(r.code);
+    }
     let settings = config::load(&args.config)?;
     let engine = Engine::open(settings)
         .await
@@ -139,7 +139,7 @@ async fn run(args: Args) -> anyhow::Result<u8> {
             );
             cli::tick(&engine, &[target], false, Operation::Destroy).await?
         }
-        Command::Check => unreachable!("handled before the runtime starts"),
+        Command::Check => cli::check(&args.config),
     };
     print!("{}", report.stdout);
     Ok(report.code)

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Prints, in one run (figures, not assertions; ratios against a baseline
+# measured in the same run, because these machines are noisy):
+#  1. a no-op `driftless tick` on a terraform target vs the bare
+#     `git fetch` + `terraform apply` it wraps (ratio);
+#  2. a no-op exec tick whose digest is unchanged;
+#  3. the daemon's idle RSS with 100 targets configured.
+#
+#   bench/run.sh [ROUNDS]      (default 10)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${1:-10}
+export TF_CLI_CONFIG_FILE=/dev/null GIT_CONFIG_GLOBAL=/dev/null GIT_CONFIG_NOSYSTEM=1
+export GIT_AUTHOR_NAME=bench GIT_AUTHOR_EMAIL=bench@example.net
+export GIT_COMMITTER_NAME=bench GIT_COMMITTER_EMAIL=bench@example.net
+
+cargo build --release --locked -q
+bin=$PWD/target/release/driftless
+work=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+
+# A remote with a terraform_data target and an exec target.
+git init -q --bare -b main "$work/remote.git"
+git init -q -b main "$work/src"
+mkdir -p "$work/src/tf" "$work/src/app"
+cat > "$work/src/tf/main.tf" <<'TF'
+resource "terraform_data" "x" {
+  input = "bench"
+}
+TF
+echo "v1" > "$work/src/app/config"
+git -C "$work/src" add -A && git -C "$work/src" commit -qm bench
+git -C "$work/src" push -q "$work/remote.git" main
+
+cat > "$work/driftless.toml" <<TOML
+state_dir = "$work/state"
+[[targets]]
+name = "tf"
+repo = "$work/remote.git"
+path = "tf"
+[targets.backend]
+kind = "terraform"
+[[targets]]
+name = "app"
+repo = "$work/remote.git"
+path = "app"
+[targets.backend]
+kind = "exec"
+apply = ["true"]
+TOML
+
+now_ms() { date +%s%3N; }
+# mean wall time in ms of running "$@" $rounds times
+time_it() {
+  local start end
+  start=$(now_ms)
+  for _ in $(seq "$rounds"); do "$@" >/dev/null 2>&1 || { echo "failed: $*" >&2; exit 1; }; done
+  end=$(now_ms)
+  echo $(( (end - start) / rounds ))
+}
+
+"$bin" --config "$work/driftless.toml" tick tf app >/dev/null 2>&1   # converge once
+tick_tf=$(time_it "$bin" --config "$work/driftless.toml" tick tf)
+
+# The baseline: what the tick wraps, by hand, in a clone.
+git clone -q "$work/remote.git" "$work/clone"
+(cd "$work/clone/tf" && terraform init -input=false >/dev/null && terraform apply -auto-approve -input=false >/dev/null)
+bare() {
+  git -C "$work/clone" fetch -q origin main &&
+  (cd "$work/clone/tf" && terraform apply -auto-approve -input=false -json >/dev/null)
+}
+base_tf=$(time_it bare)
+tick_app=$(time_it "$bin" --config "$work/driftless.toml" tick app)
+base_git=$(time_it git -C "$work/clone" fetch -q origin main)
+
+echo "== driftless bench ($rounds rounds each, mean wall time)"
+printf '%-52s %6s ms\n' "no-op tick, terraform target" "$tick_tf"
+printf '%-52s %6s ms\n' "git fetch + terraform apply (baseline)" "$base_tf"
+awk -v a="$tick_tf" -v b="$base_tf" 'BEGIN { printf "%-52s %6.2f x\n", "  ratio tick / baseline", a / b }'
+printf '%-52s %6s ms\n' "no-op tick, exec target (digest unchanged)" "$tick_app"
+printf '%-52s %6s ms\n' "git fetch alone (for scale)" "$base_git"
+
+# Idle RSS with 100 targets (exec, one repo, 1h interval).
+{
+  echo "state_dir = \"$work/state100\""
+  echo "[server]"
+  echo "listen = \"127.0.0.1:0\""
+  for i in $(seq 100); do
+    printf '[[targets]]\nname = "t%03d"\nrepo = "%s"\npath = "app"\ninterval = "1h"\n[targets.backend]\nkind = "exec"\napply = ["true"]\n' "$i" "$work/remote.git"
+  done
+} > "$work/hundred.toml"
+"$bin" --config "$work/hundred.toml" serve 2>"$work/serve.log" &
+pid=$!
+# wait until all 100 first ticks are recorded
+for _ in $(seq 600); do
+  done_n=$("$bin" --config "$work/hundred.toml" status --json 2>/dev/null | grep -c '"last_result": "changed"' || true)
+  [ "$done_n" -ge 100 ] && break
+  sleep 0.2
+done
+sleep 3
+rss_kb=$(awk '/VmRSS/ { print $2 }' "/proc/$pid/status")
+threads=$(awk '/Threads/ { print $2 }' "/proc/$pid/status")
+printf '%-52s %6s MiB (%s threads, %s/100 targets applied)\n' "daemon idle RSS, 100 targets" "$(( rss_kb / 1024 ))" "$threads" "$done_n"
+kill "$pid"; wait "$pid" 2>/dev/null || true

@@ -1,0 +1,169 @@
+//! Configuration mistakes are refused with an error naming the key and the
+//! target, by `driftless check` and at start-up of every command.
+
+mod common;
+
+use std::process::Command;
+
+use common::*;
+
+fn write(dir: &std::path::Path, body: &str) -> std::path::PathBuf {
+    let p = dir.join("driftless.toml");
+    std::fs::write(&p, body).expect("write config");
+    p
+}
+
+fn driftless(config: &std::path::Path, args: &[&str]) -> std::process::Output {
+    Command::new(bin())
+        .arg("--config")
+        .arg(config)
+        .args(args)
+        .env_remove("DRIFTLESS__SERVER__WORKERS")
+        .output()
+        .expect("run driftless")
+}
+
+const BROKEN: &str = r#"
+state_dir = "state"
+[server]
+listen = "localhost-ish"
+
+[[targets]]
+name = "web"
+repo = "https://git.example.net/infra.git"
+interval = "every now and then"
+[targets.backend]
+kind = "exec"
+apply = ["./deploy.sh"]
+
+[[targets]]
+name = "web"
+repo = "https://git.example.net/infra.git"
+path = "../../etc"
+[targets.backend]
+kind = "terraform"
+binary = "terraform"
+
+[[targets]]
+name = "db"
+repo = "https://git.example.net/infra.git"
+colour = "blue"
+[targets.backend]
+kind = "exec"
+apply = ["./db.sh"]
+
+[[targets]]
+name = "Cache Server"
+repo = "https://git.example.net/infra.git"
+[targets.backend]
+kind = "terraform"
+binaryy = "tofu"
+"#;
+
+#[test]
+fn check_lists_every_problem_with_key_and_target() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write(dir.path(), BROKEN);
+    let out = driftless(&config, &["check"]);
+    assert_eq!(out.status.code(), Some(1));
+    let report = text(&out.stdout);
+    for expected in [
+        "server: key `listen`: `localhost-ish` is not an address:port",
+        "targets[web]: key `interval`: `every now and then` is not a duration",
+        "targets[web]: key `path`: `../../etc` must be a subdirectory",
+        "targets[web]: key `name`: duplicate target name `web`",
+        "targets[db]: key `colour`: unknown field `colour`",
+        "targets[Cache Server]: key `backend.binaryy`: unknown field `binaryy`",
+    ] {
+        assert!(
+            report.contains(expected),
+            "missing {expected:?} in:\n{report}"
+        );
+    }
+    assert!(report.contains(&config.display().to_string()), "{report}");
+}
+
+#[test]
+fn every_command_refuses_a_bad_config_at_start_up() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write(dir.path(), BROKEN);
+    for args in [&["serve"][..], &["status"], &["tick", "--all"]] {
+        let out = driftless(&config, args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let err = text(&out.stderr);
+        assert!(err.contains("targets[db]: key `colour`"), "{args:?}: {err}");
+    }
+    assert!(
+        !dir.path().join("state").exists(),
+        "a bad config must not create state"
+    );
+}
+
+#[test]
+fn environment_overrides_are_validated_too() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write(
+        dir.path(),
+        "state_dir = \"state\"\n[[targets]]\nname = \"a\"\nrepo = \"https://example.net/r.git\"\n\
+         [targets.backend]\nkind = \"exec\"\napply = [\"true\"]\n",
+    );
+    let run = |workers: &str| {
+        Command::new(bin())
+            .args(["--config", config.to_str().expect("utf8"), "check"])
+            .env("DRIFTLESS__SERVER__WORKERS", workers)
+            .output()
+            .expect("run")
+    };
+    let bad = run("0");
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(
+        text(&bad.stdout).contains("server: key `workers`: 0 is not between 1 and 64"),
+        "{}",
+        text(&bad.stdout)
+    );
+    assert_eq!(run("3").status.code(), Some(0));
+    // DRIFTLESS_CONFIG names the file when --config is absent.
+    let out = Command::new(bin())
+        .arg("check")
+        .env("DRIFTLESS_CONFIG", &config)
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+}
+
+#[test]
+fn check_looks_at_secret_files_and_binaries() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write(
+        dir.path(),
+        "state_dir = \"state\"\n[[targets]]\nname = \"net\"\nrepo = \"https://example.net/r.git\"\n\
+         [targets.git]\ntoken_file = \"missing-token\"\n\
+         [targets.backend]\nkind = \"terraform\"\nbinary = \"no-such-tofu\"\n",
+    );
+    let out = driftless(&config, &["check"]);
+    assert_eq!(out.status.code(), Some(1));
+    let report = text(&out.stdout);
+    assert!(
+        report.contains("targets[net]: key `git.token_file`: cannot read secret file:"),
+        "{report}"
+    );
+    assert!(report.contains("missing-token"), "{report}");
+    assert!(
+        report.contains("targets[net]: key `backend.binary`: `no-such-tofu` is not on the PATH"),
+        "{report}"
+    );
+}
+
+#[test]
+fn a_missing_config_file_says_how_to_name_one() {
+    let out = Command::new(bin())
+        .args(["--config", "/nonexistent/driftless.toml", "status"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("/nonexistent/driftless.toml") && err.contains("--config"),
+        "{err}"
+    );
+}

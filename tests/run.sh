@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Installs what the tests need on a fresh machine, then runs the whole suite:
+# formatting, clippy, and every unit and integration test.
+#
+#   tests/run.sh            # everything
+#   tests/run.sh daemon     # extra arguments go to `cargo test`
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+apt_updated=0
+need_apt() { # need_apt COMMAND PACKAGE
+  command -v "$1" >/dev/null 2>&1 && return 0
+  echo "== installing $2 (for $1)"
+  if [ "$apt_updated" -eq 0 ]; then as_root apt-get update -qq; apt_updated=1; fi
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$2" >/dev/null
+}
+
+need_apt git git
+
+# Terraform is not in Debian's archive; the tests use the real one on the
+# PATH (this machine kind ships 1.11), or OpenTofu if that is what you have.
+if ! command -v terraform >/dev/null 2>&1; then
+  if command -v tofu >/dev/null 2>&1; then
+    mkdir -p target/tool-shims && ln -sf "$(command -v tofu)" target/tool-shims/terraform
+    export PATH="$PWD/target/tool-shims:$PATH"
+  else
+    echo "error: the terraform tests need \`terraform\` or \`tofu\` on the PATH" >&2
+    exit 1
+  fi
+fi
+export TF_CLI_CONFIG_FILE=/dev/null
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --locked --all-targets -- -D warnings
+echo "== cargo test"
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+set +e
+cargo test --locked "$@" 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+# One closing line for the whole suite.
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed/) p += $(i-1); if ($i ~ /^failed/) f += $(i-1) } }
+     END { printf "%d passed, %d failed\n", p, f }' "$log"
+exit "$status"
