@@ -177,6 +177,9 @@ pub struct GitAuth {
     pub identity_file: Option<PathBuf>,
     /// ssh: known_hosts file (host keys are always checked).
     pub known_hosts_file: Option<PathBuf>,
+    /// https: extra CA certificates (PEM) to trust, for a self-hosted forge
+    /// with a private CA. The system's roots are trusted as well.
+    pub ca_file: Option<PathBuf>,
 }
 
 impl Settings {
@@ -232,6 +235,7 @@ struct RawGit {
     username: Option<String>,
     identity_file: Option<String>,
     known_hosts_file: Option<String>,
+    ca_file: Option<String>,
 }
 
 /// Load and validate the configuration at `path`, applying `DRIFTLESS__`
@@ -298,6 +302,7 @@ pub fn check(path: &Path) -> Result<Settings, ConfigError> {
         for (key, file) in [
             ("git.identity_file", &t.git.identity_file),
             ("git.known_hosts_file", &t.git.known_hosts_file),
+            ("git.ca_file", &t.git.ca_file),
         ] {
             if let Some(f) = file
                 && !f.is_file()
@@ -545,6 +550,7 @@ fn validate_target(
             empty("git.token_file", &g.token_file, problems);
             empty("git.identity_file", &g.identity_file, problems);
             empty("git.known_hosts_file", &g.known_hosts_file, problems);
+            empty("git.ca_file", &g.ca_file, problems);
             if g.token_file.is_some() && g.identity_file.is_some() {
                 problems.push(problem(
                     label,
@@ -564,6 +570,7 @@ fn validate_target(
                 username: g.username,
                 identity_file: g.identity_file.as_deref().map(|s| resolve(base, s)),
                 known_hosts_file: g.known_hosts_file.as_deref().map(|s| resolve(base, s)),
+                ca_file: g.ca_file.as_deref().map(|s| resolve(base, s)),
             }
         }
     };

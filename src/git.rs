@@ -83,6 +83,8 @@ pub struct Git {
 struct Auth {
     token: Option<(String, String)>,
     ssh_command: Option<String>,
+    /// Extra CA roots for https, PEM.
+    ca_pem: Option<Vec<u8>>,
 }
 
 impl Git {
@@ -176,7 +178,7 @@ impl Git {
             reason,
         };
         if !dir.join(".git").is_dir() {
-            std::fs::create_dir_all(&dir).map_err(|e| err(e.to_string()))?;
+            std::fs::create_dir_all(&dir).map_err(|e| err(chain(&e)))?;
             git_cli(&dir, &["init", "-q", "."]).await.map_err(&err)?;
         }
         // Borrow the cache's objects instead of copying them (as `clone --shared`).
@@ -186,7 +188,7 @@ impl Git {
         if std::fs::read_to_string(&alternates).ok().as_deref() != Some(want.as_str()) {
             std::fs::create_dir_all(dir.join(".git/objects/info"))
                 .and_then(|()| std::fs::write(&alternates, &want))
-                .map_err(|e| err(e.to_string()))?;
+                .map_err(|e| err(chain(&e)))?;
         }
         git_cli(&dir, &["reset", "-q", "--hard", sha])
             .await
@@ -251,6 +253,21 @@ impl Git {
     }
 }
 
+/// An error with its chain of causes, `outer: inner: innermost`.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut cur = e.source();
+    while let Some(inner) = cur {
+        let s = inner.to_string();
+        if !msg.contains(&s) {
+            msg.push_str(": ");
+            msg.push_str(&s);
+        }
+        cur = inner.source();
+    }
+    msg
+}
+
 fn fetch_err(remote: &str, branch: &str, reason: &str) -> GitError {
     GitError::Fetch {
         remote: remote.to_string(),
@@ -303,7 +320,17 @@ fn resolve_auth(auth: &GitAuth) -> Result<Auth, GitError> {
         }
         cmd
     });
-    Ok(Auth { token, ssh_command })
+    let ca_pem = match &auth.ca_file {
+        Some(p) => Some(std::fs::read(p).map_err(|e| {
+            GitError::Credentials(format!("cannot read git.ca_file {}: {e}", p.display()))
+        })?),
+        None => None,
+    };
+    Ok(Auth {
+        token,
+        ssh_command,
+        ca_pem,
+    })
 }
 
 fn shell_quote(s: &str) -> String {
@@ -312,7 +339,7 @@ fn shell_quote(s: &str) -> String {
 
 fn fetch_blocking(dir: &Path, remote: &str, branch: &str, auth: Auth) -> FetchResult {
     let err = |reason: String| fetch_err(remote, branch, &reason);
-    std::fs::create_dir_all(dir.parent().unwrap_or(dir)).map_err(|e| err(e.to_string()))?;
+    std::fs::create_dir_all(dir.parent().unwrap_or(dir)).map_err(|e| err(chain(&e)))?;
     // Serialise fetches into this cache across processes.
     let lock_path = dir.with_extension("lock");
     let lock = std::fs::OpenOptions::new()
@@ -325,27 +352,60 @@ fn fetch_blocking(dir: &Path, remote: &str, branch: &str, auth: Auth) -> FetchRe
         .map_err(|e| err(format!("cannot lock {}: {e}", lock_path.display())))?;
 
     let mut repo = if dir.join("HEAD").is_file() {
-        gix::open(dir).map_err(|e| err(format!("cannot open cache {}: {e}", dir.display())))?
+        gix::open(dir).map_err(|e| {
+            err(format!(
+                "cannot open cache {}: {}",
+                dir.display(),
+                chain(&e)
+            ))
+        })?
     } else {
-        gix::init_bare(dir)
-            .map_err(|e| err(format!("cannot create cache {}: {e}", dir.display())))?
+        gix::init_bare(dir).map_err(|e| {
+            err(format!(
+                "cannot create cache {}: {}",
+                dir.display(),
+                chain(&e)
+            ))
+        })?
     };
     if let Some(cmd) = &auth.ssh_command {
         let mut config = repo.config_snapshot_mut();
         config
             .set_value(&gix::config::tree::Core::SSH_COMMAND, cmd.as_str())
-            .map_err(|e| err(format!("cannot configure ssh: {e}")))?;
+            .map_err(|e| err(format!("cannot configure ssh: {}", chain(&e))))?;
     }
     let refspec = format!("+refs/heads/{branch}:refs/remotes/origin/{branch}");
     let remote_handle = repo
         .remote_at(remote)
-        .map_err(|e| err(format!("invalid remote: {e}")))?
+        .map_err(|e| err(format!("invalid remote: {}", chain(&e))))?
         .with_refspecs([refspec.as_str()], gix::remote::Direction::Fetch)
         .map_err(|e| err(format!("invalid branch: {e}")))?
         .with_fetch_tags(gix::remote::fetch::Tags::None);
     let mut connection = remote_handle
         .connect(gix::remote::Direction::Fetch)
-        .map_err(|e| err(e.to_string()))?;
+        .map_err(|e| err(chain(&e)))?;
+    if let Some(pem) = &auth.ca_pem {
+        use gix::protocol::transport::client::blocking_io::http;
+        let certs = reqwest::Certificate::from_pem_bundle(pem)
+            .map_err(|e| err(format!("git.ca_file holds no usable PEM certificate: {e}")))?;
+        let mut options = repo
+            .transport_options(remote, None)
+            .map_err(|e| err(chain(&e)))?
+            .and_then(|o| o.downcast::<http::Options>().ok())
+            .map(|o| *o)
+            .unwrap_or_default();
+        let backend = http::reqwest::Options {
+            configure_client: Some(Box::new(move |mut builder| {
+                for c in &certs {
+                    builder = builder.add_root_certificate(c.clone());
+                }
+                Ok(builder)
+            })),
+            configure_request: None,
+        };
+        options.backend = Some(Arc::new(std::sync::Mutex::new(backend)));
+        connection.set_transport_options(Box::new(options));
+    }
     let token = auth.token;
     connection.set_credentials(move |action| match action {
         gix::credentials::helper::Action::Get(ctx) => match &token {
@@ -370,10 +430,10 @@ fn fetch_blocking(dir: &Path, remote: &str, branch: &str, auth: Auth) -> FetchRe
     };
     let outcome = connection
         .prepare_fetch(gix::progress::Discard, Default::default())
-        .map_err(|e| err(e.to_string()))?
+        .map_err(|e| err(chain(&e)))?
         .receive(gix::progress::Discard, &AtomicBool::new(false))
         .map_err(|e| {
-            let msg = e.to_string();
+            let msg = chain(&e);
             // gix's wording when the refspec matched nothing on the remote
             if msg.contains("None of the refspec") {
                 no_branch()

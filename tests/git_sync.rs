@@ -172,3 +172,85 @@ async fn concurrent_syncs_of_one_remote_share_a_fetch() {
         newer
     );
 }
+
+#[test]
+fn https_style_token_auth_is_sent_and_never_shown() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    let sha = remote.commit(&[("site/index.html", "v1")], "first");
+    let token = "tok-4e1d9b7c2a66f0";
+    let (server, ca) = GitHttp::start_tls(root.path(), "deploy", token);
+    let url = format!("https://127.0.0.1:{}/infra.git", server.port);
+    let ca = format!("ca_file = {}", toml_str(&ca.display().to_string()));
+    let good = root.path().join("good-token");
+    let bad = root.path().join("bad-token");
+    std::fs::write(&good, format!("{token}\n")).expect("write");
+    std::fs::write(&bad, "tok-wrong-0000000\n").expect("write");
+    let target = |name: &str, git: &str| {
+        format!(
+            "[[targets]]\nname = \"{name}\"\nrepo = \"{url}\"\n{git}\n[targets.backend]\nkind = \"exec\"\napply = [\"true\"]\n\n"
+        )
+    };
+    let s = Setup::new(&format!(
+        "{}{}{}{}",
+        target(
+            "good",
+            &format!(
+                "[targets.git]\nusername = \"deploy\"\ntoken_file = {}\n{ca}",
+                toml_str(&good.display().to_string())
+            )
+        ),
+        target(
+            "wrong",
+            &format!(
+                "[targets.git]\nusername = \"deploy\"\ntoken_file = {}\n{ca}",
+                toml_str(&bad.display().to_string())
+            )
+        ),
+        target("none", &format!("[targets.git]\n{ca}")),
+        target("untrusted", ""),
+    ));
+
+    let out = s.run(&["tick", "good"]);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    assert_eq!(s.target_status("good")["last_applied_sha"], sha);
+    assert!(server.requests().contains(" ok"), "{}", server.requests());
+
+    let out = s.run(&["tick", "wrong"]);
+    assert_eq!(out.status.code(), Some(1));
+    let msg = s.target_status("wrong")["last_message"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(
+        msg.contains("git fetch of branch `main`") && msg.contains(&url),
+        "{msg}"
+    );
+    let all = format!("{msg}{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(
+        !all.contains("tok-wrong-0000000") && !all.contains(token),
+        "token shown: {all}"
+    );
+
+    let out = s.run(&["tick", "none"]);
+    assert_eq!(out.status.code(), Some(1));
+    let msg = s.target_status("none")["last_message"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(msg.contains("git.token_file"), "{msg}");
+
+    // Without the CA, the server's certificate is not trusted.
+    let out = s.run(&["tick", "untrusted"]);
+    assert_eq!(out.status.code(), Some(1));
+    let msg = s.target_status("untrusted")["last_message"]
+        .as_str()
+        .unwrap_or("")
+        .to_lowercase();
+    assert!(msg.contains("certificate"), "{msg}");
+}

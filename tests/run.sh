@@ -17,6 +17,8 @@ need_apt() { # need_apt COMMAND PACKAGE
 }
 
 need_apt git git
+need_apt python3 python3   # tests/git_http_server.py: git smart HTTP behind auth
+need_apt openssl openssl   # a test CA for the https remote
 
 # Terraform is not in Debian's archive; the tests use the real one on the
 # PATH (this machine kind ships 1.11), or OpenTofu if that is what you have.

@@ -328,3 +328,124 @@ pub fn exec_target(name: &str, repo: &str, extra: &str, backend: &str) -> String
 pub fn toml_str(s: &str) -> String {
     serde_json::to_string(s).expect("json string")
 }
+
+/// `tests/git_http_server.py`: real `git http-backend` behind Basic auth.
+pub struct GitHttp {
+    child: Child,
+    pub port: u16,
+    pub log: PathBuf,
+}
+
+impl GitHttp {
+    /// Serve https with a certificate for 127.0.0.1 signed by a fresh CA;
+    /// returns the server and the CA's PEM file.
+    pub fn start_tls(root: &Path, user: &str, token: &str) -> (GitHttp, PathBuf) {
+        let tls = root.join("tls");
+        std::fs::create_dir_all(&tls).expect("mkdir");
+        let openssl = |args: &[&str]| {
+            let out = Command::new("openssl")
+                .args(args)
+                .current_dir(&tls)
+                .output()
+                .expect("openssl");
+            assert!(
+                out.status.success(),
+                "openssl {args:?}: {}",
+                text(&out.stderr)
+            );
+        };
+        openssl(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=driftless test CA",
+        ]);
+        openssl(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=127.0.0.1",
+        ]);
+        std::fs::write(
+            tls.join("ext.cnf"),
+            "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
+        )
+        .expect("write ext");
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "ext.cnf",
+        ]);
+        let server = Self::spawn(
+            root,
+            user,
+            token,
+            Some((tls.join("server.pem"), tls.join("server.key"))),
+        );
+        (server, tls.join("ca.pem"))
+    }
+
+    pub fn start(root: &Path, user: &str, token: &str) -> GitHttp {
+        Self::spawn(root, user, token, None)
+    }
+
+    fn spawn(root: &Path, user: &str, token: &str, tls: Option<(PathBuf, PathBuf)>) -> GitHttp {
+        let port = free_port();
+        let log = root.join(format!("git-http-{port}.log"));
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/git_http_server.py");
+        let child = Command::new("python3")
+            .arg(script)
+            .arg(root)
+            .arg(port.to_string())
+            .arg(user)
+            .arg(token)
+            .args(tls.iter().flat_map(|(c, k)| [c.clone(), k.clone()]))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log"))
+            .spawn()
+            .expect("spawn python3 git http server");
+        wait_for(Duration::from_secs(10), "git http server", || {
+            TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+        GitHttp { child, port, log }
+    }
+
+    pub fn requests(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for GitHttp {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
