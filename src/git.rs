@@ -82,7 +82,8 @@ pub struct Git {
 /// Credentials resolved from config for one fetch.
 struct Auth {
     token: Option<(String, String)>,
-    ssh_command: Option<String>,
+    /// Extra `ssh` options (key, known_hosts) for ssh remotes.
+    ssh_options: String,
     /// Extra CA roots for https, PEM.
     ca_pem: Option<Vec<u8>>,
 }
@@ -307,19 +308,19 @@ fn resolve_auth(auth: &GitAuth) -> Result<Auth, GitError> {
         }
         None => None,
     };
-    let ssh_command = auth.identity_file.as_ref().map(|key| {
-        let mut cmd = format!(
-            "ssh -o BatchMode=yes -o IdentitiesOnly=yes -i {}",
+    let mut ssh_options = String::new();
+    if let Some(key) = &auth.identity_file {
+        ssh_options.push_str(&format!(
+            " -o IdentitiesOnly=yes -i {}",
             shell_quote(&key.to_string_lossy())
-        );
-        if let Some(kh) = &auth.known_hosts_file {
-            cmd.push_str(&format!(
-                " -o StrictHostKeyChecking=yes -o UserKnownHostsFile={}",
-                shell_quote(&kh.to_string_lossy())
-            ));
-        }
-        cmd
-    });
+        ));
+    }
+    if let Some(kh) = &auth.known_hosts_file {
+        ssh_options.push_str(&format!(
+            " -o StrictHostKeyChecking=yes -o UserKnownHostsFile={}",
+            shell_quote(&kh.to_string_lossy())
+        ));
+    }
     let ca_pem = match &auth.ca_file {
         Some(p) => Some(std::fs::read(p).map_err(|e| {
             GitError::Credentials(format!("cannot read git.ca_file {}: {e}", p.display()))
@@ -328,7 +329,7 @@ fn resolve_auth(auth: &GitAuth) -> Result<Auth, GitError> {
     };
     Ok(Auth {
         token,
-        ssh_command,
+        ssh_options,
         ca_pem,
     })
 }
@@ -337,7 +338,55 @@ fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
+fn is_ssh(remote: &str) -> bool {
+    remote.starts_with("ssh://")
+        || remote.starts_with("git+ssh://")
+        || (!remote.contains("://") && remote.contains('@') && remote.contains(':'))
+}
+
+/// Fetch, and for ssh remotes add what ssh itself said (it writes its
+/// errors — "Host key verification failed." — to a log, not to gix).
 fn fetch_blocking(dir: &Path, remote: &str, branch: &str, auth: Auth) -> FetchResult {
+    let ssh_log = is_ssh(remote).then(|| dir.with_extension("ssh.log"));
+    if let Some(log) = &ssh_log {
+        let _ = std::fs::create_dir_all(dir.parent().unwrap_or(dir));
+        let _ = std::fs::write(log, b"");
+    }
+    let result = fetch_inner(dir, remote, branch, auth, ssh_log.as_deref());
+    match (result, &ssh_log) {
+        (
+            Err(GitError::Fetch {
+                remote,
+                branch,
+                reason,
+            }),
+            Some(log),
+        ) => {
+            let said = std::fs::read_to_string(log).unwrap_or_default();
+            let said: Vec<&str> = said.lines().filter(|l| !l.trim().is_empty()).collect();
+            let said = said[said.len().saturating_sub(3)..].join(" ");
+            let reason = if said.is_empty() {
+                reason
+            } else {
+                format!("{reason} (ssh: {said})")
+            };
+            Err(GitError::Fetch {
+                remote,
+                branch,
+                reason,
+            })
+        }
+        (other, _) => other,
+    }
+}
+
+fn fetch_inner(
+    dir: &Path,
+    remote: &str,
+    branch: &str,
+    auth: Auth,
+    ssh_log: Option<&Path>,
+) -> FetchResult {
     let err = |reason: String| fetch_err(remote, branch, &reason);
     std::fs::create_dir_all(dir.parent().unwrap_or(dir)).map_err(|e| err(chain(&e)))?;
     // Serialise fetches into this cache across processes.
@@ -368,7 +417,12 @@ fn fetch_blocking(dir: &Path, remote: &str, branch: &str, auth: Auth) -> FetchRe
             ))
         })?
     };
-    if let Some(cmd) = &auth.ssh_command {
+    if let Some(log) = ssh_log {
+        let cmd = format!(
+            "ssh -o BatchMode=yes -E {}{}",
+            shell_quote(&log.to_string_lossy()),
+            auth.ssh_options
+        );
         let mut config = repo.config_snapshot_mut();
         config
             .set_value(&gix::config::tree::Core::SSH_COMMAND, cmd.as_str())

@@ -254,3 +254,54 @@ fn https_style_token_auth_is_sent_and_never_shown() {
         .to_lowercase();
     assert!(msg.contains("certificate"), "{msg}");
 }
+
+#[test]
+fn ssh_remote_uses_the_configured_key_and_checks_the_host_key() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    let sha = remote.commit(&[("site/index.html", "v1")], "first");
+    let sshd = Sshd::start(root.path());
+    let url = format!(
+        "ssh://{}@127.0.0.1:{}{}",
+        sshd.user,
+        sshd.port,
+        remote.bare.display()
+    );
+    let wrong_hosts = root.path().join("wrong_known_hosts");
+    std::fs::write(
+        &wrong_hosts,
+        format!("[127.0.0.1]:{} ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl\n", sshd.port),
+    )
+    .expect("write");
+    let target = |name: &str, known: &std::path::Path| {
+        format!(
+            "[[targets]]\nname = \"{name}\"\nrepo = \"{url}\"\n[targets.git]\nidentity_file = {}\nknown_hosts_file = {}\n\
+             [targets.backend]\nkind = \"exec\"\napply = [\"true\"]\n\n",
+            toml_str(&sshd.client_key.display().to_string()),
+            toml_str(&known.display().to_string())
+        )
+    };
+    let s = Setup::new(&format!(
+        "{}{}",
+        target("trusted", &sshd.known_hosts),
+        target("spoofed", &wrong_hosts)
+    ));
+    let out = s.run(&["tick", "trusted"]);
+    assert!(
+        out.status.success(),
+        "{}{}\nsshd log:\n{}",
+        text(&out.stdout),
+        text(&out.stderr),
+        std::fs::read_to_string(&sshd.log).unwrap_or_default()
+    );
+    assert_eq!(s.target_status("trusted")["last_applied_sha"], sha);
+
+    // A host key that does not match known_hosts: refused, nothing applied.
+    let out = s.run(&["tick", "spoofed"]);
+    assert_eq!(out.status.code(), Some(1));
+    let st = s.target_status("spoofed");
+    assert_eq!(st["last_applied_sha"], serde_json::Value::Null);
+    let msg = st["last_message"].as_str().unwrap_or("");
+    assert!(msg.contains("git fetch of branch `main`"), "{msg}");
+    assert!(msg.contains("Host key verification failed"), "{msg}");
+}

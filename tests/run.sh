@@ -9,8 +9,9 @@ cd "$(dirname "$0")/.."
 
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 apt_updated=0
-need_apt() { # need_apt COMMAND PACKAGE
+need_apt() { # need_apt COMMAND-OR-PATH PACKAGE
   command -v "$1" >/dev/null 2>&1 && return 0
+  [ -x "$1" ] && return 0
   echo "== installing $2 (for $1)"
   if [ "$apt_updated" -eq 0 ]; then as_root apt-get update -qq; apt_updated=1; fi
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$2" >/dev/null
@@ -19,6 +20,8 @@ need_apt() { # need_apt COMMAND PACKAGE
 need_apt git git
 need_apt python3 python3   # tests/git_http_server.py: git smart HTTP behind auth
 need_apt openssl openssl   # a test CA for the https remote
+need_apt ssh openssh-client
+need_apt /usr/sbin/sshd openssh-server   # an ssh remote on 127.0.0.1
 
 # Terraform is not in Debian's archive; the tests use the real one on the
 # PATH (this machine kind ships 1.11), or OpenTofu if that is what you have.

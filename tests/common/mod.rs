@@ -449,3 +449,88 @@ impl Drop for GitHttp {
         let _ = self.child.wait();
     }
 }
+
+/// A real `sshd` on 127.0.0.1 accepting one fresh client key for the current
+/// user, with a known_hosts file for its host key.
+pub struct Sshd {
+    child: Child,
+    pub port: u16,
+    pub user: String,
+    pub client_key: PathBuf,
+    pub known_hosts: PathBuf,
+    pub log: PathBuf,
+}
+
+impl Sshd {
+    pub fn start(root: &Path) -> Sshd {
+        let sshd = Path::new("/usr/sbin/sshd");
+        assert!(
+            sshd.exists(),
+            "these tests need sshd (openssh-server; see tests/run.sh)"
+        );
+        let dir = root.join("sshd");
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        std::fs::create_dir_all("/run/sshd").ok(); // privilege separation dir
+        let keygen = |name: &str| {
+            let out = Command::new("ssh-keygen")
+                .args(["-q", "-t", "ed25519", "-N", "", "-C", name, "-f"])
+                .arg(dir.join(name))
+                .output()
+                .expect("ssh-keygen");
+            assert!(out.status.success(), "ssh-keygen: {}", text(&out.stderr));
+        };
+        keygen("host_key");
+        keygen("client_key");
+        std::fs::copy(dir.join("client_key.pub"), dir.join("authorized_keys")).expect("copy");
+        let user = text(&Command::new("id").arg("-un").output().expect("id").stdout)
+            .trim()
+            .to_string();
+        let port = free_port();
+        let config = dir.join("sshd_config");
+        std::fs::write(
+            &config,
+            format!(
+                "Port {port}\nListenAddress 127.0.0.1\nHostKey {d}/host_key\nPidFile {d}/sshd.pid\n\
+                 AuthorizedKeysFile {d}/authorized_keys\nPasswordAuthentication no\n\
+                 KbdInteractiveAuthentication no\nPubkeyAuthentication yes\n\
+                 PermitRootLogin prohibit-password\nStrictModes no\nUsePAM no\nAllowUsers {user}\n\
+                 LogLevel VERBOSE\n",
+                d = dir.display()
+            ),
+        )
+        .expect("write sshd_config");
+        let host_pub = std::fs::read_to_string(dir.join("host_key.pub")).expect("host key");
+        let known_hosts = dir.join("known_hosts");
+        std::fs::write(&known_hosts, format!("[127.0.0.1]:{port} {host_pub}"))
+            .expect("known_hosts");
+        let log = dir.join("sshd.log");
+        let child = Command::new(sshd)
+            .arg("-D")
+            .arg("-e")
+            .arg("-f")
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log"))
+            .spawn()
+            .expect("spawn sshd");
+        wait_for(Duration::from_secs(10), "sshd", || {
+            TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+        Sshd {
+            child,
+            port,
+            user,
+            client_key: dir.join("client_key"),
+            known_hosts,
+            log,
+        }
+    }
+}
+
+impl Drop for Sshd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
