@@ -235,7 +235,8 @@ pub async fn run(spec: &Spec, redactor: &Redactor) -> Result<Output, ProcessErro
         code: status.code(),
         stdout: redactor.redact(&stdout),
         stderr: redactor.redact(&stderr),
-        tail: redactor.redact(&redact::tail(&combined, TAIL_BYTES)),
+        // Redact before cutting, so a secret on the cut is not half-shown.
+        tail: redact::tail(&redactor.redact(&combined), TAIL_BYTES),
         timed_out,
         duration: started.elapsed(),
     })

@@ -266,6 +266,13 @@ impl Queue {
             .begin_with("BEGIN IMMEDIATE")
             .await
             .map_err(self.store.err(what))?;
+        interrupt_runs(
+            &mut tx,
+            job_id,
+            "the tick stopped before recording a result (see the daemon log); the job was queued again",
+        )
+        .await
+        .map_err(self.store.err(what))?;
         requeue_in(&mut tx, job_id, now_ms() + delay.as_millis() as i64)
             .await
             .map_err(self.store.err(what))?;
@@ -330,15 +337,11 @@ impl Queue {
                     .await
                     .map_err(self.store.err(what))?;
             let Some(attempts) = attempts else { continue };
-            sqlx::query(
-                "UPDATE runs SET result = 'interrupted', finished_at = ?2,
-                        duration_ms = ?2 - started_at,
-                        message = 'driftless stopped during this run (the process died or was killed); the job was queued again'
-                 WHERE job_id = ?1 AND result IS NULL",
+            interrupt_runs(
+                &mut tx,
+                *id,
+                "driftless stopped during this run (the process died or was killed); the job was queued again",
             )
-            .bind(id)
-            .bind(now)
-            .execute(&mut *tx)
             .await
             .map_err(self.store.err(what))?;
             if attempts >= MAX_ATTEMPTS {
@@ -389,6 +392,25 @@ impl Queue {
         .map_err(self.store.err("closing jobs of removed targets"))?;
         Ok(r.rows_affected())
     }
+}
+
+/// Close the runs job `id` left open, as `interrupted` with `message`.
+async fn interrupt_runs(
+    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    id: i64,
+    message: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE runs SET result = 'interrupted', finished_at = ?2, duration_ms = ?2 - started_at,
+                message = ?3
+         WHERE job_id = ?1 AND result IS NULL",
+    )
+    .bind(id)
+    .bind(now_ms())
+    .bind(message)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
 }
 
 /// Move running job `id` back to queued (not before `not_before`), merging

@@ -208,3 +208,37 @@ fn init_runs_when_the_lock_file_changes_and_not_otherwise() {
         runs[0]["output_tail"]
     );
 }
+
+#[test]
+fn workspace_is_selected_or_created_and_vars_are_passed() {
+    terraform_available();
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(
+        &[
+            ("network/main.tf", MAIN_TF),
+            ("network/prod.tfvars", "greeting = \"from-file\"\n"),
+        ],
+        "network",
+    );
+    let s = Setup::new(&format!(
+        "[[targets]]\nname = \"net\"\nrepo = \"{}\"\npath = \"network\"\n\
+         [targets.backend]\nkind = \"terraform\"\nworkspace = \"staging\"\n\
+         vars = {{ greeting = \"from-config\" }}\nenv = {{ TF_CLI_CONFIG_FILE = \"/dev/null\" }}\n",
+        remote.url()
+    ));
+    let (code, out) = tick(&s);
+    assert_eq!(code, Some(0), "{out}");
+    let workdir = s.checkout("net").join("network");
+    assert!(
+        workdir
+            .join("terraform.tfstate.d/staging/terraform.tfstate")
+            .is_file(),
+        "the apply did not go to the staging workspace"
+    );
+    let out = s.run(&["outputs", "net", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["greeting"], "from-config");
+    assert_eq!(tick(&s).0, Some(0));
+    assert_eq!(s.target_status("net")["last_result"], "no_change");
+}
