@@ -7,8 +7,6 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use serde_json::json;
-
 use crate::backend::ApplyResult;
 use crate::config;
 use crate::store::{Operation, format_ms};
@@ -73,6 +71,12 @@ pub async fn tick(
                 busy = true;
                 let _ = writeln!(out, "{name}: busy: another tick holds the target's lock");
             }
+            Outcome::Paused => {
+                let _ = writeln!(
+                    out,
+                    "{name}: paused: skipped (resume it with `driftless resume {name}`)"
+                );
+            }
         }
     }
     let code = if failed {
@@ -87,28 +91,7 @@ pub async fn tick(
 
 /// `driftless status [--json]`
 pub async fn status(engine: &Engine, as_json: bool) -> Result<Report, TickError> {
-    let states = engine.store.target_states().await?;
-    let activity = engine.queue.activity().await?;
-    let mut rows = Vec::new();
-    for t in &engine.settings.targets {
-        let s = states.iter().find(|s| s.name == t.name);
-        let a = activity.iter().find(|a| a.target == t.name);
-        rows.push(json!({
-            "name": t.name,
-            "backend": t.backend.kind(),
-            "repo": engine.git_redacted_repo(&t.repo),
-            "branch": t.branch,
-            "path": t.path.to_string_lossy(),
-            "last_applied_sha": s.and_then(|s| s.last_applied_sha.clone()),
-            "last_result": s.and_then(|s| s.last_result.clone()),
-            "last_message": s.and_then(|s| s.last_message.clone()),
-            "last_run_id": s.and_then(|s| s.last_run_id),
-            "last_run_at": s.and_then(|s| s.last_run_at).map(format_ms),
-            "consecutive_failures": s.map(|s| s.consecutive_failures).unwrap_or(0),
-            "queued": a.is_some_and(|a| a.queued > 0),
-            "running": a.is_some_and(|a| a.running > 0),
-        }));
-    }
+    let rows = crate::status::targets(engine).await?;
     if as_json {
         let text = serde_json::to_string_pretty(&rows).unwrap_or_else(|_| "[]".into());
         return Ok(Report {
@@ -121,27 +104,25 @@ pub async fn status(engine: &Engine, as_json: bool) -> Result<Report, TickError>
         "TARGET", "BACKEND", "APPLIED", "LAST", "LAST RUN", "STATE"
     );
     for r in &rows {
-        let s = |k: &str| r[k].as_str().unwrap_or("-").to_string();
-        let state = match (r["running"].as_bool(), r["queued"].as_bool()) {
-            (Some(true), _) => "running".to_string(),
-            (_, Some(true)) => "queued".to_string(),
-            _ => match r["consecutive_failures"].as_i64() {
-                Some(n) if n > 0 => format!("failing ×{n}"),
-                _ => "idle".to_string(),
-            },
+        let state = if r.running {
+            "running".to_string()
+        } else if r.paused {
+            format!("paused by {}", r.paused_by.as_deref().unwrap_or("?"))
+        } else if r.queued {
+            "queued".to_string()
+        } else if r.consecutive_failures > 0 {
+            format!("failing ×{}", r.consecutive_failures)
+        } else {
+            "idle".to_string()
         };
-        let applied = r["last_applied_sha"]
-            .as_str()
-            .map(|x| x[..x.len().min(12)].to_string())
-            .unwrap_or_else(|| "-".into());
         let _ = writeln!(
             out,
             "{:<24} {:<10} {:<12} {:<10} {:<21} {}",
-            s("name"),
-            s("backend"),
-            applied,
-            s("last_result"),
-            s("last_run_at"),
+            r.name,
+            r.backend,
+            short(&r.last_applied_sha),
+            r.last_result.as_deref().unwrap_or("-"),
+            r.last_run_at.as_deref().unwrap_or("-"),
             state
         );
     }
@@ -161,26 +142,7 @@ pub async fn history(
     engine.target(target)?;
     let runs = engine.store.history(target, limit.clamp(1, 10_000)).await?;
     if as_json {
-        let rows: Vec<_> = runs
-            .iter()
-            .map(|r| {
-                json!({
-                    "id": r.id,
-                    "target": r.target,
-                    "operation": r.operation,
-                    "trigger": r.trigger,
-                    "delivery_id": r.delivery_id,
-                    "requested_sha": r.requested_sha,
-                    "sha": r.sha,
-                    "started_at": format_ms(r.started_at),
-                    "finished_at": r.finished_at.map(format_ms),
-                    "duration_ms": r.duration_ms,
-                    "result": r.result,
-                    "message": r.message,
-                    "output_tail": r.output_tail,
-                })
-            })
-            .collect();
+        let rows: Vec<_> = runs.iter().map(crate::status::run_json).collect();
         let text = serde_json::to_string_pretty(&rows).unwrap_or_else(|_| "[]".into());
         return Ok(Report {
             stdout: text + "\n",
@@ -218,6 +180,50 @@ pub async fn history(
     })
 }
 
+/// `driftless pause|resume <target>`
+pub async fn pause(engine: &Engine, target: &str, pause: bool) -> Result<Report, TickError> {
+    engine.target(target)?;
+    let who = format!(
+        "cli:{}",
+        std::env::var("USER").unwrap_or_else(|_| "unknown".into())
+    );
+    let changed = engine
+        .store
+        .set_paused(target, pause.then_some(who.as_str()))
+        .await?;
+    let stdout = match (pause, changed) {
+        (true, true) => format!("{target}: paused; webhooks and intervals will not tick it\n"),
+        (true, false) => format!("{target}: already paused\n"),
+        (false, true) => format!("{target}: resumed\n"),
+        (false, false) => format!("{target}: was not paused\n"),
+    };
+    Ok(Report { stdout, code: 0 })
+}
+
+/// `driftless token new NAME`
+pub fn token_new(name: &str) -> Report {
+    if !config::valid_name(name) {
+        return Report {
+            stdout: format!("`{name}` is not a usable token name (a-z, 0-9, '_', '.', '-')\n"),
+            code: EXIT_FAILED,
+        };
+    }
+    match crate::auth::new_token() {
+        Ok((token, digest)) => Report {
+            stdout: format!(
+                "# The token (shown once; give it to the client, keep it secret):\n{token}\n\n\
+                 # Add this to the configuration and adjust the scopes:\n\
+                 [[tokens]]\nname = \"{name}\"\nsha256 = \"{digest}\"\nscopes = [\"read\"]\n"
+            ),
+            code: 0,
+        },
+        Err(e) => Report {
+            stdout: format!("cannot get random bytes from the operating system: {e}\n"),
+            code: EXIT_FAILED,
+        },
+    }
+}
+
 /// `driftless outputs <target> [--json]`
 pub async fn outputs(engine: &Engine, target: &str, as_json: bool) -> Result<Report, TickError> {
     let outs = engine.outputs(target).await?;
@@ -253,12 +259,5 @@ pub fn check(path: &Path) -> Report {
             stdout: format!("{e}\n"),
             code: EXIT_FAILED,
         },
-    }
-}
-
-impl Engine {
-    /// The repo as shown to people: URL credentials masked.
-    pub fn git_redacted_repo(&self, repo: &str) -> String {
-        crate::redact::Redactor::new().redact(repo)
     }
 }

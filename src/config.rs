@@ -27,6 +27,10 @@ const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 const DEFAULT_WORKERS: usize = 4;
 const DEFAULT_INTERVAL: Duration = Duration::from_secs(5 * 60);
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+const DEFAULT_MAX_BODY: usize = 5 * 1024 * 1024;
+const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+const DEFAULT_MAX_CONNECTIONS: usize = 256;
 
 /// One problem found in a configuration file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -142,12 +146,51 @@ pub struct Settings {
     pub state_dir: PathBuf,
     pub server: Server,
     pub targets: Vec<Target>,
+    pub receivers: Vec<Receiver>,
+    pub tokens: Vec<Token>,
 }
 
 #[derive(Debug, Clone)]
 pub struct Server {
     pub listen: SocketAddr,
     pub workers: usize,
+    /// Request bodies larger than this are answered 413 unread.
+    pub max_body_bytes: usize,
+    /// A connection that has not sent its request headers by then is closed.
+    pub header_read_timeout: Duration,
+    /// A request (other than a reconcile that waits) must finish by then.
+    pub request_timeout: Duration,
+    /// Connections served at once; more wait in the kernel's backlog.
+    pub max_connections: usize,
+}
+
+/// Which forge a receiver speaks for: how it signs and what it sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ForgeKind {
+    Github,
+    Gitea,
+    Forgejo,
+    Gitlab,
+    Generic,
+}
+
+/// A webhook endpoint: `POST /hooks/{name}`.
+#[derive(Debug, Clone)]
+pub struct Receiver {
+    pub name: String,
+    pub forge: ForgeKind,
+    pub secret: SecretRef,
+}
+
+/// An API token: its SHA-256 digest (never the token) and what it may do.
+#[derive(Debug, Clone)]
+pub struct Token {
+    pub name: String,
+    /// Lowercase hex SHA-256 of the token.
+    pub sha256: String,
+    /// `reconcile:<glob>`, `pause:<glob>`, `read` or `read:<glob>`.
+    pub scopes: Vec<String>,
 }
 
 /// One reconciled target.
@@ -207,6 +250,26 @@ struct RawTop {
     server: Option<Value>,
     #[serde(default)]
     targets: Vec<Value>,
+    #[serde(default)]
+    receivers: Vec<Value>,
+    #[serde(default)]
+    tokens: Vec<Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawReceiver {
+    name: String,
+    forge: ForgeKind,
+    secret_file: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawToken {
+    name: String,
+    sha256: String,
+    scopes: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -214,6 +277,10 @@ struct RawTop {
 struct RawServer {
     listen: Option<String>,
     workers: Option<i64>,
+    max_body_bytes: Option<i64>,
+    header_read_timeout: Option<String>,
+    request_timeout: Option<String>,
+    max_connections: Option<i64>,
 }
 
 #[derive(Deserialize)]
@@ -328,6 +395,15 @@ pub fn check(path: &Path) -> Result<Settings, ConfigError> {
                 .map(|(key, msg)| problem(&section, &format!("backend.{key}"), msg)),
         );
     }
+    for r in &settings.receivers {
+        if let Err(e) = r.secret.load() {
+            problems.push(problem(
+                &format!("receivers[{}]", r.name),
+                "secret_file",
+                e.to_string(),
+            ));
+        }
+    }
     if problems.is_empty() {
         Ok(settings)
     } else {
@@ -409,11 +485,15 @@ fn validate(raw: Value, path: &Path, base: &Path, problems: &mut Vec<Problem>) -
             targets.push(t);
         }
     }
+    let receivers = validate_receivers(top.receivers, base, problems);
+    let tokens = validate_tokens(top.tokens, problems);
     Some(Settings {
         source: path.to_path_buf(),
         state_dir,
         server,
         targets,
+        receivers,
+        tokens,
     })
 }
 
@@ -423,6 +503,10 @@ fn validate_server(raw: Option<Value>, problems: &mut Vec<Problem>) -> Server {
             .parse()
             .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 8080))),
         workers: DEFAULT_WORKERS,
+        max_body_bytes: DEFAULT_MAX_BODY,
+        header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
+        request_timeout: DEFAULT_REQUEST_TIMEOUT,
+        max_connections: DEFAULT_MAX_CONNECTIONS,
     };
     let Some(raw) = raw else { return server };
     let raw: RawServer = match serde_json::from_value(raw) {
@@ -453,7 +537,169 @@ fn validate_server(raw: Option<Value>, problems: &mut Vec<Problem>) -> Server {
             ));
         }
     }
+    if let Some(b) = raw.max_body_bytes {
+        if (1024..=1024 * 1024 * 1024).contains(&b) {
+            server.max_body_bytes = b as usize;
+        } else {
+            problems.push(problem(
+                "server",
+                "max_body_bytes",
+                format!("{b} is not between 1024 and 1073741824"),
+            ));
+        }
+    }
+    if let Some(c) = raw.max_connections {
+        if (1..=100_000).contains(&c) {
+            server.max_connections = c as usize;
+        } else {
+            problems.push(problem(
+                "server",
+                "max_connections",
+                format!("{c} is not between 1 and 100000"),
+            ));
+        }
+    }
+    server.header_read_timeout = duration(
+        "server",
+        "header_read_timeout",
+        raw.header_read_timeout.as_deref(),
+        DEFAULT_HEADER_READ_TIMEOUT,
+        problems,
+    );
+    server.request_timeout = duration(
+        "server",
+        "request_timeout",
+        raw.request_timeout.as_deref(),
+        DEFAULT_REQUEST_TIMEOUT,
+        problems,
+    );
     server
+}
+
+fn validate_receivers(raw: Vec<Value>, base: &Path, problems: &mut Vec<Problem>) -> Vec<Receiver> {
+    let mut out: Vec<Receiver> = Vec::new();
+    for (i, raw) in raw.into_iter().enumerate() {
+        let label = raw
+            .get("name")
+            .and_then(Value::as_str)
+            .map(|n| format!("receivers[{n}]"))
+            .unwrap_or_else(|| format!("receivers[{i}]"));
+        let r: RawReceiver = match serde_json::from_value(raw) {
+            Ok(r) => r,
+            Err(e) => {
+                problems.push(serde_problem(&label, "", &e));
+                continue;
+            }
+        };
+        if !valid_name(&r.name) {
+            problems.push(problem(
+                &label,
+                "name",
+                format!(
+                    "`{}` is not a safe receiver name (a-z, 0-9, '_', '.', '-')",
+                    r.name
+                ),
+            ));
+            continue;
+        }
+        if out.iter().any(|o| o.name == r.name) {
+            problems.push(problem(
+                &label,
+                "name",
+                format!("duplicate receiver name `{}`", r.name),
+            ));
+            continue;
+        }
+        let Some(secret) = r.secret_file.filter(|s| !s.trim().is_empty()) else {
+            problems.push(problem(
+                &label,
+                "secret_file",
+                "a receiver needs a secret (a file path or \"env:NAME\"): unsigned deliveries are never accepted",
+            ));
+            continue;
+        };
+        out.push(Receiver {
+            name: r.name,
+            forge: r.forge,
+            secret: SecretRef::parse(&secret, base),
+        });
+    }
+    out
+}
+
+/// A scope is `reconcile:<glob>`, `pause:<glob>`, `read` or `read:<glob>`.
+pub fn valid_scope(s: &str) -> bool {
+    match s.split_once(':') {
+        None => s == "read",
+        Some((verb, glob)) => {
+            matches!(verb, "reconcile" | "pause" | "read")
+                && !glob.is_empty()
+                && glob
+                    .bytes()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || b"_.-*?".contains(&c))
+        }
+    }
+}
+
+fn validate_tokens(raw: Vec<Value>, problems: &mut Vec<Problem>) -> Vec<Token> {
+    let mut out: Vec<Token> = Vec::new();
+    for (i, raw) in raw.into_iter().enumerate() {
+        let label = raw
+            .get("name")
+            .and_then(Value::as_str)
+            .map(|n| format!("tokens[{n}]"))
+            .unwrap_or_else(|| format!("tokens[{i}]"));
+        let t: RawToken = match serde_json::from_value(raw) {
+            Ok(t) => t,
+            Err(e) => {
+                problems.push(serde_problem(&label, "", &e));
+                continue;
+            }
+        };
+        let before = problems.len();
+        let digest = t.sha256.trim().to_ascii_lowercase();
+        if digest.len() != 64 || !digest.bytes().all(|c| c.is_ascii_hexdigit()) {
+            problems.push(problem(
+                &label,
+                "sha256",
+                "must be the 64-character hex SHA-256 of the token, as printed by `driftless token new`",
+            ));
+        }
+        if t.scopes.is_empty() {
+            problems.push(problem(&label, "scopes", "must list at least one scope"));
+        }
+        for sc in &t.scopes {
+            if !valid_scope(sc) {
+                problems.push(problem(
+                    &label,
+                    "scopes",
+                    format!("`{sc}` is not a scope: use reconcile:<target glob>, pause:<target glob>, read or read:<target glob>"),
+                ));
+            }
+        }
+        if out.iter().any(|o| o.name == t.name) {
+            problems.push(problem(
+                &label,
+                "name",
+                format!("duplicate token name `{}`", t.name),
+            ));
+        }
+        if out.iter().any(|o| o.sha256 == digest) {
+            problems.push(problem(
+                &label,
+                "sha256",
+                "the same digest is used by another token",
+            ));
+        }
+        if problems.len() == before {
+            out.push(Token {
+                name: t.name,
+                sha256: digest,
+                scopes: t.scopes,
+            });
+        }
+    }
+    out
 }
 
 fn validate_target(

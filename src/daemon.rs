@@ -39,6 +39,8 @@ pub enum DaemonError {
     Store(#[from] crate::store::StoreError),
     #[error("cannot listen on {addr}: {reason}")]
     Listen { addr: String, reason: String },
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
 }
 
 /// Shared between the workers and the HTTP health endpoints.
@@ -76,6 +78,8 @@ pub async fn serve_until(
     recover_dead_jobs(&engine, Duration::ZERO).await?;
 
     let health = Arc::new(Health::default());
+    let wake = Arc::new(Notify::new());
+    let state = http::AppState::new(engine.clone(), health.clone(), wake.clone())?;
     let listener = tokio::net::TcpListener::bind(settings.server.listen)
         .await
         .map_err(|e| DaemonError::Listen {
@@ -89,21 +93,11 @@ pub async fn serve_until(
     info!(%addr, targets = settings.targets.len(), workers = settings.server.workers,
           state_dir = %settings.state_dir.display(), "driftless serving");
 
-    let wake = Arc::new(Notify::new());
-    let app = http::router(http::AppState {
-        engine: engine.clone(),
-        health: health.clone(),
-    });
-    let mut http_shutdown = shutdown.clone();
+    let app = http::router(state);
+    let server_settings = settings.server.clone();
+    let http_shutdown = shutdown.clone();
     let server = tokio::spawn(async move {
-        let r = axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = http_shutdown.wait_for(|s| *s).await;
-            })
-            .await;
-        if let Err(e) = r {
-            error!(error = %e, "HTTP server stopped");
-        }
+        http::serve(listener, app, &server_settings, http_shutdown).await;
     });
 
     let scheduler = tokio::spawn(
@@ -231,6 +225,7 @@ async fn process(n: usize, engine: &Engine, job: &Job, health: &Health) {
     let result = match engine.run_job(job).await {
         // The tick closed the job itself.
         Ok(Outcome::Ran { .. }) => Ok(()),
+        Ok(Outcome::Paused) => q.finish(job.id, None, "skipped: target paused").await,
         Ok(Outcome::Busy) if job.interval_only() => {
             info!(target = %job.target, "target busy elsewhere: interval tick skipped");
             q.finish(job.id, None, "skipped: target locked by another tick")

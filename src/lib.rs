@@ -12,16 +12,21 @@
 //!   everything printed or stored.
 //! - [`http`] serves health endpoints; [`cli`] implements the commands.
 
+pub mod auth;
 pub mod backend;
 pub mod cli;
 pub mod config;
 pub mod daemon;
+pub mod forge;
 pub mod git;
 pub mod http;
 pub mod lock;
+pub mod metrics;
 pub mod process;
 pub mod queue;
 pub mod redact;
+pub mod route;
 pub mod scheduler;
+pub mod status;
 pub mod store;
 pub mod tick;

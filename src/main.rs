@@ -68,6 +68,22 @@ enum Command {
     },
     /// Validate the configuration and list every problem.
     Check,
+    /// Stop webhooks and intervals from ticking a target (manual API
+    /// reconciles answer 409) until it is resumed.
+    Pause { target: String },
+    /// Let a paused target tick again.
+    Resume { target: String },
+    /// API tokens.
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum TokenCommand {
+    /// Print a fresh token and the [[tokens]] entry (its digest) for the config.
+    New { name: String },
 }
 
 fn main() -> ExitCode {
@@ -109,6 +125,14 @@ async fn run(args: Args) -> anyhow::Result<u8> {
         print!("{}", r.stdout);
         return Ok(r.code);
     }
+    if let Command::Token {
+        command: TokenCommand::New { name },
+    } = &args.command
+    {
+        let r = cli::token_new(name);
+        print!("{}", r.stdout);
+        return Ok(r.code);
+    }
     let settings = config::load(&args.config)?;
     let engine = Engine::open(settings)
         .await
@@ -140,6 +164,11 @@ async fn run(args: Args) -> anyhow::Result<u8> {
             cli::tick(&engine, &[target], false, Operation::Destroy).await?
         }
         Command::Check => cli::check(&args.config),
+        Command::Token {
+            command: TokenCommand::New { name },
+        } => cli::token_new(&name),
+        Command::Pause { target } => cli::pause(&engine, &target, true).await?,
+        Command::Resume { target } => cli::pause(&engine, &target, false).await?,
     };
     print!("{}", report.stdout);
     Ok(report.code)

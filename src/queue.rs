@@ -49,7 +49,21 @@ pub struct Request {
     pub trigger: Trigger,
     pub sha: Option<String>,
     pub delivery_id: Option<String>,
+    /// The webhook receiver the request came through.
+    pub receiver: Option<String>,
 }
+
+/// What became of a webhook delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Accepted {
+    /// Its delivery id was seen before: nothing was queued.
+    Duplicate,
+    /// The jobs (target, job id) now holding its requests.
+    Queued(Vec<(String, i64)>),
+}
+
+/// How long delivery ids are remembered for dedupe.
+pub const DELIVERY_MEMORY: Duration = Duration::from_secs(7 * 24 * 3600);
 
 #[derive(Debug, Clone, FromRow)]
 struct JobRow {
@@ -59,6 +73,7 @@ struct JobRow {
     requested_sha: Option<String>,
     delivery_ids: String,
     attempts: i64,
+    receiver: Option<String>,
 }
 
 /// A claimed job.
@@ -71,6 +86,7 @@ pub struct Job {
     pub requested_sha: Option<String>,
     pub delivery_ids: Vec<String>,
     pub attempts: i64,
+    pub receiver: Option<String>,
 }
 
 impl Job {
@@ -82,6 +98,7 @@ impl Job {
             requested_sha: r.requested_sha,
             delivery_ids: serde_json::from_str(&r.delivery_ids).unwrap_or_default(),
             attempts: r.attempts,
+            receiver: r.receiver,
         }
     }
 
@@ -142,27 +159,83 @@ impl Queue {
     /// Add a request, folding it into the target's queued job if there is one.
     /// Returns the queued job's id. When this returns, the request is on disk.
     pub async fn enqueue(&self, req: &Request) -> Result<i64, StoreError> {
-        sqlx::query_scalar(
-            "INSERT INTO jobs (target, state, triggers, requested_sha, delivery_ids, created_at, updated_at)
-             VALUES (?1, 'queued', json_array(?2), ?3,
-                     CASE WHEN ?4 IS NULL THEN '[]' ELSE json_array(?4) END, ?5, ?5)
-             ON CONFLICT (target) WHERE state = 'queued' DO UPDATE SET
-                 triggers = CASE WHEN EXISTS (SELECT 1 FROM json_each(jobs.triggers) WHERE value = ?2)
-                                 THEN jobs.triggers ELSE json_insert(jobs.triggers, '$[#]', ?2) END,
-                 requested_sha = COALESCE(?3, jobs.requested_sha),
-                 delivery_ids = CASE WHEN ?4 IS NULL THEN jobs.delivery_ids
-                                     ELSE json_insert(jobs.delivery_ids, '$[#]', ?4) END,
-                 updated_at = ?5
-             RETURNING id",
+        let mut conn = self
+            .store
+            .pool()
+            .acquire()
+            .await
+            .map_err(self.store.err("queueing a job"))?;
+        enqueue_on(&mut conn, req)
+            .await
+            .map_err(self.store.err("queueing a job"))
+    }
+
+    /// Record a webhook delivery and queue its requests, atomically: either
+    /// the delivery id is new and every request is on disk when this
+    /// returns, or it was seen before and nothing is queued.
+    pub async fn accept(
+        &self,
+        receiver: &str,
+        delivery_id: Option<&str>,
+        outcome: &str,
+        requests: &[Request],
+    ) -> Result<Accepted, StoreError> {
+        let what = "recording a webhook delivery";
+        let mut tx = self
+            .store
+            .pool()
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(self.store.err(what))?;
+        if let Some(id) = delivery_id {
+            let r = sqlx::query(
+                "INSERT INTO deliveries (receiver, delivery_id, received_at, outcome)
+                 VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING",
+            )
+            .bind(receiver)
+            .bind(id)
+            .bind(now_ms())
+            .bind(outcome)
+            .execute(&mut *tx)
+            .await
+            .map_err(self.store.err(what))?;
+            if r.rows_affected() == 0 {
+                return Ok(Accepted::Duplicate);
+            }
+        }
+        let mut queued = Vec::new();
+        for req in requests {
+            let job = enqueue_on(&mut tx, req)
+                .await
+                .map_err(self.store.err(what))?;
+            queued.push((req.target.clone(), job));
+        }
+        tx.commit().await.map_err(self.store.err(what))?;
+        Ok(Accepted::Queued(queued))
+    }
+
+    /// Forget delivery ids older than [`DELIVERY_MEMORY`].
+    pub async fn prune_deliveries(&self) -> Result<u64, StoreError> {
+        let cutoff = now_ms() - DELIVERY_MEMORY.as_millis() as i64;
+        let r = sqlx::query("DELETE FROM deliveries WHERE received_at < ?1")
+            .bind(cutoff)
+            .execute(self.store.pool())
+            .await
+            .map_err(self.store.err("forgetting old deliveries"))?;
+        Ok(r.rows_affected())
+    }
+
+    /// A job by id: its state, outcome and run.
+    pub async fn job(&self, id: i64) -> Result<Option<JobState>, StoreError> {
+        sqlx::query_as::<_, JobState>(
+            "SELECT id, target, state, triggers, requested_sha, delivery_ids, receiver, attempts,
+                    run_id, outcome, created_at, updated_at
+             FROM jobs WHERE id = ?1",
         )
-        .bind(&req.target)
-        .bind(req.trigger.as_str())
-        .bind(&req.sha)
-        .bind(&req.delivery_id)
-        .bind(now_ms())
-        .fetch_one(self.store.pool())
+        .bind(id)
+        .fetch_optional(self.store.pool())
         .await
-        .map_err(self.store.err("queueing a job"))
+        .map_err(self.store.err("reading a job"))
     }
 
     /// Claim the oldest runnable job among `targets` (a target with a running
@@ -177,9 +250,10 @@ impl Queue {
                 SELECT j.id FROM jobs j
                 WHERE j.state = 'queued' AND j.not_before <= ?3
                   AND j.target IN (SELECT value FROM json_each(?4))
+                  AND j.target NOT IN (SELECT name FROM targets WHERE paused_at IS NOT NULL)
                   AND NOT EXISTS (SELECT 1 FROM jobs r WHERE r.target = j.target AND r.state = 'running')
                 ORDER BY j.id LIMIT 1)
-             RETURNING id, target, triggers, requested_sha, delivery_ids, attempts",
+             RETURNING id, target, triggers, requested_sha, delivery_ids, attempts, receiver",
         )
         .bind(&self.owner)
         .bind(now + LEASE.as_millis() as i64)
@@ -204,7 +278,7 @@ impl Queue {
             "INSERT INTO jobs (target, state, triggers, lease_owner, lease_until, attempts, created_at, updated_at)
              VALUES (?1, 'running', json_array(?2), ?3, ?4, 1, ?5, ?5)
              ON CONFLICT DO NOTHING
-             RETURNING id, target, triggers, requested_sha, delivery_ids, attempts",
+             RETURNING id, target, triggers, requested_sha, delivery_ids, attempts, receiver",
         )
         .bind(target)
         .bind(trigger.as_str())
@@ -394,6 +468,69 @@ impl Queue {
     }
 }
 
+/// Insert or fold `req` into the target's queued job; returns the job id.
+async fn enqueue_on(conn: &mut sqlx::SqliteConnection, req: &Request) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(
+        "INSERT INTO jobs (target, state, triggers, requested_sha, delivery_ids, receiver, created_at, updated_at)
+         VALUES (?1, 'queued', json_array(?2), ?3,
+                 CASE WHEN ?4 IS NULL THEN '[]' ELSE json_array(?4) END, ?6, ?5, ?5)
+         ON CONFLICT (target) WHERE state = 'queued' DO UPDATE SET
+             triggers = CASE WHEN EXISTS (SELECT 1 FROM json_each(jobs.triggers) WHERE value = ?2)
+                             THEN jobs.triggers ELSE json_insert(jobs.triggers, '$[#]', ?2) END,
+             requested_sha = COALESCE(?3, jobs.requested_sha),
+             delivery_ids = CASE WHEN ?4 IS NULL THEN jobs.delivery_ids
+                                 ELSE json_insert(jobs.delivery_ids, '$[#]', ?4) END,
+             receiver = COALESCE(?6, jobs.receiver),
+             updated_at = ?5
+         RETURNING id",
+    )
+    .bind(&req.target)
+    .bind(req.trigger.as_str())
+    .bind(&req.sha)
+    .bind(&req.delivery_id)
+    .bind(now_ms())
+    .bind(&req.receiver)
+    .fetch_one(&mut *conn)
+    .await
+}
+
+/// A job row as the API shows it.
+#[derive(Debug, Clone, FromRow, Serialize)]
+pub struct JobState {
+    pub id: i64,
+    pub target: String,
+    pub state: String,
+    #[serde(skip)]
+    pub triggers: String,
+    pub requested_sha: Option<String>,
+    #[serde(skip)]
+    pub delivery_ids: String,
+    pub receiver: Option<String>,
+    pub attempts: i64,
+    pub run_id: Option<i64>,
+    pub outcome: Option<String>,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+impl JobState {
+    pub fn trigger_list(&self) -> Vec<String> {
+        serde_json::from_str(&self.triggers).unwrap_or_default()
+    }
+
+    pub fn delivery_list(&self) -> Vec<String> {
+        serde_json::from_str(&self.delivery_ids).unwrap_or_default()
+    }
+
+    /// For a job folded into another: the id of the job that carries on.
+    pub fn merged_into(&self) -> Option<i64> {
+        self.outcome
+            .as_deref()
+            .and_then(|o| o.strip_prefix("merged into job "))
+            .and_then(|n| n.parse().ok())
+    }
+}
+
 /// Close the runs job `id` left open, as `interrupted` with `message`.
 async fn interrupt_runs(
     tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
@@ -444,7 +581,7 @@ async fn requeue_in(
             // The queued job is newer: its SHA wins; the old job's triggers
             // and deliveries are kept, old ones first.
             let rows: Vec<JobRow> = sqlx::query_as(
-                "SELECT id, target, triggers, requested_sha, delivery_ids, attempts
+                "SELECT id, target, triggers, requested_sha, delivery_ids, attempts, receiver
                  FROM jobs WHERE id IN (?1, ?2)",
             )
             .bind(id)
@@ -467,7 +604,8 @@ async fn requeue_in(
             deliveries.extend(new.delivery_ids);
             let json = |v: &Vec<String>| serde_json::to_string(v).unwrap_or_else(|_| "[]".into());
             sqlx::query(
-                "UPDATE jobs SET triggers = ?2, delivery_ids = ?3, requested_sha = ?4, updated_at = ?5
+                "UPDATE jobs SET triggers = ?2, delivery_ids = ?3, requested_sha = ?4, updated_at = ?5,
+                        receiver = ?6
                  WHERE id = ?1",
             )
             .bind(q)
@@ -475,6 +613,7 @@ async fn requeue_in(
             .bind(json(&deliveries))
             .bind(new.requested_sha.or(old.requested_sha))
             .bind(now)
+            .bind(new.receiver.or(old.receiver))
             .execute(&mut **tx)
             .await?;
             sqlx::query(
@@ -509,6 +648,7 @@ mod tests {
             trigger,
             sha: sha.map(Into::into),
             delivery_id: delivery.map(Into::into),
+            receiver: None,
         }
     }
 
@@ -595,6 +735,7 @@ mod tests {
                 trigger: "manual",
                 delivery_id: None,
                 requested_sha: None,
+                receiver: None,
             })
             .await
             .expect("run");

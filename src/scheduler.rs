@@ -18,6 +18,8 @@ use crate::store::{StoreError, now_ms};
 
 /// How often the scheduler looks.
 const PERIOD: Duration = Duration::from_secs(1);
+/// How often delivery ids older than a week are forgotten.
+const PRUNE_EVERY: Duration = Duration::from_secs(600);
 
 /// A random delay in `[0, min(interval/10, 60s)]` so targets with the same
 /// interval do not all fire at once.
@@ -32,6 +34,7 @@ pub struct Scheduler {
     queue: Queue,
     wake: Arc<Notify>,
     jitter: HashMap<String, Duration>,
+    last_prune: Option<std::time::Instant>,
 }
 
 impl Scheduler {
@@ -41,6 +44,7 @@ impl Scheduler {
             queue,
             wake,
             jitter: HashMap::new(),
+            last_prune: None,
         }
     }
 
@@ -60,8 +64,13 @@ impl Scheduler {
         }
     }
 
-    /// One pass: recover expired leases, enqueue due targets.
+    /// One pass: recover expired leases, enqueue due targets, now and then
+    /// forget old delivery ids.
     pub async fn once(&mut self) -> Result<usize, StoreError> {
+        if self.last_prune.is_none_or(|t| t.elapsed() > PRUNE_EVERY) {
+            self.queue.prune_deliveries().await?;
+            self.last_prune = Some(std::time::Instant::now());
+        }
         let recovered = self.queue.recover_expired().await?;
         if !recovered.is_empty() {
             warn!(jobs = ?recovered, "requeued jobs whose process died mid-tick");
@@ -82,10 +91,12 @@ impl Scheduler {
             .into_iter()
             .map(|s| (s.name, s.last_run_at))
             .collect();
+        let paused: std::collections::HashSet<String> =
+            self.queue.store().paused().await?.into_iter().collect();
         let now = now_ms();
         let mut queued = 0;
         for t in &self.settings.targets {
-            if active.contains(&t.name) {
+            if active.contains(&t.name) || paused.contains(&t.name) {
                 continue;
             }
             // Never-run targets are due at once.
@@ -106,6 +117,7 @@ impl Scheduler {
                         trigger: Trigger::Interval,
                         sha: None,
                         delivery_id: None,
+                        receiver: None,
                     })
                     .await?;
                 info!(target = %t.name, "interval tick queued");

@@ -49,6 +49,8 @@ pub enum Outcome {
     },
     /// Another tick holds the target's lock; nothing was done.
     Busy,
+    /// The target is paused; nothing was done.
+    Paused,
 }
 
 /// Everything a tick needs. Cheap to clone.
@@ -58,6 +60,7 @@ pub struct Engine {
     pub store: Store,
     pub queue: Queue,
     pub git: Git,
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl Engine {
@@ -75,6 +78,7 @@ impl Engine {
             queue: Queue::new(store.clone()),
             store,
             settings: Arc::new(settings),
+            metrics: Arc::new(crate::metrics::Metrics::new()),
         })
     }
 
@@ -101,6 +105,16 @@ impl Engine {
     /// A one-shot tick (CLI): take the lock, record a running `cli` job, run.
     pub async fn tick_now(&self, name: &str, op: Operation) -> Result<Outcome, TickError> {
         let target = self.target(name)?.clone();
+        // A paused target is not applied; destroying it is a deliberate act.
+        if op == Operation::Apply
+            && self
+                .store
+                .target_state(name)
+                .await?
+                .is_some_and(|s| s.paused_at.is_some())
+        {
+            return Ok(Outcome::Paused);
+        }
         let lock = match TargetLock::try_acquire(&self.settings.locks_dir(), name) {
             Ok(l) => l,
             Err(LockError::Busy { .. }) => return Ok(Outcome::Busy),
@@ -175,6 +189,8 @@ impl Engine {
         let trigger = job.map(Job::trigger_label).unwrap_or_else(|| "cli".into());
         let delivery = job.and_then(|j| j.delivery_ids.last().cloned());
         let requested = job.and_then(|j| j.requested_sha.clone());
+        let receiver = job.and_then(|j| j.receiver.clone());
+        let started = std::time::Instant::now();
         let run_id = self
             .store
             .begin_run(&NewRun {
@@ -184,6 +200,7 @@ impl Engine {
                 trigger: &trigger,
                 delivery_id: delivery.as_deref(),
                 requested_sha: requested.as_deref(),
+                receiver: receiver.as_deref(),
             })
             .await?;
         let state = self.store.target_state(&target.name).await?;
@@ -212,7 +229,7 @@ impl Engine {
             Ok(s) => s,
             Err(e) => {
                 let status = Status::failed(e.to_string());
-                return self.finish(target, run_id, op, None, status).await;
+                return self.finish(target, run_id, op, None, status, started).await;
             }
         };
         if let Some(req) = &requested
@@ -247,7 +264,7 @@ impl Engine {
                 }
             }
         };
-        self.finish(target, run_id, op, Some(&synced.sha), status)
+        self.finish(target, run_id, op, Some(&synced.sha), status, started)
             .await
     }
 
@@ -258,10 +275,16 @@ impl Engine {
         op: Operation,
         sha: Option<&str>,
         status: Status,
+        started: std::time::Instant,
     ) -> Result<Outcome, TickError> {
         self.store
             .finish_run(run_id, &target.name, op, sha, &status)
             .await?;
+        self.metrics.tick(
+            &target.name,
+            status.result.as_str(),
+            started.elapsed().as_secs_f64(),
+        );
         let short = sha.map(|s| &s[..s.len().min(12)]).unwrap_or("-");
         match status.result {
             ApplyResult::Failed => warn!(target = %target.name, run = run_id, sha = short,

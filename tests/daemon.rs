@@ -65,6 +65,7 @@ async fn fifty_requests_while_running_give_one_more_apply_at_the_newest_sha() {
                 trigger: Trigger::Webhook,
                 sha: Some(newest.clone()),
                 delivery_id: Some(format!("delivery-{i}")),
+                receiver: None,
             })
             .await
             .expect("enqueue");

@@ -1,36 +1,135 @@
-//! HTTP: health endpoints now; webhooks and the API build on this router.
+//! HTTP: webhook receivers, the JSON API, health and metrics endpoints, and
+//! the server loop that enforces the limits (header read timeout, request
+//! timeout, connection cap, body cap).
 //!
 //! Handlers verify, route, enqueue and answer. They never run git or a
-//! backend, and never wait for a tick (forges give up after 5–10 s).
+//! backend, and never wait for a tick except when a caller asks to
+//! (`?wait=`), and then only by watching the job in the database.
 
+mod api;
+mod webhook;
+
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use axum::Router;
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::routing::get;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tracing::{debug, warn};
 
+use crate::config::{ConfigError, ForgeKind, Problem};
 use crate::daemon::Health;
 use crate::tick::Engine;
+
+/// A receiver ready to verify deliveries: its forge and its loaded secret.
+#[derive(Clone)]
+pub struct ReceiverKey {
+    pub forge: ForgeKind,
+    pub secret: Arc<Vec<u8>>,
+}
 
 #[derive(Clone)]
 pub struct AppState {
     pub engine: Engine,
     pub health: Arc<Health>,
+    pub receivers: Arc<HashMap<String, ReceiverKey>>,
+    /// Wakes idle workers when something was queued.
+    pub wake: Arc<tokio::sync::Notify>,
+}
+
+impl AppState {
+    /// Load every receiver's secret; a receiver whose secret cannot be read
+    /// stops start-up rather than accepting unsigned deliveries.
+    pub fn new(
+        engine: Engine,
+        health: Arc<Health>,
+        wake: Arc<tokio::sync::Notify>,
+    ) -> Result<AppState, ConfigError> {
+        let mut receivers = HashMap::new();
+        let mut problems = Vec::new();
+        for r in &engine.settings.receivers {
+            match r.secret.load() {
+                Ok(s) => {
+                    receivers.insert(
+                        r.name.clone(),
+                        ReceiverKey {
+                            forge: r.forge,
+                            secret: Arc::new(s.into_bytes()),
+                        },
+                    );
+                }
+                Err(e) => problems.push(Problem {
+                    section: format!("receivers[{}]", r.name),
+                    key: "secret_file".into(),
+                    message: e.to_string(),
+                }),
+            }
+        }
+        if !problems.is_empty() {
+            return Err(ConfigError::Invalid {
+                path: engine.settings.source.clone(),
+                problems,
+            });
+        }
+        Ok(AppState {
+            engine,
+            health,
+            receivers: Arc::new(receivers),
+            wake,
+        })
+    }
+}
+
+/// A JSON error body: `{"error": "..."}`.
+pub(crate) fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, axum::Json(json!({ "error": message.into() }))).into_response()
 }
 
 pub fn router(state: AppState) -> Router {
-    Router::new()
+    let server = &state.engine.settings.server;
+    let timeout = server.request_timeout;
+    // Everything but a reconcile that may wait is bounded by request_timeout.
+    let bounded = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/hooks/{receiver}", post(webhook::receive))
+        .route("/api/v1/targets", get(api::list_targets))
+        .route("/api/v1/targets/{name}", get(api::get_target))
+        .route("/api/v1/targets/{name}/runs", get(api::runs))
+        .route("/api/v1/targets/{name}/pause", post(api::pause))
+        .route("/api/v1/targets/{name}/resume", post(api::resume))
+        .route("/api/v1/jobs/{id}", get(api::job))
+        .layer(middleware::from_fn_with_state(timeout, request_timeout));
+    Router::new()
+        .route("/api/v1/targets/{name}/reconcile", post(api::reconcile))
+        .merge(bounded)
+        .fallback(|| async { error(StatusCode::NOT_FOUND, "no such endpoint") })
+        .layer(DefaultBodyLimit::max(server.max_body_bytes))
         .with_state(state)
 }
 
-/// Ready when the state database answers and the workers can use the queue.
-async fn readyz(State(s): State<AppState>) -> (StatusCode, String) {
-    if let Err(e) = s.engine.store.ping().await {
-        return (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}\n"));
+async fn request_timeout(State(limit): State<Duration>, req: Request, next: Next) -> Response {
+    match tokio::time::timeout(limit, next.run(req)).await {
+        Ok(r) => r,
+        Err(_) => error(StatusCode::SERVICE_UNAVAILABLE, "request timed out"),
+    }
+}
+
+/// Ready when the state database takes a write and the workers can use it.
+async fn readyz(State(s): State<AppState>) -> Response {
+    if let Err(e) = s.engine.store.probe_write().await {
+        warn!(error = %e, "readiness probe failed");
+        return (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}\n")).into_response();
     }
     if s.health.store_failing.load(Ordering::Relaxed) {
         return (
@@ -39,7 +138,87 @@ async fn readyz(State(s): State<AppState>) -> (StatusCode, String) {
                 "not ready: the state database {} refused a write; see the log\n",
                 s.engine.store.path().display()
             ),
-        );
+        )
+            .into_response();
     }
-    (StatusCode::OK, "ready\n".into())
+    (StatusCode::OK, "ready\n").into_response()
+}
+
+async fn metrics(State(s): State<AppState>) -> Response {
+    let queued = match s.engine.queue.activity().await {
+        Ok(a) => a
+            .into_iter()
+            .map(|a| (a.target, a.queued))
+            .collect::<Vec<_>>(),
+        Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    };
+    let last = match s.engine.store.last_successes().await {
+        Ok(l) => l,
+        Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    };
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        s.engine.metrics.render(&queued, &last),
+    )
+        .into_response()
+}
+
+async fn stopped(rx: &mut watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
+}
+
+/// Serve `app` on `listener` until `shutdown` turns true: at most
+/// `max_connections` at once, headers within `header_read_timeout`; on
+/// shutdown stop accepting and let open requests finish.
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    settings: &crate::config::Server,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(settings.max_connections));
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(settings.header_read_timeout);
+    loop {
+        // Wait for a free slot before accepting: excess connections queue in
+        // the kernel's backlog instead of being served half-way.
+        let permit = tokio::select! {
+            p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+            _ = stopped(&mut shutdown) => break,
+        };
+        let (stream, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            _ = stopped(&mut shutdown) => break,
+        };
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let conn = builder.serve_connection(TokioIo::new(stream), service);
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                debug!(%peer, error = %e, "connection ended with an error");
+            }
+            drop(permit);
+        });
+    }
+    drop(listener);
+    // Let requests in flight (a reconcile waiting on its job, say) finish.
+    if tokio::time::timeout(Duration::from_secs(30), graceful.shutdown())
+        .await
+        .is_err()
+    {
+        warn!("open connections did not finish within 30s of shutdown");
+    }
 }

@@ -11,10 +11,10 @@ use std::str::FromStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
+use sqlx::FromRow;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
-use sqlx::{FromRow, Row};
 
 use crate::backend::{ApplyResult, Status};
 
@@ -76,6 +76,7 @@ pub struct NewRun<'a> {
     pub trigger: &'a str,
     pub delivery_id: Option<&'a str>,
     pub requested_sha: Option<&'a str>,
+    pub receiver: Option<&'a str>,
 }
 
 /// One recorded run.
@@ -95,6 +96,7 @@ pub struct Run {
     pub result: Option<String>,
     pub message: Option<String>,
     pub output_tail: Option<String>,
+    pub receiver: Option<String>,
 }
 
 /// What is known about one target.
@@ -109,6 +111,8 @@ pub struct TargetState {
     pub last_run_at: Option<i64>,
     pub consecutive_failures: i64,
     pub backend_digest: Option<String>,
+    pub paused_at: Option<i64>,
+    pub paused_by: Option<String>,
 }
 
 impl Store {
@@ -193,8 +197,8 @@ impl Store {
             .await
             .map_err(self.err("recording a run"))?;
         let id: i64 = sqlx::query_scalar(
-            "INSERT INTO runs (target, job_id, operation, trigger, delivery_id, requested_sha, started_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) RETURNING id",
+            "INSERT INTO runs (target, job_id, operation, trigger, delivery_id, requested_sha, started_at, receiver)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) RETURNING id",
         )
         .bind(run.target)
         .bind(run.job_id)
@@ -203,6 +207,7 @@ impl Store {
         .bind(run.delivery_id)
         .bind(run.requested_sha)
         .bind(now)
+        .bind(run.receiver)
         .fetch_one(&mut *tx)
         .await
         .map_err(self.err("recording a run"))?;
@@ -293,7 +298,7 @@ impl Store {
     pub async fn target_state(&self, name: &str) -> Result<Option<TargetState>, StoreError> {
         sqlx::query_as::<_, TargetState>(
             "SELECT name, backend, last_applied_sha, last_result, last_message, last_run_id,
-                    last_run_at, consecutive_failures, backend_digest
+                    last_run_at, consecutive_failures, backend_digest, paused_at, paused_by
              FROM targets WHERE name = ?1",
         )
         .bind(name)
@@ -305,7 +310,7 @@ impl Store {
     pub async fn target_states(&self) -> Result<Vec<TargetState>, StoreError> {
         sqlx::query_as::<_, TargetState>(
             "SELECT name, backend, last_applied_sha, last_result, last_message, last_run_id,
-                    last_run_at, consecutive_failures, backend_digest
+                    last_run_at, consecutive_failures, backend_digest, paused_at, paused_by
              FROM targets ORDER BY name",
         )
         .fetch_all(&self.pool)
@@ -317,7 +322,7 @@ impl Store {
     pub async fn history(&self, target: &str, limit: i64) -> Result<Vec<Run>, StoreError> {
         sqlx::query_as::<_, Run>(
             "SELECT id, target, job_id, operation, trigger, delivery_id, requested_sha, sha,
-                    started_at, finished_at, duration_ms, result, message, output_tail
+                    started_at, finished_at, duration_ms, result, message, output_tail, receiver
              FROM runs WHERE target = ?1 ORDER BY id DESC LIMIT ?2",
         )
         .bind(target)
@@ -330,7 +335,7 @@ impl Store {
     pub async fn run(&self, id: i64) -> Result<Option<Run>, StoreError> {
         sqlx::query_as::<_, Run>(
             "SELECT id, target, job_id, operation, trigger, delivery_id, requested_sha, sha,
-                    started_at, finished_at, duration_ms, result, message, output_tail
+                    started_at, finished_at, duration_ms, result, message, output_tail, receiver
              FROM runs WHERE id = ?1",
         )
         .bind(id)
@@ -339,14 +344,60 @@ impl Store {
         .map_err(self.err("reading a run"))
     }
 
-    /// A cheap read to tell whether the database answers.
-    pub async fn ping(&self) -> Result<(), StoreError> {
-        sqlx::query("SELECT 1")
-            .fetch_one(&self.pool)
+    /// A real write, to tell whether the database takes writes (/readyz).
+    pub async fn probe_write(&self) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO health (id, probed_at) VALUES (1, ?1)
+             ON CONFLICT (id) DO UPDATE SET probed_at = excluded.probed_at",
+        )
+        .bind(now_ms())
+        .execute(&self.pool)
+        .await
+        .map(|_| ())
+        .map_err(self.err("writing a health probe"))
+    }
+
+    /// Pause (`by` = who) or resume (`None`) a target. Returns whether the
+    /// state changed.
+    pub async fn set_paused(&self, target: &str, by: Option<&str>) -> Result<bool, StoreError> {
+        let r = match by {
+            Some(who) => sqlx::query(
+                "UPDATE targets SET paused_at = ?2, paused_by = ?3, updated_at = ?2
+                 WHERE name = ?1 AND paused_at IS NULL",
+            )
+            .bind(target)
+            .bind(now_ms())
+            .bind(who),
+            None => sqlx::query(
+                "UPDATE targets SET paused_at = NULL, paused_by = NULL, updated_at = ?2
+                 WHERE name = ?1 AND paused_at IS NOT NULL",
+            )
+            .bind(target)
+            .bind(now_ms()),
+        }
+        .execute(&self.pool)
+        .await
+        .map_err(self.err("pausing or resuming a target"))?;
+        Ok(r.rows_affected() == 1)
+    }
+
+    /// When each target last finished a successful run (ms), for metrics.
+    pub async fn last_successes(&self) -> Result<Vec<(String, i64)>, StoreError> {
+        sqlx::query_as(
+            "SELECT target, MAX(finished_at) FROM runs
+             WHERE result IN ('changed', 'no_change') AND finished_at IS NOT NULL
+             GROUP BY target ORDER BY target",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(self.err("reading the last successful runs"))
+    }
+
+    /// The names of paused targets.
+    pub async fn paused(&self) -> Result<Vec<String>, StoreError> {
+        sqlx::query_scalar("SELECT name FROM targets WHERE paused_at IS NOT NULL ORDER BY name")
+            .fetch_all(&self.pool)
             .await
-            .map(|r| {
-                let _: i64 = r.get(0);
-            })
-            .map_err(self.err("answering a health check"))
+            .map_err(self.err("reading paused targets"))
     }
 }

@@ -1,0 +1,190 @@
+//! API tokens: bearer tokens checked against SHA-256 digests from the config,
+//! and scopes (`reconcile:<glob>`, `pause:<glob>`, `read[:<glob>]`).
+//!
+//! The config holds digests, never tokens; a presented token is hashed and
+//! compared in constant time. This module decides who may do what; it does
+//! not know HTTP beyond the header value, nor the queue.
+
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use crate::config::Token;
+
+/// What a request wants to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verb {
+    Reconcile,
+    Pause,
+    Read,
+}
+
+impl Verb {
+    fn as_str(self) -> &'static str {
+        match self {
+            Verb::Reconcile => "reconcile",
+            Verb::Pause => "pause",
+            Verb::Read => "read",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    /// No token, or not one we know: 401.
+    #[error("a valid bearer token is required")]
+    Unauthorized,
+    /// A known token without the scope: 403.
+    #[error("token `{token}` lacks the scope {scope}")]
+    Forbidden { token: String, scope: String },
+}
+
+/// The hex SHA-256 of a token, as written in `[[tokens]] sha256`.
+pub fn digest(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+/// A fresh random token (`dl_` + 64 hex digits) and its digest.
+pub fn new_token() -> Result<(String, String), getrandom::Error> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes)?;
+    let token = format!("dl_{}", hex::encode(bytes));
+    let d = digest(&token);
+    Ok((token, d))
+}
+
+/// Find the token an `Authorization` header value presents.
+pub fn authenticate<'a>(tokens: &'a [Token], header: Option<&str>) -> Result<&'a Token, AuthError> {
+    let presented = header
+        .and_then(|h| h.trim().strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .ok_or(AuthError::Unauthorized)?;
+    let d = digest(presented);
+    // Compare against every digest so timing says nothing about which matched.
+    let mut found = None;
+    for t in tokens {
+        if bool::from(t.sha256.as_bytes().ct_eq(d.as_bytes())) {
+            found = Some(t);
+        }
+    }
+    found.ok_or(AuthError::Unauthorized)
+}
+
+/// May `token` do `verb` on `target`?
+pub fn allows(token: &Token, verb: Verb, target: &str) -> bool {
+    token.scopes.iter().any(|s| match s.split_once(':') {
+        None => s == verb.as_str() && verb == Verb::Read,
+        Some((v, glob)) => v == verb.as_str() && glob_match(glob, target),
+    })
+}
+
+/// `authenticate` then `allows`, as one answer.
+pub fn authorize<'a>(
+    tokens: &'a [Token],
+    header: Option<&str>,
+    verb: Verb,
+    target: &str,
+) -> Result<&'a Token, AuthError> {
+    let t = authenticate(tokens, header)?;
+    if allows(t, verb, target) {
+        Ok(t)
+    } else {
+        Err(AuthError::Forbidden {
+            token: t.name.clone(),
+            scope: format!("{}:{target}", verb.as_str()),
+        })
+    }
+}
+
+/// `*` matches any run of characters, `?` exactly one.
+pub fn glob_match(glob: &str, name: &str) -> bool {
+    let (g, n): (Vec<char>, Vec<char>) = (glob.chars().collect(), name.chars().collect());
+    let (mut gi, mut ni) = (0, 0);
+    let (mut star, mut mark) = (None, 0);
+    while ni < n.len() {
+        if gi < g.len() && (g[gi] == '?' || g[gi] == n[ni]) {
+            gi += 1;
+            ni += 1;
+        } else if gi < g.len() && g[gi] == '*' {
+            star = Some(gi);
+            mark = ni;
+            gi += 1;
+        } else if let Some(s) = star {
+            gi = s + 1;
+            mark += 1;
+            ni = mark;
+        } else {
+            return false;
+        }
+    }
+    g[gi..].iter().all(|c| *c == '*')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn token(scopes: &[&str]) -> Token {
+        Token {
+            name: "ops".into(),
+            sha256: digest("secret-token"),
+            scopes: scopes.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn globs() {
+        assert!(glob_match("*", "anything"));
+        assert!(glob_match("web-*", "web-eu"));
+        assert!(!glob_match("web-*", "db-eu"));
+        assert!(glob_match("w?b", "web"));
+        assert!(glob_match("*-eu", "web-eu"));
+        assert!(!glob_match("web", "web2"));
+        assert!(glob_match("a*b*c", "axxbyyc"));
+        assert!(!glob_match("a*b*c", "axxbyy"));
+    }
+
+    #[test]
+    fn scopes() {
+        let t = token(&["reconcile:web-*", "read"]);
+        assert!(allows(&t, Verb::Reconcile, "web-eu"));
+        assert!(!allows(&t, Verb::Reconcile, "db"));
+        assert!(!allows(&t, Verb::Pause, "web-eu"));
+        assert!(allows(&t, Verb::Read, "db"));
+        let r = token(&["read:web-*"]);
+        assert!(allows(&r, Verb::Read, "web-1"));
+        assert!(!allows(&r, Verb::Read, "db"));
+    }
+
+    #[test]
+    fn bearer_tokens() {
+        let tokens = vec![token(&["read"])];
+        assert!(authenticate(&tokens, Some("Bearer secret-token")).is_ok());
+        for bad in [
+            None,
+            Some("secret-token"),
+            Some("Bearer wrong"),
+            Some("Bearer "),
+            Some("Basic x"),
+        ] {
+            assert_eq!(
+                authenticate(&tokens, bad).map(|_| ()),
+                Err(AuthError::Unauthorized),
+                "{bad:?}"
+            );
+        }
+        assert!(matches!(
+            authorize(&tokens, Some("Bearer secret-token"), Verb::Reconcile, "web"),
+            Err(AuthError::Forbidden { .. })
+        ));
+    }
+
+    #[test]
+    fn new_tokens_are_random_and_match_their_digest() {
+        let (a, da) = new_token().expect("random");
+        let (b, _) = new_token().expect("random");
+        assert_ne!(a, b);
+        assert_eq!(digest(&a), da);
+        assert!(a.starts_with("dl_") && a.len() == 67);
+    }
+}

@@ -1,0 +1,27 @@
+//! Generic senders (scripts, other CI): `X-Hub-Signature-256: sha256=<hex>`
+//! over the raw body, a body `{"repo": ..., "ref": ..., "after": ...}` and an
+//! optional `X-Delivery-Id`. No commit list: every target on the branch ticks.
+
+use axum::http::HeaderMap;
+
+use super::{Delivery, HookError, header, parse_json, read_push, verify_hex_hmac};
+
+pub(super) fn receive(
+    secret: &[u8],
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Delivery, HookError> {
+    let sig = header(headers, &["x-hub-signature-256"]).ok_or(HookError::Unauthorized)?;
+    let hex_sig = sig.strip_prefix("sha256=").ok_or(HookError::Unauthorized)?;
+    verify_hex_hmac(secret, body, hex_sig)?;
+
+    let id = header(headers, &["x-delivery-id", "x-github-delivery"]).map(str::to_string);
+    let v = parse_json(body)?;
+    if !v["after"].is_string() {
+        return Err(HookError::BadPayload(
+            "body needs \"repo\", \"ref\" and \"after\" strings".into(),
+        ));
+    }
+    let event = read_push(&v, &["/repo"], |_, _| true)?;
+    Ok(Delivery { id, event })
+}

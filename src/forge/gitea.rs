@@ -1,0 +1,81 @@
+//! Gitea and Forgejo: `X-Forgejo-*` / `X-Gitea-*` headers (they also send
+//! Gogs and GitHub ones: the most specific wins), a bare-hex HMAC-SHA256
+//! signature — over the JSON *inside* `payload` when the delivery is
+//! form-encoded — and `total_commits`, which says when the listed commits
+//! (5 by default) are not all of them.
+
+use axum::http::HeaderMap;
+use serde_json::Value;
+
+use super::{
+    Delivery, Event, HookError, form_payload, header, is_form, parse_json, read_push,
+    verify_hex_hmac,
+};
+
+pub(super) fn receive(
+    secret: &[u8],
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Delivery, HookError> {
+    // What is signed: the JSON document, whichever way it was sent.
+    let signed = if is_form(headers) {
+        form_payload(body).map_err(|_| HookError::Unauthorized)?
+    } else {
+        body.to_vec()
+    };
+    let bare = header(
+        headers,
+        &[
+            "x-forgejo-signature",
+            "x-gitea-signature",
+            "x-gogs-signature",
+        ],
+    );
+    match bare {
+        Some(hex_sig) => verify_hex_hmac(secret, &signed, hex_sig)?,
+        None => {
+            let sig = header(headers, &["x-hub-signature-256"]).ok_or(HookError::Unauthorized)?;
+            let hex_sig = sig.strip_prefix("sha256=").ok_or(HookError::Unauthorized)?;
+            verify_hex_hmac(secret, &signed, hex_sig)?
+        }
+    }
+
+    let id = header(
+        headers,
+        &[
+            "x-forgejo-delivery",
+            "x-gitea-delivery",
+            "x-gogs-delivery",
+            "x-github-delivery",
+        ],
+    )
+    .map(str::to_string);
+    let event_name = header(
+        headers,
+        &[
+            "x-forgejo-event",
+            "x-gitea-event",
+            "x-gogs-event",
+            "x-github-event",
+        ],
+    )
+    .ok_or_else(|| HookError::BadPayload("no X-Forgejo-Event or X-Gitea-Event header".into()))?;
+    let v = parse_json(&signed)?;
+    let event = match event_name {
+        "push" => read_push(
+            &v,
+            &[
+                "/repository/clone_url",
+                "/repository/ssh_url",
+                "/repository/html_url",
+            ],
+            |v: &Value, listed| {
+                v["total_commits"]
+                    .as_u64()
+                    .is_none_or(|total| total as usize <= listed)
+            },
+        )?,
+        other => Event::Ignored(format!("`{other}` event is not a push")),
+    };
+    Ok(Delivery { id, event })
+}

@@ -1,0 +1,49 @@
+//! GitHub: `X-Hub-Signature-256: sha256=<hex>` over the raw body (JSON or
+//! form-encoded with the JSON in `payload`), `X-GitHub-Event`,
+//! `X-GitHub-Delivery`; `ping` when a hook is created.
+
+use axum::http::HeaderMap;
+use serde_json::Value;
+
+use super::{
+    Delivery, Event, HookError, form_payload, header, is_form, parse_json, read_push,
+    verify_hex_hmac,
+};
+
+/// GitHub lists at most this many commits in a push payload.
+const COMMIT_CAP: usize = 2048;
+
+pub(super) fn receive(
+    secret: &[u8],
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Delivery, HookError> {
+    let sig = header(headers, &["x-hub-signature-256"]).ok_or(HookError::Unauthorized)?;
+    let hex_sig = sig.strip_prefix("sha256=").ok_or(HookError::Unauthorized)?;
+    verify_hex_hmac(secret, body, hex_sig)?;
+
+    let id = header(headers, &["x-github-delivery"]).map(str::to_string);
+    let event_name = header(headers, &["x-github-event"])
+        .ok_or_else(|| HookError::BadPayload("no X-GitHub-Event header".into()))?;
+    let json = if is_form(headers) {
+        form_payload(body)?
+    } else {
+        body.to_vec()
+    };
+    let v = parse_json(&json)?;
+    let event = match event_name {
+        "ping" => Event::Ping,
+        "push" => read_push(
+            &v,
+            &[
+                "/repository/clone_url",
+                "/repository/ssh_url",
+                "/repository/html_url",
+                "/repository/git_url",
+            ],
+            |_: &Value, listed| listed < COMMIT_CAP,
+        )?,
+        other => Event::Ignored(format!("`{other}` event is not a push")),
+    };
+    Ok(Delivery { id, event })
+}

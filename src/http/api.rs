@@ -1,0 +1,326 @@
+//! The JSON API under `/api/v1`: bearer tokens with scopes, targets and their
+//! runs, jobs, manual reconcile (optionally waiting for the result), pause
+//! and resume. Errors are `{"error": "..."}`. A reconcile only queues a job;
+//! `?wait=` watches that job in the database, it never runs anything here.
+
+use std::time::{Duration, Instant};
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::json;
+use tracing::info;
+
+use super::{AppState, error};
+use crate::auth::{self, AuthError, Verb};
+use crate::config::Token;
+use crate::queue::{Request, Trigger};
+use crate::status;
+
+/// The longest a reconcile may be asked to wait.
+const MAX_WAIT: Duration = Duration::from_secs(3600);
+const WAIT_POLL: Duration = Duration::from_millis(100);
+
+/// An API error: a status and the message for `{"error": ...}`.
+pub(super) struct ApiError(StatusCode, String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        error(self.0, self.1)
+    }
+}
+
+fn check<'a>(
+    s: &'a AppState,
+    headers: &HeaderMap,
+    verb: Verb,
+    target: &str,
+) -> Result<&'a Token, ApiError> {
+    let h = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    auth::authorize(&s.engine.settings.tokens, h, verb, target).map_err(|e| match e {
+        AuthError::Unauthorized => ApiError(StatusCode::UNAUTHORIZED, e.to_string()),
+        AuthError::Forbidden { .. } => ApiError(StatusCode::FORBIDDEN, e.to_string()),
+    })
+}
+
+fn known(s: &AppState, name: &str) -> Result<(), ApiError> {
+    match s.engine.settings.target(name) {
+        Some(_) => Ok(()),
+        None => Err(ApiError(
+            StatusCode::NOT_FOUND,
+            format!("no target named `{name}`"),
+        )),
+    }
+}
+
+fn internal(e: impl std::fmt::Display) -> ApiError {
+    ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+}
+
+/// `GET /api/v1/targets`: the targets this token may read.
+pub(super) async fn list_targets(State(s): State<AppState>, headers: HeaderMap) -> Response {
+    let h = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    let token = match auth::authenticate(&s.engine.settings.tokens, h) {
+        Ok(t) => t,
+        Err(e) => return error(StatusCode::UNAUTHORIZED, e.to_string()),
+    };
+    match status::targets(&s.engine).await {
+        Ok(all) => {
+            let visible: Vec<_> = all
+                .into_iter()
+                .filter(|t| auth::allows(token, Verb::Read, &t.name))
+                .collect();
+            axum::Json(visible).into_response()
+        }
+        Err(e) => internal(e).into_response(),
+    }
+}
+
+/// `GET /api/v1/targets/{name}`
+pub(super) async fn get_target(
+    State(s): State<AppState>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(r) = check(&s, &headers, Verb::Read, &name) {
+        return r.into_response();
+    }
+    match status::target(&s.engine, &name).await {
+        Ok(Some(t)) => axum::Json(t).into_response(),
+        Ok(None) => error(StatusCode::NOT_FOUND, format!("no target named `{name}`")),
+        Err(e) => internal(e).into_response(),
+    }
+}
+
+#[derive(Deserialize)]
+pub(super) struct RunsQuery {
+    limit: Option<i64>,
+}
+
+/// `GET /api/v1/targets/{name}/runs?limit=N`
+pub(super) async fn runs(
+    State(s): State<AppState>,
+    Path(name): Path<String>,
+    Query(q): Query<RunsQuery>,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(r) = check(&s, &headers, Verb::Read, &name).and_then(|_| known(&s, &name)) {
+        return r.into_response();
+    }
+    match s
+        .engine
+        .store
+        .history(&name, q.limit.unwrap_or(20).clamp(1, 1000))
+        .await
+    {
+        Ok(runs) => {
+            axum::Json(runs.iter().map(status::run_json).collect::<Vec<_>>()).into_response()
+        }
+        Err(e) => internal(e).into_response(),
+    }
+}
+
+async fn job_json(s: &AppState, id: i64) -> Result<Option<serde_json::Value>, ApiError> {
+    let Some(job) = s.engine.queue.job(id).await.map_err(internal)? else {
+        return Ok(None);
+    };
+    let run = match job.run_id {
+        Some(r) => s
+            .engine
+            .store
+            .run(r)
+            .await
+            .map_err(internal)?
+            .map(|r| status::run_json(&r)),
+        None => None,
+    };
+    Ok(Some(json!({
+        "id": job.id,
+        "target": job.target,
+        "state": job.state,
+        "triggers": job.trigger_list(),
+        "requested_sha": job.requested_sha,
+        "delivery_ids": job.delivery_list(),
+        "receiver": job.receiver,
+        "attempts": job.attempts,
+        "outcome": job.outcome,
+        "merged_into": job.merged_into(),
+        "run": run,
+    })))
+}
+
+/// `GET /api/v1/jobs/{id}`
+pub(super) async fn job(
+    State(s): State<AppState>,
+    Path(id): Path<i64>,
+    headers: HeaderMap,
+) -> Response {
+    // Authenticate before saying whether the job exists.
+    let h = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    if let Err(e) = auth::authenticate(&s.engine.settings.tokens, h) {
+        return error(StatusCode::UNAUTHORIZED, e.to_string());
+    }
+    let target = match s.engine.queue.job(id).await {
+        Ok(Some(j)) => j.target,
+        Ok(None) => return error(StatusCode::NOT_FOUND, format!("no job {id}")),
+        Err(e) => return internal(e).into_response(),
+    };
+    if let Err(r) = check(&s, &headers, Verb::Read, &target) {
+        return r.into_response();
+    }
+    match job_json(&s, id).await {
+        Ok(Some(j)) => axum::Json(j).into_response(),
+        Ok(None) => error(StatusCode::NOT_FOUND, format!("no job {id}")),
+        Err(r) => r.into_response(),
+    }
+}
+
+#[derive(Deserialize)]
+pub(super) struct ReconcileQuery {
+    wait: Option<String>,
+}
+
+/// `POST /api/v1/targets/{name}/reconcile[?wait=60s]`
+pub(super) async fn reconcile(
+    State(s): State<AppState>,
+    Path(name): Path<String>,
+    Query(q): Query<ReconcileQuery>,
+    headers: HeaderMap,
+) -> Response {
+    let token = match check(&s, &headers, Verb::Reconcile, &name) {
+        Ok(t) => t.name.clone(),
+        Err(r) => return r.into_response(),
+    };
+    if let Err(r) = known(&s, &name) {
+        return r.into_response();
+    }
+    let wait = match q
+        .wait
+        .as_deref()
+        .map(|w| humantime::parse_duration(w.trim()))
+    {
+        None => None,
+        Some(Ok(d)) if d <= MAX_WAIT => Some(d),
+        Some(Ok(_)) => return error(StatusCode::BAD_REQUEST, "`wait` may be at most 1h"),
+        Some(Err(e)) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("`wait` must be a duration such as 60s or 5m ({e})"),
+            );
+        }
+    };
+    match s.engine.store.target_state(&name).await {
+        Ok(Some(st)) if st.paused_at.is_some() => {
+            return error(
+                StatusCode::CONFLICT,
+                format!(
+                    "target `{name}` is paused (by {}); resume it first",
+                    st.paused_by.as_deref().unwrap_or("?")
+                ),
+            );
+        }
+        Ok(_) => {}
+        Err(e) => return internal(e).into_response(),
+    }
+    let job = match s
+        .engine
+        .queue
+        .enqueue(&Request {
+            target: name.clone(),
+            trigger: Trigger::Manual,
+            sha: None,
+            delivery_id: None,
+            receiver: None,
+        })
+        .await
+    {
+        Ok(j) => j,
+        Err(e) => return internal(e).into_response(),
+    };
+    info!(target = %name, job, token = %token, "manual reconcile queued");
+    s.wake.notify_waiters();
+    let Some(wait) = wait else {
+        return (StatusCode::ACCEPTED, axum::Json(json!({ "job": job }))).into_response();
+    };
+    // Watch the job (following it if it is folded into another) until done.
+    let deadline = Instant::now() + wait;
+    let mut id = job;
+    loop {
+        let state = match s.engine.queue.job(id).await {
+            Ok(Some(j)) => j,
+            Ok(None) => return error(StatusCode::NOT_FOUND, format!("job {id} disappeared")),
+            Err(e) => return internal(e).into_response(),
+        };
+        if let Some(next) = state.merged_into() {
+            id = next;
+            continue;
+        }
+        if state.state == "done" {
+            return match job_json(&s, id).await {
+                Ok(Some(j)) => (StatusCode::OK, axum::Json(j)).into_response(),
+                Ok(None) => error(StatusCode::NOT_FOUND, format!("no job {id}")),
+                Err(r) => r.into_response(),
+            };
+        }
+        if Instant::now() >= deadline {
+            return (
+                StatusCode::ACCEPTED,
+                axum::Json(json!({ "job": id, "state": state.state, "waited": humantime::format_duration(wait).to_string() })),
+            )
+                .into_response();
+        }
+        tokio::time::sleep(WAIT_POLL).await;
+    }
+}
+
+async fn set_paused(s: AppState, name: String, headers: HeaderMap, pause: bool) -> Response {
+    let token = match check(&s, &headers, Verb::Pause, &name) {
+        Ok(t) => t.name.clone(),
+        Err(r) => return r.into_response(),
+    };
+    if let Err(r) = known(&s, &name) {
+        return r.into_response();
+    }
+    let by = format!("token:{token}");
+    match s
+        .engine
+        .store
+        .set_paused(&name, pause.then_some(by.as_str()))
+        .await
+    {
+        Ok(changed) => {
+            info!(target = %name, token = %token, paused = pause, changed, "pause state set");
+            axum::Json(json!({ "target": name, "paused": pause, "changed": changed }))
+                .into_response()
+        }
+        Err(e) => internal(e).into_response(),
+    }
+}
+
+/// `POST /api/v1/targets/{name}/pause`
+pub(super) async fn pause(
+    State(s): State<AppState>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    set_paused(s, name, headers, true).await
+}
+
+/// `POST /api/v1/targets/{name}/resume`
+pub(super) async fn resume(
+    State(s): State<AppState>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let r = set_paused(s.clone(), name, headers, false).await;
+    // Jobs held while paused may run now.
+    s.wake.notify_waiters();
+    r
+}

@@ -1,0 +1,132 @@
+//! `POST /hooks/{receiver}`: verify, route, record, answer.
+//!
+//! The delivery and the jobs it queues are committed in one transaction
+//! before the 2xx goes out; a delivery id seen before queues nothing. A
+//! failure to record is a 503, never a 2xx. No git, no backend, no waiting.
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+use tracing::{error, info, warn};
+
+use super::{AppState, error};
+use crate::forge::{self, Event, HookError};
+use crate::queue::{Accepted, Request, Trigger};
+use crate::route;
+
+pub(super) async fn receive(
+    State(s): State<AppState>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let Some(key) = s.receivers.get(&name) else {
+        return error(StatusCode::NOT_FOUND, format!("no receiver named `{name}`"));
+    };
+    let metrics = &s.engine.metrics;
+    let delivery = match forge::receive(key.forge, &key.secret, &headers, &body) {
+        Ok(d) => d,
+        Err(HookError::Unauthorized) => {
+            metrics.delivery(&name, "unauthorized");
+            warn!(receiver = %name, "webhook delivery refused: bad or missing signature");
+            return error(StatusCode::UNAUTHORIZED, "unauthorized");
+        }
+        Err(HookError::BadPayload(why)) => {
+            metrics.delivery(&name, "bad_request");
+            warn!(receiver = %name, reason = %why, "webhook delivery refused: bad payload");
+            return error(StatusCode::BAD_REQUEST, why);
+        }
+    };
+    let id = delivery.id.as_deref();
+    let engine = &s.engine;
+
+    // What to queue, and what to answer if nothing.
+    let mut requests = Vec::new();
+    let mut paused = Vec::new();
+    let (outcome, ignored): (String, Option<String>) = match &delivery.event {
+        Event::Ping => ("ping".into(), None),
+        Event::Ignored(why) => (format!("ignored: {why}"), Some(why.clone())),
+        Event::Push(push) => {
+            let routing = route::route(&engine.settings, push);
+            if push.deleted {
+                for t in routing.affected.iter().chain(&routing.untouched) {
+                    warn!(target = %t.name, branch = %push.branch, receiver = %name,
+                          "the branch this target tracks was deleted; nothing is applied");
+                }
+                let why = format!("branch `{}` was deleted", push.branch);
+                (format!("ignored: {why}"), Some(why))
+            } else {
+                let paused_now = match engine.store.paused().await {
+                    Ok(p) => p,
+                    Err(e) => return unavailable(&s, &name, &e.to_string()),
+                };
+                for t in &routing.affected {
+                    if paused_now.contains(&t.name) {
+                        paused.push(t.name.clone());
+                    } else {
+                        requests.push(Request {
+                            target: t.name.clone(),
+                            trigger: Trigger::Webhook,
+                            sha: Some(push.after.clone()),
+                            delivery_id: delivery.id.clone(),
+                            receiver: Some(name.clone()),
+                        });
+                    }
+                }
+                if !requests.is_empty() {
+                    (format!("queued {} job(s)", requests.len()), None)
+                } else if !paused.is_empty() {
+                    let why = "every affected target is paused".to_string();
+                    (format!("ignored: {why}"), Some(why))
+                } else {
+                    let why = routing.reason(push);
+                    (format!("ignored: {why}"), Some(why))
+                }
+            }
+        }
+    };
+
+    match engine.queue.accept(&name, id, &outcome, &requests).await {
+        Err(e) => unavailable(&s, &name, &e.to_string()),
+        Ok(Accepted::Duplicate) => {
+            metrics.delivery(&name, "duplicate");
+            info!(receiver = %name, delivery = id.unwrap_or("-"), "duplicate delivery ignored");
+            (StatusCode::OK, axum::Json(json!({ "duplicate": true }))).into_response()
+        }
+        Ok(Accepted::Queued(jobs)) => {
+            if matches!(delivery.event, Event::Ping) {
+                metrics.delivery(&name, "ping");
+                return (StatusCode::OK, axum::Json(json!({ "pong": true }))).into_response();
+            }
+            let queued: Vec<_> = jobs
+                .iter()
+                .map(|(t, j)| json!({ "target": t, "job": j }))
+                .collect();
+            let mut body = json!({ "queued": queued });
+            if let Some(why) = &ignored {
+                body["ignored"] = json!(why);
+            }
+            if !paused.is_empty() {
+                body["paused"] = json!(paused);
+            }
+            metrics.delivery(&name, if jobs.is_empty() { "ignored" } else { "queued" });
+            info!(receiver = %name, delivery = id.unwrap_or("-"), %outcome, "webhook delivery accepted");
+            // Wake the workers now rather than at their next poll.
+            s.wake.notify_waiters();
+            (StatusCode::ACCEPTED, axum::Json(body)).into_response()
+        }
+    }
+}
+
+/// The delivery could not be recorded: say so with a 503 so the forge
+/// retries, and never claim it was accepted.
+fn unavailable(s: &AppState, receiver: &str, why: &str) -> Response {
+    s.engine.metrics.delivery(receiver, "unavailable");
+    error!(receiver = %receiver, error = %why, "cannot record a webhook delivery");
+    error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the delivery could not be recorded; please retry",
+    )
+}

@@ -1,0 +1,86 @@
+//! What `driftless status --json` and `GET /api/v1/targets` show: one record
+//! per configured target, from the state database. Read-only.
+
+use serde::Serialize;
+
+use crate::store::{StoreError, format_ms};
+use crate::tick::Engine;
+
+/// One target's status.
+#[derive(Debug, Clone, Serialize)]
+pub struct TargetStatus {
+    pub name: String,
+    pub backend: String,
+    pub repo: String,
+    pub branch: String,
+    pub path: String,
+    pub last_applied_sha: Option<String>,
+    pub last_result: Option<String>,
+    pub last_message: Option<String>,
+    pub last_run_id: Option<i64>,
+    pub last_run_at: Option<String>,
+    pub consecutive_failures: i64,
+    pub queued: bool,
+    pub running: bool,
+    pub paused: bool,
+    pub paused_by: Option<String>,
+}
+
+/// Every configured target, in configuration order.
+pub async fn targets(engine: &Engine) -> Result<Vec<TargetStatus>, StoreError> {
+    let states = engine.store.target_states().await?;
+    let activity = engine.queue.activity().await?;
+    let redactor = crate::redact::Redactor::new();
+    Ok(engine
+        .settings
+        .targets
+        .iter()
+        .map(|t| {
+            let s = states.iter().find(|s| s.name == t.name);
+            let a = activity.iter().find(|a| a.target == t.name);
+            TargetStatus {
+                name: t.name.clone(),
+                backend: t.backend.kind().to_string(),
+                repo: redactor.redact(&t.repo),
+                branch: t.branch.clone(),
+                path: t.path.to_string_lossy().into_owned(),
+                last_applied_sha: s.and_then(|s| s.last_applied_sha.clone()),
+                last_result: s.and_then(|s| s.last_result.clone()),
+                last_message: s.and_then(|s| s.last_message.clone()),
+                last_run_id: s.and_then(|s| s.last_run_id),
+                last_run_at: s.and_then(|s| s.last_run_at).map(format_ms),
+                consecutive_failures: s.map(|s| s.consecutive_failures).unwrap_or(0),
+                queued: a.is_some_and(|a| a.queued > 0),
+                running: a.is_some_and(|a| a.running > 0),
+                paused: s.is_some_and(|s| s.paused_at.is_some()),
+                paused_by: s.and_then(|s| s.paused_by.clone()),
+            }
+        })
+        .collect())
+}
+
+/// One target's status, if it is configured.
+pub async fn target(engine: &Engine, name: &str) -> Result<Option<TargetStatus>, StoreError> {
+    Ok(targets(engine).await?.into_iter().find(|t| t.name == name))
+}
+
+/// A run as the CLI's `history --json` and the API show it.
+pub fn run_json(r: &crate::store::Run) -> serde_json::Value {
+    serde_json::json!({
+        "id": r.id,
+        "target": r.target,
+        "job": r.job_id,
+        "operation": r.operation,
+        "trigger": r.trigger,
+        "receiver": r.receiver,
+        "delivery_id": r.delivery_id,
+        "requested_sha": r.requested_sha,
+        "sha": r.sha,
+        "started_at": format_ms(r.started_at),
+        "finished_at": r.finished_at.map(format_ms),
+        "duration_ms": r.duration_ms,
+        "result": r.result,
+        "message": r.message,
+        "output_tail": r.output_tail,
+    })
+}
