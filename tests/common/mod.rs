@@ -534,3 +534,214 @@ impl Drop for Sshd {
         let _ = self.child.wait();
     }
 }
+
+/// An HTTP/1.1 response: status, headers (lowercase names), body.
+#[derive(Debug)]
+pub struct HttpResponse {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl HttpResponse {
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.body)
+            .unwrap_or_else(|e| panic!("response is not JSON ({e}): {self:?}"))
+    }
+}
+
+/// Send one request on a fresh connection and read the whole response.
+pub fn http(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> HttpResponse {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(120)))
+        .expect("timeout");
+    let mut req =
+        format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
+    s.write_all(req.as_bytes()).expect("write head");
+    // The server may answer (413) before reading a large body; ignore a reset.
+    let _ = s.write_all(body);
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    parse_response(&raw)
+}
+
+fn parse_response(raw: &[u8]) -> HttpResponse {
+    let text = String::from_utf8_lossy(raw);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {text:?}"));
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k == "transfer-encoding" && v.contains("chunked"));
+    let body = if chunked {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    HttpResponse {
+        status,
+        headers,
+        body,
+    }
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// Lowercase hex HMAC-SHA256, as forges sign.
+pub fn hmac_hex(secret: &str, body: &[u8]) -> String {
+    use hmac::{Hmac, Mac};
+    let mut mac = Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).expect("hmac key");
+    mac.update(body);
+    hex::encode(mac.finalize().into_bytes())
+}
+
+pub fn fixture(path: &str) -> Vec<u8> {
+    std::fs::read(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/webhooks")
+            .join(path),
+    )
+    .unwrap_or_else(|e| panic!("fixture {path}: {e}"))
+}
+
+/// A job row, as the tests look at them.
+#[derive(Debug, Clone)]
+pub struct JobRow {
+    pub id: i64,
+    pub target: String,
+    pub state: String,
+    pub triggers: Vec<String>,
+    pub requested_sha: Option<String>,
+    pub delivery_ids: Vec<String>,
+    pub receiver: Option<String>,
+}
+
+/// Every job in the state database at `db`, oldest first.
+pub fn jobs(db: &Path) -> Vec<JobRow> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let store = driftless::store::Store::open(db).await.expect("open db");
+        type Row = (i64, String, String, String, Option<String>, String, Option<String>);
+        let rows: Vec<Row> =
+            sqlx::query_as(
+                "SELECT id, target, state, triggers, requested_sha, delivery_ids, receiver FROM jobs ORDER BY id",
+            )
+            .fetch_all(store.pool())
+            .await
+            .expect("read jobs");
+        rows.into_iter()
+            .map(|(id, target, state, t, requested_sha, d, receiver)| JobRow {
+                id,
+                target,
+                state,
+                triggers: serde_json::from_str(&t).expect("json"),
+                requested_sha,
+                delivery_ids: serde_json::from_str(&d).expect("json"),
+                receiver,
+            })
+            .collect()
+    })
+}
+
+/// The HTTP side of driftless alone, in this process: the real router and
+/// server loop on 127.0.0.1, but no workers and no scheduler, so queued jobs
+/// stay in the database for the test to inspect and nothing is fetched.
+pub struct Intake {
+    pub port: u16,
+    pub db: PathBuf,
+    stop: Option<tokio::sync::watch::Sender<bool>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Intake {
+    pub fn start(setup: &Setup) -> Intake {
+        let settings = driftless::config::load(&setup.config).expect("valid config");
+        let db = settings.database_path();
+        let (stop, stop_rx) = tokio::sync::watch::channel(false);
+        let (port_tx, port_rx) = std::sync::mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async move {
+                let server = settings.server.clone();
+                let engine = driftless::tick::Engine::open(settings)
+                    .await
+                    .expect("engine");
+                let state =
+                    driftless::http::AppState::new(engine, Default::default(), Default::default())
+                        .expect("receivers");
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                    .await
+                    .expect("bind");
+                port_tx
+                    .send(listener.local_addr().expect("addr").port())
+                    .expect("send port");
+                driftless::http::serve(listener, driftless::http::router(state), &server, stop_rx)
+                    .await;
+            });
+        });
+        let port = port_rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("intake started");
+        Intake {
+            port,
+            db,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+
+    pub fn post(&self, path: &str, headers: &[(&str, &str)], body: &[u8]) -> HttpResponse {
+        http(self.port, "POST", path, headers, body)
+    }
+
+    pub fn jobs(&self) -> Vec<JobRow> {
+        jobs(&self.db)
+    }
+}
+
+impl Drop for Intake {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(true);
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

@@ -1,0 +1,386 @@
+//! The HTTP API and webhooks end to end, through the real `driftless serve`:
+//! a signed push applied at exactly its commit, scoped tokens, `?wait=`,
+//! pause and resume, metrics.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::{Value, json};
+
+const SECRET: &str = "hook-secret-for-the-e2e-test";
+
+struct World {
+    root: tempfile::TempDir,
+    remote: Remote,
+    setup: Setup,
+    tokens: Vec<(String, String)>,
+}
+
+impl World {
+    fn token(&self, name: &str) -> String {
+        let t = &self
+            .tokens
+            .iter()
+            .find(|(n, _)| n == name)
+            .expect("token")
+            .1;
+        format!("Bearer {t}")
+    }
+}
+
+/// Three exec targets on one local repository (each logs the commit it
+/// applies), a GitHub receiver, and tokens with different scopes.
+fn world() -> World {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(
+        &[
+            ("site/index.html", "v1"),
+            ("api/main.py", "v1"),
+            ("db/schema.sql", "v1"),
+        ],
+        "first",
+    );
+    let secret = root.path().join("hook-secret");
+    std::fs::write(&secret, SECRET).expect("write");
+    let mut cfg = format!(
+        "[[receivers]]\nname = \"github\"\nforge = \"github\"\nsecret_file = {}\n\n",
+        toml_str(&secret.display().to_string())
+    );
+    let mut tokens = Vec::new();
+    for (name, scopes) in [
+        ("deployer", r#"["reconcile:web-*", "read"]"#),
+        ("admin", r#"["reconcile:*", "pause:*", "read"]"#),
+        ("viewer", r#"["read:web-*"]"#),
+    ] {
+        let (token, digest) = driftless::auth::new_token().expect("token");
+        cfg.push_str(&format!(
+            "[[tokens]]\nname = \"{name}\"\nsha256 = \"{digest}\"\nscopes = {scopes}\n\n"
+        ));
+        tokens.push((name.to_string(), token));
+    }
+    for (name, path) in [("web-site", "site"), ("web-api", "api"), ("db", "db")] {
+        let log = root.path().join(format!("{name}.log"));
+        cfg.push_str(&exec_target(
+            name,
+            &remote.url(),
+            &format!("path = \"{path}\"\ninterval = \"1h\""),
+            &format!(
+                "apply = [\"sh\", \"-c\", \"git rev-parse HEAD >> {}\"]\nalways = true",
+                log.display()
+            ),
+        ));
+    }
+    let setup = Setup::new(&cfg);
+    World {
+        root,
+        remote,
+        setup,
+        tokens,
+    }
+}
+
+fn applied(w: &World, name: &str) -> Vec<String> {
+    std::fs::read_to_string(w.root.path().join(format!("{name}.log")))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+fn wait_idle(w: &World) {
+    wait_for(Duration::from_secs(30), "every target idle", || {
+        w.setup
+            .status()
+            .iter()
+            .all(|t| t["queued"] == false && t["running"] == false && !t["last_result"].is_null())
+    });
+}
+
+/// A GitHub push for the local repository, built on GitHub's own payload.
+fn github_push(w: &World, sha: &str, changed: &[&str]) -> Vec<u8> {
+    let mut v: Value = serde_json::from_slice(&fixture("github/push-branch.json")).expect("json");
+    v["repository"]["clone_url"] = json!(w.remote.url());
+    v["repository"]["ssh_url"] = json!(w.remote.bare.display().to_string());
+    v["after"] = json!(sha);
+    v["commits"] = json!([{ "id": sha, "added": [], "removed": [], "modified": changed }]);
+    v["head_commit"]["id"] = json!(sha);
+    serde_json::to_vec(&v).expect("json")
+}
+
+fn deliver(port: u16, body: &[u8], delivery: &str) -> HttpResponse {
+    let sig = format!("sha256={}", hmac_hex(SECRET, body));
+    http(
+        port,
+        "POST",
+        "/hooks/github",
+        &[
+            ("Content-Type", "application/json"),
+            ("X-GitHub-Event", "push"),
+            ("X-GitHub-Delivery", delivery),
+            ("X-Hub-Signature-256", &sig),
+        ],
+        body,
+    )
+}
+
+#[test]
+fn a_signed_push_applies_exactly_the_affected_target_at_that_commit() {
+    let w = world();
+    let daemon = w.setup.serve();
+    wait_idle(&w); // the first interval ticks of never-run targets
+    let before: Vec<usize> = ["web-site", "web-api", "db"]
+        .iter()
+        .map(|t| applied(&w, t).len())
+        .collect();
+    assert_eq!(before, [1, 1, 1]);
+
+    let sha = w.remote.commit(&[("site/index.html", "v2")], "site v2");
+    let r = deliver(
+        daemon.port,
+        &github_push(&w, &sha, &["site/index.html"]),
+        "e2e-1",
+    );
+    assert_eq!(r.status, 202, "{r:?}");
+    assert_eq!(r.json()["queued"][0]["target"], "web-site");
+    wait_for(Duration::from_secs(30), "the push to be applied", || {
+        applied(&w, "web-site").len() == 2
+    });
+    wait_idle(&w);
+    assert_eq!(applied(&w, "web-site")[1], sha);
+    assert_eq!(
+        applied(&w, "web-api").len(),
+        1,
+        "a target whose path was not touched ticked"
+    );
+    assert_eq!(applied(&w, "db").len(), 1);
+    let run = &w.setup.history("web-site")[0];
+    assert_eq!(run["sha"], sha);
+    assert_eq!(run["trigger"], "webhook");
+    assert_eq!(run["delivery_id"], "e2e-1");
+    assert_eq!(run["receiver"], "github");
+
+    // The same delivery again: nothing.
+    let r = deliver(
+        daemon.port,
+        &github_push(&w, &sha, &["site/index.html"]),
+        "e2e-1",
+    );
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["duplicate"], true);
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(applied(&w, "web-site").len(), 2);
+
+    // A push touching only api/ ticks only web-api.
+    let sha2 = w.remote.commit(&[("api/main.py", "v2")], "api v2");
+    let r = deliver(
+        daemon.port,
+        &github_push(&w, &sha2, &["api/main.py"]),
+        "e2e-2",
+    );
+    assert_eq!(r.status, 202, "{r:?}");
+    wait_for(Duration::from_secs(30), "web-api applied", || {
+        applied(&w, "web-api").len() == 2
+    });
+    wait_idle(&w);
+    assert_eq!(applied(&w, "web-api")[1], sha2);
+    assert_eq!(applied(&w, "web-site").len(), 2);
+    assert_eq!(applied(&w, "db").len(), 1);
+
+    // Metrics count what happened.
+    let (code, text) = http_get(daemon.port, "/metrics").expect("metrics");
+    assert_eq!(code, 200);
+    assert!(
+        text.contains(
+            "driftless_webhook_deliveries_total{receiver=\"github\",outcome=\"queued\"} 2"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "driftless_webhook_deliveries_total{receiver=\"github\",outcome=\"duplicate\"} 1"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("driftless_ticks_total{target=\"web-api\",result=\"changed\"} 2"),
+        "{text}"
+    );
+    assert!(
+        text.contains("driftless_last_success_timestamp_seconds{target=\"db\"}"),
+        "{text}"
+    );
+    assert_eq!(http_get(daemon.port, "/readyz").map(|r| r.0), Some(200));
+}
+
+#[test]
+fn tokens_and_scopes() {
+    let w = world();
+    let daemon = w.setup.serve();
+    wait_idle(&w);
+    let p = daemon.port;
+    let get = |path: &str, auth: Option<&str>| {
+        let h: Vec<(&str, &str)> = auth.map(|a| vec![("Authorization", a)]).unwrap_or_default();
+        http(p, "GET", path, &h, b"")
+    };
+    let post = |path: &str, auth: &str| http(p, "POST", path, &[("Authorization", auth)], b"");
+
+    // No token, a wrong one, a malformed header: 401.
+    for auth in [
+        None,
+        Some("Bearer dl_nope"),
+        Some("dl_nope"),
+        Some("Basic YWxhZGRpbjpvcGVuc2VzYW1l"),
+    ] {
+        let r = get("/api/v1/targets", auth);
+        assert_eq!(r.status, 401, "{auth:?}: {r:?}");
+        assert!(r.json()["error"].is_string());
+    }
+    // Read scopes filter what is listed.
+    let names = |r: HttpResponse| -> Vec<String> {
+        r.json()
+            .as_array()
+            .expect("list")
+            .iter()
+            .map(|t| t["name"].as_str().expect("name").to_string())
+            .collect()
+    };
+    assert_eq!(
+        names(get("/api/v1/targets", Some(&w.token("viewer")))),
+        ["web-site", "web-api"]
+    );
+    assert_eq!(
+        names(get("/api/v1/targets", Some(&w.token("admin")))),
+        ["web-site", "web-api", "db"]
+    );
+    assert_eq!(
+        get("/api/v1/targets/db", Some(&w.token("viewer"))).status,
+        403
+    );
+    let t = get("/api/v1/targets/web-api", Some(&w.token("viewer")));
+    assert_eq!(t.status, 200);
+    assert_eq!(t.json()["backend"], "exec");
+    assert!(t.json()["last_applied_sha"].is_string());
+    let runs = get(
+        "/api/v1/targets/web-api/runs?limit=5",
+        Some(&w.token("viewer")),
+    );
+    assert_eq!(runs.status, 200);
+    assert_eq!(runs.json().as_array().map(Vec::len), Some(1));
+
+    // Reconcile needs reconcile:<target>.
+    assert_eq!(
+        post("/api/v1/targets/db/reconcile", &w.token("deployer")).status,
+        403
+    );
+    assert_eq!(
+        post("/api/v1/targets/web-api/reconcile", &w.token("viewer")).status,
+        403
+    );
+    let r = post("/api/v1/targets/web-api/reconcile", &w.token("deployer"));
+    assert_eq!(r.status, 202, "{r:?}");
+    let job = r.json()["job"].as_i64().expect("job id");
+    wait_for(Duration::from_secs(30), "the manual job", || {
+        get(&format!("/api/v1/jobs/{job}"), Some(&w.token("viewer"))).json()["state"] == "done"
+    });
+    let j = get(&format!("/api/v1/jobs/{job}"), Some(&w.token("viewer"))).json();
+    assert_eq!(j["triggers"], json!(["manual"]));
+    assert_eq!(j["run"]["result"], "changed");
+    assert_eq!(get(&format!("/api/v1/jobs/{job}"), None).status, 401);
+    assert_eq!(
+        get("/api/v1/jobs/999999", Some(&w.token("admin"))).status,
+        404
+    );
+    assert_eq!(
+        post("/api/v1/targets/nope/reconcile", &w.token("admin")).status,
+        404
+    );
+
+    // ?wait= holds the answer until the run is recorded.
+    let sha = w.remote.commit(&[("db/schema.sql", "v2")], "schema v2");
+    let r = post("/api/v1/targets/db/reconcile?wait=60s", &w.token("admin"));
+    assert_eq!(r.status, 200, "{r:?}");
+    let v = r.json();
+    assert_eq!(v["state"], "done");
+    assert_eq!(v["run"]["result"], "changed");
+    assert_eq!(v["run"]["sha"], sha);
+    assert_eq!(applied(&w, "db").last(), Some(&sha));
+    let r = post("/api/v1/targets/db/reconcile?wait=soon", &w.token("admin"));
+    assert_eq!(r.status, 400);
+    drop(daemon);
+}
+
+#[test]
+fn a_paused_target_is_never_ticked_until_resumed() {
+    let w = world();
+    let daemon = w.setup.serve();
+    wait_idle(&w);
+    let p = daemon.port;
+    let admin = w.token("admin");
+    let post = |path: &str, auth: &str| http(p, "POST", path, &[("Authorization", auth)], b"");
+
+    assert_eq!(
+        post("/api/v1/targets/web-site/pause", &w.token("deployer")).status,
+        403
+    );
+    let r = post("/api/v1/targets/web-site/pause", &admin);
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.json()["changed"], true);
+    let st = w.setup.target_status("web-site");
+    assert_eq!(st["paused"], true);
+    assert_eq!(st["paused_by"], "token:admin");
+
+    // Manual reconcile: 409. Webhook: nothing queued for it.
+    let r = post("/api/v1/targets/web-site/reconcile", &admin);
+    assert_eq!(r.status, 409, "{r:?}");
+    assert!(r.json()["error"].as_str().unwrap_or("").contains("paused"));
+    let sha = w.remote.commit(&[("site/index.html", "v3")], "site v3");
+    let r = deliver(p, &github_push(&w, &sha, &["site/index.html"]), "paused-1");
+    assert_eq!(r.status, 202);
+    assert_eq!(r.json()["queued"], json!([]));
+    assert_eq!(r.json()["paused"], json!(["web-site"]));
+    // A one-shot tick skips it too.
+    let out = w.setup.run(&["tick", "web-site"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(
+        text(&out.stdout).contains("paused"),
+        "{}",
+        text(&out.stdout)
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(applied(&w, "web-site").len(), 1);
+
+    // Resume: a reconcile runs again, at the newest commit.
+    let r = post("/api/v1/targets/web-site/resume", &admin);
+    assert_eq!(r.status, 200);
+    let r = post("/api/v1/targets/web-site/reconcile?wait=60s", &admin);
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.json()["run"]["sha"], sha);
+    assert_eq!(applied(&w, "web-site").last(), Some(&sha));
+
+    // The CLI pauses and resumes too.
+    let out = w.setup.run(&["pause", "db"]);
+    assert!(out.status.success());
+    assert_eq!(w.setup.target_status("db")["paused"], true);
+    assert!(w.setup.run(&["resume", "db"]).status.success());
+    assert_eq!(w.setup.target_status("db")["paused"], false);
+}
+
+#[test]
+fn token_new_prints_a_token_and_its_digest() {
+    let out = std::process::Command::new(bin())
+        .args(["token", "new", "ci"])
+        .output()
+        .expect("run");
+    assert!(out.status.success());
+    let text = text(&out.stdout);
+    let token = text
+        .lines()
+        .find(|l| l.starts_with("dl_"))
+        .expect("a token line");
+    let digest = driftless::auth::digest(token);
+    assert!(text.contains(&format!("sha256 = \"{digest}\"")), "{text}");
+    assert!(text.contains("name = \"ci\""));
+}
