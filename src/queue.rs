@@ -14,7 +14,7 @@ use std::time::Duration;
 use serde::Serialize;
 use sqlx::FromRow;
 
-use crate::store::{Store, StoreError, now_ms};
+use crate::store::{Store, StoreError, WriteTx, now_ms};
 
 /// How long a claim lasts without a heartbeat.
 pub const LEASE: Duration = Duration::from_secs(30);
@@ -159,15 +159,14 @@ impl Queue {
     /// Add a request, folding it into the target's queued job if there is one.
     /// Returns the queued job's id. When this returns, the request is on disk.
     pub async fn enqueue(&self, req: &Request) -> Result<i64, StoreError> {
-        let mut conn = self
-            .store
-            .pool()
-            .acquire()
+        let WriteTx { mut tx, _turn } = self.store.begin_write("queueing a job").await?;
+        let id = enqueue_on(&mut tx, req)
             .await
             .map_err(self.store.err("queueing a job"))?;
-        enqueue_on(&mut conn, req)
+        tx.commit()
             .await
-            .map_err(self.store.err("queueing a job"))
+            .map_err(self.store.err("queueing a job"))?;
+        Ok(id)
     }
 
     /// Record a webhook delivery and queue its requests, atomically: either
@@ -181,12 +180,7 @@ impl Queue {
         requests: &[Request],
     ) -> Result<Accepted, StoreError> {
         let what = "recording a webhook delivery";
-        let mut tx = self
-            .store
-            .pool()
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(self.store.err(what))?;
+        let WriteTx { mut tx, _turn } = self.store.begin_write(what).await?;
         if let Some(id) = delivery_id {
             let r = sqlx::query(
                 "INSERT INTO deliveries (receiver, delivery_id, received_at, outcome)
@@ -334,12 +328,7 @@ impl Queue {
     /// into a newer queued job for the same target if one arrived meanwhile.
     pub async fn requeue(&self, job_id: i64, delay: Duration) -> Result<(), StoreError> {
         let what = "requeueing a job";
-        let mut tx = self
-            .store
-            .pool()
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(self.store.err(what))?;
+        let WriteTx { mut tx, _turn } = self.store.begin_write(what).await?;
         interrupt_runs(
             &mut tx,
             job_id,
@@ -397,12 +386,7 @@ impl Queue {
         }
         let what = "recovering interrupted jobs";
         let now = now_ms();
-        let mut tx = self
-            .store
-            .pool()
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(self.store.err(what))?;
+        let WriteTx { mut tx, _turn } = self.store.begin_write(what).await?;
         for id in ids {
             let attempts: Option<i64> =
                 sqlx::query_scalar("SELECT attempts FROM jobs WHERE id = ?1 AND state = 'running'")

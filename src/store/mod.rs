@@ -35,6 +35,16 @@ pub struct StoreError {
 pub struct Store {
     pool: SqlitePool,
     path: PathBuf,
+    /// Write transactions of this process take turns here rather than in
+    /// SQLite's busy handler, whose back-off sleeps turn contention into
+    /// latency spikes. Other processes still meet the busy timeout.
+    writer: std::sync::Arc<tokio::sync::Mutex<()>>,
+}
+
+/// A write transaction and this process's turn to write; commit it.
+pub struct WriteTx {
+    pub tx: sqlx::Transaction<'static, sqlx::Sqlite>,
+    pub(crate) _turn: tokio::sync::OwnedMutexGuard<()>,
 }
 
 /// Milliseconds since the Unix epoch.
@@ -151,7 +161,19 @@ impl Store {
         Ok(Store {
             pool,
             path: path.to_path_buf(),
+            writer: Default::default(),
         })
+    }
+
+    /// Begin an IMMEDIATE transaction, after this process's earlier writers.
+    pub async fn begin_write(&self, what: &'static str) -> Result<WriteTx, StoreError> {
+        let turn = self.writer.clone().lock_owned().await;
+        let tx = self
+            .pool
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(self.err(what))?;
+        Ok(WriteTx { tx, _turn: turn })
     }
 
     pub fn pool(&self) -> &SqlitePool {
@@ -191,11 +213,7 @@ impl Store {
     /// Record the start of a run; the backend may be called only after this.
     pub async fn begin_run(&self, run: &NewRun<'_>) -> Result<i64, StoreError> {
         let now = now_ms();
-        let mut tx = self
-            .pool
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(self.err("recording a run"))?;
+        let WriteTx { mut tx, _turn } = self.begin_write("recording a run").await?;
         let id: i64 = sqlx::query_scalar(
             "INSERT INTO runs (target, job_id, operation, trigger, delivery_id, requested_sha, started_at, receiver)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) RETURNING id",
@@ -244,11 +262,7 @@ impl Store {
     ) -> Result<(), StoreError> {
         let now = now_ms();
         let what = "recording a run's result";
-        let mut tx = self
-            .pool
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(self.err(what))?;
+        let WriteTx { mut tx, _turn } = self.begin_write(what).await?;
         sqlx::query(
             "UPDATE runs SET finished_at = ?2, duration_ms = ?2 - started_at, result = ?3,
                     message = ?4, output_tail = ?5

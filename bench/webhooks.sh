@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# Drives signed GitHub push deliveries at `driftless serve` on 127.0.0.1 with
+# wrk, and — in the same run, with the same body, signature and load — at
+# adnanh/webhook (Debian package `webhook`) configured with an equivalent
+# payload-hmac-sha256 rule that runs `true`. Prints requests/s and p50/p99
+# for both, and the ratio. Figures, not assertions.
+#
+#   bench/webhooks.sh [DURATION] [CONNECTIONS]     (default 10s, 16)
+#
+# Every delivery has its own id, so driftless records each one durably
+# (SQLite, synchronous=FULL) and queues a job before answering 202; the
+# target is an exec target on a local repository, so the jobs also run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+duration=${1:-10s}
+conns=${2:-16}
+for tool in wrk webhook; do
+  command -v "$tool" >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk webhook >/dev/null; }
+done
+export GIT_CONFIG_GLOBAL=/dev/null GIT_CONFIG_NOSYSTEM=1
+export GIT_AUTHOR_NAME=bench GIT_AUTHOR_EMAIL=bench@example.net
+export GIT_COMMITTER_NAME=bench GIT_COMMITTER_EMAIL=bench@example.net
+
+cargo build --release --locked -q
+bin=$PWD/target/release/driftless
+work=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"' EXIT
+
+git init -q --bare -b main "$work/remote.git"
+git init -q -b main "$work/src"
+mkdir -p "$work/src/pipeline" && echo v1 > "$work/src/pipeline/config"
+git -C "$work/src" add -A && git -C "$work/src" commit -qm bench
+git -C "$work/src" push -q "$work/remote.git" main
+
+secret="bench-secret-$(date +%s)"
+printf '%s' "$secret" > "$work/secret"
+# GitHub's own push payload, pointed at the local repository.
+python3 - "$work" <<'PY'
+import json, sys
+work = sys.argv[1]
+v = json.load(open("tests/fixtures/webhooks/github/push-branch.json"))
+v["repository"]["clone_url"] = f"file://{work}/remote.git"
+open(f"{work}/body.json", "w").write(json.dumps(v))
+PY
+sig="sha256=$(openssl dgst -sha256 -hmac "$secret" -r < "$work/body.json" | cut -d' ' -f1)"
+
+port_d=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+port_w=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+cat > "$work/driftless.toml" <<TOML
+state_dir = "$work/state"
+[server]
+listen = "127.0.0.1:$port_d"
+workers = 2
+[[receivers]]
+name = "github"
+forge = "github"
+secret_file = "$work/secret"
+[[targets]]
+name = "pipeline"
+repo = "file://$work/remote.git"
+path = "pipeline"
+interval = "1h"
+[targets.backend]
+kind = "exec"
+apply = ["true"]
+always = true
+TOML
+cat > "$work/hooks.json" <<JSON
+[{
+  "id": "github",
+  "execute-command": "/bin/true",
+  "command-working-directory": "$work",
+  "trigger-rule": {
+    "match": {
+      "type": "payload-hmac-sha256",
+      "secret": "$secret",
+      "parameter": { "source": "header", "name": "X-Hub-Signature-256" }
+    }
+  }
+}]
+JSON
+cat > "$work/push.lua" <<LUA
+local f = assert(io.open("$work/body.json", "rb"))
+local body = f:read("*a")
+f:close()
+local n = 0
+local threads = 0
+function setup(thread)
+  threads = threads + 1
+  thread:set("tid", threads)
+end
+function init(args)
+  wrk.method = "POST"
+  wrk.body = body
+  wrk.headers["Content-Type"] = "application/json"
+  wrk.headers["X-GitHub-Event"] = "push"
+  wrk.headers["X-Hub-Signature-256"] = "$sig"
+end
+function request()
+  n = n + 1
+  wrk.headers["X-GitHub-Delivery"] = string.format("bench-%s-%d", tostring(tid), n)
+  return wrk.format(nil, wrk.path)
+end
+function response(status, headers, body)
+  if status ~= 202 and status ~= 200 then
+    io.stderr:write("unexpected status " .. status .. "\n")
+  end
+end
+LUA
+
+"$bin" --config "$work/driftless.toml" serve 2>"$work/driftless.log" &
+webhook -hooks "$work/hooks.json" -ip 127.0.0.1 -port "$port_w" >"$work/webhook.log" 2>&1 &
+for p in "$port_d" "$port_w"; do
+  for _ in $(seq 100); do (echo > /dev/tcp/127.0.0.1/$p) 2>/dev/null && break; sleep 0.1; done
+done
+# One delivery each, checked, before measuring.
+curl_code() { python3 - "$@" <<'PY'
+import sys, urllib.request
+url, sig, body = sys.argv[1], sys.argv[2], open(sys.argv[3], "rb").read()
+req = urllib.request.Request(url, data=body, method="POST", headers={
+    "Content-Type": "application/json", "X-GitHub-Event": "push",
+    "X-GitHub-Delivery": "warmup", "X-Hub-Signature-256": sig})
+print(urllib.request.urlopen(req).status)
+PY
+}
+echo "warm-up: driftless $(curl_code "http://127.0.0.1:$port_d/hooks/github" "$sig" "$work/body.json"), webhook $(curl_code "http://127.0.0.1:$port_w/hooks/github" "$sig" "$work/body.json")"
+
+run() { # run NAME URL
+  wrk -t2 -c"$conns" -d"$duration" --latency -s "$work/push.lua" "$2" > "$work/$1.wrk" 2>"$work/$1.err"
+  local rps p50 p99 errors
+  rps=$(awk '/^Requests\/sec:/ { print $2 }' "$work/$1.wrk")
+  p50=$(awk '$1 == "50%" { print $2 }' "$work/$1.wrk")
+  p99=$(awk '$1 == "99%" { print $2 }' "$work/$1.wrk")
+  errors=$(grep -c unexpected "$work/$1.err" || true)
+  printf '%-30s %10s req/s   p50 %8s   p99 %8s   non-2xx %s\n' "$1" "$rps" "$p50" "$p99" "$errors"
+  echo "$rps" > "$work/$1.rps"
+}
+echo "== signed GitHub pushes, wrk -t2 -c$conns -d$duration, 127.0.0.1"
+run driftless "http://127.0.0.1:$port_d/hooks/github"
+run adnanh-webhook "http://127.0.0.1:$port_w/hooks/github"
+awk -v a="$(cat "$work/driftless.rps")" -v b="$(cat "$work/adnanh-webhook.rps")" \
+  'BEGIN { printf "%-30s %10.2f x (driftless / webhook, requests per second)\n", "ratio", a / b }'
+deliveries=$("$bin" --config "$work/driftless.toml" history pipeline --json --limit 10000 | grep -c '"id"' || true)
+echo "driftless recorded every delivery durably; the exec target ran $deliveries time(s) (requests fold into one queued job per target)"
