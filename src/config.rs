@@ -260,7 +260,7 @@ struct RawTop {
 #[serde(deny_unknown_fields)]
 struct RawReceiver {
     name: String,
-    forge: ForgeKind,
+    forge: String,
     secret_file: Option<String>,
 }
 
@@ -312,6 +312,19 @@ pub fn load(path: &Path) -> Result<Settings, ConfigError> {
 }
 
 fn load_with_env(path: &Path, env: bool) -> Result<Settings, ConfigError> {
+    let (settings, problems) = parse(path, env)?;
+    match settings {
+        Some(s) if problems.is_empty() => Ok(s),
+        _ => Err(ConfigError::Invalid {
+            path: path.to_path_buf(),
+            problems,
+        }),
+    }
+}
+
+/// Read and validate: the settings that could be made sense of (targets,
+/// receivers and tokens with problems are left out) and every problem.
+fn parse(path: &Path, env: bool) -> Result<(Option<Settings>, Vec<Problem>), ConfigError> {
     if !path.is_file() {
         return Err(ConfigError::Read {
             path: path.to_path_buf(),
@@ -345,20 +358,19 @@ fn load_with_env(path: &Path, env: bool) -> Result<Settings, ConfigError> {
         .unwrap_or_else(|| PathBuf::from("."));
     let mut problems = Vec::new();
     let settings = validate(raw, path, &base, &mut problems);
-    match settings {
-        Some(s) if problems.is_empty() => Ok(s),
-        _ => Err(ConfigError::Invalid {
-            path: path.to_path_buf(),
-            problems,
-        }),
-    }
+    Ok((settings, problems))
 }
 
 /// Like [`load`], then also check what can only be seen on this machine:
 /// secret files readable, local repositories present. Returns every problem.
 pub fn check(path: &Path) -> Result<Settings, ConfigError> {
-    let settings = load(path)?;
-    let mut problems = Vec::new();
+    let (settings, mut problems) = parse(path, true)?;
+    let Some(settings) = settings else {
+        return Err(ConfigError::Invalid {
+            path: path.to_path_buf(),
+            problems,
+        });
+    };
     for t in &settings.targets {
         let section = format!("targets[{}]", t.name);
         if let Some(token) = &t.git.token
@@ -610,6 +622,23 @@ fn validate_receivers(raw: Vec<Value>, base: &Path, problems: &mut Vec<Problem>)
             ));
             continue;
         }
+        let forge = match r.forge.as_str() {
+            "github" => ForgeKind::Github,
+            "gitea" => ForgeKind::Gitea,
+            "forgejo" => ForgeKind::Forgejo,
+            "gitlab" => ForgeKind::Gitlab,
+            "generic" => ForgeKind::Generic,
+            other => {
+                problems.push(problem(
+                    &label,
+                    "forge",
+                    format!(
+                        "unknown forge `{other}`: use github, gitea, forgejo, gitlab or generic"
+                    ),
+                ));
+                continue;
+            }
+        };
         let Some(secret) = r.secret_file.filter(|s| !s.trim().is_empty()) else {
             problems.push(problem(
                 &label,
@@ -620,7 +649,7 @@ fn validate_receivers(raw: Vec<Value>, base: &Path, problems: &mut Vec<Problem>)
         };
         out.push(Receiver {
             name: r.name,
-            forge: r.forge,
+            forge,
             secret: SecretRef::parse(&secret, base),
         });
     }

@@ -155,6 +155,51 @@ fn check_looks_at_secret_files_and_binaries() {
 }
 
 #[test]
+fn receivers_and_tokens_are_checked() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write(
+        dir.path(),
+        "state_dir = \"state\"\n\
+         [[receivers]]\nname = \"github\"\nforge = \"github\"\n\
+         [[receivers]]\nname = \"gl\"\nforge = \"gitlub\"\nsecret_file = \"s\"\n\
+         [[receivers]]\nname = \"gitea\"\nforge = \"gitea\"\nsecret_file = \"missing-secret\"\n\
+         [[tokens]]\nname = \"ops\"\nsha256 = \"abc\"\nscopes = [\"deploy:*\"]\n",
+    );
+    let out = driftless(&config, &["check"]);
+    assert_eq!(out.status.code(), Some(1));
+    let report = text(&out.stdout);
+    for expected in [
+        "receivers[github]: key `secret_file`: a receiver needs a secret",
+        "receivers[gl]: key `forge`: unknown forge `gitlub`",
+        "receivers[gitea]: key `secret_file`: cannot read secret file:",
+        "tokens[ops]: key `sha256`: must be the 64-character hex SHA-256",
+        "tokens[ops]: key `scopes`: `deploy:*` is not a scope",
+    ] {
+        assert!(
+            report.contains(expected),
+            "missing {expected:?} in:\n{report}"
+        );
+    }
+    // serve refuses to start without the receiver's secret, naming it.
+    let fixed = std::fs::read_to_string(&config)
+        .expect("read")
+        .replace("[[receivers]]\nname = \"github\"\nforge = \"github\"\n", "")
+        .replace(
+            "[[receivers]]\nname = \"gl\"\nforge = \"gitlub\"\nsecret_file = \"s\"\n",
+            "",
+        )
+        .replace(
+            "[[tokens]]\nname = \"ops\"\nsha256 = \"abc\"\nscopes = [\"deploy:*\"]\n",
+            "",
+        );
+    std::fs::write(&config, fixed).expect("write");
+    let out = driftless(&config, &["serve"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("receivers[gitea]: key `secret_file`"), "{err}");
+}
+
+#[test]
 fn a_missing_config_file_says_how_to_name_one() {
     let out = Command::new(bin())
         .args(["--config", "/nonexistent/driftless.toml", "status"])

@@ -65,3 +65,22 @@ fn connections_beyond_the_cap_wait_for_a_free_slot() {
     );
     drop(idle);
 }
+
+#[test]
+fn an_oversized_body_is_refused_before_it_is_read() {
+    let (intake, _s) = intake("max_body_bytes = 65536\n");
+    let mut c = TcpStream::connect(("127.0.0.1", intake.port)).expect("connect");
+    c.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    // Announce 100 MiB and send none of it: the answer must not wait for it.
+    c.write_all(
+        b"POST /hooks/anything HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 104857600\r\n\r\n",
+    )
+    .expect("headers");
+    let started = Instant::now();
+    let mut buf = [0u8; 512];
+    let n = c.read(&mut buf).expect("an answer");
+    let text = String::from_utf8_lossy(&buf[..n]);
+    assert!(text.starts_with("HTTP/1.1 413"), "{text}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
