@@ -115,7 +115,29 @@ pub fn router(state: AppState) -> Router {
         .merge(bounded)
         .fallback(|| async { error(StatusCode::NOT_FOUND, "no such endpoint") })
         .layer(DefaultBodyLimit::max(server.max_body_bytes))
+        .layer(middleware::from_fn_with_state(
+            server.max_body_bytes,
+            body_cap,
+        ))
         .with_state(state)
+}
+
+/// A body announced larger than the cap is refused before a byte of it is
+/// read (bodies without a length are cut off by `DefaultBodyLimit` as they
+/// stream in).
+async fn body_cap(State(max): State<usize>, req: Request, next: Next) -> Response {
+    let announced = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    match announced {
+        Some(n) if n > max as u64 => error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the body is larger than {max} bytes"),
+        ),
+        _ => next.run(req).await,
+    }
 }
 
 async fn request_timeout(State(limit): State<Duration>, req: Request, next: Next) -> Response {
