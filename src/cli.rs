@@ -79,6 +79,7 @@ pub async fn tick(
             }
         }
     }
+    deliver_notifications(engine).await;
     let code = if failed {
         EXIT_FAILED
     } else if busy {
@@ -87,6 +88,96 @@ pub async fn tick(
         0
     };
     Ok(Report { stdout: out, code })
+}
+
+/// A one-shot tick has no sender running beside it: deliver what its runs
+/// put in the outbox now (bounded), leaving failures for the next attempt.
+async fn deliver_notifications(engine: &Engine) {
+    let sender = match crate::notify::outbox::Sender::new(&engine.settings, engine.store.clone()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "notifications cannot be sent");
+            return;
+        }
+    };
+    match tokio::time::timeout(std::time::Duration::from_secs(60), sender.deliver_due()).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => tracing::error!(error = %e, "cannot read the notification outbox"),
+        Err(_) => tracing::warn!(
+            "notifications still pending after 60s; the next tick or the daemon retries them"
+        ),
+    }
+}
+
+/// `driftless notify test <notifier>`: send a test event now.
+pub async fn notify_test(engine: &Engine, notifier: &str) -> Result<Report, TickError> {
+    let sender = match crate::notify::outbox::Sender::new(&engine.settings, engine.store.clone()) {
+        Ok(s) => s,
+        Err(e) => {
+            return Ok(Report {
+                stdout: format!("{notifier}: {e}\n"),
+                code: EXIT_FAILED,
+            });
+        }
+    };
+    let target = engine
+        .settings
+        .targets
+        .iter()
+        .find(|t| t.notify.iter().any(|n| n == notifier))
+        .or(engine.settings.targets.first());
+    let doc = crate::notify::EventDoc {
+        id: format!("test-{:016x}", fastrand::u64(..)),
+        event: crate::notify::Event::Test,
+        target: target
+            .map(|t| t.name.clone())
+            .unwrap_or_else(|| "test".into()),
+        backend: target
+            .map(|t| t.backend.kind().to_string())
+            .unwrap_or_default(),
+        sha: None,
+        short_sha: None,
+        commit_url: None,
+        trigger: "cli".into(),
+        delivery_id: None,
+        started_at: format_ms(crate::store::now_ms()),
+        duration_ms: 0,
+        message: "This is a test notification from `driftless notify test`.".into(),
+        consecutive_failures: 0,
+        failing_for_ms: None,
+        run_id: None,
+        run_url: None,
+    };
+    Ok(match sender.send_now(notifier, &doc).await {
+        Ok(()) => Report {
+            stdout: format!("{notifier}: sent\n"),
+            code: 0,
+        },
+        Err(e) => Report {
+            stdout: format!("{notifier}: failed: {e}\n"),
+            code: EXIT_FAILED,
+        },
+    })
+}
+
+/// `driftless notify pending [--all]`
+pub async fn notify_pending(engine: &Engine, all: bool) -> Result<Report, TickError> {
+    let rows = crate::notify::outbox::list(&engine.store, all).await?;
+    let mut out = format!(
+        "{:<6} {:<14} {:<20} {:<14} {:<9} {:>3}  {}\n",
+        "ID", "NOTIFIER", "TARGET", "EVENT", "STATE", "TRY", "NEXT / LAST ERROR"
+    );
+    for n in &rows {
+        out.push_str(&crate::notify::outbox::describe(n));
+        out.push('\n');
+    }
+    if rows.is_empty() {
+        out = "no notifications pending\n".into();
+    }
+    Ok(Report {
+        stdout: out,
+        code: 0,
+    })
 }
 
 /// `driftless status [--json]`

@@ -31,6 +31,9 @@ const DEFAULT_MAX_BODY: usize = 5 * 1024 * 1024;
 const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 const DEFAULT_MAX_CONNECTIONS: usize = 256;
+const DEFAULT_REPEAT_AFTER: Duration = Duration::from_secs(6 * 3600);
+/// Marks a target without its own `notify` list until defaults are known.
+const INHERIT: &str = "\u{0}defaults";
 
 /// One problem found in a configuration file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -148,6 +151,18 @@ pub struct Settings {
     pub targets: Vec<Target>,
     pub receivers: Vec<Receiver>,
     pub tokens: Vec<Token>,
+    pub defaults: Defaults,
+    pub notifiers: Vec<crate::notify::NotifierConfig>,
+}
+
+/// `[defaults]`: what targets that say nothing get.
+#[derive(Debug, Clone)]
+pub struct Defaults {
+    /// Notifiers for targets without a `notify` list.
+    pub notify: Vec<String>,
+    /// While a target keeps failing with the same message, how often to say
+    /// it again (`still_failing`).
+    pub repeat_after: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -162,6 +177,8 @@ pub struct Server {
     pub request_timeout: Duration,
     /// Connections served at once; more wait in the kernel's backlog.
     pub max_connections: usize,
+    /// The URL people reach driftless at, for links in notifications.
+    pub public_url: Option<String>,
 }
 
 /// Which forge a receiver speaks for: how it signs and what it sends.
@@ -207,6 +224,11 @@ pub struct Target {
     pub timeout: Duration,
     pub git: GitAuth,
     pub backend: BackendConfig,
+    /// The notifiers told about this target (its own list, or the defaults).
+    pub notify: Vec<String>,
+    /// The repository's web page, for commit links (derived from `repo` for
+    /// https and ssh URLs unless set).
+    pub web_url: Option<String>,
 }
 
 /// Credentials for fetching a target's repository.
@@ -254,6 +276,16 @@ struct RawTop {
     receivers: Vec<Value>,
     #[serde(default)]
     tokens: Vec<Value>,
+    defaults: Option<RawDefaults>,
+    #[serde(default)]
+    notifiers: Vec<Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDefaults {
+    notify: Option<Vec<String>>,
+    repeat_after: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -281,6 +313,7 @@ struct RawServer {
     header_read_timeout: Option<String>,
     request_timeout: Option<String>,
     max_connections: Option<i64>,
+    public_url: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -293,6 +326,8 @@ struct RawTarget {
     interval: Option<String>,
     timeout: Option<String>,
     git: Option<RawGit>,
+    notify: Option<Vec<String>>,
+    web_url: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -407,6 +442,17 @@ pub fn check(path: &Path) -> Result<Settings, ConfigError> {
                 .map(|(key, msg)| problem(&section, &format!("backend.{key}"), msg)),
         );
     }
+    for n in &settings.notifiers {
+        for (key, secret) in n.secrets() {
+            if let Err(e) = secret.load() {
+                problems.push(problem(
+                    &format!("notifiers[{}]", n.name),
+                    key,
+                    e.to_string(),
+                ));
+            }
+        }
+    }
     for r in &settings.receivers {
         if let Err(e) = r.secret.load() {
             problems.push(problem(
@@ -499,6 +545,52 @@ fn validate(raw: Value, path: &Path, base: &Path, problems: &mut Vec<Problem>) -
     }
     let receivers = validate_receivers(top.receivers, base, problems);
     let tokens = validate_tokens(top.tokens, problems);
+    let notifiers = validate_notifiers(top.notifiers, base, problems);
+    let raw_defaults = top.defaults.unwrap_or(RawDefaults {
+        notify: None,
+        repeat_after: None,
+    });
+    let defaults = Defaults {
+        notify: raw_defaults.notify.unwrap_or_default(),
+        repeat_after: duration(
+            "defaults",
+            "repeat_after",
+            raw_defaults.repeat_after.as_deref(),
+            DEFAULT_REPEAT_AFTER,
+            problems,
+        ),
+    };
+    let known = |n: &String| {
+        notifiers
+            .iter()
+            .any(|x: &crate::notify::NotifierConfig| &x.name == n)
+    };
+    for n in &defaults.notify {
+        if !known(n) {
+            problems.push(problem(
+                "defaults",
+                "notify",
+                format!("no notifier named `{n}`"),
+            ));
+        }
+    }
+    for t in &mut targets {
+        // A target without a `notify` list gets the defaults; an explicit
+        // empty list means no notifications for it.
+        if t.notify == [INHERIT.to_string()] {
+            t.notify = defaults.notify.clone();
+            continue;
+        }
+        for n in &t.notify {
+            if !known(n) {
+                problems.push(problem(
+                    &format!("targets[{}]", t.name),
+                    "notify",
+                    format!("no notifier named `{n}`"),
+                ));
+            }
+        }
+    }
     Some(Settings {
         source: path.to_path_buf(),
         state_dir,
@@ -506,6 +598,8 @@ fn validate(raw: Value, path: &Path, base: &Path, problems: &mut Vec<Problem>) -
         targets,
         receivers,
         tokens,
+        defaults,
+        notifiers,
     })
 }
 
@@ -519,6 +613,7 @@ fn validate_server(raw: Option<Value>, problems: &mut Vec<Problem>) -> Server {
         header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
         request_timeout: DEFAULT_REQUEST_TIMEOUT,
         max_connections: DEFAULT_MAX_CONNECTIONS,
+        public_url: None,
     };
     let Some(raw) = raw else { return server };
     let raw: RawServer = match serde_json::from_value(raw) {
@@ -568,6 +663,18 @@ fn validate_server(raw: Option<Value>, problems: &mut Vec<Problem>) -> Server {
                 "server",
                 "max_connections",
                 format!("{c} is not between 1 and 100000"),
+            ));
+        }
+    }
+    if let Some(u) = raw.public_url {
+        let u = u.trim().trim_end_matches('/').to_string();
+        if u.starts_with("http://") || u.starts_with("https://") {
+            server.public_url = Some(u);
+        } else {
+            problems.push(problem(
+                "server",
+                "public_url",
+                format!("`{u}` must be an http:// or https:// URL"),
             ));
         }
     }
@@ -849,6 +956,20 @@ fn validate_target(
             }
         }
     };
+    let web_url = match raw.web_url {
+        Some(u) if u.starts_with("http://") || u.starts_with("https://") => {
+            Some(u.trim_end_matches('/').to_string())
+        }
+        Some(u) => {
+            problems.push(problem(
+                label,
+                "web_url",
+                format!("`{u}` must be an http:// or https:// URL"),
+            ));
+            None
+        }
+        None => derive_web_url(&repo),
+    };
     let backend = backend?;
     if problems.len() != before {
         return None;
@@ -862,7 +983,69 @@ fn validate_target(
         timeout,
         git,
         backend,
+        notify: raw.notify.unwrap_or_else(|| vec![INHERIT.to_string()]),
+        web_url,
     })
+}
+
+/// `https://host/o/r.git` and `git@host:o/r.git` → `https://host/o/r`.
+fn derive_web_url(repo: &str) -> Option<String> {
+    let (host, path) = if let Some(rest) = repo.strip_prefix("https://") {
+        let (authority, path) = rest.split_once('/')?;
+        (authority.rsplit('@').next()?.to_string(), path.to_string())
+    } else if let Some(rest) = repo.strip_prefix("ssh://") {
+        let (authority, path) = rest.split_once('/')?;
+        let host = authority.rsplit('@').next()?;
+        (host.split(':').next()?.to_string(), path.to_string())
+    } else if !repo.contains("://") && repo.contains('@') && repo.contains(':') {
+        let (authority, path) = repo.split_once(':')?;
+        (authority.rsplit('@').next()?.to_string(), path.to_string())
+    } else {
+        return None;
+    };
+    let path = path.trim_end_matches('/');
+    let path = path.strip_suffix(".git").unwrap_or(path);
+    (!host.is_empty() && !path.is_empty()).then(|| format!("https://{host}/{path}"))
+}
+
+fn validate_notifiers(
+    raw: Vec<Value>,
+    base: &Path,
+    problems: &mut Vec<Problem>,
+) -> Vec<crate::notify::NotifierConfig> {
+    let mut out: Vec<crate::notify::NotifierConfig> = Vec::new();
+    for (i, raw) in raw.into_iter().enumerate() {
+        let label = raw
+            .get("name")
+            .and_then(Value::as_str)
+            .map(|n| format!("notifiers[{n}]"))
+            .unwrap_or_else(|| format!("notifiers[{i}]"));
+        match crate::notify::NotifierConfig::from_value(raw, base) {
+            Ok(n) => {
+                if !valid_name(&n.name) {
+                    problems.push(problem(
+                        &label,
+                        "name",
+                        format!("`{}` is not a safe notifier name", n.name),
+                    ));
+                } else if out.iter().any(|o| o.name == n.name) {
+                    problems.push(problem(
+                        &label,
+                        "name",
+                        format!("duplicate notifier name `{}`", n.name),
+                    ));
+                } else {
+                    out.push(n);
+                }
+            }
+            Err(errs) => {
+                for (key, msg) in errs {
+                    problems.push(problem(&label, &key, msg));
+                }
+            }
+        }
+    }
+    out
 }
 
 fn duration(

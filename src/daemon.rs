@@ -104,6 +104,13 @@ pub async fn serve_until(
         Scheduler::new(settings.clone(), engine.queue.clone(), wake.clone()).run(shutdown.clone()),
     );
     tokio::spawn(reaper(engine.clone(), wake.clone(), shutdown.clone()));
+    match crate::notify::outbox::Sender::new(&settings, engine.store.clone()) {
+        Ok(sender) => {
+            tokio::spawn(sender.run(engine.outbox_wake.clone(), shutdown.clone()));
+        }
+        // Notifications are the one soft failure: say so loudly, keep going.
+        Err(e) => error!(error = %e, "notifications cannot be sent"),
+    }
     let mut workers = Vec::new();
     for n in 0..settings.server.workers {
         workers.push(tokio::spawn(worker(

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use sha2::{Digest, Sha256};
 
 use crate::config::{GitAuth, Target};
+use crate::error::chain;
 use crate::process::{self, Spec};
 use crate::redact::Redactor;
 
@@ -252,21 +253,6 @@ impl Git {
             .collect();
         self.cache_root.join(format!("{slug}-{}.git", &hash[..16]))
     }
-}
-
-/// An error with its chain of causes, `outer: inner: innermost`.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut msg = e.to_string();
-    let mut cur = e.source();
-    while let Some(inner) = cur {
-        let s = inner.to_string();
-        if !msg.contains(&s) {
-            msg.push_str(": ");
-            msg.push_str(&s);
-        }
-        cur = inner.source();
-    }
-    msg
 }
 
 fn fetch_err(remote: &str, branch: &str, reason: &str) -> GitError {

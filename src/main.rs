@@ -78,6 +78,23 @@ enum Command {
         #[command(subcommand)]
         command: TokenCommand,
     },
+    /// Notifications.
+    Notify {
+        #[command(subcommand)]
+        command: NotifyCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum NotifyCommand {
+    /// Send a test event through one notifier now and report the outcome.
+    Test { notifier: String },
+    /// List the notifications waiting in the outbox.
+    Pending {
+        /// Include the ones given up after too many attempts.
+        #[arg(long)]
+        all: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -167,6 +184,12 @@ async fn run(args: Args) -> anyhow::Result<u8> {
         Command::Token {
             command: TokenCommand::New { name },
         } => cli::token_new(&name),
+        Command::Notify {
+            command: NotifyCommand::Test { notifier },
+        } => cli::notify_test(&engine, &notifier).await?,
+        Command::Notify {
+            command: NotifyCommand::Pending { all },
+        } => cli::notify_pending(&engine, all).await?,
         Command::Pause { target } => cli::pause(&engine, &target, true).await?,
         Command::Resume { target } => cli::pause(&engine, &target, false).await?,
     };

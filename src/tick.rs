@@ -16,8 +16,21 @@ use crate::backend::{self, ApplyResult, Context, Outputs, Status};
 use crate::config::{Settings, Target};
 use crate::git::Git;
 use crate::lock::{LockError, TargetLock};
+use crate::notify::{self, EventDoc, FailureState};
 use crate::queue::{Job, Queue, Trigger};
-use crate::store::{NewRun, Operation, Store, StoreError};
+use crate::store::{NewNotification, NewRun, Notice, Operation, Store, StoreError, TargetState};
+
+/// What a tick knows about the run it records.
+struct RunInfo {
+    id: i64,
+    op: Operation,
+    trigger: String,
+    delivery_id: Option<String>,
+    started: std::time::Instant,
+    started_ms: i64,
+    /// The target's state before this run (read under the target's lock).
+    prev: Option<TargetState>,
+}
 
 /// Slack on top of a target's `timeout` before the tick gives up on a
 /// backend that did not return (its commands are killed at `timeout`).
@@ -61,6 +74,8 @@ pub struct Engine {
     pub queue: Queue,
     pub git: Git,
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// Rung when a run put notifications in the outbox.
+    pub outbox_wake: Arc<tokio::sync::Notify>,
 }
 
 impl Engine {
@@ -79,6 +94,7 @@ impl Engine {
             store,
             settings: Arc::new(settings),
             metrics: Arc::new(crate::metrics::Metrics::new()),
+            outbox_wake: Default::default(),
         })
     }
 
@@ -191,6 +207,7 @@ impl Engine {
         let requested = job.and_then(|j| j.requested_sha.clone());
         let receiver = job.and_then(|j| j.receiver.clone());
         let started = std::time::Instant::now();
+        let started_ms = crate::store::now_ms();
         let run_id = self
             .store
             .begin_run(&NewRun {
@@ -204,6 +221,15 @@ impl Engine {
             })
             .await?;
         let state = self.store.target_state(&target.name).await?;
+        let run = RunInfo {
+            id: run_id,
+            op,
+            trigger: trigger.clone(),
+            delivery_id: delivery.clone(),
+            started,
+            started_ms,
+            prev: state.clone(),
+        };
 
         // git: the branch tip for apply; for destroy, what was last applied.
         let synced = match op {
@@ -229,7 +255,7 @@ impl Engine {
             Ok(s) => s,
             Err(e) => {
                 let status = Status::failed(e.to_string());
-                return self.finish(target, run_id, op, None, status, started).await;
+                return self.finish(target, &run, None, status).await;
             }
         };
         if let Some(req) = &requested
@@ -264,40 +290,125 @@ impl Engine {
                 }
             }
         };
-        self.finish(target, run_id, op, Some(&synced.sha), status, started)
-            .await
+        self.finish(target, &run, Some(&synced.sha), status).await
     }
 
     async fn finish(
         &self,
         target: &Target,
-        run_id: i64,
-        op: Operation,
+        run: &RunInfo,
         sha: Option<&str>,
         status: Status,
-        started: std::time::Instant,
     ) -> Result<Outcome, TickError> {
+        let notice = match run.op {
+            Operation::Apply => Some(self.notice(target, run, sha, &status)),
+            // Tearing down is an operator's act, not news for the owners.
+            Operation::Destroy => None,
+        };
         self.store
-            .finish_run(run_id, &target.name, op, sha, &status)
+            .finish_run(run.id, &target.name, run.op, sha, &status, notice.as_ref())
             .await?;
+        if notice.as_ref().is_some_and(|n| !n.outbox.is_empty()) {
+            self.outbox_wake.notify_waiters();
+        }
         self.metrics.tick(
             &target.name,
             status.result.as_str(),
-            started.elapsed().as_secs_f64(),
+            run.started.elapsed().as_secs_f64(),
         );
         let short = sha.map(|s| &s[..s.len().min(12)]).unwrap_or("-");
         match status.result {
-            ApplyResult::Failed => warn!(target = %target.name, run = run_id, sha = short,
-                operation = op.as_str(), message = %status.message, "run failed"),
-            r => info!(target = %target.name, run = run_id, sha = short,
-                operation = op.as_str(), result = r.as_str(), message = %status.message, "run finished"),
+            ApplyResult::Failed => warn!(target = %target.name, run = run.id, sha = short,
+                operation = run.op.as_str(), message = %status.message, "run failed"),
+            r => info!(target = %target.name, run = run.id, sha = short,
+                operation = run.op.as_str(), result = r.as_str(), message = %status.message, "run finished"),
         }
         Ok(Outcome::Ran {
-            run_id,
+            run_id: run.id,
             result: status.result,
             sha: sha.map(str::to_string),
             message: status.message,
         })
+    }
+
+    /// Decide who hears about this run, and build their event documents.
+    fn notice(&self, target: &Target, run: &RunInfo, sha: Option<&str>, status: &Status) -> Notice {
+        let prev = run
+            .prev
+            .as_ref()
+            .map(|s| FailureState {
+                consecutive_failures: s.consecutive_failures,
+                failing_since: s.failing_since,
+                last_notified_at: s.last_notified_at,
+                last_notified_message: s.last_notified_message.clone(),
+            })
+            .unwrap_or_default();
+        let message = notify::bounded(&status.message, notify::MESSAGE_MAX);
+        let now = crate::store::now_ms();
+        let d = notify::decide(
+            &prev,
+            status.result,
+            &message,
+            now,
+            self.settings.defaults.repeat_after,
+        );
+        let mut outbox = Vec::new();
+        if let Some(event) = d.event {
+            for name in &target.notify {
+                let Some(cfg) = self.settings.notifiers.iter().find(|n| &n.name == name) else {
+                    continue;
+                };
+                if !cfg.wants(event) {
+                    continue;
+                }
+                let uid = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
+                let doc = EventDoc {
+                    id: uid.clone(),
+                    event,
+                    target: target.name.clone(),
+                    backend: target.backend.kind().to_string(),
+                    sha: sha.map(str::to_string),
+                    short_sha: sha.map(|s| s[..s.len().min(12)].to_string()),
+                    commit_url: match (&target.web_url, sha) {
+                        (Some(w), Some(s)) => Some(format!("{w}/commit/{s}")),
+                        _ => None,
+                    },
+                    trigger: run.trigger.clone(),
+                    delivery_id: run.delivery_id.clone(),
+                    started_at: crate::store::format_ms(run.started_ms),
+                    duration_ms: run.started.elapsed().as_millis() as i64,
+                    message: message.clone(),
+                    consecutive_failures: if event == notify::Event::Recovered {
+                        prev.consecutive_failures
+                    } else {
+                        d.state.consecutive_failures
+                    },
+                    failing_for_ms: d.failing_for_ms,
+                    run_id: Some(run.id),
+                    run_url: self
+                        .settings
+                        .server
+                        .public_url
+                        .as_ref()
+                        .map(|u| format!("{u}/api/v1/runs/{}", run.id)),
+                };
+                match serde_json::to_string(&doc) {
+                    Ok(document) => outbox.push(NewNotification {
+                        uid,
+                        notifier: name.clone(),
+                        event: event.as_str().to_string(),
+                        document,
+                    }),
+                    Err(e) => error!(notifier = %name, error = %e, "cannot encode a notification"),
+                }
+            }
+        }
+        Notice {
+            failing_since: d.state.failing_since,
+            last_notified_at: d.state.last_notified_at,
+            last_notified_message: d.state.last_notified_message,
+            outbox,
+        }
     }
 
     /// The target's outputs, read from its current checkout.

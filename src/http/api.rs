@@ -154,6 +154,29 @@ async fn job_json(s: &AppState, id: i64) -> Result<Option<serde_json::Value>, Ap
     })))
 }
 
+/// `GET /api/v1/runs/{id}`
+pub(super) async fn run(
+    State(s): State<AppState>,
+    Path(id): Path<i64>,
+    headers: HeaderMap,
+) -> Response {
+    let h = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    if let Err(e) = auth::authenticate(&s.engine.settings.tokens, h) {
+        return error(StatusCode::UNAUTHORIZED, e.to_string());
+    }
+    let run = match s.engine.store.run(id).await {
+        Ok(Some(r)) => r,
+        Ok(None) => return error(StatusCode::NOT_FOUND, format!("no run {id}")),
+        Err(e) => return internal(e).into_response(),
+    };
+    if let Err(r) = check(&s, &headers, Verb::Read, &run.target) {
+        return r.into_response();
+    }
+    axum::Json(status::run_json(&run)).into_response()
+}
+
 /// `GET /api/v1/jobs/{id}`
 pub(super) async fn job(
     State(s): State<AppState>,

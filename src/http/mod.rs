@@ -109,6 +109,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/targets/{name}/pause", post(api::pause))
         .route("/api/v1/targets/{name}/resume", post(api::resume))
         .route("/api/v1/jobs/{id}", get(api::job))
+        .route("/api/v1/runs/{id}", get(api::run))
         .layer(middleware::from_fn_with_state(timeout, request_timeout));
     Router::new()
         .route("/api/v1/targets/{name}/reconcile", post(api::reconcile))

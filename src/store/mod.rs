@@ -123,6 +123,29 @@ pub struct TargetState {
     pub backend_digest: Option<String>,
     pub paused_at: Option<i64>,
     pub paused_by: Option<String>,
+    pub failing_since: Option<i64>,
+    pub last_notified_at: Option<i64>,
+    pub last_notified_message: Option<String>,
+}
+
+/// A notification to put in the outbox with a run's result.
+#[derive(Debug, Clone)]
+pub struct NewNotification {
+    pub uid: String,
+    pub notifier: String,
+    pub event: String,
+    /// The JSON event document.
+    pub document: String,
+}
+
+/// What a run's result changes for notifications, written in the same
+/// transaction as the result.
+#[derive(Debug, Clone, Default)]
+pub struct Notice {
+    pub failing_since: Option<i64>,
+    pub last_notified_at: Option<i64>,
+    pub last_notified_message: Option<String>,
+    pub outbox: Vec<NewNotification>,
 }
 
 impl Store {
@@ -259,6 +282,7 @@ impl Store {
         operation: Operation,
         sha: Option<&str>,
         status: &Status,
+        notice: Option<&Notice>,
     ) -> Result<(), StoreError> {
         let now = now_ms();
         let what = "recording a run's result";
@@ -305,6 +329,36 @@ impl Store {
             .execute(&mut *tx)
             .await
             .map_err(self.err(what))?;
+        if let Some(n) = notice {
+            sqlx::query(
+                "UPDATE targets SET failing_since = ?2, last_notified_at = ?3,
+                        last_notified_message = ?4 WHERE name = ?1",
+            )
+            .bind(target)
+            .bind(n.failing_since)
+            .bind(n.last_notified_at)
+            .bind(&n.last_notified_message)
+            .execute(&mut *tx)
+            .await
+            .map_err(self.err(what))?;
+            for o in &n.outbox {
+                sqlx::query(
+                    "INSERT INTO notifications (uid, notifier, target, run_id, event, document,
+                                                state, next_attempt_at, created_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'pending', ?7, ?7)",
+                )
+                .bind(&o.uid)
+                .bind(&o.notifier)
+                .bind(target)
+                .bind(run_id)
+                .bind(&o.event)
+                .bind(&o.document)
+                .bind(now)
+                .execute(&mut *tx)
+                .await
+                .map_err(self.err(what))?;
+            }
+        }
         tx.commit().await.map_err(self.err(what))?;
         Ok(())
     }
@@ -312,7 +366,8 @@ impl Store {
     pub async fn target_state(&self, name: &str) -> Result<Option<TargetState>, StoreError> {
         sqlx::query_as::<_, TargetState>(
             "SELECT name, backend, last_applied_sha, last_result, last_message, last_run_id,
-                    last_run_at, consecutive_failures, backend_digest, paused_at, paused_by
+                    last_run_at, consecutive_failures, backend_digest, paused_at, paused_by,
+                    failing_since, last_notified_at, last_notified_message
              FROM targets WHERE name = ?1",
         )
         .bind(name)
@@ -324,7 +379,8 @@ impl Store {
     pub async fn target_states(&self) -> Result<Vec<TargetState>, StoreError> {
         sqlx::query_as::<_, TargetState>(
             "SELECT name, backend, last_applied_sha, last_result, last_message, last_run_id,
-                    last_run_at, consecutive_failures, backend_digest, paused_at, paused_by
+                    last_run_at, consecutive_failures, backend_digest, paused_at, paused_by,
+                    failing_since, last_notified_at, last_notified_message
              FROM targets ORDER BY name",
         )
         .fetch_all(&self.pool)

@@ -1,0 +1,598 @@
+//! Notifications: who is told what, when, and the outbox that delivers it.
+//!
+//! [`decide`] turns a finished run and the target's failure history into at
+//! most one event (`failed`, `still_failing`, `recovered`, `changed`); the
+//! tick writes the event into the outbox in the same transaction as the run.
+//! The [`outbox::Sender`] delivers pending notifications with retries and
+//! exponential backoff, apart from any tick: a notifier that fails is a WARN
+//! naming the notifier — never its URL, token or password — and never
+//! changes a run's result or delays a tick. One file per kind of notifier.
+
+mod email;
+mod matrix;
+pub mod outbox;
+mod slack;
+mod webhook;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::backend::ApplyResult;
+use crate::config::SecretRef;
+
+/// What happened, as far as the owners are concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Event {
+    Failed,
+    StillFailing,
+    Recovered,
+    Changed,
+    /// Sent by `driftless notify test`.
+    Test,
+}
+
+impl Event {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Event::Failed => "failed",
+            Event::StillFailing => "still_failing",
+            Event::Recovered => "recovered",
+            Event::Changed => "changed",
+            Event::Test => "test",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Event> {
+        Some(match s {
+            "failed" => Event::Failed,
+            "still_failing" => Event::StillFailing,
+            "recovered" => Event::Recovered,
+            "changed" => Event::Changed,
+            _ => return None,
+        })
+    }
+}
+
+/// The event document: sent as-is by the `webhook` notifier, rendered as text
+/// by the others.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EventDoc {
+    /// The notification's id: the same on every retry.
+    pub id: String,
+    pub event: Event,
+    pub target: String,
+    pub backend: String,
+    pub sha: Option<String>,
+    pub short_sha: Option<String>,
+    pub commit_url: Option<String>,
+    pub trigger: String,
+    pub delivery_id: Option<String>,
+    /// RFC 3339.
+    pub started_at: String,
+    pub duration_ms: i64,
+    /// Redacted, at most [`MESSAGE_MAX`] bytes.
+    pub message: String,
+    pub consecutive_failures: i64,
+    /// For `recovered`: how long the target was failing.
+    pub failing_for_ms: Option<i64>,
+    pub run_id: Option<i64>,
+    pub run_url: Option<String>,
+}
+
+/// Messages in notifications are cut to this many bytes.
+pub const MESSAGE_MAX: usize = 4000;
+
+/// Cut `s` to at most `max` bytes at a char boundary, marking the cut.
+pub fn bounded(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{} […]", &s[..end])
+}
+
+impl EventDoc {
+    /// One line for subjects and chat: `web: failed at 1a2b3c4d5e6f`.
+    pub fn headline(&self) -> String {
+        let at = self
+            .short_sha
+            .as_deref()
+            .map(|s| format!(" at {s}"))
+            .unwrap_or_default();
+        match self.event {
+            Event::Failed => format!("{}: failed{at}", self.target),
+            Event::StillFailing => format!(
+                "{}: still failing{at} ({} failures in a row)",
+                self.target, self.consecutive_failures
+            ),
+            Event::Recovered => match self.failing_for_ms {
+                Some(ms) => format!(
+                    "{}: recovered{at} after failing for {}",
+                    self.target,
+                    humantime::format_duration(Duration::from_secs((ms / 1000).max(0) as u64))
+                ),
+                None => format!("{}: recovered{at}", self.target),
+            },
+            Event::Changed => format!("{}: changed{at}", self.target),
+            Event::Test => format!("{}: test notification", self.target),
+        }
+    }
+
+    /// The plain-text body shared by email, Slack and Matrix.
+    pub fn text(&self) -> String {
+        let mut t = format!("driftless: {}\n\n", self.headline());
+        if !self.message.is_empty() {
+            t.push_str(&self.message);
+            t.push_str("\n\n");
+        }
+        t.push_str(&format!("target: {} ({})\n", self.target, self.backend));
+        if let Some(sha) = &self.sha {
+            t.push_str(&format!("commit: {sha}\n"));
+        }
+        if let Some(u) = &self.commit_url {
+            t.push_str(&format!("commit page: {u}\n"));
+        }
+        t.push_str(&format!("trigger: {}", self.trigger));
+        if let Some(d) = &self.delivery_id {
+            t.push_str(&format!(" (delivery {d})"));
+        }
+        t.push('\n');
+        t.push_str(&format!(
+            "started: {}, took {} ms\n",
+            self.started_at, self.duration_ms
+        ));
+        if self.consecutive_failures > 0 {
+            t.push_str(&format!(
+                "consecutive failures: {}\n",
+                self.consecutive_failures
+            ));
+        }
+        if let Some(u) = &self.run_url {
+            t.push_str(&format!("run: {u}\n"));
+        }
+        t
+    }
+}
+
+/// What is remembered per target to decide the next notification.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FailureState {
+    pub consecutive_failures: i64,
+    pub failing_since: Option<i64>,
+    pub last_notified_at: Option<i64>,
+    pub last_notified_message: Option<String>,
+}
+
+/// The outcome of [`decide`]: the event to send, if any, and the new state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub event: Option<Event>,
+    pub state: FailureState,
+    /// For `recovered`.
+    pub failing_for_ms: Option<i64>,
+}
+
+/// Decide what a finished run means for the owners.
+///
+/// - first failure after a success (or ever): `failed`;
+/// - another failure: nothing — unless the message changed (`failed` again)
+///   or `repeat_after` passed since the last notification (`still_failing`);
+/// - first success after failures: `recovered`;
+/// - a success that changed something: `changed` (only notifiers that opt in).
+pub fn decide(
+    prev: &FailureState,
+    result: ApplyResult,
+    message: &str,
+    now_ms: i64,
+    repeat_after: Duration,
+) -> Decision {
+    let failing = prev.consecutive_failures > 0;
+    match (result, failing) {
+        (ApplyResult::Failed, false) => Decision {
+            event: Some(Event::Failed),
+            state: FailureState {
+                consecutive_failures: 1,
+                failing_since: Some(now_ms),
+                last_notified_at: Some(now_ms),
+                last_notified_message: Some(message.to_string()),
+            },
+            failing_for_ms: None,
+        },
+        (ApplyResult::Failed, true) => {
+            let mut state = FailureState {
+                consecutive_failures: prev.consecutive_failures + 1,
+                failing_since: prev.failing_since.or(Some(now_ms)),
+                ..prev.clone()
+            };
+            let event = if prev.last_notified_message.as_deref() != Some(message) {
+                Some(Event::Failed)
+            } else if prev
+                .last_notified_at
+                .is_none_or(|t| now_ms - t >= repeat_after.as_millis() as i64)
+            {
+                Some(Event::StillFailing)
+            } else {
+                None
+            };
+            if event.is_some() {
+                state.last_notified_at = Some(now_ms);
+                state.last_notified_message = Some(message.to_string());
+            }
+            Decision {
+                event,
+                state,
+                failing_for_ms: None,
+            }
+        }
+        (_, true) => Decision {
+            event: Some(Event::Recovered),
+            state: FailureState::default(),
+            failing_for_ms: prev.failing_since.map(|s| now_ms - s),
+        },
+        (ApplyResult::Changed, false) => Decision {
+            event: Some(Event::Changed),
+            state: FailureState::default(),
+            failing_for_ms: None,
+        },
+        (ApplyResult::NoChange, false) => Decision {
+            event: None,
+            state: FailureState::default(),
+            failing_for_ms: None,
+        },
+    }
+}
+
+/// Email transport security.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Tls {
+    Starttls,
+    Tls,
+    None,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EmailConfig {
+    pub host: String,
+    pub port: Option<u16>,
+    #[serde(default = "default_tls")]
+    pub tls: Tls,
+    pub username: Option<String>,
+    pub password_file: Option<String>,
+    pub from: String,
+    pub to: Vec<String>,
+}
+
+fn default_tls() -> Tls {
+    Tls::Starttls
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlackConfig {
+    /// The incoming-webhook URL is a secret: a file or `env:NAME`.
+    pub url_file: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MatrixConfig {
+    pub homeserver: String,
+    pub access_token_file: String,
+    pub room_id: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookConfig {
+    pub url: Option<String>,
+    pub url_file: Option<String>,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    pub secret_file: Option<String>,
+}
+
+/// The kind-specific part of a `[[notifiers]]` table.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum NotifierKind {
+    Email(EmailConfig),
+    Slack(SlackConfig),
+    Matrix(MatrixConfig),
+    Webhook(WebhookConfig),
+}
+
+/// A configured notifier. Secret fields stay references, read when sending.
+#[derive(Debug, Clone)]
+pub struct NotifierConfig {
+    pub name: String,
+    /// The events it is told about.
+    pub events: Vec<Event>,
+    pub kind: NotifierKind,
+    /// Secret references resolved against the config file's directory.
+    secrets: BTreeMap<&'static str, SecretRef>,
+}
+
+impl NotifierConfig {
+    /// Parse a `[[notifiers]]` table; errors are `(key, message)` pairs.
+    pub fn from_value(mut v: Value, base: &Path) -> Result<Self, Vec<(String, String)>> {
+        let mut errs = Vec::new();
+        let obj = v
+            .as_object_mut()
+            .ok_or_else(|| vec![("(table)".to_string(), "must be a table".to_string())])?;
+        let name = match obj.remove("name") {
+            Some(Value::String(s)) => s,
+            _ => {
+                errs.push(("name".into(), "missing or not a string".into()));
+                String::new()
+            }
+        };
+        let events = match obj.remove("events") {
+            None => vec![Event::Failed, Event::StillFailing, Event::Recovered],
+            Some(Value::Array(a)) => {
+                let mut out = Vec::new();
+                for e in a {
+                    match e.as_str().and_then(Event::parse) {
+                        Some(ev) => out.push(ev),
+                        None => errs.push((
+                            "events".into(),
+                            format!(
+                                "`{e}` is not one of failed, still_failing, recovered, changed"
+                            ),
+                        )),
+                    }
+                }
+                out
+            }
+            Some(_) => {
+                errs.push(("events".into(), "must be a list".into()));
+                vec![]
+            }
+        };
+        let kind: NotifierKind = match serde_json::from_value(v) {
+            Ok(k) => k,
+            Err(e) => {
+                let msg = e.to_string();
+                let msg = msg.split(" at line ").next().unwrap_or(&msg).to_string();
+                let key = msg
+                    .split('`')
+                    .nth(1)
+                    .filter(|_| {
+                        msg.starts_with("unknown field") || msg.starts_with("missing field")
+                    })
+                    .unwrap_or("kind")
+                    .to_string();
+                errs.push((key, msg));
+                return Err(errs);
+            }
+        };
+        let mut secrets = BTreeMap::new();
+        match &kind {
+            NotifierKind::Email(c) => {
+                if c.to.is_empty() {
+                    errs.push(("to".into(), "must list at least one address".into()));
+                }
+                for a in c.to.iter().chain(Some(&c.from)) {
+                    if !a.contains('@') {
+                        errs.push(("to".into(), format!("`{a}` is not an email address")));
+                    }
+                }
+                if c.tls == Tls::None && !is_loopback(&c.host) {
+                    errs.push((
+                        "tls".into(),
+                        format!(
+                            "`none` (no encryption) is only accepted for a loopback host, not `{}`",
+                            c.host
+                        ),
+                    ));
+                }
+                if c.password_file.is_some() != c.username.is_some() {
+                    errs.push((
+                        "password_file".into(),
+                        "username and password_file go together".into(),
+                    ));
+                }
+                if let Some(p) = &c.password_file {
+                    secrets.insert("password_file", SecretRef::parse(p, base));
+                }
+            }
+            NotifierKind::Slack(c) => {
+                secrets.insert("url_file", SecretRef::parse(&c.url_file, base));
+            }
+            NotifierKind::Matrix(c) => {
+                if !(c.homeserver.starts_with("https://") || c.homeserver.starts_with("http://")) {
+                    errs.push(("homeserver".into(), "must be an http(s):// URL".into()));
+                }
+                if !c.room_id.starts_with('!') {
+                    errs.push((
+                        "room_id".into(),
+                        format!("`{}` is not a room id (they start with `!`)", c.room_id),
+                    ));
+                }
+                secrets.insert(
+                    "access_token_file",
+                    SecretRef::parse(&c.access_token_file, base),
+                );
+            }
+            NotifierKind::Webhook(c) => {
+                match (&c.url, &c.url_file) {
+                    (Some(u), None) => {
+                        if !(u.starts_with("https://") || u.starts_with("http://")) {
+                            errs.push(("url".into(), "must be an http(s):// URL".into()));
+                        }
+                    }
+                    (None, Some(f)) => {
+                        secrets.insert("url_file", SecretRef::parse(f, base));
+                    }
+                    _ => errs.push(("url".into(), "set exactly one of url and url_file".into())),
+                }
+                if let Some(f) = &c.secret_file {
+                    secrets.insert("secret_file", SecretRef::parse(f, base));
+                }
+            }
+        }
+        if errs.is_empty() {
+            Ok(NotifierConfig {
+                name,
+                events,
+                kind,
+                secrets,
+            })
+        } else {
+            Err(errs)
+        }
+    }
+
+    pub fn kind_name(&self) -> &'static str {
+        match self.kind {
+            NotifierKind::Email(_) => "email",
+            NotifierKind::Slack(_) => "slack",
+            NotifierKind::Matrix(_) => "matrix",
+            NotifierKind::Webhook(_) => "webhook",
+        }
+    }
+
+    /// The secret references, by key, for `driftless check`.
+    pub fn secrets(&self) -> impl Iterator<Item = (&'static str, &SecretRef)> {
+        self.secrets.iter().map(|(k, v)| (*k, v))
+    }
+
+    fn secret(&self, key: &'static str) -> Result<Option<String>, SendError> {
+        match self.secrets.get(key) {
+            None => Ok(None),
+            Some(r) => r
+                .load()
+                .map(Some)
+                .map_err(|e| SendError(format!("cannot read `{key}`: {}", e.reason))),
+        }
+    }
+
+    pub fn wants(&self, event: Event) -> bool {
+        event == Event::Test || self.events.contains(&event)
+    }
+
+    /// Deliver one event. The error never contains a secret.
+    pub async fn send(&self, http: &reqwest::Client, doc: &EventDoc) -> Result<(), SendError> {
+        match &self.kind {
+            NotifierKind::Email(c) => email::send(c, self.secret("password_file")?, doc).await,
+            NotifierKind::Slack(_) => {
+                let url = self
+                    .secret("url_file")?
+                    .ok_or_else(|| SendError("no url_file".into()))?;
+                slack::send(http, &url, doc).await
+            }
+            NotifierKind::Matrix(c) => {
+                let token = self
+                    .secret("access_token_file")?
+                    .ok_or_else(|| SendError("no access_token_file".into()))?;
+                matrix::send(http, c, &token, doc).await
+            }
+            NotifierKind::Webhook(c) => {
+                let url = match &c.url {
+                    Some(u) => u.clone(),
+                    None => self
+                        .secret("url_file")?
+                        .ok_or_else(|| SendError("no url".into()))?,
+                };
+                webhook::send(http, &url, &c.headers, self.secret("secret_file")?, doc).await
+            }
+        }
+    }
+}
+
+fn is_loopback(host: &str) -> bool {
+    let h = host.trim_matches(['[', ']']);
+    h.eq_ignore_ascii_case("localhost")
+        || h.parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// A failed delivery, safe to log: it names no URL, token or password.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct SendError(pub String);
+
+impl SendError {
+    /// From an HTTP client error, without the URL (it may hold a secret).
+    fn http(e: reqwest::Error) -> SendError {
+        SendError(crate::error::chain(&e.without_url()))
+    }
+
+    /// An HTTP answer that was not a success.
+    async fn status(resp: reqwest::Response) -> Result<(), SendError> {
+        let status = resp.status();
+        if status.is_success() {
+            return Ok(());
+        }
+        let body = resp.text().await.unwrap_or_default();
+        Err(SendError(format!(
+            "answered {status}: {}",
+            bounded(body.trim(), 300)
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const H: Duration = Duration::from_secs(3600);
+
+    #[test]
+    fn the_transitions() {
+        let ok = FailureState::default();
+        // success → fail: failed
+        let d = decide(&ok, ApplyResult::Failed, "boom", 1_000, 6 * H);
+        assert_eq!(d.event, Some(Event::Failed));
+        // fail → fail, same message: nothing
+        let d2 = decide(&d.state, ApplyResult::Failed, "boom", 2_000, 6 * H);
+        assert_eq!(d2.event, None);
+        assert_eq!(d2.state.consecutive_failures, 2);
+        // fail → fail, new message: failed again
+        let d3 = decide(&d2.state, ApplyResult::Failed, "bang", 3_000, 6 * H);
+        assert_eq!(d3.event, Some(Event::Failed));
+        // the same message after repeat_after: still_failing
+        let later = 3_000 + (6 * H).as_millis() as i64;
+        let d4 = decide(&d3.state, ApplyResult::Failed, "bang", later, 6 * H);
+        assert_eq!(d4.event, Some(Event::StillFailing));
+        let d5 = decide(&d4.state, ApplyResult::Failed, "bang", later + 1, 6 * H);
+        assert_eq!(d5.event, None);
+        // → success: recovered, with how long
+        let d6 = decide(&d5.state, ApplyResult::NoChange, "", later + 10, 6 * H);
+        assert_eq!(d6.event, Some(Event::Recovered));
+        assert_eq!(d6.failing_for_ms, Some(later + 10 - 1_000));
+        assert_eq!(d6.state, FailureState::default());
+        // success → success: nothing, or `changed`
+        assert_eq!(decide(&ok, ApplyResult::NoChange, "", 1, H).event, None);
+        assert_eq!(
+            decide(&ok, ApplyResult::Changed, "", 1, H).event,
+            Some(Event::Changed)
+        );
+    }
+
+    #[test]
+    fn loopback_hosts() {
+        for h in ["127.0.0.1", "localhost", "::1", "[::1]", "127.1.2.3"] {
+            assert!(is_loopback(h), "{h}");
+        }
+        for h in ["smtp.example.net", "10.0.0.1", "192.168.1.1"] {
+            assert!(!is_loopback(h), "{h}");
+        }
+    }
+
+    #[test]
+    fn messages_are_bounded_at_char_boundaries() {
+        assert_eq!(bounded("short", 10), "short");
+        let b = bounded(&"é".repeat(10), 5);
+        assert!(b.starts_with("éé") && b.ends_with("[…]"), "{b}");
+    }
+}

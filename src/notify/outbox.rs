@@ -1,0 +1,273 @@
+//! The notification outbox: rows written with the run that caused them,
+//! delivered by a [`Sender`] with retries and exponential backoff.
+//!
+//! A row is claimed before it is sent (so the daemon and a one-shot `tick`
+//! never both send it), then marked sent, or rescheduled, or — after
+//! [`MAX_ATTEMPTS`] — given up with an ERROR. A process that dies mid-send
+//! leaves the claim to expire and the row is sent again (Matrix dedupes by
+//! transaction id; the webhook carries the same `X-Driftless-Delivery`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use sqlx::FromRow;
+use tokio::sync::{Notify, watch};
+use tracing::{error, info, warn};
+
+use super::{EventDoc, NotifierConfig, SendError};
+use crate::config::Settings;
+use crate::store::{Store, StoreError, format_ms, now_ms};
+
+/// Attempts before a notification is given up.
+pub const MAX_ATTEMPTS: i64 = 10;
+/// How long a claimed row is left alone by other senders.
+const CLAIM: Duration = Duration::from_secs(120);
+/// How often the sender looks when nothing wakes it.
+const POLL: Duration = Duration::from_secs(2);
+
+/// The wait before attempt `n + 1` after `n` failures: 2 s, 4 s, 8 s, … 10 min.
+pub fn backoff(failures: i64) -> Duration {
+    let exp = failures.clamp(1, 20) as u32 - 1;
+    Duration::from_secs(2u64.saturating_mul(1 << exp).min(600))
+}
+
+/// An outbox row.
+#[derive(Debug, Clone, FromRow, Serialize)]
+pub struct Notification {
+    pub id: i64,
+    pub uid: String,
+    pub notifier: String,
+    pub target: String,
+    pub run_id: Option<i64>,
+    pub event: String,
+    #[serde(skip)]
+    pub document: String,
+    pub state: String,
+    pub attempts: i64,
+    pub next_attempt_at: i64,
+    pub last_error: Option<String>,
+    pub created_at: i64,
+    pub sent_at: Option<i64>,
+}
+
+/// Pending (and given-up) notifications, oldest first.
+pub async fn list(store: &Store, include_given_up: bool) -> Result<Vec<Notification>, StoreError> {
+    sqlx::query_as::<_, Notification>(
+        "SELECT id, uid, notifier, target, run_id, event, document, state, attempts,
+                next_attempt_at, last_error, created_at, sent_at
+         FROM notifications
+         WHERE state = 'pending' OR (?1 AND state = 'given_up')
+         ORDER BY id",
+    )
+    .bind(include_given_up)
+    .fetch_all(store.pool())
+    .await
+    .map_err(store.err("reading the notification outbox"))
+}
+
+/// Every notification of a target, oldest first (for tests and audits).
+pub async fn for_target(store: &Store, target: &str) -> Result<Vec<Notification>, StoreError> {
+    sqlx::query_as::<_, Notification>(
+        "SELECT id, uid, notifier, target, run_id, event, document, state, attempts,
+                next_attempt_at, last_error, created_at, sent_at
+         FROM notifications WHERE target = ?1 ORDER BY id",
+    )
+    .bind(target)
+    .fetch_all(store.pool())
+    .await
+    .map_err(store.err("reading the notification outbox"))
+}
+
+/// Delivers the outbox.
+#[derive(Clone)]
+pub struct Sender {
+    store: Store,
+    notifiers: Arc<HashMap<String, NotifierConfig>>,
+    http: reqwest::Client,
+}
+
+impl Sender {
+    pub fn new(settings: &Settings, store: Store) -> Result<Sender, SendError> {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .connect_timeout(Duration::from_secs(10))
+            .user_agent(concat!("driftless/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| {
+                SendError(format!(
+                    "cannot build the HTTP client: {}",
+                    crate::error::chain(&e)
+                ))
+            })?;
+        Ok(Sender {
+            store,
+            notifiers: Arc::new(
+                settings
+                    .notifiers
+                    .iter()
+                    .map(|n| (n.name.clone(), n.clone()))
+                    .collect(),
+            ),
+            http,
+        })
+    }
+
+    /// Send one event now, outside the outbox (`driftless notify test`).
+    pub async fn send_now(&self, notifier: &str, doc: &EventDoc) -> Result<(), SendError> {
+        let n = self
+            .notifiers
+            .get(notifier)
+            .ok_or_else(|| SendError(format!("no notifier named `{notifier}`")))?;
+        n.send(&self.http, doc).await
+    }
+
+    /// One pass over the due notifications. Returns how many were attempted.
+    pub async fn deliver_due(&self) -> Result<usize, StoreError> {
+        let now = now_ms();
+        let due: Vec<(i64, i64)> = sqlx::query_as(
+            "SELECT id, next_attempt_at FROM notifications
+             WHERE state = 'pending' AND next_attempt_at <= ?1 ORDER BY id LIMIT 100",
+        )
+        .bind(now)
+        .fetch_all(self.store.pool())
+        .await
+        .map_err(self.store.err("reading the notification outbox"))?;
+        let mut attempted = 0;
+        for (id, seen_next) in due {
+            // Claim it: only one sender moves next_attempt_at from what it saw.
+            let claimed = sqlx::query_as::<_, Notification>(
+                "UPDATE notifications SET next_attempt_at = ?3
+                 WHERE id = ?1 AND state = 'pending' AND next_attempt_at = ?2
+                 RETURNING id, uid, notifier, target, run_id, event, document, state, attempts,
+                           next_attempt_at, last_error, created_at, sent_at",
+            )
+            .bind(id)
+            .bind(seen_next)
+            .bind(now + CLAIM.as_millis() as i64)
+            .fetch_optional(self.store.pool())
+            .await
+            .map_err(self.store.err("claiming a notification"))?;
+            let Some(n) = claimed else { continue };
+            attempted += 1;
+            let result = match (
+                self.notifiers.get(&n.notifier),
+                serde_json::from_str::<EventDoc>(&n.document),
+            ) {
+                (None, _) => Err(SendError(format!(
+                    "notifier `{}` is no longer configured",
+                    n.notifier
+                ))),
+                (_, Err(e)) => Err(SendError(format!("unreadable event document: {e}"))),
+                (Some(cfg), Ok(doc)) => cfg.send(&self.http, &doc).await,
+            };
+            self.record(&n, result).await?;
+        }
+        Ok(attempted)
+    }
+
+    async fn record(
+        &self,
+        n: &Notification,
+        result: Result<(), SendError>,
+    ) -> Result<(), StoreError> {
+        let now = now_ms();
+        match result {
+            Ok(()) => {
+                info!(notifier = %n.notifier, target = %n.target, event = %n.event, id = n.id, "notification sent");
+                sqlx::query(
+                    "UPDATE notifications SET state = 'sent', sent_at = ?2, attempts = attempts + 1,
+                            last_error = NULL WHERE id = ?1",
+                )
+                .bind(n.id)
+                .bind(now)
+                .execute(self.store.pool())
+                .await
+                .map_err(self.store.err("recording a sent notification"))?;
+            }
+            Err(e) => {
+                let attempts = n.attempts + 1;
+                if attempts >= MAX_ATTEMPTS {
+                    error!(notifier = %n.notifier, target = %n.target, event = %n.event, id = n.id,
+                           attempts, error = %e, "notification given up");
+                    sqlx::query(
+                        "UPDATE notifications SET state = 'given_up', attempts = ?2, last_error = ?3
+                         WHERE id = ?1",
+                    )
+                    .bind(n.id)
+                    .bind(attempts)
+                    .bind(&e.0)
+                    .execute(self.store.pool())
+                    .await
+                    .map_err(self.store.err("recording a failed notification"))?;
+                } else {
+                    let wait = backoff(attempts);
+                    warn!(notifier = %n.notifier, target = %n.target, event = %n.event, id = n.id,
+                          attempts, retry_in = %humantime::format_duration(wait), error = %e,
+                          "notification failed; will retry");
+                    sqlx::query(
+                        "UPDATE notifications SET attempts = ?2, last_error = ?3, next_attempt_at = ?4
+                         WHERE id = ?1",
+                    )
+                    .bind(n.id)
+                    .bind(attempts)
+                    .bind(&e.0)
+                    .bind(now + wait.as_millis() as i64)
+                    .execute(self.store.pool())
+                    .await
+                    .map_err(self.store.err("recording a failed notification"))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Deliver until `shutdown`; `wake` says something new is in the outbox.
+    pub async fn run(self, wake: Arc<Notify>, mut shutdown: watch::Receiver<bool>) {
+        loop {
+            let notified = wake.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Err(e) = self.deliver_due().await {
+                error!(error = %e, "cannot read or update the notification outbox");
+            }
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = tokio::time::sleep(POLL) => {}
+                _ = shutdown.changed() => {}
+            }
+            if *shutdown.borrow() {
+                return;
+            }
+        }
+    }
+}
+
+/// A row for `driftless notify pending`.
+pub fn describe(n: &Notification) -> String {
+    format!(
+        "{:<6} {:<14} {:<20} {:<14} {:<9} {:>3}  next {}  {}",
+        n.id,
+        n.notifier,
+        n.target,
+        n.event,
+        n.state,
+        n.attempts,
+        format_ms(n.next_attempt_at),
+        n.last_error.as_deref().unwrap_or("")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        assert_eq!(backoff(1), Duration::from_secs(2));
+        assert_eq!(backoff(2), Duration::from_secs(4));
+        assert_eq!(backoff(5), Duration::from_secs(32));
+        assert_eq!(backoff(30), Duration::from_secs(600));
+    }
+}
