@@ -23,6 +23,13 @@ need_apt openssl openssl   # a test CA for the https remote
 need_apt ssh openssh-client
 need_apt /usr/sbin/sshd openssh-server   # an ssh remote on 127.0.0.1
 
+# Real servers for the notification tests, from PyPI: an SMTP server and a
+# Matrix homeserver (Synapse, on SQLite; it starts in a couple of seconds).
+if ! python3 -c 'import aiosmtpd, synapse' >/dev/null 2>&1; then
+  echo "== installing aiosmtpd and matrix-synapse (pip)"
+  python3 -m pip install -q --disable-pip-version-check aiosmtpd matrix-synapse
+fi
+
 # Terraform is not in Debian's archive; the tests use the real one on the
 # PATH (this machine kind ships 1.11), or OpenTofu if that is what you have.
 if ! command -v terraform >/dev/null 2>&1; then

@@ -745,3 +745,194 @@ impl Drop for Intake {
         }
     }
 }
+
+/// A child process killed when dropped.
+pub struct Service {
+    child: Child,
+    pub port: u16,
+    pub dir: PathBuf,
+}
+
+impl Service {
+    fn spawn(mut cmd: Command, port: u16, dir: PathBuf, log: &Path, what: &str) -> Service {
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(log).expect("log"))
+            .stderr(std::fs::File::create(log.with_extension("err")).expect("log"))
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+        wait_for(Duration::from_secs(60), what, || {
+            TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+        Service { child, port, dir }
+    }
+
+    /// `tests/http_sink.py`: records requests; the first `fail_first` get 500.
+    pub fn http_sink(root: &Path, fail_first: u32) -> Service {
+        let port = free_port();
+        let dir = root.join(format!("sink-{port}"));
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let mut cmd = Command::new("python3");
+        cmd.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/http_sink.py"))
+            .arg(port.to_string())
+            .arg(dir.join("requests.jsonl"))
+            .arg(fail_first.to_string());
+        Self::spawn(
+            cmd,
+            port,
+            dir.clone(),
+            &dir.join("sink.log"),
+            "the HTTP sink",
+        )
+    }
+
+    /// The requests an HTTP sink received, in order.
+    pub fn requests(&self) -> Vec<Value> {
+        std::fs::read_to_string(self.dir.join("requests.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("json line"))
+            .collect()
+    }
+
+    /// A real SMTP server (aiosmtpd) delivering into a Maildir, on `port`.
+    pub fn smtp(root: &Path, port: u16) -> Service {
+        let dir = root.join(format!("smtp-{port}"));
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let mut cmd = Command::new("python3");
+        cmd.args(["-m", "aiosmtpd", "-n", "-l"])
+            .arg(format!("127.0.0.1:{port}"))
+            .args(["-c", "aiosmtpd.handlers.Mailbox"])
+            .arg(dir.join("Maildir"));
+        Self::spawn(
+            cmd,
+            port,
+            dir.clone(),
+            &dir.join("smtp.log"),
+            "aiosmtpd (pip install aiosmtpd)",
+        )
+    }
+
+    /// The raw messages an SMTP server stored.
+    pub fn mails(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for sub in ["new", "cur"] {
+            if let Ok(d) = std::fs::read_dir(self.dir.join("Maildir").join(sub)) {
+                for e in d.flatten() {
+                    out.push(std::fs::read_to_string(e.path()).unwrap_or_default());
+                }
+            }
+        }
+        out
+    }
+
+    /// A real Matrix homeserver (Synapse, SQLite) with one user; returns the
+    /// server, the user's access token and a room it created.
+    pub fn synapse(root: &Path) -> (Service, String, String) {
+        let port = free_port();
+        let dir = root.join("synapse");
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let d = dir.display();
+        let cfg = dir.join("homeserver.yaml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "server_name: \"localhost\"\npid_file: {d}/homeserver.pid\n\
+                 listeners:\n  - port: {port}\n    bind_addresses: ['127.0.0.1']\n    type: http\n    tls: false\n    x_forwarded: false\n    resources:\n      - names: [client]\n        compress: false\n\
+                 database:\n  name: sqlite3\n  args:\n    database: {d}/homeserver.db\n\
+                 media_store_path: {d}/media\nregistration_shared_secret: \"test-shared-secret\"\n\
+                 report_stats: false\nsigning_key_path: {d}/signing.key\ntrusted_key_servers: []\n\
+                 suppress_key_server_warning: true\nenable_metrics: false\n\
+                 rc_message: {{per_second: 1000, burst_count: 1000}}\n\
+                 rc_registration: {{per_second: 1000, burst_count: 1000}}\n\
+                 rc_login:\n  address: {{per_second: 1000, burst_count: 1000}}\n  account: {{per_second: 1000, burst_count: 1000}}\n  failed_attempts: {{per_second: 1000, burst_count: 1000}}\n"
+            ),
+        )
+        .expect("homeserver.yaml");
+        let keys = Command::new("python3")
+            .args(["-m", "synapse.app.homeserver", "--config-path"])
+            .arg(&cfg)
+            .arg("--generate-keys")
+            .output()
+            .expect("synapse (pip install matrix-synapse)");
+        assert!(
+            keys.status.success(),
+            "synapse --generate-keys: {}",
+            text(&keys.stderr)
+        );
+        let mut cmd = Command::new("python3");
+        cmd.args(["-m", "synapse.app.homeserver", "-c"]).arg(&cfg);
+        let server = Self::spawn(cmd, port, dir.clone(), &dir.join("synapse.log"), "synapse");
+        wait_for(Duration::from_secs(60), "synapse to answer", || {
+            http_get(port, "/_matrix/client/versions").is_some_and(|(c, _)| c == 200)
+        });
+        let reg = Command::new("python3")
+            .args(["-c", "import sys; from synapse._scripts.register_new_matrix_user import main; sys.argv[0] = 'register_new_matrix_user'; sys.exit(main())"])
+            .args(["-u", "driftless", "-p", "driftless-password", "-a", "-c"])
+            .arg(&cfg)
+            .arg(format!("http://127.0.0.1:{port}"))
+            .output()
+            .expect("register_new_matrix_user");
+        assert!(
+            reg.status.success(),
+            "register: {}{}",
+            text(&reg.stdout),
+            text(&reg.stderr)
+        );
+        let login = http(
+            port,
+            "POST",
+            "/_matrix/client/v3/login",
+            &[("Content-Type", "application/json")],
+            br#"{"type":"m.login.password","identifier":{"type":"m.id.user","user":"driftless"},"password":"driftless-password"}"#,
+        );
+        let token = login.json()["access_token"]
+            .as_str()
+            .expect("access token")
+            .to_string();
+        let auth = format!("Bearer {token}");
+        let room = http(
+            port,
+            "POST",
+            "/_matrix/client/v3/createRoom",
+            &[
+                ("Content-Type", "application/json"),
+                ("Authorization", &auth),
+            ],
+            br#"{"name":"ops"}"#,
+        );
+        let room = room.json()["room_id"]
+            .as_str()
+            .expect("room id")
+            .to_string();
+        (server, token, room)
+    }
+
+    /// The bodies of the text messages in a Matrix room, oldest first.
+    pub fn matrix_messages(&self, token: &str, room: &str) -> Vec<String> {
+        let enc: String = room.replace('!', "%21").replace(':', "%3A");
+        let r = http(
+            self.port,
+            "GET",
+            &format!("/_matrix/client/v3/rooms/{enc}/messages?dir=b&limit=100"),
+            &[("Authorization", &format!("Bearer {token}"))],
+            b"",
+        );
+        let mut out: Vec<String> = r.json()["chunk"]
+            .as_array()
+            .expect("chunk")
+            .iter()
+            .filter(|e| e["type"] == "m.room.message")
+            .filter_map(|e| e["content"]["body"].as_str().map(str::to_string))
+            .collect();
+        out.reverse();
+        out
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,363 @@
+//! Notifications against real servers on 127.0.0.1: an HTTP receiver for
+//! the webhook and Slack notifiers, aiosmtpd for email, Synapse for Matrix.
+//! Runs are driven with `driftless tick`, which delivers the outbox before
+//! it exits.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+
+const HOOK_SECRET: &str = "notify-hook-secret-3c1f";
+
+/// An exec target that fails with the content of `fail` (if present).
+fn failing_target(remote: &Remote, notify: &str, extra: &str) -> String {
+    exec_target(
+        "app",
+        &remote.url(),
+        &format!("notify = {notify}\nweb_url = \"https://git.example.net/ops/infra\"\n{extra}"),
+        "apply = [\"sh\", \"-c\", \"if [ -f fail ]; then cat fail >&2; exit 1; fi\"]\nalways = true",
+    )
+}
+
+fn events(sink: &Service, path: &str) -> Vec<Value> {
+    sink.requests()
+        .into_iter()
+        .filter(|r| r["path"] == path && r["answered"] == 200)
+        .map(|r| serde_json::from_str(r["body"].as_str().expect("body")).expect("json body"))
+        .collect()
+}
+
+#[test]
+fn the_transitions_drive_exactly_the_expected_notifications() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(&[("app/ok", "1")], "first");
+    let sink = Service::http_sink(root.path(), 0);
+    let secret = root.path().join("hook-secret");
+    std::fs::write(&secret, HOOK_SECRET).expect("write");
+    let slack_url = root.path().join("slack-url");
+    std::fs::write(
+        &slack_url,
+        format!("http://127.0.0.1:{}/slack/T000/B000/XXXX", sink.port),
+    )
+    .expect("write");
+    let cfg = format!(
+        "[[notifiers]]\nname = \"hook\"\nkind = \"webhook\"\nurl = \"http://127.0.0.1:{p}/hook\"\nsecret_file = {s}\nheaders = {{ X-Team = \"ops\" }}\n\n\
+         [[notifiers]]\nname = \"changes\"\nkind = \"webhook\"\nurl = \"http://127.0.0.1:{p}/changes\"\nevents = [\"changed\"]\n\n\
+         [[notifiers]]\nname = \"chat\"\nkind = \"slack\"\nurl_file = {u}\n\n\
+         {t}",
+        p = sink.port,
+        s = toml_str(&secret.display().to_string()),
+        u = toml_str(&slack_url.display().to_string()),
+        t = failing_target(
+            &remote,
+            "[\"hook\", \"changes\", \"chat\"]",
+            "path = \"app\""
+        ),
+    );
+    let s = Setup::new(&cfg);
+    let cfg = std::fs::read_to_string(&s.config).expect("config");
+    std::fs::write(
+        &s.config,
+        cfg.replacen(
+            "workers = 4\n",
+            "workers = 4\npublic_url = \"https://driftless.example.net/\"\n",
+            1,
+        ),
+    )
+    .expect("config");
+    let tick = |code: i32| {
+        let out = s.run(&["tick", "app"]);
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "{}{}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+    };
+
+    tick(0); // first run: changed (only the opted-in notifier hears)
+    let a = remote.commit(&[("app/fail", "disk full on /var\n")], "break");
+    tick(1); // success → fail: failed
+    tick(1); // same message: nothing
+    let b = remote.commit(
+        &[("app/fail", "network unreachable\n")],
+        "break differently",
+    );
+    tick(1); // new message: failed
+    let c = remote.delete("app/fail", "fix");
+    tick(0); // recovered
+
+    let hook = events(&sink, "/hook");
+    let kinds: Vec<&str> = hook
+        .iter()
+        .map(|e| e["event"].as_str().expect("event"))
+        .collect();
+    assert_eq!(kinds, ["failed", "failed", "recovered"], "{hook:#?}");
+    assert_eq!(hook[0]["sha"], a);
+    assert_eq!(hook[0]["short_sha"], &a[..12]);
+    assert!(
+        hook[0]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("disk full on /var"),
+        "{}",
+        hook[0]
+    );
+    assert_eq!(hook[0]["consecutive_failures"], 1);
+    assert_eq!(hook[0]["target"], "app");
+    assert_eq!(hook[0]["backend"], "exec");
+    assert_eq!(hook[0]["trigger"], "cli");
+    assert_eq!(
+        hook[0]["commit_url"],
+        format!("https://git.example.net/ops/infra/commit/{a}")
+    );
+    let run_url = hook[0]["run_url"].as_str().expect("run_url");
+    assert!(
+        run_url.starts_with("https://driftless.example.net/api/v1/runs/"),
+        "{run_url}"
+    );
+    assert_eq!(hook[1]["sha"], b);
+    assert!(
+        hook[1]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("network unreachable")
+    );
+    assert_eq!(hook[1]["consecutive_failures"], 3);
+    assert_eq!(hook[2]["sha"], c);
+    assert_eq!(hook[2]["consecutive_failures"], 3);
+    assert!(hook[2]["failing_for_ms"].as_i64().expect("failing_for_ms") >= 0);
+
+    // Every webhook body is signed, and carries the extra header.
+    for r in sink.requests().iter().filter(|r| r["path"] == "/hook") {
+        let body = r["body"].as_str().expect("body");
+        let want = format!("sha256={}", hmac_hex(HOOK_SECRET, body.as_bytes()));
+        assert_eq!(r["headers"]["x-driftless-signature-256"], want.as_str());
+        assert_eq!(r["headers"]["x-team"], "ops");
+        assert_eq!(r["headers"]["content-type"], "application/json");
+    }
+    // The opted-in notifier heard about the changes only.
+    let changes: Vec<String> = events(&sink, "/changes")
+        .iter()
+        .map(|e| e["event"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert_eq!(changes, ["changed"]);
+    // Slack got text and blocks for the same three events.
+    let slack = events(&sink, "/slack/T000/B000/XXXX");
+    assert_eq!(slack.len(), 3);
+    assert!(
+        slack[0]["text"]
+            .as_str()
+            .unwrap_or("")
+            .contains("app: failed at"),
+        "{}",
+        slack[0]
+    );
+    assert!(slack[0]["blocks"].as_array().is_some_and(|b| !b.is_empty()));
+    // Nothing left in the outbox.
+    let out = s.run(&["notify", "pending"]);
+    assert!(
+        text(&out.stdout).contains("no notifications pending"),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
+#[test]
+fn email_is_retried_until_the_server_is_back_and_never_changes_the_result() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    let sha = remote.commit(&[("fail", "terraform state is locked\n")], "first");
+    let port = free_port(); // nothing listens here yet
+    let cfg = format!(
+        "[[notifiers]]\nname = \"ops-mail\"\nkind = \"email\"\nhost = \"127.0.0.1\"\nport = {port}\ntls = \"none\"\n\
+         from = \"driftless@example.net\"\nto = [\"ops@example.net\", \"oncall@example.net\"]\n\n{}",
+        failing_target(&remote, "[\"ops-mail\"]", "")
+    );
+    let s = Setup::new(&cfg);
+    let out = s.run(&["tick", "app"]);
+    // The run failed because of the backend, not the notifier.
+    assert_eq!(out.status.code(), Some(1));
+    let st = s.target_status("app");
+    assert_eq!(st["last_result"], "failed");
+    assert!(
+        st["last_message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("terraform state is locked")
+    );
+    let log = text(&out.stderr);
+    assert!(
+        log.contains("notification failed") && log.contains("ops-mail"),
+        "{log}"
+    );
+    let pending = text(&s.run(&["notify", "pending"]).stdout);
+    assert!(
+        pending.contains("ops-mail") && pending.contains("failed"),
+        "{pending}"
+    );
+
+    // The server comes up; the next pass (after the 2 s backoff) delivers.
+    let smtp = Service::smtp(root.path(), port);
+    std::thread::sleep(Duration::from_millis(2200));
+    let out = s.run(&["tick", "app"]); // same message: no new notification
+    assert_eq!(out.status.code(), Some(1));
+    wait_for(Duration::from_secs(10), "the mail", || {
+        !smtp.mails().is_empty()
+    });
+    // Undo quoted-printable soft line breaks.
+    let mails: Vec<String> = smtp
+        .mails()
+        .iter()
+        .map(|m| m.replace("=\r\n", "").replace("=\n", ""))
+        .collect();
+    assert_eq!(mails.len(), 1, "{mails:#?}");
+    let m = &mails[0];
+    assert!(
+        m.contains(&format!(
+            "Subject: [driftless] app: failed at {}",
+            &sha[..12]
+        )),
+        "{m}"
+    );
+    assert!(
+        m.contains("ops@example.net") && m.contains("oncall@example.net"),
+        "{m}"
+    );
+    assert!(m.contains("terraform state is locked"), "{m}");
+    let pending = text(&s.run(&["notify", "pending"]).stdout);
+    assert!(pending.contains("no notifications pending"), "{pending}");
+}
+
+#[test]
+fn matrix_messages_arrive_once_even_when_sent_twice() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(&[("fail", "apply timed out\n")], "first");
+    let (synapse, token, room) = Service::synapse(root.path());
+    let token_file = root.path().join("matrix-token");
+    std::fs::write(&token_file, &token).expect("write");
+    let cfg = format!(
+        "[[notifiers]]\nname = \"matrix\"\nkind = \"matrix\"\nhomeserver = \"http://127.0.0.1:{}\"\n\
+         access_token_file = {}\nroom_id = \"{room}\"\n\n{}",
+        synapse.port,
+        toml_str(&token_file.display().to_string()),
+        failing_target(&remote, "[\"matrix\"]", "")
+    );
+    let s = Setup::new(&cfg);
+    assert_eq!(s.run(&["tick", "app"]).status.code(), Some(1));
+    let msgs = synapse.matrix_messages(&token, &room);
+    assert_eq!(msgs.len(), 1, "{msgs:#?}");
+    assert!(
+        msgs[0].contains("app: failed at") && msgs[0].contains("apply timed out"),
+        "{}",
+        msgs[0]
+    );
+
+    // Resend the same notification (as after a crash between send and
+    // record): the transaction id makes the homeserver ignore the repeat.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("rt");
+    rt.block_on(async {
+        let store = driftless::store::Store::open(&s.db()).await.expect("db");
+        sqlx::query("UPDATE notifications SET state = 'pending', next_attempt_at = 0")
+            .execute(store.pool())
+            .await
+            .expect("reset");
+    });
+    assert_eq!(s.run(&["tick", "app"]).status.code(), Some(1)); // delivers the due row again
+    let pending = text(&s.run(&["notify", "pending"]).stdout);
+    assert!(pending.contains("no notifications pending"), "{pending}");
+    assert_eq!(
+        synapse.matrix_messages(&token, &room).len(),
+        1,
+        "posted twice"
+    );
+
+    // notify test goes through too.
+    let out = s.run(&["notify", "test", "matrix"]);
+    assert!(out.status.success(), "{}", text(&out.stdout));
+    let msgs = synapse.matrix_messages(&token, &room);
+    assert_eq!(msgs.len(), 2);
+    assert!(msgs[1].contains("test notification"), "{}", msgs[1]);
+}
+
+#[test]
+fn secrets_never_reach_a_message_or_a_log_line() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(&[("x", "1")], "first");
+    let sink = Service::http_sink(root.path(), 1); // the first delivery fails
+    let output_canary = "canary-output-9d7e1b";
+    let url_canary = "canary-url-4f2a8c";
+    let password_canary = "canary-password-61b0e3";
+    let url_file = root.path().join("slack-url");
+    std::fs::write(
+        &url_file,
+        format!("http://127.0.0.1:{}/services/{url_canary}", sink.port),
+    )
+    .expect("write");
+    let password_file = root.path().join("smtp-password");
+    std::fs::write(&password_file, password_canary).expect("write");
+    let closed = free_port();
+    let cfg = format!(
+        "[[notifiers]]\nname = \"chat\"\nkind = \"slack\"\nurl_file = {}\n\n\
+         [[notifiers]]\nname = \"mail\"\nkind = \"email\"\nhost = \"127.0.0.1\"\nport = {closed}\ntls = \"none\"\n\
+         username = \"driftless\"\npassword_file = {}\nfrom = \"d@example.net\"\nto = [\"ops@example.net\"]\n\n\
+         {}",
+        toml_str(&url_file.display().to_string()),
+        toml_str(&password_file.display().to_string()),
+        exec_target(
+            "app",
+            &remote.url(),
+            "notify = [\"chat\", \"mail\"]",
+            "apply = [\"sh\", \"-c\", \"echo using $API_KEY; echo failed with key $API_KEY >&2; exit 1\"]\n\
+             env = { API_KEY = \"env:DRIFTLESS_TEST_API_KEY\" }",
+        )
+    );
+    let s = Setup::new(&cfg);
+    let mut logs = String::new();
+    for _ in 0..3 {
+        let out = std::process::Command::new(bin())
+            .args(["--config", s.config.to_str().expect("utf8"), "tick", "app"])
+            .env("DRIFTLESS_TEST_API_KEY", output_canary)
+            .env("RUST_LOG", "debug")
+            .output()
+            .expect("tick");
+        logs.push_str(&text(&out.stdout));
+        logs.push_str(&text(&out.stderr));
+        std::thread::sleep(Duration::from_millis(2100)); // past the first backoff
+    }
+    // The Slack message was delivered on the second attempt.
+    let delivered: Vec<Value> = sink.requests();
+    assert!(
+        delivered.iter().any(|r| r["answered"] == 200),
+        "{delivered:#?}"
+    );
+    let bodies: String = delivered
+        .iter()
+        .map(|r| r["body"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert!(bodies.contains("[REDACTED]"), "{bodies}");
+    for canary in [output_canary, url_canary, password_canary] {
+        assert!(!bodies.contains(canary), "{canary} in a delivered message");
+        assert!(!logs.contains(canary), "{canary} in the logs:\n{logs}");
+    }
+    assert!(
+        logs.contains("notifier=chat") && logs.contains("notifier=mail"),
+        "{logs}"
+    );
+    // Nor in the outbox or the run records.
+    let dump = text(&s.run(&["notify", "pending", "--all"]).stdout)
+        + &serde_json::to_string(&s.history("app")).expect("json");
+    for canary in [output_canary, url_canary, password_canary] {
+        assert!(!dump.contains(canary), "{canary} stored: {dump}");
+    }
+}
