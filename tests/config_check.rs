@@ -200,6 +200,40 @@ fn receivers_and_tokens_are_checked() {
 }
 
 #[test]
+fn notifiers_are_checked() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write(
+        dir.path(),
+        "state_dir = \"state\"\n[defaults]\nnotify = [\"pager\"]\nrepeat_after = \"often\"\n\
+         [[notifiers]]\nname = \"mail\"\nkind = \"email\"\nhost = \"smtp.example.net\"\ntls = \"none\"\nfrom = \"d@example.net\"\nto = []\n\
+         [[notifiers]]\nname = \"room\"\nkind = \"matrix\"\nhomeserver = \"matrix.example.net\"\naccess_token_file = \"t\"\nroom_id = \"ops\"\n\
+         [[notifiers]]\nname = \"hook\"\nkind = \"webhook\"\nurl = \"https://hooks.example.net/x\"\nevents = [\"exploded\"]\n\
+         [[notifiers]]\nname = \"chat\"\nkind = \"slack\"\nurl_file = \"missing-slack-url\"\n\
+         [[targets]]\nname = \"a\"\nrepo = \"https://example.net/r.git\"\nnotify = [\"chat\", \"nobody\"]\n\
+         [targets.backend]\nkind = \"exec\"\napply = [\"true\"]\n",
+    );
+    let out = driftless(&config, &["check"]);
+    assert_eq!(out.status.code(), Some(1));
+    let report = text(&out.stdout);
+    for expected in [
+        "defaults: key `notify`: no notifier named `pager`",
+        "defaults: key `repeat_after`: `often` is not a duration",
+        "notifiers[mail]: key `tls`: `none` (no encryption) is only accepted for a loopback host",
+        "notifiers[mail]: key `to`: must list at least one address",
+        "notifiers[room]: key `homeserver`: must be an http(s):// URL",
+        "notifiers[room]: key `room_id`: `ops` is not a room id",
+        "notifiers[hook]: key `events`",
+        "targets[a]: key `notify`: no notifier named `nobody`",
+        "notifiers[chat]: key `url_file`: cannot read secret file:",
+    ] {
+        assert!(
+            report.contains(expected),
+            "missing {expected:?} in:\n{report}"
+        );
+    }
+}
+
+#[test]
 fn a_missing_config_file_says_how_to_name_one() {
     let out = Command::new(bin())
         .args(["--config", "/nonexistent/driftless.toml", "status"])

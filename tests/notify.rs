@@ -361,3 +361,36 @@ fn secrets_never_reach_a_message_or_a_log_line() {
         assert!(!dump.contains(canary), "{canary} stored: {dump}");
     }
 }
+
+#[test]
+fn the_daemon_sends_notifications_promptly() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(&[("fail", "quota exceeded\n")], "first");
+    let sink = Service::http_sink(root.path(), 0);
+    let cfg = format!(
+        "[defaults]\nnotify = [\"hook\"]\n\n[[notifiers]]\nname = \"hook\"\nkind = \"webhook\"\nurl = \"http://127.0.0.1:{}/hook\"\n\n{}",
+        sink.port,
+        exec_target(
+            "app",
+            &remote.url(),
+            "interval = \"1h\"",
+            "apply = [\"sh\", \"-c\", \"if [ -f fail ]; then cat fail >&2; exit 1; fi\"]"
+        )
+    );
+    let s = Setup::new(&cfg);
+    let daemon = s.serve();
+    wait_for(Duration::from_secs(20), "the failure notification", || {
+        !events(&sink, "/hook").is_empty()
+    });
+    let e = &events(&sink, "/hook")[0];
+    assert_eq!(e["event"], "failed");
+    assert_eq!(e["trigger"], "interval");
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("quota exceeded")
+    );
+    drop(daemon);
+}
