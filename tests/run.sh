@@ -29,6 +29,12 @@ if ! python3 -c 'import aiosmtpd, synapse' >/dev/null 2>&1; then
   echo "== installing aiosmtpd and matrix-synapse (pip)"
   python3 -m pip install -q --disable-pip-version-check aiosmtpd matrix-synapse
 fi
+# ansible-core for the ansible backend's tests.
+if ! command -v ansible-playbook >/dev/null 2>&1; then
+  echo "== installing ansible-core (pip)"
+  python3 -m pip install -q --disable-pip-version-check ansible-core
+  command -v pyenv >/dev/null 2>&1 && pyenv rehash || true
+fi
 
 # Terraform is not in Debian's archive; the tests use the real one on the
 # PATH (this machine kind ships 1.11), or OpenTofu if that is what you have.

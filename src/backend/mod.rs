@@ -9,6 +9,7 @@
 //! Per-backend config is a tagged enum (`kind = "terraform"`), each variant
 //! its own struct with `deny_unknown_fields`.
 
+pub mod ansible;
 pub mod exec;
 pub mod terraform;
 
@@ -110,6 +111,7 @@ pub struct Context {
 pub enum BackendConfig {
     Terraform(terraform::Config),
     Exec(exec::Config),
+    Ansible(ansible::Config),
 }
 
 impl BackendConfig {
@@ -124,6 +126,7 @@ impl BackendConfig {
         match self {
             BackendConfig::Terraform(_) => "terraform",
             BackendConfig::Exec(_) => "exec",
+            BackendConfig::Ansible(_) => "ansible",
         }
     }
 
@@ -131,21 +134,21 @@ impl BackendConfig {
         match self {
             BackendConfig::Terraform(c) => c.validate(),
             BackendConfig::Exec(c) => c.validate(),
+            BackendConfig::Ansible(c) => c.validate(),
         }
     }
 
     /// Problems only visible on this machine (a missing binary), as
     /// `(key, message)`, for `driftless check`.
     pub fn check_environment(&self) -> Vec<(String, String)> {
-        match self {
-            BackendConfig::Terraform(c) => match find_on_path(&c.binary) {
-                Some(_) => vec![],
-                None => vec![(
-                    "binary".into(),
-                    format!("`{}` is not on the PATH", c.binary),
-                )],
-            },
-            BackendConfig::Exec(_) => vec![],
+        let binary = match self {
+            BackendConfig::Terraform(c) => &c.binary,
+            BackendConfig::Ansible(c) => &c.binary,
+            BackendConfig::Exec(_) => return vec![],
+        };
+        match find_on_path(binary) {
+            Some(_) => vec![],
+            None => vec![("binary".into(), format!("`{binary}` is not on the PATH"))],
         }
     }
 }
@@ -155,6 +158,7 @@ pub fn build(cfg: &BackendConfig, ctx: Context) -> Result<Box<dyn Backend>, Back
     Ok(match cfg {
         BackendConfig::Terraform(c) => Box::new(terraform::Terraform::new(c.clone(), ctx)?),
         BackendConfig::Exec(c) => Box::new(exec::Exec::new(c.clone(), ctx)?),
+        BackendConfig::Ansible(c) => Box::new(ansible::Ansible::new(c.clone(), ctx)?),
     })
 }
 

@@ -1,0 +1,217 @@
+//! The ansible backend against real ansible-core (`connection: local`).
+
+mod common;
+
+use common::*;
+
+const PLAYBOOK: &str = r#"- hosts: all
+  gather_facts: false
+  tasks:
+    - name: write the greeting
+      ansible.builtin.copy:
+        content: "{{ greeting }}\n"
+        dest: "{{ dest }}"
+    - name: fail on request
+      ansible.builtin.command: "false"
+      when: fail | default(false) | bool
+"#;
+
+fn python() -> String {
+    let out = std::process::Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .expect("python3");
+    text(&out.stdout).trim().to_string()
+}
+
+fn ansible_available() {
+    let ok = std::process::Command::new("ansible-playbook")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        ok,
+        "these tests need ansible-playbook (pip install ansible-core; see tests/run.sh)"
+    );
+}
+
+struct World {
+    root: tempfile::TempDir,
+    remote: Remote,
+    setup: Setup,
+}
+
+fn world(mode: &str, extra: &str) -> World {
+    ansible_available();
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    let dest = root.path().join("greeting.txt");
+    remote.commit(
+        &[
+            ("play/site.yml", PLAYBOOK),
+            // The interpreter is set explicitly: discovery picks the wrong one here.
+            (
+                "play/inventory.ini",
+                &format!(
+                    "box ansible_connection=local ansible_python_interpreter={}\n",
+                    python()
+                ),
+            ),
+            (
+                "play/vars.yml",
+                &format!("greeting: hello\ndest: {}\n", dest.display()),
+            ),
+        ],
+        "playbook",
+    );
+    let setup = Setup::new(&format!(
+        "[[targets]]\nname = \"box\"\nrepo = \"{}\"\npath = \"play\"\n\
+         [targets.backend]\nkind = \"ansible\"\nplaybook = \"site.yml\"\ninventory = \"inventory.ini\"\n\
+         extra_vars_files = [\"vars.yml\"]\nmode = \"{mode}\"\n{extra}\n",
+        remote.url()
+    ));
+    World {
+        root,
+        remote,
+        setup,
+    }
+}
+
+fn tick(w: &World) -> (i32, serde_json::Value) {
+    let out = w.setup.run(&["tick", "box"]);
+    let code = out.status.code().unwrap_or(-1);
+    (
+        code,
+        w.setup.history("box").into_iter().next().expect("a run"),
+    )
+}
+
+fn greeting(w: &World) -> String {
+    std::fs::read_to_string(w.root.path().join("greeting.txt")).unwrap_or_default()
+}
+
+#[test]
+fn digest_mode_skips_unchanged_inputs_and_reads_the_recap() {
+    let w = world("digest", "");
+    let (code, run) = tick(&w);
+    assert_eq!(code, 0, "{run}");
+    assert_eq!(run["result"], "changed", "{run}");
+    assert!(
+        run["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("changed on box"),
+        "{run}"
+    );
+    assert_eq!(greeting(&w), "hello\n");
+
+    let (_, run) = tick(&w);
+    assert_eq!(run["result"], "no_change");
+    assert!(
+        run["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("inputs unchanged"),
+        "{run}"
+    );
+    assert_eq!(
+        run["output_tail"], "",
+        "ansible ran although nothing changed"
+    );
+
+    w.remote.commit(
+        &[(
+            "play/vars.yml",
+            &format!(
+                "greeting: bonjour\ndest: {}\n",
+                w.root.path().join("greeting.txt").display()
+            ),
+        )],
+        "french",
+    );
+    let (_, run) = tick(&w);
+    assert_eq!(run["result"], "changed");
+    assert_eq!(greeting(&w), "bonjour\n");
+
+    // outputs: the recap per host
+    let out = w.setup.run(&["outputs", "box", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["box"]["changed"], 1, "{v}");
+    assert_eq!(v["box"]["failed"], 0);
+
+    // No destroy playbook: a clear failure, nothing run.
+    let out = w.setup.run(&["destroy", "box", "--yes"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stdout).contains("no `destroy_playbook`"),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
+#[test]
+fn always_mode_runs_every_tick_and_reports_no_change_from_the_recap() {
+    let w = world("always", "");
+    assert_eq!(tick(&w).1["result"], "changed");
+    let (_, run) = tick(&w);
+    assert_eq!(run["result"], "no_change", "{run}");
+    assert!(
+        run["output_tail"]
+            .as_str()
+            .unwrap_or("")
+            .contains("PLAY RECAP"),
+        "ansible did not run: {run}"
+    );
+}
+
+#[test]
+fn check_drift_repairs_a_hand_edit_despite_an_unchanged_digest() {
+    let w = world("digest", "check_drift = true");
+    assert_eq!(tick(&w).1["result"], "changed");
+    let (_, run) = tick(&w);
+    assert_eq!(run["result"], "no_change", "{run}");
+    assert!(
+        run["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("--check reports no drift"),
+        "{run}"
+    );
+    std::fs::write(w.root.path().join("greeting.txt"), "edited by hand\n").expect("write");
+    let (_, run) = tick(&w);
+    assert_eq!(run["result"], "changed", "{run}");
+    assert_eq!(greeting(&w), "hello\n");
+}
+
+#[test]
+fn a_failing_task_names_the_task_and_the_host() {
+    let w = world("digest", "");
+    let sha = w.remote.commit(
+        &[(
+            "play/vars.yml",
+            &format!(
+                "greeting: hi\ndest: {}\nfail: true\n",
+                w.root.path().join("greeting.txt").display()
+            ),
+        )],
+        "break",
+    );
+    let (code, run) = tick(&w);
+    assert_eq!(code, 1);
+    assert_eq!(run["result"], "failed");
+    assert_eq!(run["sha"], sha);
+    let msg = run["message"].as_str().unwrap_or("");
+    assert!(
+        msg.contains("host box") && msg.contains("task `fail on request`"),
+        "{msg}"
+    );
+    // A failed run stores no digest: the next tick runs again.
+    let (_, run) = tick(&w);
+    assert_eq!(run["result"], "failed");
+    assert!(
+        run["output_tail"]
+            .as_str()
+            .unwrap_or("")
+            .contains("PLAY RECAP")
+    );
+}
