@@ -51,6 +51,9 @@ pub struct Spec {
     pub env: BTreeMap<String, String>,
     /// Kill the process group when this instant passes.
     pub deadline: Option<Instant>,
+    /// Bytes written to the command's stdin (closed afterwards); none: stdin
+    /// is /dev/null.
+    pub stdin: Option<std::sync::Arc<Vec<u8>>>,
 }
 
 impl Spec {
@@ -60,6 +63,7 @@ impl Spec {
             cwd: cwd.to_path_buf(),
             env: BTreeMap::new(),
             deadline: None,
+            stdin: None,
         }
     }
 
@@ -157,7 +161,11 @@ pub async fn run(spec: &Spec, redactor: &Redactor) -> Result<Output, ProcessErro
         .current_dir(&spec.cwd)
         .envs(&spec.env)
         .env("GIT_TERMINAL_PROMPT", "0")
-        .stdin(Stdio::null())
+        .stdin(if spec.stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
@@ -180,6 +188,14 @@ pub async fn run(spec: &Spec, redactor: &Redactor) -> Result<Output, ProcessErro
         reason: e.to_string(),
     })?;
     let pgid = child.id().map(|p| p as i32).unwrap_or(0);
+    if let (Some(data), Some(mut stdin)) = (spec.stdin.clone(), child.stdin.take()) {
+        tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            // A command that exits without reading it all is not our error.
+            let _ = stdin.write_all(&data).await;
+            let _ = stdin.shutdown().await;
+        });
+    }
     let capture = Arc::new(Mutex::new(Capture::default()));
     let mut readers = Vec::new();
     if let Some(out) = child.stdout.take() {

@@ -11,6 +11,7 @@
 
 pub mod ansible;
 pub mod exec;
+pub mod pi;
 pub mod terraform;
 
 use std::future::Future;
@@ -112,13 +113,19 @@ pub enum BackendConfig {
     Terraform(terraform::Config),
     Exec(exec::Config),
     Ansible(ansible::Config),
+    Pi(pi::Config),
 }
 
 impl BackendConfig {
-    /// Parse the table; relative paths stay relative to the target's path.
-    pub fn from_value(v: serde_json::Value, _base: &Path) -> Result<Self, serde_json::Error> {
-        let cfg: BackendConfig = serde_json::from_value(v)?;
+    /// Parse the table. Paths to files in the repository stay relative to
+    /// the target's path; paths to files on the controller (ssh keys) are
+    /// resolved against `base`, the config file's directory.
+    pub fn from_value(v: serde_json::Value, base: &Path) -> Result<Self, serde_json::Error> {
+        let mut cfg: BackendConfig = serde_json::from_value(v)?;
         cfg.validate().map_err(serde::de::Error::custom)?;
+        if let BackendConfig::Pi(c) = &mut cfg {
+            c.resolve_paths(base);
+        }
         Ok(cfg)
     }
 
@@ -127,6 +134,7 @@ impl BackendConfig {
             BackendConfig::Terraform(_) => "terraform",
             BackendConfig::Exec(_) => "exec",
             BackendConfig::Ansible(_) => "ansible",
+            BackendConfig::Pi(_) => "pi",
         }
     }
 
@@ -135,6 +143,7 @@ impl BackendConfig {
             BackendConfig::Terraform(c) => c.validate(),
             BackendConfig::Exec(c) => c.validate(),
             BackendConfig::Ansible(c) => c.validate(),
+            BackendConfig::Pi(c) => c.validate(),
         }
     }
 
@@ -145,6 +154,24 @@ impl BackendConfig {
             BackendConfig::Terraform(c) => &c.binary,
             BackendConfig::Ansible(c) => &c.binary,
             BackendConfig::Exec(_) => return vec![],
+            BackendConfig::Pi(c) => {
+                let mut p = Vec::new();
+                if find_on_path("ssh").is_none() {
+                    p.push(("host".into(), "`ssh` is not on the PATH".into()));
+                }
+                for (key, f) in [
+                    ("identity_file", &c.identity_file),
+                    ("known_hosts_file", &c.known_hosts_file),
+                ] {
+                    if let Some(f) = f.as_ref().filter(|f| !f.is_file()) {
+                        p.push((
+                            key.to_string(),
+                            format!("{} is not a readable file", f.display()),
+                        ));
+                    }
+                }
+                return p;
+            }
         };
         match find_on_path(binary) {
             Some(_) => vec![],
@@ -159,7 +186,38 @@ pub fn build(cfg: &BackendConfig, ctx: Context) -> Result<Box<dyn Backend>, Back
         BackendConfig::Terraform(c) => Box::new(terraform::Terraform::new(c.clone(), ctx)?),
         BackendConfig::Exec(c) => Box::new(exec::Exec::new(c.clone(), ctx)?),
         BackendConfig::Ansible(c) => Box::new(ansible::Ansible::new(c.clone(), ctx)?),
+        BackendConfig::Pi(c) => Box::new(pi::Pi::new(c.clone(), ctx)?),
     })
+}
+
+/// `docker compose ps --format json` (a JSON array from older v2, one
+/// object per line from newer ones) → service → `{name, state, image}`.
+pub fn compose_ps_outputs(stdout: &str) -> Outputs {
+    let items: Vec<serde_json::Value> =
+        match serde_json::from_str::<serde_json::Value>(stdout.trim()) {
+            Ok(serde_json::Value::Array(a)) => a,
+            Ok(v @ serde_json::Value::Object(_)) => vec![v],
+            _ => stdout
+                .lines()
+                .filter_map(|l| serde_json::from_str(l.trim()).ok())
+                .collect(),
+        };
+    let mut out = Outputs::new();
+    for c in items {
+        let service = c["Service"].as_str().unwrap_or("").to_string();
+        if service.is_empty() {
+            continue;
+        }
+        out.insert(
+            service,
+            serde_json::json!({
+                "name": c["Name"],
+                "state": c["State"],
+                "image": c["Image"],
+            }),
+        );
+    }
+    out
 }
 
 /// Where `program` would be found, like `which`.

@@ -1,0 +1,433 @@
+//! The `pi` backend: an SSH host (a Raspberry Pi on the LAN, say).
+//!
+//! `apply` skips when the digest of the target's files and settings is
+//! unchanged; otherwise it ships the exact tree the controller checked out
+//! to `remote_dir` (a tar stream over ssh, swapped in whole so files deleted
+//! in git disappear), then runs the action: `docker compose up -d
+//! --remove-orphans` in `remote_dir`, `systemctl restart` of `units`, or
+//! `command`. Host keys are always checked (`StrictHostKeyChecking=yes`,
+//! `BatchMode=yes`). Every part of a remote shell command is quoted; nothing
+//! from a payload reaches it. This module knows nothing about git or triggers.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+use super::{ApplyResult, Backend, BackendError, BoxFuture, Context, Outputs, Status};
+use crate::process::{self, Spec};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Action {
+    Compose,
+    Systemd,
+    Command,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub host: String,
+    pub port: Option<u16>,
+    pub user: String,
+    pub identity_file: Option<PathBuf>,
+    /// Host keys are always checked; without this file, the user's own
+    /// known_hosts is used.
+    pub known_hosts_file: Option<PathBuf>,
+    /// An absolute directory on the host that receives the target's tree.
+    pub remote_dir: String,
+    pub action: Action,
+    /// `systemd`: the units to restart.
+    #[serde(default)]
+    pub units: Vec<String>,
+    /// `command`: the argv run in `remote_dir`.
+    pub command: Option<Vec<String>>,
+    /// `command`: argv printing a JSON object, for `outputs`.
+    pub outputs: Option<Vec<String>>,
+    /// `command`: argv run by `destroy`.
+    pub destroy: Option<Vec<String>>,
+    /// Prefix `systemctl` and `docker compose` with `sudo -n`.
+    #[serde(default)]
+    pub sudo: bool,
+    /// How compose is invoked on the host.
+    #[serde(default = "default_compose")]
+    pub compose_command: Vec<String>,
+}
+
+fn default_compose() -> Vec<String> {
+    vec!["docker".into(), "compose".into()]
+}
+
+impl Config {
+    pub(super) fn validate(&self) -> Result<(), String> {
+        if self.host.trim().is_empty() || self.host.starts_with('-') {
+            return Err("`host` must name the host".into());
+        }
+        if self.user.trim().is_empty() || self.user.starts_with('-') {
+            return Err("`user` must name the remote user".into());
+        }
+        if !self.remote_dir.starts_with('/') || self.remote_dir.trim_end_matches('/').is_empty() {
+            return Err(format!(
+                "`remote_dir` `{}` must be an absolute directory other than /",
+                self.remote_dir
+            ));
+        }
+        match self.action {
+            Action::Systemd if self.units.is_empty() => {
+                Err("action `systemd` needs `units`".into())
+            }
+            Action::Command if self.command.as_ref().is_none_or(|c| c.is_empty()) => {
+                Err("action `command` needs `command` (an argv list)".into())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Relative key and known_hosts paths are relative to the config file.
+    pub(super) fn resolve_paths(&mut self, base: &Path) {
+        for p in [&mut self.identity_file, &mut self.known_hosts_file]
+            .into_iter()
+            .flatten()
+        {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        }
+    }
+}
+
+/// Quote for a POSIX shell.
+fn q(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+pub struct Pi {
+    cfg: Config,
+    ctx: Context,
+}
+
+impl Pi {
+    pub fn new(cfg: Config, ctx: Context) -> Result<Self, BackendError> {
+        Ok(Pi { cfg, ctx })
+    }
+
+    fn dest(&self) -> String {
+        format!(
+            "{}@{}:{}",
+            self.cfg.user,
+            self.cfg.host,
+            self.cfg.port.unwrap_or(22)
+        )
+    }
+
+    fn digest(&self) -> String {
+        let mut h = Sha256::new();
+        h.update(b"driftless-pi-v1\0");
+        h.update(self.ctx.source_digest.as_bytes());
+        h.update(format!("{:?}", self.cfg).as_bytes());
+        hex::encode(h.finalize())
+    }
+
+    fn sudo(&self) -> &'static str {
+        if self.cfg.sudo { "sudo -n " } else { "" }
+    }
+
+    /// `ssh … user@host -- <remote>`, with host keys checked.
+    fn ssh(&self, remote: &str, deadline: Instant, stdin: Option<Arc<Vec<u8>>>) -> Spec {
+        let mut argv: Vec<String> = vec![
+            "ssh".into(),
+            "-o".into(),
+            "BatchMode=yes".into(),
+            "-o".into(),
+            "StrictHostKeyChecking=yes".into(),
+            "-o".into(),
+            "ConnectTimeout=20".into(),
+            "-p".into(),
+            self.cfg.port.unwrap_or(22).to_string(),
+        ];
+        if let Some(k) = &self.cfg.identity_file {
+            argv.extend([
+                "-o".into(),
+                "IdentitiesOnly=yes".into(),
+                "-i".into(),
+                k.display().to_string(),
+            ]);
+        }
+        if let Some(kh) = &self.cfg.known_hosts_file {
+            argv.extend(["-o".into(), format!("UserKnownHostsFile={}", kh.display())]);
+        }
+        argv.extend([
+            "-l".into(),
+            self.cfg.user.clone(),
+            self.cfg.host.clone(),
+            "--".into(),
+            remote.into(),
+        ]);
+        let mut spec = Spec::new(argv, &self.ctx.workdir);
+        spec.deadline = Some(deadline);
+        spec.stdin = stdin;
+        spec
+    }
+
+    async fn run(&self, spec: &Spec) -> Result<process::Output, String> {
+        let out = process::run(spec, &self.ctx.redactor)
+            .await
+            .map_err(|e| e.to_string())?;
+        if out.success() {
+            return Ok(out);
+        }
+        let said: Vec<&str> = out
+            .stderr
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .collect();
+        let said = said[said.len().saturating_sub(5)..].join(" | ");
+        let what = if out.timed_out {
+            format!(
+                "timed out after {}",
+                humantime::format_duration(self.ctx.timeout)
+            )
+        } else if out.code == Some(255) {
+            format!("ssh to {} failed", self.dest())
+        } else {
+            format!(
+                "the remote command on {} exited with {}",
+                self.dest(),
+                out.code
+                    .map(|c| c.to_string())
+                    .unwrap_or_else(|| "a signal".into())
+            )
+        };
+        Err(if said.is_empty() {
+            what
+        } else {
+            format!("{what}: {said}")
+        })
+    }
+
+    /// The target's tree (without `.git`) as a tar stream.
+    fn archive(&self) -> Result<Vec<u8>, String> {
+        let mut b = tar::Builder::new(Vec::new());
+        b.follow_symlinks(false);
+        b.mode(tar::HeaderMode::Deterministic);
+        fn walk(b: &mut tar::Builder<Vec<u8>>, root: &Path, dir: &Path) -> std::io::Result<()> {
+            let mut entries: Vec<_> = std::fs::read_dir(dir)?.collect::<Result<_, _>>()?;
+            entries.sort_by_key(|e| e.file_name());
+            for e in entries {
+                let path = e.path();
+                if e.file_name() == ".git" {
+                    continue;
+                }
+                let rel = path.strip_prefix(root).unwrap_or(&path);
+                let ft = e.file_type()?;
+                b.append_path_with_name(&path, rel)?;
+                if ft.is_dir() {
+                    walk(b, root, &path)?;
+                }
+            }
+            Ok(())
+        }
+        walk(&mut b, &self.ctx.workdir, &self.ctx.workdir)
+            .and_then(|()| b.into_inner())
+            .map_err(|e| format!("cannot pack {}: {e}", self.ctx.workdir.display()))
+    }
+
+    fn action_command(&self) -> String {
+        let dir = q(&self.cfg.remote_dir);
+        match self.cfg.action {
+            Action::Compose => format!(
+                "cd {dir} && {}{} up -d --remove-orphans",
+                self.sudo(),
+                argv_string(&self.cfg.compose_command)
+            ),
+            Action::Systemd => format!(
+                "{}systemctl restart {}",
+                self.sudo(),
+                argv_string(&self.cfg.units)
+            ),
+            Action::Command => format!(
+                "cd {dir} && {}",
+                argv_string(self.cfg.command.as_deref().unwrap_or_default())
+            ),
+        }
+    }
+}
+
+fn argv_string(argv: &[String]) -> String {
+    argv.iter().map(|a| q(a)).collect::<Vec<_>>().join(" ")
+}
+
+impl Backend for Pi {
+    fn apply(&self) -> BoxFuture<'_, Status> {
+        Box::pin(async move {
+            let digest = self.digest();
+            if self.ctx.last_digest.as_deref() == Some(digest.as_str()) {
+                return Status {
+                    result: ApplyResult::NoChange,
+                    message: "inputs unchanged since the last successful apply".into(),
+                    output_tail: String::new(),
+                    digest: Some(digest),
+                };
+            }
+            let deadline = Instant::now() + self.ctx.timeout;
+            let tar = match self.archive() {
+                Ok(t) => t,
+                Err(e) => return Status::failed(e),
+            };
+            // Unpack beside the directory, then swap it in whole.
+            let ship = format!(
+                "set -e; d={d}; rm -rf \"$d.driftless-new\"; mkdir -p \"$d.driftless-new\"; \
+                 tar -x -f - -C \"$d.driftless-new\"; \
+                 if [ -e \"$d\" ]; then rm -rf \"$d.driftless-old\"; mv \"$d\" \"$d.driftless-old\"; fi; \
+                 mv \"$d.driftless-new\" \"$d\"; rm -rf \"$d.driftless-old\"",
+                d = q(self.cfg.remote_dir.trim_end_matches('/'))
+            );
+            let mut tail = String::new();
+            match self
+                .run(&self.ssh(&ship, deadline, Some(Arc::new(tar))))
+                .await
+            {
+                Ok(out) => tail.push_str(&out.tail),
+                Err(e) => {
+                    return Status::failed(format!(
+                        "shipping the tree to {}: {e}",
+                        self.cfg.remote_dir
+                    ));
+                }
+            }
+            match self
+                .run(&self.ssh(&self.action_command(), deadline, None))
+                .await
+            {
+                Ok(out) => {
+                    tail.push_str(&out.tail);
+                    Status {
+                        result: ApplyResult::Changed,
+                        message: format!(
+                            "shipped to {}:{} and ran the {:?} action",
+                            self.cfg.host, self.cfg.remote_dir, self.cfg.action
+                        )
+                        .to_lowercase(),
+                        output_tail: crate::redact::tail(&tail, process::TAIL_BYTES),
+                        digest: Some(digest),
+                    }
+                }
+                Err(e) => Status {
+                    result: ApplyResult::Failed,
+                    message: e,
+                    output_tail: crate::redact::tail(&tail, process::TAIL_BYTES),
+                    digest: None,
+                },
+            }
+        })
+    }
+
+    fn destroy(&self) -> BoxFuture<'_, Status> {
+        Box::pin(async move {
+            let dir = q(&self.cfg.remote_dir);
+            let remote = match self.cfg.action {
+                Action::Compose => format!(
+                    "cd {dir} && {}{} down --remove-orphans",
+                    self.sudo(),
+                    argv_string(&self.cfg.compose_command)
+                ),
+                Action::Systemd => format!(
+                    "{}systemctl stop {}",
+                    self.sudo(),
+                    argv_string(&self.cfg.units)
+                ),
+                Action::Command => match &self.cfg.destroy {
+                    Some(argv) => format!("cd {dir} && {}", argv_string(argv)),
+                    None => {
+                        return Status::failed("this pi target has no `destroy` command configured");
+                    }
+                },
+            };
+            match self
+                .run(&self.ssh(&remote, Instant::now() + self.ctx.timeout, None))
+                .await
+            {
+                Ok(out) => Status {
+                    result: ApplyResult::Changed,
+                    message: format!("ran the destroy step on {}", self.cfg.host),
+                    output_tail: out.tail,
+                    digest: None,
+                },
+                Err(e) => Status::failed(e),
+            }
+        })
+    }
+
+    fn outputs(&self) -> BoxFuture<'_, Result<Outputs, BackendError>> {
+        Box::pin(async move {
+            let deadline = Instant::now() + self.ctx.timeout;
+            let dir = q(&self.cfg.remote_dir);
+            match self.cfg.action {
+                Action::Systemd => {
+                    // is-active exits non-zero when a unit is not active: read the lines anyway.
+                    let remote = format!(
+                        "systemctl is-active {} || true",
+                        argv_string(&self.cfg.units)
+                    );
+                    let out = self
+                        .run(&self.ssh(&remote, deadline, None))
+                        .await
+                        .map_err(BackendError::Command)?;
+                    Ok(self
+                        .cfg
+                        .units
+                        .iter()
+                        .zip(out.stdout.lines())
+                        .map(|(u, s)| (u.clone(), serde_json::Value::String(s.trim().to_string())))
+                        .collect())
+                }
+                Action::Compose => {
+                    let remote = format!(
+                        "cd {dir} && {}{} ps --all --format json",
+                        self.sudo(),
+                        argv_string(&self.cfg.compose_command)
+                    );
+                    let out = self
+                        .run(&self.ssh(&remote, deadline, None))
+                        .await
+                        .map_err(BackendError::Command)?;
+                    Ok(super::compose_ps_outputs(&out.stdout))
+                }
+                Action::Command => {
+                    let Some(argv) = &self.cfg.outputs else {
+                        return Ok(Outputs::new());
+                    };
+                    let remote = format!("cd {dir} && {}", argv_string(argv));
+                    let out = self
+                        .run(&self.ssh(&remote, deadline, None))
+                        .await
+                        .map_err(BackendError::Command)?;
+                    match serde_json::from_str(&out.stdout) {
+                        Ok(serde_json::Value::Object(m)) => Ok(m),
+                        _ => Err(BackendError::Command(
+                            "the outputs command must print a JSON object".into(),
+                        )),
+                    }
+                }
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoting_survives_quotes_and_spaces() {
+        assert_eq!(q("a b"), "'a b'");
+        assert_eq!(q("it's"), r"'it'\''s'");
+        assert_eq!(
+            argv_string(&["sh".into(), "-c".into(), "echo \"$1\"".into()]),
+            r#"'sh' '-c' 'echo "$1"'"#
+        );
+    }
+}
