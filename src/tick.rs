@@ -268,6 +268,7 @@ impl Engine {
         self.store.set_run_sha(run_id, &synced.sha).await?;
 
         let ctx = Context {
+            name: target.name.clone(),
             workdir: synced.workdir.clone(),
             source_digest: synced.source_digest.clone(),
             last_digest: state.and_then(|s| s.backend_digest),
@@ -422,6 +423,7 @@ impl Engine {
         }
         let state = self.store.target_state(name).await?;
         let ctx = Context {
+            name: target.name.clone(),
             workdir: checkout.join(&target.path),
             source_digest: String::new(),
             last_digest: state.and_then(|s| s.backend_digest),

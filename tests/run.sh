@@ -22,6 +22,11 @@ need_apt python3 python3   # tests/git_http_server.py: git smart HTTP behind aut
 need_apt openssl openssl   # a test CA for the https remote
 need_apt ssh openssh-client
 need_apt /usr/sbin/sshd openssh-server   # an ssh remote on 127.0.0.1
+# The compose tests start their own dockerd (no registry: the image is
+# imported from busybox-static) and drive docker-compose.
+need_apt dockerd docker.io
+need_apt docker-compose docker-compose
+dpkg -s busybox-static >/dev/null 2>&1 || need_apt /nonexistent/busybox-static busybox-static
 
 # Real servers for the notification tests, from PyPI: an SMTP server and a
 # Matrix homeserver (Synapse, on SQLite; it starts in a couple of seconds).

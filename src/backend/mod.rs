@@ -10,6 +10,7 @@
 //! its own struct with `deny_unknown_fields`.
 
 pub mod ansible;
+pub mod compose;
 pub mod exec;
 pub mod pi;
 pub mod terraform;
@@ -94,6 +95,8 @@ pub trait Backend: Send + Sync {
 /// What a backend is bound to when it is built.
 #[derive(Debug, Clone)]
 pub struct Context {
+    /// The target's name (compose uses it as the default project name).
+    pub name: String,
     /// The target's directory inside the checkout.
     pub workdir: PathBuf,
     /// A content hash of every tracked file under `workdir`.
@@ -114,6 +117,7 @@ pub enum BackendConfig {
     Exec(exec::Config),
     Ansible(ansible::Config),
     Pi(pi::Config),
+    Compose(compose::Config),
 }
 
 impl BackendConfig {
@@ -135,6 +139,7 @@ impl BackendConfig {
             BackendConfig::Exec(_) => "exec",
             BackendConfig::Ansible(_) => "ansible",
             BackendConfig::Pi(_) => "pi",
+            BackendConfig::Compose(_) => "compose",
         }
     }
 
@@ -144,6 +149,7 @@ impl BackendConfig {
             BackendConfig::Exec(c) => c.validate(),
             BackendConfig::Ansible(c) => c.validate(),
             BackendConfig::Pi(c) => c.validate(),
+            BackendConfig::Compose(c) => c.validate(),
         }
     }
 
@@ -154,6 +160,18 @@ impl BackendConfig {
             BackendConfig::Terraform(c) => &c.binary,
             BackendConfig::Ansible(c) => &c.binary,
             BackendConfig::Exec(_) => return vec![],
+            BackendConfig::Compose(_) => {
+                return if find_on_path("docker").is_some()
+                    || find_on_path("docker-compose").is_some()
+                {
+                    vec![]
+                } else {
+                    vec![(
+                        "command".into(),
+                        "neither `docker` nor `docker-compose` is on the PATH".into(),
+                    )]
+                };
+            }
             BackendConfig::Pi(c) => {
                 let mut p = Vec::new();
                 if find_on_path("ssh").is_none() {
@@ -187,37 +205,8 @@ pub fn build(cfg: &BackendConfig, ctx: Context) -> Result<Box<dyn Backend>, Back
         BackendConfig::Exec(c) => Box::new(exec::Exec::new(c.clone(), ctx)?),
         BackendConfig::Ansible(c) => Box::new(ansible::Ansible::new(c.clone(), ctx)?),
         BackendConfig::Pi(c) => Box::new(pi::Pi::new(c.clone(), ctx)?),
+        BackendConfig::Compose(c) => Box::new(compose::Compose::new(c.clone(), ctx)?),
     })
-}
-
-/// `docker compose ps --format json` (a JSON array from older v2, one
-/// object per line from newer ones) → service → `{name, state, image}`.
-pub fn compose_ps_outputs(stdout: &str) -> Outputs {
-    let items: Vec<serde_json::Value> =
-        match serde_json::from_str::<serde_json::Value>(stdout.trim()) {
-            Ok(serde_json::Value::Array(a)) => a,
-            Ok(v @ serde_json::Value::Object(_)) => vec![v],
-            _ => stdout
-                .lines()
-                .filter_map(|l| serde_json::from_str(l.trim()).ok())
-                .collect(),
-        };
-    let mut out = Outputs::new();
-    for c in items {
-        let service = c["Service"].as_str().unwrap_or("").to_string();
-        if service.is_empty() {
-            continue;
-        }
-        out.insert(
-            service,
-            serde_json::json!({
-                "name": c["Name"],
-                "state": c["State"],
-                "image": c["Image"],
-            }),
-        );
-    }
-    out
 }
 
 /// Where `program` would be found, like `which`.

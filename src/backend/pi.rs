@@ -342,7 +342,9 @@ impl Backend for Pi {
                 Action::Command => match &self.cfg.destroy {
                     Some(argv) => format!("cd {dir} && {}", argv_string(argv)),
                     None => {
-                        return Status::failed("this pi target has no `destroy` command configured");
+                        return Status::failed(
+                            "this pi target has no `destroy` command configured",
+                        );
                     }
                 },
             };
@@ -385,16 +387,32 @@ impl Backend for Pi {
                         .collect())
                 }
                 Action::Compose => {
+                    // Works with compose v1 and v2 alike: every service, then
+                    // the running ones.
+                    let compose =
+                        format!("{}{}", self.sudo(), argv_string(&self.cfg.compose_command));
                     let remote = format!(
-                        "cd {dir} && {}{} ps --all --format json",
-                        self.sudo(),
-                        argv_string(&self.cfg.compose_command)
+                        "cd {dir} && {compose} config --services && echo --- && {compose} ps --services --filter status=running"
                     );
                     let out = self
                         .run(&self.ssh(&remote, deadline, None))
                         .await
                         .map_err(BackendError::Command)?;
-                    Ok(super::compose_ps_outputs(&out.stdout))
+                    let (all, running) = out.stdout.split_once("---").unwrap_or((&out.stdout, ""));
+                    let running: Vec<&str> = running.lines().map(str::trim).collect();
+                    Ok(all
+                        .lines()
+                        .map(str::trim)
+                        .filter(|l| !l.is_empty())
+                        .map(|svc| {
+                            let state = if running.contains(&svc) {
+                                "running"
+                            } else {
+                                "not running"
+                            };
+                            (svc.to_string(), serde_json::json!({ "state": state }))
+                        })
+                        .collect())
                 }
                 Action::Command => {
                     let Some(argv) = &self.cfg.outputs else {

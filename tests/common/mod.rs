@@ -936,3 +936,116 @@ impl Drop for Service {
         let _ = self.child.wait();
     }
 }
+
+/// A private dockerd (Debian's docker.io) on its own socket, with no
+/// networking of its own, and a tiny image imported from busybox-static.
+pub struct Dockerd {
+    child: Child,
+    pub host: String,
+    pub dir: PathBuf,
+}
+
+pub const TEST_IMAGE: &str = "driftless-test/busybox:1";
+
+impl Dockerd {
+    pub fn start(root: &Path) -> Dockerd {
+        let dir = root.join("docker");
+        std::fs::create_dir_all(dir.join("rootfs/bin")).expect("mkdir");
+        let host = format!("unix://{}/docker.sock", dir.display());
+        let child = Command::new("dockerd")
+            .arg("--host")
+            .arg(&host)
+            .arg("--data-root")
+            .arg(dir.join("data"))
+            .arg("--exec-root")
+            .arg(dir.join("exec"))
+            .arg("--pidfile")
+            .arg(dir.join("docker.pid"))
+            .args([
+                "--bridge=none",
+                "--iptables=false",
+                "--ip-forward=false",
+                "--ip-masq=false",
+            ])
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(dir.join("dockerd.log")).expect("log"))
+            .stderr(std::fs::File::create(dir.join("dockerd.err")).expect("log"))
+            .spawn()
+            .expect("dockerd (apt-get install docker.io; see tests/run.sh)");
+        let d = Dockerd { child, host, dir };
+        wait_for(Duration::from_secs(60), "dockerd", || {
+            d.docker(&["version"]).status.success()
+        });
+        // An image without a registry: busybox-static, imported.
+        let busybox = ["/bin/busybox", "/usr/bin/busybox"]
+            .into_iter()
+            .find(|p| Path::new(p).exists())
+            .expect("busybox (apt-get install busybox-static)");
+        let bin = d.dir.join("rootfs/bin");
+        std::fs::copy(busybox, bin.join("busybox")).expect("copy busybox");
+        for applet in ["sh", "sleep", "cat", "echo", "env"] {
+            let _ = std::os::unix::fs::symlink("busybox", bin.join(applet));
+        }
+        let tar = Command::new("tar")
+            .arg("-C")
+            .arg(d.dir.join("rootfs"))
+            .args(["-cf", "-", "."])
+            .output()
+            .expect("tar");
+        let mut import = Command::new("docker")
+            .args(["import", "-", TEST_IMAGE])
+            .env("DOCKER_HOST", &d.host)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("docker import");
+        import
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(&tar.stdout)
+            .expect("write image");
+        assert!(
+            import.wait().expect("wait").success(),
+            "docker import failed"
+        );
+        d
+    }
+
+    /// Run the docker CLI against this daemon.
+    pub fn docker(&self, args: &[&str]) -> std::process::Output {
+        Command::new("docker")
+            .args(args)
+            .env("DOCKER_HOST", &self.host)
+            .output()
+            .expect("docker")
+    }
+
+    /// `docker ps` names of running containers.
+    pub fn running(&self) -> Vec<String> {
+        let out = self.docker(&["ps", "--format", "{{.Names}}"]);
+        let mut v: Vec<String> = text(&out.stdout).lines().map(str::to_string).collect();
+        v.sort();
+        v
+    }
+}
+
+impl Drop for Dockerd {
+    fn drop(&mut self) {
+        let ids = self.docker(&["ps", "-aq"]);
+        let ids: Vec<String> = text(&ids.stdout)
+            .split_whitespace()
+            .map(str::to_string)
+            .collect();
+        if !ids.is_empty() {
+            let mut args = vec!["rm", "-f"];
+            args.extend(ids.iter().map(String::as_str));
+            let _ = self.docker(&args);
+        }
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let _ = self.child.wait();
+    }
+}

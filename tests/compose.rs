@@ -1,0 +1,147 @@
+//! The compose backend, and the pi backend's compose action, against a real
+//! dockerd (Debian's docker.io, on a private socket, no networking) with
+//! docker-compose. One test: one daemon for the whole scenario.
+
+mod common;
+
+use common::*;
+
+const COMPOSE: &str = r#"services:
+  web:
+    image: driftless-test/busybox:1
+    command: ["sh", "-c", "echo $$GREETING; sleep 3600"]
+    network_mode: none
+    environment:
+      GREETING: ${GREETING:-unset}
+"#;
+
+fn inspect_env(d: &Dockerd, name: &str) -> String {
+    text(
+        &d.docker(&["inspect", "--format", "{{json .Config.Env}}", name])
+            .stdout,
+    )
+}
+
+fn container_id(d: &Dockerd, name: &str) -> String {
+    text(&d.docker(&["inspect", "--format", "{{.Id}}", name]).stdout)
+        .trim()
+        .to_string()
+}
+
+#[test]
+fn compose_projects_converge_locally_and_over_ssh() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let docker = Dockerd::start(root.path());
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(
+        &[
+            ("app/compose.yaml", COMPOSE),
+            ("app/.env", "GREETING=hello\n"),
+        ],
+        "first",
+    );
+    let s = Setup::new(&format!(
+        "[[targets]]\nname = \"app\"\nrepo = \"{}\"\npath = \"app\"\n\
+         [targets.backend]\nkind = \"compose\"\ncommand = \"docker-compose\"\nhost = \"{}\"\nenv_files = [\".env\"]\n",
+        remote.url(),
+        docker.host
+    ));
+    let tick = || {
+        let out = s.run(&["tick", "app"]);
+        assert!(
+            out.status.success(),
+            "{}{}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+        s.history("app").into_iter().next().expect("a run")
+    };
+
+    // First apply: changed, the service runs.
+    let run = tick();
+    assert_eq!(run["result"], "changed", "{run}");
+    assert_eq!(docker.running(), ["app_web_1"]);
+    assert!(inspect_env(&docker, "app_web_1").contains("GREETING=hello"));
+    let first_id = container_id(&docker, "app_web_1");
+
+    // Second: no_change, and `up` did not run (nothing in the output).
+    let run = tick();
+    assert_eq!(run["result"], "no_change", "{run}");
+    assert_eq!(run["output_tail"], "");
+    assert_eq!(container_id(&docker, "app_web_1"), first_id);
+
+    // An edited env value: changed, the container is recreated.
+    remote.commit(&[("app/.env", "GREETING=bonjour\n")], "french");
+    let run = tick();
+    assert_eq!(run["result"], "changed", "{run}");
+    assert_ne!(
+        container_id(&docker, "app_web_1"),
+        first_id,
+        "not recreated"
+    );
+    assert!(inspect_env(&docker, "app_web_1").contains("GREETING=bonjour"));
+
+    // Stopped by hand: drift, brought back and said so.
+    assert!(
+        docker
+            .docker(&["stop", "-t", "1", "app_web_1"])
+            .status
+            .success()
+    );
+    assert!(docker.running().is_empty());
+    let run = tick();
+    assert_eq!(run["result"], "changed", "{run}");
+    assert!(
+        run["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("drift: service(s) web were not running"),
+        "{run}"
+    );
+    assert_eq!(docker.running(), ["app_web_1"]);
+
+    // outputs: state and image per service.
+    let out = s.run(&["outputs", "app", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["web"]["state"], "running", "{v}");
+    assert_eq!(v["web"]["image"], TEST_IMAGE);
+
+    // destroy removes the project.
+    let out = s.run(&["destroy", "app", "--yes"]);
+    assert!(out.status.success(), "{}", text(&out.stdout));
+    assert!(
+        text(&docker.docker(&["ps", "-aq"]).stdout)
+            .trim()
+            .is_empty()
+    );
+
+    // The pi backend's compose action, over a real sshd, on the same engine.
+    let sshd = Sshd::start(root.path());
+    let remote_dir = root.path().join("pi apps");
+    let pi = Setup::new(&format!(
+        "[[targets]]\nname = \"pi\"\nrepo = \"{}\"\npath = \"app\"\n\
+         [targets.backend]\nkind = \"pi\"\nhost = \"127.0.0.1\"\nport = {}\nuser = \"{}\"\n\
+         identity_file = {}\nknown_hosts_file = {}\nremote_dir = {}\naction = \"compose\"\n\
+         compose_command = [\"env\", \"DOCKER_HOST={}\", \"docker-compose\", \"-p\", \"piapps\"]\n",
+        remote.url(),
+        sshd.port,
+        sshd.user,
+        toml_str(&sshd.client_key.display().to_string()),
+        toml_str(&sshd.known_hosts.display().to_string()),
+        toml_str(&remote_dir.display().to_string()),
+        docker.host
+    ));
+    let out = pi.run(&["tick", "pi"]);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    assert_eq!(docker.running(), ["piapps_web_1"]);
+    assert!(remote_dir.join("compose.yaml").is_file() && remote_dir.join(".env").is_file());
+    let out = pi.run(&["outputs", "pi", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["web"]["state"], "running", "{v}");
+}
