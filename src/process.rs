@@ -91,6 +91,18 @@ impl Output {
     pub fn success(&self) -> bool {
         self.code == Some(0) && !self.timed_out
     }
+
+    /// The last `n` non-empty stderr lines, joined by ` | ` (what a failure
+    /// message quotes).
+    pub fn stderr_summary(&self, n: usize) -> String {
+        let lines: Vec<&str> = self
+            .stderr
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect();
+        lines[lines.len().saturating_sub(n)..].join(" | ")
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

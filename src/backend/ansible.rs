@@ -340,13 +340,7 @@ impl Ansible {
             } else if !failed_hosts.is_empty() {
                 format!("failed or unreachable: {}", join(&failed_hosts))
             } else {
-                let why = out
-                    .stderr
-                    .lines()
-                    .rev()
-                    .find(|l| !l.trim().is_empty())
-                    .unwrap_or("")
-                    .trim();
+                let why = out.stderr_summary(1);
                 format!("{}: {why}", process::describe_exit(&spec, &out, None))
             };
             (ApplyResult::Failed, msg)

@@ -134,12 +134,7 @@ impl Compose {
         if out.success() {
             Ok(out)
         } else {
-            let why: Vec<&str> = out
-                .stderr
-                .lines()
-                .filter(|l| !l.trim().is_empty())
-                .collect();
-            let why = why[why.len().saturating_sub(5)..].join(" | ");
+            let why = out.stderr_summary(5);
             Err(format!(
                 "{}: {why}",
                 process::describe_exit(spec, &out, Some(self.ctx.timeout))

@@ -128,13 +128,7 @@ impl Exec {
                 format!("`{}` reported no change", spec.display()),
             ),
             _ => {
-                let last = out
-                    .stderr
-                    .lines()
-                    .rev()
-                    .find(|l| !l.trim().is_empty())
-                    .unwrap_or("")
-                    .trim();
+                let last = out.stderr_summary(1);
                 let exit = process::describe_exit(&spec, &out, None);
                 let msg = if last.is_empty() {
                     exit

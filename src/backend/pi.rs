@@ -179,12 +179,7 @@ impl Pi {
         if out.success() {
             return Ok(out);
         }
-        let said: Vec<&str> = out
-            .stderr
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .collect();
-        let said = said[said.len().saturating_sub(5)..].join(" | ");
+        let said = out.stderr_summary(5);
         let what = if out.timed_out {
             format!(
                 "timed out after {}",

@@ -4,16 +4,14 @@
 
 use axum::http::HeaderMap;
 
-use super::{Delivery, HookError, header, parse_json, read_push, verify_hex_hmac};
+use super::{Delivery, HookError, header, parse_json, read_push, verify_hub_signature};
 
 pub(super) fn receive(
     secret: &[u8],
     headers: &HeaderMap,
     body: &[u8],
 ) -> Result<Delivery, HookError> {
-    let sig = header(headers, &["x-hub-signature-256"]).ok_or(HookError::Unauthorized)?;
-    let hex_sig = sig.strip_prefix("sha256=").ok_or(HookError::Unauthorized)?;
-    verify_hex_hmac(secret, body, hex_sig)?;
+    verify_hub_signature(secret, headers, body)?;
 
     let id = header(headers, &["x-delivery-id", "x-github-delivery"]).map(str::to_string);
     let v = parse_json(body)?;

@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use super::{
     Delivery, Event, HookError, form_payload, header, is_form, parse_json, read_push,
-    verify_hex_hmac,
+    verify_hex_hmac, verify_hub_signature,
 };
 
 pub(super) fn receive(
@@ -33,11 +33,7 @@ pub(super) fn receive(
     );
     match bare {
         Some(hex_sig) => verify_hex_hmac(secret, &signed, hex_sig)?,
-        None => {
-            let sig = header(headers, &["x-hub-signature-256"]).ok_or(HookError::Unauthorized)?;
-            let hex_sig = sig.strip_prefix("sha256=").ok_or(HookError::Unauthorized)?;
-            verify_hex_hmac(secret, &signed, hex_sig)?
-        }
+        None => verify_hub_signature(secret, headers, &signed)?,
     }
 
     let id = header(

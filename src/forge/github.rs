@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use super::{
     Delivery, Event, HookError, form_payload, header, is_form, parse_json, read_push,
-    verify_hex_hmac,
+    verify_hub_signature,
 };
 
 /// GitHub lists at most this many commits in a push payload.
@@ -18,9 +18,7 @@ pub(super) fn receive(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Result<Delivery, HookError> {
-    let sig = header(headers, &["x-hub-signature-256"]).ok_or(HookError::Unauthorized)?;
-    let hex_sig = sig.strip_prefix("sha256=").ok_or(HookError::Unauthorized)?;
-    verify_hex_hmac(secret, body, hex_sig)?;
+    verify_hub_signature(secret, headers, body)?;
 
     let id = header(headers, &["x-github-delivery"]).map(str::to_string);
     let event_name = header(headers, &["x-github-event"])

@@ -102,6 +102,17 @@ fn verify_hex_hmac(secret: &[u8], signed: &[u8], hex_sig: &str) -> Result<(), Ho
     mac.verify_slice(&sig).map_err(|_| HookError::Unauthorized)
 }
 
+/// Check `X-Hub-Signature-256: sha256=<hex>` over `signed`.
+fn verify_hub_signature(
+    secret: &[u8],
+    headers: &HeaderMap,
+    signed: &[u8],
+) -> Result<(), HookError> {
+    let sig = header(headers, &["x-hub-signature-256"]).ok_or(HookError::Unauthorized)?;
+    let hex_sig = sig.strip_prefix("sha256=").ok_or(HookError::Unauthorized)?;
+    verify_hex_hmac(secret, signed, hex_sig)
+}
+
 /// Compare a shared secret sent in clear (GitLab) in constant time.
 fn verify_token(secret: &[u8], given: &str) -> Result<(), HookError> {
     use subtle::ConstantTimeEq;

@@ -22,6 +22,13 @@ use crate::status;
 const MAX_WAIT: Duration = Duration::from_secs(3600);
 const WAIT_POLL: Duration = Duration::from_millis(100);
 
+/// The `Authorization` header's value, if it is text.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+}
+
 /// An API error: a status and the message for `{"error": ...}`.
 pub(super) struct ApiError(StatusCode, String);
 
@@ -37,9 +44,7 @@ fn check<'a>(
     verb: Verb,
     target: &str,
 ) -> Result<&'a Token, ApiError> {
-    let h = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok());
+    let h = bearer(&headers);
     auth::authorize(&s.engine.settings.tokens, h, verb, target).map_err(|e| match e {
         AuthError::Unauthorized => ApiError(StatusCode::UNAUTHORIZED, e.to_string()),
         AuthError::Forbidden { .. } => ApiError(StatusCode::FORBIDDEN, e.to_string()),
@@ -62,9 +67,7 @@ fn internal(e: impl std::fmt::Display) -> ApiError {
 
 /// `GET /api/v1/targets`: the targets this token may read.
 pub(super) async fn list_targets(State(s): State<AppState>, headers: HeaderMap) -> Response {
-    let h = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok());
+    let h = bearer(&headers);
     let token = match auth::authenticate(&s.engine.settings.tokens, h) {
         Ok(t) => t,
         Err(e) => return error(StatusCode::UNAUTHORIZED, e.to_string()),
@@ -160,9 +163,7 @@ pub(super) async fn run(
     Path(id): Path<i64>,
     headers: HeaderMap,
 ) -> Response {
-    let h = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok());
+    let h = bearer(&headers);
     if let Err(e) = auth::authenticate(&s.engine.settings.tokens, h) {
         return error(StatusCode::UNAUTHORIZED, e.to_string());
     }
@@ -184,9 +185,7 @@ pub(super) async fn job(
     headers: HeaderMap,
 ) -> Response {
     // Authenticate before saying whether the job exists.
-    let h = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok());
+    let h = bearer(&headers);
     if let Err(e) = auth::authenticate(&s.engine.settings.tokens, h) {
         return error(StatusCode::UNAUTHORIZED, e.to_string());
     }
