@@ -44,7 +44,7 @@ fn check<'a>(
     verb: Verb,
     target: &str,
 ) -> Result<&'a Token, ApiError> {
-    let h = bearer(&headers);
+    let h = bearer(headers);
     auth::authorize(&s.engine.settings.tokens, h, verb, target).map_err(|e| match e {
         AuthError::Unauthorized => ApiError(StatusCode::UNAUTHORIZED, e.to_string()),
         AuthError::Forbidden { .. } => ApiError(StatusCode::FORBIDDEN, e.to_string()),
