@@ -184,11 +184,6 @@ pub struct Daemon {
 
 impl Daemon {
     pub fn start(setup: &Setup) -> Daemon {
-        let n = std::fs::read_dir(setup.path())
-            .map(|d| d.count())
-            .unwrap_or(0);
-        let log = setup.path().join(format!("serve-{n}.log"));
-        let file = std::fs::File::create(&log).expect("log file");
         let config = std::fs::read_to_string(&setup.config).expect("config");
         let port: u16 = config
             .split("127.0.0.1:")
@@ -196,9 +191,18 @@ impl Daemon {
             .and_then(|s| s.split('"').next())
             .and_then(|p| p.parse().ok())
             .expect("port in config");
+        Self::start_with(&setup.config, setup.path(), port)
+    }
+
+    /// Start `driftless serve` with `config` (listening on `port`), its log
+    /// in a new file in `dir`.
+    pub fn start_with(config: &Path, dir: &Path, port: u16) -> Daemon {
+        let n = std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0);
+        let log = dir.join(format!("serve-{n}-{}.log", fastrand::u32(..)));
+        let file = std::fs::File::create(&log).expect("log file");
         let child = Command::new(bin())
             .arg("--config")
-            .arg(&setup.config)
+            .arg(config)
             .arg("serve")
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())

@@ -1,0 +1,205 @@
+//! Crash chaos on intake: a stream of signed GitHub pushes for a handful of
+//! targets while the daemon is `kill -9`ed and restarted at random moments.
+//! Every delivery answered 2xx must end up applied (the target at or past its
+//! newest accepted commit), every accepted delivery id must be on record, and
+//! no job may be left running.
+//!
+//! `DRIFTLESS_CHAOS_PUSHES` sets the number of pushes (default 1000, about
+//! 80 s; run it with more by hand).
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+use serde_json::json;
+
+const SECRET: &str = "chaos-hook-secret";
+const TARGETS: usize = 4;
+
+#[test]
+fn no_accepted_push_is_lost_across_kill_9() {
+    let pushes: usize = std::env::var("DRIFTLESS_CHAOS_PUSHES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    let files: Vec<(String, String)> = (0..TARGETS)
+        .map(|i| (format!("t{i}/v"), "0".to_string()))
+        .collect();
+    let refs: Vec<(&str, &str)> = files
+        .iter()
+        .map(|(a, b)| (a.as_str(), b.as_str()))
+        .collect();
+    remote.commit(&refs, "first");
+    let secret = root.path().join("secret");
+    std::fs::write(&secret, SECRET).expect("write");
+    let mut cfg = format!(
+        "[[receivers]]\nname = \"github\"\nforge = \"github\"\nsecret_file = {}\n\n",
+        toml_str(&secret.display().to_string())
+    );
+    for i in 0..TARGETS {
+        cfg.push_str(&exec_target(
+            &format!("t{i}"),
+            &remote.url(),
+            &format!("path = \"t{i}\"\ninterval = \"1h\""),
+            "apply = [\"sh\", \"-c\", \"sleep 0.05\"]",
+        ));
+    }
+    let s = Setup::new(&cfg);
+    let daemon = Arc::new(Mutex::new(Some(s.serve())));
+    let port = daemon.lock().expect("lock").as_ref().expect("daemon").port;
+
+    // The killer: kill -9 and restart at random moments while pushes flow.
+    let stop = Arc::new(AtomicBool::new(false));
+    let kills = Arc::new(AtomicUsize::new(0));
+    let killer = {
+        let (stop, kills, daemon, config) = (
+            stop.clone(),
+            kills.clone(),
+            daemon.clone(),
+            s.config.clone(),
+        );
+        let setup_dir = s.path().to_path_buf();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(fastrand::u64(200..900)));
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let mut d = daemon.lock().expect("lock");
+                if let Some(old) = d.take() {
+                    old.kill9();
+                    kills.fetch_add(1, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(fastrand::u64(0..300)));
+                *d = Some(Daemon::start_with(&config, &setup_dir, port));
+            }
+        })
+    };
+
+    // The stream: a commit per push, then the signed delivery, retried a
+    // little like a forge would while the daemon is down.
+    let mut accepted: Vec<(usize, String, String)> = Vec::new(); // (target, sha, delivery)
+    let mut sent = 0;
+    for n in 0..pushes {
+        let t = fastrand::usize(0..TARGETS);
+        let sha = remote.commit(
+            &[(&format!("t{t}/v"), &n.to_string())],
+            &format!("push {n}"),
+        );
+        let mut body: serde_json::Value =
+            serde_json::from_slice(&fixture("github/push-branch.json")).expect("json");
+        body["repository"]["clone_url"] = json!(remote.url());
+        body["after"] = json!(sha);
+        body["commits"] =
+            json!([{ "id": sha, "added": [], "removed": [], "modified": [format!("t{t}/v")] }]);
+        let body = serde_json::to_vec(&body).expect("json");
+        let sig = format!("sha256={}", hmac_hex(SECRET, &body));
+        let delivery = format!("chaos-{n}");
+        for _attempt in 0..3 {
+            sent += 1;
+            let r = try_post(port, &body, &sig, &delivery);
+            if matches!(r, Some(200..=299)) {
+                accepted.push((t, sha.clone(), delivery.clone()));
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    killer.join().expect("killer");
+    // A final restart, then let everything settle.
+    {
+        let mut d = daemon.lock().expect("lock");
+        if let Some(old) = d.take() {
+            old.kill9();
+        }
+        *d = Some(Daemon::start_with(&s.config, s.path(), port));
+    }
+    wait_for(Duration::from_secs(120), "every target idle", || {
+        s.status()
+            .iter()
+            .all(|t| t["queued"] == false && t["running"] == false)
+    });
+
+    // Every target is at or past its newest accepted commit.
+    let mut lost = 0;
+    for t in 0..TARGETS {
+        let Some((_, newest, _)) = accepted.iter().rev().find(|(x, _, _)| *x == t) else {
+            continue;
+        };
+        let st = s.target_status(&format!("t{t}"));
+        let applied = st["last_applied_sha"].as_str().unwrap_or("").to_string();
+        let ok = !applied.is_empty()
+            && std::process::Command::new("git")
+                .args(["merge-base", "--is-ancestor", newest, &applied])
+                .current_dir(&remote.work)
+                .status()
+                .is_ok_and(|s| s.success());
+        if !ok {
+            lost += 1;
+            eprintln!("t{t}: newest accepted {newest}, applied {applied:?}: {st}");
+        }
+    }
+    // Every accepted delivery id is on record, and nothing is stuck running.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("rt");
+    let (recorded, running): (Vec<String>, i64) = rt.block_on(async {
+        let store = driftless::store::Store::open(&s.db()).await.expect("db");
+        let ids = sqlx::query_scalar("SELECT delivery_id FROM deliveries")
+            .fetch_all(store.pool())
+            .await
+            .expect("deliveries");
+        let running = sqlx::query_scalar("SELECT COUNT(*) FROM jobs WHERE state = 'running'")
+            .fetch_one(store.pool())
+            .await
+            .expect("jobs");
+        (ids, running)
+    });
+    let missing: Vec<&String> = accepted
+        .iter()
+        .map(|(_, _, d)| d)
+        .filter(|d| !recorded.contains(d))
+        .collect();
+    eprintln!(
+        "chaos: {pushes} pushes, {sent} deliveries sent, {} accepted, {} kills, {} lost, {} accepted ids missing",
+        accepted.len(),
+        kills.load(Ordering::Relaxed),
+        lost,
+        missing.len()
+    );
+    assert!(
+        kills.load(Ordering::Relaxed) > 0,
+        "the daemon was never killed"
+    );
+    assert!(!accepted.is_empty());
+    assert_eq!(lost, 0, "accepted pushes were not applied");
+    assert!(
+        missing.is_empty(),
+        "accepted deliveries not on record: {missing:?}"
+    );
+    assert_eq!(running, 0, "jobs left running");
+}
+
+/// POST a delivery; `None` when the daemon is not there to answer.
+fn try_post(port: u16, body: &[u8], sig: &str, delivery: &str) -> Option<u16> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    let head = format!(
+        "POST /hooks/github HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\n\
+         X-GitHub-Event: push\r\nX-GitHub-Delivery: {delivery}\r\nX-Hub-Signature-256: {sig}\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).ok()?;
+    s.write_all(body).ok()?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).ok()?;
+    buf.split_whitespace().nth(1)?.parse().ok()
+}
