@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use serde_json::{Value, json};
+use serde_json::json;
 
 const SECRET: &str = "hook-secret-for-the-e2e-test";
 
@@ -101,13 +101,7 @@ fn wait_idle(w: &World) {
 
 /// A GitHub push for the local repository, built on GitHub's own payload.
 fn github_push(w: &World, sha: &str, changed: &[&str]) -> Vec<u8> {
-    let mut v: Value = serde_json::from_slice(&fixture("github/push-branch.json")).expect("json");
-    v["repository"]["clone_url"] = json!(w.remote.url());
-    v["repository"]["ssh_url"] = json!(w.remote.bare.display().to_string());
-    v["after"] = json!(sha);
-    v["commits"] = json!([{ "id": sha, "added": [], "removed": [], "modified": changed }]);
-    v["head_commit"]["id"] = json!(sha);
-    serde_json::to_vec(&v).expect("json")
+    github_push_body(&w.remote.url(), sha, changed)
 }
 
 fn deliver(port: u16, body: &[u8], delivery: &str) -> HttpResponse {

@@ -14,7 +14,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
-use serde_json::json;
 
 const SECRET: &str = "chaos-hook-secret";
 const TARGETS: usize = 4;
@@ -91,13 +90,7 @@ fn no_accepted_push_is_lost_across_kill_9() {
             &[(&format!("t{t}/v"), &n.to_string())],
             &format!("push {n}"),
         );
-        let mut body: serde_json::Value =
-            serde_json::from_slice(&fixture("github/push-branch.json")).expect("json");
-        body["repository"]["clone_url"] = json!(remote.url());
-        body["after"] = json!(sha);
-        body["commits"] =
-            json!([{ "id": sha, "added": [], "removed": [], "modified": [format!("t{t}/v")] }]);
-        let body = serde_json::to_vec(&body).expect("json");
+        let body = github_push_body(&remote.url(), &sha, &[&format!("t{t}/v")]);
         let sig = format!("sha256={}", hmac_hex(SECRET, &body));
         let delivery = format!("chaos-{n}");
         for _attempt in 0..3 {

@@ -5,20 +5,11 @@
 
 mod common;
 
-use std::path::Path;
 use std::time::Duration;
 
 use common::*;
 use driftless::queue::{Queue, Request, Trigger};
 use driftless::store::Store;
-
-fn log_lines(p: &Path) -> Vec<String> {
-    std::fs::read_to_string(p)
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_string)
-        .collect()
-}
 
 fn idle(s: &Setup, name: &str) -> bool {
     let st = s.target_status(name);

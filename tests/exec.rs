@@ -8,14 +8,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-fn lines(path: &std::path::Path) -> Vec<String> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_string)
-        .collect()
-}
-
 #[test]
 fn digest_skips_unchanged_inputs_without_running_anything() {
     let root = tempfile::tempdir().expect("tempdir");
@@ -40,20 +32,20 @@ fn digest_skips_unchanged_inputs_without_running_anything() {
             .to_string()
     };
     assert_eq!(tick(), "changed");
-    assert_eq!(lines(&counter), vec!["v1"]);
+    assert_eq!(log_lines(&counter), vec!["v1"]);
     assert_eq!(tick(), "no_change");
     // A commit outside the target's path does not change its digest.
     remote.commit(&[("docs/readme", "y")], "docs");
     assert_eq!(tick(), "no_change");
     assert_eq!(
-        lines(&counter),
+        log_lines(&counter),
         vec!["v1"],
         "apply ran although nothing changed"
     );
     // A commit inside the path does.
     remote.commit(&[("app/config", "v2\n")], "v2");
     assert_eq!(tick(), "changed");
-    assert_eq!(lines(&counter), vec!["v1", "v2"]);
+    assert_eq!(log_lines(&counter), vec!["v1", "v2"]);
 }
 
 #[test]

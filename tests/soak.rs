@@ -12,18 +12,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
-use serde_json::json;
 
 const SECRET: &str = "soak-secret";
 const TARGETS: usize = 3;
-
-fn log_lines(path: &std::path::Path) -> Vec<String> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_string)
-        .collect()
-}
 
 #[test]
 fn thousands_of_ticks_from_every_trigger_never_overlap() {
@@ -129,12 +120,7 @@ fn thousands_of_ticks_from_every_trigger_never_overlap() {
             &[(&format!("t{t}/marker"), &format!("m{n}"))],
             &format!("push {n}"),
         );
-        let mut body: serde_json::Value =
-            serde_json::from_slice(&fixture("github/push-branch.json")).expect("json");
-        body["repository"]["clone_url"] = json!(remote.url());
-        body["after"] = json!(sha);
-        body["commits"] = json!([{ "id": sha, "added": [], "removed": [], "modified": [format!("t{t}/marker")] }]);
-        let body = serde_json::to_vec(&body).expect("json");
+        let body = github_push_body(&remote.url(), &sha, &[&format!("t{t}/marker")]);
         let sig = format!("sha256={}", hmac_hex(SECRET, &body));
         let r = http(
             port,

@@ -13,7 +13,6 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::*;
-use serde_json::json;
 
 const SECRET: &str = "unwritable-secret";
 
@@ -41,12 +40,7 @@ impl Drop for Tmpfs {
 
 fn push(remote: &Remote, port: u16, n: u32) -> (String, Option<u16>) {
     let sha = remote.commit(&[("app/v", &n.to_string())], &format!("push {n}"));
-    let mut body: serde_json::Value =
-        serde_json::from_slice(&fixture("github/push-branch.json")).expect("json");
-    body["repository"]["clone_url"] = json!(remote.url());
-    body["after"] = json!(sha);
-    body["commits"] = json!([{ "id": sha, "added": [], "removed": [], "modified": ["app/v"] }]);
-    let body = serde_json::to_vec(&body).expect("json");
+    let body = github_push_body(&remote.url(), &sha, &["app/v"]);
     let sig = format!("sha256={}", hmac_hex(SECRET, &body));
     let r = http(
         port,

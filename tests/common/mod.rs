@@ -1053,3 +1053,24 @@ impl Drop for Dockerd {
         let _ = self.child.wait();
     }
 }
+
+/// A file's lines (none if it does not exist yet).
+pub fn log_lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// GitHub's own push payload (tests/fixtures/webhooks/github/push-branch.json),
+/// pointed at `repo_url`, pushing `sha` that changed `changed`.
+pub fn github_push_body(repo_url: &str, sha: &str, changed: &[&str]) -> Vec<u8> {
+    let mut v: Value = serde_json::from_slice(&fixture("github/push-branch.json")).expect("json");
+    v["repository"]["clone_url"] = Value::from(repo_url);
+    v["after"] = Value::from(sha);
+    v["commits"] =
+        serde_json::json!([{ "id": sha, "added": [], "removed": [], "modified": changed }]);
+    v["head_commit"]["id"] = Value::from(sha);
+    serde_json::to_vec(&v).expect("json")
+}
