@@ -192,6 +192,9 @@ impl Git {
                 .and_then(|()| std::fs::write(&alternates, &want))
                 .map_err(|e| err(chain(&e)))?;
         }
+        // The caller holds the target's lock: a git lock file left in the
+        // checkout is from a tick that was killed mid-reset.
+        clear_stale_locks(&dir.join(".git"));
         git_cli(&dir, &["reset", "-q", "--hard", sha])
             .await
             .map_err(&err)?;
@@ -252,6 +255,39 @@ impl Git {
             .take(40)
             .collect();
         self.cache_root.join(format!("{slug}-{}.git", &hash[..16]))
+    }
+}
+
+/// Remove git's `*.lock` files (top level and under `refs/`) from `git_dir`.
+/// Only call while holding the lock that keeps other driftless processes out
+/// of this repository: then any lock file is stale, left by a process that
+/// died, and would otherwise block every later fetch or checkout.
+fn clear_stale_locks(git_dir: &Path) {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>, recurse: bool) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.extension().is_some_and(|x| x == "lock") && p.is_file() {
+                out.push(p);
+            } else if recurse && p.is_dir() {
+                walk(&p, out, true);
+            }
+        }
+    }
+    let mut stale = Vec::new();
+    walk(git_dir, &mut stale, false);
+    walk(&git_dir.join("refs"), &mut stale, true);
+    for p in stale {
+        match std::fs::remove_file(&p) {
+            Ok(()) => {
+                tracing::warn!(file = %p.display(), "removed a git lock file left by an interrupted run")
+            }
+            Err(e) => {
+                tracing::warn!(file = %p.display(), error = %e, "cannot remove a stale git lock file")
+            }
+        }
     }
 }
 
@@ -385,6 +421,9 @@ fn fetch_inner(
         .map_err(|e| err(format!("cannot open {}: {e}", lock_path.display())))?;
     lock.lock()
         .map_err(|e| err(format!("cannot lock {}: {e}", lock_path.display())))?;
+    // Holding the cache lock, no live driftless process is writing here:
+    // lock files left behind are from a fetch that was killed.
+    clear_stale_locks(dir);
 
     let mut repo = if dir.join("HEAD").is_file() {
         gix::open(dir).map_err(|e| {

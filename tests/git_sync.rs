@@ -305,3 +305,36 @@ fn ssh_remote_uses_the_configured_key_and_checks_the_host_key() {
     assert!(msg.contains("git fetch of branch `main`"), "{msg}");
     assert!(msg.contains("Host key verification failed"), "{msg}");
 }
+
+#[test]
+fn git_lock_files_left_by_a_killed_tick_do_not_block_later_ones() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(&[("site/index.html", "v1")], "first");
+    let s = setup_for(&remote.url());
+    assert!(s.run(&["tick", "site"]).status.success());
+    // What a kill -9 mid-fetch and mid-reset leaves behind.
+    let cache = std::fs::read_dir(s.state.join("git"))
+        .expect("caches")
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "git"))
+        .expect("a cache");
+    std::fs::write(cache.join("refs/remotes/origin/main.lock"), "").expect("write");
+    std::fs::write(cache.join("packed-refs.lock"), "").expect("write");
+    std::fs::write(s.checkout("site").join(".git/index.lock"), "").expect("write");
+    let sha = remote.commit(&[("site/index.html", "v2")], "v2");
+    let out = s.run(&["tick", "site"]);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    assert_eq!(s.target_status("site")["last_applied_sha"], sha);
+    assert!(
+        text(&out.stderr).contains("removed a git lock file"),
+        "{}",
+        text(&out.stderr)
+    );
+}
