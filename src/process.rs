@@ -2,20 +2,19 @@
 //!
 //! Every command a backend runs goes through [`run`]: an argv vector (never a
 //! shell string), its own process group, stdin closed, `GIT_TERMINAL_PROMPT=0`,
-//! stdout and stderr captured, and a deadline after which the whole group is
+//! stdout and stderr captured (through unlinked files, so a command that
+//! outlives driftless never dies of a broken pipe), and a deadline after which the whole group is
 //! sent SIGTERM and, after a grace period, SIGKILL. This module knows nothing
 //! about backends, targets or git.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use std::future::Future;
 use std::os::fd::RawFd;
 
-use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::Command;
 
 tokio::task_local! {
@@ -39,9 +38,6 @@ pub const TAIL_BYTES: usize = 16 * 1024;
 const STREAM_CAP: usize = 32 * 1024 * 1024;
 /// After SIGTERM on timeout, how long the group gets before SIGKILL.
 const KILL_GRACE: Duration = Duration::from_secs(5);
-/// After the command exits, how long we wait for pipes that a leftover
-/// background process may hold open.
-const DRAIN_WAIT: Duration = Duration::from_secs(2);
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -134,26 +130,84 @@ fn push_capped(buf: &mut Vec<u8>, line: &[u8], cap: usize) {
     }
 }
 
-async fn pump<R: AsyncRead + Unpin>(reader: R, cap: Arc<Mutex<Capture>>, is_stdout: bool) {
-    let mut reader = BufReader::new(reader);
-    let mut line = Vec::new();
-    loop {
-        line.clear();
-        match reader.read_until(b'\n', &mut line).await {
-            Ok(0) | Err(_) => break,
-            Ok(_) => {
-                let Ok(mut c) = cap.lock() else { break };
-                let stream = if is_stdout {
-                    &mut c.stdout
-                } else {
-                    &mut c.stderr
-                };
-                push_capped(stream, &line, STREAM_CAP);
-                push_capped(&mut c.combined, &line, TAIL_BYTES);
+/// One output stream: an unlinked file the command writes to (appending),
+/// and how far we have read it. A file, not a pipe: a command that outlives
+/// driftless (the daemon was killed mid-apply) must not die of SIGPIPE on
+/// its next write — terraform would then exit before saving its state.
+struct Stream {
+    file: std::fs::File,
+    read: u64,
+    /// Bytes read past the last newline.
+    partial: Vec<u8>,
+    is_stdout: bool,
+}
+
+impl Stream {
+    fn new(is_stdout: bool) -> std::io::Result<Stream> {
+        let file = tempfile::tempfile()?;
+        // O_APPEND on the shared open file description: the command's writes
+        // always go to the end, whatever offset we read at (we use pread).
+        use std::os::fd::AsRawFd;
+        // SAFETY: F_GETFL/F_SETFL on a descriptor we own.
+        let ok = unsafe {
+            let fd = file.as_raw_fd();
+            let flags = libc::fcntl(fd, libc::F_GETFL);
+            flags != -1 && libc::fcntl(fd, libc::F_SETFL, flags | libc::O_APPEND) != -1
+        };
+        if !ok {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Stream {
+            file,
+            read: 0,
+            partial: Vec::new(),
+            is_stdout,
+        })
+    }
+
+    /// Move what the command wrote since the last call into `cap`, line by
+    /// line; at `eof`, the unfinished last line too.
+    fn drain(&mut self, cap: &mut Capture, eof: bool) {
+        use std::os::unix::fs::FileExt;
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match self.file.read_at(&mut buf, self.read) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    self.read += n as u64;
+                    self.partial.extend_from_slice(&buf[..n]);
+                }
             }
+        }
+        let mut rest = std::mem::take(&mut self.partial);
+        let upto = if eof {
+            rest.len()
+        } else {
+            rest.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1)
+        };
+        self.partial = rest.split_off(upto);
+        if rest.is_empty() {
+            return;
+        }
+        let stream = if self.is_stdout {
+            &mut cap.stdout
+        } else {
+            &mut cap.stderr
+        };
+        push_capped(stream, &rest, STREAM_CAP);
+        push_capped(&mut cap.combined, &rest, TAIL_BYTES);
+        // Bound the pending partial line like the streams themselves.
+        if self.partial.len() > STREAM_CAP {
+            let cut = self.partial.len() - STREAM_CAP;
+            self.partial.drain(..cut);
         }
     }
 }
+
+/// How often output is moved from the files into the capture while the
+/// command runs (this also decides how stdout and stderr interleave in the
+/// tail).
+const POLL: Duration = Duration::from_millis(50);
 
 fn signal_group(pgid: i32, signal: i32) {
     if pgid > 0 {
@@ -168,6 +222,14 @@ fn signal_group(pgid: i32, signal: i32) {
 pub async fn run(spec: &Spec, redactor: &Redactor) -> Result<Output, ProcessError> {
     let program = spec.argv.first().ok_or(ProcessError::Empty)?;
     let started = Instant::now();
+    let spawn_err = |e: std::io::Error| ProcessError::Spawn {
+        program: program.clone(),
+        cwd: spec.cwd.display().to_string(),
+        reason: format!("cannot create a file for its output: {e}"),
+    };
+    let mut out = Stream::new(true).map_err(spawn_err)?;
+    let mut err = Stream::new(false).map_err(spawn_err)?;
+    let mut capture = Capture::default();
     let mut cmd = Command::new(program);
     cmd.args(&spec.argv[1..])
         .current_dir(&spec.cwd)
@@ -178,8 +240,8 @@ pub async fn run(spec: &Spec, redactor: &Redactor) -> Result<Output, ProcessErro
         } else {
             Stdio::null()
         })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stdout(Stdio::from(out.file.try_clone().map_err(spawn_err)?))
+        .stderr(Stdio::from(err.file.try_clone().map_err(spawn_err)?))
         .process_group(0)
         .kill_on_drop(true);
     if let Ok(fd) = INHERITED_FD.try_with(|fd| *fd) {
@@ -208,57 +270,48 @@ pub async fn run(spec: &Spec, redactor: &Redactor) -> Result<Output, ProcessErro
             let _ = stdin.shutdown().await;
         });
     }
-    let capture = Arc::new(Mutex::new(Capture::default()));
-    let mut readers = Vec::new();
-    if let Some(out) = child.stdout.take() {
-        readers.push(tokio::spawn(pump(out, capture.clone(), true)));
-    }
-    if let Some(err) = child.stderr.take() {
-        readers.push(tokio::spawn(pump(err, capture.clone(), false)));
-    }
+    // The command's copies of the files were moved into it; ours stay.
+    drop(cmd);
 
     let mut timed_out = false;
     let wait_err = |e: std::io::Error| ProcessError::Wait {
         program: program.clone(),
         reason: e.to_string(),
     };
-    let status = match spec.deadline {
-        None => child.wait().await.map_err(wait_err)?,
-        Some(deadline) => {
-            tokio::select! {
-                s = child.wait() => s.map_err(wait_err)?,
-                _ = tokio::time::sleep_until(deadline.into()) => {
-                    timed_out = true;
-                    signal_group(pgid, libc::SIGTERM);
-                    match tokio::time::timeout(KILL_GRACE, child.wait()).await {
-                        Ok(s) => {
-                            // The leader is gone; make sure its children are too.
-                            signal_group(pgid, libc::SIGKILL);
-                            s.map_err(wait_err)?
-                        }
-                        Err(_) => {
-                            signal_group(pgid, libc::SIGKILL);
-                            child.wait().await.map_err(wait_err)?
-                        }
-                    }
+    let deadline = spec.deadline;
+    let status = loop {
+        let sleep = match deadline {
+            Some(d) => POLL.min(d.saturating_duration_since(Instant::now())),
+            None => POLL,
+        };
+        tokio::select! {
+            s = child.wait() => break s.map_err(wait_err)?,
+            _ = tokio::time::sleep(sleep) => {}
+        }
+        out.drain(&mut capture, false);
+        err.drain(&mut capture, false);
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            timed_out = true;
+            signal_group(pgid, libc::SIGTERM);
+            let s = match tokio::time::timeout(KILL_GRACE, child.wait()).await {
+                Ok(s) => {
+                    // The leader is gone; make sure its children are too.
+                    signal_group(pgid, libc::SIGKILL);
+                    s.map_err(wait_err)?
                 }
-            }
+                Err(_) => {
+                    signal_group(pgid, libc::SIGKILL);
+                    child.wait().await.map_err(wait_err)?
+                }
+            };
+            break s;
         }
     };
-    for r in readers {
-        let abort = r.abort_handle();
-        if tokio::time::timeout(DRAIN_WAIT, r).await.is_err() {
-            abort.abort();
-        }
-    }
-    let (stdout, stderr, combined) = match capture.lock() {
-        Ok(c) => (
-            String::from_utf8_lossy(&c.stdout).into_owned(),
-            String::from_utf8_lossy(&c.stderr).into_owned(),
-            String::from_utf8_lossy(&c.combined).into_owned(),
-        ),
-        Err(_) => Default::default(),
-    };
+    out.drain(&mut capture, true);
+    err.drain(&mut capture, true);
+    let stdout = String::from_utf8_lossy(&capture.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&capture.stderr).into_owned();
+    let combined = String::from_utf8_lossy(&capture.combined).into_owned();
     Ok(Output {
         code: status.code(),
         stdout: redactor.redact(&stdout),

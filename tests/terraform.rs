@@ -4,6 +4,7 @@
 mod common;
 
 use common::*;
+use std::time::Duration;
 
 const MAIN_TF: &str = r#"
 variable "greeting" {
@@ -241,4 +242,158 @@ fn workspace_is_selected_or_created_and_vars_are_passed() {
     assert_eq!(v["greeting"], "from-config");
     assert_eq!(tick(&s).0, Some(0));
     assert_eq!(s.target_status("net")["last_result"], "no_change");
+}
+
+/// A config whose resource's create provisioner logs its start and end
+/// around a sleep, with its state in `state` (a local backend path).
+fn slow_tf(log: &std::path::Path, state: &std::path::Path) -> String {
+    format!(
+        r#"
+terraform {{
+  backend "local" {{
+    path = "{state}"
+  }}
+}}
+
+resource "terraform_data" "slow" {{
+  input = "v1"
+  provisioner "local-exec" {{
+    command = "echo started >> {log}; sleep 3; echo finished >> {log}"
+  }}
+}}
+
+output "slow" {{
+  value = terraform_data.slow.output
+}}
+"#,
+        state = state.display(),
+        log = log.display()
+    )
+}
+
+#[test]
+fn kill_9_mid_terraform_apply_then_restart_waits_for_it_and_converges() {
+    terraform_available();
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    let log = root.path().join("provisioner.log");
+    let state = root.path().join("net.tfstate");
+    let sha = remote.commit(&[("network/main.tf", &slow_tf(&log, &state))], "slow");
+    let s = Setup::new(&format!(
+        "[[targets]]\nname = \"net\"\nrepo = \"{}\"\npath = \"network\"\ntimeout = \"2m\"\n\
+         interval = \"1h\"\n\
+         [targets.backend]\nkind = \"terraform\"\n\
+         env = {{ TF_CLI_CONFIG_FILE = \"/dev/null\" }}\n",
+        remote.url()
+    ));
+    let daemon = s.serve();
+    wait_for(
+        Duration::from_secs(60),
+        "terraform's apply to start",
+        || log_lines(&log) == ["started"],
+    );
+    daemon.kill9();
+    // The orphaned terraform keeps the target's lock (its inherited fd) and
+    // its own state lock until it exits; the restarted daemon must wait for
+    // it and then converge without a second create running beside it.
+    let daemon = s.serve();
+    wait_for(Duration::from_secs(90), "the job to run again", || {
+        s.history("net").len() >= 2
+            && s.target_status("net")["last_applied_sha"] == sha
+            && jobs(&s.db()).iter().all(|j| j.state == "done")
+    });
+    assert_eq!(
+        log_lines(&log),
+        ["started", "finished"],
+        "the create ran twice or was cut short"
+    );
+    let runs = s.history("net");
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    assert_eq!(runs[1]["result"], "interrupted", "{runs:?}");
+    // The orphan finished the create and wrote the state, so the rerun
+    // finds nothing to do.
+    assert_eq!(runs[0]["result"], "no_change", "{runs:?}");
+    assert_eq!(runs[0]["sha"], sha);
+    let out = s.run(&["outputs", "net"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("v1"), "{}", text(&out.stdout));
+    let status = daemon.stop();
+    assert!(status.success(), "{status}");
+}
+
+#[test]
+fn a_state_lock_held_elsewhere_fails_with_its_id_and_how_to_clear_it() {
+    terraform_available();
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    let log = root.path().join("provisioner.log");
+    let state = root.path().join("net.tfstate");
+    let main_tf = slow_tf(&log, &state);
+    remote.commit(&[("network/main.tf", &main_tf)], "slow");
+    let s = Setup::new(&format!(
+        "[[targets]]\nname = \"net\"\nrepo = \"{}\"\npath = \"network\"\ntimeout = \"2m\"\n\
+         [targets.backend]\nkind = \"terraform\"\n\
+         env = {{ TF_CLI_CONFIG_FILE = \"/dev/null\" }}\n",
+        remote.url()
+    ));
+    // Another terraform on the same state, stopped at its approval prompt:
+    // it holds the state lock, as a remote backend's lock left by a killed
+    // apply would.
+    let other = root.path().join("other");
+    std::fs::create_dir_all(&other).expect("mkdir");
+    std::fs::write(other.join("main.tf"), &main_tf).expect("write");
+    let tf = |args: &[&str]| {
+        let mut c = std::process::Command::new("terraform");
+        c.args(args)
+            .current_dir(&other)
+            .env("TF_CLI_CONFIG_FILE", "/dev/null");
+        c
+    };
+    let init = tf(&["init", "-input=false"])
+        .output()
+        .expect("terraform init");
+    assert!(init.status.success(), "{}", text(&init.stderr));
+    let mut holder = tf(&["apply"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("terraform apply");
+    let info_file = root.path().join(".net.tfstate.lock.info");
+    wait_for(
+        Duration::from_secs(30),
+        "the other terraform's lock",
+        || std::fs::read_to_string(&info_file).is_ok_and(|t| t.contains("\"ID\"")),
+    );
+    let info: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&info_file).expect("lock info"))
+            .expect("lock info JSON");
+    let id = info["ID"].as_str().expect("lock ID").to_string();
+
+    let (code, out) = tick(&s);
+    assert_eq!(code, Some(1), "{out}");
+    let st = s.target_status("net");
+    assert_eq!(st["last_result"], "failed", "{st}");
+    let msg = st["last_message"].as_str().unwrap_or("").to_string();
+    for want in [
+        "state is locked",
+        id.as_str(),
+        "OperationTypeApply",
+        &format!("terraform force-unlock {id}"),
+        "lock_timeout",
+    ] {
+        assert!(msg.contains(want), "message lacks {want:?}: {msg}");
+    }
+    assert!(
+        log_lines(&log).is_empty(),
+        "the apply ran under a held lock"
+    );
+
+    // The holder goes away: the next tick converges.
+    let _ = holder.kill();
+    let _ = holder.wait();
+    let (code, out) = tick(&s);
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(s.target_status("net")["last_result"], "changed");
+    assert_eq!(log_lines(&log), ["started", "finished"]);
 }

@@ -45,6 +45,10 @@ pub struct Config {
     /// Extra arguments for `init` (e.g. `-backend-config=prod.hcl`).
     #[serde(default)]
     pub init_args: Vec<String>,
+    /// How long apply/destroy wait for terraform's own state lock
+    /// (`-lock-timeout`), e.g. "30s". Unset: terraform's default (fail at
+    /// once).
+    pub lock_timeout: Option<String>,
 }
 
 fn default_binary() -> String {
@@ -62,6 +66,15 @@ impl Config {
                     "var_files entry `{f}` must be relative to the target's path, without `..`"
                 ));
             }
+        }
+        if let Some(t) = &self.lock_timeout
+            && (t.is_empty()
+                || !t.chars().all(|c| c.is_ascii_digit() || "smh".contains(c))
+                || !t.starts_with(|c: char| c.is_ascii_digit()))
+        {
+            return Err(format!(
+                "`lock_timeout` `{t}` must be a duration terraform understands, like \"30s\" or \"5m\""
+            ));
         }
         if let Some(w) = &self.workspace
             && (w.is_empty()
@@ -141,6 +154,49 @@ impl Report {
             }
         }
         r
+    }
+
+    /// Terraform's "Error acquiring the state lock" diagnostic, rewritten
+    /// to say what holds the lock and how a person can clear it. driftless
+    /// never force-unlocks: the holder may be a live apply.
+    fn state_lock_message(&self, stdout: &str, workdir: &Path, binary: &str) -> Option<String> {
+        if !self
+            .errors
+            .iter()
+            .any(|e| e.starts_with("Error acquiring the state lock"))
+        {
+            return None;
+        }
+        let mut info: BTreeMap<&str, String> = BTreeMap::new();
+        for line in stdout.lines() {
+            let Ok(v) = serde_json::from_str::<Value>(line) else {
+                continue;
+            };
+            let Some(detail) = v["diagnostic"]["detail"].as_str() else {
+                continue;
+            };
+            for l in detail.lines() {
+                let l = l.trim();
+                for key in ["ID", "Path", "Operation", "Who", "Created"] {
+                    if let Some(rest) = l.strip_prefix(key).and_then(|r| r.strip_prefix(':')) {
+                        info.entry(key).or_insert_with(|| rest.trim().to_string());
+                    }
+                }
+            }
+        }
+        let get = |k: &str| info.get(k).cloned().unwrap_or_else(|| "?".into());
+        let id = get("ID");
+        Some(format!(
+            "terraform's state is locked by someone else (lock ID {id}: {} by {} since {}, state {}). \
+             driftless does not break state locks. If no other terraform is working on this state \
+             (one killed mid-apply leaves its lock behind on remote backends), run \
+             `{binary} force-unlock {id}` in {}; or set `lock_timeout` to wait for it",
+            get("Operation"),
+            get("Who"),
+            get("Created"),
+            get("Path"),
+            workdir.display()
+        ))
     }
 
     fn wants_init(&self) -> bool {
@@ -310,6 +366,9 @@ impl Terraform {
             "-input=false".into(),
             "-json".into(),
         ];
+        if let Some(t) = &self.cfg.lock_timeout {
+            args.push(format!("-lock-timeout={t}"));
+        }
         args.extend(self.var_args());
         let arg_refs: Vec<&str> = args.iter().map(String::as_str).collect();
         let mut retried_init = false;
@@ -334,6 +393,11 @@ impl Terraform {
                         return failed(format!("terraform init failed: {e}"), &tail);
                     }
                     continue;
+                }
+                if let Some(msg) =
+                    report.state_lock_message(&out.stdout, &self.ctx.workdir, &self.cfg.binary)
+                {
+                    return failed(self.ctx.redactor.redact(&msg), &tail);
                 }
                 let why = if report.errors.is_empty() {
                     out.stderr.trim().to_string()
