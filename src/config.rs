@@ -347,7 +347,14 @@ pub fn load(path: &Path) -> Result<Settings, ConfigError> {
 }
 
 fn load_with_env(path: &Path, env: bool) -> Result<Settings, ConfigError> {
-    let (settings, problems) = parse(path, env)?;
+    settle(path, parse(path, env)?)
+}
+
+/// Settings only when there was no problem at all.
+fn settle(
+    path: &Path,
+    (settings, problems): (Option<Settings>, Vec<Problem>),
+) -> Result<Settings, ConfigError> {
     match settings {
         Some(s) if problems.is_empty() => Ok(s),
         _ => Err(ConfigError::Invalid {
@@ -366,11 +373,35 @@ fn parse(path: &Path, env: bool) -> Result<(Option<Settings>, Vec<Problem>), Con
             message: "no such file (pass --config PATH or set DRIFTLESS_CONFIG)".into(),
         });
     }
-    let mut builder = config::Config::builder().add_source(
+    let builder = config::Config::builder().add_source(
         config::File::from(path)
             .format(config::FileFormat::Toml)
             .required(true),
     );
+    let base = path
+        .canonicalize()
+        .ok()
+        .and_then(|p| p.parent().map(Path::to_path_buf))
+        .unwrap_or_else(|| PathBuf::from("."));
+    parse_built(builder, path, &base, env)
+}
+
+/// Parse and validate configuration text as if it were the file `path`
+/// (named in messages; relative paths resolve against `base`), without
+/// environment overrides or touching the file system. What `load` does
+/// after reading the file; the config fuzz target drives it.
+pub fn from_toml_str(text: &str, path: &Path, base: &Path) -> Result<Settings, ConfigError> {
+    let builder = config::Config::builder()
+        .add_source(config::File::from_str(text, config::FileFormat::Toml));
+    settle(path, parse_built(builder, path, base, false)?)
+}
+
+fn parse_built(
+    mut builder: config::ConfigBuilder<config::builder::DefaultState>,
+    path: &Path,
+    base: &Path,
+    env: bool,
+) -> Result<(Option<Settings>, Vec<Problem>), ConfigError> {
     if env {
         builder = builder.add_source(
             config::Environment::with_prefix("DRIFTLESS")
@@ -386,13 +417,8 @@ fn parse(path: &Path, env: bool) -> Result<(Option<Settings>, Vec<Problem>), Con
             path: path.to_path_buf(),
             message: e.to_string(),
         })?;
-    let base = path
-        .canonicalize()
-        .ok()
-        .and_then(|p| p.parent().map(Path::to_path_buf))
-        .unwrap_or_else(|| PathBuf::from("."));
     let mut problems = Vec::new();
-    let settings = validate(raw, path, &base, &mut problems);
+    let settings = validate(raw, path, base, &mut problems);
     Ok((settings, problems))
 }
 

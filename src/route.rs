@@ -32,8 +32,11 @@ pub fn normalize_repo(url: &str) -> String {
         (host.to_string(), path.to_string())
     } else if url.starts_with('/') || url.starts_with('.') {
         return local(url);
-    } else if let Some((authority, path)) = url.split_once(':') {
-        // scp form: [user@]host:path
+    } else if let Some((authority, path)) = url.split_once(':')
+        && !authority.contains('/')
+    {
+        // scp form: [user@]host:path (as git reads it: only when no slash
+        // comes before the first colon; `a/b:c` is a local path)
         let host = authority.rsplit('@').next().unwrap_or(authority);
         (host.to_string(), path.to_string())
     } else {
@@ -149,6 +152,9 @@ mod tests {
             "file:/srv/git/infra"
         );
         assert_eq!(normalize_repo("/srv/git/infra/"), "file:/srv/git/infra");
+        // git reads `a/b:c` as a local path, not scp form (found by the
+        // repo_url fuzz target).
+        assert_eq!(normalize_repo("srv/git:infra"), "file:/srv/git:infra");
     }
 
     #[test]

@@ -65,7 +65,19 @@ set +e
 cargo test --locked "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
+# Fuzzing: every target for DRIFTLESS_FUZZ_SECONDS (default 30; 0 skips),
+# from the committed corpus. Longer runs by hand: fuzz/run.sh 3600.
+fuzz_status=0
+fuzz_secs=${DRIFTLESS_FUZZ_SECONDS:-30}
+if [ "$fuzz_secs" != 0 ]; then
+  echo "== fuzzing (${fuzz_secs}s per target)"
+  fuzz/run.sh "$fuzz_secs" || fuzz_status=$?
+fi
 # One closing line for the whole suite.
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed/) p += $(i-1); if ($i ~ /^failed/) f += $(i-1) } }
      END { printf "%d passed, %d failed\n", p, f }' "$log"
+if [ "$fuzz_status" != 0 ]; then
+  echo "fuzzing found a crash (see above)"
+fi
+[ "$status" = 0 ] && exit "$fuzz_status"
 exit "$status"

@@ -197,6 +197,12 @@ impl Daemon {
     /// Start `driftless serve` with `config` (listening on `port`), its log
     /// in a new file in `dir`.
     pub fn start_with(config: &Path, dir: &Path, port: u16) -> Daemon {
+        Self::start_with_env(config, dir, port, &[("RUST_LOG", "info")])
+    }
+
+    /// As [`Daemon::start_with`], with extra environment (`RUST_LOG`
+    /// among it, if wanted).
+    pub fn start_with_env(config: &Path, dir: &Path, port: u16, env: &[(&str, &str)]) -> Daemon {
         let n = std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0);
         let log = dir.join(format!("serve-{n}-{}.log", fastrand::u32(..)));
         let file = std::fs::File::create(&log).expect("log file");
@@ -205,6 +211,7 @@ impl Daemon {
             .arg(config)
             .arg("serve")
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(file.try_clone().expect("dup"))
             .stderr(file)

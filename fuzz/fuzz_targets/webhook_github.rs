@@ -1,0 +1,6 @@
+//! Signature check + payload parsing for Github deliveries.
+#![no_main]
+use driftless::config::ForgeKind;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| driftless_fuzz::check(ForgeKind::Github, data));

@@ -1,0 +1,394 @@
+//! Secret canaries: a distinct canary value in every secret input driftless
+//! takes, then every output path driven — debug logs of the daemon and of
+//! one-shot commands, API answers, CLI output, delivered notifications,
+//! every file in the state directory (the SQLite database and its WAL
+//! included), error messages. No canary may appear in any of them.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+use sha2::{Digest, Sha256};
+
+const HOOK: &str = "canary-hook-secret-5d1c";
+const API: &str = "canary-api-token-8e2f";
+const API_WRONG: &str = "canary-api-wrong-token-3a9b";
+const SMTP: &str = "canary-smtp-password-77c4";
+const SLACK: &str = "canary-slack-url-1f6e";
+const MATRIX: &str = "canary-matrix-token-b40d";
+const NOTIFY_SIG: &str = "canary-notify-signing-92aa";
+const GIT: &str = "canary-git-token-c3e8";
+const GIT_WRONG: &str = "canary-git-wrong-token-0d5f";
+const TF_VAR: &str = "canary-tf-sensitive-6b21";
+const ENV: &str = "canary-backend-env-e7f3";
+
+const ALL: [&str; 11] = [
+    HOOK, API, API_WRONG, SMTP, SLACK, MATRIX, NOTIFY_SIG, GIT, GIT_WRONG, TF_VAR, ENV,
+];
+
+const MAIN_TF: &str = r#"
+variable "db_password" {
+  type      = string
+  sensitive = true
+}
+
+resource "terraform_data" "db" {
+  input = var.db_password
+}
+
+output "password" {
+  value     = terraform_data.db.output
+  sensitive = true
+}
+
+output "plain" {
+  value = "not-a-secret"
+}
+"#;
+
+fn file(dir: &Path, name: &str, content: &str) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, content).expect("write secret file");
+    toml_str(&p.display().to_string())
+}
+
+/// Every file under `dir` that may hold driftless's own output. Terraform's
+/// state is left out: terraform keeps sensitive values in its state in
+/// plaintext by design (the README says to protect the state directory).
+fn state_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with("terraform.tfstate") || name == ".terraform" {
+            continue;
+        }
+        if p.is_dir() {
+            state_files(&p, out);
+        } else {
+            out.push(p);
+        }
+    }
+}
+
+fn assert_clean(what: &str, text: &str) {
+    for c in ALL {
+        assert!(!text.contains(c), "canary {c} found in {what}:\n{text}");
+    }
+}
+
+#[test]
+fn no_secret_reaches_any_output() {
+    terraform_on_path();
+    let root = tempfile::tempdir().expect("tempdir");
+    let secrets = root.path().join("secrets");
+    std::fs::create_dir_all(&secrets).expect("mkdir");
+
+    // Git over https with a token (and one target with a wrong one).
+    let remote = Remote::new(root.path(), "infra");
+    let sha = remote.commit(
+        &[("app/run.sh", "echo start\n"), ("tf/main.tf", MAIN_TF)],
+        "first",
+    );
+    let (git_server, ca) = GitHttp::start_tls(root.path(), "deploy", GIT);
+    let https = format!("https://127.0.0.1:{}/infra.git", git_server.port);
+    let ca = toml_str(&ca.display().to_string());
+    let git_token = file(&secrets, "git-token", GIT);
+    let git_wrong = file(&secrets, "git-wrong", GIT_WRONG);
+
+    // Notification receivers: an HTTP sink for webhook, Slack and Matrix
+    // (its first answer fails, so the retry path logs too); SMTP on a closed
+    // port, so the mail notifier's error path runs.
+    let sink = Service::http_sink(root.path(), 1);
+    let slack_url = file(
+        &secrets,
+        "slack-url",
+        &format!("http://127.0.0.1:{}/services/{SLACK}", sink.port),
+    );
+    let matrix_token = file(&secrets, "matrix-token", MATRIX);
+    let smtp_password = file(&secrets, "smtp-password", SMTP);
+    let notify_sig = file(&secrets, "notify-signing", NOTIFY_SIG);
+    let hook_secret = file(&secrets, "hook-secret", HOOK);
+    let closed = free_port();
+    let api_digest = hex::encode(Sha256::digest(API.as_bytes()));
+
+    let cfg = format!(
+        r#"
+[defaults]
+notify = ["hook", "chat", "matrix", "mail"]
+
+[[notifiers]]
+name = "hook"
+kind = "webhook"
+url = "http://127.0.0.1:{sink}/hook"
+secret_file = {notify_sig}
+
+[[notifiers]]
+name = "chat"
+kind = "slack"
+url_file = {slack_url}
+
+[[notifiers]]
+name = "matrix"
+kind = "matrix"
+homeserver = "http://127.0.0.1:{sink}"
+access_token_file = {matrix_token}
+room_id = "!ops:example.net"
+
+[[notifiers]]
+name = "mail"
+kind = "email"
+host = "127.0.0.1"
+port = {closed}
+tls = "none"
+username = "driftless"
+password_file = {smtp_password}
+from = "driftless@example.net"
+to = ["ops@example.net"]
+
+[[receivers]]
+name = "github"
+forge = "github"
+secret_file = {hook_secret}
+
+[[tokens]]
+name = "ops"
+sha256 = "{api_digest}"
+scopes = ["reconcile:*", "pause:*", "read"]
+
+[[targets]]
+name = "app"
+repo = "{https}"
+path = "app"
+interval = "1h"
+[targets.git]
+username = "deploy"
+token_file = {git_token}
+ca_file = {ca}
+[targets.backend]
+kind = "exec"
+apply = ["sh", "-c", "echo using key $API_KEY; echo failed: key $API_KEY rejected >&2; exit 1"]
+always = true
+env = {{ API_KEY = "env:CANARY_BACKEND_ENV" }}
+
+[[targets]]
+name = "wronggit"
+repo = "{https}"
+interval = "1h"
+[targets.git]
+username = "deploy"
+token_file = {git_wrong}
+ca_file = {ca}
+[targets.backend]
+kind = "exec"
+apply = ["true"]
+
+[[targets]]
+name = "tf"
+repo = "{repo}"
+path = "tf"
+interval = "1h"
+timeout = "2m"
+[targets.backend]
+kind = "terraform"
+env = {{ TF_CLI_CONFIG_FILE = "/dev/null", TF_VAR_db_password = "env:CANARY_TF_VAR" }}
+"#,
+        sink = sink.port,
+        repo = remote.url(),
+    );
+    let s = Setup::new(&cfg);
+    let port: u16 = std::fs::read_to_string(&s.config)
+        .expect("config")
+        .split("127.0.0.1:")
+        .nth(1)
+        .and_then(|x| x.split('"').next())
+        .and_then(|x| x.parse().ok())
+        .expect("port");
+    let env = [
+        ("RUST_LOG", "debug"),
+        ("CANARY_BACKEND_ENV", ENV),
+        ("CANARY_TF_VAR", TF_VAR),
+    ];
+    let daemon = Daemon::start_with_env(&s.config, s.path(), port, &env);
+    let mut seen = String::new();
+
+    // Every target runs once at start-up: app fails (notifications),
+    // wronggit fails at git, tf creates its resource.
+    wait_for(Duration::from_secs(120), "every target's first run", || {
+        ["app", "wronggit", "tf"]
+            .iter()
+            .all(|t| s.history(t).first().is_some_and(|r| !r["result"].is_null()))
+    });
+    assert_eq!(s.target_status("app")["last_result"], "failed");
+    assert_eq!(s.target_status("wronggit")["last_result"], "failed");
+    assert_eq!(s.target_status("tf")["last_result"], "changed");
+    wait_for(Duration::from_secs(60), "notifications delivered", || {
+        let reqs = sink.requests();
+        let ok = |p: &str| {
+            reqs.iter()
+                .any(|r| r["answered"] == 200 && r["path"].as_str().unwrap_or("").starts_with(p))
+        };
+        ok("/hook") && ok("/services/") && ok("/_matrix/")
+    });
+
+    // Webhooks: one signed push, one signed with the wrong key.
+    let body = github_push_body(&https, &sha, &["app/run.sh"]);
+    let sig = format!("sha256={}", hmac_hex(HOOK, &body));
+    let headers = |sig: &str| {
+        vec![
+            ("Content-Type", "application/json".to_string()),
+            ("X-GitHub-Event", "push".to_string()),
+            ("X-GitHub-Delivery", format!("d-{}", fastrand::u32(..))),
+            ("X-Hub-Signature-256", sig.to_string()),
+        ]
+    };
+    let post = |h: Vec<(&str, String)>, body: &[u8]| {
+        let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        http(port, "POST", "/hooks/github", &h, body)
+    };
+    let r = post(headers(&sig), &body);
+    assert_eq!(r.status, 202, "{}", r.body);
+    seen.push_str(&r.body);
+    let wrong = format!("sha256={}", hmac_hex(API_WRONG, &body));
+    let r = post(headers(&wrong), &body);
+    assert_eq!(r.status, 401);
+    seen.push_str(&r.body);
+
+    // The API, with the right token and with a wrong one.
+    let bearer = format!("Bearer {API}");
+    let wrong_bearer = format!("Bearer {API_WRONG}");
+    let r = http(
+        port,
+        "POST",
+        "/api/v1/targets/app/reconcile?wait=60s",
+        &[("Authorization", &bearer)],
+        b"",
+    );
+    assert!(
+        r.status == 200 || r.status == 202,
+        "{} {}",
+        r.status,
+        r.body
+    );
+    seen.push_str(&r.body);
+    let mut paths = vec![
+        "/api/v1/targets".to_string(),
+        "/api/v1/targets/app".into(),
+        "/api/v1/targets/app/runs".into(),
+        "/api/v1/targets/wronggit/runs".into(),
+        "/api/v1/targets/tf/runs".into(),
+        "/metrics".into(),
+        "/readyz".into(),
+    ];
+    for t in ["app", "wronggit", "tf"] {
+        for run in s.history(t) {
+            paths.push(format!("/api/v1/runs/{}", run["id"]));
+            paths.push(format!("/api/v1/jobs/{}", run["job"]));
+        }
+    }
+    for p in &paths {
+        let r = http(port, "GET", p, &[("Authorization", &bearer)], b"");
+        assert!(r.status < 500, "{p}: {} {}", r.status, r.body);
+        seen.push_str(&r.body);
+        let r = http(port, "GET", p, &[("Authorization", &wrong_bearer)], b"");
+        seen.push_str(&r.body);
+    }
+    let r = http(
+        port,
+        "POST",
+        "/api/v1/targets/app/pause",
+        &[("Authorization", &wrong_bearer)],
+        b"",
+    );
+    assert_eq!(r.status, 401);
+    seen.push_str(&r.body);
+
+    // One-shot commands at debug level, with the same environment.
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(bin())
+            .arg("--config")
+            .arg(&s.config)
+            .args(args)
+            .envs(env.iter().copied())
+            .env("DRIFTLESS_TOKEN", API)
+            .output()
+            .expect("driftless");
+        text(&out.stdout) + &text(&out.stderr)
+    };
+    let log_path = daemon.log.clone();
+    let stop = daemon.stop();
+    assert!(stop.success(), "{stop}");
+    for args in [
+        &["tick", "app"][..],
+        &["tick", "wronggit"],
+        &["tick", "tf"],
+        &["status"],
+        &["status", "--json"],
+        &["history", "app", "--json"],
+        &["history", "wronggit", "--json"],
+        &["history", "tf", "--json"],
+        &["outputs", "tf"],
+        &["outputs", "app"],
+        &["check"],
+        &["notify", "pending", "--all"],
+        &["notify", "test", "hook"],
+    ] {
+        seen.push_str(&cli(args));
+    }
+    // The sensitive output is masked, the plain one shown.
+    let outputs = cli(&["outputs", "tf"]);
+    assert!(outputs.contains("not-a-secret"), "{outputs}");
+
+    // What the daemon logged at debug level.
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    assert!(
+        log.contains("DEBUG"),
+        "the daemon did not log at debug level"
+    );
+    assert!(log.contains("notifier=mail"), "{log}");
+    seen.push_str(&log);
+
+    // What the notification receivers got (bodies; the Slack URL path and
+    // the Matrix Authorization header are where those secrets belong).
+    let reqs = sink.requests();
+    assert!(reqs.len() >= 3, "{reqs:#?}");
+    for r in &reqs {
+        seen.push_str(r["body"].as_str().unwrap_or(""));
+        if let Some(h) = r["headers"].as_object() {
+            for (k, v) in h {
+                if k != "authorization" {
+                    seen.push_str(&format!("{k}: {v}\n"));
+                }
+            }
+        }
+    }
+    assert!(seen.contains("[REDACTED]"), "nothing was redacted at all?");
+    assert_clean("logs, API answers, CLI output or notifications", &seen);
+
+    // Every file in the state directory, byte for byte.
+    let mut files = Vec::new();
+    state_files(&s.state, &mut files);
+    assert!(
+        files.iter().any(|f| f.ends_with("driftless.db")),
+        "{files:?}"
+    );
+    for f in files {
+        let bytes = std::fs::read(&f).unwrap_or_default();
+        let t = String::from_utf8_lossy(&bytes);
+        for c in ALL {
+            assert!(!t.contains(c), "canary {c} stored in {}", f.display());
+        }
+    }
+}
+
+fn terraform_on_path() {
+    let ok = std::process::Command::new("terraform")
+        .arg("version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(ok, "this test needs `terraform` on the PATH (see .ci/run)");
+}
