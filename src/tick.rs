@@ -138,11 +138,32 @@ impl Engine {
         };
         // A daemon worker may have marked a job running just before failing
         // to take the lock we hold; it puts the job back within moments.
+        // A job still marked running after that, while we hold the lock,
+        // was left by a process that died (a killed one-shot tick): its run
+        // is marked interrupted and the job folded into ours.
         let mut job = None;
-        for _ in 0..30 {
+        for attempt in 0..30 {
             job = self.queue.start_now(name, Trigger::Cli).await?;
             if job.is_some() {
                 break;
+            }
+            if attempt == 10 {
+                let dead: Vec<i64> = self
+                    .queue
+                    .running()
+                    .await?
+                    .into_iter()
+                    .filter(|j| {
+                        j.target == name
+                            && j.owner != self.queue.owner()
+                            && j.quiet_for >= Duration::from_secs(1)
+                    })
+                    .map(|j| j.id)
+                    .collect();
+                if !dead.is_empty() {
+                    self.queue.recover(&dead).await?;
+                    tracing::warn!(target_name = name, jobs = ?dead, "recovered jobs left running by a process that died");
+                }
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -274,6 +295,8 @@ impl Engine {
             last_digest: state.and_then(|s| s.backend_digest),
             timeout: target.timeout,
             redactor: Git::redactor(&target.git),
+            commit: synced.sha.clone(),
+            ledger: Some(std::sync::Arc::new(self.store.clone())),
         };
         let status = match backend::build(&target.backend, ctx) {
             Err(e) => Status::failed(e.to_string()),
@@ -429,6 +452,8 @@ impl Engine {
             last_digest: state.and_then(|s| s.backend_digest),
             timeout: target.timeout,
             redactor: Git::redactor(&target.git),
+            commit: String::new(),
+            ledger: Some(std::sync::Arc::new(self.store.clone())),
         };
         let err = |e: backend::BackendError| TickError::Backend {
             target: name.to_string(),

@@ -34,6 +34,11 @@ if ! python3 -c 'import aiosmtpd, synapse' >/dev/null 2>&1; then
   echo "== installing aiosmtpd and matrix-synapse (pip)"
   python3 -m pip install -q --disable-pip-version-check aiosmtpd matrix-synapse
 fi
+# python-hcl2 for the Nomad stand-in (tests/nomad_standin.py parses jobspecs).
+if ! python3 -c 'import hcl2' >/dev/null 2>&1; then
+  echo "== installing python-hcl2 (pip)"
+  python3 -m pip install -q --disable-pip-version-check 'python-hcl2>=7,<9'
+fi
 # ansible-core for the ansible backend's tests.
 if ! command -v ansible-playbook >/dev/null 2>&1; then
   echo "== installing ansible-core (pip)"

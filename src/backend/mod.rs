@@ -12,12 +12,14 @@
 pub mod ansible;
 pub mod compose;
 pub mod exec;
+pub mod nomad;
 pub mod pi;
 pub mod terraform;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -107,6 +109,11 @@ pub struct Context {
     pub timeout: Duration,
     /// Masks secrets in everything the backend reports.
     pub redactor: Redactor,
+    /// The commit being applied (empty for `outputs`).
+    pub commit: String,
+    /// Durable records for backends that keep their own (nomad's
+    /// deployments); `None` where there is no state database.
+    pub ledger: Option<Arc<dyn nomad::Ledger>>,
 }
 
 /// The `[targets.backend]` table.
@@ -118,6 +125,7 @@ pub enum BackendConfig {
     Ansible(ansible::Config),
     Pi(pi::Config),
     Compose(compose::Config),
+    Nomad(nomad::Config),
 }
 
 impl BackendConfig {
@@ -127,8 +135,10 @@ impl BackendConfig {
     pub fn from_value(v: serde_json::Value, base: &Path) -> Result<Self, serde_json::Error> {
         let mut cfg: BackendConfig = serde_json::from_value(v)?;
         cfg.validate().map_err(serde::de::Error::custom)?;
-        if let BackendConfig::Pi(c) = &mut cfg {
-            c.resolve_paths(base);
+        match &mut cfg {
+            BackendConfig::Pi(c) => c.resolve_paths(base),
+            BackendConfig::Nomad(c) => c.resolve_paths(base),
+            _ => {}
         }
         Ok(cfg)
     }
@@ -140,6 +150,7 @@ impl BackendConfig {
             BackendConfig::Ansible(_) => "ansible",
             BackendConfig::Pi(_) => "pi",
             BackendConfig::Compose(_) => "compose",
+            BackendConfig::Nomad(_) => "nomad",
         }
     }
 
@@ -150,6 +161,7 @@ impl BackendConfig {
             BackendConfig::Ansible(c) => c.validate(),
             BackendConfig::Pi(c) => c.validate(),
             BackendConfig::Compose(c) => c.validate(),
+            BackendConfig::Nomad(c) => c.validate(),
         }
     }
 
@@ -160,6 +172,7 @@ impl BackendConfig {
             BackendConfig::Terraform(c) => &c.binary,
             BackendConfig::Ansible(c) => &c.binary,
             BackendConfig::Exec(_) => return vec![],
+            BackendConfig::Nomad(c) => return c.check_environment(),
             BackendConfig::Compose(_) => {
                 return if find_on_path("docker").is_some()
                     || find_on_path("docker-compose").is_some()
@@ -206,6 +219,7 @@ pub fn build(cfg: &BackendConfig, ctx: Context) -> Result<Box<dyn Backend>, Back
         BackendConfig::Ansible(c) => Box::new(ansible::Ansible::new(c.clone(), ctx)?),
         BackendConfig::Pi(c) => Box::new(pi::Pi::new(c.clone(), ctx)?),
         BackendConfig::Compose(c) => Box::new(compose::Compose::new(c.clone(), ctx)?),
+        BackendConfig::Nomad(c) => Box::new(nomad::Nomad::new(c.clone(), ctx)?),
     })
 }
 

@@ -18,6 +18,8 @@ use sqlx::sqlite::{
 
 use crate::backend::{ApplyResult, Status};
 
+pub mod nomad;
+
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
 /// A state database error, naming the file and what was being done.

@@ -1081,3 +1081,80 @@ pub fn github_push_body(repo_url: &str, sha: &str, changed: &[&str]) -> Vec<u8> 
     v["head_commit"]["id"] = Value::from(sha);
     serde_json::to_vec(&v).expect("json")
 }
+
+/// `tests/nomad_standin.py`: Nomad's HTTP API as driftless uses it, with a
+/// journal of every request and test controls (see the script's doc).
+pub struct NomadStandin {
+    child: Child,
+    pub port: u16,
+    pub token: String,
+}
+
+impl NomadStandin {
+    pub fn start(root: &Path) -> NomadStandin {
+        let port = free_port();
+        let token = format!("nomad-token-{}", fastrand::u64(..));
+        let dir = root.join(format!("nomad-{port}"));
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let child = Command::new("python3")
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/nomad_standin.py"))
+            .arg(port.to_string())
+            .arg(dir.join("journal.jsonl"))
+            .arg(&token)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("standin.err")).expect("log"))
+            .spawn()
+            .expect("start python3 tests/nomad_standin.py (needs python-hcl2)");
+        wait_for(Duration::from_secs(20), "the Nomad stand-in", || {
+            TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+        NomadStandin { child, port, token }
+    }
+
+    pub fn address(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// POST a test control (`edit`, `scale`, `deployment`, `after_plan`,
+    /// `fail`).
+    pub fn control(&self, what: &str, body: Value) -> Value {
+        let r = http(
+            self.port,
+            "POST",
+            &format!("/_standin/{what}"),
+            &[("Content-Type", "application/json")],
+            body.to_string().as_bytes(),
+        );
+        assert_eq!(r.status, 200, "control {what}: {}", r.body);
+        r.json()
+    }
+
+    /// Every API request so far: method, path, query, body, token.
+    pub fn journal(&self) -> Vec<Value> {
+        let r = http(self.port, "GET", "/_standin/journal", &[], b"");
+        match r.json() {
+            Value::Array(a) => a,
+            other => panic!("journal: {other}"),
+        }
+    }
+
+    /// The live job, as Nomad would return it.
+    pub fn job(&self, id: &str) -> Option<Value> {
+        let r = http(
+            self.port,
+            "GET",
+            &format!("/v1/job/{id}"),
+            &[("X-Nomad-Token", &self.token)],
+            b"",
+        );
+        (r.status == 200).then(|| r.json())
+    }
+}
+
+impl Drop for NomadStandin {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,1553 @@
+//! The `nomad` backend: the job files in the target's path, reconciled to a
+//! Nomad cluster through its HTTP API, under the invariants of
+//! `seeds/nops-philosophy.md`:
+//!
+//! - Nomad parses the HCL (`/v1/jobs/parse`); driftless never does.
+//! - Behaviour comes from the HCL in git (`meta { driftless_policy = … }`),
+//!   never from the live job; invalid meta means policy `none` and an ERROR.
+//! - Plan before every write; the diff and the plan's `JobModifyIndex` are
+//!   persisted (through the [`Ledger`]) before anything is written to Nomad,
+//!   and every register is a CAS on that index, so a manual change is never
+//!   overwritten.
+//! - Groups with an enabled `scaling` block keep their live count.
+//! - One active deployment per job (a unique index behind the ledger).
+//! - Nomad is never asked to stop or purge a job (but by `destroy` with
+//!   `allow_destroy = true`); driftless never writes meta into a live job.
+//! - Secrets are redacted from every diff before it is stored or shown.
+//!
+//! This module talks to Nomad and to the [`Ledger`] it is given; it never
+//! imports the store, the queue, git or http.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use super::{ApplyResult, Backend, BackendError, BoxFuture, Context, Outputs, Status};
+use crate::config::SecretRef;
+
+/// Meta keys driftless reads; any other `driftless_*` key is an error.
+const KNOWN_META: &[&str] = &["driftless_policy"];
+/// Deployment states in which a deployment is still active.
+pub const ACTIVE_STATES: &[&str] = &[
+    "detected",
+    "pending_approval",
+    "pre_hook",
+    "applying",
+    "post_hook",
+];
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// e.g. `https://nomad.lan:4646`
+    pub address: String,
+    /// A file holding the ACL token, or `env:NOMAD_TOKEN`.
+    pub token_file: Option<String>,
+    /// The namespace for jobs that don't name one.
+    pub namespace: Option<String>,
+    pub region: Option<String>,
+    /// Extra CA roots (PEM) for Nomad's TLS certificate.
+    pub ca_file: Option<PathBuf>,
+    /// A client certificate and key (PEM) for mutual TLS.
+    pub client_cert_file: Option<PathBuf>,
+    pub client_key_file: Option<PathBuf>,
+    /// Which files in the target's path are jobs (one job per file).
+    #[serde(default = "default_jobs")]
+    pub jobs: String,
+    /// The policy of jobs whose meta doesn't set one.
+    #[serde(default = "default_policy")]
+    pub default_policy: String,
+    /// `destroy` deregisters (never purges) the target's jobs only when set.
+    #[serde(default)]
+    pub allow_destroy: bool,
+    #[serde(skip)]
+    token: Option<SecretRef>,
+}
+
+fn default_jobs() -> String {
+    "*.nomad.hcl".into()
+}
+
+fn default_policy() -> String {
+    "auto".into()
+}
+
+impl Config {
+    pub(super) fn validate(&self) -> Result<(), String> {
+        let a = self.address.trim();
+        if !(a.starts_with("http://") || a.starts_with("https://")) {
+            return Err(format!(
+                "`address` `{a}` must be an http:// or https:// URL, like https://nomad.lan:4646"
+            ));
+        }
+        if Policy::parse(&self.default_policy).is_none() {
+            return Err(format!(
+                "`default_policy` `{}` must be auto, approval or none",
+                self.default_policy
+            ));
+        }
+        if self.jobs.is_empty() || self.jobs.contains('/') {
+            return Err(format!(
+                "`jobs` `{}` must be a file name pattern like *.nomad.hcl",
+                self.jobs
+            ));
+        }
+        if self.client_cert_file.is_some() != self.client_key_file.is_some() {
+            return Err("`client_cert_file` and `client_key_file` go together".into());
+        }
+        Ok(())
+    }
+
+    pub(super) fn resolve_paths(&mut self, base: &Path) {
+        self.token = self
+            .token_file
+            .as_deref()
+            .map(|raw| SecretRef::parse(raw, base));
+        for p in [
+            &mut self.ca_file,
+            &mut self.client_cert_file,
+            &mut self.client_key_file,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        }
+    }
+
+    /// Files on the controller that must be readable, for `driftless check`.
+    pub(super) fn check_environment(&self) -> Vec<(String, String)> {
+        let mut p = Vec::new();
+        if let Some(t) = &self.token
+            && let Err(e) = t.load()
+        {
+            p.push(("token_file".into(), e.to_string()));
+        }
+        for (key, f) in [
+            ("ca_file", &self.ca_file),
+            ("client_cert_file", &self.client_cert_file),
+            ("client_key_file", &self.client_key_file),
+        ] {
+            if let Some(f) = f.as_ref().filter(|f| !f.is_file()) {
+                p.push((
+                    key.into(),
+                    format!("{} is not a readable file", f.display()),
+                ));
+            }
+        }
+        p
+    }
+}
+
+/// What driftless may do with a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// Register what git says, after a plan, with CAS.
+    Auto,
+    /// Wait for a person to approve the planned diff.
+    Approval,
+    /// Only report drift.
+    None,
+}
+
+impl Policy {
+    pub fn parse(s: &str) -> Option<Policy> {
+        match s {
+            "auto" => Some(Policy::Auto),
+            "approval" => Some(Policy::Approval),
+            "none" => Some(Policy::None),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Policy::Auto => "auto",
+            Policy::Approval => "approval",
+            Policy::None => "none",
+        }
+    }
+}
+
+// ------------------------------------------------------------------ ledger
+
+/// Which job: cluster (address + region), namespace, id.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct JobKey {
+    pub cluster: String,
+    pub namespace: String,
+    pub job: String,
+}
+
+/// A deployment as the ledger keeps it.
+#[derive(Debug, Clone)]
+pub struct Deployment {
+    pub id: i64,
+    pub target: String,
+    pub key: JobKey,
+    pub file: String,
+    pub commit_sha: String,
+    pub spec_hash: String,
+    pub policy: String,
+    pub state: String,
+    pub job_modify_index: i64,
+    pub diff: String,
+    pub diff_summary: String,
+    pub registered_index: Option<i64>,
+    pub eval_id: Option<String>,
+    pub nomad_deployment_id: Option<String>,
+    pub message: Option<String>,
+}
+
+/// A deployment about to be recorded.
+#[derive(Debug, Clone)]
+pub struct NewDeployment {
+    pub target: String,
+    pub key: JobKey,
+    pub file: String,
+    pub commit_sha: String,
+    pub spec_hash: String,
+    pub policy: Policy,
+    pub state: &'static str,
+    pub job_modify_index: i64,
+    pub diff: String,
+    pub diff_summary: String,
+}
+
+/// Fields a state change may set along with the state.
+#[derive(Debug, Clone, Default)]
+pub struct Change {
+    pub message: Option<String>,
+    pub job_modify_index: Option<i64>,
+    pub registered_index: Option<i64>,
+    pub eval_id: Option<String>,
+    pub nomad_deployment_id: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    /// Another active deployment holds the job, or the row was not in the
+    /// state the change expected.
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    Store(String),
+}
+
+/// Where Nomad deployments are kept (SQLite; see `store::nomad`). Every
+/// write is durable when its future returns Ok.
+pub trait Ledger: Send + Sync + std::fmt::Debug {
+    /// The job's active deployment, if any.
+    fn active<'a>(
+        &'a self,
+        key: &'a JobKey,
+    ) -> BoxFuture<'a, Result<Option<Deployment>, LedgerError>>;
+    /// The job's newest deployment in any state.
+    fn latest<'a>(
+        &'a self,
+        key: &'a JobKey,
+    ) -> BoxFuture<'a, Result<Option<Deployment>, LedgerError>>;
+    /// Record a new deployment; `Conflict` when the job already has an
+    /// active one.
+    fn insert<'a>(&'a self, d: &'a NewDeployment) -> BoxFuture<'a, Result<i64, LedgerError>>;
+    /// Move deployment `id` from state `from` to `to`; `Conflict` when it is
+    /// no longer in `from`.
+    fn transition<'a>(
+        &'a self,
+        id: i64,
+        from: &'a str,
+        to: &'a str,
+        change: Change,
+    ) -> BoxFuture<'a, Result<(), LedgerError>>;
+    /// Every job this target has had a deployment for, with its newest one.
+    fn jobs_of<'a>(
+        &'a self,
+        target: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<Deployment>, LedgerError>>;
+}
+
+// ------------------------------------------------------------------ client
+
+/// A failed call to Nomad: which call, and what Nomad said.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum NomadError {
+    #[error("cannot reach Nomad at {address} for {call}: {reason}")]
+    Unreachable {
+        address: String,
+        call: String,
+        reason: String,
+    },
+    #[error("Nomad answered {status} to {call}: {body}")]
+    Status {
+        call: String,
+        status: u16,
+        body: String,
+    },
+    #[error("Nomad's answer to {call} is not what its API documents: {reason}")]
+    Invalid { call: String, reason: String },
+}
+
+impl NomadError {
+    fn is_cas_conflict(&self) -> bool {
+        matches!(self, NomadError::Status { status: 500, body, .. } if body.contains("Enforcing job modify index"))
+    }
+}
+
+struct Client {
+    http: reqwest::Client,
+    address: String,
+    token: Option<String>,
+    region: Option<String>,
+    redactor: crate::redact::Redactor,
+}
+
+impl Client {
+    fn new(cfg: &Config, ctx: &mut Context) -> Result<Client, BackendError> {
+        let mut b = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .timeout(Duration::from_secs(60).min(ctx.timeout));
+        if let Some(ca) = &cfg.ca_file {
+            let pem = std::fs::read(ca).map_err(|e| {
+                BackendError::Config(format!("backend.ca_file {}: {e}", ca.display()))
+            })?;
+            let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| {
+                BackendError::Config(format!("backend.ca_file {}: {e}", ca.display()))
+            })?;
+            for c in certs {
+                b = b.add_root_certificate(c);
+            }
+        }
+        if let (Some(cert), Some(key)) = (&cfg.client_cert_file, &cfg.client_key_file) {
+            let mut pem = std::fs::read(cert).map_err(|e| {
+                BackendError::Config(format!("backend.client_cert_file {}: {e}", cert.display()))
+            })?;
+            pem.push(b'\n');
+            pem.extend(std::fs::read(key).map_err(|e| {
+                BackendError::Config(format!("backend.client_key_file {}: {e}", key.display()))
+            })?);
+            let id = reqwest::Identity::from_pem(&pem).map_err(|e| {
+                BackendError::Config(format!("backend.client_cert_file/client_key_file: {e}"))
+            })?;
+            b = b.identity(id);
+        }
+        let http = b
+            .build()
+            .map_err(|e| BackendError::Config(format!("cannot build Nomad's HTTP client: {e}")))?;
+        let token = match &cfg.token {
+            Some(r) => {
+                let t = r
+                    .load()
+                    .map_err(|e| BackendError::Config(format!("backend.token_file: {e}")))?;
+                ctx.redactor.add(t.clone());
+                Some(t)
+            }
+            None => None,
+        };
+        Ok(Client {
+            http,
+            address: cfg.address.trim_end_matches('/').to_string(),
+            token,
+            region: cfg.region.clone(),
+            redactor: ctx.redactor.clone(),
+        })
+    }
+
+    /// One API call; `Ok(None)` for a 404 when `not_found_ok`.
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        namespace: Option<&str>,
+        query: &[(&str, &str)],
+        body: Option<&Value>,
+        not_found_ok: bool,
+    ) -> Result<Option<Value>, NomadError> {
+        let call = format!("{method} {path}");
+        let mut q: Vec<(&str, &str)> = query.to_vec();
+        if let Some(ns) = namespace {
+            q.push(("namespace", ns));
+        }
+        if let Some(r) = &self.region {
+            q.push(("region", r));
+        }
+        let mut url = format!("{}{path}", self.address);
+        if !q.is_empty() {
+            let qs = form_urlencoded::Serializer::new(String::new())
+                .extend_pairs(q)
+                .finish();
+            url.push('?');
+            url.push_str(&qs);
+        }
+        let mut req = self.http.request(method, url);
+        if let Some(t) = &self.token {
+            req = req.header("X-Nomad-Token", t);
+        }
+        if let Some(b) = body {
+            req = req.json(b);
+        }
+        let resp = req.send().await.map_err(|e| NomadError::Unreachable {
+            address: self.address.clone(),
+            call: call.clone(),
+            reason: self.redactor.redact(&crate::error::chain(&e)),
+        })?;
+        let status = resp.status().as_u16();
+        let text = resp.text().await.map_err(|e| NomadError::Unreachable {
+            address: self.address.clone(),
+            call: call.clone(),
+            reason: self.redactor.redact(&crate::error::chain(&e)),
+        })?;
+        if status == 404 && not_found_ok {
+            return Ok(None);
+        }
+        if !(200..300).contains(&status) {
+            let mut body = self.redactor.redact(text.trim());
+            if body.len() > 2000 {
+                let mut cut = 2000;
+                while !body.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                body.truncate(cut);
+                body.push('…');
+            }
+            return Err(NomadError::Status { call, status, body });
+        }
+        serde_json::from_str(&text)
+            .map(Some)
+            .map_err(|e| NomadError::Invalid {
+                call,
+                reason: format!("not JSON: {e}"),
+            })
+    }
+}
+
+// ------------------------------------------------------------------ backend
+
+pub struct Nomad {
+    cfg: Config,
+    ctx: Context,
+    client: Client,
+    ledger: Arc<dyn Ledger>,
+    cluster: String,
+}
+
+impl std::fmt::Debug for Nomad {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Nomad")
+            .field("address", &self.cfg.address)
+            .finish()
+    }
+}
+
+/// What happened to one job in one apply.
+#[derive(Debug)]
+struct Outcome {
+    result: JobResult,
+    line: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum JobResult {
+    NoChange,
+    Changed,
+    Failed,
+}
+
+/// A job file, parsed by Nomad.
+struct Parsed {
+    file: String,
+    key: JobKey,
+    job: Value,
+    policy: Policy,
+}
+
+impl Nomad {
+    pub fn new(cfg: Config, mut ctx: Context) -> Result<Self, BackendError> {
+        let ledger = ctx.ledger.clone().ok_or_else(|| {
+            BackendError::Config("the nomad backend needs the state database".into())
+        })?;
+        let client = Client::new(&cfg, &mut ctx)?;
+        let cluster = match &cfg.region {
+            Some(r) => format!("{}#{r}", client.address),
+            None => client.address.clone(),
+        };
+        Ok(Nomad {
+            cfg,
+            ctx,
+            client,
+            ledger,
+            cluster,
+        })
+    }
+
+    /// The job files, sorted, relative to the target's path.
+    fn job_files(&self) -> Result<Vec<String>, String> {
+        let dir = &self.ctx.workdir;
+        let entries = std::fs::read_dir(dir)
+            .map_err(|e| format!("cannot list the job files in {}: {e}", dir.display()))?;
+        let mut files: Vec<String> = entries
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|n| crate::auth::glob_match(&self.cfg.jobs, n))
+            .filter(|n| !n.ends_with(".vars.hcl"))
+            .collect();
+        files.sort();
+        Ok(files)
+    }
+
+    fn job_error(&self, file: &str, job: Option<&str>, msg: impl std::fmt::Display) -> Outcome {
+        let what = match job {
+            Some(j) => format!("{file} (job {j})"),
+            None => file.to_string(),
+        };
+        let line = self.ctx.redactor.redact(&format!("{what}: {msg}"));
+        tracing::error!(target_name = %self.ctx.name, "{line}");
+        Outcome {
+            result: JobResult::Failed,
+            line,
+        }
+    }
+
+    /// Nomad parses the file (and its `.vars.hcl`); the policy comes from
+    /// the parsed job's meta.
+    async fn parse(&self, file: &str) -> Result<Parsed, String> {
+        let path = self.ctx.workdir.join(file);
+        let hcl = std::fs::read_to_string(&path).map_err(|e| format!("cannot read it: {e}"))?;
+        let stem = file.strip_suffix(".nomad.hcl").unwrap_or(file);
+        let stem = stem.strip_suffix(".hcl").unwrap_or(stem);
+        let vars_path = self.ctx.workdir.join(format!("{stem}.vars.hcl"));
+        let vars = match std::fs::read_to_string(&vars_path) {
+            Ok(v) => Some(v),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(format!("cannot read {stem}.vars.hcl: {e}")),
+        };
+        let mut body = json!({ "JobHCL": hcl, "Canonicalize": true });
+        if let Some(v) = vars {
+            body["Variables"] = Value::String(v);
+        }
+        let job = self
+            .client
+            .call(
+                reqwest::Method::POST,
+                "/v1/jobs/parse",
+                None,
+                &[],
+                Some(&body),
+                false,
+            )
+            .await
+            .map_err(|e| match e {
+                NomadError::Status {
+                    status: 400, body, ..
+                } => {
+                    format!("Nomad could not parse it: {body}")
+                }
+                other => other.to_string(),
+            })?
+            .unwrap_or(Value::Null);
+        let mut job = job;
+        let id = job["ID"]
+            .as_str()
+            .filter(|s| !s.is_empty())
+            .ok_or("Nomad's parse returned a job without an ID")?
+            .to_string();
+        // Canonicalize names `default` when the file names no namespace;
+        // the target's `namespace` applies to those jobs.
+        let parsed_ns = job["Namespace"].as_str().unwrap_or("").to_string();
+        let namespace = match (&self.cfg.namespace, parsed_ns.as_str()) {
+            (Some(ns), "" | "default") => ns.clone(),
+            (_, "") => "default".into(),
+            (_, ns) => ns.to_string(),
+        };
+        job["Namespace"] = Value::String(namespace.clone());
+        let policy = self.policy(file, &job);
+        Ok(Parsed {
+            file: file.to_string(),
+            key: JobKey {
+                cluster: self.cluster.clone(),
+                namespace,
+                job: id,
+            },
+            job,
+            policy,
+        })
+    }
+
+    /// The policy from the job's own meta; anything invalid is `none` and
+    /// an ERROR naming the file and key.
+    fn policy(&self, file: &str, job: &Value) -> Policy {
+        let meta = job["Meta"].as_object();
+        let mut invalid = Vec::new();
+        let mut policy = Policy::parse(&self.cfg.default_policy).unwrap_or(Policy::None);
+        if let Some(meta) = meta {
+            for (k, v) in meta {
+                if !k.starts_with("driftless_") {
+                    continue;
+                }
+                if !KNOWN_META.contains(&k.as_str()) {
+                    invalid.push(format!(
+                        "unknown meta key `{k}` (known: {})",
+                        KNOWN_META.join(", ")
+                    ));
+                    continue;
+                }
+                if k == "driftless_policy" {
+                    match v.as_str().and_then(Policy::parse) {
+                        Some(p) => policy = p,
+                        None => invalid.push(format!(
+                            "meta `driftless_policy` = {v} must be \"auto\", \"approval\" or \"none\""
+                        )),
+                    }
+                }
+            }
+        }
+        if invalid.is_empty() {
+            policy
+        } else {
+            for why in &invalid {
+                tracing::error!(
+                    target_name = %self.ctx.name,
+                    file,
+                    "{file}: {why}; the job's policy is `none` until this is fixed"
+                );
+            }
+            Policy::None
+        }
+    }
+
+    async fn live(&self, key: &JobKey) -> Result<Option<Value>, NomadError> {
+        self.client
+            .call(
+                reqwest::Method::GET,
+                &format!("/v1/job/{}", seg(&key.job)),
+                Some(&key.namespace),
+                &[],
+                None,
+                true,
+            )
+            .await
+    }
+
+    async fn plan(&self, key: &JobKey, job: &Value) -> Result<Plan, NomadError> {
+        let call = format!("POST /v1/job/{}/plan", key.job);
+        let v = self
+            .client
+            .call(
+                reqwest::Method::POST,
+                &format!("/v1/job/{}/plan", seg(&key.job)),
+                Some(&key.namespace),
+                &[],
+                Some(&json!({ "Job": job, "Diff": true, "PolicyOverride": false })),
+                false,
+            )
+            .await?
+            .unwrap_or(Value::Null);
+        let index = v["JobModifyIndex"].as_i64().ok_or(NomadError::Invalid {
+            call: call.clone(),
+            reason: "no JobModifyIndex".into(),
+        })?;
+        let diff = v["Diff"].clone();
+        let kind = diff["Type"]
+            .as_str()
+            .ok_or(NomadError::Invalid {
+                call,
+                reason: "no Diff.Type (was Diff: true sent?)".into(),
+            })?
+            .to_string();
+        Ok(Plan { index, diff, kind })
+    }
+
+    async fn register(&self, key: &JobKey, job: &Value, index: i64) -> Result<Value, NomadError> {
+        self.client
+            .call(
+                reqwest::Method::POST,
+                "/v1/jobs",
+                Some(&key.namespace),
+                &[],
+                Some(&json!({
+                    "Job": job,
+                    "EnforceIndex": true,
+                    "JobModifyIndex": index,
+                    "PolicyOverride": false,
+                })),
+                false,
+            )
+            .await
+            .map(|v| v.unwrap_or(Value::Null))
+    }
+
+    async fn latest_nomad_deployment(&self, key: &JobKey) -> Result<Value, NomadError> {
+        self.client
+            .call(
+                reqwest::Method::GET,
+                &format!("/v1/job/{}/deployment", seg(&key.job)),
+                Some(&key.namespace),
+                &[],
+                None,
+                false,
+            )
+            .await
+            .map(|v| v.unwrap_or(Value::Null))
+    }
+
+    /// The spec driftless would register: the parsed job with the live
+    /// count of every group whose scaling block is enabled.
+    fn with_live_counts(job: &Value, live: Option<&Value>) -> Value {
+        let mut job = job.clone();
+        let Some(live) = live else { return job };
+        let live_counts: BTreeMap<&str, &Value> = live["TaskGroups"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|g| Some((g["Name"].as_str()?, &g["Count"])))
+            .collect();
+        if let Some(groups) = job["TaskGroups"].as_array_mut() {
+            for g in groups {
+                let scaled = g["Scaling"]["Enabled"].as_bool() == Some(true);
+                let name = g["Name"].as_str().unwrap_or("").to_string();
+                if scaled && let Some(c) = live_counts.get(name.as_str()) {
+                    g["Count"] = (*c).clone();
+                }
+            }
+        }
+        job
+    }
+
+    fn ledger_err(&self, p: &Parsed, e: LedgerError) -> Outcome {
+        self.job_error(
+            &p.file,
+            Some(&p.key.job),
+            format!("cannot record its deployment, so nothing was sent to Nomad: {e}"),
+        )
+    }
+
+    /// Reconcile one job. Errors from the ledger stop the whole apply
+    /// (`Err`): the state could not be persisted.
+    async fn reconcile(&self, p: &Parsed) -> Result<Outcome, Outcome> {
+        let key = &p.key;
+        let fail = |msg: String| Ok(self.job_error(&p.file, Some(&key.job), msg));
+
+        // An active deployment first: follow it, or let a newer spec
+        // supersede it.
+        let active = self
+            .ledger
+            .active(key)
+            .await
+            .map_err(|e| self.ledger_err(p, e))?;
+        let live = match self.live(key).await {
+            Ok(l) => l,
+            Err(e) => return fail(e.to_string()),
+        };
+        let spec = Self::with_live_counts(&p.job, live.as_ref());
+        let hash = spec_hash(&spec);
+        if let Some(d) = &active {
+            match d.state.as_str() {
+                "applying" => return self.follow(p, d, live.as_ref()).await,
+                "detected" | "pending_approval" if d.spec_hash == hash => {
+                    // Same spec still waiting (approval), or a tick that died
+                    // between recording and registering: handled below after
+                    // a fresh plan.
+                }
+                "detected" | "pending_approval" => {
+                    self.ledger
+                        .transition(
+                            d.id,
+                            &d.state,
+                            "superseded",
+                            Change {
+                                message: Some(format!(
+                                    "superseded by commit {}",
+                                    short(&self.ctx.commit)
+                                )),
+                                ..Change::default()
+                            },
+                        )
+                        .await
+                        .map_err(|e| self.ledger_err(p, e))?;
+                }
+                other => {
+                    return fail(format!(
+                        "deployment {} is in state `{other}`, which this version of driftless cannot continue",
+                        d.id
+                    ));
+                }
+            }
+        }
+
+        // Plan before every write.
+        let plan = match self.plan(key, &spec).await {
+            Ok(pl) => pl,
+            Err(e) => return fail(e.to_string()),
+        };
+        if plan.kind == "None" {
+            if let Some(d) = active.filter(|d| d.spec_hash == hash) {
+                self.ledger
+                    .transition(
+                        d.id,
+                        &d.state,
+                        "superseded",
+                        Change {
+                            message: Some("the live job already matches git".into()),
+                            ..Change::default()
+                        },
+                    )
+                    .await
+                    .map_err(|e| self.ledger_err(p, e))?;
+            }
+            return Ok(Outcome {
+                result: JobResult::NoChange,
+                line: format!("{}: no change", key.job),
+            });
+        }
+        let diff = redact_diff(&plan.diff, &self.ctx.redactor);
+        let summary = diff_summary(&plan.diff);
+
+        if p.policy == Policy::None {
+            let line = format!("{}: drift not applied (policy none): {summary}", key.job);
+            tracing::warn!(target_name = %self.ctx.name, job = %key.job, "{line}");
+            return Ok(Outcome {
+                result: JobResult::NoChange,
+                line,
+            });
+        }
+
+        // No apply loop: a spec that failed at this live index waits for a
+        // new commit or a change to the live job.
+        if let Some(last) = self
+            .ledger
+            .latest(key)
+            .await
+            .map_err(|e| self.ledger_err(p, e))?
+            && last.state == "failed"
+            && last.spec_hash == hash
+            && last.job_modify_index == plan.index
+        {
+            return fail(format!(
+                "not retried: this spec failed at JobModifyIndex {} (deployment {}: {}); push a new commit or change the live job to try again",
+                plan.index,
+                last.id,
+                last.message.as_deref().unwrap_or("failed")
+            ));
+        }
+
+        // Persist before acting.
+        let id = match active.as_ref().filter(|d| d.spec_hash == hash) {
+            Some(d) => d.id,
+            None => {
+                let new = NewDeployment {
+                    target: self.ctx.name.clone(),
+                    key: key.clone(),
+                    file: p.file.clone(),
+                    commit_sha: self.ctx.commit.clone(),
+                    spec_hash: hash.clone(),
+                    policy: p.policy,
+                    state: if p.policy == Policy::Approval {
+                        "pending_approval"
+                    } else {
+                        "detected"
+                    },
+                    job_modify_index: plan.index,
+                    diff: diff.to_string(),
+                    diff_summary: summary.clone(),
+                };
+                match self.ledger.insert(&new).await {
+                    Ok(id) => id,
+                    Err(LedgerError::Conflict(why)) => {
+                        return fail(format!("not registered: {why}"));
+                    }
+                    Err(e) => return Err(self.ledger_err(p, e)),
+                }
+            }
+        };
+        if p.policy == Policy::Approval {
+            let line = format!(
+                "{}: waiting for approval (deployment {id}): {summary}",
+                key.job
+            );
+            return Ok(Outcome {
+                result: JobResult::NoChange,
+                line,
+            });
+        }
+        self.ledger
+            .transition(id, "detected", "applying", Change::default())
+            .await
+            .map_err(|e| self.ledger_err(p, e))?;
+        self.apply_registered(p, id, &spec, plan, &summary).await
+    }
+
+    /// Register `spec` with CAS on `plan.index` (state `applying` is on
+    /// disk). A CAS conflict is retried once at the new index only when a
+    /// fresh plan shows the same diff.
+    async fn apply_registered(
+        &self,
+        p: &Parsed,
+        id: i64,
+        spec: &Value,
+        plan: Plan,
+        summary: &str,
+    ) -> Result<Outcome, Outcome> {
+        let key = &p.key;
+        let mut index = plan.index;
+        let mut spec = spec.clone();
+        let mut retried = false;
+        loop {
+            match self.register(key, &spec, index).await {
+                Ok(resp) => {
+                    let registered = resp["JobModifyIndex"].as_i64();
+                    self.ledger
+                        .transition(
+                            id,
+                            "applying",
+                            "applying",
+                            Change {
+                                registered_index: registered,
+                                eval_id: resp["EvalID"].as_str().map(str::to_string),
+                                job_modify_index: Some(index),
+                                message: Some("registered; following Nomad's deployment".into()),
+                                ..Change::default()
+                            },
+                        )
+                        .await
+                        .map_err(|e| self.ledger_err(p, e))?;
+                    return Ok(Outcome {
+                        result: JobResult::Changed,
+                        line: format!("{}: registered ({summary})", key.job),
+                    });
+                }
+                Err(e) if e.is_cas_conflict() && !retried => {
+                    retried = true;
+                    // The live job moved between the plan and the register.
+                    let live = match self.live(key).await {
+                        Ok(l) => l,
+                        Err(e2) => return self.fail_deployment(p, id, e2.to_string()).await,
+                    };
+                    let fresh_spec = Self::with_live_counts(&p.job, live.as_ref());
+                    let fresh = match self.plan(key, &fresh_spec).await {
+                        Ok(f) => f,
+                        Err(e2) => return self.fail_deployment(p, id, e2.to_string()).await,
+                    };
+                    if fresh.diff == plan.diff {
+                        tracing::info!(
+                            target_name = %self.ctx.name,
+                            job = %key.job,
+                            from = index,
+                            to = fresh.index,
+                            "the live job moved but a fresh plan shows the same diff; registering at the new index"
+                        );
+                        index = fresh.index;
+                        spec = fresh_spec;
+                        continue;
+                    }
+                    return self
+                        .fail_deployment(
+                            p,
+                            id,
+                            format!("job modified outside driftless (Nomad refused the register: {e}); the manual change stands"),
+                        )
+                        .await;
+                }
+                Err(e) if e.is_cas_conflict() => {
+                    return self
+                        .fail_deployment(
+                            p,
+                            id,
+                            format!("job modified outside driftless (Nomad refused the register: {e}); the manual change stands"),
+                        )
+                        .await;
+                }
+                Err(e) => return self.fail_deployment(p, id, e.to_string()).await,
+            }
+        }
+    }
+
+    async fn fail_deployment(&self, p: &Parsed, id: i64, msg: String) -> Result<Outcome, Outcome> {
+        let msg = self.ctx.redactor.redact(&msg);
+        self.ledger
+            .transition(
+                id,
+                "applying",
+                "failed",
+                Change {
+                    message: Some(msg.clone()),
+                    ..Change::default()
+                },
+            )
+            .await
+            .map_err(|e| self.ledger_err(p, e))?;
+        Ok(self.job_error(&p.file, Some(&p.key.job), msg))
+    }
+
+    /// An `applying` deployment: if the register is not known to have
+    /// happened, find out from the live job; then follow Nomad's deployment.
+    async fn follow(
+        &self,
+        p: &Parsed,
+        d: &Deployment,
+        live: Option<&Value>,
+    ) -> Result<Outcome, Outcome> {
+        let key = &p.key;
+        let Some(registered) = d.registered_index else {
+            // A tick died between recording `applying` and the register's
+            // answer. CAS makes this safe to settle: if the live index is
+            // still the one we planned against, the register never happened
+            // (re-plan and register); otherwise, if the live job is ours,
+            // it did.
+            let live_index = live.and_then(|l| l["JobModifyIndex"].as_i64()).unwrap_or(0);
+            if live_index == d.job_modify_index {
+                let spec = Self::with_live_counts(&p.job, live);
+                if spec_hash(&spec) != d.spec_hash {
+                    return self
+                        .fail_deployment(p, d.id, "interrupted before its register, and the spec changed since; a new deployment will be planned".into())
+                        .await;
+                }
+                let plan = match self.plan(key, &spec).await {
+                    Ok(pl) => pl,
+                    Err(e) => return Ok(self.job_error(&p.file, Some(&key.job), e)),
+                };
+                if plan.kind == "None" {
+                    self.ledger
+                        .transition(
+                            d.id,
+                            "applying",
+                            "completed",
+                            Change {
+                                message: Some("the live job already matches".into()),
+                                ..Change::default()
+                            },
+                        )
+                        .await
+                        .map_err(|e| self.ledger_err(p, e))?;
+                    return Ok(Outcome {
+                        result: JobResult::NoChange,
+                        line: format!("{}: no change", key.job),
+                    });
+                }
+                let summary = diff_summary(&plan.diff);
+                return self.apply_registered(p, d.id, &spec, plan, &summary).await;
+            }
+            let spec = Self::with_live_counts(&p.job, live);
+            let plan = match self.plan(key, &spec).await {
+                Ok(pl) => pl,
+                Err(e) => return Ok(self.job_error(&p.file, Some(&key.job), e)),
+            };
+            if plan.kind == "None" {
+                self.ledger
+                    .transition(d.id, "applying", "applying", Change {
+                        registered_index: Some(live_index),
+                        message: Some("registered (confirmed after a restart); following Nomad's deployment".into()),
+                        ..Change::default()
+                    })
+                    .await
+                    .map_err(|e| self.ledger_err(p, e))?;
+                return Ok(Outcome {
+                    result: JobResult::Changed,
+                    line: format!("{}: registered (confirmed after a restart)", key.job),
+                });
+            }
+            return self
+                .fail_deployment(p, d.id, "job modified outside driftless while its register was in flight; the live job stands".into())
+                .await;
+        };
+        let dep = match self.latest_nomad_deployment(key).await {
+            Ok(v) => v,
+            Err(e) => return Ok(self.job_error(&p.file, Some(&key.job), e)),
+        };
+        let for_ours = dep["JobModifyIndex"]
+            .as_i64()
+            .is_some_and(|i| i >= registered);
+        let job_type = p.job["Type"].as_str().unwrap_or("service");
+        let (to, msg, result) = if dep.is_null() || (!for_ours && job_type != "service") {
+            (
+                "completed",
+                "registered; Nomad runs no deployment for this job".to_string(),
+                JobResult::NoChange,
+            )
+        } else if !for_ours {
+            return Ok(Outcome {
+                result: JobResult::NoChange,
+                line: format!("{}: registered, waiting for Nomad's deployment", key.job),
+            });
+        } else {
+            let status = dep["Status"].as_str().unwrap_or("");
+            let why = dep["StatusDescription"].as_str().unwrap_or("");
+            let dep_id = dep["ID"].as_str().unwrap_or("?");
+            match status {
+                "successful" => (
+                    "completed",
+                    format!("Nomad deployment {dep_id} successful"),
+                    JobResult::NoChange,
+                ),
+                "failed" | "cancelled" => (
+                    "failed",
+                    format!("Nomad deployment {dep_id} {status}: {why}"),
+                    JobResult::Failed,
+                ),
+                _ => {
+                    return Ok(Outcome {
+                        result: JobResult::NoChange,
+                        line: format!("{}: Nomad deployment {dep_id} {status}", key.job),
+                    });
+                }
+            }
+        };
+        self.ledger
+            .transition(
+                d.id,
+                "applying",
+                to,
+                Change {
+                    message: Some(msg.clone()),
+                    nomad_deployment_id: dep["ID"].as_str().map(str::to_string),
+                    ..Change::default()
+                },
+            )
+            .await
+            .map_err(|e| self.ledger_err(p, e))?;
+        if result == JobResult::Failed {
+            return Ok(self.job_error(&p.file, Some(&key.job), msg));
+        }
+        Ok(Outcome {
+            result,
+            line: format!("{}: {msg}", key.job),
+        })
+    }
+
+    async fn converge(&self) -> Status {
+        let deadline = Instant::now() + self.ctx.timeout;
+        let files = match self.job_files() {
+            Ok(f) => f,
+            Err(e) => return Status::failed(e),
+        };
+        if files.is_empty() {
+            return Status::failed(format!(
+                "no job files matching `{}` in {}",
+                self.cfg.jobs,
+                self.ctx.workdir.display()
+            ));
+        }
+        let mut outcomes = Vec::new();
+        let mut seen = BTreeSet::new();
+        for file in &files {
+            if Instant::now() > deadline {
+                outcomes.push(self.job_error(
+                    file,
+                    None,
+                    "not reached before the target's timeout",
+                ));
+                continue;
+            }
+            let parsed = match self.parse(file).await {
+                Ok(p) => p,
+                Err(e) => {
+                    outcomes.push(self.job_error(file, None, e));
+                    continue;
+                }
+            };
+            seen.insert(parsed.key.clone());
+            match self.reconcile(&parsed).await {
+                Ok(o) => outcomes.push(o),
+                Err(o) => {
+                    // The state could not be persisted: stop here.
+                    outcomes.push(o);
+                    break;
+                }
+            }
+        }
+        // Orphans: jobs this target deployed that git no longer has.
+        match self.ledger.jobs_of(&self.ctx.name).await {
+            Ok(known) => {
+                let orphans: Vec<String> = known
+                    .iter()
+                    .filter(|d| d.key.cluster == self.cluster && !seen.contains(&d.key))
+                    .map(|d| format!("{}/{}", d.key.namespace, d.key.job))
+                    .collect();
+                if !orphans.is_empty() {
+                    outcomes.push(Outcome {
+                        result: JobResult::NoChange,
+                        line: format!(
+                            "orphaned (removed from git, left running; driftless never stops jobs): {}",
+                            orphans.join(", ")
+                        ),
+                    });
+                }
+            }
+            Err(e) => outcomes.push(Outcome {
+                result: JobResult::Failed,
+                line: format!("cannot list this target's deployments: {e}"),
+            }),
+        }
+        let result = if outcomes.iter().any(|o| o.result == JobResult::Failed) {
+            ApplyResult::Failed
+        } else if outcomes.iter().any(|o| o.result == JobResult::Changed) {
+            ApplyResult::Changed
+        } else {
+            ApplyResult::NoChange
+        };
+        let lines: Vec<&str> = outcomes.iter().map(|o| o.line.as_str()).collect();
+        Status {
+            result,
+            message: self.ctx.redactor.redact(&lines.join("; ")),
+            output_tail: self.ctx.redactor.redact(&lines.join("\n")),
+            digest: None,
+        }
+    }
+
+    async fn outputs_inner(&self) -> Result<Outputs, BackendError> {
+        let mut out = Outputs::new();
+        let mut jobs = serde_json::Map::new();
+        let mut seen = BTreeSet::new();
+        for file in self.job_files().map_err(BackendError::Command)? {
+            let parsed = match self.parse(&file).await {
+                Ok(p) => p,
+                Err(e) => {
+                    jobs.insert(
+                        file.clone(),
+                        json!({ "error": self.ctx.redactor.redact(&e) }),
+                    );
+                    continue;
+                }
+            };
+            seen.insert(parsed.key.clone());
+            let key = &parsed.key;
+            let live = self
+                .live(key)
+                .await
+                .map_err(|e| BackendError::Command(e.to_string()))?;
+            let active = self
+                .ledger
+                .active(key)
+                .await
+                .map_err(|e| BackendError::Command(e.to_string()))?;
+            let latest = self
+                .ledger
+                .latest(key)
+                .await
+                .map_err(|e| BackendError::Command(e.to_string()))?;
+            let spec = Self::with_live_counts(&parsed.job, live.as_ref());
+            let plan = self
+                .plan(key, &spec)
+                .await
+                .map_err(|e| BackendError::Command(e.to_string()))?;
+            let dep = |d: &Deployment| {
+                json!({
+                    "id": d.id,
+                    "state": d.state,
+                    "commit": d.commit_sha,
+                    "spec_hash": d.spec_hash,
+                    "job_modify_index": d.job_modify_index,
+                    "summary": d.diff_summary,
+                    "diff": serde_json::from_str::<Value>(&d.diff).unwrap_or(Value::Null),
+                    "message": d.message,
+                })
+            };
+            jobs.insert(
+                key.job.clone(),
+                json!({
+                    "file": parsed.file,
+                    "namespace": key.namespace,
+                    "policy": parsed.policy.as_str(),
+                    "live_version": live.as_ref().map(|l| l["Version"].clone()),
+                    "job_modify_index": live.as_ref().map(|l| l["JobModifyIndex"].clone()),
+                    "drift": if plan.kind == "None" { Value::Null } else {
+                        json!({ "summary": diff_summary(&plan.diff), "diff": redact_diff(&plan.diff, &self.ctx.redactor) })
+                    },
+                    "active_deployment": active.as_ref().map(dep),
+                    "last_deployment": latest.as_ref().map(dep),
+                }),
+            );
+        }
+        let orphans: Vec<Value> = self
+            .ledger
+            .jobs_of(&self.ctx.name)
+            .await
+            .map_err(|e| BackendError::Command(e.to_string()))?
+            .into_iter()
+            .filter(|d| d.key.cluster == self.cluster && !seen.contains(&d.key))
+            .map(|d| json!(format!("{}/{}", d.key.namespace, d.key.job)))
+            .collect();
+        out.insert("jobs".into(), Value::Object(jobs));
+        out.insert("orphans".into(), Value::Array(orphans));
+        Ok(out)
+    }
+
+    async fn destroy_inner(&self) -> Status {
+        if !self.cfg.allow_destroy {
+            return Status::failed(
+                "refused: driftless never stops Nomad jobs (set `allow_destroy = true` in the target's backend to let `destroy` deregister them, without purge)",
+            );
+        }
+        let files = match self.job_files() {
+            Ok(f) => f,
+            Err(e) => return Status::failed(e),
+        };
+        let mut lines = Vec::new();
+        let mut failed = false;
+        for file in files {
+            let parsed = match self.parse(&file).await {
+                Ok(p) => p,
+                Err(e) => {
+                    failed = true;
+                    lines.push(format!("{file}: {e}"));
+                    continue;
+                }
+            };
+            let key = &parsed.key;
+            match self
+                .client
+                .call(
+                    reqwest::Method::DELETE,
+                    &format!("/v1/job/{}", seg(&key.job)),
+                    Some(&key.namespace),
+                    &[("purge", "false")],
+                    None,
+                    true,
+                )
+                .await
+            {
+                Ok(Some(_)) => lines.push(format!("{}: deregistered (not purged)", key.job)),
+                Ok(None) => lines.push(format!("{}: not registered", key.job)),
+                Err(e) => {
+                    failed = true;
+                    lines.push(format!("{}: {e}", key.job));
+                }
+            }
+        }
+        Status {
+            result: if failed {
+                ApplyResult::Failed
+            } else {
+                ApplyResult::Changed
+            },
+            message: self.ctx.redactor.redact(&lines.join("; ")),
+            output_tail: String::new(),
+            digest: None,
+        }
+    }
+}
+
+impl Backend for Nomad {
+    fn apply(&self) -> BoxFuture<'_, Status> {
+        Box::pin(self.converge())
+    }
+
+    fn destroy(&self) -> BoxFuture<'_, Status> {
+        Box::pin(self.destroy_inner())
+    }
+
+    fn outputs(&self) -> BoxFuture<'_, Result<Outputs, BackendError>> {
+        Box::pin(self.outputs_inner())
+    }
+}
+
+struct Plan {
+    index: i64,
+    diff: Value,
+    kind: String,
+}
+
+fn short(sha: &str) -> &str {
+    sha.get(..12).unwrap_or(sha)
+}
+
+/// A path segment, percent-encoded.
+fn seg(s: &str) -> String {
+    form_urlencoded::byte_serialize(s.as_bytes())
+        .collect::<String>()
+        .replace('+', "%20")
+}
+
+/// SHA-256 of the job JSON (serde_json's maps are sorted: stable).
+pub fn spec_hash(job: &Value) -> String {
+    hex::encode(Sha256::digest(job.to_string().as_bytes()))
+}
+
+const SECRET_WORDS: &[&str] = &[
+    "secret",
+    "password",
+    "passwd",
+    "token",
+    "credential",
+    "api_key",
+    "apikey",
+    "private_key",
+    "access_key",
+];
+
+fn secret_name(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    n.starts_with("env[") || SECRET_WORDS.iter().any(|w| n.contains(w))
+}
+
+/// The diff with every secret value replaced by `[REDACTED]`: `Env[...]`
+/// fields, template contents, fields whose name looks like a secret, and
+/// anything the target's redactor knows.
+pub fn redact_diff(diff: &Value, redactor: &crate::redact::Redactor) -> Value {
+    fn walk(v: &mut Value, in_template: bool) {
+        match v {
+            Value::Object(m) => {
+                let is_template = m
+                    .get("Name")
+                    .and_then(Value::as_str)
+                    .is_some_and(|n| n == "Template" || n == "Templates");
+                let is_field = m.contains_key("Old") || m.contains_key("New");
+                if is_field {
+                    let name = m.get("Name").and_then(Value::as_str).unwrap_or("");
+                    if in_template || secret_name(name) {
+                        for k in ["Old", "New"] {
+                            if let Some(x) = m.get_mut(k)
+                                && x.as_str().is_some_and(|s| !s.is_empty())
+                            {
+                                *x = Value::String("[REDACTED]".into());
+                            }
+                        }
+                    }
+                }
+                for (_, x) in m.iter_mut() {
+                    walk(x, in_template || is_template);
+                }
+            }
+            Value::Array(a) => {
+                for x in a {
+                    walk(x, in_template);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut d = diff.clone();
+    walk(&mut d, false);
+    // Known secret values (the token, env: secrets) wherever they appear.
+    let text = redactor.redact(&d.to_string());
+    serde_json::from_str(&text).unwrap_or(d)
+}
+
+/// "2 groups, 3 fields edited; 1 added" — a one-line account of a diff.
+pub fn diff_summary(diff: &Value) -> String {
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    fn walk(v: &Value, path: &str, counts: &mut BTreeMap<String, usize>) {
+        let Some(m) = v.as_object() else { return };
+        for f in m
+            .get("Fields")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let t = f["Type"].as_str().unwrap_or("Edited").to_lowercase();
+            if t != "none" {
+                let name = f["Name"].as_str().unwrap_or("?");
+                *counts.entry(format!("{path}{name} {t}")).or_default() += 1;
+            }
+        }
+        for (key, label) in [
+            ("Objects", ""),
+            ("TaskGroups", "group "),
+            ("Tasks", "task "),
+        ] {
+            for o in m.get(key).and_then(Value::as_array).into_iter().flatten() {
+                let name = o["Name"].as_str().unwrap_or("?");
+                let t = o["Type"].as_str().unwrap_or("Edited");
+                if t == "Added" || t == "Deleted" {
+                    *counts
+                        .entry(format!("{path}{label}{name} {}", t.to_lowercase()))
+                        .or_default() += 1;
+                } else {
+                    walk(o, &format!("{path}{label}{name}: "), counts);
+                }
+            }
+        }
+    }
+    let t = diff["Type"].as_str().unwrap_or("Edited");
+    if t == "Added" {
+        return "new job".into();
+    }
+    walk(diff, "", &mut counts);
+    if counts.is_empty() {
+        return t.to_lowercase();
+    }
+    let mut parts: Vec<String> = counts.into_keys().collect();
+    if parts.len() > 8 {
+        let more = parts.len() - 8;
+        parts.truncate(8);
+        parts.push(format!("and {more} more"));
+    }
+    parts.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_templates_and_secret_names_are_redacted() {
+        let diff = json!({
+            "Type": "Edited",
+            "TaskGroups": [{ "Name": "web", "Type": "Edited", "Fields": [], "Tasks": [{
+                "Name": "server", "Type": "Edited",
+                "Fields": [
+                    { "Type": "Edited", "Name": "Env[DB_URL]", "Old": "postgres://u:pw@db", "New": "postgres://u:pw2@db" },
+                    { "Type": "Edited", "Name": "Meta[api_key]", "Old": "k1", "New": "k2" },
+                    { "Type": "Edited", "Name": "Driver", "Old": "docker", "New": "exec" }
+                ],
+                "Objects": [{ "Name": "Template", "Type": "Edited", "Fields": [
+                    { "Type": "Edited", "Name": "EmbeddedTmpl", "Old": "a", "New": "b" }
+                ]}, { "Name": "Config", "Type": "Edited", "Fields": [
+                    { "Type": "Edited", "Name": "image", "Old": "nginx:1", "New": "nginx:2" },
+                    { "Type": "Added", "Name": "auth_token", "Old": "", "New": "tok-123" }
+                ]}]
+            }]}]
+        });
+        let r = redact_diff(&diff, &crate::redact::Redactor::new().with("nginx:2"));
+        let text = r.to_string();
+        for secret in [
+            "pw@db", "pw2", "k1", "k2", "\"a\"", "\"b\"", "tok-123", "nginx:2",
+        ] {
+            assert!(!text.contains(secret), "{secret} in {text}");
+        }
+        assert!(
+            text.contains("docker") && text.contains("nginx:1"),
+            "{text}"
+        );
+        // An empty Old (an added field) stays empty.
+        assert!(text.contains(r#""Old":"""#), "{text}");
+        assert_eq!(
+            diff_summary(&diff),
+            "group web: task server: Config: auth_token added, group web: task server: Config: image edited, group web: task server: Driver edited, group web: task server: Env[DB_URL] edited, group web: task server: Meta[api_key] edited, group web: task server: Template: EmbeddedTmpl edited"
+        );
+    }
+
+    #[test]
+    fn policies_parse() {
+        assert_eq!(Policy::parse("auto"), Some(Policy::Auto));
+        assert_eq!(Policy::parse("approval"), Some(Policy::Approval));
+        assert_eq!(Policy::parse("none"), Some(Policy::None));
+        assert_eq!(Policy::parse("Auto"), None);
+    }
+
+    #[test]
+    fn live_counts_are_kept_only_for_enabled_scaling_groups() {
+        let job = json!({ "TaskGroups": [
+            { "Name": "a", "Count": 2, "Scaling": { "Enabled": true } },
+            { "Name": "b", "Count": 2, "Scaling": { "Enabled": false } },
+            { "Name": "c", "Count": 2, "Scaling": null }
+        ]});
+        let live = json!({ "TaskGroups": [
+            { "Name": "a", "Count": 7 }, { "Name": "b", "Count": 7 }, { "Name": "c", "Count": 7 }
+        ]});
+        let spec = Nomad::with_live_counts(&job, Some(&live));
+        let counts: Vec<i64> = spec["TaskGroups"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|g| g["Count"].as_i64())
+            .collect();
+        assert_eq!(counts, [7, 2, 2]);
+    }
+}

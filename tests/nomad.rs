@@ -1,0 +1,766 @@
+//! The nomad backend against `tests/nomad_standin.py` (Nomad's HTTP API as
+//! published; no Nomad binary can be installed here), one test per
+//! invariant, each trying to break it. The stand-in's journal records every
+//! request driftless made, in order.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::{Value, json};
+
+const CANARY: &str = "canary-nomad-env-4b7e91";
+
+fn web_job(image: &str, meta: &str) -> String {
+    format!(
+        r#"job "web" {{
+  datacenters = ["dc1"]
+  meta {{
+{meta}
+  }}
+  group "web" {{
+    count = 2
+    scaling {{
+      enabled = true
+      min     = 1
+      max     = 10
+    }}
+    task "server" {{
+      driver = "docker"
+      config {{
+        image = "{image}"
+      }}
+      env {{
+        DB_PASSWORD = "{CANARY}"
+        PORT        = "8080"
+      }}
+      template {{
+        data        = "password={CANARY}"
+        destination = "local/app.env"
+      }}
+    }}
+  }}
+  group "worker" {{
+    count = 1
+    task "work" {{
+      driver = "exec"
+      config {{
+        command = "/bin/worker"
+      }}
+    }}
+  }}
+}}
+"#
+    )
+}
+
+const AUTO: &str = "    driftless_policy = \"auto\"";
+
+struct Fixture {
+    _root: tempfile::TempDir,
+    remote: Remote,
+    nomad: NomadStandin,
+    s: Setup,
+}
+
+fn fixture(extra_backend: &str) -> Fixture {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(
+        &[("jobs/web.nomad.hcl", &web_job("nginx:1.25", AUTO))],
+        "web",
+    );
+    let nomad = NomadStandin::start(root.path());
+    let token = root.path().join("nomad-token");
+    std::fs::write(&token, format!("{}\n", nomad.token)).expect("write");
+    let s = Setup::new(&target("cluster", &remote, &nomad, &token, extra_backend));
+    Fixture {
+        _root: root,
+        remote,
+        nomad,
+        s,
+    }
+}
+
+fn target(
+    name: &str,
+    remote: &Remote,
+    nomad: &NomadStandin,
+    token: &std::path::Path,
+    extra: &str,
+) -> String {
+    format!(
+        "[[targets]]\nname = \"{name}\"\nrepo = \"{}\"\npath = \"jobs\"\ninterval = \"1h\"\n\
+         [targets.backend]\nkind = \"nomad\"\naddress = \"{}\"\ntoken_file = {}\n{extra}\n\n",
+        remote.url(),
+        nomad.address(),
+        toml_str(&token.display().to_string()),
+    )
+}
+
+impl Fixture {
+    /// One tick; returns (exit code, stdout+stderr, the journal entries this
+    /// tick added).
+    fn tick(&self) -> (Option<i32>, String, Vec<Value>) {
+        let before = self.nomad.journal().len();
+        let out = self.s.run(&["tick", "cluster"]);
+        let j = self.nomad.journal();
+        (
+            out.status.code(),
+            text(&out.stdout) + &text(&out.stderr),
+            j[before..].to_vec(),
+        )
+    }
+
+    fn message(&self) -> String {
+        self.s.target_status("cluster")["last_message"]
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    }
+
+    fn deployments(&self) -> Vec<Value> {
+        let out = std::process::Command::new("python3")
+            .arg("-c")
+            .arg(
+                "import json, sqlite3, sys\n\
+                 c = sqlite3.connect(sys.argv[1])\n\
+                 c.row_factory = sqlite3.Row\n\
+                 print(json.dumps([dict(r) for r in c.execute('SELECT * FROM nomad_deployments ORDER BY id')]))",
+            )
+            .arg(self.s.db())
+            .output()
+            .expect("python3 sqlite3");
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("rows")
+    }
+
+    fn sql(&self, statement: &str) {
+        let out = std::process::Command::new("python3")
+            .arg("-c")
+            .arg("import sqlite3, sys\nc = sqlite3.connect(sys.argv[1])\nc.executescript(sys.argv[2])\nc.commit()")
+            .arg(self.s.db())
+            .arg(statement)
+            .output()
+            .expect("python3 sqlite3");
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+
+    fn image(&self) -> String {
+        self.nomad.job("web").expect("live job")["TaskGroups"][0]["Tasks"][0]["Config"]["image"]
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    }
+}
+
+fn registers(j: &[Value]) -> Vec<&Value> {
+    j.iter()
+        .filter(|r| r["method"] == "POST" && r["path"] == "/v1/jobs")
+        .collect()
+}
+
+/// Plan before every write, CAS on every register: in `j` (one tick's
+/// requests), every register is preceded by a plan of exactly the job it
+/// registers, and carries EnforceIndex with the index that plan (or a
+/// fresh one) answered. Returns the number of registers.
+fn assert_plan_then_cas(j: &[Value], nomad: &NomadStandin) -> usize {
+    let mut n = 0;
+    for (i, r) in j.iter().enumerate() {
+        if !(r["method"] == "POST" && r["path"] == "/v1/jobs") {
+            continue;
+        }
+        n += 1;
+        let job = &r["body"]["Job"];
+        let plan = j[..i]
+            .iter()
+            .rev()
+            .find(|p| {
+                p["method"] == "POST"
+                    && p["path"] == format!("/v1/job/{}/plan", job["ID"].as_str().unwrap_or(""))
+            })
+            .unwrap_or_else(|| panic!("register without a plan in the same tick: {r}"));
+        assert_eq!(
+            &plan["body"]["Job"], job,
+            "registered a spec that was not planned"
+        );
+        assert_eq!(plan["body"]["Diff"], true);
+        assert_eq!(r["body"]["EnforceIndex"], true, "register without CAS: {r}");
+        // The index the plan was made against is the journal's `index` then.
+        assert_eq!(
+            r["body"]["JobModifyIndex"],
+            nomad_index_at_plan(plan),
+            "CAS index is not the one read at the plan"
+        );
+    }
+    for r in j {
+        assert_eq!(
+            r["token"],
+            nomad.token.as_str(),
+            "request without the ACL token"
+        );
+        assert_ne!(r["method"], "DELETE", "driftless asked Nomad to stop a job");
+    }
+    n
+}
+
+/// The live JobModifyIndex when the plan was answered: the stand-in answers
+/// a plan with the live job's index (0 for a new job); the journal keeps the
+/// job body, so look it up from the plan's answer recorded by the stand-in.
+fn nomad_index_at_plan(plan: &Value) -> Value {
+    plan["live_job_modify_index"].clone()
+}
+
+#[test]
+fn plan_before_every_write_and_cas_on_every_register() {
+    let f = fixture("");
+    let (code, out, j) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(assert_plan_then_cas(&j, &f.nomad), 1, "{j:#?}");
+    assert_eq!(f.s.target_status("cluster")["last_result"], "changed");
+    let d = f.deployments();
+    assert_eq!(d.len(), 1);
+    assert_eq!(d[0]["state"], "applying");
+    assert_eq!(d[0]["job_modify_index"], 0);
+    // Parse first, by Nomad, with Canonicalize.
+    assert_eq!(j[0]["path"], "/v1/jobs/parse");
+    assert_eq!(j[0]["body"]["Canonicalize"], true);
+
+    // Nomad's deployment is running: the next tick plans (no diff),
+    // registers nothing and keeps following it.
+    let (code, out, j) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(assert_plan_then_cas(&j, &f.nomad), 0);
+    assert!(f.message().contains("running"), "{}", f.message());
+    f.nomad
+        .control("deployment", json!({ "ID": "web", "Status": "successful" }));
+    let (code, out, _) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(f.deployments()[0]["state"], "completed");
+    let (_, _, j) = f.tick();
+    assert_eq!(
+        assert_plan_then_cas(&j, &f.nomad),
+        0,
+        "a register without a diff"
+    );
+    assert_eq!(f.s.target_status("cluster")["last_result"], "no_change");
+
+    // A new commit: one plan, one register at the live index.
+    let live_index = f.nomad.job("web").expect("job")["JobModifyIndex"].clone();
+    let sha = f.remote.commit(
+        &[("jobs/web.nomad.hcl", &web_job("nginx:1.27", AUTO))],
+        "bump",
+    );
+    let (code, out, j) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(assert_plan_then_cas(&j, &f.nomad), 1);
+    assert_eq!(registers(&j)[0]["body"]["JobModifyIndex"], live_index);
+    assert_eq!(f.image(), "nginx:1.27");
+    let d = f.deployments();
+    assert_eq!(d.len(), 2);
+    assert_eq!(d[1]["commit_sha"], sha);
+
+    // driftless never writes to git and never writes meta into the job.
+    assert_eq!(git(&f.remote.bare, &["rev-parse", "main"]), sha);
+    let live = f.nomad.job("web").expect("job");
+    assert_eq!(live["Meta"], json!({ "driftless_policy": "auto" }));
+    assert_eq!(live["TaskGroups"][0]["Meta"], Value::Null);
+}
+
+#[test]
+fn a_job_changed_between_plan_and_register_is_not_overwritten() {
+    let f = fixture("");
+    assert_eq!(f.tick().0, Some(0));
+    f.nomad
+        .control("deployment", json!({ "ID": "web", "Status": "successful" }));
+    assert_eq!(f.tick().0, Some(0));
+    f.remote.commit(
+        &[("jobs/web.nomad.hcl", &web_job("nginx:1.27", AUTO))],
+        "bump",
+    );
+    // Someone edits the live job right after driftless's plan.
+    f.nomad.control(
+        "after_plan",
+        json!({ "Action": "edit", "ID": "web",
+                "Path": ["TaskGroups", 0, "Tasks", 0, "Config", "image"], "Value": "nginx:hotfix" }),
+    );
+    let (code, out, j) = f.tick();
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        f.message().contains("job modified outside driftless"),
+        "{}",
+        f.message()
+    );
+    assert_eq!(
+        f.image(),
+        "nginx:hotfix",
+        "the manual change was overwritten"
+    );
+    // Exactly one register was tried, and refused by CAS; the fresh plan
+    // showed a different diff, so no second try.
+    assert_eq!(registers(&j).len(), 1, "{j:#?}");
+    assert_eq!(f.deployments().last().expect("row")["state"], "failed");
+}
+
+#[test]
+fn a_failed_spec_is_not_retried_at_the_same_index_but_a_new_commit_is() {
+    let f = fixture("");
+    f.nomad.control(
+        "fail",
+        json!({ "Path": "/v1/jobs", "Method": "POST", "Status": 500,
+                "Body": "rpc error: 1 error occurred: task group web: invalid count", "Times": 1 }),
+    );
+    let (code, _, j) = f.tick();
+    assert_eq!(code, Some(1));
+    assert_eq!(registers(&j).len(), 1);
+    assert!(f.message().contains("invalid count"), "{}", f.message());
+    // No apply loop.
+    for _ in 0..3 {
+        let (code, _, j) = f.tick();
+        assert_eq!(code, Some(1));
+        assert!(registers(&j).is_empty(), "re-applied a failed spec: {j:#?}");
+        assert!(f.message().contains("not retried"), "{}", f.message());
+    }
+    f.remote.commit(
+        &[("jobs/web.nomad.hcl", &web_job("nginx:1.26", AUTO))],
+        "fix",
+    );
+    let (code, out, j) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(registers(&j).len(), 1);
+    assert_eq!(f.image(), "nginx:1.26");
+}
+
+#[test]
+fn scaling_groups_keep_their_live_count() {
+    let f = fixture("");
+    assert_eq!(f.tick().0, Some(0));
+    f.nomad
+        .control("deployment", json!({ "ID": "web", "Status": "successful" }));
+    assert_eq!(f.tick().0, Some(0));
+    // The autoscaler scales the web group: not drift.
+    f.nomad
+        .control("scale", json!({ "ID": "web", "Group": "web", "Count": 6 }));
+    let (code, _, j) = f.tick();
+    assert_eq!(code, Some(0));
+    assert!(registers(&j).is_empty(), "undid the autoscaler: {j:#?}");
+    // A hand-scaled group without scaling is drift, and git wins.
+    f.nomad.control(
+        "scale",
+        json!({ "ID": "web", "Group": "worker", "Count": 3 }),
+    );
+    let (code, _, j) = f.tick();
+    assert_eq!(code, Some(0));
+    assert_eq!(assert_plan_then_cas(&j, &f.nomad), 1);
+    let live = f.nomad.job("web").expect("job");
+    assert_eq!(live["TaskGroups"][0]["Count"], 6);
+    assert_eq!(live["TaskGroups"][1]["Count"], 1);
+    f.nomad
+        .control("deployment", json!({ "ID": "web", "Status": "successful" }));
+    assert_eq!(f.tick().0, Some(0));
+
+    // The autoscaler acts between plan and register: the CAS fails, a
+    // fresh plan shows the same diff, and the register goes through at the
+    // new index with the autoscaler's count.
+    f.remote.commit(
+        &[("jobs/web.nomad.hcl", &web_job("nginx:1.27", AUTO))],
+        "bump",
+    );
+    f.nomad.control(
+        "after_plan",
+        json!({ "Action": "scale", "ID": "web", "Group": "web", "Count": 8 }),
+    );
+    let (code, out, j) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(registers(&j).len(), 2, "{j:#?}");
+    assert_eq!(assert_plan_then_cas(&j, &f.nomad), 2);
+    let live = f.nomad.job("web").expect("job");
+    assert_eq!(live["TaskGroups"][0]["Count"], 8);
+    assert_eq!(f.image(), "nginx:1.27");
+}
+
+#[test]
+fn invalid_meta_means_policy_none_and_an_error() {
+    for meta in [
+        "    driftless_policy = \"yolo\"",
+        "    driftless_policy = \"auto\"\n    driftless_polcy = \"auto\"",
+    ] {
+        let f = fixture("");
+        f.remote.commit(
+            &[("jobs/web.nomad.hcl", &web_job("nginx:1.25", meta))],
+            "bad meta",
+        );
+        let (code, out, j) = f.tick();
+        assert_eq!(code, Some(0), "{out}");
+        assert!(registers(&j).is_empty(), "registered under invalid meta");
+        assert!(
+            out.contains("ERROR") && out.contains("web.nomad.hcl") && out.contains("driftless_pol"),
+            "{out}"
+        );
+        assert!(f.message().contains("policy none"), "{}", f.message());
+        assert!(f.nomad.job("web").is_none());
+    }
+}
+
+#[test]
+fn approval_policy_never_registers_by_itself() {
+    let f = fixture("default_policy = \"approval\"");
+    f.remote.commit(
+        &[(
+            "jobs/web.nomad.hcl",
+            &web_job("nginx:1.25", "    team = \"web\""),
+        )],
+        "no policy in meta",
+    );
+    for _ in 0..5 {
+        let (code, out, j) = f.tick();
+        assert_eq!(code, Some(0), "{out}");
+        assert!(registers(&j).is_empty());
+    }
+    let d = f.deployments();
+    assert_eq!(d.len(), 1, "{d:#?}");
+    assert_eq!(d[0]["state"], "pending_approval");
+    assert!(
+        f.message().contains("waiting for approval"),
+        "{}",
+        f.message()
+    );
+    // A newer commit supersedes the pending one.
+    f.remote.commit(
+        &[(
+            "jobs/web.nomad.hcl",
+            &web_job("nginx:1.26", "    team = \"web\""),
+        )],
+        "newer",
+    );
+    assert_eq!(f.tick().0, Some(0));
+    let d = f.deployments();
+    assert_eq!(d.len(), 2);
+    assert_eq!(d[0]["state"], "superseded");
+    assert_eq!(d[1]["state"], "pending_approval");
+}
+
+#[test]
+fn one_active_deployment_per_job_under_two_concurrent_ticks() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(
+        &[("jobs/web.nomad.hcl", &web_job("nginx:1.25", AUTO))],
+        "web",
+    );
+    let nomad = NomadStandin::start(root.path());
+    let token = root.path().join("nomad-token");
+    std::fs::write(&token, &nomad.token).expect("write");
+    // Two targets that (wrongly) manage the same job, ticking at once; the
+    // plans are slowed so both are in flight together.
+    let s = Setup::new(&format!(
+        "{}{}",
+        target("one", &remote, &nomad, &token, ""),
+        target("two", &remote, &nomad, &token, "")
+    ));
+    nomad.control(
+        "delay",
+        json!({ "Path": "/v1/job/web/plan", "Method": "POST", "Seconds": 1.5 }),
+    );
+    let spawn = |name: &str| {
+        std::process::Command::new(bin())
+            .args(["--config", s.config.to_str().expect("utf8"), "tick", name])
+            .output()
+            .expect("tick")
+    };
+    let (a, b) = std::thread::scope(|sc| {
+        let a = sc.spawn(|| spawn("one"));
+        let b = sc.spawn(|| spawn("two"));
+        (a.join().expect("one"), b.join().expect("two"))
+    });
+    let regs = registers(&nomad.journal()).len();
+    assert_eq!(regs, 1, "both ticks registered");
+    let codes = [a.status.code(), b.status.code()];
+    assert!(
+        codes.contains(&Some(0)) && codes.contains(&Some(1)),
+        "{codes:?}"
+    );
+    let loser = if a.status.code() == Some(1) {
+        "one"
+    } else {
+        "two"
+    };
+    let msg = s.target_status(loser)["last_message"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(msg.contains("already has an active deployment"), "{msg}");
+}
+
+#[test]
+fn state_is_persisted_before_acting() {
+    // The deployment row cannot be written: nothing reaches Nomad.
+    let f = fixture("");
+    assert!(f.s.run(&["status"]).status.success()); // creates the database
+    f.sql(
+        "CREATE TRIGGER no_deployments BEFORE INSERT ON nomad_deployments
+         BEGIN SELECT RAISE(ABORT, 'injected: disk says no'); END;",
+    );
+    let (code, out, j) = f.tick();
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        registers(&j).is_empty(),
+        "registered without a record: {j:#?}"
+    );
+    assert!(
+        f.message().contains("cannot record its deployment") && f.message().contains("injected"),
+        "{}",
+        f.message()
+    );
+    // The move to `applying` cannot be written: still nothing registered.
+    f.sql(
+        "DROP TRIGGER no_deployments;
+         CREATE TRIGGER no_applying BEFORE UPDATE ON nomad_deployments WHEN NEW.state = 'applying'
+         BEGIN SELECT RAISE(ABORT, 'injected: no applying'); END;",
+    );
+    let (code, _, j) = f.tick();
+    assert_eq!(code, Some(1));
+    assert!(
+        registers(&j).is_empty(),
+        "registered before `applying` was on disk"
+    );
+    assert!(f.nomad.job("web").is_none());
+    f.sql("DROP TRIGGER no_applying;");
+    let (code, out, j) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(registers(&j).len(), 1);
+}
+
+#[test]
+fn killed_mid_register_resumes_without_a_second_register() {
+    let f = fixture("");
+    // The register is slow; the tick is killed while it is in flight (Nomad
+    // still performs it).
+    f.nomad.control(
+        "delay",
+        json!({ "Path": "/v1/jobs", "Method": "POST", "Seconds": 2 }),
+    );
+    let mut child = std::process::Command::new(bin())
+        .args([
+            "--config",
+            f.s.config.to_str().expect("utf8"),
+            "tick",
+            "cluster",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("tick");
+    wait_for(Duration::from_secs(20), "the register to be sent", || {
+        f.deployments()
+            .first()
+            .is_some_and(|d| d["state"] == "applying")
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let _ = child.kill();
+    let _ = child.wait();
+    wait_for(
+        Duration::from_secs(10),
+        "Nomad to finish the register",
+        || f.nomad.job("web").is_some(),
+    );
+    let d = f.deployments();
+    assert_eq!(d[0]["registered_index"], Value::Null, "{d:#?}");
+    let (code, out, j) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    assert!(registers(&j).is_empty(), "registered twice: {j:#?}");
+    let d = f.deployments();
+    assert_eq!(d.len(), 1);
+    assert_eq!(d[0]["state"], "applying");
+    assert!(d[0]["registered_index"].as_i64().is_some(), "{d:#?}");
+    assert!(f.message().contains("confirmed"), "{}", f.message());
+}
+
+#[test]
+fn no_job_is_ever_stopped() {
+    let f = fixture("");
+    assert_eq!(f.tick().0, Some(0));
+    f.remote.delete("jobs/web.nomad.hcl", "remove web");
+    f.remote.commit(
+        &[(
+            "jobs/other.nomad.hcl",
+            &web_job("nginx:1.25", AUTO).replace("job \"web\"", "job \"other\""),
+        )],
+        "other",
+    );
+    let (code, out, j) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    assert!(j.iter().all(|r| r["method"] != "DELETE"));
+    assert!(
+        f.message().contains("orphaned") && f.message().contains("default/web"),
+        "{}",
+        f.message()
+    );
+    let live = f.nomad.job("web").expect("web still registered");
+    assert_eq!(live["Stop"], false);
+    let out = f.s.run(&["outputs", "cluster", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let o: Value = serde_json::from_slice(&out.stdout).expect("outputs JSON");
+    assert_eq!(o["orphans"], json!(["default/web"]), "{o:#}");
+
+    // destroy is refused unless allowed.
+    let before = f.nomad.journal().len();
+    let out = f.s.run(&["destroy", "cluster", "--yes"]);
+    assert!(!out.status.success());
+    let all = text(&out.stdout) + &text(&out.stderr) + &f.message();
+    assert!(all.contains("never stops Nomad jobs"), "{all}");
+    assert!(
+        f.nomad.journal()[before..]
+            .iter()
+            .all(|r| r["method"] != "DELETE")
+    );
+}
+
+#[test]
+fn destroy_with_allow_destroy_deregisters_without_purge() {
+    let f = fixture("allow_destroy = true");
+    assert_eq!(f.tick().0, Some(0));
+    let out = f.s.run(&["destroy", "cluster", "--yes"]);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let deletes: Vec<Value> = f
+        .nomad
+        .journal()
+        .into_iter()
+        .filter(|r| r["method"] == "DELETE")
+        .collect();
+    assert_eq!(deletes.len(), 1);
+    assert!(
+        deletes[0]["query"]
+            .as_str()
+            .unwrap_or("")
+            .contains("purge=false")
+    );
+    assert_eq!(f.nomad.job("web").expect("not purged")["Stop"], true);
+}
+
+#[test]
+fn a_failed_nomad_deployment_fails_the_run_and_notifies() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let sink = Service::http_sink(root.path(), 0);
+    let f = fixture("");
+    let cfg = std::fs::read_to_string(&f.s.config).expect("config");
+    std::fs::write(
+        &f.s.config,
+        format!(
+            "{cfg}\n[defaults]\nnotify = [\"hook\"]\n\n[[notifiers]]\nname = \"hook\"\nkind = \"webhook\"\nurl = \"http://127.0.0.1:{}/hook\"\n",
+            sink.port
+        ),
+    )
+    .expect("config");
+    assert_eq!(f.tick().0, Some(0));
+    f.nomad.control(
+        "deployment",
+        json!({ "ID": "web", "Status": "failed", "Description": "Failed due to progress deadline" }),
+    );
+    let (code, _, _) = f.tick();
+    assert_eq!(code, Some(1));
+    assert!(f.message().contains("progress deadline"), "{}", f.message());
+    assert_eq!(f.deployments()[0]["state"], "failed");
+    let sent: Vec<Value> = sink.requests();
+    assert!(
+        sent.iter().any(|r| r["body"]
+            .as_str()
+            .unwrap_or("")
+            .contains("progress deadline")),
+        "{sent:#?}"
+    );
+    let bodies: String = sent
+        .iter()
+        .map(|r| r["body"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert!(!bodies.contains(CANARY), "a job secret in a notification");
+    assert!(
+        !bodies.contains(&f.nomad.token),
+        "the Nomad token in a notification"
+    );
+}
+
+#[test]
+fn a_parse_error_names_the_file_and_nomads_message() {
+    let f = fixture("");
+    f.remote.commit(
+        &[("jobs/broken.nomad.hcl", "job \"broken\" {\n  group {\n")],
+        "broken",
+    );
+    let (code, _, j) = f.tick();
+    assert_eq!(code, Some(1));
+    let msg = f.message();
+    assert!(
+        msg.contains("broken.nomad.hcl") && msg.contains("Nomad could not parse it"),
+        "{msg}"
+    );
+    // The other job was still reconciled.
+    assert_eq!(registers(&j).len(), 1);
+}
+
+#[test]
+fn secrets_never_leave_the_diff_unredacted() {
+    let f = fixture("");
+    let out = std::process::Command::new(bin())
+        .args([
+            "--config",
+            f.s.config.to_str().expect("utf8"),
+            "tick",
+            "cluster",
+        ])
+        .env("RUST_LOG", "debug")
+        .output()
+        .expect("tick");
+    assert!(out.status.success());
+    f.remote.commit(
+        &[(
+            "jobs/web.nomad.hcl",
+            &web_job("nginx:1.25", AUTO).replace(CANARY, &format!("{CANARY}-2")),
+        )],
+        "rotate",
+    );
+    f.nomad
+        .control("deployment", json!({ "ID": "web", "Status": "successful" }));
+    assert_eq!(f.tick().0, Some(0));
+    f.remote.commit(
+        &[(
+            "jobs/web.nomad.hcl",
+            &web_job("nginx:1.25", "    driftless_policy = \"none\"")
+                .replace(CANARY, &format!("{CANARY}-3")),
+        )],
+        "drift",
+    );
+    let log2 = f.s.run(&["tick", "cluster"]);
+    let mut seen = text(&out.stdout) + &text(&out.stderr);
+    seen += &text(&log2.stdout);
+    seen += &text(&log2.stderr);
+    for args in [
+        &["status", "--json"][..],
+        &["history", "cluster", "--json"],
+        &["outputs", "cluster"],
+    ] {
+        let o = f.s.run(args);
+        seen += &text(&o.stdout);
+        seen += &text(&o.stderr);
+    }
+    let rows = serde_json::to_string(&f.deployments()).expect("json");
+    seen += &rows;
+    seen += &String::from_utf8_lossy(&std::fs::read(f.s.db()).unwrap_or_default());
+    assert!(rows.contains("[REDACTED]"), "{rows}");
+    assert!(!seen.contains(CANARY), "a job secret escaped: {seen}");
+    assert!(!seen.contains(&f.nomad.token), "the Nomad token escaped");
+    // What Nomad itself was sent is the real thing.
+    assert!(
+        f.nomad
+            .job("web")
+            .expect("job")
+            .to_string()
+            .contains(CANARY)
+    );
+}
