@@ -764,3 +764,76 @@ fn secrets_never_leave_the_diff_unredacted() {
             .contains(CANARY)
     );
 }
+
+#[test]
+fn tls_with_a_private_ca_and_a_client_certificate() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(
+        &[("jobs/web.nomad.hcl", &web_job("nginx:1.25", AUTO))],
+        "web",
+    );
+    let (nomad, ca, cert, key) = NomadStandin::start_mtls(root.path());
+    let token = root.path().join("nomad-token");
+    std::fs::write(&token, &nomad.token).expect("write");
+    let file = |p: &std::path::Path| toml_str(&p.display().to_string());
+    let s = Setup::new(&format!(
+        "{}{}{}",
+        target(
+            "good",
+            &remote,
+            &nomad,
+            &token,
+            &format!(
+                "ca_file = {}\nclient_cert_file = {}\nclient_key_file = {}",
+                file(&ca),
+                file(&cert),
+                file(&key)
+            )
+        ),
+        target(
+            "nocert",
+            &remote,
+            &nomad,
+            &token,
+            &format!("ca_file = {}", file(&ca))
+        ),
+        target(
+            "noca",
+            &remote,
+            &nomad,
+            &token,
+            &format!(
+                "client_cert_file = {}\nclient_key_file = {}",
+                file(&cert),
+                file(&key)
+            )
+        ),
+    ));
+    let out = s.run(&["tick", "good"]);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    assert_eq!(s.target_status("good")["last_result"], "changed");
+    let out = s.run(&["outputs", "good", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let o: Value = serde_json::from_slice(&out.stdout).expect("outputs JSON");
+    assert_eq!(o["jobs"]["web"]["live_version"], 0, "{o:#}");
+
+    for (name, want) in [
+        ("nocert", "cannot reach Nomad at https://"),
+        ("noca", "certificate"),
+    ] {
+        let out = s.run(&["tick", name]);
+        assert_eq!(out.status.code(), Some(1));
+        let msg = s.target_status(name)["last_message"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        assert!(msg.contains(want), "{name}: {msg}");
+        assert!(!msg.contains(&nomad.token));
+    }
+}

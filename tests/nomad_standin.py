@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A stand-in for Nomad's HTTP API, on 127.0.0.1, for driftless's tests.
 
-    nomad_standin.py PORT JOURNAL [TOKEN]
+    nomad_standin.py PORT JOURNAL [TOKEN [CERT KEY CLIENT_CA]]
 
 No Nomad binary can be installed here. This serves the part of Nomad's
 published HTTP API (https://developer.hashicorp.com/nomad/api-docs, Nomad
@@ -52,6 +52,7 @@ import hcl2
 
 PORT, JOURNAL = int(sys.argv[1]), sys.argv[2]
 TOKEN = sys.argv[3] if len(sys.argv) > 3 else None
+TLS = sys.argv[4:7] if len(sys.argv) > 6 else None
 
 lock = threading.Lock()
 index = 10
@@ -496,4 +497,14 @@ class Handler(BaseHTTPRequestHandler):
 
 
 if __name__ == "__main__":
-    ThreadingHTTPServer(("127.0.0.1", PORT), Handler).serve_forever()
+    server = ThreadingHTTPServer(("127.0.0.1", PORT), Handler)
+    if TLS:
+        # https, and a client certificate from CLIENT_CA required (mTLS),
+        # as a Nomad agent with verify_https_client = true does.
+        import ssl
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(TLS[0], TLS[1])
+        ctx.load_verify_locations(TLS[2])
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    server.serve_forever()

@@ -340,32 +340,18 @@ pub fn toml_str(s: &str) -> String {
     serde_json::to_string(s).expect("json string")
 }
 
-/// `tests/git_http_server.py`: real `git http-backend` behind Basic auth.
-pub struct GitHttp {
-    child: Child,
-    pub port: u16,
-    pub log: PathBuf,
+/// A throwaway certificate authority (openssl) for TLS tests.
+pub struct TestCa {
+    dir: PathBuf,
 }
 
-impl GitHttp {
-    /// Serve https with a certificate for 127.0.0.1 signed by a fresh CA;
-    /// returns the server and the CA's PEM file.
-    pub fn start_tls(root: &Path, user: &str, token: &str) -> (GitHttp, PathBuf) {
-        let tls = root.join("tls");
-        std::fs::create_dir_all(&tls).expect("mkdir");
-        let openssl = |args: &[&str]| {
-            let out = Command::new("openssl")
-                .args(args)
-                .current_dir(&tls)
-                .output()
-                .expect("openssl");
-            assert!(
-                out.status.success(),
-                "openssl {args:?}: {}",
-                text(&out.stderr)
-            );
+impl TestCa {
+    pub fn new(dir: &Path) -> TestCa {
+        std::fs::create_dir_all(dir).expect("mkdir");
+        let ca = TestCa {
+            dir: dir.to_path_buf(),
         };
-        openssl(&[
+        ca.openssl(&[
             "req",
             "-x509",
             "-newkey",
@@ -380,47 +366,89 @@ impl GitHttp {
             "-subj",
             "/CN=driftless test CA",
         ]);
-        openssl(&[
+        ca
+    }
+
+    fn openssl(&self, args: &[&str]) {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(&self.dir)
+            .output()
+            .expect("openssl");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            text(&out.stderr)
+        );
+    }
+
+    /// The CA's certificate (PEM).
+    pub fn pem(&self) -> PathBuf {
+        self.dir.join("ca.pem")
+    }
+
+    /// A certificate for `name` signed by the CA (valid for 127.0.0.1 when
+    /// `server`); returns (certificate, key) PEM files.
+    pub fn issue(&self, name: &str, server: bool) -> (PathBuf, PathBuf) {
+        let (key, csr, pem, ext) = (
+            format!("{name}.key"),
+            format!("{name}.csr"),
+            format!("{name}.pem"),
+            format!("{name}.cnf"),
+        );
+        self.openssl(&[
             "req",
             "-newkey",
             "rsa:2048",
             "-nodes",
             "-keyout",
-            "server.key",
+            &key,
             "-out",
-            "server.csr",
+            &csr,
             "-subj",
-            "/CN=127.0.0.1",
+            &format!("/CN={}", if server { "127.0.0.1" } else { name }),
         ]);
-        std::fs::write(
-            tls.join("ext.cnf"),
-            "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
-        )
-        .expect("write ext");
-        openssl(&[
+        let usage = if server {
+            "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n"
+        } else {
+            "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n"
+        };
+        std::fs::write(self.dir.join(&ext), usage).expect("write ext");
+        self.openssl(&[
             "x509",
             "-req",
             "-in",
-            "server.csr",
+            &csr,
             "-CA",
             "ca.pem",
             "-CAkey",
             "ca.key",
             "-CAcreateserial",
             "-out",
-            "server.pem",
+            &pem,
             "-days",
             "2",
             "-extfile",
-            "ext.cnf",
+            &ext,
         ]);
-        let server = Self::spawn(
-            root,
-            user,
-            token,
-            Some((tls.join("server.pem"), tls.join("server.key"))),
-        );
-        (server, tls.join("ca.pem"))
+        (self.dir.join(pem), self.dir.join(key))
+    }
+}
+
+/// `tests/git_http_server.py`: real `git http-backend` behind Basic auth.
+pub struct GitHttp {
+    child: Child,
+    pub port: u16,
+    pub log: PathBuf,
+}
+
+impl GitHttp {
+    /// Serve https with a certificate for 127.0.0.1 signed by a fresh CA;
+    /// returns the server and the CA's PEM file.
+    pub fn start_tls(root: &Path, user: &str, token: &str) -> (GitHttp, PathBuf) {
+        let ca = TestCa::new(&root.join("tls"));
+        let server = Self::spawn(root, user, token, Some(ca.issue("server", true)));
+        (server, ca.pem())
     }
 
     pub fn start(root: &Path, user: &str, token: &str) -> GitHttp {
@@ -1088,10 +1116,26 @@ pub struct NomadStandin {
     child: Child,
     pub port: u16,
     pub token: String,
+    tls: bool,
 }
 
 impl NomadStandin {
     pub fn start(root: &Path) -> NomadStandin {
+        Self::spawn(root, None)
+    }
+
+    /// Serve https (a certificate for 127.0.0.1 from a fresh CA) and
+    /// require a client certificate from that CA; returns the stand-in, the
+    /// CA's PEM, and a client certificate and key.
+    pub fn start_mtls(root: &Path) -> (NomadStandin, PathBuf, PathBuf, PathBuf) {
+        let ca = TestCa::new(&root.join("nomad-tls"));
+        let (cert, key) = ca.issue("server", true);
+        let (client_cert, client_key) = ca.issue("driftless", false);
+        let n = Self::spawn(root, Some((cert, key, ca.pem())));
+        (n, ca.pem(), client_cert, client_key)
+    }
+
+    fn spawn(root: &Path, tls: Option<(PathBuf, PathBuf, PathBuf)>) -> NomadStandin {
         let port = free_port();
         let token = format!("nomad-token-{}", fastrand::u64(..));
         let dir = root.join(format!("nomad-{port}"));
@@ -1101,6 +1145,10 @@ impl NomadStandin {
             .arg(port.to_string())
             .arg(dir.join("journal.jsonl"))
             .arg(&token)
+            .args(
+                tls.iter()
+                    .flat_map(|(c, k, ca)| [c.clone(), k.clone(), ca.clone()]),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.join("standin.err")).expect("log"))
@@ -1109,11 +1157,17 @@ impl NomadStandin {
         wait_for(Duration::from_secs(20), "the Nomad stand-in", || {
             TcpStream::connect(("127.0.0.1", port)).is_ok()
         });
-        NomadStandin { child, port, token }
+        NomadStandin {
+            child,
+            port,
+            token,
+            tls: tls.is_some(),
+        }
     }
 
     pub fn address(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
     /// POST a test control (`edit`, `scale`, `deployment`, `after_plan`,
