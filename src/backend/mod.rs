@@ -14,6 +14,7 @@ pub mod compose;
 pub mod exec;
 pub mod nomad;
 pub mod pi;
+pub mod pulumi;
 pub mod terraform;
 
 use std::future::Future;
@@ -126,6 +127,7 @@ pub enum BackendConfig {
     Pi(pi::Config),
     Compose(compose::Config),
     Nomad(nomad::Config),
+    Pulumi(pulumi::Config),
 }
 
 impl BackendConfig {
@@ -151,6 +153,7 @@ impl BackendConfig {
             BackendConfig::Pi(_) => "pi",
             BackendConfig::Compose(_) => "compose",
             BackendConfig::Nomad(_) => "nomad",
+            BackendConfig::Pulumi(_) => "pulumi",
         }
     }
 
@@ -162,6 +165,7 @@ impl BackendConfig {
             BackendConfig::Pi(c) => c.validate(),
             BackendConfig::Compose(c) => c.validate(),
             BackendConfig::Nomad(c) => c.validate(),
+            BackendConfig::Pulumi(c) => c.validate(),
         }
     }
 
@@ -171,6 +175,7 @@ impl BackendConfig {
         let binary = match self {
             BackendConfig::Terraform(c) => &c.binary,
             BackendConfig::Ansible(c) => &c.binary,
+            BackendConfig::Pulumi(c) => &c.binary,
             BackendConfig::Exec(_) => return vec![],
             BackendConfig::Nomad(c) => return c.check_environment(),
             BackendConfig::Compose(_) => {
@@ -220,6 +225,7 @@ pub fn build(cfg: &BackendConfig, ctx: Context) -> Result<Box<dyn Backend>, Back
         BackendConfig::Pi(c) => Box::new(pi::Pi::new(c.clone(), ctx)?),
         BackendConfig::Compose(c) => Box::new(compose::Compose::new(c.clone(), ctx)?),
         BackendConfig::Nomad(c) => Box::new(nomad::Nomad::new(c.clone(), ctx)?),
+        BackendConfig::Pulumi(c) => Box::new(pulumi::Pulumi::new(c.clone(), ctx)?),
     })
 }
 

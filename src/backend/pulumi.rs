@@ -1,0 +1,413 @@
+//! The `pulumi` backend.
+//!
+//! `apply` selects (creating if missing) the stack, then runs
+//! `pulumi up --yes --skip-preview --refresh --non-interactive --json`:
+//! refresh is part of the apply, or Pulumi never notices out-of-band drift.
+//! The result comes from the streamed engine events (one JSON object per
+//! line): the `summaryEvent`'s resource-change counts decide `changed` or
+//! `no_change`, and error `diagnosticEvent`s become the failure message.
+//! `outputs` is `stack output --json --show-secrets=false`; `destroy` is
+//! `destroy --yes`. This module knows nothing about git, triggers or the
+//! queue.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::{ApplyResult, Backend, BackendError, BoxFuture, Context, Outputs, Status};
+use crate::config::resolve_env_map;
+use crate::process::{self, Spec};
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// The stack to converge (`org/project/stack` or just `stack`).
+    pub stack: String,
+    /// The project directory, relative to the target's path (default: the
+    /// target's path).
+    pub work_dir: Option<String>,
+    #[serde(default = "default_binary")]
+    pub binary: String,
+    /// `--config-file`, relative to the work dir.
+    pub config_file: Option<String>,
+    /// `--refresh` on every `up` (default true: without it Pulumi never
+    /// notices drift made outside it).
+    #[serde(default = "default_true")]
+    pub refresh: bool,
+    /// Extra environment (`PULUMI_BACKEND_URL`, `PULUMI_CONFIG_PASSPHRASE_FILE`,
+    /// …); values `env:NAME` are read from driftless's environment and
+    /// masked in output.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// `--secrets-provider` when the stack is created.
+    pub secrets_provider: Option<String>,
+}
+
+fn default_binary() -> String {
+    "pulumi".into()
+}
+
+fn default_true() -> bool {
+    true
+}
+
+impl Config {
+    pub(super) fn validate(&self) -> Result<(), String> {
+        if self.stack.trim().is_empty()
+            || !self
+                .stack
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
+        {
+            return Err(format!(
+                "`stack` `{}` must be a stack name like `prod` or `org/project/prod`",
+                self.stack
+            ));
+        }
+        for (key, p) in [
+            ("work_dir", &self.work_dir),
+            ("config_file", &self.config_file),
+        ] {
+            if let Some(p) = p
+                && (p.starts_with('/') || p.split('/').any(|c| c == ".."))
+            {
+                return Err(format!(
+                    "`{key}` `{p}` must be relative to the target's path, without `..`"
+                ));
+            }
+        }
+        if self.binary.trim().is_empty() {
+            return Err("`binary` must name the pulumi program".into());
+        }
+        Ok(())
+    }
+}
+
+pub struct Pulumi {
+    cfg: Config,
+    ctx: Context,
+    env: BTreeMap<String, String>,
+}
+
+/// What `up --json` reported.
+#[derive(Debug, Default)]
+struct Events {
+    /// `summaryEvent.resourceChanges`.
+    changes: Option<BTreeMap<String, u64>>,
+    /// Error diagnostics, in order.
+    errors: Vec<String>,
+}
+
+/// Steps that change the world (everything but `same`, `read`, `refresh`).
+const CHANGING_OPS: &[&str] = &[
+    "create",
+    "update",
+    "delete",
+    "replace",
+    "create-replacement",
+    "delete-replaced",
+    "import",
+    "import-replacement",
+    "discard",
+    "discard-replaced",
+    "remove-pending-replace",
+];
+
+impl Events {
+    fn parse(stdout: &str) -> Events {
+        let mut e = Events::default();
+        for line in stdout.lines() {
+            let Ok(v) = serde_json::from_str::<Value>(line) else {
+                continue;
+            };
+            if let Some(s) = v.get("summaryEvent") {
+                let counts = s["resourceChanges"]
+                    .as_object()
+                    .map(|m| {
+                        m.iter()
+                            .map(|(k, n)| (k.clone(), n.as_u64().unwrap_or(0)))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                e.changes = Some(counts);
+            }
+            if let Some(d) = v.get("diagnosticEvent")
+                && d["severity"] == "error"
+            {
+                let msg = d["message"].as_str().unwrap_or("").trim();
+                if !msg.is_empty() {
+                    e.errors.push(msg.to_string());
+                }
+            }
+        }
+        e
+    }
+
+    fn changed(&self) -> u64 {
+        self.changes
+            .iter()
+            .flatten()
+            .filter(|(k, _)| CHANGING_OPS.contains(&k.as_str()))
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    fn summary(&self) -> String {
+        match &self.changes {
+            None => "no summary event".into(),
+            Some(c) if c.is_empty() => "no resources".into(),
+            Some(c) => c
+                .iter()
+                .map(|(k, n)| format!("{n} {k}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        }
+    }
+}
+
+impl Pulumi {
+    pub fn new(cfg: Config, mut ctx: Context) -> Result<Self, BackendError> {
+        let (mut env, secrets) =
+            resolve_env_map(&cfg.env).map_err(|e| BackendError::Config(e.to_string()))?;
+        for s in secrets {
+            ctx.redactor.add(s);
+        }
+        env.insert("PULUMI_SKIP_UPDATE_CHECK".into(), "true".into());
+        env.insert(
+            "PULUMI_AUTOMATION_API_SKIP_VERSION_CHECK".into(),
+            "true".into(),
+        );
+        Ok(Pulumi { cfg, ctx, env })
+    }
+
+    fn spec(&self, args: &[&str], deadline: Instant) -> Spec {
+        let mut argv = vec![self.cfg.binary.clone()];
+        argv.extend(args.iter().map(|s| s.to_string()));
+        let dir = match &self.cfg.work_dir {
+            Some(w) => self.ctx.workdir.join(w),
+            None => self.ctx.workdir.clone(),
+        };
+        let mut spec = Spec::new(argv, &dir);
+        spec.env = self.env.clone();
+        spec.deadline = Some(deadline);
+        spec
+    }
+
+    async fn run(&self, spec: &Spec) -> Result<process::Output, String> {
+        process::run(spec, &self.ctx.redactor)
+            .await
+            .map_err(|e| self.ctx.redactor.redact(&e.to_string()))
+    }
+
+    /// A failed command, in words; the missing backend login said plainly.
+    fn why(&self, spec: &Spec, out: &process::Output, errors: &[String]) -> String {
+        let detail = if errors.is_empty() {
+            out.stderr_summary(5)
+        } else {
+            errors.join("; ")
+        };
+        let mut msg = format!(
+            "{}: {detail}",
+            process::describe_exit(spec, out, Some(self.ctx.timeout))
+        );
+        let text = format!("{detail} {}", out.stderr);
+        if text.contains("PULUMI_ACCESS_TOKEN") || text.contains("pulumi login") {
+            msg.push_str(
+                " (Pulumi has no backend login: set PULUMI_BACKEND_URL, e.g. s3://… or file://…, \
+                 or PULUMI_ACCESS_TOKEN in the target's backend `env`)",
+            );
+        }
+        self.ctx.redactor.redact(&msg)
+    }
+
+    async fn select_stack(&self, deadline: Instant, tail: &mut String) -> Result<(), String> {
+        let mut args = vec![
+            "stack",
+            "select",
+            "--create",
+            "--non-interactive",
+            "--stack",
+            &self.cfg.stack,
+        ];
+        if let Some(p) = &self.cfg.secrets_provider {
+            args.push("--secrets-provider");
+            args.push(p);
+        }
+        let spec = self.spec(&args, deadline);
+        let out = self.run(&spec).await?;
+        tail.push_str(&out.tail);
+        if out.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "cannot select stack `{}`: {}",
+                self.cfg.stack,
+                self.why(&spec, &out, &[])
+            ))
+        }
+    }
+
+    async fn up(&self) -> Status {
+        let deadline = Instant::now() + self.ctx.timeout;
+        let mut tail = String::new();
+        let failed = |message: String, tail: &str| Status {
+            result: ApplyResult::Failed,
+            message,
+            output_tail: crate::redact::tail(tail, process::TAIL_BYTES),
+            digest: None,
+        };
+        if let Err(e) = self.select_stack(deadline, &mut tail).await {
+            return failed(e, &tail);
+        }
+        let mut args = vec![
+            "up",
+            "--yes",
+            "--skip-preview",
+            "--non-interactive",
+            "--json",
+            "--stack",
+            &self.cfg.stack,
+        ];
+        if self.cfg.refresh {
+            args.push("--refresh");
+        }
+        if let Some(c) = &self.cfg.config_file {
+            args.push("--config-file");
+            args.push(c);
+        }
+        let spec = self.spec(&args, deadline);
+        let out = match self.run(&spec).await {
+            Ok(o) => o,
+            Err(e) => return failed(e, &tail),
+        };
+        tail.push_str(&out.tail);
+        let events = Events::parse(&out.stdout);
+        if !out.success() {
+            return failed(self.why(&spec, &out, &events.errors), &tail);
+        }
+        if events.changes.is_none() {
+            return failed(
+                format!(
+                    "`{}` succeeded but streamed no summary event; is `{}` the Pulumi CLI (3.x)?",
+                    spec.display(),
+                    self.cfg.binary
+                ),
+                &tail,
+            );
+        }
+        let n = events.changed();
+        Status {
+            result: if n > 0 {
+                ApplyResult::Changed
+            } else {
+                ApplyResult::NoChange
+            },
+            message: format!("pulumi up: {}", events.summary()),
+            output_tail: crate::redact::tail(&tail, process::TAIL_BYTES),
+            digest: None,
+        }
+    }
+
+    async fn destroy_inner(&self) -> Status {
+        let deadline = Instant::now() + self.ctx.timeout;
+        let mut tail = String::new();
+        if let Err(e) = self.select_stack(deadline, &mut tail).await {
+            return Status::failed(e);
+        }
+        let spec = self.spec(
+            &[
+                "destroy",
+                "--yes",
+                "--skip-preview",
+                "--non-interactive",
+                "--stack",
+                &self.cfg.stack,
+            ],
+            deadline,
+        );
+        let out = match self.run(&spec).await {
+            Ok(o) => o,
+            Err(e) => return Status::failed(e),
+        };
+        tail.push_str(&out.tail);
+        Status {
+            result: if out.success() {
+                ApplyResult::Changed
+            } else {
+                ApplyResult::Failed
+            },
+            message: if out.success() {
+                format!("stack `{}` destroyed", self.cfg.stack)
+            } else {
+                self.why(&spec, &out, &[])
+            },
+            output_tail: crate::redact::tail(&tail, process::TAIL_BYTES),
+            digest: None,
+        }
+    }
+
+    async fn outputs_inner(&self) -> Result<Outputs, BackendError> {
+        let deadline = Instant::now() + self.ctx.timeout;
+        let spec = self.spec(
+            &[
+                "stack",
+                "output",
+                "--json",
+                "--show-secrets=false",
+                "--non-interactive",
+                "--stack",
+                &self.cfg.stack,
+            ],
+            deadline,
+        );
+        let out = self.run(&spec).await.map_err(BackendError::Command)?;
+        if !out.success() {
+            return Err(BackendError::Command(self.why(&spec, &out, &[])));
+        }
+        match serde_json::from_str::<Value>(&out.stdout) {
+            Ok(Value::Object(m)) => Ok(m),
+            _ => Err(BackendError::Command(format!(
+                "`{}` did not print a JSON object",
+                spec.display()
+            ))),
+        }
+    }
+}
+
+impl Backend for Pulumi {
+    fn apply(&self) -> BoxFuture<'_, Status> {
+        Box::pin(self.up())
+    }
+
+    fn destroy(&self) -> BoxFuture<'_, Status> {
+        Box::pin(self.destroy_inner())
+    }
+
+    fn outputs(&self) -> BoxFuture<'_, Result<Outputs, BackendError>> {
+        Box::pin(self.outputs_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_summary_decides_changed() {
+        let stdout = r#"{"sequence":1,"timestamp":1,"preludeEvent":{"config":{}}}
+{"sequence":2,"timestamp":1,"summaryEvent":{"maybeCorrupt":false,"durationSeconds":1,"resourceChanges":{"same":3},"policyPacks":{}}}"#;
+        let e = Events::parse(stdout);
+        assert_eq!(e.changed(), 0);
+        assert_eq!(e.summary(), "3 same");
+        let e = Events::parse(
+            r#"{"summaryEvent":{"resourceChanges":{"same":1,"update":2,"delete":1}}}
+{"diagnosticEvent":{"severity":"error","message":"boom\n"}}
+{"diagnosticEvent":{"severity":"warning","message":"meh"}}
+not json"#,
+        );
+        assert_eq!(e.changed(), 3);
+        assert_eq!(e.errors, ["boom"]);
+    }
+}
