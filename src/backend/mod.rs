@@ -10,6 +10,7 @@
 //! its own struct with `deny_unknown_fields`.
 
 pub mod ansible;
+pub mod cloudformation;
 pub mod compose;
 pub mod exec;
 pub mod nomad;
@@ -128,6 +129,7 @@ pub enum BackendConfig {
     Compose(compose::Config),
     Nomad(nomad::Config),
     Pulumi(pulumi::Config),
+    Cloudformation(cloudformation::Config),
 }
 
 impl BackendConfig {
@@ -154,6 +156,7 @@ impl BackendConfig {
             BackendConfig::Compose(_) => "compose",
             BackendConfig::Nomad(_) => "nomad",
             BackendConfig::Pulumi(_) => "pulumi",
+            BackendConfig::Cloudformation(_) => "cloudformation",
         }
     }
 
@@ -166,6 +169,7 @@ impl BackendConfig {
             BackendConfig::Compose(c) => c.validate(),
             BackendConfig::Nomad(c) => c.validate(),
             BackendConfig::Pulumi(c) => c.validate(),
+            BackendConfig::Cloudformation(c) => c.validate(),
         }
     }
 
@@ -176,7 +180,7 @@ impl BackendConfig {
             BackendConfig::Terraform(c) => &c.binary,
             BackendConfig::Ansible(c) => &c.binary,
             BackendConfig::Pulumi(c) => &c.binary,
-            BackendConfig::Exec(_) => return vec![],
+            BackendConfig::Exec(_) | BackendConfig::Cloudformation(_) => return vec![],
             BackendConfig::Nomad(c) => return c.check_environment(),
             BackendConfig::Compose(_) => {
                 return if find_on_path("docker").is_some()
@@ -226,6 +230,7 @@ pub fn build(cfg: &BackendConfig, ctx: Context) -> Result<Box<dyn Backend>, Back
         BackendConfig::Compose(c) => Box::new(compose::Compose::new(c.clone(), ctx)?),
         BackendConfig::Nomad(c) => Box::new(nomad::Nomad::new(c.clone(), ctx)?),
         BackendConfig::Pulumi(c) => Box::new(pulumi::Pulumi::new(c.clone(), ctx)?),
+        BackendConfig::Cloudformation(c) => cloudformation::build(c.clone(), ctx)?,
     })
 }
 

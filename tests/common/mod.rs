@@ -1212,3 +1212,76 @@ impl Drop for NomadStandin {
         let _ = self.child.wait();
     }
 }
+
+/// moto's server (`moto_server`, the AWS APIs on 127.0.0.1) behind
+/// `tests/cfn_proxy.py`, which can make DescribeStacks report another
+/// status for a stack.
+pub struct Moto {
+    server: Child,
+    proxy: Child,
+    pub port: u16,
+    pub proxy_port: u16,
+}
+
+impl Moto {
+    pub fn start(root: &Path) -> Moto {
+        let port = free_port();
+        let proxy_port = free_port();
+        let log =
+            |n: &str| std::fs::File::create(root.join(format!("{n}-{port}.log"))).expect("log");
+        let server = Command::new("moto_server")
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdin(Stdio::null())
+            .stdout(log("moto"))
+            .stderr(log("moto-err"))
+            .spawn()
+            .expect("start moto_server (pip install 'moto[server]')");
+        let proxy = Command::new("python3")
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cfn_proxy.py"))
+            .arg(proxy_port.to_string())
+            .arg(port.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log("cfn-proxy"))
+            .spawn()
+            .expect("start tests/cfn_proxy.py");
+        let m = Moto {
+            server,
+            proxy,
+            port,
+            proxy_port,
+        };
+        wait_for(Duration::from_secs(60), "moto_server and its proxy", || {
+            TcpStream::connect(("127.0.0.1", port)).is_ok()
+                && TcpStream::connect(("127.0.0.1", proxy_port)).is_ok()
+        });
+        m
+    }
+
+    /// The endpoint driftless is pointed at (the proxy).
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.proxy_port)
+    }
+
+    /// The next `times` DescribeStacks answers for `stack` say `status`.
+    pub fn fake_status(&self, stack: &str, status: &str, times: u32) {
+        let body = serde_json::json!({ "stack": stack, "status": status, "times": times });
+        let r = http(
+            self.proxy_port,
+            "POST",
+            "/_proxy/status",
+            &[("Content-Type", "application/json")],
+            body.to_string().as_bytes(),
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.proxy.kill();
+        let _ = self.proxy.wait();
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+    }
+}

@@ -1,0 +1,682 @@
+//! The `cloudformation` backend (cargo feature `cloudformation`, on by
+//! default): one stack from a template in the target's path, through the
+//! AWS SDK for Rust with the default credential chain (environment,
+//! profile/SSO, web identity, instance role), optionally assuming a role.
+//!
+//! `apply` creates a change set (`CREATE` when the stack doesn't exist,
+//! else `UPDATE`) and waits for it. A change set that fails because nothing
+//! changed ("The submitted information didn't contain changes", or a
+//! `ValidationError` "No updates are to be performed") is deleted and is
+//! `no_change`. Otherwise it is executed and the stack waited on:
+//! `*_COMPLETE` is `changed`; `ROLLBACK_*`/`*_FAILED` is `failed` with the
+//! failing resources' reasons from the stack events. A stack left in
+//! `ROLLBACK_COMPLETE` by a failed create is deleted first (and the message
+//! says so). Every wait is bounded by the target's timeout. This module
+//! knows nothing about git, triggers or the queue.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+#[cfg(not(feature = "cloudformation"))]
+use super::BackendError;
+use super::Context;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub stack_name: String,
+    /// The template, relative to the target's path.
+    pub template: String,
+    #[serde(default)]
+    pub parameters: BTreeMap<String, String>,
+    /// A JSON file in the target's path: `{"Key": "Value"}` or the AWS
+    /// CLI's `[{"ParameterKey": …, "ParameterValue": …}]`. `parameters`
+    /// override it.
+    pub parameters_file: Option<String>,
+    /// e.g. `["CAPABILITY_IAM", "CAPABILITY_NAMED_IAM"]`
+    #[serde(default)]
+    pub capabilities: Vec<String>,
+    #[serde(default)]
+    pub tags: BTreeMap<String, String>,
+    pub region: Option<String>,
+    /// Assume this role (STS) for every call.
+    pub role_arn: Option<String>,
+    /// A named profile instead of the default chain's choice.
+    pub profile: Option<String>,
+    /// For AWS-compatible endpoints and tests.
+    pub endpoint_url: Option<String>,
+}
+
+const CAPABILITIES: &[&str] = &[
+    "CAPABILITY_IAM",
+    "CAPABILITY_NAMED_IAM",
+    "CAPABILITY_AUTO_EXPAND",
+];
+
+impl Config {
+    pub(super) fn validate(&self) -> Result<(), String> {
+        let n = &self.stack_name;
+        if n.is_empty()
+            || n.len() > 128
+            || !n.starts_with(|c: char| c.is_ascii_alphabetic())
+            || !n.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+        {
+            return Err(format!(
+                "`stack_name` `{n}` must start with a letter and hold only letters, digits and '-' (at most 128)"
+            ));
+        }
+        for (key, p) in [
+            ("template", Some(&self.template)),
+            ("parameters_file", self.parameters_file.as_ref()),
+        ] {
+            if let Some(p) = p
+                && (p.is_empty() || p.starts_with('/') || p.split('/').any(|c| c == ".."))
+            {
+                return Err(format!(
+                    "`{key}` `{p}` must be a path relative to the target's path, without `..`"
+                ));
+            }
+        }
+        for c in &self.capabilities {
+            if !CAPABILITIES.contains(&c.as_str()) {
+                return Err(format!(
+                    "`capabilities` entry `{c}` must be one of {}",
+                    CAPABILITIES.join(", ")
+                ));
+            }
+        }
+        if let Some(u) = &self.endpoint_url
+            && !(u.starts_with("http://") || u.starts_with("https://"))
+        {
+            return Err(format!("`endpoint_url` `{u}` must be an http(s) URL"));
+        }
+        Ok(())
+    }
+
+    /// The parameters: the file's, then the table's on top.
+    #[cfg_attr(not(feature = "cloudformation"), allow(dead_code))]
+    fn parameters(&self, ctx: &Context) -> Result<BTreeMap<String, String>, String> {
+        let mut out = BTreeMap::new();
+        if let Some(f) = &self.parameters_file {
+            let path = ctx.workdir.join(f);
+            let text =
+                std::fs::read_to_string(&path).map_err(|e| format!("parameters_file {f}: {e}"))?;
+            let v: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| format!("parameters_file {f} is not JSON: {e}"))?;
+            match v {
+                serde_json::Value::Object(m) => {
+                    for (k, v) in m {
+                        let v = match v {
+                            serde_json::Value::String(s) => s,
+                            other => other.to_string(),
+                        };
+                        out.insert(k, v);
+                    }
+                }
+                serde_json::Value::Array(a) => {
+                    for p in a {
+                        let (Some(k), Some(v)) =
+                            (p["ParameterKey"].as_str(), p["ParameterValue"].as_str())
+                        else {
+                            return Err(format!(
+                                "parameters_file {f}: every entry needs ParameterKey and ParameterValue strings"
+                            ));
+                        };
+                        out.insert(k.to_string(), v.to_string());
+                    }
+                }
+                _ => {
+                    return Err(format!(
+                        "parameters_file {f} must be a JSON object or the AWS CLI's list"
+                    ));
+                }
+            }
+        }
+        out.extend(self.parameters.clone());
+        Ok(out)
+    }
+}
+
+/// How a stack status reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    InProgress,
+    Succeeded,
+    Failed,
+}
+
+/// `ROLLBACK_*`/`*_FAILED` (including `UPDATE_ROLLBACK_COMPLETE`) is a
+/// failure; other `*_COMPLETE` a success; `*_IN_PROGRESS` not settled.
+pub fn settled(status: &str) -> Settled {
+    if status.ends_with("_IN_PROGRESS") {
+        Settled::InProgress
+    } else if status.contains("ROLLBACK") || status.ends_with("_FAILED") {
+        Settled::Failed
+    } else {
+        Settled::Succeeded
+    }
+}
+
+/// A change set failure (or CreateChangeSet error) that only means "no
+/// change".
+pub fn means_no_change(reason: &str) -> bool {
+    reason.contains("didn't contain changes") || reason.contains("No updates are to be performed")
+}
+
+#[cfg(feature = "cloudformation")]
+pub use aws::build;
+
+/// Without the SDK compiled in, a cloudformation target is refused.
+#[cfg(not(feature = "cloudformation"))]
+pub fn build(_cfg: Config, _ctx: Context) -> Result<Box<dyn super::Backend>, BackendError> {
+    Err(BackendError::Config(
+        "this driftless was built without the `cloudformation` feature; rebuild with default features".into(),
+    ))
+}
+
+#[cfg(feature = "cloudformation")]
+mod aws {
+    use std::collections::BTreeMap;
+    use std::time::{Duration, Instant, SystemTime};
+
+    use aws_config::BehaviorVersion;
+    use aws_sdk_cloudformation::Client;
+    use aws_sdk_cloudformation::error::{DisplayErrorContext, ProvideErrorMetadata};
+    use aws_sdk_cloudformation::types::{
+        Capability, ChangeSetStatus, ChangeSetType, Parameter, Stack, Tag,
+    };
+
+    use super::{Config, Settled, means_no_change, settled};
+    use crate::backend::{ApplyResult, Backend, BackendError, BoxFuture, Context, Outputs, Status};
+
+    pub struct CloudFormation {
+        cfg: Config,
+        ctx: Context,
+    }
+
+    /// A failed SDK call, in words, with a hint when credentials are the
+    /// problem.
+    fn sdk_err<E>(call: &str, stack: &str, e: &aws_sdk_cloudformation::error::SdkError<E>) -> String
+    where
+        E: std::error::Error + ProvideErrorMetadata + 'static,
+    {
+        let detail = match (e.code(), e.message()) {
+            (Some(c), Some(m)) => format!("{c}: {m}"),
+            _ => format!("{}", DisplayErrorContext(e)),
+        };
+        let mut msg = format!("CloudFormation {call} for stack `{stack}` failed: {detail}");
+        let lower = msg.to_lowercase();
+        if lower.contains("credentials") || lower.contains("credential provider") {
+            msg.push_str(
+                " (no usable AWS credentials: set them in the environment, a profile/SSO login, web identity or an instance role)",
+            );
+        }
+        msg
+    }
+
+    fn is_missing_stack<E: ProvideErrorMetadata>(
+        e: &aws_sdk_cloudformation::error::SdkError<E>,
+    ) -> bool {
+        e.code() == Some("ValidationError")
+            && e.message().is_some_and(|m| m.contains("does not exist"))
+    }
+
+    pub fn build(cfg: Config, ctx: Context) -> Result<Box<dyn Backend>, BackendError> {
+        Ok(Box::new(CloudFormation { cfg, ctx }))
+    }
+
+    impl CloudFormation {
+        async fn client(&self) -> Client {
+            let mut loader = aws_config::defaults(BehaviorVersion::latest());
+            if let Some(r) = &self.cfg.region {
+                loader = loader.region(aws_config::Region::new(r.clone()));
+            }
+            if let Some(p) = &self.cfg.profile {
+                loader = loader.profile_name(p);
+            }
+            if let Some(u) = &self.cfg.endpoint_url {
+                loader = loader.endpoint_url(u);
+            }
+            let sdk = loader.load().await;
+            let sdk = match &self.cfg.role_arn {
+                Some(role) => {
+                    let provider = aws_config::sts::AssumeRoleProvider::builder(role)
+                        .session_name(format!("driftless-{}", self.ctx.name))
+                        .configure(&sdk)
+                        .build()
+                        .await;
+                    sdk.into_builder()
+                        .credentials_provider(
+                            aws_sdk_cloudformation::config::SharedCredentialsProvider::new(
+                                provider,
+                            ),
+                        )
+                        .build()
+                }
+                None => sdk,
+            };
+            Client::new(&sdk)
+        }
+
+        fn stack(&self) -> &str {
+            &self.cfg.stack_name
+        }
+
+        async fn describe(&self, c: &Client) -> Result<Option<Stack>, String> {
+            match c.describe_stacks().stack_name(self.stack()).send().await {
+                Ok(out) => Ok(out.stacks().first().cloned()),
+                Err(e) if is_missing_stack(&e) => Ok(None),
+                Err(e) => Err(sdk_err("DescribeStacks", self.stack(), &e)),
+            }
+        }
+
+        /// Poll the stack until it settles or `deadline` passes; returns the
+        /// final status (`None`: the stack is gone).
+        async fn wait_stack(
+            &self,
+            c: &Client,
+            deadline: Instant,
+        ) -> Result<Option<String>, String> {
+            let mut pause = Duration::from_millis(500);
+            loop {
+                let status = self
+                    .describe(c)
+                    .await?
+                    .and_then(|s| s.stack_status().map(|s| s.as_str().to_string()));
+                match &status {
+                    None => return Ok(None),
+                    Some(s) if settled(s) != Settled::InProgress => return Ok(status),
+                    Some(s) => {
+                        if Instant::now() + pause > deadline {
+                            return Err(format!(
+                                "timed out after {} waiting for stack `{}`; it was in state {s}",
+                                humantime::format_duration(self.ctx.timeout),
+                                self.stack()
+                            ));
+                        }
+                    }
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(5));
+            }
+        }
+
+        /// The failing resources' reasons since `since`.
+        async fn failure_reasons(&self, c: &Client, since: SystemTime) -> String {
+            let since = aws_sdk_cloudformation::primitives::DateTime::from(since);
+            let events = match c
+                .describe_stack_events()
+                .stack_name(self.stack())
+                .send()
+                .await
+            {
+                Ok(o) => o,
+                Err(e) => return sdk_err("DescribeStackEvents", self.stack(), &e),
+            };
+            let mut reasons: Vec<String> = events
+                .stack_events()
+                .iter()
+                .filter(|e| e.timestamp().is_none_or(|t| t.secs() >= since.secs() - 1))
+                .filter(|e| {
+                    e.resource_status()
+                        .is_some_and(|s| s.as_str().ends_with("_FAILED"))
+                })
+                .map(|e| {
+                    format!(
+                        "{} {}: {}",
+                        e.logical_resource_id().unwrap_or("?"),
+                        e.resource_status().map(|s| s.as_str()).unwrap_or("?"),
+                        e.resource_status_reason().unwrap_or("no reason given")
+                    )
+                })
+                .collect();
+            reasons.reverse(); // events come newest first
+            reasons.dedup();
+            if reasons.is_empty() {
+                "no failed resource events".into()
+            } else {
+                reasons.join("; ")
+            }
+        }
+
+        async fn apply_inner(&self) -> Result<Status, String> {
+            let deadline = Instant::now() + self.ctx.timeout;
+            let template_path = self.ctx.workdir.join(&self.cfg.template);
+            let body = std::fs::read_to_string(&template_path)
+                .map_err(|e| format!("template {}: {e}", self.cfg.template))?;
+            let params = self.cfg.parameters(&self.ctx)?;
+            let c = self.client().await;
+            let mut notes = Vec::new();
+
+            let existing = self.describe(&c).await?;
+            let mut status = existing
+                .as_ref()
+                .and_then(|s| s.stack_status().map(|s| s.as_str().to_string()));
+            if let Some(s) = status.as_deref()
+                && settled(s) == Settled::InProgress
+                && s != "REVIEW_IN_PROGRESS"
+            {
+                status = self.wait_stack(&c, deadline).await?;
+            }
+            if status.as_deref() == Some("ROLLBACK_COMPLETE") {
+                c.delete_stack()
+                    .stack_name(self.stack())
+                    .send()
+                    .await
+                    .map_err(|e| sdk_err("DeleteStack", self.stack(), &e))?;
+                if let Some(s) = self.wait_stack(&c, deadline).await?
+                    && s != "DELETE_COMPLETE"
+                {
+                    return Err(format!(
+                        "stack `{}` was left in ROLLBACK_COMPLETE by a failed create; deleting it ended in {s}",
+                        self.stack()
+                    ));
+                }
+                notes.push(format!(
+                    "stack `{}` was left in ROLLBACK_COMPLETE by a failed create and was deleted before creating it again",
+                    self.stack()
+                ));
+                status = None;
+            }
+            let kind = match status.as_deref() {
+                None | Some("DELETE_COMPLETE") | Some("REVIEW_IN_PROGRESS") => {
+                    ChangeSetType::Create
+                }
+                Some(_) => ChangeSetType::Update,
+            };
+            let stamp = SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_millis())
+                .unwrap_or(0);
+            let name = format!(
+                "driftless-{}-{stamp}",
+                self.ctx.commit.get(..12).unwrap_or("manual")
+            );
+            let parameters: Vec<Parameter> = params
+                .iter()
+                .map(|(k, v)| {
+                    Parameter::builder()
+                        .parameter_key(k)
+                        .parameter_value(v)
+                        .build()
+                })
+                .collect();
+            let tags: Vec<Tag> = self
+                .cfg
+                .tags
+                .iter()
+                .map(|(k, v)| Tag::builder().key(k).value(v).build())
+                .collect();
+            let caps: Vec<Capability> = self
+                .cfg
+                .capabilities
+                .iter()
+                .map(|c| Capability::from(c.as_str()))
+                .collect();
+            let created = c
+                .create_change_set()
+                .stack_name(self.stack())
+                .change_set_name(&name)
+                .change_set_type(kind.clone())
+                .template_body(body)
+                .set_parameters(Some(parameters))
+                .set_capabilities(Some(caps))
+                .set_tags(Some(tags))
+                .description(format!("driftless: commit {}", self.ctx.commit))
+                .send()
+                .await;
+            let created = match created {
+                Ok(c) => c,
+                // Real AWS may refuse an unchanged update right here.
+                Err(e) if e.message().is_some_and(means_no_change) => {
+                    return Ok(self.no_change(&notes, "no changes (refused at CreateChangeSet)"));
+                }
+                Err(e) => return Err(sdk_err("CreateChangeSet", self.stack(), &e)),
+            };
+            let cs_id = created.id().unwrap_or(&name).to_string();
+
+            // Wait for the change set.
+            let mut pause = Duration::from_millis(300);
+            loop {
+                let d = c
+                    .describe_change_set()
+                    .change_set_name(&cs_id)
+                    .stack_name(self.stack())
+                    .send()
+                    .await
+                    .map_err(|e| sdk_err("DescribeChangeSet", self.stack(), &e))?;
+                match d.status() {
+                    Some(ChangeSetStatus::CreateComplete) => break,
+                    Some(ChangeSetStatus::Failed) => {
+                        let reason = d.status_reason().unwrap_or("no reason given").to_string();
+                        // Leave nothing behind either way.
+                        let _ = c
+                            .delete_change_set()
+                            .change_set_name(&cs_id)
+                            .stack_name(self.stack())
+                            .send()
+                            .await
+                            .map_err(|e| {
+                                tracing::warn!(
+                                    target_name = %self.ctx.name,
+                                    "{}",
+                                    sdk_err("DeleteChangeSet", self.stack(), &e)
+                                )
+                            });
+                        if means_no_change(&reason) {
+                            return Ok(self.no_change(&notes, "no changes"));
+                        }
+                        return Err(format!(
+                            "change set for stack `{}` failed: {reason}",
+                            self.stack()
+                        ));
+                    }
+                    other => {
+                        if Instant::now() + pause > deadline {
+                            return Err(format!(
+                                "timed out after {} waiting for the change set of stack `{}`; it was {}",
+                                humantime::format_duration(self.ctx.timeout),
+                                self.stack(),
+                                other.map(|s| s.as_str()).unwrap_or("in no state")
+                            ));
+                        }
+                    }
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(5));
+            }
+
+            let started = SystemTime::now();
+            c.execute_change_set()
+                .change_set_name(&cs_id)
+                .stack_name(self.stack())
+                .send()
+                .await
+                .map_err(|e| sdk_err("ExecuteChangeSet", self.stack(), &e))?;
+            let final_status = self.wait_stack(&c, deadline).await?;
+            let Some(final_status) = final_status else {
+                return Err(format!(
+                    "stack `{}` disappeared while its change set ran",
+                    self.stack()
+                ));
+            };
+            match settled(&final_status) {
+                Settled::Succeeded => {
+                    notes.push(format!(
+                        "{} {}",
+                        if kind == ChangeSetType::Create {
+                            "created"
+                        } else {
+                            "updated"
+                        },
+                        final_status
+                    ));
+                    Ok(Status {
+                        result: ApplyResult::Changed,
+                        message: self.ctx.redactor.redact(&notes.join("; ")),
+                        output_tail: String::new(),
+                        digest: None,
+                    })
+                }
+                _ => {
+                    let reasons = self.failure_reasons(&c, started).await;
+                    notes.push(format!(
+                        "stack `{}` ended in {final_status}: {reasons}",
+                        self.stack()
+                    ));
+                    Err(notes.join("; "))
+                }
+            }
+        }
+
+        fn no_change(&self, notes: &[String], what: &str) -> Status {
+            let mut n = notes.to_vec();
+            n.push(what.to_string());
+            Status {
+                result: if notes.is_empty() {
+                    ApplyResult::NoChange
+                } else {
+                    ApplyResult::Changed
+                },
+                message: n.join("; "),
+                output_tail: String::new(),
+                digest: None,
+            }
+        }
+
+        async fn destroy_inner(&self) -> Result<Status, String> {
+            let deadline = Instant::now() + self.ctx.timeout;
+            let c = self.client().await;
+            if self.describe(&c).await?.is_none() {
+                return Ok(Status {
+                    result: ApplyResult::NoChange,
+                    message: format!("stack `{}` does not exist", self.stack()),
+                    output_tail: String::new(),
+                    digest: None,
+                });
+            }
+            c.delete_stack()
+                .stack_name(self.stack())
+                .send()
+                .await
+                .map_err(|e| sdk_err("DeleteStack", self.stack(), &e))?;
+            match self.wait_stack(&c, deadline).await? {
+                None => {}
+                Some(s) if s == "DELETE_COMPLETE" => {}
+                Some(s) => {
+                    return Err(format!("deleting stack `{}` ended in {s}", self.stack()));
+                }
+            }
+            Ok(Status {
+                result: ApplyResult::Changed,
+                message: format!("stack `{}` deleted", self.stack()),
+                output_tail: String::new(),
+                digest: None,
+            })
+        }
+    }
+
+    impl Backend for CloudFormation {
+        fn apply(&self) -> BoxFuture<'_, Status> {
+            Box::pin(async move {
+                self.apply_inner()
+                    .await
+                    .unwrap_or_else(|e| Status::failed(self.ctx.redactor.redact(&e)))
+            })
+        }
+
+        fn destroy(&self) -> BoxFuture<'_, Status> {
+            Box::pin(async move {
+                self.destroy_inner()
+                    .await
+                    .unwrap_or_else(|e| Status::failed(self.ctx.redactor.redact(&e)))
+            })
+        }
+
+        fn outputs(&self) -> BoxFuture<'_, Result<Outputs, BackendError>> {
+            Box::pin(async move {
+                let c = self.client().await;
+                let stack = self
+                    .describe(&c)
+                    .await
+                    .map_err(|e| BackendError::Command(self.ctx.redactor.redact(&e)))?
+                    .ok_or_else(|| {
+                        BackendError::Command(format!("stack `{}` does not exist", self.stack()))
+                    })?;
+                let mut out = Outputs::new();
+                let map: BTreeMap<String, String> = stack
+                    .outputs()
+                    .iter()
+                    .filter_map(|o| {
+                        Some((
+                            o.output_key()?.to_string(),
+                            o.output_value().unwrap_or("").to_string(),
+                        ))
+                    })
+                    .collect();
+                for (k, v) in map {
+                    out.insert(k, serde_json::Value::String(self.ctx.redactor.redact(&v)));
+                }
+                Ok(out)
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_settle_the_right_way() {
+        assert_eq!(settled("CREATE_COMPLETE"), Settled::Succeeded);
+        assert_eq!(settled("UPDATE_COMPLETE"), Settled::Succeeded);
+        assert_eq!(settled("IMPORT_COMPLETE"), Settled::Succeeded);
+        assert_eq!(settled("UPDATE_ROLLBACK_COMPLETE"), Settled::Failed);
+        assert_eq!(settled("ROLLBACK_COMPLETE"), Settled::Failed);
+        assert_eq!(settled("CREATE_FAILED"), Settled::Failed);
+        assert_eq!(settled("DELETE_FAILED"), Settled::Failed);
+        assert_eq!(settled("UPDATE_IN_PROGRESS"), Settled::InProgress);
+        assert_eq!(
+            settled("UPDATE_COMPLETE_CLEANUP_IN_PROGRESS"),
+            Settled::InProgress
+        );
+        assert!(means_no_change(
+            "The submitted information didn't contain changes. Submit different information to create a change set."
+        ));
+        assert!(means_no_change("No updates are to be performed."));
+        assert!(!means_no_change("Template format error"));
+    }
+}
+
+#[cfg(all(test, not(feature = "cloudformation")))]
+mod without_feature {
+    use super::*;
+
+    #[test]
+    fn a_cloudformation_target_is_refused_with_a_reason() {
+        let cfg: Config = serde_json::from_value(serde_json::json!({
+            "stack_name": "web", "template": "t.json"
+        }))
+        .expect("config");
+        let ctx = Context {
+            name: "web".into(),
+            workdir: std::path::PathBuf::from("/"),
+            source_digest: String::new(),
+            last_digest: None,
+            timeout: std::time::Duration::from_secs(1),
+            redactor: crate::redact::Redactor::new(),
+            commit: String::new(),
+            ledger: None,
+        };
+        let Err(e) = build(cfg, ctx) else {
+            panic!("built without the SDK")
+        };
+        assert!(
+            e.to_string()
+                .contains("without the `cloudformation` feature"),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,243 @@
+//! The cloudformation backend against moto's server (the AWS CloudFormation
+//! API on 127.0.0.1), through the AWS SDK for Rust and its default
+//! credential chain (the environment, here). moto differs from AWS in a few
+//! places; each test says where.
+
+mod common;
+
+use common::*;
+use serde_json::{Value, json};
+
+const SECRET_KEY: &str = "canary-aws-secret-key-5e0c27";
+
+fn template(with_param: bool) -> String {
+    let value = if with_param {
+        json!({ "Ref": "Greeting" })
+    } else {
+        json!("fixed")
+    };
+    let mut t = json!({
+        "Resources": {
+            "Greeting": {
+                "Type": "AWS::SSM::Parameter",
+                "Properties": { "Name": "/site/greeting", "Type": "String", "Value": value }
+            }
+        },
+        "Outputs": { "ParameterName": { "Value": { "Ref": "Greeting" } } }
+    });
+    if with_param {
+        t["Parameters"] = json!({ "Greeting": { "Type": "String" } });
+    }
+    serde_json::to_string_pretty(&t).expect("json")
+}
+
+struct Fx {
+    _root: tempfile::TempDir,
+    remote: Remote,
+    moto: Moto,
+    s: Setup,
+}
+
+fn fixture(backend: &str, timeout: &str) -> Fx {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(
+        &[
+            ("cfn/stack.json", &template(true)),
+            ("cfn/params.json", "{\"Greeting\": \"hello\"}"),
+        ],
+        "stack",
+    );
+    let moto = Moto::start(root.path());
+    let s = Setup::new(&format!(
+        "[[targets]]\nname = \"site\"\nrepo = \"{}\"\npath = \"cfn\"\ntimeout = \"{timeout}\"\n\
+         [targets.backend]\nkind = \"cloudformation\"\nstack_name = \"site\"\ntemplate = \"stack.json\"\n\
+         region = \"us-east-1\"\nendpoint_url = \"{}\"\n{backend}\n",
+        remote.url(),
+        moto.endpoint(),
+    ));
+    Fx {
+        _root: root,
+        remote,
+        moto,
+        s,
+    }
+}
+
+impl Fx {
+    fn run(&self, args: &[&str]) -> std::process::Output {
+        std::process::Command::new(bin())
+            .args(["--config", self.s.config.to_str().expect("utf8")])
+            .args(args)
+            .env("AWS_ACCESS_KEY_ID", "AKIDTESTING")
+            .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+            .env("AWS_EC2_METADATA_DISABLED", "true")
+            .env_remove("AWS_PROFILE")
+            .env("RUST_LOG", "debug")
+            .output()
+            .expect("driftless")
+    }
+
+    fn tick(&self) -> (Option<i32>, String) {
+        let out = self.run(&["tick", "site"]);
+        (out.status.code(), text(&out.stdout) + &text(&out.stderr))
+    }
+
+    fn status(&self) -> (String, String) {
+        let st = self.s.target_status("site");
+        (
+            st["last_result"].as_str().unwrap_or("").to_string(),
+            st["last_message"].as_str().unwrap_or("").to_string(),
+        )
+    }
+}
+
+#[test]
+fn cloudformation_lifecycle() {
+    let f = fixture(
+        "parameters_file = \"params.json\"\ntags = { team = \"web\" }",
+        "2m",
+    );
+    let mut logs = String::new();
+    let (code, out) = f.tick();
+    logs += &out;
+    assert_eq!(code, Some(0), "{out}");
+    let (result, msg) = f.status();
+    assert_eq!(result, "changed", "{msg}");
+    assert!(msg.contains("created CREATE_COMPLETE"), "{msg}");
+
+    // Same template, same parameters: no change. (moto refuses it at
+    // CreateChangeSet with "No updates are to be performed"; AWS usually
+    // creates the change set and fails it with "The submitted information
+    // didn't contain changes". Both are handled.)
+    let (code, out) = f.tick();
+    logs += &out;
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(f.status().0, "no_change", "{}", f.status().1);
+
+    // A parameter change: changed.
+    f.remote.commit(
+        &[("cfn/params.json", "{\"Greeting\": \"bonjour\"}")],
+        "french",
+    );
+    let (code, out) = f.tick();
+    logs += &out;
+    assert_eq!(code, Some(0), "{out}");
+    let (result, msg) = f.status();
+    assert_eq!(result, "changed", "{msg}");
+    assert!(msg.contains("updated UPDATE_COMPLETE"), "{msg}");
+
+    // outputs: a map. (moto 5 shows no Outputs for stacks made through
+    // change sets; AWS does, and they land here as OutputKey: OutputValue.)
+    let out = f.run(&["outputs", "site", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let o: Value = serde_json::from_slice(&out.stdout).expect("outputs JSON");
+    assert!(o.is_object(), "{o}");
+
+    let out = f.run(&["destroy", "site", "--yes"]);
+    logs += &text(&out.stdout);
+    logs += &text(&out.stderr);
+    assert!(out.status.success(), "{logs}");
+    assert!(f.status().1.contains("deleted"), "{}", f.status().1);
+    let out = f.run(&["outputs", "site", "--json"]);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("does not exist"));
+    assert!(!logs.contains(SECRET_KEY), "the AWS secret key in the logs");
+}
+
+#[test]
+fn a_failing_template_fails_with_the_reason() {
+    let f = fixture("", "2m");
+    // Two stacks cannot own one bucket name.
+    let bucket = json!({ "Resources": { "B": { "Type": "AWS::S3::Bucket",
+        "Properties": { "BucketName": "driftless-shared-bucket" } } } })
+    .to_string();
+    f.remote.commit(&[("cfn/stack.json", &bucket)], "bucket");
+    let (code, out) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    let s2 = f.s.config.parent().expect("dir").join("second.toml");
+    let cfg = std::fs::read_to_string(&f.s.config).expect("config");
+    std::fs::write(
+        &s2,
+        cfg.replace("stack_name = \"site\"", "stack_name = \"site-two\""),
+    )
+    .expect("write");
+    let out = std::process::Command::new(bin())
+        .args(["--config", s2.to_str().expect("utf8"), "tick", "site"])
+        .env("AWS_ACCESS_KEY_ID", "AKIDTESTING")
+        .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+        .output()
+        .expect("driftless");
+    assert_eq!(out.status.code(), Some(1));
+    let (result, msg) = f.status();
+    assert_eq!(result, "failed");
+    // moto fails ExecuteChangeSet itself with the resource's error; AWS
+    // accepts it, rolls the stack back and gives the reason in the stack
+    // events, which the backend reads (`<resource> CREATE_FAILED: <reason>`).
+    assert!(
+        msg.contains("BucketAlreadyExists") || msg.contains("CREATE_FAILED"),
+        "{msg}"
+    );
+    assert!(!msg.contains(SECRET_KEY));
+}
+
+#[test]
+fn a_stack_left_in_rollback_complete_is_deleted_and_created_again() {
+    let f = fixture("parameters_file = \"params.json\"", "2m");
+    assert_eq!(f.tick().0, Some(0));
+    f.remote
+        .commit(&[("cfn/params.json", "{\"Greeting\": \"again\"}")], "again");
+    // As AWS leaves a stack whose create failed.
+    f.moto.fake_status("site", "ROLLBACK_COMPLETE", 1);
+    let (code, out) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    let (result, msg) = f.status();
+    assert_eq!(result, "changed");
+    assert!(
+        msg.contains("left in ROLLBACK_COMPLETE")
+            && msg.contains("deleted")
+            && msg.contains("created CREATE_COMPLETE"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_stack_that_never_settles_times_out_naming_its_state() {
+    let f = fixture("parameters_file = \"params.json\"", "4s");
+    assert_eq!(f.tick().0, Some(0));
+    f.remote
+        .commit(&[("cfn/params.json", "{\"Greeting\": \"slow\"}")], "slow");
+    f.moto.fake_status("site", "UPDATE_IN_PROGRESS", 1000);
+    let started = std::time::Instant::now();
+    let (code, out) = f.tick();
+    assert_eq!(code, Some(1), "{out}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(30));
+    let (result, msg) = f.status();
+    assert_eq!(result, "failed");
+    assert!(
+        msg.contains("timed out after 4s") && msg.contains("UPDATE_IN_PROGRESS"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn missing_credentials_are_named() {
+    let f = fixture("", "1m");
+    let out = std::process::Command::new(bin())
+        .args([
+            "--config",
+            f.s.config.to_str().expect("utf8"),
+            "tick",
+            "site",
+        ])
+        .env_remove("AWS_ACCESS_KEY_ID")
+        .env_remove("AWS_SECRET_ACCESS_KEY")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .env("AWS_CONFIG_FILE", "/nonexistent")
+        .env("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+        .output()
+        .expect("driftless");
+    assert_eq!(out.status.code(), Some(1));
+    let (_, msg) = f.status();
+    assert!(msg.contains("credentials"), "{msg}");
+}
