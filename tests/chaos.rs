@@ -160,13 +160,13 @@ fn no_accepted_push_is_lost_across_kill_9() {
         .map(|(_, _, d)| d)
         .filter(|d| !recorded.contains(d))
         .collect();
-    eprintln!(
+    report(&format!(
         "chaos: {pushes} pushes, {sent} deliveries sent, {} accepted, {} kills, {} lost, {} accepted ids missing",
         accepted.len(),
         kills.load(Ordering::Relaxed),
         lost,
         missing.len()
-    );
+    ));
     assert!(
         kills.load(Ordering::Relaxed) > 0,
         "the daemon was never killed"

@@ -75,12 +75,17 @@ echo "== without the cloudformation feature: clippy and the unit tests"
 cargo clippy --locked --no-default-features --all-targets -- -D warnings
 cargo test --locked --no-default-features --lib
 echo "== cargo test"
+rm -f target/tmp/reliability-report.txt
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 set +e
 cargo test --locked "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
+if [ -f target/tmp/reliability-report.txt ]; then
+  echo "== reliability figures"
+  cat target/tmp/reliability-report.txt
+fi
 # Fuzzing: every target for DRIFTLESS_FUZZ_SECONDS (default 30; 0 skips),
 # from the committed corpus. Longer runs by hand: fuzz/run.sh 3600.
 fuzz_status=0

@@ -193,9 +193,9 @@ fn thousands_of_ticks_from_every_trigger_never_overlap() {
             "{t} at {sha} saw marker {marker}, the commit has {want}"
         );
     }
-    eprintln!(
+    report(&format!(
         "soak: {total} applies over {TARGETS} targets in {:.0?}, {n} pushes, one-shot tick exits {cli_codes:?}, 0 overlaps",
         started.elapsed()
-    );
+    ));
     assert!(total >= want);
 }

@@ -1285,3 +1285,18 @@ impl Drop for Moto {
         let _ = self.server.wait();
     }
 }
+
+/// Print a figure of a reliability test and keep it in
+/// `target/tmp/reliability-report.txt`, which `tests/run.sh` prints at the
+/// end (cargo captures a passing test's output).
+pub fn report(line: &str) {
+    eprintln!("{line}");
+    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join("reliability-report.txt");
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
+        let _ = writeln!(f, "{line}");
+    }
+}
