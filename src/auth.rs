@@ -1,5 +1,6 @@
 //! API tokens: bearer tokens checked against SHA-256 digests from the config,
-//! and scopes (`reconcile:<glob>`, `pause:<glob>`, `read[:<glob>]`).
+//! and scopes (`reconcile:<glob>`, `pause:<glob>`, `approve:<glob>`,
+//! `read[:<glob>]`).
 //!
 //! The config holds digests, never tokens; a presented token is hashed and
 //! compared in constant time. This module decides who may do what; it does
@@ -15,6 +16,8 @@ use crate::config::Token;
 pub enum Verb {
     Reconcile,
     Pause,
+    /// Approve or reject a Nomad deployment of the target.
+    Approve,
     Read,
 }
 
@@ -23,6 +26,7 @@ impl Verb {
         match self {
             Verb::Reconcile => "reconcile",
             Verb::Pause => "pause",
+            Verb::Approve => "approve",
             Verb::Read => "read",
         }
     }

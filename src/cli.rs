@@ -352,3 +352,206 @@ pub fn check(path: &Path) -> Report {
         },
     }
 }
+
+/// `driftless pause|resume <target> --job <job>`
+pub async fn pause_job(
+    engine: &Engine,
+    target: &str,
+    job: &str,
+    pause: bool,
+) -> Result<Report, TickError> {
+    engine.target(target)?;
+    let who = format!(
+        "cli:{}",
+        std::env::var("USER").unwrap_or_else(|_| "unknown".into())
+    );
+    let changed = engine
+        .store
+        .set_job_paused(target, job, pause.then_some(who.as_str()))
+        .await?;
+    let stdout = match (pause, changed) {
+        (true, true) => {
+            format!("{target}/{job}: paused; it is still planned, never registered or approved\n")
+        }
+        (true, false) => format!("{target}/{job}: already paused\n"),
+        (false, true) => format!("{target}/{job}: resumed\n"),
+        (false, false) => format!("{target}/{job}: was not paused\n"),
+    };
+    Ok(Report { stdout, code: 0 })
+}
+
+/// `driftless events <target>`
+pub async fn events(engine: &Engine, target: &str, as_json: bool) -> Result<Report, TickError> {
+    engine.target(target)?;
+    let rows = engine.store.nomad_events(target).await?;
+    if as_json {
+        return Ok(Report {
+            stdout: serde_json::to_string_pretty(&rows).unwrap_or_else(|_| "[]".into()) + "\n",
+            code: 0,
+        });
+    }
+    let mut out = format!(
+        "{:<6} {:<21} {:<11} {:<22} {:<17} {:<17} {}\n",
+        "EVENT", "AT", "DEPLOYMENT", "WHO", "FROM", "TO", "MESSAGE"
+    );
+    for r in &rows {
+        let s = |k: &str| r[k].as_str().unwrap_or("-").to_string();
+        let _ = writeln!(
+            out,
+            "{:<6} {:<21} {:<11} {:<22} {:<17} {:<17} {}",
+            r["id"],
+            s("at"),
+            r["deployment"],
+            s("actor"),
+            s("from"),
+            s("to"),
+            s("message")
+        );
+    }
+    Ok(Report {
+        stdout: out,
+        code: 0,
+    })
+}
+
+/// Call the daemon's API with the token in DRIFTLESS_TOKEN.
+async fn api(
+    engine: &Engine,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<serde_json::Value>,
+) -> Result<serde_json::Value, String> {
+    let token = std::env::var("DRIFTLESS_TOKEN").map_err(|_| {
+        "set DRIFTLESS_TOKEN to an API token (see `driftless token new`)".to_string()
+    })?;
+    let mut addr = engine.settings.server.listen;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+    }
+    let url = format!("http://{addr}{path}");
+    let client = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(30))
+        .build()
+        .map_err(|e| format!("cannot build an HTTP client: {e}"))?;
+    let mut req = client.request(method, &url).bearer_auth(token);
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let resp = req.send().await.map_err(|e| {
+        format!(
+            "cannot reach driftless at {url} (is `driftless serve` running?): {}",
+            crate::error::chain(&e)
+        )
+    })?;
+    let status = resp.status();
+    let v: serde_json::Value = resp.json().await.unwrap_or(serde_json::Value::Null);
+    if status.is_success() {
+        Ok(v)
+    } else {
+        Err(format!(
+            "{} {}: {}",
+            status.as_u16(),
+            status.canonical_reason().unwrap_or(""),
+            v["error"].as_str().unwrap_or("(no message)")
+        ))
+    }
+}
+
+fn failed(msg: String) -> Report {
+    Report {
+        stdout: format!("error: {msg}\n"),
+        code: EXIT_FAILED,
+    }
+}
+
+/// `driftless deployments [--pending]`
+pub async fn deployments(engine: &Engine, pending: bool, as_json: bool) -> Report {
+    let path = if pending {
+        "/api/v1/deployments?state=pending_approval"
+    } else {
+        "/api/v1/deployments"
+    };
+    let list = match api(engine, reqwest::Method::GET, path, None).await {
+        Ok(v) => v,
+        Err(e) => return failed(e),
+    };
+    if as_json {
+        return Report {
+            stdout: serde_json::to_string_pretty(&list).unwrap_or_default() + "\n",
+            code: 0,
+        };
+    }
+    let mut out = format!(
+        "{:<6} {:<16} {:<24} {:<17} {:<12} {}\n",
+        "ID", "TARGET", "JOB", "STATE", "COMMIT", "SUMMARY"
+    );
+    for d in list.as_array().into_iter().flatten() {
+        let s = |k: &str| d[k].as_str().unwrap_or("-").to_string();
+        let _ = writeln!(
+            out,
+            "{:<6} {:<16} {:<24} {:<17} {:<12} {}",
+            d["id"],
+            s("target"),
+            format!("{}/{}", s("namespace"), s("job")),
+            s("state"),
+            s("commit").get(..12).unwrap_or("-"),
+            s("summary")
+        );
+    }
+    Report {
+        stdout: out,
+        code: 0,
+    }
+}
+
+/// `driftless approve|reject <id>`: show what is decided, then decide it.
+pub async fn decide(engine: &Engine, id: i64, approve: bool) -> Report {
+    let d = match api(
+        engine,
+        reqwest::Method::GET,
+        &format!("/api/v1/deployments/{id}"),
+        None,
+    )
+    .await
+    {
+        Ok(v) => v,
+        Err(e) => return failed(e),
+    };
+    let mut out = format!(
+        "deployment {id}: {}/{} of target {} at commit {}\n  {}\n",
+        d["namespace"].as_str().unwrap_or("?"),
+        d["job"].as_str().unwrap_or("?"),
+        d["target"].as_str().unwrap_or("?"),
+        d["commit"].as_str().unwrap_or("?"),
+        d["summary"].as_str().unwrap_or("")
+    );
+    let (verb, body) = if approve {
+        (
+            "approve",
+            Some(serde_json::json!({ "spec_hash": d["spec_hash"] })),
+        )
+    } else {
+        ("reject", None)
+    };
+    match api(
+        engine,
+        reqwest::Method::POST,
+        &format!("/api/v1/deployments/{id}/{verb}"),
+        body,
+    )
+    .await
+    {
+        Ok(v) => {
+            let _ = writeln!(out, "{verb}d: now {}", v["state"].as_str().unwrap_or("?"));
+            Report {
+                stdout: out,
+                code: 0,
+            }
+        }
+        Err(e) => {
+            let mut r = failed(e);
+            r.stdout = out + &r.stdout;
+            r
+        }
+    }
+}

@@ -206,7 +206,7 @@ pub struct Token {
     pub name: String,
     /// Lowercase hex SHA-256 of the token.
     pub sha256: String,
-    /// `reconcile:<glob>`, `pause:<glob>`, `read` or `read:<glob>`.
+    /// `reconcile:<glob>`, `pause:<glob>`, `approve:<glob>`, `read` or `read:<glob>`.
     pub scopes: Vec<String>,
 }
 
@@ -789,12 +789,13 @@ fn validate_receivers(raw: Vec<Value>, base: &Path, problems: &mut Vec<Problem>)
     out
 }
 
-/// A scope is `reconcile:<glob>`, `pause:<glob>`, `read` or `read:<glob>`.
+/// A scope is `reconcile:<glob>`, `pause:<glob>`, `approve:<glob>`, `read` or
+/// `read:<glob>`.
 pub fn valid_scope(s: &str) -> bool {
     match s.split_once(':') {
         None => s == "read",
         Some((verb, glob)) => {
-            matches!(verb, "reconcile" | "pause" | "read")
+            matches!(verb, "reconcile" | "pause" | "approve" | "read")
                 && !glob.is_empty()
                 && glob
                     .bytes()
@@ -835,7 +836,7 @@ fn validate_tokens(raw: Vec<Value>, problems: &mut Vec<Problem>) -> Vec<Token> {
                 problems.push(problem(
                     &label,
                     "scopes",
-                    format!("`{sc}` is not a scope: use reconcile:<target glob>, pause:<target glob>, read or read:<target glob>"),
+                    format!("`{sc}` is not a scope: use reconcile:<target glob>, pause:<target glob>, approve:<target glob>, read or read:<target glob>"),
                 ));
             }
         }

@@ -69,10 +69,40 @@ enum Command {
     /// Validate the configuration and list every problem.
     Check,
     /// Stop webhooks and intervals from ticking a target (manual API
-    /// reconciles answer 409) until it is resumed.
-    Pause { target: String },
-    /// Let a paused target tick again.
-    Resume { target: String },
+    /// reconciles answer 409) until it is resumed; with --job, only keep
+    /// driftless from registering or approving that Nomad job.
+    Pause {
+        target: String,
+        #[arg(long)]
+        job: Option<String>,
+    },
+    /// Let a paused target (or Nomad job) tick again.
+    Resume {
+        target: String,
+        #[arg(long)]
+        job: Option<String>,
+    },
+    /// Nomad deployments, newest first (through the API: the daemon must be
+    /// running; token from DRIFTLESS_TOKEN).
+    Deployments {
+        /// Only the ones waiting for approval.
+        #[arg(long)]
+        pending: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Approve a pending Nomad deployment: shows its diff, then approves
+    /// exactly that spec (through the API; token from DRIFTLESS_TOKEN).
+    Approve { id: i64 },
+    /// Reject a pending Nomad deployment (through the API).
+    Reject { id: i64 },
+    /// The append-only record of a target's Nomad deployment state changes:
+    /// who, what, when, from which state.
+    Events {
+        target: String,
+        #[arg(long)]
+        json: bool,
+    },
     /// API tokens.
     Token {
         #[command(subcommand)]
@@ -190,8 +220,20 @@ async fn run(args: Args) -> anyhow::Result<u8> {
         Command::Notify {
             command: NotifyCommand::Pending { all },
         } => cli::notify_pending(&engine, all).await?,
-        Command::Pause { target } => cli::pause(&engine, &target, true).await?,
-        Command::Resume { target } => cli::pause(&engine, &target, false).await?,
+        Command::Pause { target, job: None } => cli::pause(&engine, &target, true).await?,
+        Command::Resume { target, job: None } => cli::pause(&engine, &target, false).await?,
+        Command::Pause {
+            target,
+            job: Some(job),
+        } => cli::pause_job(&engine, &target, &job, true).await?,
+        Command::Resume {
+            target,
+            job: Some(job),
+        } => cli::pause_job(&engine, &target, &job, false).await?,
+        Command::Deployments { pending, json } => cli::deployments(&engine, pending, json).await,
+        Command::Approve { id } => cli::decide(&engine, id, true).await,
+        Command::Reject { id } => cli::decide(&engine, id, false).await,
+        Command::Events { target, json } => cli::events(&engine, &target, json).await?,
     };
     print!("{}", report.stdout);
     Ok(report.code)

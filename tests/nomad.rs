@@ -837,3 +837,374 @@ fn tls_with_a_private_ca_and_a_client_certificate() {
         assert!(!msg.contains(&nomad.token));
     }
 }
+
+// ------------------------------------------------ approvals and pauses
+
+const APPROVER: &str = "approver-token-6c1d";
+const READER: &str = "reader-token-0b9e";
+
+/// A fixture with policy approval and two API tokens: one that may approve
+/// (and pause) the target, one that may only read and reconcile it; the
+/// HTTP API served in-process (no workers: ticks are driven by the test).
+fn approval_fixture(policy: &str) -> (Fixture, Intake) {
+    let f = fixture(&format!("default_policy = \"{policy}\""));
+    f.remote.commit(
+        &[(
+            "jobs/web.nomad.hcl",
+            &web_job("nginx:1.25", "    team = \"web\""),
+        )],
+        "no policy in meta",
+    );
+    let digest = |t: &str| hex::encode(<sha2::Sha256 as sha2::Digest>::digest(t.as_bytes()));
+    let mut cfg = std::fs::read_to_string(&f.s.config).expect("config");
+    cfg.push_str(&format!(
+        "\n[[tokens]]\nname = \"ops\"\nsha256 = \"{}\"\nscopes = [\"approve:clus*\", \"pause:cluster\", \"read\"]\n\
+         \n[[tokens]]\nname = \"viewer\"\nsha256 = \"{}\"\nscopes = [\"reconcile:cluster\", \"read\"]\n",
+        digest(APPROVER),
+        digest(READER)
+    ));
+    std::fs::write(&f.s.config, cfg).expect("config");
+    let intake = Intake::start_at_listen(&f.s);
+    (f, intake)
+}
+
+fn api(intake: &Intake, method: &str, path: &str, token: &str, body: Value) -> HttpResponse {
+    let auth = format!("Bearer {token}");
+    let b = if body.is_null() {
+        Vec::new()
+    } else {
+        body.to_string().into_bytes()
+    };
+    http(
+        intake.port,
+        method,
+        path,
+        &[
+            ("Authorization", &auth),
+            ("Content-Type", "application/json"),
+        ],
+        &b,
+    )
+}
+
+fn pending(intake: &Intake) -> Vec<Value> {
+    let r = api(
+        intake,
+        "GET",
+        "/api/v1/deployments?state=pending_approval",
+        READER,
+        Value::Null,
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    match r.json() {
+        Value::Array(a) => a,
+        other => panic!("{other}"),
+    }
+}
+
+#[test]
+fn approval_with_the_right_scope_registers_exactly_the_approved_spec() {
+    let (f, intake) = approval_fixture("approval");
+    let (code, _, j) = f.tick();
+    assert_eq!(code, Some(0));
+    assert!(registers(&j).is_empty());
+    let p = pending(&intake);
+    assert_eq!(p.len(), 1, "{p:#?}");
+    let id = p[0]["id"].as_i64().expect("id");
+    let hash = p[0]["spec_hash"].as_str().expect("hash").to_string();
+    // The diff is there for a person, redacted.
+    let shown = api(
+        &intake,
+        "GET",
+        &format!("/api/v1/deployments/{id}"),
+        READER,
+        Value::Null,
+    );
+    assert_eq!(shown.status, 200);
+    assert!(
+        shown.body.contains("[REDACTED]") && !shown.body.contains(CANARY),
+        "{}",
+        shown.body
+    );
+
+    let before = f.nomad.journal().len();
+    let approve = |token: &str, hash: &str| {
+        api(
+            &intake,
+            "POST",
+            &format!("/api/v1/deployments/{id}/approve"),
+            token,
+            json!({ "spec_hash": hash }),
+        )
+    };
+    assert_eq!(approve("no-such-token", &hash).status, 401);
+    assert_eq!(
+        approve(READER, &hash).status,
+        403,
+        "reconcile+read may not approve"
+    );
+    let stale = approve(APPROVER, "0000");
+    assert_eq!(stale.status, 409, "{}", stale.body);
+    assert!(stale.body.contains("stale"), "{}", stale.body);
+    assert!(
+        registers(&f.nomad.journal()[before..]).is_empty(),
+        "the API registered"
+    );
+
+    let ok = approve(APPROVER, &hash);
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    assert_eq!(ok.json()["state"], "applying");
+    // Approving twice: no longer pending.
+    assert_eq!(approve(APPROVER, &hash).status, 409);
+    // Nothing reaches Nomad from the API itself; the next tick registers.
+    assert!(registers(&f.nomad.journal()[before..]).is_empty());
+    let (code, out, j) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(assert_plan_then_cas(&j, &f.nomad), 1);
+    assert_eq!(f.image(), "nginx:1.25");
+    let d = f.deployments();
+    assert_eq!(d.len(), 1);
+    assert!(d[0]["registered_index"].as_i64().is_some());
+
+    // Every state change is an event: who, what, from which state.
+    let out = f.s.run(&["events", "cluster", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let ev: Value = serde_json::from_slice(&out.stdout).expect("events");
+    let steps: Vec<(String, String, String)> = ev
+        .as_array()
+        .expect("list")
+        .iter()
+        .map(|e| {
+            (
+                e["actor"].as_str().unwrap_or("").to_string(),
+                e["from"].as_str().unwrap_or("-").to_string(),
+                e["to"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        steps[0],
+        ("driftless".into(), "-".into(), "pending_approval".into())
+    );
+    assert_eq!(
+        steps[1],
+        (
+            "token:ops".into(),
+            "pending_approval".into(),
+            "applying".into()
+        )
+    );
+    assert_eq!(
+        steps[2],
+        ("driftless".into(), "applying".into(), "applying".into())
+    );
+    // Events are append-only, enforced by the database.
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg("import sqlite3, sys\nc = sqlite3.connect(sys.argv[1])\ntry:\n    c.execute('DELETE FROM nomad_events')\n    c.commit()\n    print('deleted')\nexcept sqlite3.DatabaseError as e:\n    print(e)")
+        .arg(f.s.db())
+        .output()
+        .expect("python3");
+    assert!(
+        text(&out.stdout).contains("append-only"),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
+#[test]
+fn an_approved_spec_that_git_or_the_live_job_moved_away_from_is_not_registered() {
+    let (f, intake) = approval_fixture("approval");
+    assert_eq!(f.tick().0, Some(0));
+    let p = pending(&intake);
+    let (id, hash) = (p[0]["id"].as_i64().expect("id"), p[0]["spec_hash"].clone());
+    // A newer commit lands between the approval and the tick.
+    f.remote.commit(
+        &[(
+            "jobs/web.nomad.hcl",
+            &web_job("nginx:1.26", "    team = \"web\""),
+        )],
+        "newer",
+    );
+    let r = api(
+        &intake,
+        "POST",
+        &format!("/api/v1/deployments/{id}/approve"),
+        APPROVER,
+        json!({ "spec_hash": hash }),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let (code, _, j) = f.tick();
+    assert_eq!(code, Some(1));
+    assert!(
+        registers(&j).is_empty(),
+        "registered a spec nobody approved"
+    );
+    assert!(
+        f.message().contains("no longer the one recorded"),
+        "{}",
+        f.message()
+    );
+    // The newer commit gets its own pending deployment.
+    assert_eq!(f.tick().0, Some(0));
+    let p = pending(&intake);
+    assert_eq!(p.len(), 1);
+    assert_ne!(p[0]["id"], id);
+
+    // Once the job is live: approved, then someone changes the live job
+    // before the tick -- the CAS rule holds after an approval too.
+    let id2 = p[0]["id"].as_i64().expect("id");
+    let r = api(
+        &intake,
+        "POST",
+        &format!("/api/v1/deployments/{id2}/approve"),
+        APPROVER,
+        json!({ "spec_hash": p[0]["spec_hash"] }),
+    );
+    assert_eq!(r.status, 200);
+    let (code, _, j) = f.tick();
+    assert_eq!(code, Some(0));
+    assert_eq!(registers(&j).len(), 1);
+    f.nomad
+        .control("deployment", json!({ "ID": "web", "Status": "successful" }));
+    assert_eq!(f.tick().0, Some(0));
+    f.remote.commit(
+        &[(
+            "jobs/web.nomad.hcl",
+            &web_job("nginx:1.27", "    team = \"web\""),
+        )],
+        "1.27",
+    );
+    assert_eq!(f.tick().0, Some(0));
+    let p = pending(&intake);
+    let id3 = p[0]["id"].as_i64().expect("id");
+    let r = api(
+        &intake,
+        "POST",
+        &format!("/api/v1/deployments/{id3}/approve"),
+        APPROVER,
+        json!({ "spec_hash": p[0]["spec_hash"] }),
+    );
+    assert_eq!(r.status, 200);
+    f.nomad.control(
+        "edit",
+        json!({ "ID": "web", "Path": ["TaskGroups", 0, "Tasks", 0, "Config", "image"], "Value": "nginx:hotfix" }),
+    );
+    let (code, _, j) = f.tick();
+    assert_eq!(code, Some(1));
+    assert!(registers(&j).is_empty());
+    assert!(
+        f.message().contains("job modified outside driftless"),
+        "{}",
+        f.message()
+    );
+    assert_eq!(f.image(), "nginx:hotfix");
+}
+
+#[test]
+fn a_paused_job_is_planned_but_never_registered_or_approved() {
+    let (f, intake) = approval_fixture("auto");
+    let pause = |path: &str| api(&intake, "POST", path, APPROVER, Value::Null);
+    assert_eq!(
+        api(
+            &intake,
+            "POST",
+            "/api/v1/targets/cluster/jobs/web/pause",
+            READER,
+            Value::Null
+        )
+        .status,
+        403
+    );
+    assert_eq!(pause("/api/v1/targets/cluster/jobs/web/pause").status, 200);
+    for _ in 0..3 {
+        let (code, _, j) = f.tick();
+        assert_eq!(code, Some(0));
+        assert!(registers(&j).is_empty(), "registered a paused job");
+        assert!(
+            j.iter().any(|r| r["path"] == "/v1/job/web/plan"),
+            "not planned"
+        );
+        assert!(
+            f.message().contains("paused by a person"),
+            "{}",
+            f.message()
+        );
+    }
+    assert_eq!(pause("/api/v1/targets/cluster/jobs/web/resume").status, 200);
+    let (code, _, j) = f.tick();
+    assert_eq!(code, Some(0));
+    assert_eq!(registers(&j).len(), 1);
+
+    // Under approval: a paused job's deployment cannot be approved.
+    f.remote.commit(
+        &[(
+            "jobs/web.nomad.hcl",
+            &web_job("nginx:1.26", "    driftless_policy = \"approval\""),
+        )],
+        "approval now",
+    );
+    f.nomad
+        .control("deployment", json!({ "ID": "web", "Status": "successful" }));
+    assert_eq!(f.tick().0, Some(0));
+    assert_eq!(f.tick().0, Some(0));
+    let p = pending(&intake);
+    assert_eq!(p.len(), 1, "{p:#?}");
+    assert_eq!(pause("/api/v1/targets/cluster/jobs/web/pause").status, 200);
+    let r = api(
+        &intake,
+        "POST",
+        &format!("/api/v1/deployments/{}/approve", p[0]["id"]),
+        APPROVER,
+        json!({ "spec_hash": p[0]["spec_hash"] }),
+    );
+    assert_eq!(r.status, 409, "{}", r.body);
+    assert!(r.body.contains("paused"), "{}", r.body);
+    // Reject ends it.
+    let r = api(
+        &intake,
+        "POST",
+        &format!("/api/v1/deployments/{}/reject", p[0]["id"]),
+        APPROVER,
+        Value::Null,
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["state"], "rejected");
+    assert!(pending(&intake).is_empty());
+}
+
+#[test]
+fn the_cli_approves_through_the_api() {
+    let (f, intake) = approval_fixture("approval");
+    assert_eq!(f.tick().0, Some(0));
+    let id = pending(&intake)[0]["id"].as_i64().expect("id");
+    let cli = |args: &[&str], token: &str| {
+        std::process::Command::new(bin())
+            .args(["--config", f.s.config.to_str().expect("utf8")])
+            .args(args)
+            .env("DRIFTLESS_TOKEN", token)
+            .output()
+            .expect("driftless")
+    };
+    let out = cli(&["deployments", "--pending"], READER);
+    assert!(out.status.success(), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).contains("pending_approval"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = cli(&["approve", &id.to_string()], READER);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stdout).contains("403"), "{}", text(&out.stdout));
+    let out = cli(&["approve", &id.to_string()], APPROVER);
+    assert!(out.status.success(), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).contains("approved: now applying"),
+        "{}",
+        text(&out.stdout)
+    );
+    let (code, _, j) = f.tick();
+    assert_eq!(code, Some(0));
+    assert_eq!(registers(&j).len(), 1);
+    drop(intake);
+}

@@ -221,9 +221,12 @@ pub struct NewDeployment {
     pub diff_summary: String,
 }
 
-/// Fields a state change may set along with the state.
+/// Fields a state change may set along with the state. Every change is
+/// also an append-only event row, attributed to `actor` (default
+/// `driftless`).
 #[derive(Debug, Clone, Default)]
 pub struct Change {
+    pub actor: Option<String>,
     pub message: Option<String>,
     pub job_modify_index: Option<i64>,
     pub registered_index: Option<i64>,
@@ -266,6 +269,12 @@ pub trait Ledger: Send + Sync + std::fmt::Debug {
         to: &'a str,
         change: Change,
     ) -> BoxFuture<'a, Result<(), LedgerError>>;
+    /// Has a person paused this job of this target?
+    fn is_paused<'a>(
+        &'a self,
+        target: &'a str,
+        job: &'a str,
+    ) -> BoxFuture<'a, Result<bool, LedgerError>>;
     /// Every job this target has had a deployment for, with its newest one.
     fn jobs_of<'a>(
         &'a self,
@@ -809,6 +818,21 @@ impl Nomad {
         let diff = redact_diff(&plan.diff, &self.ctx.redactor);
         let summary = diff_summary(&plan.diff);
 
+        if self
+            .ledger
+            .is_paused(&self.ctx.name, &key.job)
+            .await
+            .map_err(|e| self.ledger_err(p, e))?
+        {
+            let line = format!(
+                "{}: paused by a person; drift not registered: {summary}",
+                key.job
+            );
+            return Ok(Outcome {
+                result: JobResult::NoChange,
+                line,
+            });
+        }
         if p.policy == Policy::None {
             let line = format!("{}: drift not applied (policy none): {summary}", key.job);
             tracing::warn!(target_name = %self.ctx.name, job = %key.job, "{line}");
@@ -995,17 +1019,32 @@ impl Nomad {
     ) -> Result<Outcome, Outcome> {
         let key = &p.key;
         let Some(registered) = d.registered_index else {
-            // A tick died between recording `applying` and the register's
-            // answer. CAS makes this safe to settle: if the live index is
-            // still the one we planned against, the register never happened
-            // (re-plan and register); otherwise, if the live job is ours,
-            // it did.
+            // Approved by a person and not registered yet, or a tick died
+            // between recording `applying` and the register's answer. CAS
+            // makes this safe to settle: if the live index is still the one
+            // we planned against, the register never happened (re-plan and
+            // register exactly the recorded spec); otherwise, if the live
+            // job is ours, it did.
+            if self
+                .ledger
+                .is_paused(&self.ctx.name, &key.job)
+                .await
+                .map_err(|e| self.ledger_err(p, e))?
+            {
+                return Ok(Outcome {
+                    result: JobResult::NoChange,
+                    line: format!(
+                        "{}: paused by a person; deployment {} waits, not registered",
+                        key.job, d.id
+                    ),
+                });
+            }
             let live_index = live.and_then(|l| l["JobModifyIndex"].as_i64()).unwrap_or(0);
             if live_index == d.job_modify_index {
                 let spec = Self::with_live_counts(&p.job, live);
                 if spec_hash(&spec) != d.spec_hash {
                     return self
-                        .fail_deployment(p, d.id, "interrupted before its register, and the spec changed since; a new deployment will be planned".into())
+                        .fail_deployment(p, d.id, "not registered: the spec in git is no longer the one recorded (and approved, if it was); a new deployment will be planned".into())
                         .await;
                 }
                 let plan = match self.plan(key, &spec).await {
@@ -1053,7 +1092,11 @@ impl Nomad {
                 });
             }
             return self
-                .fail_deployment(p, d.id, "job modified outside driftless while its register was in flight; the live job stands".into())
+                .fail_deployment(
+                    p,
+                    d.id,
+                    "job modified outside driftless since its plan; the live job stands".into(),
+                )
                 .await;
         };
         let dep = match self.latest_nomad_deployment(key).await {

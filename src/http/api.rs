@@ -346,3 +346,195 @@ pub(super) async fn resume(
     s.wake.notify_waiters();
     r
 }
+
+// ------------------------------------------------------ Nomad deployments
+
+#[derive(Deserialize)]
+pub(super) struct DeploymentsQuery {
+    state: Option<String>,
+    limit: Option<i64>,
+}
+
+/// `GET /api/v1/deployments[?state=pending_approval]`: the deployments of
+/// targets this token may read, newest first.
+pub(super) async fn deployments(
+    State(s): State<AppState>,
+    Query(q): Query<DeploymentsQuery>,
+    headers: HeaderMap,
+) -> Response {
+    let token = match auth::authenticate(&s.engine.settings.tokens, bearer(&headers)) {
+        Ok(t) => t,
+        Err(e) => return error(StatusCode::UNAUTHORIZED, e.to_string()),
+    };
+    let all = match s
+        .engine
+        .store
+        .nomad_deployments(false, q.limit.unwrap_or(200).clamp(1, 1000))
+        .await
+    {
+        Ok(d) => d,
+        Err(e) => return internal(e).into_response(),
+    };
+    let list: Vec<serde_json::Value> = all
+        .iter()
+        .filter(|d| q.state.as_deref().is_none_or(|st| d.state == st))
+        .filter(|d| auth::allows(token, Verb::Read, &d.target))
+        .map(crate::store::nomad::deployment_json)
+        .collect();
+    axum::Json(list).into_response()
+}
+
+/// `GET /api/v1/deployments/{id}` (the diff included, redacted).
+pub(super) async fn deployment(
+    State(s): State<AppState>,
+    Path(id): Path<i64>,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(e) = auth::authenticate(&s.engine.settings.tokens, bearer(&headers)) {
+        return error(StatusCode::UNAUTHORIZED, e.to_string());
+    }
+    let d = match s.engine.store.nomad_deployment(id).await {
+        Ok(Some(d)) => d,
+        Ok(None) => return error(StatusCode::NOT_FOUND, format!("no deployment {id}")),
+        Err(e) => return internal(e).into_response(),
+    };
+    if let Err(r) = check(&s, &headers, Verb::Read, &d.target) {
+        return r.into_response();
+    }
+    axum::Json(crate::store::nomad::deployment_json(&d)).into_response()
+}
+
+async fn decide(
+    s: AppState,
+    id: i64,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+    approve: bool,
+) -> Response {
+    if let Err(e) = auth::authenticate(&s.engine.settings.tokens, bearer(&headers)) {
+        return error(StatusCode::UNAUTHORIZED, e.to_string());
+    }
+    let d = match s.engine.store.nomad_deployment(id).await {
+        Ok(Some(d)) => d,
+        Ok(None) => return error(StatusCode::NOT_FOUND, format!("no deployment {id}")),
+        Err(e) => return internal(e).into_response(),
+    };
+    let token = match check(&s, &headers, Verb::Approve, &d.target) {
+        Ok(t) => t.name.clone(),
+        Err(r) => return r.into_response(),
+    };
+    let actor = format!("token:{token}");
+    let result = if approve {
+        let hash = serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v["spec_hash"].as_str().map(str::to_string));
+        let Some(hash) = hash else {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "the body must be JSON with the `spec_hash` of the deployment you looked at",
+            );
+        };
+        s.engine.store.approve_nomad(id, &hash, &actor).await
+    } else {
+        s.engine.store.reject_nomad(id, &actor).await
+    };
+    use crate::store::nomad::DecisionError;
+    match result {
+        Ok(d) => {
+            info!(deployment = id, target = %d.target, job = %d.key.job, token = %token, approved = approve, "deployment decided");
+            if approve {
+                // The register happens in a tick, never here.
+                if let Err(e) = s
+                    .engine
+                    .queue
+                    .enqueue(&Request {
+                        target: d.target.clone(),
+                        trigger: Trigger::Manual,
+                        sha: None,
+                        delivery_id: None,
+                        receiver: None,
+                    })
+                    .await
+                {
+                    return internal(e).into_response();
+                }
+                s.wake.notify_waiters();
+            }
+            axum::Json(crate::store::nomad::deployment_json(&d)).into_response()
+        }
+        Err(DecisionError::NotFound(_)) => {
+            error(StatusCode::NOT_FOUND, format!("no deployment {id}"))
+        }
+        Err(DecisionError::Conflict(why)) => error(StatusCode::CONFLICT, why),
+        Err(DecisionError::Store(e)) => internal(e).into_response(),
+    }
+}
+
+/// `POST /api/v1/deployments/{id}/approve` with `{"spec_hash": "..."}`
+/// (scope `approve:<target>`).
+pub(super) async fn approve(
+    State(s): State<AppState>,
+    Path(id): Path<i64>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    decide(s, id, headers, body, true).await
+}
+
+/// `POST /api/v1/deployments/{id}/reject` (scope `approve:<target>`).
+pub(super) async fn reject(
+    State(s): State<AppState>,
+    Path(id): Path<i64>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    decide(s, id, headers, body, false).await
+}
+
+async fn set_job_paused(
+    s: AppState,
+    name: String,
+    job: String,
+    headers: HeaderMap,
+    pause: bool,
+) -> Response {
+    let token = match check(&s, &headers, Verb::Pause, &name) {
+        Ok(t) => t.name.clone(),
+        Err(r) => return r.into_response(),
+    };
+    if let Err(r) = known(&s, &name) {
+        return r.into_response();
+    }
+    let by = format!("token:{token}");
+    match s
+        .engine
+        .store
+        .set_job_paused(&name, &job, pause.then_some(by.as_str()))
+        .await
+    {
+        Ok(changed) => {
+            info!(target = %name, job = %job, token = %token, paused = pause, changed, "job pause set");
+            axum::Json(json!({ "target": name, "job": job, "paused": pause, "changed": changed }))
+                .into_response()
+        }
+        Err(e) => internal(e).into_response(),
+    }
+}
+
+/// `POST /api/v1/targets/{name}/jobs/{job}/pause` (scope `pause:<target>`).
+pub(super) async fn pause_job(
+    State(s): State<AppState>,
+    Path((name, job)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    set_job_paused(s, name, job, headers, true).await
+}
+
+/// `POST /api/v1/targets/{name}/jobs/{job}/resume`
+pub(super) async fn resume_job(
+    State(s): State<AppState>,
+    Path((name, job)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    set_job_paused(s, name, job, headers, false).await
+}

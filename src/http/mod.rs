@@ -110,6 +110,18 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/targets/{name}/resume", post(api::resume))
         .route("/api/v1/jobs/{id}", get(api::job))
         .route("/api/v1/runs/{id}", get(api::run))
+        .route("/api/v1/deployments", get(api::deployments))
+        .route("/api/v1/deployments/{id}", get(api::deployment))
+        .route("/api/v1/deployments/{id}/approve", post(api::approve))
+        .route("/api/v1/deployments/{id}/reject", post(api::reject))
+        .route(
+            "/api/v1/targets/{name}/jobs/{job}/pause",
+            post(api::pause_job),
+        )
+        .route(
+            "/api/v1/targets/{name}/jobs/{job}/resume",
+            post(api::resume_job),
+        )
         .layer(middleware::from_fn_with_state(timeout, request_timeout));
     Router::new()
         .route("/api/v1/targets/{name}/reconcile", post(api::reconcile))

@@ -6,7 +6,7 @@
 use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
 
-use super::{Store, WriteTx, now_ms};
+use super::{Store, StoreError, WriteTx, now_ms};
 use crate::backend::BoxFuture;
 use crate::backend::nomad::{Change, Deployment, JobKey, Ledger, LedgerError, NewDeployment};
 
@@ -38,7 +38,248 @@ fn row(r: &SqliteRow) -> Result<Deployment, sqlx::Error> {
     })
 }
 
+/// Append an event row (in the caller's transaction).
+async fn event(
+    tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
+    deployment: i64,
+    target: &str,
+    actor: &str,
+    from: Option<&str>,
+    to: &str,
+    message: Option<&str>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO nomad_events (deployment_id, target, actor, from_state, to_state, message, at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )
+    .bind(deployment)
+    .bind(target)
+    .bind(actor)
+    .bind(from)
+    .bind(to)
+    .bind(message)
+    .bind(now_ms())
+    .execute(&mut **tx)
+    .await
+    .map(|_| ())
+}
+
+/// id, deployment, actor, from, to, message, at
+type EventRow = (
+    i64,
+    i64,
+    String,
+    Option<String>,
+    String,
+    Option<String>,
+    i64,
+);
+
+/// Why an approval or rejection was refused (the API answers 409/404).
+#[derive(Debug, thiserror::Error)]
+pub enum DecisionError {
+    #[error("no deployment {0}")]
+    NotFound(i64),
+    #[error("{0}")]
+    Conflict(String),
+    #[error(transparent)]
+    Store(#[from] super::StoreError),
+}
+
+/// A deployment as the API and CLI show it (its diff is already redacted).
+pub fn deployment_json(d: &Deployment) -> serde_json::Value {
+    serde_json::json!({
+        "id": d.id,
+        "target": d.target,
+        "cluster": d.key.cluster,
+        "namespace": d.key.namespace,
+        "job": d.key.job,
+        "file": d.file,
+        "commit": d.commit_sha,
+        "spec_hash": d.spec_hash,
+        "policy": d.policy,
+        "state": d.state,
+        "job_modify_index": d.job_modify_index,
+        "summary": d.diff_summary,
+        "diff": serde_json::from_str::<serde_json::Value>(&d.diff).unwrap_or(serde_json::Value::Null),
+        "registered_index": d.registered_index,
+        "message": d.message,
+    })
+}
+
 impl Store {
+    /// One deployment, for the API.
+    pub async fn nomad_deployment(&self, id: i64) -> Result<Option<Deployment>, StoreError> {
+        let q = format!("SELECT {COLUMNS} FROM nomad_deployments WHERE id = ?1");
+        let r = sqlx::query(sqlx::AssertSqlSafe(q))
+            .bind(id)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(self.err("reading a Nomad deployment"))?;
+        r.as_ref()
+            .map(row)
+            .transpose()
+            .map_err(self.err("reading a Nomad deployment"))
+    }
+
+    /// Approve deployment `id` for exactly the spec `spec_hash` names: it
+    /// moves `pending_approval` → `applying` (the next tick registers it,
+    /// with CAS, after checking git still gives that spec). Refused when
+    /// the hash is stale, the job is paused, or it is not pending.
+    pub async fn approve_nomad(
+        &self,
+        id: i64,
+        spec_hash: &str,
+        actor: &str,
+    ) -> Result<Deployment, DecisionError> {
+        self.decide(id, Some(spec_hash), actor, "applying").await
+    }
+
+    /// Reject deployment `id`: `pending_approval` → `rejected`.
+    pub async fn reject_nomad(&self, id: i64, actor: &str) -> Result<Deployment, DecisionError> {
+        self.decide(id, None, actor, "rejected").await
+    }
+
+    async fn decide(
+        &self,
+        id: i64,
+        spec_hash: Option<&str>,
+        actor: &str,
+        to: &str,
+    ) -> Result<Deployment, DecisionError> {
+        let what = "recording a decision on a Nomad deployment";
+        let WriteTx { mut tx, _turn } = self.begin_write(what).await?;
+        let q = format!("SELECT {COLUMNS} FROM nomad_deployments WHERE id = ?1");
+        let d = sqlx::query(sqlx::AssertSqlSafe(q))
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(self.err(what))?;
+        let d = d
+            .as_ref()
+            .map(row)
+            .transpose()
+            .map_err(self.err(what))?
+            .ok_or(DecisionError::NotFound(id))?;
+        if d.state != "pending_approval" {
+            return Err(DecisionError::Conflict(format!(
+                "deployment {id} is `{}`, not pending approval",
+                d.state
+            )));
+        }
+        if let Some(h) = spec_hash
+            && h != d.spec_hash
+        {
+            return Err(DecisionError::Conflict(format!(
+                "stale spec: deployment {id} is for spec {}, not {h}; look at it again",
+                d.spec_hash
+            )));
+        }
+        if to == "applying" {
+            let paused: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM nomad_job_pauses WHERE target = ?1 AND job = ?2",
+            )
+            .bind(&d.target)
+            .bind(&d.key.job)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(self.err(what))?;
+            if paused > 0 {
+                return Err(DecisionError::Conflict(format!(
+                    "job `{}` of target `{}` is paused; resume it first",
+                    d.key.job, d.target
+                )));
+            }
+        }
+        let message = if to == "applying" {
+            "approved; the next tick registers it"
+        } else {
+            "rejected"
+        };
+        sqlx::query(
+            "UPDATE nomad_deployments SET state = ?2, message = ?3, updated_at = ?4
+             WHERE id = ?1 AND state = 'pending_approval'",
+        )
+        .bind(id)
+        .bind(to)
+        .bind(message)
+        .bind(now_ms())
+        .execute(&mut *tx)
+        .await
+        .map_err(self.err(what))?;
+        event(
+            &mut tx,
+            id,
+            &d.target,
+            actor,
+            Some("pending_approval"),
+            to,
+            Some(message),
+        )
+        .await
+        .map_err(self.err(what))?;
+        tx.commit().await.map_err(self.err(what))?;
+        Ok(Deployment {
+            state: to.to_string(),
+            message: Some(message.to_string()),
+            ..d
+        })
+    }
+
+    /// Pause (`by` set) or resume a job of a target. Returns whether it
+    /// changed anything.
+    pub async fn set_job_paused(
+        &self,
+        target: &str,
+        job: &str,
+        by: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        let r = match by {
+            Some(by) => {
+                sqlx::query(
+                    "INSERT INTO nomad_job_pauses (target, job, paused_by, paused_at)
+                 VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING",
+                )
+                .bind(target)
+                .bind(job)
+                .bind(by)
+                .bind(now_ms())
+                .execute(self.pool())
+                .await
+            }
+            None => {
+                sqlx::query("DELETE FROM nomad_job_pauses WHERE target = ?1 AND job = ?2")
+                    .bind(target)
+                    .bind(job)
+                    .execute(self.pool())
+                    .await
+            }
+        }
+        .map_err(self.err("pausing a job"))?;
+        Ok(r.rows_affected() > 0)
+    }
+
+    /// A target's deployment events, oldest first.
+    pub async fn nomad_events(&self, target: &str) -> Result<Vec<serde_json::Value>, StoreError> {
+        let rows: Vec<EventRow> = sqlx::query_as(
+            "SELECT id, deployment_id, actor, from_state, to_state, message, at
+                 FROM nomad_events WHERE target = ?1 ORDER BY id",
+        )
+        .bind(target)
+        .fetch_all(self.pool())
+        .await
+        .map_err(self.err("reading deployment events"))?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, dep, actor, from, to, message, at)| {
+                serde_json::json!({
+                    "id": id, "deployment": dep, "actor": actor, "from": from,
+                    "to": to, "message": message, "at": super::format_ms(at),
+                })
+            })
+            .collect())
+    }
+
     fn ledger_err(&self, what: &'static str) -> impl FnOnce(sqlx::Error) -> LedgerError + '_ {
         move |e| LedgerError::Store(self.err(what)(e).to_string())
     }
@@ -150,6 +391,17 @@ impl Ledger for Store {
                 }
                 Err(e) => return Err(self.ledger_err(what)(e)),
             };
+            event(
+                &mut tx,
+                id,
+                &d.target,
+                "driftless",
+                None,
+                d.state,
+                Some(&d.diff_summary),
+            )
+            .await
+            .map_err(self.ledger_err(what))?;
             tx.commit().await.map_err(self.ledger_err(what))?;
             Ok(id)
         })
@@ -181,7 +433,7 @@ impl Ledger for Store {
             .bind(id)
             .bind(from)
             .bind(to)
-            .bind(change.message)
+            .bind(change.message.as_deref())
             .bind(change.job_modify_index)
             .bind(change.registered_index)
             .bind(change.eval_id)
@@ -203,8 +455,43 @@ impl Ledger for Store {
                     "deployment {id} is no longer `{from}` (another process moved it)"
                 )));
             }
+            let target: String =
+                sqlx::query_scalar("SELECT target FROM nomad_deployments WHERE id = ?1")
+                    .bind(id)
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(self.ledger_err(what))?;
+            event(
+                &mut tx,
+                id,
+                &target,
+                change.actor.as_deref().unwrap_or("driftless"),
+                Some(from),
+                to,
+                change.message.as_deref(),
+            )
+            .await
+            .map_err(self.ledger_err(what))?;
             tx.commit().await.map_err(self.ledger_err(what))?;
             Ok(())
+        })
+    }
+
+    fn is_paused<'a>(
+        &'a self,
+        target: &'a str,
+        job: &'a str,
+    ) -> BoxFuture<'a, Result<bool, LedgerError>> {
+        Box::pin(async move {
+            let n: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM nomad_job_pauses WHERE target = ?1 AND job = ?2",
+            )
+            .bind(target)
+            .bind(job)
+            .fetch_one(self.pool())
+            .await
+            .map_err(self.ledger_err("reading a job's pause"))?;
+            Ok(n > 0)
         })
     }
 

@@ -726,6 +726,16 @@ pub struct Intake {
 
 impl Intake {
     pub fn start(setup: &Setup) -> Intake {
+        Self::start_inner(setup, false)
+    }
+
+    /// Listen on the configured `server.listen` (for CLI commands that go
+    /// through the API).
+    pub fn start_at_listen(setup: &Setup) -> Intake {
+        Self::start_inner(setup, true)
+    }
+
+    fn start_inner(setup: &Setup, at_listen: bool) -> Intake {
         let settings = driftless::config::load(&setup.config).expect("valid config");
         let db = settings.database_path();
         let (stop, stop_rx) = tokio::sync::watch::channel(false);
@@ -744,9 +754,12 @@ impl Intake {
                 let state =
                     driftless::http::AppState::new(engine, Default::default(), Default::default())
                         .expect("receivers");
-                let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-                    .await
-                    .expect("bind");
+                let addr = if at_listen {
+                    server.listen
+                } else {
+                    std::net::SocketAddr::from(([127, 0, 0, 1], 0))
+                };
+                let listener = tokio::net::TcpListener::bind(addr).await.expect("bind");
                 port_tx
                     .send(listener.local_addr().expect("addr").port())
                     .expect("send port");
