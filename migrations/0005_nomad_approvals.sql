@@ -1,6 +1,9 @@
 -- Nomad approvals and pauses: who did what to a deployment, append-only, and
 -- the jobs a person paused (which only ever makes driftless do less).
 
+-- when the owners were told a deployment waits for approval
+ALTER TABLE nomad_deployments ADD COLUMN notified_at INTEGER;
+
 CREATE TABLE nomad_events (
     id            INTEGER PRIMARY KEY AUTOINCREMENT,
     deployment_id INTEGER NOT NULL REFERENCES nomad_deployments (id),

@@ -324,11 +324,14 @@ impl Engine {
         sha: Option<&str>,
         status: Status,
     ) -> Result<Outcome, TickError> {
-        let notice = match run.op {
+        let mut notice = match run.op {
             Operation::Apply => Some(self.notice(target, run, sha, &status)),
             // Tearing down is an operator's act, not news for the owners.
             Operation::Destroy => None,
         };
+        if let Some(n) = notice.as_mut() {
+            self.approval_notices(target, run, n).await?;
+        }
         self.store
             .finish_run(run.id, &target.name, run.op, sha, &status, notice.as_ref())
             .await?;
@@ -432,7 +435,86 @@ impl Engine {
             last_notified_at: d.state.last_notified_at,
             last_notified_message: d.state.last_notified_message,
             outbox,
+            approvals_notified: Vec::new(),
         }
+    }
+
+    /// A `pending_approval` event for every deployment of this target that
+    /// waits for a person and whose owners were not told yet: what changes
+    /// and how to approve it.
+    async fn approval_notices(
+        &self,
+        target: &Target,
+        run: &RunInfo,
+        notice: &mut Notice,
+    ) -> Result<(), TickError> {
+        let waiting = self.store.unnotified_approvals(&target.name).await?;
+        let base = match &self.settings.server.public_url {
+            Some(u) => u.trim_end_matches('/').to_string(),
+            None => format!("http://{}", self.settings.server.listen),
+        };
+        for d in waiting {
+            let message = notify::bounded(
+                &format!(
+                    "Nomad job {}/{} ({}) at commit {} waits for approval (deployment {}): {}\n\n\
+                     Approve exactly this spec: driftless approve {}\n\
+                     or: curl -X POST -H \"Authorization: Bearer $TOKEN\" -d '{{\"spec_hash\":\"{}\"}}' {base}/api/v1/deployments/{}/approve\n\
+                     See the diff: {base}/api/v1/deployments/{}",
+                    d.key.namespace,
+                    d.key.job,
+                    d.file,
+                    d.commit_sha.get(..12).unwrap_or(&d.commit_sha),
+                    d.id,
+                    d.diff_summary,
+                    d.id,
+                    d.spec_hash,
+                    d.id,
+                    d.id
+                ),
+                notify::MESSAGE_MAX,
+            );
+            for name in &target.notify {
+                let Some(cfg) = self.settings.notifiers.iter().find(|n| &n.name == name) else {
+                    continue;
+                };
+                if !cfg.wants(notify::Event::PendingApproval) {
+                    continue;
+                }
+                let uid = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
+                let doc = EventDoc {
+                    id: uid.clone(),
+                    event: notify::Event::PendingApproval,
+                    target: target.name.clone(),
+                    backend: target.backend.kind().to_string(),
+                    sha: Some(d.commit_sha.clone()),
+                    short_sha: Some(d.commit_sha.get(..12).unwrap_or(&d.commit_sha).to_string()),
+                    commit_url: target
+                        .web_url
+                        .as_ref()
+                        .map(|w| format!("{w}/commit/{}", d.commit_sha)),
+                    trigger: run.trigger.clone(),
+                    delivery_id: run.delivery_id.clone(),
+                    started_at: crate::store::format_ms(run.started_ms),
+                    duration_ms: run.started.elapsed().as_millis() as i64,
+                    message: message.clone(),
+                    consecutive_failures: 0,
+                    failing_for_ms: None,
+                    run_id: Some(run.id),
+                    run_url: Some(format!("{base}/api/v1/deployments/{}", d.id)),
+                };
+                match serde_json::to_string(&doc) {
+                    Ok(document) => notice.outbox.push(NewNotification {
+                        uid,
+                        notifier: name.clone(),
+                        event: notify::Event::PendingApproval.as_str().to_string(),
+                        document,
+                    }),
+                    Err(e) => error!(notifier = %name, error = %e, "cannot encode a notification"),
+                }
+            }
+            notice.approvals_notified.push(d.id);
+        }
+        Ok(())
     }
 
     /// The target's outputs, read from its current checkout.

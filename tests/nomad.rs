@@ -453,7 +453,8 @@ fn one_active_deployment_per_job_under_two_concurrent_ticks() {
     let token = root.path().join("nomad-token");
     std::fs::write(&token, &nomad.token).expect("write");
     // Two targets that (wrongly) manage the same job, ticking at once; the
-    // plans are slowed so both are in flight together.
+    // register is slowed so the second tick plans and tries to record its
+    // deployment while the first one's is active.
     let s = Setup::new(&format!(
         "{}{}",
         target("one", &remote, &nomad, &token, ""),
@@ -461,7 +462,7 @@ fn one_active_deployment_per_job_under_two_concurrent_ticks() {
     ));
     nomad.control(
         "delay",
-        json!({ "Path": "/v1/job/web/plan", "Method": "POST", "Seconds": 1.5 }),
+        json!({ "Path": "/v1/jobs", "Method": "POST", "Seconds": 2 }),
     );
     let spawn = |name: &str| {
         std::process::Command::new(bin())
@@ -490,7 +491,14 @@ fn one_active_deployment_per_job_under_two_concurrent_ticks() {
         .as_str()
         .unwrap_or("")
         .to_string();
-    assert!(msg.contains("already has an active deployment"), "{msg}");
+    // Refused by the unique index, or seen at the start of the tick.
+    assert!(
+        msg.contains("already has an active deployment")
+            || msg.contains("has an active deployment (1, "),
+        "{msg}\none: {}\ntwo: {}",
+        text(&a.stderr),
+        text(&b.stderr)
+    );
 }
 
 #[test]
@@ -1207,4 +1215,49 @@ fn the_cli_approves_through_the_api() {
     assert_eq!(code, Some(0));
     assert_eq!(registers(&j).len(), 1);
     drop(intake);
+}
+
+#[test]
+fn owners_are_told_once_that_a_deployment_waits_for_approval() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let sink = Service::http_sink(root.path(), 0);
+    let f = fixture("default_policy = \"approval\"");
+    f.remote.commit(
+        &[(
+            "jobs/web.nomad.hcl",
+            &web_job("nginx:1.25", "    team = \"web\""),
+        )],
+        "no policy in meta",
+    );
+    let cfg = std::fs::read_to_string(&f.s.config).expect("config");
+    std::fs::write(
+        &f.s.config,
+        format!(
+            "{cfg}\n[defaults]\nnotify = [\"hook\"]\n\n[[notifiers]]\nname = \"hook\"\nkind = \"webhook\"\nurl = \"http://127.0.0.1:{}/hook\"\n",
+            sink.port
+        ),
+    )
+    .expect("config");
+    for _ in 0..3 {
+        assert_eq!(f.tick().0, Some(0));
+    }
+    let sent: Vec<Value> = sink
+        .requests()
+        .into_iter()
+        .map(|r| serde_json::from_str(r["body"].as_str().unwrap_or("null")).unwrap_or(Value::Null))
+        .filter(|d| d["event"] == "pending_approval")
+        .collect();
+    assert_eq!(sent.len(), 1, "{sent:#?}");
+    let d = &f.deployments()[0];
+    let msg = sent[0]["message"].as_str().unwrap_or("");
+    let id = d["id"].as_i64().expect("id");
+    for want in [
+        format!("driftless approve {id}"),
+        d["spec_hash"].as_str().expect("hash").to_string(),
+        "default/web".to_string(),
+        "new job".to_string(),
+    ] {
+        assert!(msg.contains(&want), "{want:?} missing: {msg}");
+    }
+    assert!(!sent[0].to_string().contains(CANARY));
 }

@@ -756,6 +756,16 @@ impl Nomad {
         };
         let spec = Self::with_live_counts(&p.job, live.as_ref());
         let hash = spec_hash(&spec);
+        // Only this target's deployments are ours to continue: the target's
+        // lock says no other tick of it is running, so an `applying` one of
+        // ours was left by a tick that died. Another target's may be
+        // mid-register right now.
+        if let Some(d) = active.as_ref().filter(|d| d.target != self.ctx.name) {
+            return fail(format!(
+                "not registered: target `{}` has an active deployment ({}, {}) of this job; one job must be managed by one target",
+                d.target, d.id, d.state
+            ));
+        }
         if let Some(d) = &active {
             match d.state.as_str() {
                 "applying" => return self.follow(p, d, live.as_ref()).await,

@@ -32,6 +32,8 @@ pub enum Event {
     StillFailing,
     Recovered,
     Changed,
+    /// A Nomad deployment waits for a person's approval.
+    PendingApproval,
     /// Sent by `driftless notify test`.
     Test,
 }
@@ -43,6 +45,7 @@ impl Event {
             Event::StillFailing => "still_failing",
             Event::Recovered => "recovered",
             Event::Changed => "changed",
+            Event::PendingApproval => "pending_approval",
             Event::Test => "test",
         }
     }
@@ -53,6 +56,7 @@ impl Event {
             "still_failing" => Event::StillFailing,
             "recovered" => Event::Recovered,
             "changed" => Event::Changed,
+            "pending_approval" => Event::PendingApproval,
             _ => return None,
         })
     }
@@ -122,6 +126,9 @@ impl EventDoc {
                 None => format!("{}: recovered{at}", self.target),
             },
             Event::Changed => format!("{}: changed{at}", self.target),
+            Event::PendingApproval => {
+                format!("{}: a deployment waits for approval{at}", self.target)
+            }
             Event::Test => format!("{}: test notification", self.target),
         }
     }
@@ -337,7 +344,12 @@ impl NotifierConfig {
             }
         };
         let events = match obj.remove("events") {
-            None => vec![Event::Failed, Event::StillFailing, Event::Recovered],
+            None => vec![
+                Event::Failed,
+                Event::StillFailing,
+                Event::Recovered,
+                Event::PendingApproval,
+            ],
             Some(Value::Array(a)) => {
                 let mut out = Vec::new();
                 for e in a {
@@ -346,7 +358,7 @@ impl NotifierConfig {
                         None => errs.push((
                             "events".into(),
                             format!(
-                                "`{e}` is not one of failed, still_failing, recovered, changed"
+                                "`{e}` is not one of failed, still_failing, recovered, changed, pending_approval"
                             ),
                         )),
                     }

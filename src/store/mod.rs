@@ -49,6 +49,14 @@ pub struct WriteTx {
     pub(crate) _turn: tokio::sync::OwnedMutexGuard<()>,
 }
 
+/// SQLITE_BUSY or SQLITE_LOCKED.
+fn is_busy(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(d) => matches!(d.code().as_deref(), Some("5" | "6" | "517" | "262")),
+        _ => false,
+    }
+}
+
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> i64 {
     SystemTime::now()
@@ -148,6 +156,9 @@ pub struct Notice {
     pub last_notified_at: Option<i64>,
     pub last_notified_message: Option<String>,
     pub outbox: Vec<NewNotification>,
+    /// Nomad deployments whose `pending_approval` notification is in
+    /// `outbox`: marked notified in the same transaction.
+    pub approvals_notified: Vec<i64>,
 }
 
 impl Store {
@@ -169,11 +180,25 @@ impl Store {
             .synchronous(SqliteSynchronous::Full)
             .foreign_keys(true)
             .busy_timeout(Duration::from_secs(15));
-        let pool = SqlitePoolOptions::new()
-            .max_connections(8)
-            .connect_with(opts)
-            .await
-            .map_err(|e| err("opening", e))?;
+        // A brand-new database is switched to WAL on the first connection,
+        // which takes an exclusive lock SQLite does not wait for: a second
+        // process opening it at that instant gets SQLITE_BUSY at once. Retry
+        // that for a few seconds rather than fail a tick for it.
+        let mut attempt = 0;
+        let pool = loop {
+            match SqlitePoolOptions::new()
+                .max_connections(8)
+                .connect_with(opts.clone())
+                .await
+            {
+                Ok(p) => break p,
+                Err(e) if attempt < 30 && is_busy(&e) => {
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_millis(50 + 10 * attempt)).await;
+                }
+                Err(e) => return Err(err("opening", e)),
+            }
+        };
         // Two processes starting at once may race on the first migration:
         // the loser retries once and finds it applied.
         if let Err(e) = MIGRATOR.run(&pool).await {
@@ -359,6 +384,14 @@ impl Store {
                 .execute(&mut *tx)
                 .await
                 .map_err(self.err(what))?;
+            }
+            for id in &n.approvals_notified {
+                sqlx::query("UPDATE nomad_deployments SET notified_at = ?2 WHERE id = ?1")
+                    .bind(id)
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(self.err(what))?;
             }
         }
         tx.commit().await.map_err(self.err(what))?;

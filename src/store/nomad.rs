@@ -226,6 +226,25 @@ impl Store {
         })
     }
 
+    /// A target's deployments waiting for approval whose owners have not
+    /// been told yet.
+    pub async fn unnotified_approvals(&self, target: &str) -> Result<Vec<Deployment>, StoreError> {
+        let q = format!(
+            "SELECT {COLUMNS} FROM nomad_deployments
+             WHERE target = ?1 AND state = 'pending_approval' AND notified_at IS NULL
+             ORDER BY id"
+        );
+        let rows = sqlx::query(sqlx::AssertSqlSafe(q))
+            .bind(target)
+            .fetch_all(self.pool())
+            .await
+            .map_err(self.err("reading deployments waiting for approval"))?;
+        rows.iter()
+            .map(row)
+            .collect::<Result<_, _>>()
+            .map_err(self.err("reading deployments waiting for approval"))
+    }
+
     /// Pause (`by` set) or resume a job of a target. Returns whether it
     /// changed anything.
     pub async fn set_job_paused(
