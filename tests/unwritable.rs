@@ -38,7 +38,7 @@ impl Drop for Tmpfs {
     }
 }
 
-fn push(remote: &Remote, port: u16, n: u32) -> (String, Option<u16>) {
+fn push(remote: &Remote, port: u16, n: u32) -> (String, Option<u16>, String) {
     let sha = remote.commit(&[("app/v", &n.to_string())], &format!("push {n}"));
     let body = github_push_body(&remote.url(), &sha, &["app/v"]);
     let sig = format!("sha256={}", hmac_hex(SECRET, &body));
@@ -54,7 +54,7 @@ fn push(remote: &Remote, port: u16, n: u32) -> (String, Option<u16>) {
         ],
         &body,
     );
-    (sha, Some(r.status))
+    (sha, Some(r.status), r.body)
 }
 
 #[test]
@@ -97,7 +97,7 @@ fn a_full_state_dir_refuses_work_and_recovers() {
         .args(["if=/dev/zero", "bs=1M", "count=64"])
         .arg(format!("of={}", filler.display()))
         .output();
-    let (_, code) = push(&remote, daemon.port, 1);
+    let (_, code, _) = push(&remote, daemon.port, 1);
     assert_ne!(
         code.map(|c| (200..300).contains(&c)),
         Some(true),
@@ -123,8 +123,16 @@ fn a_full_state_dir_refuses_work_and_recovers() {
     wait_for(Duration::from_secs(10), "ready again", || {
         http_get(daemon.port, "/readyz").is_some_and(|r| r.0 == 200)
     });
-    let (sha, code) = push(&remote, daemon.port, 2);
-    assert_eq!(code, Some(202));
+    // Every connection in the pool must be usable again, not just the one
+    // the readiness probe got (a commit that failed on the full disk once
+    // left a pooled connection unusable: "begin_with at non-zero
+    // transaction depth").
+    let mut sha = String::new();
+    for n in 2..12 {
+        let (s2, code, body) = push(&remote, daemon.port, n);
+        assert_eq!(code, Some(202), "push {n}: {body}\n{}", daemon.log_text());
+        sha = s2;
+    }
     wait_for(Duration::from_secs(30), "the push applied", || {
         s.target_status("app")["last_applied_sha"] == sha.as_str()
     });

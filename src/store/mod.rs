@@ -188,6 +188,13 @@ impl Store {
         let pool = loop {
             match SqlitePoolOptions::new()
                 .max_connections(8)
+                // A commit that failed (a full disk) can leave a pooled
+                // connection marked inside a transaction, and every later
+                // write on it fails ("begin_with at non-zero transaction
+                // depth"). Such a connection is closed, not reused.
+                .before_acquire(|conn, _meta| {
+                    Box::pin(async move { Ok(!sqlx::Connection::is_in_transaction(conn)) })
+                })
                 .connect_with(opts.clone())
                 .await
             {
