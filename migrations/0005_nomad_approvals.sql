@@ -3,6 +3,11 @@
 
 -- when the owners were told a deployment waits for approval
 ALTER TABLE nomad_deployments ADD COLUMN notified_at INTEGER;
+-- the hooks the job's meta named when it was planned (parameterized batch
+-- jobs in the same target path), and how long each may run
+ALTER TABLE nomad_deployments ADD COLUMN pre_hook TEXT;
+ALTER TABLE nomad_deployments ADD COLUMN post_hook TEXT;
+ALTER TABLE nomad_deployments ADD COLUMN hook_timeout_ms INTEGER;
 
 CREATE TABLE nomad_events (
     id            INTEGER PRIMARY KEY AUTOINCREMENT,

@@ -1261,3 +1261,221 @@ fn owners_are_told_once_that_a_deployment_waits_for_approval() {
     }
     assert!(!sent[0].to_string().contains(CANARY));
 }
+
+// ------------------------------------------------------------------ hooks
+
+const HOOKS: &str = "    driftless_policy    = \"auto\"\n    driftless_pre_hook  = \"db-migrate\"\n    driftless_post_hook = \"smoke-test\"\n    driftless_hook_timeout = \"20s\"";
+
+fn hook_job(name: &str) -> String {
+    format!(
+        r#"job "{name}" {{
+  type = "batch"
+  parameterized {{
+    meta_required = ["driftless_deployment"]
+  }}
+  group "run" {{
+    task "run" {{
+      driver = "exec"
+      config {{
+        command = "/bin/{name}"
+      }}
+    }}
+  }}
+}}
+"#
+    )
+}
+
+fn hooks_fixture(web_meta: &str) -> Fixture {
+    let f = fixture("");
+    f.remote.commit(
+        &[
+            ("jobs/web.nomad.hcl", &web_job("nginx:1.25", web_meta)),
+            ("jobs/db-migrate.nomad.hcl", &hook_job("db-migrate")),
+            ("jobs/smoke-test.nomad.hcl", &hook_job("smoke-test")),
+        ],
+        "hooks",
+    );
+    f
+}
+
+fn dispatches<'a>(j: &'a [Value], hook: &str) -> Vec<&'a Value> {
+    j.iter()
+        .filter(|r| r["path"] == format!("/v1/job/{hook}/dispatch"))
+        .collect()
+}
+
+fn position(j: &[Value], f: impl Fn(&Value) -> bool) -> usize {
+    j.iter().position(f).unwrap_or(usize::MAX)
+}
+
+#[test]
+fn hooks_are_dispatched_once_around_the_register_with_their_meta() {
+    let f = hooks_fixture(HOOKS);
+    let sha = git(&f.remote.bare, &["rev-parse", "main"]);
+    let (code, out, j) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    // The hook jobs are registered (plan + CAS) before the pre hook is
+    // dispatched, and the pre hook before the job.
+    assert_eq!(assert_plan_then_cas(&j, &f.nomad), 3);
+    let reg_of = |id: &str| {
+        position(&j, |r| {
+            r["path"] == "/v1/jobs" && r["body"]["Job"]["ID"] == id
+        })
+    };
+    let pre = dispatches(&j, "db-migrate");
+    assert_eq!(pre.len(), 1, "{j:#?}");
+    let pre_at = position(&j, |r| r["path"] == "/v1/job/db-migrate/dispatch");
+    assert!(
+        reg_of("db-migrate") < pre_at && pre_at < reg_of("web"),
+        "{j:#?}"
+    );
+    assert!(
+        dispatches(&j, "smoke-test").is_empty(),
+        "post hook before the deployment"
+    );
+    let d = f.deployments();
+    let web = d
+        .iter()
+        .find(|r| r["job"] == "web")
+        .expect("web deployment");
+    let meta = &pre[0]["body"]["Meta"];
+    assert_eq!(meta["driftless_deployment"], web["id"].to_string());
+    assert_eq!(meta["driftless_job"], "web");
+    assert_eq!(meta["driftless_commit"], sha.as_str());
+    assert_eq!(meta["driftless_phase"], "pre");
+    assert_eq!(
+        pre[0]["body"]["IdempotencyToken"],
+        format!("driftless-{}-pre", web["id"])
+    );
+
+    // Nomad's deployment succeeds: the post hook runs, once.
+    f.nomad
+        .control("deployment", json!({ "ID": "web", "Status": "successful" }));
+    let (code, out, j) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    let post = dispatches(&j, "smoke-test");
+    assert_eq!(post.len(), 1);
+    assert_eq!(post[0]["body"]["Meta"]["driftless_phase"], "post");
+    let d = f.deployments();
+    let web = d
+        .iter()
+        .find(|r| r["job"] == "web")
+        .expect("web deployment");
+    assert_eq!(web["state"], "completed", "{d:#?}");
+    let (_, _, j) = f.tick();
+    assert!(dispatches(&j, "db-migrate").is_empty() && dispatches(&j, "smoke-test").is_empty());
+}
+
+#[test]
+fn a_failed_pre_hook_blocks_the_register() {
+    let f = hooks_fixture(HOOKS);
+    f.nomad.control(
+        "hook_outcome",
+        json!({ "ID": "db-migrate", "Status": "failed" }),
+    );
+    let (code, _, j) = f.tick();
+    assert_eq!(code, Some(1));
+    assert!(
+        !j.iter()
+            .any(|r| r["path"] == "/v1/jobs" && r["body"]["Job"]["ID"] == "web"),
+        "registered after a failed pre hook"
+    );
+    assert!(
+        f.message().contains("pre hook failed; nothing registered"),
+        "{}",
+        f.message()
+    );
+    assert!(f.nomad.job("web").is_none());
+}
+
+#[test]
+fn a_hook_missing_from_git_fails_the_deployment() {
+    let f = hooks_fixture(&HOOKS.replace("db-migrate", "no-such-hook"));
+    let (code, _, j) = f.tick();
+    assert_eq!(code, Some(1));
+    assert!(
+        !j.iter()
+            .any(|r| r["path"] == "/v1/jobs" && r["body"]["Job"]["ID"] == "web")
+    );
+    assert!(
+        f.message()
+            .contains("`no-such-hook` is not a parameterized job in this target's path"),
+        "{}",
+        f.message()
+    );
+}
+
+#[test]
+fn a_failed_post_hook_fails_the_deployment_after_the_register() {
+    let f = hooks_fixture(HOOKS);
+    f.nomad.control(
+        "hook_outcome",
+        json!({ "ID": "smoke-test", "Status": "failed" }),
+    );
+    assert_eq!(f.tick().0, Some(0));
+    assert!(f.nomad.job("web").is_some());
+    f.nomad
+        .control("deployment", json!({ "ID": "web", "Status": "successful" }));
+    let (code, _, _) = f.tick();
+    assert_eq!(code, Some(1));
+    assert!(
+        f.message().contains("post hook failed after the register"),
+        "{}",
+        f.message()
+    );
+}
+
+#[test]
+fn a_tick_killed_during_the_pre_hook_resumes_without_a_second_instance() {
+    let f = hooks_fixture(HOOKS);
+    f.nomad.control(
+        "hook_outcome",
+        json!({ "ID": "db-migrate", "Status": "running" }),
+    );
+    let mut child = std::process::Command::new(bin())
+        .args([
+            "--config",
+            f.s.config.to_str().expect("utf8"),
+            "tick",
+            "cluster",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("tick");
+    wait_for(Duration::from_secs(20), "the pre hook dispatched", || {
+        !dispatches(&f.nomad.journal(), "db-migrate").is_empty()
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    let d = f.deployments();
+    let web = d.iter().find(|r| r["job"] == "web").expect("web");
+    assert_eq!(web["state"], "pre_hook", "{d:#?}");
+    // The hook finishes on its own; the next tick finds the same instance
+    // (same idempotency token) and registers.
+    f.nomad.control(
+        "hook_outcome",
+        json!({ "ID": "db-migrate", "Status": "complete" }),
+    );
+    let (code, out, j) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    let all = f.nomad.journal();
+    let instances: Vec<Value> = http(f.nomad.port, "GET", "/_standin/jobs", &[], b"")
+        .json()
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|j| j["ParentID"] == "db-migrate")
+        .collect();
+    assert_eq!(instances.len(), 1, "the hook ran twice");
+    assert_eq!(dispatches(&all, "db-migrate").len(), 2);
+    assert_eq!(
+        j.iter()
+            .filter(|r| r["path"] == "/v1/jobs" && r["body"]["Job"]["ID"] == "web")
+            .count(),
+        1
+    );
+    assert!(f.nomad.job("web").is_some());
+}

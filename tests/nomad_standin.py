@@ -17,6 +17,9 @@ text/plain error bodies:
                                  with conflicting job modify index: M";
                                  PreserveCounts
   GET  /v1/job/:id/deployment    the latest deployment, or `null`
+  POST /v1/job/:id/dispatch      dispatch a parameterized job ({Meta,
+                                 IdempotencyToken}: one instance per token)
+  GET  /v1/job/:id/summary       per group: Complete, Failed, Running, …
   DELETE /v1/job/:id             deregister (Stop = true; purge=true removes)
 
 Every answer carries X-Nomad-Index. JobModifyIndex and Version move only when
@@ -32,6 +35,10 @@ Test controls (not Nomad's), under /_standin/:
   POST deployment {Namespace, ID, Status}       drive the latest deployment
   POST after_plan {Action: "edit"|"scale", ...} run that control right after
                                  answering the next plan (the CAS window)
+  POST hook_outcome {ID, Status}                 how instances dispatched from
+                                 the parameterized job ID end: complete (the
+                                 default), failed, or running (until a later
+                                 hook_outcome ends the running ones)
   POST delay {Path, Method, Seconds}             sleep before answering
                                  matching requests (the request still runs)
   POST fail {Path, Status, Body, Times}         answer the next Times
@@ -46,7 +53,7 @@ import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlparse
+from urllib.parse import parse_qs, unquote, urlparse
 
 import hcl2
 
@@ -61,6 +68,7 @@ deployments = {}   # (ns, id) -> [deployment dicts]
 after_plan = []    # controls to run after the next plan
 failures = []      # {Path, Status, Body, Times}
 delays = []        # {Path, Method, Seconds}: sleep before answering
+hook_outcomes = {} # parameterized job ID -> complete | failed | running
 journal = []
 
 SERVER_FIELDS = {"Version", "JobModifyIndex", "ModifyIndex", "CreateIndex",
@@ -400,6 +408,17 @@ class Handler(BaseHTTPRequestHandler):
         if what == "delay":
             delays.append(body)
             return self.reply(200, {})
+        if what == "hook_outcome":
+            hook_outcomes[body["ID"]] = body["Status"]
+            # instances still running end that way too
+            for child in jobs.values():
+                if child.get("ParentID") == body["ID"] and child["Status"] == "running" \
+                        and body["Status"] != "running":
+                    group = next(iter(child["_summary"]))
+                    child["_summary"][group]["Running"] = 0
+                    child["_summary"][group]["Complete" if body["Status"] == "complete" else "Failed"] = 1
+                    child["Status"] = "dead"
+            return self.reply(200, {})
         code, out = control(what, body)
         return self.reply(code, out)
 
@@ -412,10 +431,18 @@ class Handler(BaseHTTPRequestHandler):
             return 200, job
         if path in ("/v1/jobs",) and self.command == "POST":
             return self.register(body)
-        m = re.fullmatch(r"/v1/job/([^/]+)(/plan|/deployment)?", path)
+        m = re.fullmatch(r"/v1/job/([^/]+)(/plan|/deployment|/dispatch|/summary)?", path)
         if not m:
             return 404, "Invalid URL path"
-        jid, sub = m.group(1), m.group(2)
+        jid, sub = unquote(m.group(1)), m.group(2)
+        if sub == "/dispatch" and self.command in ("POST", "PUT"):
+            return self.dispatch(jid, q, body)
+        if sub == "/summary" and self.command == "GET":
+            key = (ns_of(q), jid)
+            job = jobs.get(key)
+            if job is None:
+                return 404, "job not found"
+            return 200, {"JobID": jid, "Namespace": key[0], "Summary": job.get("_summary", {})}
         key = (ns_of(q, body.get("Job")), jid)
         job = jobs.get(key)
         if sub is None and self.command == "GET":
@@ -447,6 +474,41 @@ class Handler(BaseHTTPRequestHandler):
             ds = deployments.get(key) or []
             return 200, (ds[-1] if ds else None)
         return 405, "Invalid method"
+
+    def dispatch(self, jid, q, body):
+        key = (ns_of(q), jid)
+        parent = jobs.get(key)
+        if parent is None:
+            return 404, "job not found"
+        if not parent.get("ParameterizedJob"):
+            return 400, "Specified job is not a parameterized job"
+        token = body.get("IdempotencyToken") or (q.get("idempotency_token") or [None])[0]
+        if token:
+            for child in jobs.values():
+                if child.get("ParentID") == jid and child.get("DispatchIdempotencyToken") == token:
+                    # Nomad dispatches at most one instance per token.
+                    return 200, {"DispatchedJobID": child["ID"], "EvalID": "", "Index": index,
+                                 "JobCreateIndex": child["CreateIndex"], "EvalCreateIndex": 0}
+        i = next_index()
+        child_id = f"{jid}/dispatch-{i}-{uuid.uuid4().hex[:8]}"
+        outcome = hook_outcomes.get(jid, "complete")
+        group = (parent.get("TaskGroups") or [{"Name": "hook"}])[0]["Name"]
+        counts = {"Queued": 0, "Complete": 0, "Failed": 0, "Running": 0, "Starting": 0, "Lost": 0}
+        if outcome == "complete":
+            counts["Complete"] = 1
+        elif outcome == "failed":
+            counts["Failed"] = 1
+        else:
+            counts["Running"] = 1
+        child = copy.deepcopy(spec(parent))
+        child.update({"ID": child_id, "Name": child_id, "ParentID": jid, "Dispatched": True,
+                      "DispatchIdempotencyToken": token, "Meta": {**(parent.get("Meta") or {}), **(body.get("Meta") or {})},
+                      "Version": 0, "JobModifyIndex": i, "ModifyIndex": i, "CreateIndex": i,
+                      "Status": "running" if outcome == "running" else "dead", "Stop": False,
+                      "_summary": {group: counts}})
+        jobs[(key[0], child_id)] = child
+        return 200, {"DispatchedJobID": child_id, "EvalID": str(uuid.uuid4()), "EvalCreateIndex": i,
+                     "JobCreateIndex": i, "Index": i}
 
     def register(self, body):
         new = body.get("Job")

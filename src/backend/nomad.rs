@@ -31,7 +31,14 @@ use super::{ApplyResult, Backend, BackendError, BoxFuture, Context, Outputs, Sta
 use crate::config::SecretRef;
 
 /// Meta keys driftless reads; any other `driftless_*` key is an error.
-const KNOWN_META: &[&str] = &["driftless_policy"];
+const KNOWN_META: &[&str] = &[
+    "driftless_policy",
+    "driftless_pre_hook",
+    "driftless_post_hook",
+    "driftless_hook_timeout",
+];
+/// How long a hook may run unless `driftless_hook_timeout` says otherwise.
+const DEFAULT_HOOK_TIMEOUT: Duration = Duration::from_secs(300);
 /// Deployment states in which a deployment is still active.
 pub const ACTIVE_STATES: &[&str] = &[
     "detected",
@@ -204,6 +211,9 @@ pub struct Deployment {
     pub eval_id: Option<String>,
     pub nomad_deployment_id: Option<String>,
     pub message: Option<String>,
+    pub pre_hook: Option<String>,
+    pub post_hook: Option<String>,
+    pub hook_timeout_ms: Option<i64>,
 }
 
 /// A deployment about to be recorded.
@@ -219,6 +229,9 @@ pub struct NewDeployment {
     pub job_modify_index: i64,
     pub diff: String,
     pub diff_summary: String,
+    pub pre_hook: Option<String>,
+    pub post_hook: Option<String>,
+    pub hook_timeout_ms: Option<i64>,
 }
 
 /// Fields a state change may set along with the state. Every change is
@@ -474,7 +487,14 @@ struct Parsed {
     key: JobKey,
     job: Value,
     policy: Policy,
+    pre_hook: Option<String>,
+    post_hook: Option<String>,
+    hook_timeout: Duration,
 }
+
+/// What one apply knows of the hook jobs in the target's path: reconciled
+/// (parameterized jobs go first) and whether that went well.
+type HookJobs = BTreeMap<String, (JobKey, bool)>;
 
 impl Nomad {
     pub fn new(cfg: Config, mut ctx: Context) -> Result<Self, BackendError> {
@@ -577,6 +597,18 @@ impl Nomad {
         };
         job["Namespace"] = Value::String(namespace.clone());
         let policy = self.policy(file, &job);
+        let meta = |k: &str| {
+            job["Meta"][k]
+                .as_str()
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+        };
+        let pre_hook = meta("driftless_pre_hook");
+        let post_hook = meta("driftless_post_hook");
+        let hook_timeout = meta("driftless_hook_timeout")
+            .and_then(|t| humantime::parse_duration(&t).ok())
+            .unwrap_or(DEFAULT_HOOK_TIMEOUT);
         Ok(Parsed {
             file: file.to_string(),
             key: JobKey {
@@ -586,6 +618,9 @@ impl Nomad {
             },
             job,
             policy,
+            pre_hook,
+            post_hook,
+            hook_timeout,
         })
     }
 
@@ -614,6 +649,19 @@ impl Nomad {
                             "meta `driftless_policy` = {v} must be \"auto\", \"approval\" or \"none\""
                         )),
                     }
+                }
+                if (k == "driftless_pre_hook" || k == "driftless_post_hook")
+                    && v.as_str().is_none_or(|s| s.trim().is_empty())
+                {
+                    invalid.push(format!("meta `{k}` must name a parameterized job"));
+                }
+                if k == "driftless_hook_timeout"
+                    && v.as_str()
+                        .is_none_or(|s| humantime::parse_duration(s.trim()).is_err())
+                {
+                    invalid.push(format!(
+                        "meta `driftless_hook_timeout` = {v} must be a duration like \"5m\""
+                    ));
                 }
             }
         }
@@ -739,7 +787,7 @@ impl Nomad {
 
     /// Reconcile one job. Errors from the ledger stop the whole apply
     /// (`Err`): the state could not be persisted.
-    async fn reconcile(&self, p: &Parsed) -> Result<Outcome, Outcome> {
+    async fn reconcile(&self, p: &Parsed, hooks: &HookJobs) -> Result<Outcome, Outcome> {
         let key = &p.key;
         let fail = |msg: String| Ok(self.job_error(&p.file, Some(&key.job), msg));
 
@@ -768,7 +816,9 @@ impl Nomad {
         }
         if let Some(d) = &active {
             match d.state.as_str() {
-                "applying" => return self.follow(p, d, live.as_ref()).await,
+                "applying" | "pre_hook" | "post_hook" => {
+                    return self.follow(p, d, live.as_ref(), hooks).await;
+                }
                 "detected" | "pending_approval" if d.spec_hash == hash => {
                     // Same spec still waiting (approval), or a tick that died
                     // between recording and registering: handled below after
@@ -890,6 +940,9 @@ impl Nomad {
                     job_modify_index: plan.index,
                     diff: diff.to_string(),
                     diff_summary: summary.clone(),
+                    pre_hook: p.pre_hook.clone(),
+                    post_hook: p.post_hook.clone(),
+                    hook_timeout_ms: Some(p.hook_timeout.as_millis() as i64),
                 };
                 match self.ledger.insert(&new).await {
                     Ok(id) => id,
@@ -910,10 +963,35 @@ impl Nomad {
                 line,
             });
         }
-        self.ledger
-            .transition(id, "detected", "applying", Change::default())
-            .await
-            .map_err(|e| self.ledger_err(p, e))?;
+        // Each state is on disk before the action it leads to.
+        if let Some(hook) = &p.pre_hook {
+            self.ledger
+                .transition(id, "detected", "pre_hook", Change::default())
+                .await
+                .map_err(|e| self.ledger_err(p, e))?;
+            if let Err(why) = self
+                .run_hook(p, id, hook, "pre", p.hook_timeout, hooks)
+                .await
+            {
+                return self
+                    .fail_from(
+                        p,
+                        id,
+                        "pre_hook",
+                        format!("pre hook failed; nothing registered: {why}"),
+                    )
+                    .await;
+            }
+            self.ledger
+                .transition(id, "pre_hook", "applying", Change::default())
+                .await
+                .map_err(|e| self.ledger_err(p, e))?;
+        } else {
+            self.ledger
+                .transition(id, "detected", "applying", Change::default())
+                .await
+                .map_err(|e| self.ledger_err(p, e))?;
+        }
         self.apply_registered(p, id, &spec, plan, &summary).await
     }
 
@@ -1002,12 +1080,173 @@ impl Nomad {
         }
     }
 
+    /// Run the post hook of a registered, deployed job (state `post_hook`
+    /// is on disk): `completed`, or `failed` (the run fails and notifies).
+    async fn finish_post_hook(
+        &self,
+        p: &Parsed,
+        id: i64,
+        hook: &str,
+        timeout: Duration,
+        hooks: &HookJobs,
+    ) -> Result<Outcome, Outcome> {
+        match self.run_hook(p, id, hook, "post", timeout, hooks).await {
+            Ok(()) => {
+                self.ledger
+                    .transition(
+                        id,
+                        "post_hook",
+                        "completed",
+                        Change {
+                            message: Some(format!("post hook `{hook}` succeeded")),
+                            ..Change::default()
+                        },
+                    )
+                    .await
+                    .map_err(|e| self.ledger_err(p, e))?;
+                Ok(Outcome {
+                    result: JobResult::NoChange,
+                    line: format!("{}: deployed; post hook `{hook}` succeeded", p.key.job),
+                })
+            }
+            Err(why) => {
+                self.fail_from(
+                    p,
+                    id,
+                    "post_hook",
+                    format!("post hook failed after the register: {why}"),
+                )
+                .await
+            }
+        }
+    }
+
+    /// Dispatch the parameterized job `hook` (registered this tick, from
+    /// this target's path) for deployment `id` and wait for it. The
+    /// idempotency token makes a repeated dispatch (after a crash) find the
+    /// instance already running instead of starting another.
+    async fn run_hook(
+        &self,
+        p: &Parsed,
+        id: i64,
+        hook: &str,
+        phase: &str,
+        timeout: Duration,
+        hooks: &HookJobs,
+    ) -> Result<(), String> {
+        let Some((hkey, ok)) = hooks.get(hook) else {
+            return Err(format!(
+                "hook `{hook}` is not a parameterized job in this target's path (files matching `{}`); a named hook is never skipped",
+                self.cfg.jobs
+            ));
+        };
+        if !ok {
+            return Err(format!(
+                "hook job `{hook}` could not be registered this tick (see its own line)"
+            ));
+        }
+        let token = format!("driftless-{id}-{phase}");
+        let body = json!({
+            "Meta": {
+                "driftless_deployment": id.to_string(),
+                "driftless_job": p.key.job,
+                "driftless_commit": self.ctx.commit,
+                "driftless_phase": phase,
+            },
+            "IdempotencyToken": token,
+        });
+        let resp = self
+            .client
+            .call(
+                reqwest::Method::POST,
+                &format!("/v1/job/{}/dispatch", seg(hook)),
+                Some(&hkey.namespace),
+                &[("idempotency_token", &token)],
+                Some(&body),
+                false,
+            )
+            .await
+            .map_err(|e| e.to_string())?
+            .unwrap_or(Value::Null);
+        let child = resp["DispatchedJobID"]
+            .as_str()
+            .ok_or_else(|| format!("Nomad's dispatch of `{hook}` returned no DispatchedJobID"))?
+            .to_string();
+        tracing::info!(target_name = %self.ctx.name, job = %p.key.job, hook, phase, dispatched = %child, "hook dispatched");
+        let deadline = Instant::now() + timeout;
+        let mut pause = Duration::from_millis(200);
+        loop {
+            let job = self
+                .client
+                .call(
+                    reqwest::Method::GET,
+                    &format!("/v1/job/{}", seg(&child)),
+                    Some(&hkey.namespace),
+                    &[],
+                    None,
+                    false,
+                )
+                .await
+                .map_err(|e| e.to_string())?
+                .unwrap_or(Value::Null);
+            let status = job["Status"].as_str().unwrap_or("unknown").to_string();
+            if status == "dead" {
+                let summary = self
+                    .client
+                    .call(
+                        reqwest::Method::GET,
+                        &format!("/v1/job/{}/summary", seg(&child)),
+                        Some(&hkey.namespace),
+                        &[],
+                        None,
+                        false,
+                    )
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .unwrap_or(Value::Null);
+                let count = |k: &str| -> i64 {
+                    summary["Summary"]
+                        .as_object()
+                        .into_iter()
+                        .flat_map(|m| m.values())
+                        .map(|g| g[k].as_i64().unwrap_or(0))
+                        .sum()
+                };
+                let (failed, lost, complete) = (count("Failed"), count("Lost"), count("Complete"));
+                if failed + lost > 0 || complete == 0 {
+                    return Err(format!(
+                        "hook `{hook}` ({child}) ended without success: {complete} complete, {failed} failed, {lost} lost"
+                    ));
+                }
+                return Ok(());
+            }
+            if Instant::now() + pause > deadline {
+                return Err(format!(
+                    "hook `{hook}` ({child}) did not finish within {}; it is {status}",
+                    humantime::format_duration(timeout)
+                ));
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(2));
+        }
+    }
+
     async fn fail_deployment(&self, p: &Parsed, id: i64, msg: String) -> Result<Outcome, Outcome> {
+        self.fail_from(p, id, "applying", msg).await
+    }
+
+    async fn fail_from(
+        &self,
+        p: &Parsed,
+        id: i64,
+        from: &str,
+        msg: String,
+    ) -> Result<Outcome, Outcome> {
         let msg = self.ctx.redactor.redact(&msg);
         self.ledger
             .transition(
                 id,
-                "applying",
+                from,
                 "failed",
                 Change {
                     message: Some(msg.clone()),
@@ -1026,8 +1265,88 @@ impl Nomad {
         p: &Parsed,
         d: &Deployment,
         live: Option<&Value>,
+        hooks: &HookJobs,
     ) -> Result<Outcome, Outcome> {
         let key = &p.key;
+        let timeout = d
+            .hook_timeout_ms
+            .map(|ms| Duration::from_millis(ms.max(0) as u64))
+            .unwrap_or(DEFAULT_HOOK_TIMEOUT);
+        if d.state == "post_hook" {
+            // A tick died while the post hook ran: its dispatch is
+            // idempotent, so asking again finds the same instance.
+            let Some(hook) = d.post_hook.clone() else {
+                return self
+                    .fail_from(
+                        p,
+                        d.id,
+                        "post_hook",
+                        "post_hook state without a post hook".into(),
+                    )
+                    .await;
+            };
+            return self.finish_post_hook(p, d.id, &hook, timeout, hooks).await;
+        }
+        let mut d = d.clone();
+        if d.state == "pre_hook" {
+            // Approved with a pre hook, or a tick died while it ran: first
+            // make sure this is still exactly the recorded spec, then run
+            // (or find) the hook, then register as below.
+            if self
+                .ledger
+                .is_paused(&self.ctx.name, &key.job)
+                .await
+                .map_err(|e| self.ledger_err(p, e))?
+            {
+                return Ok(Outcome {
+                    result: JobResult::NoChange,
+                    line: format!("{}: paused by a person; deployment {} waits", key.job, d.id),
+                });
+            }
+            let spec = Self::with_live_counts(&p.job, live);
+            if spec_hash(&spec) != d.spec_hash {
+                return self
+                    .fail_from(p, d.id, "pre_hook", "not registered: the spec in git is no longer the one recorded (and approved, if it was); a new deployment will be planned".into())
+                    .await;
+            }
+            let live_index = live.and_then(|l| l["JobModifyIndex"].as_i64()).unwrap_or(0);
+            if live_index != d.job_modify_index {
+                return self
+                    .fail_from(
+                        p,
+                        d.id,
+                        "pre_hook",
+                        "job modified outside driftless since its plan; the live job stands".into(),
+                    )
+                    .await;
+            }
+            let Some(hook) = d.pre_hook.clone() else {
+                return self
+                    .fail_from(
+                        p,
+                        d.id,
+                        "pre_hook",
+                        "pre_hook state without a pre hook".into(),
+                    )
+                    .await;
+            };
+            if let Err(why) = self.run_hook(p, d.id, &hook, "pre", timeout, hooks).await {
+                return self
+                    .fail_from(
+                        p,
+                        d.id,
+                        "pre_hook",
+                        format!("pre hook failed; nothing registered: {why}"),
+                    )
+                    .await;
+            }
+            self.ledger
+                .transition(d.id, "pre_hook", "applying", Change::default())
+                .await
+                .map_err(|e| self.ledger_err(p, e))?;
+            d.state = "applying".into();
+        }
+        let d = &d;
         let Some(registered) = d.registered_index else {
             // Approved by a person and not registered yet, or a tick died
             // between recording `applying` and the register's answer. CAS
@@ -1151,6 +1470,24 @@ impl Nomad {
                 }
             }
         };
+        if to == "completed"
+            && let Some(hook) = d.post_hook.clone()
+        {
+            self.ledger
+                .transition(
+                    d.id,
+                    "applying",
+                    "post_hook",
+                    Change {
+                        message: Some(msg.clone()),
+                        nomad_deployment_id: dep["ID"].as_str().map(str::to_string),
+                        ..Change::default()
+                    },
+                )
+                .await
+                .map_err(|e| self.ledger_err(p, e))?;
+            return self.finish_post_hook(p, d.id, &hook, timeout, hooks).await;
+        }
         self.ledger
             .transition(
                 d.id,
@@ -1188,25 +1525,39 @@ impl Nomad {
         }
         let mut outcomes = Vec::new();
         let mut seen = BTreeSet::new();
+        let mut parsed = Vec::new();
         for file in &files {
+            match self.parse(file).await {
+                Ok(p) => {
+                    seen.insert(p.key.clone());
+                    parsed.push(p);
+                }
+                Err(e) => outcomes.push(self.job_error(file, None, e)),
+            }
+        }
+        // Parameterized jobs (hooks) first: a job's pre hook must be
+        // registered before it is dispatched.
+        parsed.sort_by_key(|p| p.job["ParameterizedJob"].is_null());
+        let mut hooks = HookJobs::new();
+        for p in &parsed {
             if Instant::now() > deadline {
                 outcomes.push(self.job_error(
-                    file,
-                    None,
+                    &p.file,
+                    Some(&p.key.job),
                     "not reached before the target's timeout",
                 ));
                 continue;
             }
-            let parsed = match self.parse(file).await {
-                Ok(p) => p,
-                Err(e) => {
-                    outcomes.push(self.job_error(file, None, e));
-                    continue;
+            match self.reconcile(p, &hooks).await {
+                Ok(o) => {
+                    if !p.job["ParameterizedJob"].is_null() {
+                        hooks.insert(
+                            p.key.job.clone(),
+                            (p.key.clone(), o.result != JobResult::Failed),
+                        );
+                    }
+                    outcomes.push(o);
                 }
-            };
-            seen.insert(parsed.key.clone());
-            match self.reconcile(&parsed).await {
-                Ok(o) => outcomes.push(o),
                 Err(o) => {
                     // The state could not be persisted: stop here.
                     outcomes.push(o);

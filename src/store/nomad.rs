@@ -12,7 +12,7 @@ use crate::backend::nomad::{Change, Deployment, JobKey, Ledger, LedgerError, New
 
 const COLUMNS: &str = "id, target, cluster, namespace, job, file, commit_sha, spec_hash, policy, \
      state, job_modify_index, diff, diff_summary, registered_index, eval_id, \
-     nomad_deployment_id, message";
+     nomad_deployment_id, message, pre_hook, post_hook, hook_timeout_ms";
 
 fn row(r: &SqliteRow) -> Result<Deployment, sqlx::Error> {
     Ok(Deployment {
@@ -35,6 +35,9 @@ fn row(r: &SqliteRow) -> Result<Deployment, sqlx::Error> {
         eval_id: r.try_get("eval_id")?,
         nomad_deployment_id: r.try_get("nomad_deployment_id")?,
         message: r.try_get("message")?,
+        pre_hook: r.try_get("pre_hook")?,
+        post_hook: r.try_get("post_hook")?,
+        hook_timeout_ms: r.try_get("hook_timeout_ms")?,
     })
 }
 
@@ -104,6 +107,8 @@ pub fn deployment_json(d: &Deployment) -> serde_json::Value {
         "diff": serde_json::from_str::<serde_json::Value>(&d.diff).unwrap_or(serde_json::Value::Null),
         "registered_index": d.registered_index,
         "message": d.message,
+        "pre_hook": d.pre_hook,
+        "post_hook": d.post_hook,
     })
 }
 
@@ -132,7 +137,7 @@ impl Store {
         spec_hash: &str,
         actor: &str,
     ) -> Result<Deployment, DecisionError> {
-        self.decide(id, Some(spec_hash), actor, "applying").await
+        self.decide(id, Some(spec_hash), actor, "approve").await
     }
 
     /// Reject deployment `id`: `pending_approval` → `rejected`.
@@ -175,7 +180,12 @@ impl Store {
                 d.spec_hash
             )));
         }
-        if to == "applying" {
+        let to = match to {
+            "approve" if d.pre_hook.is_some() => "pre_hook",
+            "approve" => "applying",
+            other => other,
+        };
+        if to != "rejected" {
             let paused: i64 = sqlx::query_scalar(
                 "SELECT COUNT(*) FROM nomad_job_pauses WHERE target = ?1 AND job = ?2",
             )
@@ -191,10 +201,10 @@ impl Store {
                 )));
             }
         }
-        let message = if to == "applying" {
-            "approved; the next tick registers it"
-        } else {
-            "rejected"
+        let message = match to {
+            "pre_hook" => "approved; the next tick runs its pre hook, then registers it",
+            "applying" => "approved; the next tick registers it",
+            _ => "rejected",
         };
         sqlx::query(
             "UPDATE nomad_deployments SET state = ?2, message = ?3, updated_at = ?4
@@ -381,8 +391,9 @@ impl Ledger for Store {
             let now = now_ms();
             let r = sqlx::query_scalar::<_, i64>(
                 "INSERT INTO nomad_deployments (target, cluster, namespace, job, file, commit_sha,
-                     spec_hash, policy, state, job_modify_index, diff, diff_summary, created_at, updated_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?13)
+                     spec_hash, policy, state, job_modify_index, diff, diff_summary, created_at, updated_at,
+                     pre_hook, post_hook, hook_timeout_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?13, ?14, ?15, ?16)
                  RETURNING id",
             )
             .bind(&d.target)
@@ -398,6 +409,9 @@ impl Ledger for Store {
             .bind(&d.diff)
             .bind(&d.diff_summary)
             .bind(now)
+            .bind(&d.pre_hook)
+            .bind(&d.post_hook)
+            .bind(d.hook_timeout_ms)
             .fetch_one(&mut *tx)
             .await;
             let id = match r {
