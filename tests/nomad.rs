@@ -1479,3 +1479,53 @@ fn a_tick_killed_during_the_pre_hook_resumes_without_a_second_instance() {
     );
     assert!(f.nomad.job("web").is_some());
 }
+
+#[test]
+fn a_tick_killed_during_the_post_hook_resumes_without_a_second_instance() {
+    let f = hooks_fixture(HOOKS);
+    assert_eq!(f.tick().0, Some(0));
+    f.nomad
+        .control("deployment", json!({ "ID": "web", "Status": "successful" }));
+    f.nomad.control(
+        "hook_outcome",
+        json!({ "ID": "smoke-test", "Status": "running" }),
+    );
+    let mut child = std::process::Command::new(bin())
+        .args([
+            "--config",
+            f.s.config.to_str().expect("utf8"),
+            "tick",
+            "cluster",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("tick");
+    wait_for(Duration::from_secs(20), "the post hook dispatched", || {
+        !dispatches(&f.nomad.journal(), "smoke-test").is_empty()
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    let d = f.deployments();
+    let web = d.iter().find(|r| r["job"] == "web").expect("web");
+    assert_eq!(web["state"], "post_hook", "{d:#?}");
+    f.nomad.control(
+        "hook_outcome",
+        json!({ "ID": "smoke-test", "Status": "complete" }),
+    );
+    let (code, out, j) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    assert!(registers(&j).is_empty(), "registered again: {j:#?}");
+    let instances = http(f.nomad.port, "GET", "/_standin/jobs", &[], b"")
+        .json()
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|j| j["ParentID"] == "smoke-test")
+        .count();
+    assert_eq!(instances, 1, "the post hook ran twice");
+    let d = f.deployments();
+    let web = d.iter().find(|r| r["job"] == "web").expect("web");
+    assert_eq!(web["state"], "completed", "{d:#?}");
+}
