@@ -27,6 +27,8 @@ need_apt /usr/sbin/sshd openssh-server   # an ssh remote on 127.0.0.1
 need_apt dockerd docker.io
 need_apt docker-compose docker-compose
 dpkg -s busybox-static >/dev/null 2>&1 || need_apt /nonexistent/busybox-static busybox-static
+# The HTML page (GET /) is checked in headless Chromium.
+need_apt chromium chromium
 
 # Real servers for the notification tests, from PyPI: an SMTP server and a
 # Matrix homeserver (Synapse, on SQLite; it starts in a couple of seconds).

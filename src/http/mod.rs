@@ -7,6 +7,7 @@
 //! (`?wait=`), and then only by watching the job in the database.
 
 mod api;
+mod page;
 mod webhook;
 
 use std::collections::HashMap;
@@ -99,6 +100,7 @@ pub fn router(state: AppState) -> Router {
     let timeout = server.request_timeout;
     // Everything but a reconcile that may wait is bounded by request_timeout.
     let bounded = Router::new()
+        .route("/", get(page::index))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))

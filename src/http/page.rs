@@ -1,0 +1,212 @@
+//! `GET /`: a read-only HTML page for people, rendered on the server (no
+//! JavaScript): every target with its last result and commit, and every
+//! Nomad deployment waiting for approval with its redacted diff and the
+//! `curl` line that approves exactly that spec. It shows what a `read`
+//! token would see and never a secret (diffs are redacted before they are
+//! stored); it changes nothing.
+
+use std::fmt::Write as _;
+
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
+use super::AppState;
+use crate::status;
+
+/// Escape text for HTML element content and attribute values.
+pub fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:2em;color:#222}\
+table{border-collapse:collapse;width:100%}th,td{text-align:left;padding:.35em .6em;border-bottom:1px solid #ddd;vertical-align:top}\
+code,pre{font-family:ui-monospace,monospace;font-size:.9em}pre{background:#f6f6f6;padding:.6em;overflow-x:auto}pre.approve{white-space:pre-wrap;word-break:break-all}\
+.failed{color:#b00020;font-weight:600}.changed{color:#0b6e4f}.no_change{color:#555}\
+.card{border:1px solid #ccc;border-radius:6px;padding:1em;margin:1em 0}h1{font-size:1.4em}";
+
+/// `GET /`
+pub(super) async fn index(State(s): State<AppState>) -> Response {
+    let targets = match status::targets(&s.engine).await {
+        Ok(t) => t,
+        Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
+    };
+    let pending = match s.engine.store.nomad_deployments(true, 200).await {
+        Ok(d) => d,
+        Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
+    };
+    let settings = &s.engine.settings;
+    let base = match &settings.server.public_url {
+        Some(u) => u.trim_end_matches('/').to_string(),
+        None => format!("http://{}", settings.server.listen),
+    };
+    let mut h = String::new();
+    let _ = write!(
+        h,
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>driftless</title>\
+         <meta name=\"viewport\" content=\"width=device-width\"><style>{STYLE}</style></head><body>\
+         <h1>driftless</h1><h2>Targets</h2><table><thead><tr><th>target</th><th>backend</th>\
+         <th>last result</th><th>applied commit</th><th>last run</th><th>message</th></tr></thead><tbody>"
+    );
+    for t in &targets {
+        let result = t.last_result.as_deref().unwrap_or("never run");
+        let mut flags = String::new();
+        if t.paused {
+            flags.push_str(" (paused)");
+        }
+        if t.running {
+            flags.push_str(" (running)");
+        } else if t.queued {
+            flags.push_str(" (queued)");
+        }
+        let _ = write!(
+            h,
+            "<tr><td><strong>{}</strong>{}</td><td>{}</td><td class=\"{}\">{}</td><td><code>{}</code></td><td>{}</td><td>{}</td></tr>",
+            escape(&t.name),
+            escape(&flags),
+            escape(&t.backend),
+            escape(result),
+            escape(result),
+            escape(
+                t.last_applied_sha
+                    .as_deref()
+                    .map(|s| s.get(..12).unwrap_or(s))
+                    .unwrap_or("-")
+            ),
+            escape(t.last_run_at.as_deref().unwrap_or("-")),
+            escape(t.last_message.as_deref().unwrap_or("")),
+        );
+    }
+    h.push_str("</tbody></table><h2>Waiting for approval</h2>");
+    let waiting: Vec<_> = pending
+        .iter()
+        .filter(|d| d.state == "pending_approval")
+        .collect();
+    if waiting.is_empty() {
+        h.push_str("<p>Nothing waits for approval.</p>");
+    }
+    for d in waiting {
+        let diff = serde_json::from_str::<serde_json::Value>(&d.diff)
+            .map(|v| diff_lines(&v))
+            .unwrap_or_else(|_| d.diff.clone());
+        let curl = format!(
+            "curl -X POST -H \"Authorization: Bearer $TOKEN\" -d '{{\"spec_hash\":\"{}\"}}' {base}/api/v1/deployments/{}/approve",
+            d.spec_hash, d.id
+        );
+        let _ = write!(
+            h,
+            "<div class=\"card\" id=\"deployment-{}\"><h3>Deployment {}: {}/{} of <strong>{}</strong></h3>\
+             <p>commit <code>{}</code>, file <code>{}</code>, planned at JobModifyIndex {}</p>\
+             <p><strong>{}</strong></p><pre class=\"diff\">{}</pre>\
+             <p>Approve exactly this spec:</p><pre class=\"approve\">{}</pre>\
+             <p>or <code>driftless approve {}</code></p></div>",
+            d.id,
+            d.id,
+            escape(&d.key.namespace),
+            escape(&d.key.job),
+            escape(&d.target),
+            escape(d.commit_sha.get(..12).unwrap_or(&d.commit_sha)),
+            escape(&d.file),
+            d.job_modify_index,
+            escape(&d.diff_summary),
+            escape(&diff),
+            escape(&curl),
+            d.id,
+        );
+    }
+    h.push_str("</body></html>\n");
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        h,
+    )
+        .into_response()
+}
+
+/// A plan diff as one line per changed field: `group web › task server ›
+/// Config › image: "nginx:1.25" → "nginx:1.27"` (values already redacted).
+fn diff_lines(diff: &serde_json::Value) -> String {
+    fn walk(v: &serde_json::Value, path: &str, out: &mut Vec<String>) {
+        let Some(m) = v.as_object() else { return };
+        for f in m
+            .get("Fields")
+            .and_then(|f| f.as_array())
+            .into_iter()
+            .flatten()
+        {
+            let t = f["Type"].as_str().unwrap_or("");
+            if t == "None" {
+                continue;
+            }
+            let name = f["Name"].as_str().unwrap_or("?");
+            let old = f["Old"].as_str().unwrap_or("");
+            let new = f["New"].as_str().unwrap_or("");
+            out.push(match t {
+                "Added" => format!("+ {path}{name}: {new:?}"),
+                "Deleted" => format!("- {path}{name}: {old:?}"),
+                _ => format!("~ {path}{name}: {old:?} → {new:?}"),
+            });
+        }
+        for (key, label) in [
+            ("Objects", ""),
+            ("TaskGroups", "group "),
+            ("Tasks", "task "),
+        ] {
+            for o in m.get(key).and_then(|o| o.as_array()).into_iter().flatten() {
+                let name = o["Name"].as_str().unwrap_or("?");
+                walk(o, &format!("{path}{label}{name} › "), out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(diff, "", &mut out);
+    if out.len() > 300 {
+        let more = out.len() - 300;
+        out.truncate(300);
+        out.push(format!(
+            "… and {more} more (GET /api/v1/deployments/<id> has all of it)"
+        ));
+    }
+    out.join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{diff_lines, escape};
+
+    #[test]
+    fn diffs_are_one_line_per_field() {
+        let d = serde_json::json!({ "Type": "Edited", "Fields": [], "TaskGroups": [{ "Name": "web",
+        "Fields": [{ "Type": "Edited", "Name": "Count", "Old": "2", "New": "3" }],
+        "Tasks": [{ "Name": "server", "Fields": [
+            { "Type": "Added", "Name": "Env[X]", "Old": "", "New": "[REDACTED]" }
+        ], "Objects": [{ "Name": "Config", "Fields": [
+            { "Type": "Edited", "Name": "image", "Old": "a:1", "New": "a:2" }
+        ]}]}]}]});
+        assert_eq!(
+            diff_lines(&d),
+            "~ group web › Count: \"2\" → \"3\"\n+ group web › task server › Env[X]: \"[REDACTED]\"\n~ group web › task server › Config › image: \"a:1\" → \"a:2\""
+        );
+    }
+
+    #[test]
+    fn markup_is_escaped() {
+        assert_eq!(
+            escape("<script>alert('x') & \"y\"</script>"),
+            "&lt;script&gt;alert(&#39;x&#39;) &amp; &quot;y&quot;&lt;/script&gt;"
+        );
+    }
+}
