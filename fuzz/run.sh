@@ -10,9 +10,10 @@
 #
 # The targets are cargo-fuzz targets (`cargo fuzz run <target>` works too,
 # on nightly or with RUSTC_BOOTSTRAP=1). This script builds them with plain
-# cargo and the same coverage instrumentation cargo-fuzz uses, minus the
-# sanitizer: that needs no nightly flag and no cargo-fuzz install, and a
-# panic in safe Rust -- the finding we look for -- needs no sanitizer.
+# cargo and the coverage instrumentation cargo-fuzz uses, minus the
+# sanitizer, on driftless and the targets only: that needs no nightly flag
+# and no cargo-fuzz install, and a panic in safe Rust -- the finding we look
+# for -- needs no sanitizer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,11 +24,14 @@ if [ ${#targets[@]} -eq 0 ]; then
     targets=(webhook_github webhook_gitea webhook_gitlab webhook_generic repo_url config)
 fi
 triple=$(rustc -vV | sed -n 's/^host: //p')
-export RUSTFLAGS="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \
+# The instrumentation goes only to driftless and the targets (see
+# fuzz/rustc-wrapper.sh); --target keeps it out of build scripts and proc
+# macros.
+export DRIFTLESS_FUZZ_FLAGS="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \
 -Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table \
 -Cllvm-args=-sanitizer-coverage-trace-compares --cfg fuzzing -Cdebug-assertions -Coverflow-checks"
+export RUSTC_WRAPPER="$PWD/fuzz/rustc-wrapper.sh"
 start=$(date +%s)
-# --target keeps the instrumentation out of build scripts and proc macros.
 cargo build --release --manifest-path fuzz/Cargo.toml --target "$triple" --bins
 echo "fuzz build: $(( $(date +%s) - start )) s"
 bindir="fuzz/target/$triple/release"
