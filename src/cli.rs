@@ -272,21 +272,35 @@ pub async fn history(
 }
 
 /// `driftless pause|resume <target>`
-pub async fn pause(engine: &Engine, target: &str, pause: bool) -> Result<Report, TickError> {
+pub async fn pause(
+    engine: &Engine,
+    target: &str,
+    job: Option<&str>,
+    pause: bool,
+) -> Result<Report, TickError> {
     engine.target(target)?;
     let who = format!(
         "cli:{}",
         std::env::var("USER").unwrap_or_else(|_| "unknown".into())
     );
-    let changed = engine
-        .store
-        .set_paused(target, pause.then_some(who.as_str()))
-        .await?;
+    let by = pause.then_some(who.as_str());
+    let (what, changed, paused_means) = match job {
+        None => (
+            target.to_string(),
+            engine.store.set_paused(target, by).await?,
+            "webhooks and intervals will not tick it",
+        ),
+        Some(j) => (
+            format!("{target}/{j}"),
+            engine.store.set_job_paused(target, j, by).await?,
+            "it is still planned, never registered or approved",
+        ),
+    };
     let stdout = match (pause, changed) {
-        (true, true) => format!("{target}: paused; webhooks and intervals will not tick it\n"),
-        (true, false) => format!("{target}: already paused\n"),
-        (false, true) => format!("{target}: resumed\n"),
-        (false, false) => format!("{target}: was not paused\n"),
+        (true, true) => format!("{what}: paused; {paused_means}\n"),
+        (true, false) => format!("{what}: already paused\n"),
+        (false, true) => format!("{what}: resumed\n"),
+        (false, false) => format!("{what}: was not paused\n"),
     };
     Ok(Report { stdout, code: 0 })
 }
@@ -351,33 +365,6 @@ pub fn check(path: &Path) -> Report {
             code: EXIT_FAILED,
         },
     }
-}
-
-/// `driftless pause|resume <target> --job <job>`
-pub async fn pause_job(
-    engine: &Engine,
-    target: &str,
-    job: &str,
-    pause: bool,
-) -> Result<Report, TickError> {
-    engine.target(target)?;
-    let who = format!(
-        "cli:{}",
-        std::env::var("USER").unwrap_or_else(|_| "unknown".into())
-    );
-    let changed = engine
-        .store
-        .set_job_paused(target, job, pause.then_some(who.as_str()))
-        .await?;
-    let stdout = match (pause, changed) {
-        (true, true) => {
-            format!("{target}/{job}: paused; it is still planned, never registered or approved\n")
-        }
-        (true, false) => format!("{target}/{job}: already paused\n"),
-        (false, true) => format!("{target}/{job}: resumed\n"),
-        (false, false) => format!("{target}/{job}: was not paused\n"),
-    };
-    Ok(Report { stdout, code: 0 })
 }
 
 /// `driftless events <target>`

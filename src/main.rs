@@ -220,16 +220,12 @@ async fn run(args: Args) -> anyhow::Result<u8> {
         Command::Notify {
             command: NotifyCommand::Pending { all },
         } => cli::notify_pending(&engine, all).await?,
-        Command::Pause { target, job: None } => cli::pause(&engine, &target, true).await?,
-        Command::Resume { target, job: None } => cli::pause(&engine, &target, false).await?,
-        Command::Pause {
-            target,
-            job: Some(job),
-        } => cli::pause_job(&engine, &target, &job, true).await?,
-        Command::Resume {
-            target,
-            job: Some(job),
-        } => cli::pause_job(&engine, &target, &job, false).await?,
+        Command::Pause { target, job } => {
+            cli::pause(&engine, &target, job.as_deref(), true).await?
+        }
+        Command::Resume { target, job } => {
+            cli::pause(&engine, &target, job.as_deref(), false).await?
+        }
         Command::Deployments { pending, json } => cli::deployments(&engine, pending, json).await,
         Command::Approve { id } => cli::decide(&engine, id, true).await,
         Command::Reject { id } => cli::decide(&engine, id, false).await,

@@ -449,6 +449,22 @@ impl Client {
     }
 }
 
+impl Client {
+    /// `GET path` in `namespace`; a 404 is an error.
+    async fn get(&self, path: &str, namespace: &str) -> Result<Value, NomadError> {
+        self.call(
+            reqwest::Method::GET,
+            path,
+            Some(namespace),
+            &[],
+            None,
+            false,
+        )
+        .await
+        .map(|v| v.unwrap_or(Value::Null))
+    }
+}
+
 // ------------------------------------------------------------------ backend
 
 pub struct Nomad {
@@ -742,16 +758,11 @@ impl Nomad {
 
     async fn latest_nomad_deployment(&self, key: &JobKey) -> Result<Value, NomadError> {
         self.client
-            .call(
-                reqwest::Method::GET,
+            .get(
                 &format!("/v1/job/{}/deployment", seg(&key.job)),
-                Some(&key.namespace),
-                &[],
-                None,
-                false,
+                &key.namespace,
             )
             .await
-            .map(|v| v.unwrap_or(Value::Null))
     }
 
     /// The spec driftless would register: the parsed job with the live
@@ -1178,32 +1189,16 @@ impl Nomad {
         loop {
             let job = self
                 .client
-                .call(
-                    reqwest::Method::GET,
-                    &format!("/v1/job/{}", seg(&child)),
-                    Some(&hkey.namespace),
-                    &[],
-                    None,
-                    false,
-                )
+                .get(&format!("/v1/job/{}", seg(&child)), &hkey.namespace)
                 .await
-                .map_err(|e| e.to_string())?
-                .unwrap_or(Value::Null);
+                .map_err(|e| e.to_string())?;
             let status = job["Status"].as_str().unwrap_or("unknown").to_string();
             if status == "dead" {
                 let summary = self
                     .client
-                    .call(
-                        reqwest::Method::GET,
-                        &format!("/v1/job/{}/summary", seg(&child)),
-                        Some(&hkey.namespace),
-                        &[],
-                        None,
-                        false,
-                    )
+                    .get(&format!("/v1/job/{}/summary", seg(&child)), &hkey.namespace)
                     .await
-                    .map_err(|e| e.to_string())?
-                    .unwrap_or(Value::Null);
+                    .map_err(|e| e.to_string())?;
                 let count = |k: &str| -> i64 {
                     summary["Summary"]
                         .as_object()

@@ -302,7 +302,14 @@ pub(super) async fn reconcile(
     }
 }
 
-async fn set_paused(s: AppState, name: String, headers: HeaderMap, pause: bool) -> Response {
+/// Pause or resume a target, or one Nomad job of it (`job`).
+async fn set_paused(
+    s: AppState,
+    name: String,
+    job: Option<String>,
+    headers: HeaderMap,
+    pause: bool,
+) -> Response {
     let token = match check(&s, &headers, Verb::Pause, &name) {
         Ok(t) => t.name.clone(),
         Err(r) => return r.into_response(),
@@ -311,16 +318,19 @@ async fn set_paused(s: AppState, name: String, headers: HeaderMap, pause: bool) 
         return r.into_response();
     }
     let by = format!("token:{token}");
-    match s
-        .engine
-        .store
-        .set_paused(&name, pause.then_some(by.as_str()))
-        .await
-    {
+    let by = pause.then_some(by.as_str());
+    let changed = match &job {
+        None => s.engine.store.set_paused(&name, by).await,
+        Some(j) => s.engine.store.set_job_paused(&name, j, by).await,
+    };
+    match changed {
         Ok(changed) => {
-            info!(target = %name, token = %token, paused = pause, changed, "pause state set");
-            axum::Json(json!({ "target": name, "paused": pause, "changed": changed }))
-                .into_response()
+            info!(target = %name, job = ?job, token = %token, paused = pause, changed, "pause state set");
+            let mut body = json!({ "target": name, "paused": pause, "changed": changed });
+            if let Some(j) = job {
+                body["job"] = json!(j);
+            }
+            axum::Json(body).into_response()
         }
         Err(e) => internal(e).into_response(),
     }
@@ -332,7 +342,7 @@ pub(super) async fn pause(
     Path(name): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    set_paused(s, name, headers, true).await
+    set_paused(s, name, None, headers, true).await
 }
 
 /// `POST /api/v1/targets/{name}/resume`
@@ -341,7 +351,7 @@ pub(super) async fn resume(
     Path(name): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    let r = set_paused(s.clone(), name, headers, false).await;
+    let r = set_paused(s.clone(), name, None, headers, false).await;
     // Jobs held while paused may run now.
     s.wake.notify_waiters();
     r
@@ -491,43 +501,13 @@ pub(super) async fn reject(
     decide(s, id, headers, body, false).await
 }
 
-async fn set_job_paused(
-    s: AppState,
-    name: String,
-    job: String,
-    headers: HeaderMap,
-    pause: bool,
-) -> Response {
-    let token = match check(&s, &headers, Verb::Pause, &name) {
-        Ok(t) => t.name.clone(),
-        Err(r) => return r.into_response(),
-    };
-    if let Err(r) = known(&s, &name) {
-        return r.into_response();
-    }
-    let by = format!("token:{token}");
-    match s
-        .engine
-        .store
-        .set_job_paused(&name, &job, pause.then_some(by.as_str()))
-        .await
-    {
-        Ok(changed) => {
-            info!(target = %name, job = %job, token = %token, paused = pause, changed, "job pause set");
-            axum::Json(json!({ "target": name, "job": job, "paused": pause, "changed": changed }))
-                .into_response()
-        }
-        Err(e) => internal(e).into_response(),
-    }
-}
-
 /// `POST /api/v1/targets/{name}/jobs/{job}/pause` (scope `pause:<target>`).
 pub(super) async fn pause_job(
     State(s): State<AppState>,
     Path((name, job)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Response {
-    set_job_paused(s, name, job, headers, true).await
+    set_paused(s, name, Some(job), headers, true).await
 }
 
 /// `POST /api/v1/targets/{name}/jobs/{job}/resume`
@@ -536,5 +516,5 @@ pub(super) async fn resume_job(
     Path((name, job)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Response {
-    set_job_paused(s, name, job, headers, false).await
+    set_paused(s, name, Some(job), headers, false).await
 }
