@@ -788,6 +788,30 @@ impl Nomad {
         job
     }
 
+    /// Move deployment `id` from `from` to `to` (with a message): durable
+    /// when this returns; a ledger error stops the apply.
+    async fn set_state(
+        &self,
+        p: &Parsed,
+        id: i64,
+        from: &str,
+        to: &str,
+        message: Option<String>,
+    ) -> Result<(), Outcome> {
+        self.ledger
+            .transition(
+                id,
+                from,
+                to,
+                Change {
+                    message,
+                    ..Change::default()
+                },
+            )
+            .await
+            .map_err(|e| self.ledger_err(p, e))
+    }
+
     fn ledger_err(&self, p: &Parsed, e: LedgerError) -> Outcome {
         self.job_error(
             &p.file,
@@ -868,18 +892,14 @@ impl Nomad {
         };
         if plan.kind == "None" {
             if let Some(d) = active.filter(|d| d.spec_hash == hash) {
-                self.ledger
-                    .transition(
-                        d.id,
-                        &d.state,
-                        "superseded",
-                        Change {
-                            message: Some("the live job already matches git".into()),
-                            ..Change::default()
-                        },
-                    )
-                    .await
-                    .map_err(|e| self.ledger_err(p, e))?;
+                self.set_state(
+                    p,
+                    d.id,
+                    &d.state,
+                    "superseded",
+                    Some("the live job already matches git".into()),
+                )
+                .await?;
             }
             return Ok(Outcome {
                 result: JobResult::NoChange,
@@ -976,10 +996,7 @@ impl Nomad {
         }
         // Each state is on disk before the action it leads to.
         if let Some(hook) = &p.pre_hook {
-            self.ledger
-                .transition(id, "detected", "pre_hook", Change::default())
-                .await
-                .map_err(|e| self.ledger_err(p, e))?;
+            self.set_state(p, id, "detected", "pre_hook", None).await?;
             if let Err(why) = self
                 .run_hook(p, id, hook, "pre", p.hook_timeout, hooks)
                 .await
@@ -993,15 +1010,9 @@ impl Nomad {
                     )
                     .await;
             }
-            self.ledger
-                .transition(id, "pre_hook", "applying", Change::default())
-                .await
-                .map_err(|e| self.ledger_err(p, e))?;
+            self.set_state(p, id, "pre_hook", "applying", None).await?;
         } else {
-            self.ledger
-                .transition(id, "detected", "applying", Change::default())
-                .await
-                .map_err(|e| self.ledger_err(p, e))?;
+            self.set_state(p, id, "detected", "applying", None).await?;
         }
         self.apply_registered(p, id, &spec, plan, &summary).await
     }
@@ -1103,18 +1114,14 @@ impl Nomad {
     ) -> Result<Outcome, Outcome> {
         match self.run_hook(p, id, hook, "post", timeout, hooks).await {
             Ok(()) => {
-                self.ledger
-                    .transition(
-                        id,
-                        "post_hook",
-                        "completed",
-                        Change {
-                            message: Some(format!("post hook `{hook}` succeeded")),
-                            ..Change::default()
-                        },
-                    )
-                    .await
-                    .map_err(|e| self.ledger_err(p, e))?;
+                self.set_state(
+                    p,
+                    id,
+                    "post_hook",
+                    "completed",
+                    Some(format!("post hook `{hook}` succeeded")),
+                )
+                .await?;
                 Ok(Outcome {
                     result: JobResult::NoChange,
                     line: format!("{}: deployed; post hook `{hook}` succeeded", p.key.job),
@@ -1238,18 +1245,8 @@ impl Nomad {
         msg: String,
     ) -> Result<Outcome, Outcome> {
         let msg = self.ctx.redactor.redact(&msg);
-        self.ledger
-            .transition(
-                id,
-                from,
-                "failed",
-                Change {
-                    message: Some(msg.clone()),
-                    ..Change::default()
-                },
-            )
-            .await
-            .map_err(|e| self.ledger_err(p, e))?;
+        self.set_state(p, id, from, "failed", Some(msg.clone()))
+            .await?;
         Ok(self.job_error(&p.file, Some(&p.key.job), msg))
     }
 
@@ -1335,10 +1332,8 @@ impl Nomad {
                     )
                     .await;
             }
-            self.ledger
-                .transition(d.id, "pre_hook", "applying", Change::default())
-                .await
-                .map_err(|e| self.ledger_err(p, e))?;
+            self.set_state(p, d.id, "pre_hook", "applying", None)
+                .await?;
             d.state = "applying".into();
         }
         let d = &d;
@@ -1376,18 +1371,14 @@ impl Nomad {
                     Err(e) => return Ok(self.job_error(&p.file, Some(&key.job), e)),
                 };
                 if plan.kind == "None" {
-                    self.ledger
-                        .transition(
-                            d.id,
-                            "applying",
-                            "completed",
-                            Change {
-                                message: Some("the live job already matches".into()),
-                                ..Change::default()
-                            },
-                        )
-                        .await
-                        .map_err(|e| self.ledger_err(p, e))?;
+                    self.set_state(
+                        p,
+                        d.id,
+                        "applying",
+                        "completed",
+                        Some("the live job already matches".into()),
+                    )
+                    .await?;
                     return Ok(Outcome {
                         result: JobResult::NoChange,
                         line: format!("{}: no change", key.job),
