@@ -448,6 +448,10 @@ impl Engine {
         run: &RunInfo,
         notice: &mut Notice,
     ) -> Result<(), TickError> {
+        // Only Nomad targets have deployments that wait for a person.
+        if !matches!(target.backend, backend::BackendConfig::Nomad(_)) {
+            return Ok(());
+        }
         let waiting = self.store.unnotified_approvals(&target.name).await?;
         let base = match &self.settings.server.public_url {
             Some(u) => u.trim_end_matches('/').to_string(),

@@ -1305,6 +1305,38 @@ fn dispatches<'a>(j: &'a [Value], hook: &str) -> Vec<&'a Value> {
         .collect()
 }
 
+/// Start a tick and kill it as soon as it has dispatched `hook`.
+fn kill_tick_once_dispatched(f: &Fixture, hook: &str) {
+    let mut child = std::process::Command::new(bin())
+        .args([
+            "--config",
+            f.s.config.to_str().expect("utf8"),
+            "tick",
+            "cluster",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("tick");
+    wait_for(Duration::from_secs(20), "the hook dispatched", || {
+        !dispatches(&f.nomad.journal(), hook).is_empty()
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// How many instances of the parameterized job `hook` Nomad has.
+fn instances(f: &Fixture, hook: &str) -> usize {
+    http(f.nomad.port, "GET", "/_standin/jobs", &[], b"")
+        .json()
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|j| j["ParentID"] == hook)
+        .count()
+}
+
 fn position(j: &[Value], f: impl Fn(&Value) -> bool) -> usize {
     j.iter().position(f).unwrap_or(usize::MAX)
 }
@@ -1433,22 +1465,7 @@ fn a_tick_killed_during_the_pre_hook_resumes_without_a_second_instance() {
         "hook_outcome",
         json!({ "ID": "db-migrate", "Status": "running" }),
     );
-    let mut child = std::process::Command::new(bin())
-        .args([
-            "--config",
-            f.s.config.to_str().expect("utf8"),
-            "tick",
-            "cluster",
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("tick");
-    wait_for(Duration::from_secs(20), "the pre hook dispatched", || {
-        !dispatches(&f.nomad.journal(), "db-migrate").is_empty()
-    });
-    let _ = child.kill();
-    let _ = child.wait();
+    kill_tick_once_dispatched(&f, "db-migrate");
     let d = f.deployments();
     let web = d.iter().find(|r| r["job"] == "web").expect("web");
     assert_eq!(web["state"], "pre_hook", "{d:#?}");
@@ -1461,15 +1478,7 @@ fn a_tick_killed_during_the_pre_hook_resumes_without_a_second_instance() {
     let (code, out, j) = f.tick();
     assert_eq!(code, Some(0), "{out}");
     let all = f.nomad.journal();
-    let instances: Vec<Value> = http(f.nomad.port, "GET", "/_standin/jobs", &[], b"")
-        .json()
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|j| j["ParentID"] == "db-migrate")
-        .collect();
-    assert_eq!(instances.len(), 1, "the hook ran twice");
+    assert_eq!(instances(&f, "db-migrate"), 1, "the hook ran twice");
     assert_eq!(dispatches(&all, "db-migrate").len(), 2);
     assert_eq!(
         j.iter()
@@ -1490,22 +1499,7 @@ fn a_tick_killed_during_the_post_hook_resumes_without_a_second_instance() {
         "hook_outcome",
         json!({ "ID": "smoke-test", "Status": "running" }),
     );
-    let mut child = std::process::Command::new(bin())
-        .args([
-            "--config",
-            f.s.config.to_str().expect("utf8"),
-            "tick",
-            "cluster",
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("tick");
-    wait_for(Duration::from_secs(20), "the post hook dispatched", || {
-        !dispatches(&f.nomad.journal(), "smoke-test").is_empty()
-    });
-    let _ = child.kill();
-    let _ = child.wait();
+    kill_tick_once_dispatched(&f, "smoke-test");
     let d = f.deployments();
     let web = d.iter().find(|r| r["job"] == "web").expect("web");
     assert_eq!(web["state"], "post_hook", "{d:#?}");
@@ -1516,15 +1510,7 @@ fn a_tick_killed_during_the_post_hook_resumes_without_a_second_instance() {
     let (code, out, j) = f.tick();
     assert_eq!(code, Some(0), "{out}");
     assert!(registers(&j).is_empty(), "registered again: {j:#?}");
-    let instances = http(f.nomad.port, "GET", "/_standin/jobs", &[], b"")
-        .json()
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|j| j["ParentID"] == "smoke-test")
-        .count();
-    assert_eq!(instances, 1, "the post hook ran twice");
+    assert_eq!(instances(&f, "smoke-test"), 1, "the post hook ran twice");
     let d = f.deployments();
     let web = d.iter().find(|r| r["job"] == "web").expect("web");
     assert_eq!(web["state"], "completed", "{d:#?}");

@@ -51,6 +51,30 @@ fn check<'a>(
     })
 }
 
+/// The token the request presents, or 401.
+fn authenticated<'a>(s: &'a AppState, headers: &HeaderMap) -> Result<&'a Token, ApiError> {
+    auth::authenticate(&s.engine.settings.tokens, bearer(headers))
+        .map_err(|e| ApiError(StatusCode::UNAUTHORIZED, e.to_string()))
+}
+
+/// Deployment `id`, after authenticating (401 before saying whether it
+/// exists; 404 if it does not).
+async fn deployment_for(
+    s: &AppState,
+    headers: &HeaderMap,
+    id: i64,
+) -> Result<crate::store::nomad::Deployment, ApiError> {
+    authenticated(s, headers)?;
+    match s.engine.store.nomad_deployment(id).await {
+        Ok(Some(d)) => Ok(d),
+        Ok(None) => Err(ApiError(
+            StatusCode::NOT_FOUND,
+            format!("no deployment {id}"),
+        )),
+        Err(e) => Err(internal(e)),
+    }
+}
+
 fn known(s: &AppState, name: &str) -> Result<(), ApiError> {
     match s.engine.settings.target(name) {
         Some(_) => Ok(()),
@@ -67,10 +91,9 @@ fn internal(e: impl std::fmt::Display) -> ApiError {
 
 /// `GET /api/v1/targets`: the targets this token may read.
 pub(super) async fn list_targets(State(s): State<AppState>, headers: HeaderMap) -> Response {
-    let h = bearer(&headers);
-    let token = match auth::authenticate(&s.engine.settings.tokens, h) {
+    let token = match authenticated(&s, &headers) {
         Ok(t) => t,
-        Err(e) => return error(StatusCode::UNAUTHORIZED, e.to_string()),
+        Err(r) => return r.into_response(),
     };
     match status::targets(&s.engine).await {
         Ok(all) => {
@@ -163,9 +186,8 @@ pub(super) async fn run(
     Path(id): Path<i64>,
     headers: HeaderMap,
 ) -> Response {
-    let h = bearer(&headers);
-    if let Err(e) = auth::authenticate(&s.engine.settings.tokens, h) {
-        return error(StatusCode::UNAUTHORIZED, e.to_string());
+    if let Err(r) = authenticated(&s, &headers) {
+        return r.into_response();
     }
     let run = match s.engine.store.run(id).await {
         Ok(Some(r)) => r,
@@ -185,9 +207,8 @@ pub(super) async fn job(
     headers: HeaderMap,
 ) -> Response {
     // Authenticate before saying whether the job exists.
-    let h = bearer(&headers);
-    if let Err(e) = auth::authenticate(&s.engine.settings.tokens, h) {
-        return error(StatusCode::UNAUTHORIZED, e.to_string());
+    if let Err(r) = authenticated(&s, &headers) {
+        return r.into_response();
     }
     let target = match s.engine.queue.job(id).await {
         Ok(Some(j)) => j.target,
@@ -372,9 +393,9 @@ pub(super) async fn deployments(
     Query(q): Query<DeploymentsQuery>,
     headers: HeaderMap,
 ) -> Response {
-    let token = match auth::authenticate(&s.engine.settings.tokens, bearer(&headers)) {
+    let token = match authenticated(&s, &headers) {
         Ok(t) => t,
-        Err(e) => return error(StatusCode::UNAUTHORIZED, e.to_string()),
+        Err(r) => return r.into_response(),
     };
     let all = match s
         .engine
@@ -400,13 +421,9 @@ pub(super) async fn deployment(
     Path(id): Path<i64>,
     headers: HeaderMap,
 ) -> Response {
-    if let Err(e) = auth::authenticate(&s.engine.settings.tokens, bearer(&headers)) {
-        return error(StatusCode::UNAUTHORIZED, e.to_string());
-    }
-    let d = match s.engine.store.nomad_deployment(id).await {
-        Ok(Some(d)) => d,
-        Ok(None) => return error(StatusCode::NOT_FOUND, format!("no deployment {id}")),
-        Err(e) => return internal(e).into_response(),
+    let d = match deployment_for(&s, &headers, id).await {
+        Ok(d) => d,
+        Err(r) => return r.into_response(),
     };
     if let Err(r) = check(&s, &headers, Verb::Read, &d.target) {
         return r.into_response();
@@ -421,13 +438,9 @@ async fn decide(
     body: axum::body::Bytes,
     approve: bool,
 ) -> Response {
-    if let Err(e) = auth::authenticate(&s.engine.settings.tokens, bearer(&headers)) {
-        return error(StatusCode::UNAUTHORIZED, e.to_string());
-    }
-    let d = match s.engine.store.nomad_deployment(id).await {
-        Ok(Some(d)) => d,
-        Ok(None) => return error(StatusCode::NOT_FOUND, format!("no deployment {id}")),
-        Err(e) => return internal(e).into_response(),
+    let d = match deployment_for(&s, &headers, id).await {
+        Ok(d) => d,
+        Err(r) => return r.into_response(),
     };
     let token = match check(&s, &headers, Verb::Approve, &d.target) {
         Ok(t) => t.name.clone(),

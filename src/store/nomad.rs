@@ -8,7 +8,8 @@ use sqlx::sqlite::SqliteRow;
 
 use super::{Store, StoreError, WriteTx, now_ms};
 use crate::backend::BoxFuture;
-use crate::backend::nomad::{Change, Deployment, JobKey, Ledger, LedgerError, NewDeployment};
+pub use crate::backend::nomad::Deployment;
+use crate::backend::nomad::{Change, JobKey, Ledger, LedgerError, NewDeployment};
 
 const COLUMNS: &str = "id, target, cluster, namespace, job, file, commit_sha, spec_hash, policy, \
      state, job_modify_index, diff, diff_summary, registered_index, eval_id, \
