@@ -560,12 +560,23 @@ fn killed_mid_register_resumes_without_a_second_register() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("tick");
-    wait_for(Duration::from_secs(20), "the register to be sent", || {
+    wait_for(
+        Duration::from_secs(20),
+        "the register to be in flight",
+        || {
+            let r = http(f.nomad.port, "GET", "/_standin/arrived", &[], b"");
+            r.json().as_array().is_some_and(|a| {
+                a.iter()
+                    .any(|q| q["method"] == "POST" && q["path"] == "/v1/jobs")
+            })
+        },
+    );
+    assert!(
         f.deployments()
             .first()
-            .is_some_and(|d| d["state"] == "applying")
-    });
-    std::thread::sleep(Duration::from_millis(300));
+            .is_some_and(|d| d["state"] == "applying"),
+        "the register was sent before `applying` was recorded"
+    );
     let _ = child.kill();
     let _ = child.wait();
     wait_for(

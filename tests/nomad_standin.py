@@ -30,6 +30,8 @@ TaskGroups[].Tasks[]. With TOKEN, requests need X-Nomad-Token (else 403
 
 Test controls (not Nomad's), under /_standin/:
   GET  journal                   every API request so far, in order
+  GET  arrived                   {method, path} of every request as it
+                                 arrives, before any delay (what is in flight)
   POST edit {Namespace, ID, Path: [..], Value}  a manual change to a live job
   POST scale {Namespace, ID, Group, Count}      what an autoscaler does
   POST deployment {Namespace, ID, Status}       drive the latest deployment
@@ -70,6 +72,7 @@ failures = []      # {Path, Status, Body, Times}
 delays = []        # {Path, Method, Seconds}: sleep before answering
 hook_outcomes = {} # parameterized job ID -> complete | failed | running
 journal = []
+arrived = []       # {method, path} as requests arrive, before any delay
 
 SERVER_FIELDS = {"Version", "JobModifyIndex", "ModifyIndex", "CreateIndex",
                  "Status", "SubmitTime", "Stable", "Stop"}
@@ -368,6 +371,9 @@ class Handler(BaseHTTPRequestHandler):
             body = json.loads(raw) if raw else {}
         except ValueError:
             return self.reply(400, "Unable to parse request body")
+        if not url.path.startswith("/_standin/"):
+            with lock:
+                arrived.append({"method": self.command, "path": url.path})
         for d in list(delays):
             if re.fullmatch(d["Path"], url.path) and d.get("Method", self.command) == self.command:
                 time.sleep(d["Seconds"])
@@ -397,6 +403,8 @@ class Handler(BaseHTTPRequestHandler):
     def standin(self, what, body):
         if what == "journal":
             return self.reply(200, journal)
+        if what == "arrived":
+            return self.reply(200, arrived)
         if what == "jobs":
             return self.reply(200, [j for j in jobs.values()])
         if what == "after_plan":
