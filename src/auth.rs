@@ -56,14 +56,31 @@ pub fn new_token() -> Result<(String, String), getrandom::Error> {
     Ok((token, d))
 }
 
+/// The token in an `Authorization` header value: `Bearer <token>`, or
+/// `Basic <base64 of user:token>` (any user name) so a browser can ask for
+/// it. The scheme is case-insensitive (RFC 9110).
+fn presented(header: &str) -> Option<String> {
+    use base64::Engine as _;
+    let (scheme, rest) = header.trim().split_once(' ')?;
+    let rest = rest.trim();
+    let token = if scheme.eq_ignore_ascii_case("bearer") {
+        rest.to_string()
+    } else if scheme.eq_ignore_ascii_case("basic") {
+        let raw = base64::engine::general_purpose::STANDARD
+            .decode(rest)
+            .ok()?;
+        let pair = String::from_utf8(raw).ok()?;
+        pair.split_once(':')?.1.trim().to_string()
+    } else {
+        return None;
+    };
+    (!token.is_empty()).then_some(token)
+}
+
 /// Find the token an `Authorization` header value presents.
 pub fn authenticate<'a>(tokens: &'a [Token], header: Option<&str>) -> Result<&'a Token, AuthError> {
-    let presented = header
-        .and_then(|h| h.trim().strip_prefix("Bearer "))
-        .map(str::trim)
-        .filter(|t| !t.is_empty())
-        .ok_or(AuthError::Unauthorized)?;
-    let d = digest(presented);
+    let presented = header.and_then(presented).ok_or(AuthError::Unauthorized)?;
+    let d = digest(&presented);
     // Compare against every digest so timing says nothing about which matched.
     let mut found = None;
     for t in tokens {
@@ -72,6 +89,14 @@ pub fn authenticate<'a>(tokens: &'a [Token], header: Option<&str>) -> Result<&'a
         }
     }
     found.ok_or(AuthError::Unauthorized)
+}
+
+/// May `token` read anything at all?
+pub fn reads_anything(token: &Token) -> bool {
+    token
+        .scopes
+        .iter()
+        .any(|s| s == "read" || s.starts_with("read:"))
 }
 
 /// May `token` do `verb` on `target`?
@@ -170,6 +195,7 @@ mod tests {
             Some("Bearer wrong"),
             Some("Bearer "),
             Some("Basic x"),
+            Some("Token secret-token"),
         ] {
             assert_eq!(
                 authenticate(&tokens, bad).map(|_| ()),
@@ -181,6 +207,35 @@ mod tests {
             authorize(&tokens, Some("Bearer secret-token"), Verb::Reconcile, "web"),
             Err(AuthError::Forbidden { .. })
         ));
+    }
+
+    #[test]
+    fn basic_credentials_carry_the_token_as_password() {
+        use base64::Engine as _;
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+        let tokens = vec![token(&["read"])];
+        for good in [
+            format!("Basic {}", b64("anyone:secret-token")),
+            format!("basic {}", b64(":secret-token")),
+            "bearer secret-token".to_string(),
+        ] {
+            assert!(authenticate(&tokens, Some(&good)).is_ok(), "{good}");
+        }
+        for bad in [
+            format!("Basic {}", b64("secret-token")),
+            format!("Basic {}", b64("secret-token:wrong")),
+            format!("Basic {}", b64("user:")),
+            "Basic !!not-base64!!".to_string(),
+            format!("Digest {}", b64("user:secret-token")),
+        ] {
+            assert_eq!(
+                authenticate(&tokens, Some(&bad)).map(|_| ()),
+                Err(AuthError::Unauthorized),
+                "{bad}"
+            );
+        }
+        assert!(reads_anything(&token(&["read:web-*"])));
+        assert!(!reads_anything(&token(&["reconcile:*", "approve:*"])));
     }
 
     #[test]

@@ -179,6 +179,21 @@ pub struct Server {
     pub max_connections: usize,
     /// The URL people reach driftless at, for links in notifications.
     pub public_url: Option<String>,
+    /// Who may see the HTML page at `/`.
+    pub page: PageAccess,
+}
+
+/// Who may see the HTML page at `/` (`[server] page`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageAccess {
+    /// A token with a `read` scope, given as the password of HTTP Basic
+    /// authentication (the browser asks) or as a bearer token; the page shows
+    /// only the targets that token may read. The default.
+    Token,
+    /// Anyone who reaches the listener sees every target.
+    Open,
+    /// No page: `/` answers 404.
+    Off,
 }
 
 /// Which forge a receiver speaks for: how it signs and what it sends.
@@ -314,6 +329,7 @@ struct RawServer {
     request_timeout: Option<String>,
     max_connections: Option<i64>,
     public_url: Option<String>,
+    page: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -640,6 +656,7 @@ fn validate_server(raw: Option<Value>, problems: &mut Vec<Problem>) -> Server {
         request_timeout: DEFAULT_REQUEST_TIMEOUT,
         max_connections: DEFAULT_MAX_CONNECTIONS,
         public_url: None,
+        page: PageAccess::Token,
     };
     let Some(raw) = raw else { return server };
     let raw: RawServer = match serde_json::from_value(raw) {
@@ -702,6 +719,18 @@ fn validate_server(raw: Option<Value>, problems: &mut Vec<Problem>) -> Server {
                 "public_url",
                 format!("`{u}` must be an http:// or https:// URL"),
             ));
+        }
+    }
+    if let Some(p) = raw.page {
+        match p.as_str() {
+            "token" => server.page = PageAccess::Token,
+            "open" => server.page = PageAccess::Open,
+            "off" => server.page = PageAccess::Off,
+            _ => problems.push(problem(
+                "server",
+                "page",
+                format!("`{p}` is not one of \"token\", \"open\", \"off\""),
+            )),
         }
     }
     server.header_read_timeout = duration(

@@ -276,6 +276,7 @@ env = {{ TF_CLI_CONFIG_FILE = "/dev/null", TF_VAR_db_password = "env:CANARY_TF_V
     );
     seen.push_str(&r.body);
     let mut paths = vec![
+        "/".to_string(),
         "/api/v1/targets".to_string(),
         "/api/v1/targets/app".into(),
         "/api/v1/targets/app/runs".into(),
@@ -293,6 +294,9 @@ env = {{ TF_CLI_CONFIG_FILE = "/dev/null", TF_VAR_db_password = "env:CANARY_TF_V
     for p in &paths {
         let r = http(port, "GET", p, &[("Authorization", &bearer)], b"");
         assert!(r.status < 500, "{p}: {} {}", r.status, r.body);
+        if p == "/" {
+            assert!(r.status == 200 && r.body.contains("wronggit"), "{}", r.body);
+        }
         seen.push_str(&r.body);
         let r = http(port, "GET", p, &[("Authorization", &wrong_bearer)], b"");
         seen.push_str(&r.body);

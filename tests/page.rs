@@ -1,7 +1,9 @@
 //! `GET /` in headless Chromium (Debian's `chromium`): every target with its
 //! last result and commit, every Nomad deployment waiting for approval with
 //! its redacted diff and the curl line that approves it. The screenshot is
-//! kept in target/tmp/page.png and named in the test output.
+//! kept in target/tmp/page.png and named in the test output. Who may see it:
+//! a token with a read scope by default (HTTP Basic, so the browser asks),
+//! anyone with `page = "open"`, nobody with `page = "off"`.
 
 mod common;
 
@@ -47,8 +49,21 @@ fn the_page_shows_targets_and_pending_approvals_in_a_browser() {
     let nomad = NomadStandin::start(root.path());
     let token = root.path().join("nomad-token");
     std::fs::write(&token, &nomad.token).expect("write");
+    let mut tokens = String::new();
+    let mut secret = std::collections::HashMap::new();
+    for (name, scopes) in [
+        ("ops", r#"["read", "approve:*"]"#),
+        ("web", r#"["read:site"]"#),
+        ("deployer", r#"["reconcile:*"]"#),
+    ] {
+        let (t, digest) = driftless::auth::new_token().expect("token");
+        tokens.push_str(&format!(
+            "[[tokens]]\nname = \"{name}\"\nsha256 = \"{digest}\"\nscopes = {scopes}\n\n"
+        ));
+        secret.insert(name, t);
+    }
     let s = Setup::new(&format!(
-        "{}\n[[targets]]\nname = \"cluster\"\nrepo = \"{}\"\npath = \"jobs\"\ninterval = \"1h\"\n\
+        "{tokens}{}\n[[targets]]\nname = \"cluster\"\nrepo = \"{}\"\npath = \"jobs\"\ninterval = \"1h\"\n\
          [targets.backend]\nkind = \"nomad\"\naddress = \"{}\"\ntoken_file = {}\n",
         exec_target(
             "site",
@@ -65,7 +80,56 @@ fn the_page_shows_targets_and_pending_approvals_in_a_browser() {
         assert!(out.status.code().is_some(), "{}", text(&out.stderr));
     }
     let intake = Intake::start(&s);
-    let url = format!("http://127.0.0.1:{}/", intake.port);
+    let url = format!("http://ops:{}@127.0.0.1:{}/", secret["ops"], intake.port);
+
+    // Without a token: 401 and a Basic challenge, nothing about the targets.
+    let r = intake.get("/");
+    assert_eq!(r.status, 401, "{}", r.body);
+    assert_eq!(
+        r.header("www-authenticate"),
+        Some("Basic realm=\"driftless\", charset=\"UTF-8\""),
+        "{:?}",
+        r.headers
+    );
+    for r in [
+        basic(&intake, "anyone", "dl_not-a-token"),
+        http(
+            intake.port,
+            "GET",
+            "/",
+            &[("Authorization", "Bearer dl_not-a-token")],
+            b"",
+        ),
+    ] {
+        assert_eq!(r.status, 401, "{}", r.body);
+    }
+    assert!(
+        !r.body.contains("cluster") && !r.body.contains("site"),
+        "{}",
+        r.body
+    );
+    // A token that reads nothing: 403, named.
+    let r = basic(&intake, "me", &secret["deployer"]);
+    assert_eq!(r.status, 403, "{}", r.body);
+    assert!(
+        r.body.contains("`deployer` has no read scope"),
+        "{}",
+        r.body
+    );
+    // A token that reads one target sees that target only.
+    let r = basic(&intake, "me", &secret["web"]);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.body.contains("<strong>site</strong>"), "{}", r.body);
+    assert!(
+        !r.body.contains("cluster") && !r.body.contains("/approve"),
+        "a target outside the token's read scope is shown:\n{}",
+        r.body
+    );
+    // The same page through a bearer token.
+    let bearer = format!("Bearer {}", secret["ops"]);
+    let r = http(intake.port, "GET", "/", &[("Authorization", &bearer)], b"");
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.body.contains("<strong>cluster</strong>"), "{}", r.body);
 
     let profile = root.path().join("chromium-profile");
     let out = chromium(&["--dump-dom", &url], &profile);
@@ -108,4 +172,48 @@ fn the_page_shows_targets_and_pending_approvals_in_a_browser() {
         png.len()
     );
     report(&format!("page: screenshot of GET / at {}", shot.display()));
+}
+
+/// `GET /` with HTTP Basic credentials.
+fn basic(intake: &Intake, user: &str, password: &str) -> HttpResponse {
+    use base64::Engine as _;
+    let creds = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+    http(
+        intake.port,
+        "GET",
+        "/",
+        &[("Authorization", &format!("Basic {creds}"))],
+        b"",
+    )
+}
+
+#[test]
+fn an_open_page_needs_no_token_and_an_off_page_is_not_there() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(&[("x", "1")], "first");
+    let target = exec_target("lan-box", &remote.url(), "", "apply = [\"true\"]");
+    let open = Setup::new(&format!("page = \"open\"\n\n{target}"));
+    let intake = Intake::start(&open);
+    let r = intake.get("/");
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.body.contains("<strong>lan-box</strong>"), "{}", r.body);
+    drop(intake);
+
+    let off = Setup::new(&format!("page = \"off\"\n\n{target}"));
+    let intake = Intake::start(&off);
+    let r = intake.get("/");
+    assert_eq!(r.status, 404, "{}", r.body);
+    assert!(!r.body.contains("lan-box"), "{}", r.body);
+    // The API is not affected.
+    assert_eq!(intake.get("/api/v1/targets").status, 401);
+
+    let bad = Setup::new(&format!("page = \"public\"\n\n{target}"));
+    let out = bad.run(&["check"]);
+    assert!(!out.status.success());
+    let err = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(
+        err.contains("key `page`") && err.contains("`public` is not one of"),
+        "{err}"
+    );
 }

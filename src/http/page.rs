@@ -1,17 +1,22 @@
 //! `GET /`: a read-only HTML page for people, rendered on the server (no
 //! JavaScript): every target with its last result and commit, and every
 //! Nomad deployment waiting for approval with its redacted diff and the
-//! `curl` line that approves exactly that spec. It shows what a `read`
-//! token would see and never a secret (diffs are redacted before they are
-//! stored); it changes nothing.
+//! `curl` line that approves exactly that spec. By default (`[server] page =
+//! "token"`) it asks for a token with a `read` scope (HTTP Basic, the token
+//! as the password, so a browser can ask) and shows only what that token may
+//! read; `"open"` shows every target to anyone, `"off"` answers 404. It never
+//! shows a secret (diffs are redacted before they are stored) and changes
+//! nothing.
 
 use std::fmt::Write as _;
 
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use super::AppState;
+use crate::auth::{self, Verb};
+use crate::config::{PageAccess, Token};
 use crate::status;
 
 /// Escape text for HTML element content and attribute values.
@@ -36,17 +41,78 @@ code,pre{font-family:ui-monospace,monospace;font-size:.9em}pre{background:#f6f6f
 .failed{color:#b00020;font-weight:600}.changed{color:#0b6e4f}.no_change{color:#555}\
 .card{border:1px solid #ccc;border-radius:6px;padding:1em;margin:1em 0}h1{font-size:1.4em}";
 
+/// A short HTML answer that is not the page: 401, 403 or 404.
+fn refusal(status: StatusCode, text: &str) -> Response {
+    let body = format!(
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>driftless</title>\
+         <style>{STYLE}</style></head><body><h1>driftless</h1><p>{}</p></body></html>\n",
+        escape(text)
+    );
+    let mut r = (
+        status,
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        body,
+    )
+        .into_response();
+    if status == StatusCode::UNAUTHORIZED {
+        r.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            header::HeaderValue::from_static("Basic realm=\"driftless\", charset=\"UTF-8\""),
+        );
+    }
+    r
+}
+
 /// `GET /`
-pub(super) async fn index(State(s): State<AppState>) -> Response {
+pub(super) async fn index(State(s): State<AppState>, headers: HeaderMap) -> Response {
+    let settings = &s.engine.settings;
+    // Who is looking: `None` when the page is open to anyone.
+    let viewer: Option<&Token> = match settings.server.page {
+        PageAccess::Off => {
+            return refusal(
+                StatusCode::NOT_FOUND,
+                "This page is off ([server] page = \"off\"); the API is at /api/v1/.",
+            );
+        }
+        PageAccess::Open => None,
+        PageAccess::Token => {
+            let presented = headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok());
+            match auth::authenticate(&settings.tokens, presented) {
+                Ok(t) if auth::reads_anything(t) => Some(t),
+                Ok(t) => {
+                    return refusal(
+                        StatusCode::FORBIDDEN,
+                        &format!(
+                            "Token `{}` has no read scope; this page needs `read` or `read:<glob>`.",
+                            t.name
+                        ),
+                    );
+                }
+                Err(_) => {
+                    return refusal(
+                        StatusCode::UNAUTHORIZED,
+                        "Sign in with any user name and, as the password, a driftless token \
+                         with a read scope (`driftless token new NAME` makes one).",
+                    );
+                }
+            }
+        }
+    };
+    let may_read = |target: &str| viewer.is_none_or(|t| auth::allows(t, Verb::Read, target));
     let targets = match status::targets(&s.engine).await {
         Ok(t) => t,
         Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
     };
+    let targets: Vec<_> = targets.into_iter().filter(|t| may_read(&t.name)).collect();
     let pending = match s.engine.store.nomad_deployments(true, 200).await {
         Ok(d) => d,
         Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
     };
-    let settings = &s.engine.settings;
     let base = match &settings.server.public_url {
         Some(u) => u.trim_end_matches('/').to_string(),
         None => format!("http://{}", settings.server.listen),
@@ -91,7 +157,7 @@ pub(super) async fn index(State(s): State<AppState>) -> Response {
     h.push_str("</tbody></table><h2>Waiting for approval</h2>");
     let waiting: Vec<_> = pending
         .iter()
-        .filter(|d| d.state == "pending_approval")
+        .filter(|d| d.state == "pending_approval" && may_read(&d.target))
         .collect();
     if waiting.is_empty() {
         h.push_str("<p>Nothing waits for approval.</p>");

@@ -583,6 +583,14 @@ pub struct HttpResponse {
 }
 
 impl HttpResponse {
+    /// A header's value (names are lowercase).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
     pub fn json(&self) -> Value {
         serde_json::from_str(&self.body)
             .unwrap_or_else(|e| panic!("response is not JSON ({e}): {self:?}"))
@@ -780,6 +788,10 @@ impl Intake {
 
     pub fn post(&self, path: &str, headers: &[(&str, &str)], body: &[u8]) -> HttpResponse {
         http(self.port, "POST", path, headers, body)
+    }
+
+    pub fn get(&self, path: &str) -> HttpResponse {
+        http(self.port, "GET", path, &[], b"")
     }
 
     pub fn jobs(&self) -> Vec<JobRow> {
