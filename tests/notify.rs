@@ -169,6 +169,70 @@ fn the_transitions_drive_exactly_the_expected_notifications() {
 }
 
 #[test]
+fn a_failure_that_only_differs_in_its_timestamps_is_told_once() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    // Like many tools, the error carries the time, a duration and a request
+    // id, all different on every attempt.
+    remote.commit(
+        &[
+            (
+                "app/deploy.sh",
+                "echo \"$(date -u +%Y-%m-%dT%H:%M:%S.%NZ) request $(cat /proc/sys/kernel/random/uuid): \
+                 $(cat reason) after $(date +%N | cut -c1-3)ms\" >&2\nexit 1\n",
+            ),
+            ("app/reason", "disk full on /var\n"),
+        ],
+        "a deploy that fails",
+    );
+    let sink = Service::http_sink(root.path(), 0);
+    let s = Setup::new(&format!(
+        "[[notifiers]]\nname = \"hook\"\nkind = \"webhook\"\nurl = \"http://127.0.0.1:{}/hook\"\n\n{}",
+        sink.port,
+        exec_target(
+            "app",
+            &remote.url(),
+            "notify = [\"hook\"]\npath = \"app\"",
+            "apply = [\"sh\", \"deploy.sh\"]\nalways = true",
+        )
+    ));
+    let mut messages = Vec::new();
+    for _ in 0..3 {
+        let out = s.run(&["tick", "app"]);
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+        messages.push(s.history("app")[0]["message"].to_string());
+    }
+    // The raw messages did differ.
+    assert!(
+        messages[0] != messages[1] && messages[1] != messages[2],
+        "{messages:#?}"
+    );
+    remote.commit(&[("app/reason", "network unreachable\n")], "worse");
+    let out = s.run(&["tick", "app"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+
+    let hook = events(&sink, "/hook");
+    let told: Vec<(&str, &str)> = hook
+        .iter()
+        .map(|e| {
+            (
+                e["event"].as_str().unwrap_or(""),
+                e["message"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(told.len(), 2, "{told:#?}");
+    assert!(
+        told[0].0 == "failed" && told[0].1.contains("disk full"),
+        "{told:#?}"
+    );
+    assert!(
+        told[1].0 == "failed" && told[1].1.contains("network unreachable"),
+        "{told:#?}"
+    );
+}
+
+#[test]
 fn email_is_retried_until_the_server_is_back_and_never_changes_the_result() {
     let root = tempfile::tempdir().expect("tempdir");
     let remote = Remote::new(root.path(), "infra");

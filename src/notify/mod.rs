@@ -9,6 +9,7 @@
 //! changes a run's result or delays a tick. One file per kind of notifier.
 
 mod email;
+pub mod fingerprint;
 mod matrix;
 pub mod outbox;
 mod slack;
@@ -190,8 +191,9 @@ pub struct Decision {
 /// Decide what a finished run means for the owners.
 ///
 /// - first failure after a success (or ever): `failed`;
-/// - another failure: nothing — unless the message changed (`failed` again)
-///   or `repeat_after` passed since the last notification (`still_failing`);
+/// - another failure: nothing — unless the message changed (`failed` again;
+///   timestamps, durations and ids aside, see [`fingerprint`]) or
+///   `repeat_after` passed since the last notification (`still_failing`);
 /// - first success after failures: `recovered`;
 /// - a success that changed something: `changed` (only notifiers that opt in).
 pub fn decide(
@@ -219,7 +221,11 @@ pub fn decide(
                 failing_since: prev.failing_since.or(Some(now_ms)),
                 ..prev.clone()
             };
-            let event = if prev.last_notified_message.as_deref() != Some(message) {
+            let same = prev
+                .last_notified_message
+                .as_deref()
+                .is_some_and(|m| fingerprint::same_failure(m, message));
+            let event = if !same {
                 Some(Event::Failed)
             } else if prev
                 .last_notified_at
