@@ -92,6 +92,15 @@ pub async fn serve_until(
     })?;
     info!(%addr, targets = settings.targets.len(), workers = settings.server.workers,
           state_dir = %settings.state_dir.display(), "driftless serving");
+    if settings.server.page == crate::config::PageAccess::Token
+        && !settings.tokens.iter().any(crate::auth::reads_anything)
+    {
+        warn!(
+            "no [[tokens]] entry has a read scope, so nobody can open the page at /: \
+             add one (`driftless token new NAME`, scopes = [\"read\"]) or set \
+             [server] page = \"open\" on a private listener"
+        );
+    }
 
     let app = http::router(state);
     let server_settings = settings.server.clone();

@@ -193,7 +193,24 @@ fn an_open_page_needs_no_token_and_an_off_page_is_not_there() {
     let remote = Remote::new(root.path(), "infra");
     remote.commit(&[("x", "1")], "first");
     let target = exec_target("lan-box", &remote.url(), "", "apply = [\"true\"]");
+    // The default page with no token that may read: the daemon says so.
+    let nobody = Setup::new(&target);
+    let daemon = nobody.serve();
+    assert!(
+        daemon.log_text().contains("nobody can open the page at /"),
+        "{}",
+        daemon.log_text()
+    );
+    drop(daemon);
+
     let open = Setup::new(&format!("page = \"open\"\n\n{target}"));
+    let daemon = open.serve();
+    assert!(
+        !daemon.log_text().contains("nobody can open the page"),
+        "{}",
+        daemon.log_text()
+    );
+    drop(daemon);
     let intake = Intake::start(&open);
     let r = intake.get("/");
     assert_eq!(r.status, 200, "{}", r.body);
