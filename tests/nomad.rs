@@ -549,17 +549,7 @@ fn killed_mid_register_resumes_without_a_second_register() {
         "delay",
         json!({ "Path": "/v1/jobs", "Method": "POST", "Seconds": 2 }),
     );
-    let mut child = std::process::Command::new(bin())
-        .args([
-            "--config",
-            f.s.config.to_str().expect("utf8"),
-            "tick",
-            "cluster",
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("tick");
+    let mut child = spawn_tick(&f);
     wait_for(
         Duration::from_secs(20),
         "the register to be in flight",
@@ -1317,8 +1307,9 @@ fn dispatches<'a>(j: &'a [Value], hook: &str) -> Vec<&'a Value> {
 }
 
 /// Start a tick and kill it as soon as it has dispatched `hook`.
-fn kill_tick_once_dispatched(f: &Fixture, hook: &str) {
-    let mut child = std::process::Command::new(bin())
+/// `driftless tick cluster` in the background, its output discarded.
+fn spawn_tick(f: &Fixture) -> std::process::Child {
+    std::process::Command::new(bin())
         .args([
             "--config",
             f.s.config.to_str().expect("utf8"),
@@ -1328,7 +1319,11 @@ fn kill_tick_once_dispatched(f: &Fixture, hook: &str) {
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
-        .expect("tick");
+        .expect("tick")
+}
+
+fn kill_tick_once_dispatched(f: &Fixture, hook: &str) {
+    let mut child = spawn_tick(f);
     wait_for(Duration::from_secs(20), "the hook dispatched", || {
         !dispatches(&f.nomad.journal(), hook).is_empty()
     });
