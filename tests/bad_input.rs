@@ -66,13 +66,17 @@ fn raw(port: u16, bytes: &[u8]) -> Option<u16> {
 #[test]
 fn malformed_bodies_after_a_valid_signature_are_400() {
     let (intake, _s, _t, _d) = intake();
-    // invalid UTF-8, deeply nested JSON, a JSON scalar, a push without `ref`
+    // invalid UTF-8, deeply nested JSON, a JSON scalar, a push without `ref`,
     let nested = format!("{}{}", "[".repeat(30_000), "]".repeat(30_000));
     for body in [
         b"\xff\xfe\xfd not json".to_vec(),
         nested.into_bytes(),
         b"42".to_vec(),
         br#"{"after": "abc", "repository": {"clone_url": "https://git.example.net/ops/infra.git"}}"#.to_vec(),
+        // found by fuzzing: a branch ref with no branch name, and a commit
+        // id that is not one
+        br#"{"ref": "refs/heads/", "after": "0123456789abcdef0123456789abcdef01234567", "repository": {"clone_url": "https://git.example.net/ops/infra.git"}}"#.to_vec(),
+        br#"{"ref": "refs/heads/main", "after": "0000*0000", "repository": {"clone_url": "https://git.example.net/ops/infra.git"}}"#.to_vec(),
     ] {
         let r = signed_post(&intake, &body);
         assert_eq!(r.status, 400, "{r:?}");

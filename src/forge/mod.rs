@@ -170,6 +170,16 @@ fn read_push(
             format!("not a branch ({git_ref})")
         }));
     };
+    if branch.is_empty() {
+        return Err(HookError::BadPayload(
+            "push `ref` is `refs/heads/` with no branch name".into(),
+        ));
+    }
+    if !(4..=64).contains(&after.len()) || !after.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(HookError::BadPayload(
+            "push `after` is not a commit id (4 to 64 hex digits)".into(),
+        ));
+    }
     let mut repo_urls: Vec<String> = url_keys
         .iter()
         .filter_map(|k| v.pointer(k).and_then(Value::as_str))
@@ -228,6 +238,31 @@ mod tests {
             verify_hex_hmac(b"k", b"x", "not hex"),
             Err(HookError::Unauthorized)
         );
+    }
+
+    #[test]
+    fn a_push_needs_a_branch_name_and_a_commit_id() {
+        let push = |r: &str, after: &str| {
+            read_push(
+                &serde_json::json!({ "repo": "https://git.example.net/a/b", "ref": r, "after": after }),
+                &["/repo"],
+                |_, _| true,
+            )
+        };
+        let sha = "0123456789abcdef0123456789abcdef01234567";
+        assert!(matches!(push("refs/heads/main", sha), Ok(Event::Push(_))));
+        for (r, after) in [
+            ("refs/heads/", sha),
+            ("refs/heads/main", ""),
+            ("refs/heads/main", "0000*00000"),
+            ("refs/heads/main", "abc"),
+            ("refs/heads/main", &"a".repeat(65)),
+        ] {
+            assert!(
+                matches!(push(r, after), Err(HookError::BadPayload(_))),
+                "{r} {after}"
+            );
+        }
     }
 
     #[test]
