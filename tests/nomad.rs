@@ -541,6 +541,68 @@ fn state_is_persisted_before_acting() {
 }
 
 #[test]
+fn the_targets_namespace_is_for_jobs_that_name_none() {
+    let f = fixture("namespace = \"prod\"");
+    let named = |id: &str, ns: &str| {
+        web_job("nginx:1.25", AUTO).replace(
+            "job \"web\" {\n",
+            &format!("job \"{id}\" {{\n  namespace = \"{ns}\"\n"),
+        )
+    };
+    f.remote.commit(
+        &[
+            ("jobs/api.nomad.hcl", &named("api", "default")),
+            ("jobs/batch.nomad.hcl", &named("batch", "team")),
+        ],
+        "api in default, batch in team",
+    );
+    let (code, out, j) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    let mut placed: Vec<(String, String)> = registers(&j)
+        .iter()
+        .map(|r| {
+            (
+                r["body"]["Job"]["ID"].as_str().unwrap_or("").to_string(),
+                r["body"]["Job"]["Namespace"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string(),
+            )
+        })
+        .collect();
+    placed.sort();
+    assert_eq!(
+        placed,
+        [
+            ("api".to_string(), "default".to_string()),
+            ("batch".into(), "team".into()),
+            ("web".into(), "prod".into()),
+        ],
+        "{j:#?}"
+    );
+    // And that is where Nomad has them.
+    let live = |id: &str, ns: &str| {
+        http(
+            f.nomad.port,
+            "GET",
+            &format!("/v1/job/{id}?namespace={ns}"),
+            &[("X-Nomad-Token", &f.nomad.token)],
+            b"",
+        )
+        .status
+    };
+    assert_eq!(live("web", "prod"), 200);
+    assert_eq!(live("web", "default"), 404);
+    assert_eq!(live("api", "default"), 200);
+    assert_eq!(live("api", "prod"), 404);
+    assert_eq!(live("batch", "team"), 200);
+    // A second tick sees no change anywhere.
+    let (code, out, j) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    assert!(registers(&j).is_empty(), "{j:#?}");
+}
+
+#[test]
 fn killed_mid_register_resumes_without_a_second_register() {
     let f = fixture("");
     // The register is slow; the tick is killed while it is in flight (Nomad

@@ -10,6 +10,8 @@ text/plain error bodies:
 
   POST /v1/jobs/parse            HCL -> job JSON (a jobspec subset, parsed with
                                  python-hcl2); 400 "Failed to parse job: ..."
+                                 Namespace is null unless the file names one
+                                 or Canonicalize is true
   GET  /v1/job/:id               the job; 404 "job not found"
   POST /v1/job/:id/plan          {Job, Diff} -> {JobModifyIndex, Diff, ...}
   POST /v1/jobs, /v1/job/:id     register; EnforceIndex/JobModifyIndex CAS:
@@ -126,7 +128,7 @@ def one(body, name, variables):
     return unq(bs[0][1], variables) if bs else None
 
 
-def parse_job(hcl, vars_text):
+def parse_job(hcl, vars_text, canonicalize=True):
     variables = {}
     if vars_text:
         try:
@@ -184,7 +186,11 @@ def parse_job(hcl, vars_text):
     return {
         "ID": jid,
         "Name": jid,
-        "Namespace": unq(body.get("namespace", "default"), variables),
+        # Canonicalize fills in the default namespace; without it a file
+        # that names none gives null (the other defaults are always filled
+        # in here: driftless reads only Namespace from such a parse).
+        "Namespace": unq(body["namespace"], variables) if "namespace" in body
+        else ("default" if canonicalize else None),
         "Region": unq(body.get("region", "global"), variables),
         "Type": unq(body.get("type", "service"), variables),
         "Priority": unq(body.get("priority", 50), variables),
@@ -433,7 +439,8 @@ class Handler(BaseHTTPRequestHandler):
     def api(self, path, q, body):
         if path == "/v1/jobs/parse" and self.command == "POST":
             try:
-                job = parse_job(body.get("JobHCL") or "", body.get("Variables") or "")
+                job = parse_job(body.get("JobHCL") or "", body.get("Variables") or "",
+                                body.get("Canonicalize", False) is True)
             except ParseError as e:
                 return 400, f"Failed to parse job: {e}"
             return 200, job

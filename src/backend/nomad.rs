@@ -560,24 +560,19 @@ impl Nomad {
         }
     }
 
-    /// Nomad parses the file (and its `.vars.hcl`); the policy comes from
-    /// the parsed job's meta.
-    async fn parse(&self, file: &str) -> Result<Parsed, String> {
-        let path = self.ctx.workdir.join(file);
-        let hcl = std::fs::read_to_string(&path).map_err(|e| format!("cannot read it: {e}"))?;
-        let stem = file.strip_suffix(".nomad.hcl").unwrap_or(file);
-        let stem = stem.strip_suffix(".hcl").unwrap_or(stem);
-        let vars_path = self.ctx.workdir.join(format!("{stem}.vars.hcl"));
-        let vars = match std::fs::read_to_string(&vars_path) {
-            Ok(v) => Some(v),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(format!("cannot read {stem}.vars.hcl: {e}")),
-        };
-        let mut body = json!({ "JobHCL": hcl, "Canonicalize": true });
+    /// `POST /v1/jobs/parse`: Nomad turns the HCL (with its variables) into
+    /// a job; a 400 is Nomad's parse error.
+    async fn parse_hcl(
+        &self,
+        hcl: &str,
+        vars: Option<&str>,
+        canonicalize: bool,
+    ) -> Result<Value, String> {
+        let mut body = json!({ "JobHCL": hcl, "Canonicalize": canonicalize });
         if let Some(v) = vars {
-            body["Variables"] = Value::String(v);
+            body["Variables"] = Value::String(v.to_string());
         }
-        let job = self
+        Ok(self
             .client
             .call(
                 reqwest::Method::POST,
@@ -596,19 +591,44 @@ impl Nomad {
                 }
                 other => other.to_string(),
             })?
-            .unwrap_or(Value::Null);
-        let mut job = job;
+            .unwrap_or(Value::Null))
+    }
+
+    /// Nomad parses the file (and its `.vars.hcl`); the policy comes from
+    /// the parsed job's meta.
+    async fn parse(&self, file: &str) -> Result<Parsed, String> {
+        let path = self.ctx.workdir.join(file);
+        let hcl = std::fs::read_to_string(&path).map_err(|e| format!("cannot read it: {e}"))?;
+        let stem = file.strip_suffix(".nomad.hcl").unwrap_or(file);
+        let stem = stem.strip_suffix(".hcl").unwrap_or(stem);
+        let vars_path = self.ctx.workdir.join(format!("{stem}.vars.hcl"));
+        let vars = match std::fs::read_to_string(&vars_path) {
+            Ok(v) => Some(v),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(format!("cannot read {stem}.vars.hcl: {e}")),
+        };
+        let mut job = self.parse_hcl(&hcl, vars.as_deref(), true).await?;
         let id = job["ID"]
             .as_str()
             .filter(|s| !s.is_empty())
             .ok_or("Nomad's parse returned a job without an ID")?
             .to_string();
-        // Canonicalize names `default` when the file names no namespace;
-        // the target's `namespace` applies to those jobs.
+        // The target's `namespace` is for jobs whose file names none.
+        // Canonicalize writes `default` into those, so when it says
+        // `default` and the target has a namespace, a parse without
+        // Canonicalize tells a file that names `default` from one that names
+        // nothing.
         let parsed_ns = job["Namespace"].as_str().unwrap_or("").to_string();
         let namespace = match (&self.cfg.namespace, parsed_ns.as_str()) {
-            (Some(ns), "" | "default") => ns.clone(),
-            (_, "") => "default".into(),
+            (Some(ns), "") => ns.clone(),
+            (Some(ns), "default") => {
+                let raw = self.parse_hcl(&hcl, vars.as_deref(), false).await?;
+                match raw["Namespace"].as_str() {
+                    Some(named) if !named.is_empty() => named.to_string(),
+                    _ => ns.clone(),
+                }
+            }
+            (None, "") => "default".into(),
             (_, ns) => ns.to_string(),
         };
         job["Namespace"] = Value::String(namespace.clone());
