@@ -1369,6 +1369,24 @@ fn dispatches<'a>(j: &'a [Value], hook: &str) -> Vec<&'a Value> {
 }
 
 /// Start a tick and kill it as soon as it has dispatched `hook`.
+/// Kill a tick while `hook` runs (web's deployment must be in `state`),
+/// let the hook finish on its own, tick again: that tick succeeds and the
+/// hook has exactly one instance. Returns the second tick's journal.
+fn kill_during_hook_then_tick(f: &Fixture, hook: &str, state: &str) -> Vec<Value> {
+    f.nomad
+        .control("hook_outcome", json!({ "ID": hook, "Status": "running" }));
+    kill_tick_once_dispatched(f, hook);
+    let d = f.deployments();
+    let web = d.iter().find(|r| r["job"] == "web").expect("web");
+    assert_eq!(web["state"], state, "{d:#?}");
+    f.nomad
+        .control("hook_outcome", json!({ "ID": hook, "Status": "complete" }));
+    let (code, out, j) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(instances(f, hook), 1, "the hook {hook} ran twice");
+    j
+}
+
 /// `driftless tick cluster` in the background, its output discarded.
 fn spawn_tick(f: &Fixture) -> std::process::Child {
     std::process::Command::new(bin())
@@ -1529,24 +1547,10 @@ fn a_failed_post_hook_fails_the_deployment_after_the_register() {
 #[test]
 fn a_tick_killed_during_the_pre_hook_resumes_without_a_second_instance() {
     let f = hooks_fixture(HOOKS);
-    f.nomad.control(
-        "hook_outcome",
-        json!({ "ID": "db-migrate", "Status": "running" }),
-    );
-    kill_tick_once_dispatched(&f, "db-migrate");
-    let d = f.deployments();
-    let web = d.iter().find(|r| r["job"] == "web").expect("web");
-    assert_eq!(web["state"], "pre_hook", "{d:#?}");
-    // The hook finishes on its own; the next tick finds the same instance
-    // (same idempotency token) and registers.
-    f.nomad.control(
-        "hook_outcome",
-        json!({ "ID": "db-migrate", "Status": "complete" }),
-    );
-    let (code, out, j) = f.tick();
-    assert_eq!(code, Some(0), "{out}");
+    // The next tick finds the same instance (same idempotency token) and
+    // registers.
+    let j = kill_during_hook_then_tick(&f, "db-migrate", "pre_hook");
     let all = f.nomad.journal();
-    assert_eq!(instances(&f, "db-migrate"), 1, "the hook ran twice");
     assert_eq!(dispatches(&all, "db-migrate").len(), 2);
     assert_eq!(
         j.iter()
@@ -1563,22 +1567,8 @@ fn a_tick_killed_during_the_post_hook_resumes_without_a_second_instance() {
     assert_eq!(f.tick().0, Some(0));
     f.nomad
         .control("deployment", json!({ "ID": "web", "Status": "successful" }));
-    f.nomad.control(
-        "hook_outcome",
-        json!({ "ID": "smoke-test", "Status": "running" }),
-    );
-    kill_tick_once_dispatched(&f, "smoke-test");
-    let d = f.deployments();
-    let web = d.iter().find(|r| r["job"] == "web").expect("web");
-    assert_eq!(web["state"], "post_hook", "{d:#?}");
-    f.nomad.control(
-        "hook_outcome",
-        json!({ "ID": "smoke-test", "Status": "complete" }),
-    );
-    let (code, out, j) = f.tick();
-    assert_eq!(code, Some(0), "{out}");
+    let j = kill_during_hook_then_tick(&f, "smoke-test", "post_hook");
     assert!(registers(&j).is_empty(), "registered again: {j:#?}");
-    assert_eq!(instances(&f, "smoke-test"), 1, "the post hook ran twice");
     let d = f.deployments();
     let web = d.iter().find(|r| r["job"] == "web").expect("web");
     assert_eq!(web["state"], "completed", "{d:#?}");
