@@ -53,20 +53,35 @@ impl Redactor {
     }
 }
 
-/// `scheme://user:password@host` → `scheme://[REDACTED]@host`.
+/// Credentials in URLs: `scheme://user:password@host` and
+/// `https://TOKEN@host` (GitHub's token-clone form) → `scheme://[REDACTED]@host`.
+/// Over ssh a bare user name (`ssh://git@host`) is not a secret and stays.
 fn strip_url_credentials(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(i) = rest.find("://") {
         let (head, tail) = rest.split_at(i + 3);
         out.push_str(head);
+        let scheme: String = head[..i]
+            .chars()
+            .rev()
+            .take_while(|c| c.is_ascii_alphanumeric() || "+.-".contains(*c))
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect::<String>()
+            .to_ascii_lowercase();
+        let ssh = matches!(
+            scheme.as_str(),
+            "ssh" | "git+ssh" | "ssh+git" | "sftp" | "scp"
+        );
         // The authority ends at the first '/', whitespace or quote.
         let end = tail
-            .find(|c: char| c == '/' || c.is_whitespace() || c == '"' || c == '\'')
+            .find(|c: char| c == '/' || c.is_whitespace() || c == '"' || c == '\'' || c == '\\')
             .unwrap_or(tail.len());
         let authority = &tail[..end];
         match authority.rfind('@') {
-            Some(at) if authority[..at].contains(':') => {
+            Some(at) if at > 0 && (!ssh || authority[..at].contains(':')) => {
                 out.push_str(MASK);
                 out.push_str(&authority[at..]);
             }
@@ -114,8 +129,17 @@ mod tests {
             r.redact("fatal: could not read from https://bob:s3cret@git.example.net/x.git: 403"),
             "fatal: could not read from https://[REDACTED]@git.example.net/x.git: 403"
         );
-        // a user name alone is not a secret
+        // a user name alone is not a secret over ssh
         assert_eq!(r.redact("ssh://git@host/x"), "ssh://git@host/x");
+        // but over https it is GitHub's token form
+        assert_eq!(
+            r.redact("clone https://ghp_abc123@github.com/o/r.git failed"),
+            "clone https://[REDACTED]@github.com/o/r.git failed"
+        );
+        assert_eq!(
+            r.redact(r#"{"GetterSource":"s3::https://AKID@bucket/x"}"#),
+            r#"{"GetterSource":"s3::https://[REDACTED]@bucket/x"}"#
+        );
     }
 
     #[test]

@@ -1105,22 +1105,29 @@ fn an_approved_spec_that_git_or_the_live_job_moved_away_from_is_not_registered()
         json!({ "spec_hash": hash }),
     );
     assert_eq!(r.status, 200, "{}", r.body);
-    let (code, _, j) = f.tick();
-    assert_eq!(code, Some(1));
+    // The approval was for the older spec: that deployment is superseded,
+    // nothing is registered, and the newer commit gets its own pending
+    // deployment in the same tick.
+    let (code, out, j) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
     assert!(
         registers(&j).is_empty(),
         "registered a spec nobody approved"
     );
     assert!(
-        f.message().contains("no longer the one recorded"),
+        f.message()
+            .contains(&format!("deployment {id} superseded by commit")),
         "{}",
         f.message()
     );
-    // The newer commit gets its own pending deployment.
-    assert_eq!(f.tick().0, Some(0));
     let p = pending(&intake);
     assert_eq!(p.len(), 1);
     assert_ne!(p[0]["id"], id);
+    let d = f.deployments();
+    assert_eq!(
+        d.iter().find(|r| r["id"] == id).expect("the approved one")["state"],
+        "superseded"
+    );
 
     // Once the job is live: approved, then someone changes the live job
     // before the tick -- the CAS rule holds after an approval too.
@@ -1335,6 +1342,7 @@ fn hook_job(name: &str) -> String {
   type = "batch"
   parameterized {{
     meta_required = ["driftless_deployment"]
+    meta_optional = ["driftless_job", "driftless_commit", "driftless_phase"]
   }}
   group "run" {{
     task "run" {{
@@ -1462,9 +1470,13 @@ fn hooks_are_dispatched_once_around_the_register_with_their_meta() {
     assert_eq!(meta["driftless_job"], "web");
     assert_eq!(meta["driftless_commit"], sha.as_str());
     assert_eq!(meta["driftless_phase"], "pre");
+    // The token is unique to this deployment of this installation: a
+    // random nonce, then the id and the phase.
+    let nonce = web["hook_nonce"].as_str().expect("a nonce");
+    assert_eq!(nonce.len(), 16, "{nonce}");
     assert_eq!(
         pre[0]["body"]["IdempotencyToken"],
-        format!("driftless-{}-pre", web["id"])
+        format!("driftless-{nonce}-{}-pre", web["id"])
     );
 
     // Nomad's deployment succeeds: the post hook runs, once.
@@ -1572,4 +1584,562 @@ fn a_tick_killed_during_the_post_hook_resumes_without_a_second_instance() {
     let d = f.deployments();
     let web = d.iter().find(|r| r["job"] == "web").expect("web");
     assert_eq!(web["state"], "completed", "{d:#?}");
+}
+
+// ------------------------------------------------ as Nomad really behaves
+
+/// A hook job whose `parameterized` block is `param`.
+fn hook_job_with(name: &str, param: &str) -> String {
+    hook_job(name).replace(
+        "  parameterized {\n    meta_required = [\"driftless_deployment\"]\n    meta_optional = [\"driftless_job\", \"driftless_commit\", \"driftless_phase\"]\n  }",
+        &format!("  parameterized {{\n{param}\n  }}"),
+    )
+}
+
+#[test]
+fn a_hook_gets_only_the_meta_its_job_declares_and_one_needing_more_fails_before_any_register() {
+    // Nomad refuses a dispatch carrying a key the parameterized job does
+    // not declare (validateDispatchRequest): this hook declares one.
+    let f = hooks_fixture(&HOOKS.replace("    driftless_post_hook = \"smoke-test\"\n", ""));
+    f.remote.commit(
+        &[(
+            "jobs/db-migrate.nomad.hcl",
+            &hook_job_with(
+                "db-migrate",
+                "    meta_required = [\"driftless_deployment\"]",
+            ),
+        )],
+        "a hook that takes one key",
+    );
+    let (code, out, j) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    let pre = dispatches(&j, "db-migrate");
+    assert_eq!(pre.len(), 1, "{j:#?}");
+    let keys: Vec<&String> = pre[0]["body"]["Meta"]
+        .as_object()
+        .expect("meta")
+        .keys()
+        .collect();
+    assert_eq!(keys, ["driftless_deployment"]);
+    assert!(f.nomad.job("web").is_some(), "not registered: {out}");
+
+    // A hook that requires a key driftless cannot fill: the deployment
+    // fails before any register or dispatch, naming the key.
+    f.remote.commit(
+        &[
+            (
+                "jobs/db-migrate.nomad.hcl",
+                &hook_job_with(
+                    "db-migrate",
+                    "    meta_required = [\"driftless_deployment\", \"ticket\"]",
+                ),
+            ),
+            (
+                "jobs/web.nomad.hcl",
+                &web_job(
+                    "nginx:1.26",
+                    &HOOKS.replace("    driftless_post_hook = \"smoke-test\"\n", ""),
+                ),
+            ),
+        ],
+        "a hook that needs a ticket",
+    );
+    let (code, _, j) = f.tick();
+    assert_eq!(code, Some(1));
+    assert!(dispatches(&j, "db-migrate").is_empty(), "{j:#?}");
+    assert!(
+        !j.iter()
+            .any(|r| r["path"] == "/v1/jobs" && r["body"]["Job"]["ID"] == "web"),
+        "registered web: {j:#?}"
+    );
+    let msg = f.message();
+    assert!(
+        msg.contains("requires the dispatch meta key `ticket`")
+            && msg.contains("nothing registered"),
+        "{msg}"
+    );
+    assert_eq!(f.image(), "nginx:1.25");
+}
+
+#[test]
+fn a_token_limited_to_the_targets_namespace_is_enough() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(
+        &[
+            ("jobs/web.nomad.hcl", &web_job("nginx:1.25", HOOKS)),
+            ("jobs/db-migrate.nomad.hcl", &hook_job("db-migrate")),
+            ("jobs/smoke-test.nomad.hcl", &hook_job("smoke-test")),
+        ],
+        "web with hooks",
+    );
+    let nomad = NomadStandin::start(root.path());
+    // The policy the README gives for `auto` with hooks, in `prod` only
+    // (acl/policy.go names the capabilities).
+    let limited = "prod-only-token-77f2";
+    nomad.control(
+        "acl_token",
+        json!({ "SecretID": limited, "Namespaces": {
+            "prod": ["parse-job", "read-job", "submit-job", "dispatch-job"] } }),
+    );
+    let token = root.path().join("nomad-token");
+    std::fs::write(&token, limited).expect("write");
+    let s = Setup::new(&target(
+        "cluster",
+        &remote,
+        &nomad,
+        &token,
+        "namespace = \"prod\"",
+    ));
+    let out = s.run(&["tick", "cluster"]);
+    let log = text(&out.stdout) + &text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{log}");
+    let j = nomad.journal();
+    // (404 is a job not registered yet.)
+    let refused: Vec<&Value> = j
+        .iter()
+        .filter(|r| r["status"] != 200 && r["status"] != 404)
+        .collect();
+    assert!(refused.is_empty(), "{refused:#?}");
+    for r in &j {
+        assert!(
+            r["query"].as_str().unwrap_or("").contains("namespace=prod"),
+            "a call outside the token's namespace: {r}"
+        );
+    }
+    assert!(j.iter().any(|r| r["path"] == "/v1/jobs/parse"), "{j:#?}");
+    // Nomad enforces it: the same token in `default` is refused.
+    let r = http(
+        nomad.port,
+        "POST",
+        "/v1/jobs/parse",
+        &[("X-Nomad-Token", limited)],
+        json!({ "JobHCL": web_job("nginx:1", AUTO) })
+            .to_string()
+            .as_bytes(),
+    );
+    assert_eq!((r.status, r.body.trim()), (403, "Permission denied"));
+}
+
+fn reverting_job(image: &str) -> String {
+    web_job(image, HOOKS).replace(
+        "  group \"web\" {\n    count = 2\n",
+        "  group \"web\" {\n    count = 2\n    update {\n      auto_revert = true\n    }\n",
+    )
+}
+
+#[test]
+fn an_auto_reverted_deployment_fails_runs_no_post_hook_and_is_not_registered_again() {
+    let f = hooks_fixture(HOOKS);
+    f.remote.commit(
+        &[("jobs/web.nomad.hcl", &reverting_job("nginx:1.25"))],
+        "auto revert",
+    );
+    assert_eq!(f.tick().0, Some(0));
+    f.nomad
+        .control("deployment", json!({ "ID": "web", "Status": "successful" }));
+    assert_eq!(f.tick().0, Some(0), "version 0 deployed and stable");
+    f.remote.commit(
+        &[("jobs/web.nomad.hcl", &reverting_job("nginx:1.26"))],
+        "1.26",
+    );
+    let (code, out, j) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(registers(&j).len(), 1);
+    // Version 1 fails; Nomad rolls back to version 0 (a new version, 2) and
+    // its deployment succeeds: the latest deployment is the revert's.
+    f.nomad.control(
+        "deployment",
+        json!({ "ID": "web", "Status": "failed", "Description": "Failed due to unhealthy allocations" }),
+    );
+    assert_eq!(f.image(), "nginx:1.25", "the stand-in rolled back");
+    f.nomad
+        .control("deployment", json!({ "ID": "web", "Status": "successful" }));
+    let (code, _, j) = f.tick();
+    assert_eq!(code, Some(1));
+    let msg = f.message();
+    assert!(
+        msg.contains("rolling back to job version 0") && msg.contains("failed"),
+        "{msg}"
+    );
+    assert!(
+        dispatches(&j, "smoke-test").is_empty(),
+        "post hook ran: {j:#?}"
+    );
+    assert!(registers(&j).is_empty(), "{j:#?}");
+    let d = f.deployments();
+    let web = d.iter().rev().find(|r| r["job"] == "web").expect("web");
+    assert_eq!(web["state"], "failed", "{d:#?}");
+    // No loop: the same spec is not registered again at the revert's index.
+    for _ in 0..2 {
+        let (code, _, j) = f.tick();
+        assert_eq!(code, Some(1));
+        assert!(registers(&j).is_empty(), "registered again: {j:#?}");
+        assert!(f.message().contains("not retried"), "{}", f.message());
+    }
+    assert_eq!(f.image(), "nginx:1.25");
+}
+
+#[test]
+fn registers_nomad_starts_no_deployment_for_settle_and_waiting_for_one_is_bounded() {
+    let f = fixture("");
+    assert_eq!(f.tick().0, Some(0));
+    f.nomad
+        .control("deployment", json!({ "ID": "web", "Status": "successful" }));
+    assert_eq!(f.tick().0, Some(0));
+    // max_parallel = 0: Nomad starts no deployment for the new version (the
+    // latest deployment stays the old one's).
+    let no_update = |image: &str| {
+        web_job(image, AUTO).replace(
+            "  group \"web\" {\n",
+            "  update {\n    max_parallel = 0\n  }\n  group \"web\" {\n",
+        )
+    };
+    f.remote.commit(
+        &[("jobs/web.nomad.hcl", &no_update("nginx:1.26"))],
+        "no update strategy",
+    );
+    let (code, out, _) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    let d = f.deployments();
+    let web = d.iter().rev().find(|r| r["job"] == "web").expect("web");
+    assert_eq!(web["state"], "completed", "{d:#?}");
+    assert!(
+        f.message().contains("no group has an update strategy"),
+        "{}",
+        f.message()
+    );
+    // The next push is applied: nothing is stuck in `applying`.
+    f.remote
+        .commit(&[("jobs/web.nomad.hcl", &no_update("nginx:1.27"))], "1.27");
+    let (code, _, j) = f.tick();
+    assert_eq!(code, Some(0));
+    assert_eq!(registers(&j).len(), 1);
+    assert_eq!(f.image(), "nginx:1.27");
+
+    // A batch job: no deployment, completed at once.
+    f.remote.commit(
+        &[("jobs/nightly.nomad.hcl", &hook_job("nightly").replace(
+            "  parameterized {\n    meta_required = [\"driftless_deployment\"]\n    meta_optional = [\"driftless_job\", \"driftless_commit\", \"driftless_phase\"]\n  }\n",
+            "",
+        ))],
+        "a batch job",
+    );
+    let (code, out, _) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    let d = f.deployments();
+    let nightly = d
+        .iter()
+        .rev()
+        .find(|r| r["job"] == "nightly")
+        .expect("nightly");
+    assert_eq!(nightly["state"], "completed", "{d:#?}");
+    assert!(
+        nightly["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("no deployments for batch jobs"),
+        "{nightly}"
+    );
+}
+
+#[test]
+fn a_deployment_nomad_has_not_started_yet_is_waited_for_within_the_timeout() {
+    let f = fixture("");
+    let cfg = std::fs::read_to_string(&f.s.config).expect("config");
+    std::fs::write(
+        &f.s.config,
+        cfg.replace("interval = \"1h\"", "interval = \"1h\"\ntimeout = \"4s\""),
+    )
+    .expect("config");
+    // The scheduler has not processed the register's evaluation yet: no
+    // deployment exists, but Nomad will start one.
+    f.nomad.control("eval_delay", json!({ "Seconds": 2 }));
+    let (code, out, _) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    let (code, out, _) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    let d = f.deployments();
+    assert_eq!(
+        d[0]["state"], "applying",
+        "completed before Nomad deployed it: {d:#?}"
+    );
+    assert!(f.message().contains("evaluation"), "{}", f.message());
+    std::thread::sleep(Duration::from_millis(2200));
+    let (code, out, _) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    assert!(f.message().contains("running"), "{}", f.message());
+    f.nomad
+        .control("deployment", json!({ "ID": "web", "Status": "successful" }));
+    assert_eq!(f.tick().0, Some(0));
+    assert_eq!(f.deployments()[0]["state"], "completed");
+
+    // An evaluation that never gets processed: bounded by the timeout.
+    f.nomad.control("eval_delay", json!({ "Seconds": 3600 }));
+    f.remote.commit(
+        &[("jobs/web.nomad.hcl", &web_job("nginx:1.26", AUTO))],
+        "1.26",
+    );
+    assert_eq!(f.tick().0, Some(0));
+    std::thread::sleep(Duration::from_millis(4500));
+    let (code, _, _) = f.tick();
+    assert_eq!(code, Some(1));
+    assert!(
+        f.message()
+            .contains("Nomad started no deployment within 4s"),
+        "{}",
+        f.message()
+    );
+}
+
+#[test]
+fn a_push_after_a_deployment_is_applied_by_that_pushs_tick() {
+    let f = fixture("");
+    assert_eq!(f.tick().0, Some(0));
+    f.nomad
+        .control("deployment", json!({ "ID": "web", "Status": "successful" }));
+    // The tick that settles the deployment also applies the new commit.
+    f.remote.commit(
+        &[("jobs/web.nomad.hcl", &web_job("nginx:1.26", AUTO))],
+        "1.26",
+    );
+    let (code, out, j) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(registers(&j).len(), 1, "{j:#?}");
+    assert_eq!(f.image(), "nginx:1.26");
+    let d = f.deployments();
+    assert_eq!(
+        d.iter()
+            .map(|r| r["state"].as_str().unwrap_or(""))
+            .collect::<Vec<_>>(),
+        ["completed", "applying"]
+    );
+    // A newer commit while Nomad still runs the deployment supersedes it.
+    f.remote.commit(
+        &[("jobs/web.nomad.hcl", &web_job("nginx:1.27", AUTO))],
+        "1.27",
+    );
+    let (code, out, j) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(registers(&j).len(), 1, "{j:#?}");
+    assert_eq!(f.image(), "nginx:1.27");
+    let d = f.deployments();
+    assert_eq!(d[1]["state"], "superseded", "{d:#?}");
+    assert!(
+        d[1]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("while Nomad deployment"),
+        "{d:#?}"
+    );
+}
+
+#[test]
+fn a_newer_commit_supersedes_a_deployment_waiting_on_its_pre_hook() {
+    let f = hooks_fixture(HOOKS);
+    f.nomad.control(
+        "hook_outcome",
+        json!({ "ID": "db-migrate", "Status": "running" }),
+    );
+    kill_tick_once_dispatched(&f, "db-migrate");
+    assert_eq!(
+        f.deployments()
+            .iter()
+            .find(|r| r["job"] == "web")
+            .expect("web")["state"],
+        "pre_hook"
+    );
+    f.nomad.control(
+        "hook_outcome",
+        json!({ "ID": "db-migrate", "Status": "complete" }),
+    );
+    f.remote.commit(
+        &[("jobs/web.nomad.hcl", &web_job("nginx:1.26", HOOKS))],
+        "1.26",
+    );
+    let (code, out, j) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    let d = f.deployments();
+    let webs: Vec<&Value> = d.iter().filter(|r| r["job"] == "web").collect();
+    assert_eq!(webs.len(), 2, "{d:#?}");
+    assert_eq!(webs[0]["state"], "superseded");
+    assert_eq!(webs[1]["state"], "applying");
+    // The newer deployment ran its own pre hook (another token), then
+    // registered the newer spec.
+    let pre = dispatches(&j, "db-migrate");
+    assert_eq!(pre.len(), 1);
+    assert!(
+        pre[0]["body"]["IdempotencyToken"]
+            .as_str()
+            .unwrap_or("")
+            .ends_with(&format!("-{}-pre", webs[1]["id"]))
+    );
+    assert_eq!(f.image(), "nginx:1.26");
+}
+
+#[test]
+fn a_hook_is_judged_by_its_final_allocations() {
+    let f = hooks_fixture(HOOKS);
+    // Nomad reschedules the failed allocation; the second one completes.
+    f.nomad.control(
+        "hook_outcome",
+        json!({ "ID": "smoke-test", "Status": "failed_then_complete" }),
+    );
+    f.nomad.control(
+        "hook_outcome",
+        json!({ "ID": "db-migrate", "Status": "failed_then_complete" }),
+    );
+    let (code, out, _) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        f.nomad.job("web").is_some(),
+        "the pre hook succeeded in the end"
+    );
+    f.nomad
+        .control("deployment", json!({ "ID": "web", "Status": "successful" }));
+    let (code, out, _) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        f.message().contains(
+            "post hook `smoke-test` succeeded after 1 failed allocation Nomad rescheduled"
+        ),
+        "{}",
+        f.message()
+    );
+    // Failed again after the reschedule: a failure.
+    f.nomad.control(
+        "hook_outcome",
+        json!({ "ID": "db-migrate", "Status": "failed" }),
+    );
+    f.remote.commit(
+        &[("jobs/web.nomad.hcl", &web_job("nginx:1.26", HOOKS))],
+        "1.26",
+    );
+    let (code, _, _) = f.tick();
+    assert_eq!(code, Some(1));
+    assert!(
+        f.message()
+            .contains("1 of its 1 final allocations failed after 1 failed allocation"),
+        "{}",
+        f.message()
+    );
+    assert_eq!(f.image(), "nginx:1.25");
+}
+
+#[test]
+fn hook_tokens_never_match_a_child_of_another_state_database() {
+    let f = hooks_fixture(HOOKS);
+    assert_eq!(f.tick().0, Some(0));
+    let fresh_state_then_push = |image: &str| {
+        std::fs::remove_dir_all(&f.s.state).expect("rm state");
+        f.remote
+            .commit(&[("jobs/web.nomad.hcl", &web_job(image, HOOKS))], image);
+    };
+    // Two fresh databases in a row each give web's deployment id 1.
+    fresh_state_then_push("nginx:1.26");
+    let (code, out, _) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(f.deployments()[0]["id"], 1);
+    assert_eq!(f.image(), "nginx:1.26");
+    fresh_state_then_push("nginx:1.27");
+    f.nomad.control(
+        "hook_outcome",
+        json!({ "ID": "db-migrate", "Status": "failed" }),
+    );
+    let (code, _, _) = f.tick();
+    assert_eq!(f.deployments()[0]["id"], 1);
+    // The pre hook really ran (and failed): it did not find the previous
+    // database's instance of deployment 1 and take it as done.
+    assert_eq!(code, Some(1));
+    assert!(f.message().contains("pre hook failed"), "{}", f.message());
+    assert_eq!(f.image(), "nginx:1.26");
+    assert_eq!(instances(&f, "db-migrate"), 3);
+}
+
+#[test]
+fn a_resumed_hook_whose_instance_nomad_collected_fails_saying_so() {
+    let f = hooks_fixture(HOOKS);
+    f.nomad.control(
+        "hook_outcome",
+        json!({ "ID": "db-migrate", "Status": "running" }),
+    );
+    // Kill the tick once it has recorded the instance it dispatched.
+    let mut child = spawn_tick(&f);
+    wait_for(Duration::from_secs(20), "the child recorded", || {
+        f.deployments()
+            .iter()
+            .any(|r| r["job"] == "web" && !r["pre_hook_child"].is_null())
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    f.nomad.control(
+        "hook_outcome",
+        json!({ "ID": "db-migrate", "Status": "complete" }),
+    );
+    let gc = f.nomad.control("gc", json!({}));
+    assert_eq!(gc["collected"].as_array().map(Vec::len), Some(1), "{gc}");
+    let out = f.s.run(&["tick", "cluster"]);
+    let log = text(&out.stdout) + &text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{log}");
+    let msg = f.message();
+    assert!(
+        msg.contains("is gone (Nomad garbage-collected it)") && msg.contains("unknown"),
+        "{msg}"
+    );
+    assert!(log.contains("WARN"), "{log}");
+    // Not dispatched again, not registered.
+    assert_eq!(instances(&f, "db-migrate"), 0);
+    assert!(f.nomad.job("web").is_none());
+}
+
+#[test]
+fn unchanged_fields_and_url_credentials_never_leave_a_contextual_diff() {
+    let url_token = "ghp-canary-url-token-5a1b";
+    let arg_secret = "canary-arg-secret-9e2d";
+    let job = |image: &str, path: &str| {
+        web_job(image, AUTO).replace(
+            "        image = \"",
+            &format!("        args  = [\"--api-key-file\", \"{arg_secret}\"]\n        image = \""),
+        ).replace(
+            "      template {",
+            &format!("      artifact {{\n        source = \"https://{url_token}@git.example.net/{path}\"\n      }}\n      template {{"),
+        )
+    };
+    let f = fixture("");
+    f.remote.commit(
+        &[("jobs/web.nomad.hcl", &job("nginx:1.25", "a.tgz"))],
+        "args",
+    );
+    assert_eq!(f.tick().0, Some(0));
+    f.nomad
+        .control("deployment", json!({ "ID": "web", "Status": "successful" }));
+    // Only the image and the artifact change: the Config object lists the
+    // unchanged `args[1]` too (Type None), and the artifact's GetterSource
+    // carries the token in both Old and New.
+    f.remote.commit(
+        &[("jobs/web.nomad.hcl", &job("nginx:1.26", "b.tgz"))],
+        "1.26",
+    );
+    let (code, out, j) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(registers(&j).len(), 1);
+    // The second deployment's diff, as stored and as `outputs` shows it.
+    // (The first one, a new job, lists every value as Added: a person
+    // approving a new job sees what it runs.)
+    let d = f.deployments();
+    let rows = d[1]["diff"].as_str().expect("diff").to_string();
+    let mut seen = rows.clone();
+    let o = f.s.run(&["outputs", "cluster", "--json"]);
+    seen += &text(&o.stdout);
+    seen += &text(&o.stderr);
+    assert!(rows.contains("args[1]"), "the diff lost the field: {rows}");
+    assert!(
+        rows.contains("nginx:1.26"),
+        "a changed image is shown: {rows}"
+    );
+    assert!(
+        !seen.contains(arg_secret),
+        "an unchanged config value escaped: {rows}"
+    );
+    assert!(!seen.contains(url_token), "a URL token escaped: {rows}");
 }

@@ -37,6 +37,16 @@ const KNOWN_META: &[&str] = &[
     "driftless_post_hook",
     "driftless_hook_timeout",
 ];
+/// The meta a hook's dispatch can carry. Nomad refuses a dispatch with any
+/// key its parameterized job does not declare in `meta_required` or
+/// `meta_optional` (nomad/job_endpoint.go, `validateDispatchRequest`), so
+/// driftless sends only the ones the hook job declares.
+pub const DISPATCH_META: &[&str] = &[
+    "driftless_deployment",
+    "driftless_job",
+    "driftless_commit",
+    "driftless_phase",
+];
 /// How long a hook may run unless `driftless_hook_timeout` says otherwise.
 const DEFAULT_HOOK_TIMEOUT: Duration = Duration::from_secs(300);
 /// Deployment states in which a deployment is still active.
@@ -214,6 +224,16 @@ pub struct Deployment {
     pub pre_hook: Option<String>,
     pub post_hook: Option<String>,
     pub hook_timeout_ms: Option<i64>,
+    /// Random, part of the hooks' idempotency tokens (`None` for
+    /// deployments recorded by an older driftless).
+    pub hook_nonce: Option<String>,
+    /// The child jobs the hooks' dispatches created.
+    pub pre_hook_child: Option<String>,
+    pub post_hook_child: Option<String>,
+    /// When the register was answered (Unix ms).
+    pub registered_at: Option<i64>,
+    /// A failed deployment: the live JobModifyIndex when it failed.
+    pub failed_at_index: Option<i64>,
 }
 
 /// A deployment about to be recorded.
@@ -232,6 +252,7 @@ pub struct NewDeployment {
     pub pre_hook: Option<String>,
     pub post_hook: Option<String>,
     pub hook_timeout_ms: Option<i64>,
+    pub hook_nonce: String,
 }
 
 /// Fields a state change may set along with the state. Every change is
@@ -245,6 +266,9 @@ pub struct Change {
     pub registered_index: Option<i64>,
     pub eval_id: Option<String>,
     pub nomad_deployment_id: Option<String>,
+    pub pre_hook_child: Option<String>,
+    pub post_hook_child: Option<String>,
+    pub failed_at_index: Option<i64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -490,11 +514,31 @@ struct Outcome {
     line: String,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Ordered by severity: the worst of a tick's outcomes is its result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum JobResult {
     NoChange,
     Changed,
     Failed,
+}
+
+/// Where following an active deployment left it.
+#[derive(Debug)]
+enum Followed {
+    /// Still active: waiting for Nomad, a hook or a person.
+    Waiting(Outcome),
+    /// Completed or failed.
+    Settled(Outcome),
+    /// Given up for a newer spec.
+    Superseded(Outcome),
+}
+
+impl Followed {
+    fn outcome(self) -> Outcome {
+        match self {
+            Followed::Waiting(o) | Followed::Settled(o) | Followed::Superseded(o) => o,
+        }
+    }
 }
 
 /// A job file, parsed by Nomad.
@@ -508,9 +552,30 @@ struct Parsed {
     hook_timeout: Duration,
 }
 
-/// What one apply knows of the hook jobs in the target's path: reconciled
-/// (parameterized jobs go first) and whether that went well.
-type HookJobs = BTreeMap<String, (JobKey, bool)>;
+/// A hook job as this apply reconciled it (parameterized jobs go first):
+/// where it lives, whether its reconcile went well, and the meta keys its
+/// `parameterized` block lets a dispatch carry.
+#[derive(Debug, Clone)]
+struct HookJob {
+    key: JobKey,
+    ok: bool,
+    meta_required: Vec<String>,
+    meta_optional: Vec<String>,
+}
+
+/// The hook jobs in the target's path, by job ID.
+type HookJobs = BTreeMap<String, HookJob>;
+
+/// One deployment's hook dispatch: its idempotency token comes from the
+/// deployment's random nonce, and a child recorded by an earlier tick is
+/// waited for instead of dispatching again.
+struct HookRun<'a> {
+    id: i64,
+    nonce: Option<&'a str>,
+    child: Option<&'a str>,
+    /// The state the deployment is in while the hook runs.
+    state: &'a str,
+}
 
 impl Nomad {
     pub fn new(cfg: Config, mut ctx: Context) -> Result<Self, BackendError> {
@@ -577,7 +642,10 @@ impl Nomad {
             .call(
                 reqwest::Method::POST,
                 "/v1/jobs/parse",
-                None,
+                // Nomad authorises a parse in `?namespace=` (default
+                // `default`): a token limited to the target's namespace
+                // must be asked there.
+                Some(self.cfg.namespace.as_deref().unwrap_or("default")),
                 &[],
                 Some(&body),
                 false,
@@ -776,13 +844,25 @@ impl Nomad {
             .map(|v| v.unwrap_or(Value::Null))
     }
 
-    async fn latest_nomad_deployment(&self, key: &JobKey) -> Result<Value, NomadError> {
-        self.client
+    /// The job's deployments (`GET /v1/job/:id/deployments`: those of the
+    /// job's current incarnation).
+    async fn nomad_deployments(&self, key: &JobKey) -> Result<Vec<Value>, NomadError> {
+        let call = format!("GET /v1/job/{}/deployments", key.job);
+        match self
+            .client
             .get(
-                &format!("/v1/job/{}/deployment", seg(&key.job)),
+                &format!("/v1/job/{}/deployments", seg(&key.job)),
                 &key.namespace,
             )
-            .await
+            .await?
+        {
+            Value::Array(a) => Ok(a),
+            Value::Null => Ok(Vec::new()),
+            _ => Err(NomadError::Invalid {
+                call,
+                reason: "not a list of deployments".into(),
+            }),
+        }
     }
 
     /// The spec driftless would register: the parsed job with the live
@@ -848,17 +928,17 @@ impl Nomad {
 
         // An active deployment first: follow it, or let a newer spec
         // supersede it.
-        let active = self
+        let mut active = self
             .ledger
             .active(key)
             .await
             .map_err(|e| self.ledger_err(p, e))?;
-        let live = match self.live(key).await {
+        let mut live = match self.live(key).await {
             Ok(l) => l,
             Err(e) => return fail(e.to_string()),
         };
-        let spec = Self::with_live_counts(&p.job, live.as_ref());
-        let hash = spec_hash(&spec);
+        let mut spec = Self::with_live_counts(&p.job, live.as_ref());
+        let mut hash = spec_hash(&spec);
         // Only this target's deployments are ours to continue: the target's
         // lock says no other tick of it is running, so an `applying` one of
         // ours was left by a tick that died. Another target's may be
@@ -869,10 +949,30 @@ impl Nomad {
                 d.target, d.id, d.state
             ));
         }
-        if let Some(d) = &active {
+        // What happened this tick to a deployment of an older spec, before
+        // the current commit is planned.
+        let mut earlier = None;
+        if let Some(d) = active.clone() {
             match d.state.as_str() {
                 "applying" | "pre_hook" | "post_hook" => {
-                    return self.follow(p, d, live.as_ref(), hooks).await;
+                    let newer = d.spec_hash != hash;
+                    match self.follow(p, &d, live.as_ref(), hooks, newer).await? {
+                        Followed::Waiting(o) => return Ok(o),
+                        Followed::Settled(o) if !newer => return Ok(o),
+                        // The older deployment is done with: plan the
+                        // current commit in this same tick, against the
+                        // live job as it is now (an auto-revert moves it).
+                        Followed::Settled(o) | Followed::Superseded(o) => {
+                            earlier = Some(o);
+                            active = None;
+                            live = match self.live(key).await {
+                                Ok(l) => l,
+                                Err(e) => return fail(e.to_string()),
+                            };
+                            spec = Self::with_live_counts(&p.job, live.as_ref());
+                            hash = spec_hash(&spec);
+                        }
+                    }
                 }
                 "detected" | "pending_approval" if d.spec_hash == hash => {
                     // Same spec still waiting (approval), or a tick that died
@@ -895,6 +995,7 @@ impl Nomad {
                         )
                         .await
                         .map_err(|e| self.ledger_err(p, e))?;
+                    active = None;
                 }
                 other => {
                     return fail(format!(
@@ -904,14 +1005,39 @@ impl Nomad {
                 }
             }
         }
+        let o = self
+            .plan_and_register(p, hooks, active.as_ref(), &spec, &hash)
+            .await?;
+        Ok(match earlier {
+            Some(e) => Outcome {
+                result: e.result.max(o.result),
+                line: format!("{}; {}", e.line, o.line),
+            },
+            None => o,
+        })
+    }
 
+    /// Plan `spec` (git's job with the live scaled counts); when it differs
+    /// and the policy allows, record the deployment, then run the pre hook
+    /// and register. `reuse` is an active deployment of this very spec.
+    async fn plan_and_register(
+        &self,
+        p: &Parsed,
+        hooks: &HookJobs,
+        reuse: Option<&Deployment>,
+        spec: &Value,
+        hash: &str,
+    ) -> Result<Outcome, Outcome> {
+        let key = &p.key;
+        let fail = |msg: String| Ok(self.job_error(&p.file, Some(&key.job), msg));
+        let reuse = reuse.filter(|d| d.spec_hash == hash);
         // Plan before every write.
-        let plan = match self.plan(key, &spec).await {
+        let plan = match self.plan(key, spec).await {
             Ok(pl) => pl,
             Err(e) => return fail(e.to_string()),
         };
         if plan.kind == "None" {
-            if let Some(d) = active.filter(|d| d.spec_hash == hash) {
+            if let Some(d) = reuse {
                 self.set_state(
                     p,
                     d.id,
@@ -953,8 +1079,9 @@ impl Nomad {
             });
         }
 
-        // No apply loop: a spec that failed at this live index waits for a
-        // new commit or a change to the live job.
+        // No apply loop: a spec that failed at this live index (after an
+        // auto-revert, the revert's) waits for a new commit or a change to
+        // the live job.
         if let Some(last) = self
             .ledger
             .latest(key)
@@ -962,7 +1089,7 @@ impl Nomad {
             .map_err(|e| self.ledger_err(p, e))?
             && last.state == "failed"
             && last.spec_hash == hash
-            && last.job_modify_index == plan.index
+            && last.failed_at_index.unwrap_or(last.job_modify_index) == plan.index
         {
             return fail(format!(
                 "not retried: this spec failed at JobModifyIndex {} (deployment {}: {}); push a new commit or change the live job to try again",
@@ -973,15 +1100,16 @@ impl Nomad {
         }
 
         // Persist before acting.
-        let id = match active.as_ref().filter(|d| d.spec_hash == hash) {
-            Some(d) => d.id,
+        let (id, nonce) = match reuse {
+            Some(d) => (d.id, d.hook_nonce.clone()),
             None => {
+                let nonce = random_hex(8);
                 let new = NewDeployment {
                     target: self.ctx.name.clone(),
                     key: key.clone(),
                     file: p.file.clone(),
                     commit_sha: self.ctx.commit.clone(),
-                    spec_hash: hash.clone(),
+                    spec_hash: hash.to_string(),
                     policy: p.policy,
                     state: if p.policy == Policy::Approval {
                         "pending_approval"
@@ -994,9 +1122,10 @@ impl Nomad {
                     pre_hook: p.pre_hook.clone(),
                     post_hook: p.post_hook.clone(),
                     hook_timeout_ms: Some(p.hook_timeout.as_millis() as i64),
+                    hook_nonce: nonce.clone(),
                 };
                 match self.ledger.insert(&new).await {
-                    Ok(id) => id,
+                    Ok(id) => (id, Some(nonce)),
                     Err(LedgerError::Conflict(why)) => {
                         return fail(format!("not registered: {why}"));
                     }
@@ -1004,6 +1133,19 @@ impl Nomad {
                 }
             }
         };
+        let state = if p.policy == Policy::Approval {
+            "pending_approval"
+        } else {
+            "detected"
+        };
+        // A hook Nomad would refuse to dispatch fails the deployment before
+        // anything is registered (or anyone is asked to approve it).
+        if let Err(why) = self.check_hooks(p, hooks) {
+            return Ok(self
+                .fail_from(p, id, state, None, format!("{why}; nothing registered"))
+                .await?
+                .outcome());
+        }
         if p.policy == Policy::Approval {
             let line = format!(
                 "{}: waiting for approval (deployment {id}): {summary}",
@@ -1017,24 +1159,67 @@ impl Nomad {
         // Each state is on disk before the action it leads to.
         if let Some(hook) = &p.pre_hook {
             self.set_state(p, id, "detected", "pre_hook", None).await?;
+            let run = HookRun {
+                id,
+                nonce: nonce.as_deref(),
+                child: None,
+                state: "pre_hook",
+            };
             if let Err(why) = self
-                .run_hook(p, id, hook, "pre", p.hook_timeout, hooks)
+                .run_hook(p, &run, hook, "pre", p.hook_timeout, hooks)
                 .await
             {
-                return self
+                return Ok(self
                     .fail_from(
                         p,
                         id,
                         "pre_hook",
+                        None,
                         format!("pre hook failed; nothing registered: {why}"),
                     )
-                    .await;
+                    .await?
+                    .outcome());
             }
             self.set_state(p, id, "pre_hook", "applying", None).await?;
         } else {
             self.set_state(p, id, "detected", "applying", None).await?;
         }
-        self.apply_registered(p, id, &spec, plan, &summary).await
+        Ok(self
+            .apply_registered(p, id, spec, plan, &summary, hooks)
+            .await?
+            .outcome())
+    }
+
+    /// The hooks `p` names must be parameterized jobs of this target's path,
+    /// reconciled this tick, whose dispatch driftless can make: Nomad
+    /// refuses meta keys the job does not declare and requires the ones in
+    /// `meta_required` (nomad/job_endpoint.go, `validateDispatchRequest`).
+    fn check_hooks(&self, p: &Parsed, hooks: &HookJobs) -> Result<(), String> {
+        for (phase, hook) in [("pre", &p.pre_hook), ("post", &p.post_hook)] {
+            let Some(hook) = hook else { continue };
+            let Some(h) = hooks.get(hook) else {
+                return Err(format!(
+                    "{phase} hook `{hook}` is not a parameterized job in this target's path (files matching `{}`); a named hook is never skipped",
+                    self.cfg.jobs
+                ));
+            };
+            if !h.ok {
+                return Err(format!(
+                    "{phase} hook job `{hook}` could not be registered this tick (see its own line)"
+                ));
+            }
+            if let Some(k) = h
+                .meta_required
+                .iter()
+                .find(|k| !DISPATCH_META.contains(&k.as_str()))
+            {
+                return Err(format!(
+                    "{phase} hook `{hook}` requires the dispatch meta key `{k}` (its parameterized block's meta_required), which driftless cannot fill: it can send {}",
+                    DISPATCH_META.join(", ")
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Register `spec` with CAS on `plan.index` (state `applying` is on
@@ -1047,7 +1232,8 @@ impl Nomad {
         spec: &Value,
         plan: Plan,
         summary: &str,
-    ) -> Result<Outcome, Outcome> {
+        hooks: &HookJobs,
+    ) -> Result<Followed, Outcome> {
         let key = &p.key;
         let mut index = plan.index;
         let mut spec = spec.clone();
@@ -1063,7 +1249,10 @@ impl Nomad {
                             "applying",
                             Change {
                                 registered_index: registered,
-                                eval_id: resp["EvalID"].as_str().map(str::to_string),
+                                eval_id: resp["EvalID"]
+                                    .as_str()
+                                    .filter(|s| !s.is_empty())
+                                    .map(str::to_string),
                                 job_modify_index: Some(index),
                                 message: Some("registered; following Nomad's deployment".into()),
                                 ..Change::default()
@@ -1071,22 +1260,38 @@ impl Nomad {
                         )
                         .await
                         .map_err(|e| self.ledger_err(p, e))?;
-                    return Ok(Outcome {
+                    let line = format!("{}: registered ({summary})", key.job);
+                    // Nomad starts no deployment for some jobs: settle those
+                    // at once, saying why.
+                    if let Some(reason) = no_deployment_reason(&spec) {
+                        let d = self.reload(p, id).await?;
+                        let msg = format!("registered; Nomad runs no deployment for it: {reason}");
+                        let o = self.succeed(p, &d, msg, None, hooks).await?;
+                        return Ok(Followed::Settled(Outcome {
+                            result: if o.result == JobResult::Failed {
+                                JobResult::Failed
+                            } else {
+                                JobResult::Changed
+                            },
+                            line: format!("{line}; {}", o.line),
+                        }));
+                    }
+                    return Ok(Followed::Waiting(Outcome {
                         result: JobResult::Changed,
-                        line: format!("{}: registered ({summary})", key.job),
-                    });
+                        line,
+                    }));
                 }
                 Err(e) if e.is_cas_conflict() && !retried => {
                     retried = true;
                     // The live job moved between the plan and the register.
                     let live = match self.live(key).await {
                         Ok(l) => l,
-                        Err(e2) => return self.fail_deployment(p, id, e2.to_string()).await,
+                        Err(e2) => return self.fail_deployment(p, id, index, e2.to_string()).await,
                     };
                     let fresh_spec = Self::with_live_counts(&p.job, live.as_ref());
                     let fresh = match self.plan(key, &fresh_spec).await {
                         Ok(f) => f,
-                        Err(e2) => return self.fail_deployment(p, id, e2.to_string()).await,
+                        Err(e2) => return self.fail_deployment(p, id, index, e2.to_string()).await,
                     };
                     if fresh.diff == plan.diff {
                         tracing::info!(
@@ -1104,6 +1309,7 @@ impl Nomad {
                         .fail_deployment(
                             p,
                             id,
+                            index,
                             format!("job modified outside driftless (Nomad refused the register: {e}); the manual change stands"),
                         )
                         .await;
@@ -1113,12 +1319,70 @@ impl Nomad {
                         .fail_deployment(
                             p,
                             id,
+                            index,
                             format!("job modified outside driftless (Nomad refused the register: {e}); the manual change stands"),
                         )
                         .await;
                 }
-                Err(e) => return self.fail_deployment(p, id, e.to_string()).await,
+                Err(e) => return self.fail_deployment(p, id, index, e.to_string()).await,
             }
+        }
+    }
+
+    /// The deployment as the ledger has it now.
+    async fn reload(&self, p: &Parsed, id: i64) -> Result<Deployment, Outcome> {
+        match self.ledger.active(&p.key).await {
+            Ok(Some(d)) if d.id == id => Ok(d),
+            Ok(_) => Err(self.job_error(
+                &p.file,
+                Some(&p.key.job),
+                format!("deployment {id} is no longer active (another process moved it)"),
+            )),
+            Err(e) => Err(self.ledger_err(p, e)),
+        }
+    }
+
+    /// A registered deployment that Nomad finished (or runs none for):
+    /// `completed`, after its post hook if it has one (state `post_hook` is
+    /// on disk before the hook is dispatched).
+    async fn succeed(
+        &self,
+        p: &Parsed,
+        d: &Deployment,
+        msg: String,
+        nomad_deployment_id: Option<String>,
+        hooks: &HookJobs,
+    ) -> Result<Outcome, Outcome> {
+        let to = if d.post_hook.is_some() {
+            "post_hook"
+        } else {
+            "completed"
+        };
+        self.ledger
+            .transition(
+                d.id,
+                "applying",
+                to,
+                Change {
+                    message: Some(msg.clone()),
+                    nomad_deployment_id,
+                    ..Change::default()
+                },
+            )
+            .await
+            .map_err(|e| self.ledger_err(p, e))?;
+        match &d.post_hook {
+            Some(hook) => {
+                let d = Deployment {
+                    state: "post_hook".into(),
+                    ..d.clone()
+                };
+                self.finish_post_hook(p, &d, hook, hooks).await
+            }
+            None => Ok(Outcome {
+                result: JobResult::NoChange,
+                line: format!("{}: {msg}", p.key.job),
+            }),
         }
     }
 
@@ -1127,120 +1391,112 @@ impl Nomad {
     async fn finish_post_hook(
         &self,
         p: &Parsed,
-        id: i64,
+        d: &Deployment,
         hook: &str,
-        timeout: Duration,
         hooks: &HookJobs,
     ) -> Result<Outcome, Outcome> {
-        match self.run_hook(p, id, hook, "post", timeout, hooks).await {
-            Ok(()) => {
+        let run = HookRun {
+            id: d.id,
+            nonce: d.hook_nonce.as_deref(),
+            child: d.post_hook_child.as_deref(),
+            state: "post_hook",
+        };
+        match self
+            .run_hook(p, &run, hook, "post", hook_timeout(d), hooks)
+            .await
+        {
+            Ok(how) => {
                 self.set_state(
                     p,
-                    id,
+                    d.id,
                     "post_hook",
                     "completed",
-                    Some(format!("post hook `{hook}` succeeded")),
+                    Some(format!("post hook `{hook}` {how}")),
                 )
                 .await?;
                 Ok(Outcome {
                     result: JobResult::NoChange,
-                    line: format!("{}: deployed; post hook `{hook}` succeeded", p.key.job),
+                    line: format!("{}: deployed; post hook `{hook}` {how}", p.key.job),
                 })
             }
-            Err(why) => {
-                self.fail_from(
+            Err(why) => Ok(self
+                .fail_from(
                     p,
-                    id,
+                    d.id,
                     "post_hook",
+                    None,
                     format!("post hook failed after the register: {why}"),
                 )
-                .await
-            }
+                .await?
+                .outcome()),
         }
     }
 
-    /// Dispatch the parameterized job `hook` (registered this tick, from
-    /// this target's path) for deployment `id` and wait for it. The
-    /// idempotency token makes a repeated dispatch (after a crash) find the
-    /// instance already running instead of starting another.
+    /// Dispatch the parameterized job `hook` (reconciled this tick, from
+    /// this target's path) for deployment `run.id` and wait for the child
+    /// job's final outcome. The idempotency token makes a repeated dispatch
+    /// (after a crash) find the instance already running instead of
+    /// starting another, as long as Nomad has not garbage-collected it; the
+    /// child is recorded as soon as it exists, so a resumed tick waits for
+    /// exactly that instance and says so when it is gone.
+    /// `Ok` says how it succeeded.
     async fn run_hook(
         &self,
         p: &Parsed,
-        id: i64,
+        run: &HookRun<'_>,
         hook: &str,
         phase: &str,
         timeout: Duration,
         hooks: &HookJobs,
-    ) -> Result<(), String> {
-        let Some((hkey, ok)) = hooks.get(hook) else {
+    ) -> Result<String, String> {
+        let Some(h) = hooks.get(hook) else {
             return Err(format!(
                 "hook `{hook}` is not a parameterized job in this target's path (files matching `{}`); a named hook is never skipped",
                 self.cfg.jobs
             ));
         };
-        if !ok {
+        if !h.ok {
             return Err(format!(
                 "hook job `{hook}` could not be registered this tick (see its own line)"
             ));
         }
-        let token = format!("driftless-{id}-{phase}");
-        let body = json!({
-            "Meta": {
-                "driftless_deployment": id.to_string(),
-                "driftless_job": p.key.job,
-                "driftless_commit": self.ctx.commit,
-                "driftless_phase": phase,
-            },
-            "IdempotencyToken": token,
-        });
-        let resp = self
-            .client
-            .call(
-                reqwest::Method::POST,
-                &format!("/v1/job/{}/dispatch", seg(hook)),
-                Some(&hkey.namespace),
-                &[("idempotency_token", &token)],
-                Some(&body),
-                false,
-            )
-            .await
-            .map_err(|e| e.to_string())?
-            .unwrap_or(Value::Null);
-        let child = resp["DispatchedJobID"]
-            .as_str()
-            .ok_or_else(|| format!("Nomad's dispatch of `{hook}` returned no DispatchedJobID"))?
-            .to_string();
-        tracing::info!(target_name = %self.ctx.name, job = %p.key.job, hook, phase, dispatched = %child, "hook dispatched");
+        let ns = &h.key.namespace;
+        let child = match run.child {
+            Some(child) => {
+                let found = self
+                    .client
+                    .call(
+                        reqwest::Method::GET,
+                        &format!("/v1/job/{}", seg(child)),
+                        Some(ns),
+                        &[],
+                        None,
+                        true,
+                    )
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if found.is_none() {
+                    let msg = format!(
+                        "hook `{hook}` instance {child}, dispatched before driftless was interrupted, is gone (Nomad garbage-collected it), so whether it succeeded is unknown; it is not dispatched again"
+                    );
+                    tracing::warn!(target_name = %self.ctx.name, job = %p.key.job, hook, phase, "{msg}");
+                    return Err(msg);
+                }
+                child.to_string()
+            }
+            None => self.dispatch(p, run, h, hook, phase).await?,
+        };
         let deadline = Instant::now() + timeout;
         let mut pause = Duration::from_millis(200);
         loop {
             let job = self
                 .client
-                .get(&format!("/v1/job/{}", seg(&child)), &hkey.namespace)
+                .get(&format!("/v1/job/{}", seg(&child)), ns)
                 .await
                 .map_err(|e| e.to_string())?;
             let status = job["Status"].as_str().unwrap_or("unknown").to_string();
             if status == "dead" {
-                let summary = self
-                    .client
-                    .get(&format!("/v1/job/{}/summary", seg(&child)), &hkey.namespace)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let count = |k: &str| -> i64 {
-                    summary["Summary"]
-                        .as_object()
-                        .into_iter()
-                        .flat_map(|m| m.values())
-                        .map(|g| g[k].as_i64().unwrap_or(0))
-                        .sum()
-                };
-                let (failed, lost, complete) = (count("Failed"), count("Lost"), count("Complete"));
-                if failed + lost > 0 || complete == 0 {
-                    return Err(format!(
-                        "hook `{hook}` ({child}) ended without success: {complete} complete, {failed} failed, {lost} lost"
-                    ));
-                }
-                return Ok(());
+                return self.hook_outcome(hook, &child, ns).await;
             }
             if Instant::now() + pause > deadline {
                 return Err(format!(
@@ -1253,73 +1509,242 @@ impl Nomad {
         }
     }
 
-    async fn fail_deployment(&self, p: &Parsed, id: i64, msg: String) -> Result<Outcome, Outcome> {
-        self.fail_from(p, id, "applying", msg).await
+    /// Dispatch the hook with the meta keys its job declares, and record the
+    /// child before waiting for it.
+    async fn dispatch(
+        &self,
+        p: &Parsed,
+        run: &HookRun<'_>,
+        h: &HookJob,
+        hook: &str,
+        phase: &str,
+    ) -> Result<String, String> {
+        let token = match run.nonce {
+            Some(n) => format!("driftless-{n}-{}-{phase}", run.id),
+            None => format!("driftless-{}-{phase}", run.id),
+        };
+        let values = [
+            ("driftless_deployment", run.id.to_string()),
+            ("driftless_job", p.key.job.clone()),
+            ("driftless_commit", self.ctx.commit.clone()),
+            ("driftless_phase", phase.to_string()),
+        ];
+        let meta: serde_json::Map<String, Value> = values
+            .into_iter()
+            .filter(|(k, _)| {
+                h.meta_required
+                    .iter()
+                    .chain(&h.meta_optional)
+                    .any(|m| m == k)
+            })
+            .map(|(k, v)| (k.to_string(), Value::String(v)))
+            .collect();
+        let body = json!({ "Meta": meta, "IdempotencyToken": token });
+        let resp = self
+            .client
+            .call(
+                reqwest::Method::POST,
+                &format!("/v1/job/{}/dispatch", seg(hook)),
+                Some(&h.key.namespace),
+                &[("idempotency_token", &token)],
+                Some(&body),
+                false,
+            )
+            .await
+            .map_err(|e| e.to_string())?
+            .unwrap_or(Value::Null);
+        let child = resp["DispatchedJobID"]
+            .as_str()
+            .ok_or_else(|| format!("Nomad's dispatch of `{hook}` returned no DispatchedJobID"))?
+            .to_string();
+        tracing::info!(target_name = %self.ctx.name, job = %p.key.job, hook, phase, dispatched = %child, "hook dispatched");
+        let (pre, post) = if phase == "pre" {
+            (Some(child.clone()), None)
+        } else {
+            (None, Some(child.clone()))
+        };
+        self.ledger
+            .transition(
+                run.id,
+                run.state,
+                run.state,
+                Change {
+                    message: Some(format!("{phase} hook `{hook}` dispatched: {child}")),
+                    pre_hook_child: pre,
+                    post_hook_child: post,
+                    ..Change::default()
+                },
+            )
+            .await
+            .map_err(|e| format!("cannot record the dispatch of {child}: {e}"))?;
+        Ok(child)
     }
 
+    /// A dead child job, judged by its final allocations: Nomad reschedules
+    /// a failed allocation of a batch job, linking the new one through
+    /// `NextAllocation`, so only allocations nothing replaced say how it
+    /// ended.
+    async fn hook_outcome(&self, hook: &str, child: &str, ns: &str) -> Result<String, String> {
+        let allocs = self
+            .client
+            .get(&format!("/v1/job/{}/allocations", seg(child)), ns)
+            .await
+            .map_err(|e| e.to_string())?;
+        let allocs = allocs.as_array().cloned().unwrap_or_default();
+        let replaced = |a: &Value| a["NextAllocation"].as_str().is_some_and(|n| !n.is_empty());
+        let status = |a: &Value| a["ClientStatus"].as_str().unwrap_or("unknown").to_string();
+        let finals: Vec<&Value> = allocs.iter().filter(|a| !replaced(a)).collect();
+        let retried = allocs
+            .iter()
+            .filter(|a| replaced(a) && matches!(status(a).as_str(), "failed" | "lost"))
+            .count();
+        if finals.is_empty() {
+            return Err(format!(
+                "hook `{hook}` ({child}) ended without running an allocation"
+            ));
+        }
+        let bad: Vec<String> = finals
+            .iter()
+            .map(|a| status(a))
+            .filter(|s| s != "complete")
+            .collect();
+        let after = match retried {
+            0 => String::new(),
+            1 => " after 1 failed allocation Nomad rescheduled".into(),
+            n => format!(" after {n} failed allocations Nomad rescheduled"),
+        };
+        if !bad.is_empty() {
+            return Err(format!(
+                "hook `{hook}` ({child}) ended without success: {} of its {} final allocations {}{after}",
+                bad.len(),
+                finals.len(),
+                bad.join(", ")
+            ));
+        }
+        Ok(format!("succeeded{after}"))
+    }
+
+    async fn fail_deployment(
+        &self,
+        p: &Parsed,
+        id: i64,
+        at_index: i64,
+        msg: String,
+    ) -> Result<Followed, Outcome> {
+        self.fail_from(p, id, "applying", Some(at_index), msg).await
+    }
+
+    /// Move a deployment to `failed`; `at_index` is the live JobModifyIndex
+    /// the same spec must not be registered again at (default: the one it
+    /// was planned against).
     async fn fail_from(
         &self,
         p: &Parsed,
         id: i64,
         from: &str,
+        at_index: Option<i64>,
         msg: String,
-    ) -> Result<Outcome, Outcome> {
+    ) -> Result<Followed, Outcome> {
         let msg = self.ctx.redactor.redact(&msg);
-        self.set_state(p, id, from, "failed", Some(msg.clone()))
-            .await?;
-        Ok(self.job_error(&p.file, Some(&p.key.job), msg))
+        self.ledger
+            .transition(
+                id,
+                from,
+                "failed",
+                Change {
+                    message: Some(msg.clone()),
+                    failed_at_index: at_index,
+                    ..Change::default()
+                },
+            )
+            .await
+            .map_err(|e| self.ledger_err(p, e))?;
+        Ok(Followed::Settled(self.job_error(
+            &p.file,
+            Some(&p.key.job),
+            msg,
+        )))
     }
 
-    /// An `applying` deployment: if the register is not known to have
-    /// happened, find out from the live job; then follow Nomad's deployment.
+    /// Give up on an active deployment for a newer spec.
+    async fn supersede(
+        &self,
+        p: &Parsed,
+        d: &Deployment,
+        why: String,
+    ) -> Result<Followed, Outcome> {
+        self.set_state(p, d.id, &d.state, "superseded", Some(why.clone()))
+            .await?;
+        Ok(Followed::Superseded(Outcome {
+            result: JobResult::NoChange,
+            line: format!("{}: deployment {} {why}", p.key.job, d.id),
+        }))
+    }
+
+    /// An active deployment past `detected`: finish what it started (its
+    /// pre hook, its register), then follow Nomad's deployment of exactly
+    /// the version it registered. With `newer` (git now gives another
+    /// spec), whatever is still waiting — its hooks, its register, Nomad —
+    /// is superseded instead of waited for; one Nomad already finished is
+    /// settled first.
     async fn follow(
         &self,
         p: &Parsed,
         d: &Deployment,
         live: Option<&Value>,
         hooks: &HookJobs,
-    ) -> Result<Outcome, Outcome> {
+        newer: bool,
+    ) -> Result<Followed, Outcome> {
         let key = &p.key;
-        let timeout = d
-            .hook_timeout_ms
-            .map(|ms| Duration::from_millis(ms.max(0) as u64))
-            .unwrap_or(DEFAULT_HOOK_TIMEOUT);
+        let commit = short(&self.ctx.commit);
+        if newer && (d.state != "applying" || d.registered_index.is_none()) {
+            let why = match d.state.as_str() {
+                "pre_hook" => {
+                    "before its pre hook finished (nothing was registered for it)".to_string()
+                }
+                "post_hook" => {
+                    "while its post hook ran (the instance already dispatched is not waited for)"
+                        .to_string()
+                }
+                _ => "before it was registered".to_string(),
+            };
+            return self
+                .supersede(p, d, format!("superseded by commit {commit} {why}"))
+                .await;
+        }
         if d.state == "post_hook" {
-            // A tick died while the post hook ran: its dispatch is
-            // idempotent, so asking again finds the same instance.
+            // A tick died while the post hook ran: wait for the instance it
+            // dispatched (recorded), or find it by its idempotency token.
             let Some(hook) = d.post_hook.clone() else {
                 return self
                     .fail_from(
                         p,
                         d.id,
                         "post_hook",
+                        None,
                         "post_hook state without a post hook".into(),
                     )
                     .await;
             };
-            return self.finish_post_hook(p, d.id, &hook, timeout, hooks).await;
+            return Ok(Followed::Settled(
+                self.finish_post_hook(p, d, &hook, hooks).await?,
+            ));
         }
         let mut d = d.clone();
         if d.state == "pre_hook" {
-            // Approved with a pre hook, or a tick died while it ran: first
-            // make sure this is still exactly the recorded spec, then run
-            // (or find) the hook, then register as below.
+            // Approved with a pre hook, or a tick died while it ran: the spec
+            // is the recorded one (`newer` is false); make sure the live job
+            // has not moved, then run (or find) the hook, then register.
             if self
                 .ledger
                 .is_paused(&self.ctx.name, &key.job)
                 .await
                 .map_err(|e| self.ledger_err(p, e))?
             {
-                return Ok(Outcome {
+                return Ok(Followed::Waiting(Outcome {
                     result: JobResult::NoChange,
                     line: format!("{}: paused by a person; deployment {} waits", key.job, d.id),
-                });
-            }
-            let spec = Self::with_live_counts(&p.job, live);
-            if spec_hash(&spec) != d.spec_hash {
-                return self
-                    .fail_from(p, d.id, "pre_hook", "not registered: the spec in git is no longer the one recorded (and approved, if it was); a new deployment will be planned".into())
-                    .await;
+                }));
             }
             let live_index = live.and_then(|l| l["JobModifyIndex"].as_i64()).unwrap_or(0);
             if live_index != d.job_modify_index {
@@ -1328,7 +1753,19 @@ impl Nomad {
                         p,
                         d.id,
                         "pre_hook",
+                        None,
                         "job modified outside driftless since its plan; the live job stands".into(),
+                    )
+                    .await;
+            }
+            if let Err(why) = self.check_hooks(p, hooks) {
+                return self
+                    .fail_from(
+                        p,
+                        d.id,
+                        "pre_hook",
+                        None,
+                        format!("{why}; nothing registered"),
                     )
                     .await;
             }
@@ -1338,16 +1775,27 @@ impl Nomad {
                         p,
                         d.id,
                         "pre_hook",
+                        None,
                         "pre_hook state without a pre hook".into(),
                     )
                     .await;
             };
-            if let Err(why) = self.run_hook(p, d.id, &hook, "pre", timeout, hooks).await {
+            let run = HookRun {
+                id: d.id,
+                nonce: d.hook_nonce.as_deref(),
+                child: d.pre_hook_child.as_deref(),
+                state: "pre_hook",
+            };
+            if let Err(why) = self
+                .run_hook(p, &run, &hook, "pre", hook_timeout(&d), hooks)
+                .await
+            {
                 return self
                     .fail_from(
                         p,
                         d.id,
                         "pre_hook",
+                        None,
                         format!("pre hook failed; nothing registered: {why}"),
                     )
                     .await;
@@ -1358,162 +1806,316 @@ impl Nomad {
         }
         let d = &d;
         let Some(registered) = d.registered_index else {
-            // Approved by a person and not registered yet, or a tick died
-            // between recording `applying` and the register's answer. CAS
-            // makes this safe to settle: if the live index is still the one
-            // we planned against, the register never happened (re-plan and
-            // register exactly the recorded spec); otherwise, if the live
-            // job is ours, it did.
-            if self
-                .ledger
-                .is_paused(&self.ctx.name, &key.job)
-                .await
-                .map_err(|e| self.ledger_err(p, e))?
-            {
-                return Ok(Outcome {
-                    result: JobResult::NoChange,
-                    line: format!(
-                        "{}: paused by a person; deployment {} waits, not registered",
-                        key.job, d.id
-                    ),
-                });
+            return self.settle_unregistered(p, d, live, hooks).await;
+        };
+        let deployments = match self.nomad_deployments(key).await {
+            Ok(v) => v,
+            Err(e) => {
+                return Ok(Followed::Waiting(self.job_error(
+                    &p.file,
+                    Some(&key.job),
+                    e,
+                )));
             }
-            let live_index = live.and_then(|l| l["JobModifyIndex"].as_i64()).unwrap_or(0);
-            if live_index == d.job_modify_index {
-                let spec = Self::with_live_counts(&p.job, live);
-                if spec_hash(&spec) != d.spec_hash {
+        };
+        // Ours is the one for the job version we registered: Nomad's
+        // `JobSpecModifyIndex` (its `JobModifyIndex` is the job's
+        // ModifyIndex, which moves without a new spec). After an
+        // auto-revert, the latest deployment is the revert's, not ours.
+        let ours = deployments
+            .iter()
+            .find(|x| x["JobSpecModifyIndex"].as_i64() == Some(registered));
+        if let Some(dep) = ours {
+            let status = dep["Status"].as_str().unwrap_or("");
+            let why = dep["StatusDescription"].as_str().unwrap_or("");
+            let dep_id = dep["ID"].as_str().unwrap_or("?").to_string();
+            return match status {
+                "successful" => Ok(Followed::Settled(
+                    self.succeed(
+                        p,
+                        d,
+                        format!("Nomad deployment {dep_id} successful"),
+                        Some(dep_id),
+                        hooks,
+                    )
+                    .await?,
+                )),
+                "failed" | "cancelled" => {
+                    // The live index now: after an auto-revert it is the
+                    // revert's, where this spec must not be registered again.
+                    let at = match self.live(key).await {
+                        Ok(l) => l.and_then(|l| l["JobModifyIndex"].as_i64()),
+                        Err(_) => None,
+                    };
+                    let msg = self.ctx.redactor.redact(&format!(
+                        "Nomad deployment {dep_id} {status}: {why}"
+                    ));
+                    self.ledger
+                        .transition(
+                            d.id,
+                            "applying",
+                            "failed",
+                            Change {
+                                message: Some(msg.clone()),
+                                nomad_deployment_id: Some(dep_id),
+                                failed_at_index: Some(at.unwrap_or(registered)),
+                                ..Change::default()
+                            },
+                        )
+                        .await
+                        .map_err(|e| self.ledger_err(p, e))?;
+                    Ok(Followed::Settled(self.job_error(
+                        &p.file,
+                        Some(&key.job),
+                        msg,
+                    )))
+                }
+                other if newer => {
+                    self.supersede(
+                        p,
+                        d,
+                        format!(
+                            "superseded by commit {commit} while Nomad deployment {dep_id} was {other} (Nomad cancels it for the newer version)"
+                        ),
+                    )
+                    .await
+                }
+                other => Ok(Followed::Waiting(Outcome {
+                    result: JobResult::NoChange,
+                    line: format!("{}: Nomad deployment {dep_id} {other}", key.job),
+                })),
+            };
+        }
+        // No deployment for our version (yet).
+        let live_index = live.and_then(|l| l["JobModifyIndex"].as_i64());
+        if live_index != Some(registered) {
+            let now = match live_index {
+                Some(i) => format!("its JobModifyIndex is {i}, ours was {registered}"),
+                None => "it is no longer registered".into(),
+            };
+            return self
+                .fail_from(
+                    p,
+                    d.id,
+                    "applying",
+                    live_index,
+                    format!("job modified outside driftless after the register, before Nomad started a deployment for it ({now}); the live job stands"),
+                )
+                .await;
+        }
+        if let Some(reason) = live.and_then(no_deployment_reason) {
+            let msg = format!("registered; Nomad runs no deployment for it: {reason}");
+            return Ok(Followed::Settled(
+                self.succeed(p, d, msg, None, hooks).await?,
+            ));
+        }
+        let Some(eval_id) = d.eval_id.as_deref() else {
+            let msg =
+                "registered; Nomad created no evaluation and no deployment for it".to_string();
+            return Ok(Followed::Settled(
+                self.succeed(p, d, msg, None, hooks).await?,
+            ));
+        };
+        let eval = match self
+            .client
+            .call(
+                reqwest::Method::GET,
+                &format!("/v1/evaluation/{}", seg(eval_id)),
+                Some(&key.namespace),
+                &[],
+                None,
+                true,
+            )
+            .await
+        {
+            Ok(e) => e,
+            Err(e) => {
+                return Ok(Followed::Waiting(self.job_error(
+                    &p.file,
+                    Some(&key.job),
+                    e,
+                )));
+            }
+        };
+        let Some(eval) = eval else {
+            let msg = format!(
+                "registered; Nomad started no deployment and no longer has its evaluation {eval_id}"
+            );
+            return Ok(Followed::Settled(
+                self.succeed(p, d, msg, None, hooks).await?,
+            ));
+        };
+        let status = eval["Status"].as_str().unwrap_or("unknown");
+        match status {
+            "complete" => {
+                let msg = format!(
+                    "registered; Nomad's evaluation {eval_id} completed without a deployment (nothing to roll out)"
+                );
+                Ok(Followed::Settled(
+                    self.succeed(p, d, msg, None, hooks).await?,
+                ))
+            }
+            "failed" | "canceled" | "cancelled" => {
+                let why = eval["StatusDescription"].as_str().unwrap_or("");
+                self.fail_from(
+                    p,
+                    d.id,
+                    "applying",
+                    Some(registered),
+                    format!("Nomad's evaluation {eval_id} {status}: {why}"),
+                )
+                .await
+            }
+            other => {
+                let waited = d
+                    .registered_at
+                    .map(|at| Duration::from_millis((now_ms() - at).max(0) as u64))
+                    .unwrap_or_default();
+                if waited > self.ctx.timeout {
                     return self
-                        .fail_deployment(p, d.id, "not registered: the spec in git is no longer the one recorded (and approved, if it was); a new deployment will be planned".into())
+                        .fail_from(
+                            p,
+                            d.id,
+                            "applying",
+                            Some(registered),
+                            format!(
+                                "Nomad started no deployment within {} of the register; its evaluation {eval_id} is {other}",
+                                humantime::format_duration(self.ctx.timeout)
+                            ),
+                        )
                         .await;
                 }
-                let plan = match self.plan(key, &spec).await {
-                    Ok(pl) => pl,
-                    Err(e) => return Ok(self.job_error(&p.file, Some(&key.job), e)),
-                };
-                if plan.kind == "None" {
-                    self.set_state(
+                if newer {
+                    return self
+                        .supersede(
+                            p,
+                            d,
+                            format!("superseded by commit {commit} while Nomad's evaluation {eval_id} was {other}"),
+                        )
+                        .await;
+                }
+                Ok(Followed::Waiting(Outcome {
+                    result: JobResult::NoChange,
+                    line: format!(
+                        "{}: registered, waiting for Nomad: evaluation {eval_id} is {other}",
+                        key.job
+                    ),
+                }))
+            }
+        }
+    }
+
+    /// An `applying` deployment whose register is not known to have
+    /// happened: approved by a person and not registered yet, or a tick
+    /// died between recording `applying` and the register's answer. CAS
+    /// makes this safe to settle: if the live index is still the one we
+    /// planned against, the register never happened (re-plan and register
+    /// exactly the recorded spec); otherwise, if the live job is ours, it
+    /// did.
+    async fn settle_unregistered(
+        &self,
+        p: &Parsed,
+        d: &Deployment,
+        live: Option<&Value>,
+        hooks: &HookJobs,
+    ) -> Result<Followed, Outcome> {
+        let key = &p.key;
+        if self
+            .ledger
+            .is_paused(&self.ctx.name, &key.job)
+            .await
+            .map_err(|e| self.ledger_err(p, e))?
+        {
+            return Ok(Followed::Waiting(Outcome {
+                result: JobResult::NoChange,
+                line: format!(
+                    "{}: paused by a person; deployment {} waits, not registered",
+                    key.job, d.id
+                ),
+            }));
+        }
+        let live_index = live.and_then(|l| l["JobModifyIndex"].as_i64()).unwrap_or(0);
+        let spec = Self::with_live_counts(&p.job, live);
+        if live_index == d.job_modify_index {
+            if let Err(why) = self.check_hooks(p, hooks) {
+                return self
+                    .fail_from(
                         p,
                         d.id,
                         "applying",
-                        "completed",
-                        Some("the live job already matches".into()),
+                        None,
+                        format!("{why}; nothing registered"),
                     )
-                    .await?;
-                    return Ok(Outcome {
-                        result: JobResult::NoChange,
-                        line: format!("{}: no change", key.job),
-                    });
-                }
-                let summary = diff_summary(&plan.diff);
-                return self.apply_registered(p, d.id, &spec, plan, &summary).await;
+                    .await;
             }
-            let spec = Self::with_live_counts(&p.job, live);
             let plan = match self.plan(key, &spec).await {
                 Ok(pl) => pl,
-                Err(e) => return Ok(self.job_error(&p.file, Some(&key.job), e)),
+                Err(e) => {
+                    return Ok(Followed::Waiting(self.job_error(
+                        &p.file,
+                        Some(&key.job),
+                        e,
+                    )));
+                }
             };
             if plan.kind == "None" {
-                self.ledger
-                    .transition(d.id, "applying", "applying", Change {
-                        registered_index: Some(live_index),
-                        message: Some("registered (confirmed after a restart); following Nomad's deployment".into()),
-                        ..Change::default()
-                    })
-                    .await
-                    .map_err(|e| self.ledger_err(p, e))?;
-                return Ok(Outcome {
-                    result: JobResult::Changed,
-                    line: format!("{}: registered (confirmed after a restart)", key.job),
-                });
-            }
-            return self
-                .fail_deployment(
+                self.set_state(
                     p,
                     d.id,
-                    "job modified outside driftless since its plan; the live job stands".into(),
-                )
-                .await;
-        };
-        let dep = match self.latest_nomad_deployment(key).await {
-            Ok(v) => v,
-            Err(e) => return Ok(self.job_error(&p.file, Some(&key.job), e)),
-        };
-        let for_ours = dep["JobModifyIndex"]
-            .as_i64()
-            .is_some_and(|i| i >= registered);
-        let job_type = p.job["Type"].as_str().unwrap_or("service");
-        let (to, msg, result) = if dep.is_null() || (!for_ours && job_type != "service") {
-            (
-                "completed",
-                "registered; Nomad runs no deployment for this job".to_string(),
-                JobResult::NoChange,
-            )
-        } else if !for_ours {
-            return Ok(Outcome {
-                result: JobResult::NoChange,
-                line: format!("{}: registered, waiting for Nomad's deployment", key.job),
-            });
-        } else {
-            let status = dep["Status"].as_str().unwrap_or("");
-            let why = dep["StatusDescription"].as_str().unwrap_or("");
-            let dep_id = dep["ID"].as_str().unwrap_or("?");
-            match status {
-                "successful" => (
+                    "applying",
                     "completed",
-                    format!("Nomad deployment {dep_id} successful"),
-                    JobResult::NoChange,
-                ),
-                "failed" | "cancelled" => (
-                    "failed",
-                    format!("Nomad deployment {dep_id} {status}: {why}"),
-                    JobResult::Failed,
-                ),
-                _ => {
-                    return Ok(Outcome {
-                        result: JobResult::NoChange,
-                        line: format!("{}: Nomad deployment {dep_id} {status}", key.job),
-                    });
-                }
+                    Some("the live job already matches".into()),
+                )
+                .await?;
+                return Ok(Followed::Settled(Outcome {
+                    result: JobResult::NoChange,
+                    line: format!("{}: no change", key.job),
+                }));
+            }
+            let summary = diff_summary(&plan.diff);
+            return self
+                .apply_registered(p, d.id, &spec, plan, &summary, hooks)
+                .await;
+        }
+        let plan = match self.plan(key, &spec).await {
+            Ok(pl) => pl,
+            Err(e) => {
+                return Ok(Followed::Waiting(self.job_error(
+                    &p.file,
+                    Some(&key.job),
+                    e,
+                )));
             }
         };
-        if to == "completed"
-            && let Some(hook) = d.post_hook.clone()
-        {
+        if plan.kind == "None" {
             self.ledger
                 .transition(
                     d.id,
                     "applying",
-                    "post_hook",
+                    "applying",
                     Change {
-                        message: Some(msg.clone()),
-                        nomad_deployment_id: dep["ID"].as_str().map(str::to_string),
+                        registered_index: Some(live_index),
+                        message: Some(
+                            "registered (confirmed after a restart); following Nomad's deployment"
+                                .into(),
+                        ),
                         ..Change::default()
                     },
                 )
                 .await
                 .map_err(|e| self.ledger_err(p, e))?;
-            return self.finish_post_hook(p, d.id, &hook, timeout, hooks).await;
+            return Ok(Followed::Waiting(Outcome {
+                result: JobResult::Changed,
+                line: format!("{}: registered (confirmed after a restart)", key.job),
+            }));
         }
-        self.ledger
-            .transition(
-                d.id,
-                "applying",
-                to,
-                Change {
-                    message: Some(msg.clone()),
-                    nomad_deployment_id: dep["ID"].as_str().map(str::to_string),
-                    ..Change::default()
-                },
-            )
-            .await
-            .map_err(|e| self.ledger_err(p, e))?;
-        if result == JobResult::Failed {
-            return Ok(self.job_error(&p.file, Some(&key.job), msg));
-        }
-        Ok(Outcome {
-            result,
-            line: format!("{}: {msg}", key.job),
-        })
+        self.fail_deployment(
+            p,
+            d.id,
+            live_index,
+            "job modified outside driftless since its plan; the live job stands".into(),
+        )
+        .await
     }
 
     async fn converge(&self) -> Status {
@@ -1557,9 +2159,22 @@ impl Nomad {
             match self.reconcile(p, &hooks).await {
                 Ok(o) => {
                     if !p.job["ParameterizedJob"].is_null() {
+                        let keys = |k: &str| -> Vec<String> {
+                            p.job["ParameterizedJob"][k]
+                                .as_array()
+                                .into_iter()
+                                .flatten()
+                                .filter_map(|v| v.as_str().map(str::to_string))
+                                .collect()
+                        };
                         hooks.insert(
                             p.key.job.clone(),
-                            (p.key.clone(), o.result != JobResult::Failed),
+                            HookJob {
+                                key: p.key.clone(),
+                                ok: o.result != JobResult::Failed,
+                                meta_required: keys("MetaRequired"),
+                                meta_optional: keys("MetaOptional"),
+                            },
                         );
                     }
                     outcomes.push(o);
@@ -1763,6 +2378,66 @@ struct Plan {
     kind: String,
 }
 
+/// Why Nomad starts no deployment for a registered job, if it never will
+/// (scheduler/reconciler/reconcile_cluster.go, `createDeployment`: only
+/// service jobs, only groups with a non-empty update strategy and a count
+/// above 0; parameterized and periodic jobs run nothing themselves). System
+/// jobs are left to the evaluation: Nomad 1.11 gives them deployments.
+fn no_deployment_reason(job: &Value) -> Option<String> {
+    if !job["ParameterizedJob"].is_null() {
+        return Some("a parameterized job runs only when dispatched".into());
+    }
+    if !job["Periodic"].is_null() {
+        return Some("a periodic job runs on its schedule".into());
+    }
+    let kind = job["Type"].as_str().unwrap_or("service");
+    if kind == "batch" || kind == "sysbatch" {
+        return Some(format!("Nomad runs no deployments for {kind} jobs"));
+    }
+    if kind != "service" {
+        return None;
+    }
+    let groups: Vec<&Value> = job["TaskGroups"].as_array().into_iter().flatten().collect();
+    let count = |g: &Value| g["Count"].as_i64().unwrap_or(1);
+    if groups.iter().all(|g| count(g) == 0) {
+        return Some("every group's count is 0".into());
+    }
+    let updates = |g: &Value| g["Update"]["MaxParallel"].as_i64().unwrap_or(0) > 0;
+    if !groups.iter().any(|g| count(g) > 0 && updates(g)) {
+        return Some(
+            "no group has an update strategy (no `update` block, or max_parallel = 0)".into(),
+        );
+    }
+    None
+}
+
+fn hook_timeout(d: &Deployment) -> Duration {
+    d.hook_timeout_ms
+        .map(|ms| Duration::from_millis(ms.max(0) as u64))
+        .unwrap_or(DEFAULT_HOOK_TIMEOUT)
+}
+
+/// `n` random bytes as hex.
+fn random_hex(n: usize) -> String {
+    let mut b = vec![0u8; n];
+    // getrandom fails only without an OS entropy source; a time-based
+    // value still keeps tokens apart across state databases.
+    if getrandom::fill(&mut b).is_err() {
+        let t = now_ms().to_le_bytes();
+        for (i, x) in b.iter_mut().enumerate() {
+            *x = t[i % t.len()] ^ (i as u8);
+        }
+    }
+    hex::encode(b)
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
 fn short(sha: &str) -> &str {
     sha.get(..12).unwrap_or(sha)
 }
@@ -1796,8 +2471,9 @@ fn secret_name(name: &str) -> bool {
     n.starts_with("env[") || SECRET_WORDS.iter().any(|w| n.contains(w))
 }
 
-/// The diff with every secret value replaced by `[REDACTED]`: `Env[...]`
-/// fields, template contents, fields whose name looks like a secret, and
+/// The diff with every secret value replaced by `[REDACTED]`: the values of
+/// unchanged (Type "None") fields, `Env[...]` fields, template contents,
+/// fields whose name looks like a secret, credentials in any URL, and
 /// anything the target's redactor knows.
 pub fn redact_diff(diff: &Value, redactor: &crate::redact::Redactor) -> Value {
     fn walk(v: &mut Value, in_template: bool) {
@@ -1810,7 +2486,14 @@ pub fn redact_diff(diff: &Value, redactor: &crate::redact::Redactor) -> Value {
                 let is_field = m.contains_key("Old") || m.contains_key("New");
                 if is_field {
                     let name = m.get("Name").and_then(Value::as_str).unwrap_or("");
-                    if in_template || secret_name(name) {
+                    // Nomad's plan diff is contextual: inside a changed
+                    // object every field is listed, the unchanged ones with
+                    // Type "None" and their values (structs/diff.go,
+                    // fieldDiff). An unchanged value is nothing to review,
+                    // and it is where driver config and artifact secrets
+                    // sit: it is never kept.
+                    let unchanged = m.get("Type").and_then(Value::as_str) == Some("None");
+                    if unchanged || in_template || secret_name(name) {
                         for k in ["Old", "New"] {
                             if let Some(x) = m.get_mut(k)
                                 && x.as_str().is_some_and(|s| !s.is_empty())
@@ -1910,6 +2593,7 @@ mod tests {
                     { "Type": "Edited", "Name": "EmbeddedTmpl", "Old": "a", "New": "b" }
                 ]}, { "Name": "Config", "Type": "Edited", "Fields": [
                     { "Type": "Edited", "Name": "image", "Old": "nginx:1", "New": "nginx:2" },
+                    { "Type": "None", "Name": "args[1]", "Old": "s3cr3t-arg", "New": "s3cr3t-arg" },
                     { "Type": "Added", "Name": "auth_token", "Old": "", "New": "tok-123" }
                 ]}]
             }]}]
@@ -1917,7 +2601,15 @@ mod tests {
         let r = redact_diff(&diff, &crate::redact::Redactor::new().with("nginx:2"));
         let text = r.to_string();
         for secret in [
-            "pw@db", "pw2", "k1", "k2", "\"a\"", "\"b\"", "tok-123", "nginx:2",
+            "pw@db",
+            "pw2",
+            "k1",
+            "k2",
+            "\"a\"",
+            "\"b\"",
+            "tok-123",
+            "nginx:2",
+            "s3cr3t-arg",
         ] {
             assert!(!text.contains(secret), "{secret} in {text}");
         }

@@ -13,7 +13,8 @@ use crate::backend::nomad::{Change, JobKey, Ledger, LedgerError, NewDeployment};
 
 const COLUMNS: &str = "id, target, cluster, namespace, job, file, commit_sha, spec_hash, policy, \
      state, job_modify_index, diff, diff_summary, registered_index, eval_id, \
-     nomad_deployment_id, message, pre_hook, post_hook, hook_timeout_ms";
+     nomad_deployment_id, message, pre_hook, post_hook, hook_timeout_ms, hook_nonce, \
+     pre_hook_child, post_hook_child, registered_at, failed_at_index";
 
 fn row(r: &SqliteRow) -> Result<Deployment, sqlx::Error> {
     Ok(Deployment {
@@ -39,6 +40,11 @@ fn row(r: &SqliteRow) -> Result<Deployment, sqlx::Error> {
         pre_hook: r.try_get("pre_hook")?,
         post_hook: r.try_get("post_hook")?,
         hook_timeout_ms: r.try_get("hook_timeout_ms")?,
+        hook_nonce: r.try_get("hook_nonce")?,
+        pre_hook_child: r.try_get("pre_hook_child")?,
+        post_hook_child: r.try_get("post_hook_child")?,
+        registered_at: r.try_get("registered_at")?,
+        failed_at_index: r.try_get("failed_at_index")?,
     })
 }
 
@@ -393,8 +399,8 @@ impl Ledger for Store {
             let r = sqlx::query_scalar::<_, i64>(
                 "INSERT INTO nomad_deployments (target, cluster, namespace, job, file, commit_sha,
                      spec_hash, policy, state, job_modify_index, diff, diff_summary, created_at, updated_at,
-                     pre_hook, post_hook, hook_timeout_ms)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?13, ?14, ?15, ?16)
+                     pre_hook, post_hook, hook_timeout_ms, hook_nonce)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?13, ?14, ?15, ?16, ?17)
                  RETURNING id",
             )
             .bind(&d.target)
@@ -413,6 +419,7 @@ impl Ledger for Store {
             .bind(&d.pre_hook)
             .bind(&d.post_hook)
             .bind(d.hook_timeout_ms)
+            .bind(&d.hook_nonce)
             .fetch_one(&mut *tx)
             .await;
             let id = match r {
@@ -461,7 +468,11 @@ impl Ledger for Store {
                      registered_index = COALESCE(?6, registered_index),
                      eval_id = COALESCE(?7, eval_id),
                      nomad_deployment_id = COALESCE(?8, nomad_deployment_id),
-                     updated_at = ?9
+                     updated_at = ?9,
+                     pre_hook_child = COALESCE(?10, pre_hook_child),
+                     post_hook_child = COALESCE(?11, post_hook_child),
+                     registered_at = CASE WHEN ?6 IS NULL THEN registered_at ELSE ?9 END,
+                     failed_at_index = COALESCE(?12, failed_at_index)
                  WHERE id = ?1 AND state = ?2",
             )
             .bind(id)
@@ -473,6 +484,9 @@ impl Ledger for Store {
             .bind(change.eval_id)
             .bind(change.nomad_deployment_id)
             .bind(now_ms())
+            .bind(change.pre_hook_child)
+            .bind(change.post_hook_child)
+            .bind(change.failed_at_index)
             .execute(&mut *tx)
             .await;
             let r = match r {
