@@ -223,10 +223,131 @@ fn a_failing_resource_fails_with_the_diagnostic() {
     assert_eq!(code, Some(1), "{out}");
     let (result, msg) = f.status();
     assert_eq!(result, "failed");
+    // Pulumi (since 3.227) exits 1 for a failed update; the engine's
+    // colour markup never reaches the message.
     assert!(
-        msg.contains("quota exceeded for project site") && msg.contains("exited with code 255"),
+        msg.contains("quota: quota exceeded for project site")
+            && msg.contains("exited with code 1"),
         "{msg}"
     );
+    assert!(!msg.contains("<{%"), "colour markup in {msg}");
+}
+
+/// The lock files of stack `prod` of project `site`, where the DIY backend
+/// keeps them.
+fn locks(f: &Fx) -> Vec<PathBuf> {
+    let dir = f.backend.join(".pulumi/locks/organization/site/prod");
+    std::fs::read_dir(&dir)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_stack_lock_left_by_a_killed_up_is_reported_and_never_deleted() {
+    let f = fixture("");
+    assert_eq!(f.tick().0, Some(0));
+    // An update that takes long; Pulumi is killed in the middle of it.
+    f.remote.commit(
+        &[(
+            "stack/Pulumi.yaml",
+            &program(2, "").replace("      size: 2\n", "      size: 2\n      sleep: 60\n"),
+        )],
+        "slow",
+    );
+    let mut tick = std::process::Command::new(bin())
+        .args([
+            "--config",
+            f.s.config.to_str().expect("utf8"),
+            "tick",
+            "site",
+        ])
+        .env("TEST_PULUMI_PASSPHRASE", PASSPHRASE)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("tick");
+    wait_for(
+        std::time::Duration::from_secs(20),
+        "the stack's lock",
+        || !locks(&f).is_empty(),
+    );
+    let lock: Value =
+        serde_json::from_str(&std::fs::read_to_string(&locks(&f)[0]).expect("lock")).expect("json");
+    let pid = lock["pid"].as_i64().expect("pid");
+    // SAFETY: kill(2) on the stand-in's pid, which this test just read.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+    assert_eq!(tick.wait().expect("wait").code(), Some(1));
+    assert_eq!(locks(&f).len(), 1, "the killed update's lock is left");
+
+    f.remote
+        .commit(&[("stack/Pulumi.yaml", &program(3, ""))], "fast again");
+    let (code, out) = f.tick();
+    assert_eq!(code, Some(1), "{out}");
+    let (_, msg) = f.status();
+    for want in [
+        "stack `prod` is locked by another Pulumi update".to_string(),
+        format!("(pid {pid}) since "),
+        "`pulumi cancel --yes --stack prod`".to_string(),
+    ] {
+        assert!(msg.contains(&want), "{want:?} missing: {msg}");
+    }
+    assert_eq!(locks(&f).len(), 1, "driftless deleted a stack lock");
+
+    // A person clears it, in their own clone of the project; the next tick
+    // goes on.
+    let clone = f.root.path().join("clone");
+    std::fs::create_dir_all(&clone).expect("mkdir");
+    std::fs::write(clone.join("Pulumi.yaml"), program(3, "")).expect("write");
+    let out = std::process::Command::new(standin())
+        .args(["cancel", "--yes", "--non-interactive", "--stack", "prod"])
+        .current_dir(&clone)
+        .env(
+            "PULUMI_BACKEND_URL",
+            format!("file://{}", f.backend.display()),
+        )
+        .output()
+        .expect("pulumi cancel");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let (code, out) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(f.cloud()[URN]["size"], 3);
+}
+
+#[test]
+fn a_passphrase_stack_without_its_passphrase_names_the_variables() {
+    let f = fixture("");
+    let cfg = std::fs::read_to_string(&f.s.config).expect("config");
+    let without = cfg.replace(
+        "PULUMI_CONFIG_PASSPHRASE = \"env:TEST_PULUMI_PASSPHRASE\", ",
+        "",
+    );
+    assert_ne!(cfg, without);
+    std::fs::write(&f.s.config, &without).expect("write");
+    let (code, _) = f.tick();
+    assert_eq!(code, Some(1));
+    let (_, msg) = f.status();
+    assert!(
+        msg.contains("passphrase must be set")
+            && msg.contains("PULUMI_CONFIG_PASSPHRASE_FILE = \"/path/to/a/file\"")
+            && msg.contains("in the target's backend `env`"),
+        "{msg}"
+    );
+    // From a file, as the README suggests.
+    let file = f.root.path().join("passphrase");
+    std::fs::write(&file, format!("{PASSPHRASE}\n")).expect("write");
+    std::fs::write(
+        &f.s.config,
+        without.replace(
+            "env = { ",
+            &format!(
+                "env = {{ PULUMI_CONFIG_PASSPHRASE_FILE = {}, ",
+                toml_str(&file.display().to_string())
+            ),
+        ),
+    )
+    .expect("write");
+    let (code, out) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
 }
 
 #[test]

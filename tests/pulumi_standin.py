@@ -2,52 +2,80 @@
 """A stand-in `pulumi` CLI for driftless's tests.
 
 The Pulumi CLI cannot be installed here (its installers download from the
-internet). This reproduces the documented behaviour of Pulumi CLI 3.x that
-driftless's `pulumi` backend relies on:
+internet). This reproduces what driftless's `pulumi` backend relies on from
+Pulumi CLI 3.x as of v3.259 (pulumi/pulumi, August 2026), each behaviour
+written from the file cited beside it:
 
   pulumi stack select --create [--secrets-provider P] [--non-interactive] --stack S
   pulumi up --yes --skip-preview [--refresh] --non-interactive --json --stack S
             [--config-file F]
   pulumi stack output --json --show-secrets=false --stack S
   pulumi destroy --yes --non-interactive [--skip-preview] --stack S
+  pulumi cancel --yes --non-interactive --stack S
   pulumi version
 
 - Login: the backend comes from PULUMI_BACKEND_URL (only file:// here) or
   ~/.pulumi/credentials.json; without either, a non-interactive command
   fails like the real CLI: "error: PULUMI_ACCESS_TOKEN must be set for login
-  during non-interactive CLI sessions" (exit 255).
+  during non-interactive CLI sessions" (backenderr.MissingEnvVarForNon-
+  InteractiveError, exit 3).
+- Exit codes (pkg/cmd/pulumi/cmd/exit_codes.go, ExitCodeFor, since v3.227):
+  1 for a failed operation and anything unclassified, 2 for bad flags, 3
+  for a missing login, 6 for a stack that does not exist.
 - The program is a Pulumi YAML program (Pulumi.yaml: `name`, `runtime: yaml`,
   `resources: {name: {type, properties}}`, `outputs`, with `${name.prop}` and
   `${pulumi.stack}` interpolation), of resources of one made-up type whose
   "cloud" is a JSON file next to the state (`<backend>/cloud.json`), so a test
   can change the world behind Pulumi's back (drift). A property
-  `fail: message` makes the create/update fail.
-- State lives where the filestate backend keeps it:
-  <backend>/.pulumi/stacks/<project>/<stack>.json.
+  `fail: message` makes the create/update fail; `sleep: seconds` makes it
+  take that long (so a test can kill an `up` mid-update).
+- State lives where the DIY (filestate) backend keeps it:
+  <backend>/.pulumi/stacks/<project>/<stack>.json. An `up` or `destroy`
+  takes the stack's lock first (pkg/backend/diy/lock.go, Lock: a file
+  <backend>/.pulumi/locks/organization/<project>/<stack>/<uuid>.json
+  holding pid, username, hostname, timestamp) and removes it when it ends;
+  a killed one leaves it, and every later update fails with checkForLock's
+  message until `pulumi cancel` deletes the lock files
+  (diy/backend.go, CancelCurrentUpdate).
+- Secrets: a stack created without --secrets-provider uses the passphrase
+  provider; creating one, and every `up`, `destroy` or `stack output` of
+  one, needs PULUMI_CONFIG_PASSPHRASE or PULUMI_CONFIG_PASSPHRASE_FILE
+  (pkg/secrets/passphrase/manager.go, readPassphrase: "passphrase must be
+  set with PULUMI_CONFIG_PASSPHRASE or PULUMI_CONFIG_PASSPHRASE_FILE
+  environment variables"), and a wrong one is "incorrect passphrase".
 - `up --json` streams engine events, one JSON object per line, in the shape
   of sdk/go/common/apitype/events.go (`sequence`, `timestamp`, and one of
   `preludeEvent`, `resourcePreEvent`, `resOutputsEvent`, `diagnosticEvent`,
   `resOpFailedEvent`, `summaryEvent` whose `resourceChanges` counts steps by
-  op: same, create, update, delete, replace). Without --refresh, changes made
-  in the cloud are not noticed (as with the real CLI).
-- Exit codes: 0 success, 255 failure (what the real CLI returns for
-  `error:` results).
+  op: same, create, update, delete, replace). Diagnostic messages keep the
+  engine's colour markup (`<{%reset%}>`, `<{%fg 1%}>`;
+  pkg/backend/display/events.go, ConvertEngineEvent strips only ANSI
+  codes). Without --refresh, changes made in the cloud are not noticed (as
+  with the real CLI).
 
 Every invocation is appended to $PULUMI_STANDIN_LOG (argv, cwd) if set.
 """
 
+import getpass
+import hashlib
 import json
 import os
 import re
+import socket
 import sys
 import time
+import uuid
+from datetime import datetime, timezone
 
 import yaml
 
 seq = 0
 
 
-def fail(msg, code=255):
+EXIT_ERROR, EXIT_CONFIG, EXIT_AUTH, EXIT_NO_STACK = 1, 2, 3, 6
+
+
+def fail(msg, code=EXIT_ERROR):
     print(f"error: {msg}", file=sys.stderr)
     sys.exit(code)
 
@@ -66,7 +94,7 @@ def backend_dir():
             with open(creds) as f:
                 url = json.load(f).get("current")
     if not url:
-        fail("PULUMI_ACCESS_TOKEN must be set for login during non-interactive CLI sessions")
+        fail("PULUMI_ACCESS_TOKEN must be set for login during non-interactive CLI sessions", EXIT_AUTH)
     if not url.startswith("file://"):
         fail(f"this stand-in only supports file:// backends, not {url}")
     return url[len("file://"):]
@@ -83,7 +111,7 @@ def opts(argv):
             out[k] = v
         elif a in takes_value:
             if i + 1 >= len(argv):
-                fail(f"flag needs an argument: {a}", 1)
+                fail(f"flag needs an argument: {a}", EXIT_CONFIG)
             out[a] = argv[i + 1]
             i += 1
         elif a.startswith("-"):
@@ -105,7 +133,7 @@ def project():
 def stack_name(o):
     s = o.get("--stack") or o.get("-s")
     if not s:
-        fail("no stack selected; pass --stack (non-interactive)")
+        fail("no stack selected; specify a stack name with --stack", EXIT_NO_STACK)
     return s
 
 
@@ -113,6 +141,53 @@ def paths(proj, stack):
     b = backend_dir()
     return (os.path.join(b, ".pulumi", "stacks", proj["name"], f"{stack}.json"),
             os.path.join(b, "cloud.json"))
+
+
+def lock_dir(proj, stack):
+    # diy/lock.go, stackLockDir: .pulumi/locks/<fully qualified name>; a DIY
+    # backend's stacks are organization/<project>/<stack>.
+    return os.path.join(backend_dir(), ".pulumi", "locks", "organization", proj["name"], stack)
+
+
+def take_lock(proj, stack):
+    """diy/lock.go, Lock: refuse while another lock file exists."""
+    d = lock_dir(proj, stack)
+    others = sorted(os.listdir(d)) if os.path.isdir(d) else []
+    if others:
+        lines = [f"the stack is currently locked by {len(others)} lock(s). Either wait for the other "
+                 "process(es) to end or delete the lock file with `pulumi cancel`."]
+        for name in others:
+            with open(os.path.join(d, name)) as f:
+                l = json.load(f)
+            url = "file://" + os.path.join(d, name)
+            lines.append(f"  {url}: created by {l['username']}@{l['hostname']} (pid {l['pid']}) at {l['timestamp']}")
+        fail("\n".join(lines))
+    os.makedirs(d, exist_ok=True)
+    path = os.path.join(d, f"{uuid.uuid4()}.json")
+    with open(path, "w") as f:
+        json.dump({"pid": os.getpid(), "username": getpass.getuser(), "hostname": socket.gethostname(),
+                   # Go's time.RFC3339 of a UTC time
+                   "timestamp": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}, f)
+    return path
+
+
+def passphrase(state):
+    """passphrase/manager.go, readPassphrase (non-interactive)."""
+    if state.get("secretsProvider", "passphrase") != "passphrase":
+        return
+    phrase = os.environ.get("PULUMI_CONFIG_PASSPHRASE")
+    if phrase is None and os.environ.get("PULUMI_CONFIG_PASSPHRASE_FILE"):
+        try:
+            with open(os.environ["PULUMI_CONFIG_PASSPHRASE_FILE"]) as f:
+                phrase = f.read().strip()
+        except OSError as e:
+            fail(f"unable to read PULUMI_CONFIG_PASSPHRASE_FILE: {e}")
+    if phrase is None:
+        fail("passphrase must be set with PULUMI_CONFIG_PASSPHRASE or "
+             "PULUMI_CONFIG_PASSPHRASE_FILE environment variables")
+    digest = hashlib.sha256(phrase.encode()).hexdigest()
+    if state.setdefault("encryptionsalt", digest) != digest:
+        fail("incorrect passphrase")
 
 
 def load(path, default):
@@ -159,22 +234,26 @@ def cmd_stack_select(o):
     state, _ = paths(proj, stack)
     if not os.path.exists(state):
         if not o.get("--create"):
-            fail(f"no stack named '{stack}' found")
-        save(state, {"stack": stack, "resources": {}, "outputs": {},
-                     "secretsProvider": o.get("--secrets-provider", "passphrase")})
+            fail(f"no stack named '{stack}' found", EXIT_NO_STACK)
+        new = {"stack": stack, "resources": {}, "outputs": {},
+               "secretsProvider": o.get("--secrets-provider", "passphrase")}
+        passphrase(new)
+        save(state, new)
         print(f"Created stack '{stack}'")
 
 
 def cmd_up(o):
     for need in ("--yes", "--skip-preview", "--non-interactive", "--json"):
         if need not in o:
-            fail(f"the stand-in expects {need} (driftless always sends it)", 1)
+            fail(f"the stand-in expects {need} (driftless always sends it)", EXIT_CONFIG)
     proj = project()
     stack = stack_name(o)
     state_path, cloud_path = paths(proj, stack)
     if not os.path.exists(state_path):
-        fail(f"no stack named '{stack}' found")
+        fail(f"no stack named '{stack}' found", EXIT_NO_STACK)
     state = load(state_path, {})
+    passphrase(state)
+    lock = take_lock(proj, stack)
     cloud = load(cloud_path, {})
     cfg = config(proj, stack, o)
     event("preludeEvent", {"config": {k: "[secret]" if isinstance(v, dict) else str(v)
@@ -205,10 +284,13 @@ def cmd_up(o):
         old = res.get(name)
         op = "create" if old is None else "same" if old["properties"] == d["properties"] else "update"
         event("resourcePreEvent", {"metadata": {"op": op, "urn": u, "type": d["type"]}})
+        if op != "same" and "sleep" in d["properties"]:
+            time.sleep(float(d["properties"]["sleep"]))
         if op != "same" and "fail" in d["properties"]:
-            event("diagnosticEvent", {"urn": u, "prefix": "error: ", "color": "never",
+            # The engine's diagnostics carry its colour markup (diag/colors).
+            event("diagnosticEvent", {"urn": u, "prefix": "<{%fg 1%}>error: <{%reset%}>", "color": "raw",
                                       "severity": "error",
-                                      "message": f"{name}: {d['properties']['fail']}\n"})
+                                      "message": f"<{{%reset%}}>{name}: <{{%fg 1%}}>{d['properties']['fail']}<{{%reset%}}>\n"})
             event("resOpFailedEvent", {"metadata": {"op": op, "urn": u, "type": d["type"]},
                                        "status": 1, "steps": 1})
             failed = True
@@ -233,19 +315,21 @@ def cmd_up(o):
     event("summaryEvent", {"maybeCorrupt": False, "durationSeconds": 0,
                            "resourceChanges": {k: v for k, v in changes.items() if v},
                            "policyPacks": {}})
+    os.remove(lock)
     if failed:
-        sys.exit(255)
+        sys.exit(EXIT_ERROR)
 
 
 def cmd_output(o):
     if "--json" not in o:
-        fail("the stand-in only implements `stack output --json`", 1)
+        fail("the stand-in only implements `stack output --json`", EXIT_CONFIG)
     proj = project()
     stack = stack_name(o)
     state_path, _ = paths(proj, stack)
     if not os.path.exists(state_path):
-        fail(f"no stack named '{stack}' found")
+        fail(f"no stack named '{stack}' found", EXIT_NO_STACK)
     state = load(state_path, {})
+    passphrase(state)
     show = o.get("--show-secrets") in (True, "true")
     out = {k: (v if show or k not in state.get("secretOutputs", []) else "[secret]")
            for k, v in state.get("outputs", {}).items()}
@@ -255,11 +339,15 @@ def cmd_output(o):
 def cmd_destroy(o):
     for need in ("--yes", "--non-interactive"):
         if need not in o:
-            fail(f"the stand-in expects {need}", 1)
+            fail(f"the stand-in expects {need}", EXIT_CONFIG)
     proj = project()
     stack = stack_name(o)
     state_path, cloud_path = paths(proj, stack)
+    if not os.path.exists(state_path):
+        fail(f"no stack named '{stack}' found", EXIT_NO_STACK)
     state = load(state_path, {})
+    passphrase(state)
+    lock = take_lock(proj, stack)
     cloud = load(cloud_path, {})
     n = 0
     for name, r in list(state.get("resources", {}).items()):
@@ -268,7 +356,18 @@ def cmd_destroy(o):
     state.update({"resources": {}, "outputs": {}})
     save(state_path, state)
     save(cloud_path, cloud)
+    os.remove(lock)
     print(f"Resources:\n    - {n} deleted\n\nThe resources in the stack have been deleted")
+
+
+def cmd_cancel(o):
+    """diy/backend.go, CancelCurrentUpdate: delete every lock file."""
+    proj = project()
+    stack = stack_name(o)
+    d = lock_dir(proj, stack)
+    for name in (os.listdir(d) if os.path.isdir(d) else []):
+        os.remove(os.path.join(d, name))
+    print(f"The currently running update for '{stack}' has been canceled!")
 
 
 def main():
@@ -278,7 +377,7 @@ def main():
         with open(log, "a") as f:
             f.write(json.dumps({"argv": argv, "cwd": os.getcwd()}) + "\n")
     if argv[:1] == ["version"]:
-        print("v3.140.0")
+        print("v3.259.0")
         return
     o, pos = opts(argv)
     if "--cwd" in o or "-C" in o:
@@ -291,7 +390,9 @@ def main():
         return cmd_up(o)
     if pos[:1] == ["destroy"]:
         return cmd_destroy(o)
-    fail(f"the stand-in does not implement `pulumi {' '.join(argv)}`", 1)
+    if pos[:1] == ["cancel"]:
+        return cmd_cancel(o)
+    fail(f"the stand-in does not implement `pulumi {' '.join(argv)}`", EXIT_CONFIG)
 
 
 if __name__ == "__main__":

@@ -136,7 +136,8 @@ impl Events {
             if let Some(d) = v.get("diagnosticEvent")
                 && d["severity"] == "error"
             {
-                let msg = d["message"].as_str().unwrap_or("").trim();
+                let msg = strip_colors(d["message"].as_str().unwrap_or(""));
+                let msg = msg.trim();
                 if !msg.is_empty() {
                     e.errors.push(msg.to_string());
                 }
@@ -201,10 +202,14 @@ impl Pulumi {
             .map_err(|e| self.ctx.redactor.redact(&e.to_string()))
     }
 
-    /// A failed command, in words; the missing backend login said plainly.
+    /// A failed command, in words: a stack lock, a missing passphrase or a
+    /// missing backend login said plainly.
     fn why(&self, spec: &Spec, out: &process::Output, errors: &[String]) -> String {
+        if let Some(lock) = lock_message(&out.stderr, &self.cfg.stack) {
+            return self.ctx.redactor.redact(&lock);
+        }
         let detail = if errors.is_empty() {
-            out.stderr_summary(5)
+            strip_colors(&out.stderr_summary(5))
         } else {
             errors.join("; ")
         };
@@ -218,6 +223,20 @@ impl Pulumi {
                 " (Pulumi has no backend login: set PULUMI_BACKEND_URL, e.g. s3://… or file://…, \
                  or PULUMI_ACCESS_TOKEN in the target's backend `env`)",
             );
+        }
+        if text.contains("passphrase must be set with PULUMI_CONFIG_PASSPHRASE") {
+            msg.push_str(&format!(
+                " (stack `{}` keeps its secrets with a passphrase: set PULUMI_CONFIG_PASSPHRASE_FILE \
+                 = \"/path/to/a/file\" or PULUMI_CONFIG_PASSPHRASE = \"env:NAME\" in the target's \
+                 backend `env`)",
+                self.cfg.stack
+            ));
+        } else if text.contains("incorrect passphrase") {
+            msg.push_str(&format!(
+                " (the passphrase given in PULUMI_CONFIG_PASSPHRASE or PULUMI_CONFIG_PASSPHRASE_FILE \
+                 is not the one stack `{}` was created with)",
+                self.cfg.stack
+            ));
         }
         self.ctx.redactor.redact(&msg)
     }
@@ -376,6 +395,66 @@ impl Pulumi {
     }
 }
 
+/// The engine's colour markup (`<{%reset%}>`, `<{%fg 1%}>`), which
+/// `--json` diagnostics keep (pulumi's diag/colors; display/events.go
+/// strips only ANSI codes), removed.
+fn strip_colors(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find("<{%") {
+        out.push_str(&rest[..i]);
+        match rest[i..].find("%}>") {
+            Some(j) => rest = &rest[i + j + 3..],
+            None => {
+                rest = &rest[i..];
+                break;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// A DIY backend's "the stack is currently locked" error (pulumi's
+/// pkg/backend/diy/lock.go, checkForLock: one line per lock file, "<url>:
+/// created by <user>@<host> (pid N) at <RFC 3339 time>"), rewritten to say
+/// who holds it, since when, and how a person clears it. driftless never
+/// deletes a lock: its holder may be a live update.
+fn lock_message(stderr: &str, stack: &str) -> Option<String> {
+    let text = strip_colors(stderr);
+    let head = text.find("the stack is currently locked by")?;
+    let holders: Vec<String> = text[head..]
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let (url, who) = l.trim().rsplit_once(": created by ")?;
+            let (holder, at) = who.rsplit_once(" at ").unwrap_or((who, ""));
+            let age = humantime::parse_rfc3339_weak(at.trim_end_matches('Z'))
+                .ok()
+                .and_then(|t| std::time::SystemTime::now().duration_since(t).ok())
+                .map(|d| {
+                    format!(
+                        " ({} ago)",
+                        humantime::format_duration(std::time::Duration::from_secs(d.as_secs()))
+                    )
+                })
+                .unwrap_or_default();
+            Some(format!("{holder} since {at}{age}, lock file {url}"))
+        })
+        .collect();
+    let who = if holders.is_empty() {
+        "another Pulumi process".to_string()
+    } else {
+        holders.join("; ")
+    };
+    Some(format!(
+        "stack `{stack}` is locked by another Pulumi update ({who}). driftless does not break stack \
+         locks. If no other pulumi is working on this stack (one killed mid-update leaves its lock \
+         behind), run `pulumi cancel --yes --stack {stack}` with the same backend \
+         (PULUMI_BACKEND_URL) and the next tick goes on"
+    ))
+}
+
 impl Backend for Pulumi {
     fn apply(&self) -> BoxFuture<'_, Status> {
         Box::pin(self.up())
@@ -409,5 +488,25 @@ not json"#,
         );
         assert_eq!(e.changed(), 3);
         assert_eq!(e.errors, ["boom"]);
+        let e = Events::parse(
+            r#"{"diagnosticEvent":{"severity":"error","color":"raw","message":"<{%reset%}>bucket: <{%fg 1%}>quota<{%reset%}>\n"}}"#,
+        );
+        assert_eq!(e.errors, ["bucket: quota"]);
+        assert_eq!(strip_colors("a<{%fg 1"), "a<{%fg 1");
+    }
+
+    #[test]
+    fn a_stack_lock_is_reported_with_its_holder_and_the_cancel_line() {
+        let stderr = "error: the stack is currently locked by 1 lock(s). Either wait for the other process(es) to end or delete the lock file with `pulumi cancel`.\n  file:///s/.pulumi/locks/organization/site/prod/1b2c.json: created by ci@build-1 (pid 4242) at 2026-11-30T10:00:00Z\n";
+        let m = lock_message(stderr, "prod").expect("a lock");
+        for want in [
+            "stack `prod` is locked",
+            "ci@build-1 (pid 4242) since 2026-11-30T10:00:00Z (",
+            " ago), lock file file:///s/.pulumi/locks/organization/site/prod/1b2c.json",
+            "`pulumi cancel --yes --stack prod`",
+        ] {
+            assert!(m.contains(want), "{want:?} in {m}");
+        }
+        assert!(lock_message("error: something else", "prod").is_none());
     }
 }
