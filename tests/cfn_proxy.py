@@ -1,16 +1,45 @@
 #!/usr/bin/env python3
-"""A fault-injecting proxy in front of moto's server, for driftless's
-CloudFormation tests.
+"""A proxy in front of moto's server that makes it answer the way AWS does
+where moto does not, for driftless's CloudFormation tests.
 
     cfn_proxy.py PORT UPSTREAM_PORT
 
-Forwards every request to moto on 127.0.0.1:UPSTREAM_PORT unchanged. A test
-can make the next N DescribeStacks answers for one stack report another
-StackStatus -- moto settles every stack at once, so this is how a test sees
-a stack stuck IN_PROGRESS (the timeout path) or one a failed create left in
-ROLLBACK_COMPLETE:
+Forwards every request (CloudFormation, STS and S3 alike) to moto on
+127.0.0.1:UPSTREAM_PORT. moto (getmoto/moto, moto/cloudformation) settles
+every stack at once inside ExecuteChangeSet, enforces no template limits and
+no capabilities, and its stack events carry no ClientRequestToken. AWS, per
+its CloudFormation API reference:
 
-    POST /_proxy/status  {"stack": "web", "status": "UPDATE_IN_PROGRESS", "times": 1000}
+- refuses a TemplateBody over 51,200 bytes (CreateStack, UpdateStack,
+  CreateChangeSet): a ValidationError "Member must have length less than or
+  equal to 51200" -- enforced here on every request;
+- refuses a template with IAM resources unless the caller acknowledges
+  CAPABILITY_IAM (or CAPABILITY_NAMED_IAM when they have custom names):
+  InsufficientCapabilitiesException "Requires capabilities : [CAPABILITY_IAM]"
+  -- enforced here for TemplateBody;
+- runs a change set's execution asynchronously after ExecuteChangeSet has
+  answered: DescribeStacks is eventually consistent (its first answers can
+  still show the previous operation's end state) and the operation's
+  progress is its stack events, stamped by AWS's clock.
+
+Test controls:
+
+    POST /_proxy/status  {"stack": "web", "status": "UPDATE_IN_PROGRESS",
+                          "times": 1000, "after_execute": false}
+        the next `times` DescribeStacks answers for the stack report that
+        status (with after_execute: only once the next ExecuteChangeSet
+        for it has been forwarded -- a stale answer)
+    POST /_proxy/execution {"stack": "web", "steps": [[event, ...], ...],
+                            "statuses": ["UPDATE_COMPLETE", ...],
+                            "clock_skew": -3600}
+        the next ExecuteChangeSet for the stack is answered like AWS but not
+        run by moto: each DescribeStackEvents reveals one more step of
+        events (event = [LogicalResourceId, ResourceType, ResourceStatus,
+        ResourceStatusReason]), newest first above moto's own, stamped with
+        this machine's clock plus clock_skew seconds; each DescribeStacks
+        reports the next of `statuses` (the last one repeats)
+    GET  /_proxy/log     the actions seen so far, with a few of their
+                         parameters
 """
 
 import json
@@ -19,12 +48,56 @@ import sys
 import threading
 import urllib.error
 import urllib.request
+import uuid
+from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs
 
 PORT, UP = int(sys.argv[1]), int(sys.argv[2])
 lock = threading.Lock()
-rewrites = {}  # stack -> [status, times]
+rewrites = {}    # stack -> {status, times, after_execute}
+executions = {}  # stack -> script (armed, then running)
+log = []
+
+TEMPLATE_BODY_LIMIT = 51200
+IAM_NAMES = ("RoleName", "UserName", "GroupName", "ManagedPolicyName", "InstanceProfileName")
+
+
+def aws_error(code, message, status=400):
+    """The awsQuery error document AWS answers with."""
+    body = ('<ErrorResponse xmlns="http://cloudformation.amazonaws.com/doc/2010-05-15/">'
+            f'<Error><Type>Sender</Type><Code>{code}</Code><Message>{message}</Message></Error>'
+            f'<RequestId>{uuid.uuid4()}</RequestId></ErrorResponse>').encode()
+    return status, body, {"Content-Type": "text/xml"}
+
+
+def capabilities_needed(template, given):
+    """AWS: IAM resources need CAPABILITY_IAM, IAM resources with custom
+    names CAPABILITY_NAMED_IAM (which covers both)."""
+    try:
+        t = json.loads(template)
+    except ValueError:
+        return None
+    iam = [r for r in (t.get("Resources") or {}).values()
+           if isinstance(r, dict) and str(r.get("Type", "")).startswith("AWS::IAM::")]
+    if not iam:
+        return None
+    named = any(k in (r.get("Properties") or {}) for r in iam for k in IAM_NAMES)
+    need = "CAPABILITY_NAMED_IAM" if named else "CAPABILITY_IAM"
+    if "CAPABILITY_NAMED_IAM" in given or (need == "CAPABILITY_IAM" and "CAPABILITY_IAM" in given):
+        return None
+    return need
+
+
+def event_xml(stack, stack_id, ev, at):
+    logical, rtype, status, reason = ev
+    physical = stack_id if rtype == "AWS::CloudFormation::Stack" else f"{logical}-physical"
+    reason_xml = f"<ResourceStatusReason>{reason}</ResourceStatusReason>" if reason else ""
+    return (f"<member><StackId>{stack_id}</StackId><EventId>{uuid.uuid4()}</EventId>"
+            f"<StackName>{stack}</StackName><LogicalResourceId>{logical}</LogicalResourceId>"
+            f"<PhysicalResourceId>{physical}</PhysicalResourceId><ResourceType>{rtype}</ResourceType>"
+            f"<Timestamp>{at.strftime('%Y-%m-%dT%H:%M:%S.%f')[:-3]}Z</Timestamp>"
+            f"<ResourceStatus>{status}</ResourceStatus>{reason_xml}</member>")
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -33,20 +106,68 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, fmt, *args):
         pass
 
-    def do_POST(self):
+    def body(self):
         n = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(n) if n else b""
+        return self.rfile.read(n) if n else b""
+
+    def do_POST(self):
+        body = self.body()
         if self.path == "/_proxy/status":
             c = json.loads(body)
             with lock:
-                rewrites[c["stack"]] = [c["status"], c.get("times", 1)]
+                rewrites[c["stack"]] = {"status": c["status"], "times": c.get("times", 1),
+                                        "after_execute": c.get("after_execute", False)}
+            return self.answer(200, b"{}", {"Content-Type": "application/json"})
+        if self.path == "/_proxy/execution":
+            c = json.loads(body)
+            with lock:
+                executions[c["stack"]] = {"steps": c["steps"], "statuses": c["statuses"],
+                                          "skew": c.get("clock_skew", 0), "running": False,
+                                          "revealed": [], "step": 0, "status_i": 0}
             return self.answer(200, b"{}", {"Content-Type": "application/json"})
         self.forward(body)
 
     def do_GET(self):
+        if self.path == "/_proxy/log":
+            with lock:
+                data = json.dumps(log).encode()
+            return self.answer(200, data, {"Content-Type": "application/json"})
         self.forward(b"")
 
+    def do_PUT(self):
+        self.forward(self.body())
+
+    def do_HEAD(self):
+        self.forward(b"")
+
+    def do_DELETE(self):
+        self.forward(self.body())
+
     def forward(self, body):
+        params = {}
+        if self.command == "POST" and "form-urlencoded" in (self.headers.get("Content-Type") or ""):
+            params = {k: v[0] for k, v in parse_qs(body.decode("utf-8", "replace")).items()}
+        action = params.get("Action", "")
+        stack = params.get("StackName", "")
+        with lock:
+            log.append({"method": self.command, "path": self.path.split("?")[0], "action": action,
+                        "length": len(body),
+                        "decoded_length": int(self.headers.get("x-amz-decoded-content-length") or len(body)),
+                        "stack": stack, "has_template_body": "TemplateBody" in params,
+                        "template_url": params.get("TemplateURL"),
+                        "client_request_token": params.get("ClientRequestToken")})
+        refused = self.refuse(action, params)
+        if refused:
+            return self.answer(*refused)
+        if action == "ExecuteChangeSet":
+            with lock:
+                script = executions.get(stack)
+                if script is not None and not script["running"]:
+                    script["running"] = True
+                    doc = ('<ExecuteChangeSetResponse xmlns="http://cloudformation.amazonaws.com/doc/2010-05-15/">'
+                           f'<ExecuteChangeSetResult/><ResponseMetadata><RequestId>{uuid.uuid4()}</RequestId>'
+                           '</ResponseMetadata></ExecuteChangeSetResponse>').encode()
+                    return self.answer(200, doc, {"Content-Type": "text/xml"})
         headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
         req = urllib.request.Request(f"http://127.0.0.1:{UP}{self.path}", data=body or None,
                                      headers=headers, method=self.command)
@@ -55,24 +176,72 @@ class Handler(BaseHTTPRequestHandler):
                 code, data, rh = r.status, r.read(), dict(r.headers)
         except urllib.error.HTTPError as e:
             code, data, rh = e.code, e.read(), dict(e.headers)
-        action = (parse_qs(body.decode("utf-8", "replace")).get("Action") or [""])[0]
-        target = self.headers.get("X-Amz-Target", "")
-        if action == "DescribeStacks" or target.endswith("DescribeStacks"):
-            data = self.rewrite(body, data)
+        if action == "ExecuteChangeSet":
+            with lock:
+                for s, rule in rewrites.items():
+                    if s == stack and rule["after_execute"]:
+                        rule["after_execute"] = False
+        if action == "DescribeStacks":
+            data = self.rewrite_status(data)
+        if action == "DescribeStackEvents":
+            data = self.add_events(stack, data)
         rh = {k: v for k, v in rh.items() if k.lower() not in ("content-length", "transfer-encoding", "connection")}
         self.answer(code, data, rh)
 
-    def rewrite(self, body, data):
+    def refuse(self, action, params):
+        """What AWS refuses and moto does not."""
+        if action not in ("CreateStack", "UpdateStack", "CreateChangeSet"):
+            return None
+        template = params.get("TemplateBody")
+        if template is None:
+            return None
+        if len(template.encode()) > TEMPLATE_BODY_LIMIT:
+            return aws_error("ValidationError",
+                             "1 validation error detected: Value at 'templateBody' failed to satisfy "
+                             f"constraint: Member must have length less than or equal to {TEMPLATE_BODY_LIMIT}")
+        given = [v for k, v in params.items() if k.startswith("Capabilities.member.")]
+        need = capabilities_needed(template, given)
+        if need:
+            return aws_error("InsufficientCapabilitiesException", f"Requires capabilities : [{need}]")
+        return None
+
+    def rewrite_status(self, data):
         text = data.decode("utf-8", "replace")
         with lock:
+            for stack, script in executions.items():
+                if script["running"] and f"<StackName>{stack}</StackName>" in text:
+                    statuses = script["statuses"]
+                    status = statuses[min(script["status_i"], len(statuses) - 1)]
+                    script["status_i"] += 1
+                    text = re.sub(r"<StackStatus>[A-Z_]+</StackStatus>", f"<StackStatus>{status}</StackStatus>", text)
             for stack, rule in rewrites.items():
-                if rule[1] <= 0 or stack not in text:
+                if rule["times"] <= 0 or rule["after_execute"] or stack not in text:
                     continue
-                new = re.sub(r"<StackStatus>[A-Z_]+</StackStatus>", f"<StackStatus>{rule[0]}</StackStatus>", text)
-                new = re.sub(r'"StackStatus"\s*:\s*"[A-Z_]+"', f'"StackStatus":"{rule[0]}"', new)
+                new = re.sub(r"<StackStatus>[A-Z_]+</StackStatus>", f"<StackStatus>{rule['status']}</StackStatus>", text)
                 if new != text:
-                    rule[1] -= 1
+                    rule["times"] -= 1
                     text = new
+        return text.encode()
+
+    def add_events(self, stack, data):
+        text = data.decode("utf-8", "replace")
+        with lock:
+            script = executions.get(stack)
+            if script is None or not script["running"]:
+                return data
+            m = re.search(r"<StackId>([^<]+)</StackId>", text)
+            stack_id = m.group(1) if m else f"arn:aws:cloudformation:us-east-1:123456789012:stack/{stack}/x"
+            if script["step"] < len(script["steps"]):
+                at = datetime.now(timezone.utc) + timedelta(seconds=script["skew"])
+                for i, ev in enumerate(script["steps"][script["step"]]):
+                    # each event a millisecond after the one before
+                    script["revealed"].insert(0, event_xml(stack, stack_id, ev, at + timedelta(milliseconds=i)))
+                script["step"] += 1
+            injected = "".join(script["revealed"])
+        if "<StackEvents>" in text:
+            text = text.replace("<StackEvents>", "<StackEvents>" + injected, 1)
+        else:
+            text = text.replace("<StackEvents/>", f"<StackEvents>{injected}</StackEvents>", 1)
         return text.encode()
 
     def answer(self, code, data, headers):
@@ -81,7 +250,8 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header(k, v)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        self.wfile.write(data)
+        if self.command != "HEAD":
+            self.wfile.write(data)
 
 
 if __name__ == "__main__":

@@ -241,3 +241,203 @@ fn missing_credentials_are_named() {
     let (_, msg) = f.status();
     assert!(msg.contains("credentials"), "{msg}");
 }
+
+/// A template over CloudFormation's 51,200-byte TemplateBody limit.
+fn big_template() -> String {
+    let mut t: Value = serde_json::from_str(&template(true)).expect("json");
+    t["Metadata"] = json!({ "Padding": "x".repeat(60_000) });
+    serde_json::to_string(&t).expect("json")
+}
+
+#[test]
+fn a_template_over_the_body_limit_fails_before_any_call_and_goes_through_s3_with_a_bucket() {
+    let f = fixture("parameters_file = \"params.json\"", "2m");
+    f.remote
+        .commit(&[("cfn/stack.json", &big_template())], "a big template");
+    let (code, out) = f.tick();
+    assert_eq!(code, Some(1), "{out}");
+    let (_, msg) = f.status();
+    assert!(
+        msg.contains("over the 51200 bytes")
+            && msg.contains("`template_bucket`")
+            && msg.contains("nothing was sent to AWS"),
+        "{msg}"
+    );
+    let calls: Vec<Value> = f
+        .moto
+        .log()
+        .into_iter()
+        .filter(|r| r["action"] != "")
+        .collect();
+    assert!(calls.is_empty(), "called AWS: {calls:#?}");
+
+    // With a bucket: uploaded, then passed as a TemplateURL.
+    f.moto.create_bucket("driftless-templates");
+    let cfg = std::fs::read_to_string(&f.s.config).expect("config");
+    std::fs::write(
+        &f.s.config,
+        cfg.replace(
+            "parameters_file = \"params.json\"",
+            "parameters_file = \"params.json\"\ntemplate_bucket = \"driftless-templates\"",
+        ),
+    )
+    .expect("config");
+    let (code, out) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    let (result, msg) = f.status();
+    assert_eq!(
+        (result.as_str(), msg.as_str()),
+        ("changed", "created CREATE_COMPLETE")
+    );
+    let create = f
+        .moto
+        .log()
+        .into_iter()
+        .find(|r| r["action"] == "CreateChangeSet")
+        .expect("a CreateChangeSet");
+    assert_eq!(create["has_template_body"], false, "{create}");
+    let url = create["template_url"]
+        .as_str()
+        .expect("a TemplateURL")
+        .to_string();
+    let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(
+        big_template().as_bytes(),
+    ));
+    assert_eq!(
+        url,
+        format!(
+            "https://driftless-templates.s3.us-east-1.amazonaws.com/driftless/site/{digest}.json"
+        )
+    );
+    // The object was put where the URL says, whole (moto then built the
+    // stack from it: CREATE_COMPLETE above).
+    let put = f
+        .moto
+        .log()
+        .into_iter()
+        .find(|r| r["method"] == "PUT")
+        .expect("a PutObject");
+    assert_eq!(
+        put["path"],
+        format!("/driftless-templates/driftless/site/{digest}.json")
+    );
+    assert_eq!(put["decoded_length"], big_template().len());
+}
+
+#[test]
+fn a_stale_status_after_the_execute_is_not_read_as_this_runs_outcome() {
+    let f = fixture("parameters_file = \"params.json\"", "1m");
+    assert_eq!(f.tick().0, Some(0));
+    // Right after ExecuteChangeSet, DescribeStacks still shows the previous
+    // operation's end (a rolled-back update); this update succeeds.
+    f.remote
+        .commit(&[("cfn/params.json", "{\"Greeting\": \"hi\"}")], "hi");
+    f.moto.control(
+        "status",
+        json!({ "stack": "site", "status": "UPDATE_ROLLBACK_COMPLETE", "times": 1, "after_execute": true }),
+    );
+    let (code, out) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(
+        f.status(),
+        ("changed".to_string(), "updated UPDATE_COMPLETE".to_string())
+    );
+
+    // The other way: DescribeStacks still says the previous UPDATE_COMPLETE
+    // while this update fails and rolls back. AWS's clock is an hour behind
+    // this machine's, and an older failure of another operation is on
+    // record: the reasons are this operation's, by AWS's event order.
+    f.remote
+        .commit(&[("cfn/params.json", "{\"Greeting\": \"salut\"}")], "salut");
+    let stack = "AWS::CloudFormation::Stack";
+    f.moto.control(
+        "execution",
+        json!({
+            "stack": "site",
+            "clock_skew": -3600,
+            "statuses": ["UPDATE_COMPLETE", "UPDATE_ROLLBACK_IN_PROGRESS", "UPDATE_ROLLBACK_COMPLETE"],
+            "steps": [
+                [["site", stack, "UPDATE_IN_PROGRESS", "User Initiated"]],
+                [["Greeting", "AWS::SSM::Parameter", "UPDATE_IN_PROGRESS", null],
+                 ["Greeting", "AWS::SSM::Parameter", "UPDATE_FAILED", "Parameter value is not allowed here"]],
+                [["site", stack, "UPDATE_ROLLBACK_IN_PROGRESS", "The following resource(s) failed to update: [Greeting]."],
+                 ["site", stack, "UPDATE_ROLLBACK_COMPLETE", null]]
+            ]
+        }),
+    );
+    let (code, out) = f.tick();
+    assert_eq!(code, Some(1), "{out}");
+    let (result, msg) = f.status();
+    assert_eq!(result, "failed");
+    assert_eq!(
+        msg,
+        "stack `site` ended in UPDATE_ROLLBACK_COMPLETE: Greeting UPDATE_FAILED: Parameter value is not allowed here"
+    );
+    // ExecuteChangeSet carried a client request token, which AWS puts on
+    // the operation's events.
+    let exec = f
+        .moto
+        .log()
+        .into_iter()
+        .rev()
+        .find(|r| r["action"] == "ExecuteChangeSet")
+        .expect("an ExecuteChangeSet");
+    assert!(
+        exec["client_request_token"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("driftless-"),
+        "{exec}"
+    );
+}
+
+#[test]
+fn an_execution_that_never_ends_times_out_naming_the_state() {
+    let f = fixture("parameters_file = \"params.json\"", "4s");
+    assert_eq!(f.tick().0, Some(0));
+    f.remote
+        .commit(&[("cfn/params.json", "{\"Greeting\": \"slow\"}")], "slow");
+    f.moto.control(
+        "execution",
+        json!({ "stack": "site", "statuses": ["UPDATE_COMPLETE"],
+                "steps": [[["site", "AWS::CloudFormation::Stack", "UPDATE_IN_PROGRESS", "User Initiated"]]] }),
+    );
+    let started = std::time::Instant::now();
+    let (code, out) = f.tick();
+    assert_eq!(code, Some(1), "{out}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(30));
+    let (_, msg) = f.status();
+    assert_eq!(
+        msg,
+        "timed out after 4s waiting for stack `site`; it was in state UPDATE_IN_PROGRESS"
+    );
+}
+
+#[test]
+fn iam_resources_without_capabilities_name_the_key_and_the_capability() {
+    let f = fixture("", "1m");
+    let role = json!({ "Resources": { "Role": { "Type": "AWS::IAM::Role", "Properties": {
+        "AssumeRolePolicyDocument": { "Version": "2012-10-17", "Statement": [] } } } } });
+    f.remote
+        .commit(&[("cfn/stack.json", &role.to_string())], "a role");
+    let (code, out) = f.tick();
+    assert_eq!(code, Some(1), "{out}");
+    let (_, msg) = f.status();
+    assert!(
+        msg.contains("needs the capability CAPABILITY_IAM")
+            && msg.contains("`capabilities = [\"CAPABILITY_IAM\"]`"),
+        "{msg}"
+    );
+    let cfg = std::fs::read_to_string(&f.s.config).expect("config");
+    std::fs::write(
+        &f.s.config,
+        cfg.replace(
+            "region = \"us-east-1\"",
+            "region = \"us-east-1\"\ncapabilities = [\"CAPABILITY_IAM\"]",
+        ),
+    )
+    .expect("config");
+    let (code, out) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(f.status().1, "created CREATE_COMPLETE");
+}

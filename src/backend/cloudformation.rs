@@ -46,7 +46,19 @@ pub struct Config {
     pub profile: Option<String>,
     /// For AWS-compatible endpoints and tests.
     pub endpoint_url: Option<String>,
+    /// An S3 bucket the template is uploaded to (under
+    /// `driftless/<stack_name>/`) and passed as a `TemplateURL`: for
+    /// templates over the 51,200 bytes CloudFormation takes in a
+    /// `TemplateBody` (up to 1 MB).
+    pub template_bucket: Option<String>,
 }
+
+/// AWS's limit on a `TemplateBody` (CloudFormation API reference,
+/// CreateChangeSet: "Minimum length of 1. Maximum length of 51200").
+pub const TEMPLATE_BODY_LIMIT: usize = 51_200;
+/// A template passed through S3 (`TemplateURL`) may be up to 1 MB
+/// (CloudFormation quotas, "Template size in an S3 object").
+pub const TEMPLATE_URL_LIMIT: usize = 1_048_576;
 
 const CAPABILITIES: &[&str] = &[
     "CAPABILITY_IAM",
@@ -90,6 +102,38 @@ impl Config {
             && !(u.starts_with("http://") || u.starts_with("https://"))
         {
             return Err(format!("`endpoint_url` `{u}` must be an http(s) URL"));
+        }
+        if let Some(b) = &self.template_bucket
+            && (b.len() < 3
+                || b.len() > 63
+                || !b
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+                || !b.starts_with(|c: char| c.is_ascii_alphanumeric()))
+        {
+            return Err(format!(
+                "`template_bucket` `{b}` must be an S3 bucket name (3-63 lowercase letters, digits, '-' and '.')"
+            ));
+        }
+        Ok(())
+    }
+
+    /// The template's size checked against what CloudFormation accepts, so a
+    /// template it would refuse fails before any call, naming the limit and
+    /// the key that lifts it.
+    #[cfg_attr(not(feature = "cloudformation"), allow(dead_code))]
+    fn check_template_size(&self, size: usize) -> Result<(), String> {
+        let t = &self.template;
+        if size > TEMPLATE_URL_LIMIT {
+            return Err(format!(
+                "template {t} is {size} bytes; CloudFormation takes at most {TEMPLATE_URL_LIMIT} bytes, even from S3"
+            ));
+        }
+        if size > TEMPLATE_BODY_LIMIT && self.template_bucket.is_none() {
+            return Err(format!(
+                "template {t} is {size} bytes, over the {TEMPLATE_BODY_LIMIT} bytes CloudFormation accepts in a TemplateBody: \
+                 set `template_bucket` in the target's backend to upload it to S3 and pass its TemplateURL (up to 1 MB); nothing was sent to AWS"
+            ));
         }
         Ok(())
     }
@@ -164,6 +208,31 @@ pub fn means_no_change(reason: &str) -> bool {
     reason.contains("didn't contain changes") || reason.contains("No updates are to be performed")
 }
 
+/// AWS's "Requires capabilities : [CAPABILITY_IAM]" (an
+/// InsufficientCapabilitiesException, or a change set's status reason),
+/// said with the key that fixes it.
+pub fn capabilities_message(aws: &str) -> Option<String> {
+    let i = aws.find("Requires capabilities")?;
+    let needed: Vec<&str> = aws[i..]
+        .split(|c: char| !(c.is_ascii_uppercase() || c == '_'))
+        .filter(|w| w.starts_with("CAPABILITY_"))
+        .collect();
+    let list = needed
+        .iter()
+        .map(|c| format!("\"{c}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    Some(format!(
+        "CloudFormation refused the template: it needs {} ({}); acknowledge it with `capabilities = [{list}]` in the target's backend",
+        if needed.len() == 1 {
+            format!("the capability {}", needed[0])
+        } else {
+            format!("the capabilities {}", needed.join(", "))
+        },
+        aws[i..].trim()
+    ))
+}
+
 #[cfg(feature = "cloudformation")]
 pub use aws::build;
 
@@ -184,10 +253,39 @@ mod aws {
     use aws_sdk_cloudformation::Client;
     use aws_sdk_cloudformation::error::{DisplayErrorContext, ProvideErrorMetadata};
     use aws_sdk_cloudformation::types::{
-        Capability, ChangeSetStatus, ChangeSetType, Parameter, Stack, Tag,
+        Capability, ChangeSetStatus, ChangeSetType, Parameter, Stack, StackEvent, Tag,
     };
 
-    use super::{Config, Settled, means_no_change, settled};
+    /// The failing resources' reasons among one operation's events (newest
+    /// first, as AWS lists them), oldest first: which events belong to the
+    /// operation is decided by AWS's own order, never by this machine's
+    /// clock.
+    fn failure_reasons(events: &[StackEvent]) -> String {
+        let mut reasons: Vec<String> = events
+            .iter()
+            .filter(|e| {
+                e.resource_status()
+                    .is_some_and(|s| s.as_str().ends_with("_FAILED"))
+            })
+            .map(|e| {
+                format!(
+                    "{} {}: {}",
+                    e.logical_resource_id().unwrap_or("?"),
+                    e.resource_status().map(|s| s.as_str()).unwrap_or("?"),
+                    e.resource_status_reason().unwrap_or("no reason given")
+                )
+            })
+            .collect();
+        reasons.reverse();
+        reasons.dedup();
+        if reasons.is_empty() {
+            "no failed resource events".into()
+        } else {
+            reasons.join("; ")
+        }
+    }
+
+    use super::{Config, Settled, capabilities_message, means_no_change, settled};
     use crate::backend::{ApplyResult, Backend, BackendError, BoxFuture, Context, Outputs, Status};
 
     pub struct CloudFormation {
@@ -228,6 +326,10 @@ mod aws {
 
     impl CloudFormation {
         async fn client(&self) -> Client {
+            Client::new(&self.sdk_config().await)
+        }
+
+        async fn sdk_config(&self) -> aws_config::SdkConfig {
             let mut loader = aws_config::defaults(BehaviorVersion::latest());
             if let Some(r) = &self.cfg.region {
                 loader = loader.region(aws_config::Region::new(r.clone()));
@@ -239,7 +341,7 @@ mod aws {
                 loader = loader.endpoint_url(u);
             }
             let sdk = loader.load().await;
-            let sdk = match &self.cfg.role_arn {
+            match &self.cfg.role_arn {
                 Some(role) => {
                     let provider = aws_config::sts::AssumeRoleProvider::builder(role)
                         .session_name(format!("driftless-{}", self.ctx.name))
@@ -255,8 +357,53 @@ mod aws {
                         .build()
                 }
                 None => sdk,
-            };
-            Client::new(&sdk)
+            }
+        }
+
+        /// Upload the template to `template_bucket` (content-addressed:
+        /// the same template is the same object) and return its TemplateURL.
+        async fn upload_template(&self, bucket: &str, body: &str) -> Result<String, String> {
+            use sha2::Digest;
+            let sdk = self.sdk_config().await;
+            let s3 = aws_sdk_s3::Client::from_conf(
+                aws_sdk_s3::config::Builder::from(&sdk)
+                    // an S3-compatible endpoint (tests, LocalStack) serves
+                    // buckets by path
+                    .force_path_style(self.cfg.endpoint_url.is_some())
+                    .build(),
+            );
+            let ext = std::path::Path::new(&self.cfg.template)
+                .extension()
+                .and_then(|e| e.to_str())
+                .unwrap_or("template");
+            let key = format!(
+                "driftless/{}/{}.{ext}",
+                self.stack(),
+                hex::encode(sha2::Sha256::digest(body.as_bytes()))
+            );
+            s3.put_object()
+                .bucket(bucket)
+                .key(&key)
+                .body(aws_sdk_s3::primitives::ByteStream::from(body.as_bytes().to_vec()))
+                .send()
+                .await
+                .map_err(|e| {
+                    let detail = match (e.code(), e.message()) {
+                        (Some(c), Some(m)) => format!("{c}: {m}"),
+                        _ => format!("{}", aws_sdk_s3::error::DisplayErrorContext(&e)),
+                    };
+                    format!(
+                        "cannot upload template {} to s3://{bucket}/{key} (`template_bucket`): {detail}",
+                        self.cfg.template
+                    )
+                })?;
+            // CloudFormation reads the object itself, by its virtual-hosted
+            // URL in the stack's region.
+            let region = sdk
+                .region()
+                .map(|r| r.as_ref().to_string())
+                .unwrap_or_else(|| "us-east-1".into());
+            Ok(format!("https://{bucket}.s3.{region}.amazonaws.com/{key}"))
         }
 
         fn stack(&self) -> &str {
@@ -302,41 +449,87 @@ mod aws {
             }
         }
 
-        /// The failing resources' reasons since `since`.
-        async fn failure_reasons(&self, c: &Client, since: SystemTime) -> String {
-            let since = aws_sdk_cloudformation::primitives::DateTime::from(since);
-            let events = match c
-                .describe_stack_events()
-                .stack_name(self.stack())
-                .send()
-                .await
-            {
-                Ok(o) => o,
-                Err(e) => return sdk_err("DescribeStackEvents", self.stack(), &e),
-            };
-            let mut reasons: Vec<String> = events
-                .stack_events()
-                .iter()
-                .filter(|e| e.timestamp().is_none_or(|t| t.secs() >= since.secs() - 1))
-                .filter(|e| {
-                    e.resource_status()
-                        .is_some_and(|s| s.as_str().ends_with("_FAILED"))
-                })
-                .map(|e| {
-                    format!(
-                        "{} {}: {}",
-                        e.logical_resource_id().unwrap_or("?"),
-                        e.resource_status().map(|s| s.as_str()).unwrap_or("?"),
-                        e.resource_status_reason().unwrap_or("no reason given")
-                    )
-                })
-                .collect();
-            reasons.reverse(); // events come newest first
-            reasons.dedup();
-            if reasons.is_empty() {
-                "no failed resource events".into()
-            } else {
-                reasons.join("; ")
+        /// The stack's events newer than the event `mark` (newest first),
+        /// paging back until `mark`; every event with no `mark`.
+        async fn events_since(
+            &self,
+            c: &Client,
+            mark: Option<&str>,
+        ) -> Result<Vec<StackEvent>, String> {
+            let mut out = Vec::new();
+            let mut next: Option<String> = None;
+            for _ in 0..50 {
+                let page = c
+                    .describe_stack_events()
+                    .stack_name(self.stack())
+                    .set_next_token(next.take())
+                    .send()
+                    .await
+                    .map_err(|e| sdk_err("DescribeStackEvents", self.stack(), &e))?;
+                for e in page.stack_events() {
+                    if mark.is_some() && e.event_id() == mark {
+                        return Ok(out);
+                    }
+                    out.push(e.clone());
+                }
+                match page.next_token() {
+                    Some(t) => next = Some(t.to_string()),
+                    None => break,
+                }
+            }
+            Ok(out)
+        }
+
+        /// Wait for the operation ExecuteChangeSet started: its events are
+        /// the ones newer than `mark` (the stack runs one operation at a
+        /// time; AWS stamps them with the operation's ClientRequestToken),
+        /// and it has ended when the newest stack-level one is no longer
+        /// `*_IN_PROGRESS`. DescribeStacks is not asked: right after the
+        /// execute it can still show the previous operation's end state.
+        async fn wait_operation(
+            &self,
+            c: &Client,
+            mark: Option<&str>,
+            token: &str,
+            deadline: Instant,
+        ) -> Result<(String, Vec<StackEvent>), String> {
+            let mut pause = Duration::from_millis(500);
+            loop {
+                let ours: Vec<StackEvent> = self
+                    .events_since(c, mark)
+                    .await?
+                    .into_iter()
+                    .filter(|e| e.client_request_token().is_none_or(|t| t == token))
+                    .collect();
+                let stack_level = ours
+                    .iter()
+                    .find(|e| {
+                        e.logical_resource_id() == Some(self.stack())
+                            && e.resource_type() == Some("AWS::CloudFormation::Stack")
+                    })
+                    .and_then(|e| e.resource_status().map(|s| s.as_str().to_string()));
+                if let Some(s) = &stack_level
+                    && settled(s) != Settled::InProgress
+                {
+                    return Ok((s.clone(), ours));
+                }
+                if Instant::now() + pause > deadline {
+                    let state = match stack_level {
+                        Some(s) => s,
+                        None => self
+                            .describe(c)
+                            .await?
+                            .and_then(|s| s.stack_status().map(|s| s.as_str().to_string()))
+                            .unwrap_or_else(|| "not started".into()),
+                    };
+                    return Err(format!(
+                        "timed out after {} waiting for stack `{}`; it was in state {state}",
+                        humantime::format_duration(self.ctx.timeout),
+                        self.stack()
+                    ));
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(5));
             }
         }
 
@@ -345,9 +538,14 @@ mod aws {
             let template_path = self.ctx.workdir.join(&self.cfg.template);
             let body = std::fs::read_to_string(&template_path)
                 .map_err(|e| format!("template {}: {e}", self.cfg.template))?;
+            self.cfg.check_template_size(body.len())?;
             let params = self.cfg.parameters(&self.ctx)?;
             let c = self.client().await;
             let mut notes = Vec::new();
+            let template_url = match &self.cfg.template_bucket {
+                Some(bucket) => Some(self.upload_template(bucket, &body).await?),
+                None => None,
+            };
 
             let existing = self.describe(&c).await?;
             let mut status = existing
@@ -419,7 +617,8 @@ mod aws {
                 .stack_name(self.stack())
                 .change_set_name(&name)
                 .change_set_type(kind.clone())
-                .template_body(body)
+                .set_template_body(template_url.is_none().then_some(body))
+                .set_template_url(template_url)
                 .set_parameters(Some(parameters))
                 .set_capabilities(Some(caps))
                 .set_tags(Some(tags))
@@ -432,7 +631,12 @@ mod aws {
                 Err(e) if e.message().is_some_and(means_no_change) => {
                     return Ok(self.no_change(&notes, "no changes (refused at CreateChangeSet)"));
                 }
-                Err(e) => return Err(sdk_err("CreateChangeSet", self.stack(), &e)),
+                Err(e) => {
+                    return Err(e
+                        .message()
+                        .and_then(capabilities_message)
+                        .unwrap_or_else(|| sdk_err("CreateChangeSet", self.stack(), &e)));
+                }
             };
             let cs_id = created.id().unwrap_or(&name).to_string();
 
@@ -467,6 +671,9 @@ mod aws {
                         if means_no_change(&reason) {
                             return Ok(self.no_change(&notes, "no changes"));
                         }
+                        if let Some(m) = capabilities_message(&reason) {
+                            return Err(m);
+                        }
                         return Err(format!(
                             "change set for stack `{}` failed: {reason}",
                             self.stack()
@@ -487,20 +694,31 @@ mod aws {
                 pause = (pause * 2).min(Duration::from_secs(5));
             }
 
-            let started = SystemTime::now();
-            c.execute_change_set()
-                .change_set_name(&cs_id)
+            // The newest event before the execute: this operation's events
+            // are the ones after it.
+            let mark = c
+                .describe_stack_events()
                 .stack_name(self.stack())
                 .send()
                 .await
+                .map_err(|e| sdk_err("DescribeStackEvents", self.stack(), &e))?
+                .stack_events()
+                .first()
+                .and_then(|e| e.event_id().map(str::to_string));
+            let token = format!(
+                "driftless-{}-{stamp}",
+                self.ctx.commit.get(..12).unwrap_or("manual")
+            );
+            c.execute_change_set()
+                .change_set_name(&cs_id)
+                .stack_name(self.stack())
+                .client_request_token(&token)
+                .send()
+                .await
                 .map_err(|e| sdk_err("ExecuteChangeSet", self.stack(), &e))?;
-            let final_status = self.wait_stack(&c, deadline).await?;
-            let Some(final_status) = final_status else {
-                return Err(format!(
-                    "stack `{}` disappeared while its change set ran",
-                    self.stack()
-                ));
-            };
+            let (final_status, events) = self
+                .wait_operation(&c, mark.as_deref(), &token, deadline)
+                .await?;
             match settled(&final_status) {
                 Settled::Succeeded => {
                     notes.push(format!(
@@ -520,7 +738,7 @@ mod aws {
                     })
                 }
                 _ => {
-                    let reasons = self.failure_reasons(&c, started).await;
+                    let reasons = failure_reasons(&events);
                     notes.push(format!(
                         "stack `{}` ended in {final_status}: {reasons}",
                         self.stack()

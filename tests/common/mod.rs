@@ -1290,15 +1290,37 @@ impl Moto {
 
     /// The next `times` DescribeStacks answers for `stack` say `status`.
     pub fn fake_status(&self, stack: &str, status: &str, times: u32) {
-        let body = serde_json::json!({ "stack": stack, "status": status, "times": times });
+        self.control(
+            "status",
+            serde_json::json!({ "stack": stack, "status": status, "times": times }),
+        );
+    }
+
+    /// A proxy control (`status`, `execution`; see tests/cfn_proxy.py).
+    pub fn control(&self, what: &str, body: Value) {
         let r = http(
             self.proxy_port,
             "POST",
-            "/_proxy/status",
+            &format!("/_proxy/{what}"),
             &[("Content-Type", "application/json")],
             body.to_string().as_bytes(),
         );
         assert_eq!(r.status, 200, "{}", r.body);
+    }
+
+    /// The requests the proxy has seen: method, path, action, stack, and
+    /// whether a CloudFormation call carried a TemplateBody or TemplateURL.
+    pub fn log(&self) -> Vec<Value> {
+        match http(self.proxy_port, "GET", "/_proxy/log", &[], b"").json() {
+            Value::Array(a) => a,
+            other => panic!("proxy log: {other}"),
+        }
+    }
+
+    /// An S3 bucket in moto (which checks no signatures).
+    pub fn create_bucket(&self, name: &str) {
+        let r = http(self.port, "PUT", &format!("/{name}"), &[], b"");
+        assert_eq!(r.status, 200, "create bucket {name}: {}", r.body);
     }
 }
 
