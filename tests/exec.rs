@@ -114,6 +114,39 @@ fn always_mode_reads_the_exit_code_convention() {
 }
 
 #[test]
+fn in_digest_mode_exit_code_3_is_a_failure_and_stores_no_digest() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(&[("code", "3")], "first");
+    let counter = root.path().join("runs.log");
+    let s = Setup::new(&exec_target(
+        "app",
+        &remote.url(),
+        "",
+        &format!(
+            "apply = [\"sh\", \"-c\", \"echo run >> {}; exit $(cat code)\"]",
+            counter.display()
+        ),
+    ));
+    // Without `always`, 3 is just a failing exit code: the run fails, and the
+    // next tick runs the command again (no digest was stored).
+    for n in 1..=2 {
+        let out = s.run(&["tick", "app"]);
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+        let st = s.target_status("app");
+        assert_eq!(st["last_result"], "failed");
+        assert!(
+            st["last_message"]
+                .as_str()
+                .unwrap_or("")
+                .contains("exited with code 3"),
+            "{st}"
+        );
+        assert_eq!(log_lines(&counter).len(), n);
+    }
+}
+
+#[test]
 fn timeout_kills_the_command_and_its_children() {
     let root = tempfile::tempdir().expect("tempdir");
     let remote = Remote::new(root.path(), "infra");

@@ -123,7 +123,10 @@ impl Exec {
                 ApplyResult::Changed,
                 format!("`{}` succeeded", spec.display()),
             ),
-            Some(NO_CHANGE_EXIT_CODE) => (
+            // Exit code 3 means "no change" only under `always = true`, as
+            // the README says; in digest mode it is a failure like any
+            // other (and a failure never stores its digest).
+            Some(NO_CHANGE_EXIT_CODE) if self.cfg.always => (
                 ApplyResult::NoChange,
                 format!("`{}` reported no change", spec.display()),
             ),
