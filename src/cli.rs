@@ -77,6 +77,9 @@ pub async fn tick(
                     "{name}: paused: skipped (resume it with `driftless resume {name}`)"
                 );
             }
+            Outcome::Unaffected { reason } => {
+                let _ = writeln!(out, "{name}: unaffected: {reason}");
+            }
         }
     }
     deliver_notifications(engine).await;
@@ -285,11 +288,19 @@ pub async fn pause(
     );
     let by = pause.then_some(who.as_str());
     let (what, changed, paused_means) = match job {
-        None => (
-            target.to_string(),
-            engine.store.set_paused(target, by).await?,
-            "webhooks and intervals will not tick it",
-        ),
+        None => {
+            let changed = engine.store.set_paused(target, by).await?;
+            if changed && !pause {
+                // Apply what the branch got meanwhile (the daemon, or the
+                // next `driftless tick`, runs it).
+                engine.queue.resumed(target).await?;
+            }
+            (
+                target.to_string(),
+                changed,
+                "webhooks and intervals will not tick it; pushes wait in the queue",
+            )
+        }
         Some(j) => (
             format!("{target}/{j}"),
             engine.store.set_job_paused(target, j, by).await?,

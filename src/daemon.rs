@@ -240,7 +240,7 @@ async fn process(n: usize, engine: &Engine, job: &Job, health: &Health) {
     let q = &engine.queue;
     let result = match engine.run_job(job).await {
         // The tick closed the job itself.
-        Ok(Outcome::Ran { .. }) => Ok(()),
+        Ok(Outcome::Ran { .. } | Outcome::Unaffected { .. }) => Ok(()),
         Ok(Outcome::Paused) => q.finish(job.id, None, "skipped: target paused").await,
         Ok(Outcome::Busy) if job.interval_only() => {
             info!(target = %job.target, "target busy elsewhere: interval tick skipped");

@@ -225,6 +225,26 @@ impl Git {
         })
     }
 
+    /// The git tree id of `path` ("" = the root) at commit `sha` in
+    /// `remote`'s cache: `None` when the commit or the path is not there.
+    /// Read-only: no checkout moves.
+    pub async fn tree_at(&self, remote: &str, sha: &str, path: &Path) -> Option<String> {
+        let path = path.to_string_lossy();
+        let spec = if path.is_empty() {
+            format!("{sha}^{{tree}}")
+        } else {
+            format!("{sha}:{path}")
+        };
+        git_cli(
+            &self.cache_dir(remote),
+            &["rev-parse", "--verify", "-q", &spec],
+        )
+        .await
+        .ok()
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty())
+    }
+
     /// The commit the target's checkout is at, if it has one.
     pub async fn checked_out(&self, target: &str) -> Option<String> {
         let dir = self.checkout_dir(target);

@@ -29,6 +29,8 @@ pub enum Trigger {
     Manual,
     Webhook,
     Cli,
+    /// A paused target was resumed: it runs if its branch moved meanwhile.
+    Resume,
 }
 
 impl Trigger {
@@ -38,6 +40,7 @@ impl Trigger {
             Trigger::Manual => "manual",
             Trigger::Webhook => "webhook",
             Trigger::Cli => "cli",
+            Trigger::Resume => "resume",
         }
     }
 }
@@ -115,6 +118,18 @@ impl Job {
     pub fn interval_only(&self) -> bool {
         self.triggers.iter().all(|t| t == "interval")
     }
+
+    /// Only pushes (and resumes) asked for this job: whether it has anything
+    /// to do is decided by git, from the target's path at the commit last
+    /// tried against the branch tip. The interval, the API and the CLI
+    /// always run.
+    pub fn routed_by_git(&self) -> bool {
+        !self.triggers.is_empty()
+            && self
+                .triggers
+                .iter()
+                .all(|t| t == "webhook" || t == "resume")
+    }
 }
 
 /// A job marked running, as seen by someone checking whether its owner lives.
@@ -158,6 +173,20 @@ impl Queue {
 
     /// Add a request, folding it into the target's queued job if there is one.
     /// Returns the queued job's id. When this returns, the request is on disk.
+    /// A target was resumed: queue a job that applies it if its branch
+    /// moved while it was paused (git decides, as for a push; pushes that
+    /// arrived meanwhile are already queued).
+    pub async fn resumed(&self, target: &str) -> Result<i64, StoreError> {
+        self.enqueue(&Request {
+            target: target.to_string(),
+            trigger: Trigger::Resume,
+            sha: None,
+            delivery_id: None,
+            receiver: None,
+        })
+        .await
+    }
+
     pub async fn enqueue(&self, req: &Request) -> Result<i64, StoreError> {
         let WriteTx { mut tx, _turn } = self.store.begin_write("queueing a job").await?;
         let id = enqueue_on(&mut tx, req)

@@ -1,12 +1,12 @@
-//! Routing a verified push to the targets it affects.
+//! Routing a verified push to the targets that track it.
 //!
-//! A target is affected when its repository is the pushed one (compared after
-//! normalising the URL: scheme, user, port, scp form, `.git`, trailing slash
-//! and case don't matter), its branch is the pushed branch, and — when the
-//! push's list of changed paths can be trusted — one of those paths is at or
-//! under the target's `path`. Pure functions: no I/O, no queue.
-
-use std::path::Path;
+//! A push concerns every target whose repository is the pushed one (compared
+//! after normalising the URL: scheme, user, port, scp form, `.git`, trailing
+//! slash and case don't matter) and whose branch is the pushed branch.
+//! Whether it changed anything under a target's `path` is not read from the
+//! payload's file lists (they miss force pushes, renames, truncated and
+//! empty lists): git decides it after the fetch (`tick`). Pure functions: no
+//! I/O, no queue.
 
 use crate::config::{Settings, Target};
 use crate::forge::Push;
@@ -55,65 +55,14 @@ fn trim_path(p: &str) -> String {
     p.trim_end_matches('/').to_ascii_lowercase()
 }
 
-/// Does a change to `changed` (a repository-relative file path) touch a
-/// target whose path is `target_path` ("" = the whole repository)?
-pub fn touches(target_path: &Path, changed: &str) -> bool {
-    let tp = target_path.to_string_lossy();
-    let tp = tp.trim_matches('/');
-    if tp.is_empty() {
-        return true;
-    }
-    let changed = changed.trim_start_matches('/');
-    changed == tp
-        || changed
-            .strip_prefix(tp)
-            .is_some_and(|rest| rest.starts_with('/'))
-}
-
-/// What a push means for the configured targets.
-#[derive(Debug, Default)]
-pub struct Routing<'a> {
-    /// Targets to tick.
-    pub affected: Vec<&'a Target>,
-    /// Targets on the pushed repository and branch that the push's paths
-    /// did not touch.
-    pub untouched: Vec<&'a Target>,
-}
-
-impl Routing<'_> {
-    /// Why nothing is affected, for the response.
-    pub fn reason(&self, push: &Push) -> String {
-        if self.untouched.is_empty() {
-            format!(
-                "no target tracks branch `{}` of {}",
-                push.branch,
-                push.repo_urls.join(", ")
-            )
-        } else {
-            "the push changed no file under any target's path".to_string()
-        }
-    }
-}
-
-/// The targets `push` affects.
-pub fn route<'a>(settings: &'a Settings, push: &Push) -> Routing<'a> {
+/// The targets that track the pushed repository and branch.
+pub fn route<'a>(settings: &'a Settings, push: &Push) -> Vec<&'a Target> {
     let pushed: Vec<String> = push.repo_urls.iter().map(|u| normalize_repo(u)).collect();
-    let mut r = Routing::default();
-    for t in &settings.targets {
-        if t.branch != push.branch || !pushed.contains(&normalize_repo(&t.repo)) {
-            continue;
-        }
-        let hit = match &push.changed_paths {
-            None => true,
-            Some(paths) => paths.iter().any(|p| touches(&t.path, p)),
-        };
-        if hit {
-            r.affected.push(t);
-        } else {
-            r.untouched.push(t);
-        }
-    }
-    r
+    settings
+        .targets
+        .iter()
+        .filter(|t| t.branch == push.branch && pushed.contains(&normalize_repo(&t.repo)))
+        .collect()
 }
 
 #[cfg(test)]
@@ -155,17 +104,5 @@ mod tests {
         // git reads `a/b:c` as a local path, not scp form (found by the
         // repo_url fuzz target).
         assert_eq!(normalize_repo("srv/git:infra"), "file:/srv/git:infra");
-    }
-
-    #[test]
-    fn paths_touch_targets_at_or_under_them() {
-        let p = Path::new("network");
-        assert!(touches(p, "network/main.tf"));
-        assert!(touches(p, "network"));
-        assert!(!touches(p, "networking/main.tf"));
-        assert!(!touches(p, "dns/zone"));
-        assert!(touches(Path::new(""), "anything"));
-        assert!(touches(Path::new("a/b"), "a/b/c/d"));
-        assert!(!touches(Path::new("a/b"), "a/bc"));
     }
 }

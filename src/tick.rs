@@ -64,6 +64,9 @@ pub enum Outcome {
     Busy,
     /// The target is paused; nothing was done.
     Paused,
+    /// A push that changed nothing under the target's path: the job was
+    /// closed without a run, saying why.
+    Unaffected { reason: String },
 }
 
 /// Everything a tick needs. Cheap to clone.
@@ -115,7 +118,59 @@ impl Engine {
             Err(LockError::Busy { .. }) => return Ok(Outcome::Busy),
             Err(e) => return Err(TickError::Lock(e)),
         };
+        if job.routed_by_git()
+            && let Some(reason) = self.unaffected(&target).await?
+        {
+            info!(target = %target.name, job = job.id, %reason, "push does not affect the target");
+            self.queue
+                .finish(job.id, None, &format!("unaffected: {reason}"))
+                .await?;
+            drop(lock);
+            return Ok(Outcome::Unaffected { reason });
+        }
         self.run_locked(&target, job, Operation::Apply, lock).await
+    }
+
+    /// Whether a push leaves the target as it was, decided by git (a
+    /// payload's file lists miss force pushes, renames, truncated and empty
+    /// lists): the tree of the target's path at the commit its last apply
+    /// tried, against the branch tip just fetched. Read-only — the fetch
+    /// fills the shared cache, no checkout moves, no run is recorded. When
+    /// git cannot tell (no run yet, a failed fetch, a commit gone from the
+    /// cache), the job runs and records whatever happens.
+    async fn unaffected(&self, target: &Target) -> Result<Option<String>, TickError> {
+        let Some(base) = self.store.last_attempted_sha(&target.name).await? else {
+            return Ok(None);
+        };
+        let Ok(tip) = self
+            .git
+            .fetch(&target.repo, &target.branch, &target.git)
+            .await
+        else {
+            return Ok(None);
+        };
+        let short = |s: &str| s[..s.len().min(12)].to_string();
+        if tip == base {
+            return Ok(Some(format!(
+                "the branch tip {} was already applied",
+                short(&tip)
+            )));
+        }
+        let before = self.git.tree_at(&target.repo, &base, &target.path).await;
+        let after = self.git.tree_at(&target.repo, &tip, &target.path).await;
+        Ok(match (before, after) {
+            (Some(a), Some(b)) if a == b => Some(format!(
+                "nothing under `{}` changed between {} and {}",
+                if target.path.as_os_str().is_empty() {
+                    ".".to_string()
+                } else {
+                    target.path.display().to_string()
+                },
+                short(&base),
+                short(&tip)
+            )),
+            _ => None,
+        })
     }
 
     /// A one-shot tick (CLI): take the lock, record a running `cli` job, run.

@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use serde_json::json;
+use serde_json::{Value, json};
 
 const SECRET: &str = "hook-secret-for-the-e2e-test";
 
@@ -307,6 +307,80 @@ fn tokens_and_scopes() {
 }
 
 #[test]
+fn which_targets_a_push_affects_comes_from_git_not_from_the_payloads_file_lists() {
+    let w = world();
+    let daemon = w.setup.serve();
+    wait_idle(&w);
+    let first = git(&w.remote.bare, &["rev-parse", "main"]);
+    let counts = || -> Vec<usize> {
+        ["web-site", "web-api", "db"]
+            .iter()
+            .map(|t| applied(&w, t).len())
+            .collect()
+    };
+    assert_eq!(counts(), [1, 1, 1]);
+
+    // A push whose commit lists no files (GitHub sends empty lists for big
+    // commits): git says db changed; the others are not run at all.
+    let x = w.remote.commit(&[("db/schema.sql", "v2")], "schema v2");
+    let r = deliver(daemon.port, &github_push(&w, &x, &[]), "git-1");
+    assert_eq!(r.status, 202, "{r:?}");
+    wait_for(Duration::from_secs(30), "db applied", || {
+        applied(&w, "db").len() == 2
+    });
+    wait_idle(&w);
+    assert_eq!(counts(), [1, 1, 2]);
+    assert_eq!(applied(&w, "db")[1], x);
+    // The jobs of the others were closed, saying why, with no run.
+    let jobs: Vec<i64> = r.json()["queued"]
+        .as_array()
+        .expect("queued")
+        .iter()
+        .filter(|q| q["target"] != "db")
+        .filter_map(|q| q["job"].as_i64())
+        .collect();
+    assert_eq!(jobs.len(), 2);
+    for id in jobs {
+        let j = http(
+            daemon.port,
+            "GET",
+            &format!("/api/v1/jobs/{id}"),
+            &[("Authorization", &w.token("admin"))],
+            b"",
+        )
+        .json();
+        assert_eq!(j["state"], "done", "{j}");
+        assert!(j["run"].is_null(), "{j}");
+    }
+    assert_eq!(w.setup.history("web-api").len(), 1);
+
+    // A force push that drops the db commit, with a payload that lists only
+    // the new commit's file and no `forced` flag (as Gitea, Forgejo and
+    // GitLab send it): db is put back to what the branch now holds.
+    let y = w
+        .remote
+        .force_commit(&first, &[("site/index.html", "v9")], "site v9, db dropped");
+    let r = deliver(
+        daemon.port,
+        &github_push(&w, &y, &["site/index.html"]),
+        "git-2",
+    );
+    assert_eq!(r.status, 202, "{r:?}");
+    wait_for(Duration::from_secs(30), "site and db applied", || {
+        counts() == [2, 1, 3]
+    });
+    wait_idle(&w);
+    assert_eq!(
+        counts(),
+        [2, 1, 3],
+        "web-api ran although git says its path is unchanged"
+    );
+    assert_eq!(applied(&w, "db")[2], y);
+    assert_eq!(applied(&w, "web-site")[1], y);
+    drop(daemon);
+}
+
+#[test]
 fn a_paused_target_is_never_ticked_until_resumed() {
     let w = world();
     let daemon = w.setup.serve();
@@ -326,15 +400,20 @@ fn a_paused_target_is_never_ticked_until_resumed() {
     assert_eq!(st["paused"], true);
     assert_eq!(st["paused_by"], "token:admin");
 
-    // Manual reconcile: 409. Webhook: nothing queued for it.
+    // Manual reconcile: 409. A push: queued, and it waits there.
     let r = post("/api/v1/targets/web-site/reconcile", &admin);
     assert_eq!(r.status, 409, "{r:?}");
     assert!(r.json()["error"].as_str().unwrap_or("").contains("paused"));
     let sha = w.remote.commit(&[("site/index.html", "v3")], "site v3");
     let r = deliver(p, &github_push(&w, &sha, &["site/index.html"]), "paused-1");
     assert_eq!(r.status, 202);
-    assert_eq!(r.json()["queued"], json!([]));
     assert_eq!(r.json()["paused"], json!(["web-site"]));
+    let queued: Vec<Value> = r.json()["queued"].as_array().cloned().unwrap_or_default();
+    let job = queued
+        .iter()
+        .find(|q| q["target"] == "web-site")
+        .and_then(|q| q["job"].as_i64())
+        .unwrap_or_else(|| panic!("no job for the paused target: {queued:?}"));
     // A one-shot tick skips it too.
     let out = w.setup.run(&["tick", "web-site"]);
     assert_eq!(out.status.code(), Some(0));
@@ -345,14 +424,43 @@ fn a_paused_target_is_never_ticked_until_resumed() {
     );
     std::thread::sleep(Duration::from_secs(1));
     assert_eq!(applied(&w, "web-site").len(), 1);
+    let j = http(
+        p,
+        "GET",
+        &format!("/api/v1/jobs/{job}"),
+        &[("Authorization", &admin)],
+        b"",
+    )
+    .json();
+    assert_eq!(j["state"], "queued", "{j}");
 
-    // Resume: a reconcile runs again, at the newest commit.
+    // Resume: the push that waited is applied, with nothing else asked.
     let r = post("/api/v1/targets/web-site/resume", &admin);
     assert_eq!(r.status, 200);
-    let r = post("/api/v1/targets/web-site/reconcile?wait=60s", &admin);
-    assert_eq!(r.status, 200, "{r:?}");
-    assert_eq!(r.json()["run"]["sha"], sha);
-    assert_eq!(applied(&w, "web-site").last(), Some(&sha));
+    wait_for(Duration::from_secs(30), "the queued push applied", || {
+        applied(&w, "web-site").last() == Some(&sha)
+    });
+    let j = http(
+        p,
+        "GET",
+        &format!("/api/v1/jobs/{job}"),
+        &[("Authorization", &admin)],
+        b"",
+    )
+    .json();
+    assert_eq!(j["run"]["sha"], sha, "{j}");
+    assert!(
+        j["triggers"]
+            .as_array()
+            .is_some_and(|t| t.contains(&json!("webhook"))),
+        "{j}"
+    );
+    // The forge's Redeliver is a duplicate: nothing was lost to need it.
+    let r = deliver(p, &github_push(&w, &sha, &["site/index.html"]), "paused-1");
+    assert_eq!(
+        (r.status, r.json()["duplicate"].clone()),
+        (200, json!(true))
+    );
 
     // The CLI pauses and resumes too.
     let out = w.setup.run(&["pause", "db"]);

@@ -227,7 +227,7 @@ fn githubs_published_signature_vector_is_accepted() {
 }
 
 #[test]
-fn each_forges_real_push_queues_exactly_the_affected_targets() {
+fn each_forges_real_push_queues_every_target_tracking_the_branch() {
     let (intake, _s, _d) = setup();
     // (receiver, delivery id, headers, body, targets expected to be queued)
     type Case<'a> = (
@@ -239,7 +239,8 @@ fn each_forges_real_push_queues_exactly_the_affected_targets() {
     );
     let cases: Vec<Case> = {
         let mut v = Vec::new();
-        // GitHub, JSON: touches pipeline/ only.
+        // GitHub, JSON: both targets on woodpecker's main (which of them the
+        // push changed is for git to say, after the fetch).
         let body = fixture("github/push-branch.json");
         let sig = format!("sha256={}", hmac_hex(SECRET, &body));
         v.push((
@@ -250,9 +251,9 @@ fn each_forges_real_push_queues_exactly_the_affected_targets() {
                 .map(|(a, b)| (a.to_string(), b.to_string()))
                 .collect(),
             body,
-            vec!["wp-pipeline"],
+            vec!["wp-docs", "wp-pipeline"],
         ));
-        // GitHub, form-encoded (its default), forced push: every target on the branch.
+        // GitHub, form-encoded (its default), a forced push.
         let json = fixture("github/push-branch-forced.json");
         let body = form_body(&json);
         let sig = format!("sha256={}", hmac_hex(SECRET, &body));
@@ -262,7 +263,7 @@ fn each_forges_real_push_queues_exactly_the_affected_targets() {
             .collect();
         h[0].1 = "application/x-www-form-urlencoded".into();
         v.push(("github", "gh-2", h, body, vec!["oxiduct-web"]));
-        // GitHub, a new branch: the commit list cannot be trusted.
+        // GitHub, a new branch.
         let body = fixture("github/push-branch-create.json");
         let sig = format!("sha256={}", hmac_hex(SECRET, &body));
         v.push((
@@ -275,7 +276,7 @@ fn each_forges_real_push_queues_exactly_the_affected_targets() {
             body,
             vec!["hello-new"],
         ));
-        // Gitea, JSON, three commits: only `aaa` was touched.
+        // Gitea, JSON, three commits.
         let body = fixture("gitea/push-branch-multi.json");
         let hex = hmac_hex(SECRET, &body);
         v.push((
@@ -283,7 +284,7 @@ fn each_forges_real_push_queues_exactly_the_affected_targets() {
             "gt-1",
             gitea_headers("Gitea", "push", "gt-1", &hex, false),
             body,
-            vec!["multi-aaa"],
+            vec!["multi-aaa", "multi-bbb"],
         ));
         // Gitea, form-encoded: the signature is over the JSON inside `payload`.
         let json = fixture("gitea/push-branch-legacy.json");
@@ -315,7 +316,7 @@ fn each_forges_real_push_queues_exactly_the_affected_targets() {
             body,
             vec!["codeberg"],
         ));
-        // GitLab: the token in clear; cmd/ touched, web/ not.
+        // GitLab: the token in clear.
         let body = fixture("gitlab/push-branch.json");
         v.push((
             "gitlab",
@@ -327,7 +328,7 @@ fn each_forges_real_push_queues_exactly_the_affected_targets() {
                 ("X-Gitlab-Event-UUID".into(), "gl-1".into()),
             ],
             body,
-            vec!["gl-cmd"],
+            vec!["gl-cmd", "gl-web"],
         ));
         v
     };
@@ -363,7 +364,8 @@ fn each_forges_real_push_queues_exactly_the_affected_targets() {
             assert_eq!(job.requested_sha.as_deref(), Some(after(&json).as_str()));
         }
     }
-    // Nothing else was queued: not the untouched or other-branch targets.
+    // Nothing else was queued: not the targets of other branches or
+    // repositories.
     let mut all: Vec<String> = intake.jobs().into_iter().map(|j| j.target).collect();
     all.sort();
     assert_eq!(
@@ -371,11 +373,14 @@ fn each_forges_real_push_queues_exactly_the_affected_targets() {
         [
             "codeberg",
             "gl-cmd",
+            "gl-web",
             "hello-new",
             "initial",
             "legacy",
             "multi-aaa",
+            "multi-bbb",
             "oxiduct-web",
+            "wp-docs",
             "wp-pipeline"
         ]
     );
@@ -498,9 +503,12 @@ fn a_repeated_delivery_id_is_answered_once() {
         assert_eq!(r.status, 200, "{r:?}");
         assert_eq!(r.json()["duplicate"], true);
     }
+    // One job per target tracking the branch, each with the delivery once.
     let jobs = intake.jobs();
-    assert_eq!(jobs.len(), 1);
-    assert_eq!(jobs[0].delivery_ids, vec!["same-id"]);
+    assert_eq!(jobs.len(), 2, "{jobs:?}");
+    for j in &jobs {
+        assert_eq!(j.delivery_ids, vec!["same-id"]);
+    }
     // The same id at another receiver is another delivery.
     let gbody = fixture("gitea/push-branch-multi.json");
     let hex = hmac_hex(SECRET, &gbody);

@@ -20,6 +20,6 @@ pub(super) fn receive(
             "body needs \"repo\", \"ref\" and \"after\" strings".into(),
         ));
     }
-    let event = read_push(&v, &["/repo"], |_, _| true)?;
+    let event = read_push(&v, &["/repo"])?;
     Ok(Delivery { id, event })
 }

@@ -5,7 +5,6 @@
 //! (5 by default) are not all of them.
 
 use axum::http::HeaderMap;
-use serde_json::Value;
 
 use super::{
     Delivery, Event, HookError, form_payload, header, is_form, parse_json, read_push,
@@ -65,11 +64,6 @@ pub(super) fn receive(
                 "/repository/ssh_url",
                 "/repository/html_url",
             ],
-            |v: &Value, listed| {
-                v["total_commits"]
-                    .as_u64()
-                    .is_none_or(|total| total as usize <= listed)
-            },
         )?,
         other => Event::Ignored(format!("`{other}` event is not a push")),
     };

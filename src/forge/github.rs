@@ -3,15 +3,11 @@
 //! `X-GitHub-Delivery`; `ping` when a hook is created.
 
 use axum::http::HeaderMap;
-use serde_json::Value;
 
 use super::{
     Delivery, Event, HookError, form_payload, header, is_form, parse_json, read_push,
     verify_hub_signature,
 };
-
-/// GitHub lists at most this many commits in a push payload.
-const COMMIT_CAP: usize = 2048;
 
 pub(super) fn receive(
     secret: &[u8],
@@ -39,7 +35,6 @@ pub(super) fn receive(
                 "/repository/html_url",
                 "/repository/git_url",
             ],
-            |_: &Value, listed| listed < COMMIT_CAP,
         )?,
         other => Event::Ignored(format!("`{other}` event is not a push")),
     };

@@ -4,7 +4,6 @@
 //! (or `Idempotency-Key` on newer versions).
 
 use axum::http::HeaderMap;
-use serde_json::Value;
 
 use super::{Delivery, Event, HookError, header, parse_json, read_push, verify_token};
 
@@ -31,11 +30,6 @@ pub(super) fn receive(
                 "/repository/git_ssh_url",
                 "/repository/url",
             ],
-            |v: &Value, listed| {
-                v["total_commits_count"]
-                    .as_u64()
-                    .is_none_or(|total| total as usize <= listed)
-            },
         )?,
         "Tag Push Hook" => Event::Ignored("tag push".into()),
         other => Event::Ignored(format!("`{other}` is not a push")),

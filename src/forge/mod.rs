@@ -12,8 +12,6 @@ mod gitea;
 mod github;
 mod gitlab;
 
-use std::collections::BTreeSet;
-
 use axum::http::HeaderMap;
 use hmac::{Hmac, Mac};
 use serde_json::Value;
@@ -50,10 +48,9 @@ pub struct Push {
     pub after: String,
     /// The branch was deleted (`after` is all zeros).
     pub deleted: bool,
-    /// Paths added, modified or removed by the pushed commits; `None` when the
-    /// list cannot be trusted (no commits listed, a truncated list, a forced
-    /// push, a new branch) and every target on the branch must tick.
-    pub changed_paths: Option<BTreeSet<String>>,
+    // No file lists: which targets a push affects is decided by git after
+    // the fetch (the lists miss force pushes, renames, truncated and empty
+    // lists; see `tick::Engine::unaffected`).
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -148,15 +145,11 @@ pub fn is_zero_sha(s: &str) -> bool {
     (s.len() == 40 || s.len() == 64) && s.bytes().all(|c| c == b'0')
 }
 
-/// Read a push in the shape GitHub, Gitea, Forgejo and GitLab share: `ref`,
-/// `before`, `after`, `commits[].{added,modified,removed}`, with the repository
-/// URLs at `url_keys` (JSON pointers). `complete` says whether the commit
-/// list can be trusted beyond being non-empty.
-fn read_push(
-    v: &Value,
-    url_keys: &[&str],
-    complete: impl Fn(&Value, usize) -> bool,
-) -> Result<Event, HookError> {
+/// Read a push in the shape GitHub, Gitea, Forgejo and GitLab share: `ref`
+/// and `after`, with the repository URLs at `url_keys` (JSON pointers).
+/// Only what git cannot tell is taken from the payload: which repository
+/// and branch, and the pushed commit.
+fn read_push(v: &Value, url_keys: &[&str]) -> Result<Event, HookError> {
     let git_ref = v["ref"]
         .as_str()
         .ok_or_else(|| HookError::BadPayload("push has no `ref`".into()))?;
@@ -190,26 +183,11 @@ fn read_push(
     if repo_urls.is_empty() {
         return Err(HookError::BadPayload("push names no repository URL".into()));
     }
-    let commits = v["commits"].as_array().map(Vec::as_slice).unwrap_or(&[]);
-    let created = v["before"].as_str().is_some_and(is_zero_sha) || v["created"] == true;
-    let trusted =
-        !commits.is_empty() && !created && v["forced"] != true && complete(v, commits.len());
-    let changed_paths = trusted.then(|| {
-        commits
-            .iter()
-            .flat_map(|c| ["added", "modified", "removed"].map(|k| &c[k]))
-            .filter_map(Value::as_array)
-            .flatten()
-            .filter_map(Value::as_str)
-            .map(str::to_string)
-            .collect()
-    });
     Ok(Event::Push(Push {
         repo_urls,
         branch: branch.to_string(),
         after: after.to_string(),
         deleted: is_zero_sha(after),
-        changed_paths,
     }))
 }
 
@@ -246,7 +224,6 @@ mod tests {
             read_push(
                 &serde_json::json!({ "repo": "https://git.example.net/a/b", "ref": r, "after": after }),
                 &["/repo"],
-                |_, _| true,
             )
         };
         let sha = "0123456789abcdef0123456789abcdef01234567";

@@ -341,7 +341,11 @@ async fn set_paused(
     let by = format!("token:{token}");
     let by = pause.then_some(by.as_str());
     let changed = match &job {
-        None => s.engine.store.set_paused(&name, by).await,
+        None => match s.engine.store.set_paused(&name, by).await {
+            // Resumed: apply what the branch got meanwhile.
+            Ok(true) if !pause => s.engine.queue.resumed(&name).await.map(|_| true),
+            other => other,
+        },
         Some(j) => s.engine.store.set_job_paused(&name, j, by).await,
     };
     match changed {

@@ -49,9 +49,9 @@ pub(super) async fn receive(
         Event::Ping => ("ping".into(), None),
         Event::Ignored(why) => (format!("ignored: {why}"), Some(why.clone())),
         Event::Push(push) => {
-            let routing = route::route(&engine.settings, push);
+            let tracking = route::route(&engine.settings, push);
             if push.deleted {
-                for t in routing.affected.iter().chain(&routing.untouched) {
+                for t in &tracking {
                     warn!(target = %t.name, branch = %push.branch, receiver = %name,
                           "the branch this target tracks was deleted; nothing is applied");
                 }
@@ -62,26 +62,29 @@ pub(super) async fn receive(
                     Ok(p) => p,
                     Err(e) => return unavailable(&s, &name, &e.to_string()),
                 };
-                for t in &routing.affected {
+                // Every target tracking the branch gets a job; git decides
+                // after the fetch whether the push changed its path. A
+                // paused target's job waits in the queue until it resumes.
+                for t in &tracking {
                     if paused_now.contains(&t.name) {
                         paused.push(t.name.clone());
-                    } else {
-                        requests.push(Request {
-                            target: t.name.clone(),
-                            trigger: Trigger::Webhook,
-                            sha: Some(push.after.clone()),
-                            delivery_id: delivery.id.clone(),
-                            receiver: Some(name.clone()),
-                        });
                     }
+                    requests.push(Request {
+                        target: t.name.clone(),
+                        trigger: Trigger::Webhook,
+                        sha: Some(push.after.clone()),
+                        delivery_id: delivery.id.clone(),
+                        receiver: Some(name.clone()),
+                    });
                 }
                 if !requests.is_empty() {
                     (format!("queued {} job(s)", requests.len()), None)
-                } else if !paused.is_empty() {
-                    let why = "every affected target is paused".to_string();
-                    (format!("ignored: {why}"), Some(why))
                 } else {
-                    let why = routing.reason(push);
+                    let why = format!(
+                        "no target tracks branch `{}` of {}",
+                        push.branch,
+                        push.repo_urls.join(", ")
+                    );
                     (format!("ignored: {why}"), Some(why))
                 }
             }

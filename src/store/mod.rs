@@ -505,6 +505,21 @@ impl Store {
         .map_err(self.err("reading the last successful runs"))
     }
 
+    /// The commit of the target's newest apply that reached its backend and
+    /// ended (changed, no change or failed; not one interrupted or stopped
+    /// by git): what a push is compared against.
+    pub async fn last_attempted_sha(&self, target: &str) -> Result<Option<String>, StoreError> {
+        sqlx::query_scalar(
+            "SELECT sha FROM runs WHERE target = ?1 AND operation = 'apply' AND sha IS NOT NULL
+                 AND result IN ('changed', 'no_change', 'failed')
+             ORDER BY id DESC LIMIT 1",
+        )
+        .bind(target)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(self.err("reading a target's last run"))
+    }
+
     /// The names of paused targets.
     pub async fn paused(&self) -> Result<Vec<String>, StoreError> {
         sqlx::query_scalar("SELECT name FROM targets WHERE paused_at IS NOT NULL ORDER BY name")
