@@ -346,6 +346,7 @@ impl Engine {
         let ctx = Context {
             name: target.name.clone(),
             workdir: synced.workdir.clone(),
+            checkout: synced.checkout.clone(),
             source_digest: synced.source_digest.clone(),
             last_digest: state.and_then(|s| s.backend_digest),
             timeout: target.timeout,
@@ -589,6 +590,7 @@ impl Engine {
         let ctx = Context {
             name: target.name.clone(),
             workdir: checkout.join(&target.path),
+            checkout: checkout.clone(),
             source_digest: String::new(),
             last_digest: state.and_then(|s| s.backend_digest),
             timeout: target.timeout,

@@ -15,6 +15,26 @@ const COMPOSE: &str = r#"services:
       GREETING: ${GREETING:-unset}
 "#;
 
+/// A service serving a bind-mounted file and a `secrets:` file (compose
+/// mounts both from the checkout), and a service that uses neither.
+const FILES: &str = r#"services:
+  site:
+    image: driftless-test/busybox:1
+    command: ["sh", "-c", "sleep 3600"]
+    network_mode: none
+    volumes:
+      - ./www/index.html:/www/index.html:ro
+    secrets:
+      - token
+  idle:
+    image: driftless-test/busybox:1
+    command: ["sh", "-c", "sleep 3600"]
+    network_mode: none
+secrets:
+  token:
+    file: ./token.txt
+"#;
+
 fn inspect_env(d: &Dockerd, name: &str) -> String {
     text(
         &d.docker(&["inspect", "--format", "{{json .Config.Env}}", name])
@@ -114,6 +134,69 @@ fn compose_projects_converge_locally_and_over_ssh() {
             .trim()
             .is_empty()
     );
+
+    // A bind-mounted file or a secrets file changed in git: the model is
+    // the same, and what the container serves is the commit's file.
+    let files = Setup::new(&format!(
+        "[[targets]]\nname = \"files\"\nrepo = \"{}\"\npath = \"files\"\n\
+         [targets.backend]\nkind = \"compose\"\ncommand = \"docker-compose\"\nhost = \"{}\"\n",
+        remote.url(),
+        docker.host
+    ));
+    remote.commit(
+        &[
+            ("files/compose.yaml", FILES),
+            ("files/www/index.html", "v1\n"),
+            ("files/token.txt", "t1\n"),
+            ("files/README", "a\n"),
+        ],
+        "files",
+    );
+    let tick_files = || {
+        let out = files.run(&["tick", "files"]);
+        assert!(
+            out.status.success(),
+            "{}{}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+        files.history("files").into_iter().next().expect("a run")
+    };
+    let cat = |path: &str| text(&docker.docker(&["exec", "files_site_1", "cat", path]).stdout);
+    assert_eq!(tick_files()["result"], "changed");
+    assert_eq!(cat("/www/index.html"), "v1\n");
+    assert_eq!(cat("/run/secrets/token"), "t1\n");
+    let idle_id = container_id(&docker, "files_idle_1");
+    remote.commit(&[("files/www/index.html", "v2\n")], "page v2");
+    let run = tick_files();
+    assert_eq!(run["result"], "changed", "{run}");
+    assert!(
+        run["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("recreated site: files/www/index.html changed"),
+        "{run}"
+    );
+    assert_eq!(
+        cat("/www/index.html"),
+        "v2\n",
+        "the container serves the old file"
+    );
+    assert_eq!(
+        container_id(&docker, "files_idle_1"),
+        idle_id,
+        "an unaffected service was recreated"
+    );
+    remote.commit(&[("files/token.txt", "t2\n")], "token t2");
+    assert_eq!(tick_files()["result"], "changed");
+    assert_eq!(cat("/run/secrets/token"), "t2\n");
+    // A file no service uses: nothing is recreated.
+    let site_id = container_id(&docker, "files_site_1");
+    remote.commit(&[("files/README", "b\n")], "docs");
+    let run = tick_files();
+    assert_eq!(run["result"], "no_change", "{run}");
+    assert_eq!(container_id(&docker, "files_site_1"), site_id);
+    assert!(files.run(&["destroy", "files", "--yes"]).status.success());
 
     // The pi backend's compose action, over a real sshd, on the same engine.
     let sshd = Sshd::start(root.path());

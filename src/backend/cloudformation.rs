@@ -881,6 +881,7 @@ mod without_feature {
         let ctx = Context {
             name: "web".into(),
             workdir: std::path::PathBuf::from("/"),
+            checkout: std::path::PathBuf::from("/"),
             source_digest: String::new(),
             last_digest: None,
             timeout: std::time::Duration::from_secs(1),

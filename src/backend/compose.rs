@@ -2,14 +2,20 @@
 //! v1 (`docker-compose`), on the local engine or `host` (`DOCKER_HOST`,
 //! including `ssh://user@host`).
 //!
-//! Compose has no diff, so "no change" is built here: the digest of the
-//! fully rendered model (`compose config`) and the env files equals the one
-//! stored at the last success *and* every service has a running container.
-//! Otherwise `up -d --remove-orphans`; a service stopped or removed by hand
-//! is drift, brought back and reported. This module knows nothing about git,
-//! triggers or the queue.
+//! Compose has no diff, so "no change" is built here: the rendered model
+//! (`compose config`) and the env files, *and the target's tree* (a
+//! bind-mounted file, a `configs:`/`secrets:` file or a build context can
+//! change while the model does not), are what they were at the last success
+//! *and* every service has a running container. Otherwise `up -d
+//! --remove-orphans` (with `--build` when the tree changed and a service
+//! builds), then the services whose bind-mounted inputs changed are
+//! recreated — compose never notices a file's new content — or all of them
+//! when that cannot be told. A service stopped or removed by hand is drift,
+//! brought back and reported. This module knows nothing about git, triggers
+//! or the queue.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 use std::time::Instant;
 
 use serde::Deserialize;
@@ -142,9 +148,14 @@ impl Compose {
         }
     }
 
-    /// The digest of the rendered model and the env files.
-    async fn digest(&self, deadline: Instant) -> Result<(String, BTreeSet<String>), String> {
+    /// The digest of the rendered model and the env files, the services,
+    /// and whether any service is built from a context.
+    async fn digest(&self, deadline: Instant) -> Result<(String, BTreeSet<String>, bool), String> {
         let rendered = self.run(&self.spec(&["config"], deadline)).await?;
+        let builds = rendered
+            .stdout
+            .lines()
+            .any(|l| l.trim_start().starts_with("build:"));
         let services = self
             .run(&self.spec(&["config", "--services"], deadline))
             .await?;
@@ -162,7 +173,53 @@ impl Compose {
             .map(|l| l.trim().to_string())
             .filter(|l| !l.is_empty())
             .collect();
-        Ok((hex::encode(h.finalize()), services))
+        Ok((hex::encode(h.finalize()), services, builds))
+    }
+
+    /// Per service, the content hash of every bind-mounted file or
+    /// directory from the checkout (compose mounts `configs:` and `secrets:`
+    /// files that way too), read from the project's containers: the paths
+    /// relative to the checkout.
+    async fn inputs(&self, deadline: Instant) -> Result<Inputs, String> {
+        let ids = self.run(&self.spec(&["ps", "-a", "-q"], deadline)).await?;
+        let ids: Vec<String> = ids.stdout.split_whitespace().map(str::to_string).collect();
+        let mut out = Inputs::new();
+        if ids.is_empty() {
+            return Ok(out);
+        }
+        let mut argv = vec!["docker".to_string(), "inspect".to_string()];
+        argv.extend(ids);
+        let inspected = self.run(&self.raw(argv, deadline)).await?;
+        let all: Vec<serde_json::Value> = serde_json::from_str(&inspected.stdout)
+            .map_err(|e| format!("docker inspect printed no JSON: {e}"))?;
+        let root = self
+            .ctx
+            .checkout
+            .canonicalize()
+            .unwrap_or_else(|_| self.ctx.checkout.clone());
+        for c in all {
+            let Some(service) = c["Config"]["Labels"]["com.docker.compose.service"].as_str() else {
+                continue;
+            };
+            let entry = out.entry(service.to_string()).or_default();
+            for m in c["Mounts"].as_array().into_iter().flatten() {
+                if m["Type"] != "bind" {
+                    continue;
+                }
+                let Some(source) = m["Source"].as_str() else {
+                    continue;
+                };
+                let source = Path::new(source);
+                let source = source
+                    .canonicalize()
+                    .unwrap_or_else(|_| source.to_path_buf());
+                let Ok(rel) = source.strip_prefix(&root) else {
+                    continue;
+                };
+                entry.insert(rel.display().to_string(), content_hash(&source));
+            }
+        }
+        Ok(out)
     }
 
     /// Services with at least one running container.
@@ -198,11 +255,66 @@ fn detect() -> Vec<String> {
     }
 }
 
+/// Per service: bind-mounted path (relative to the checkout) → content hash.
+type Inputs = BTreeMap<String, BTreeMap<String, String>>;
+
+/// What an apply leaves behind for the next one to compare with (stored as
+/// the target's digest, JSON).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct Applied {
+    model: String,
+    tree: String,
+    inputs: Inputs,
+}
+
+impl Applied {
+    fn to_digest(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+}
+
+/// A file's bytes, or a directory's names and bytes (recursively, sorted),
+/// or a symlink's target, hashed.
+fn content_hash(path: &Path) -> String {
+    fn walk(h: &mut Sha256, path: &Path) {
+        match std::fs::symlink_metadata(path) {
+            Ok(m) if m.file_type().is_symlink() => {
+                h.update(b"\0link\0");
+                if let Ok(t) = std::fs::read_link(path) {
+                    h.update(t.to_string_lossy().as_bytes());
+                }
+            }
+            Ok(m) if m.is_dir() => {
+                let mut names: Vec<_> = std::fs::read_dir(path)
+                    .map(|d| d.flatten().map(|e| e.file_name()).collect())
+                    .unwrap_or_default();
+                names.sort();
+                for n in names {
+                    if n == ".git" {
+                        continue;
+                    }
+                    h.update(b"\0entry\0");
+                    h.update(n.to_string_lossy().as_bytes());
+                    walk(h, &path.join(&n));
+                }
+            }
+            Ok(_) => {
+                h.update(b"\0file\0");
+                h.update(std::fs::read(path).unwrap_or_default());
+            }
+            Err(_) => h.update(b"\0missing\0"),
+        }
+    }
+    let mut h = Sha256::new();
+    walk(&mut h, path);
+    hex::encode(h.finalize())
+}
+
 impl Backend for Compose {
     fn apply(&self) -> BoxFuture<'_, Status> {
         Box::pin(async move {
             let deadline = Instant::now() + self.ctx.timeout;
-            let (digest, services) = match self.digest(deadline).await {
+            let (model, services, builds) = match self.digest(deadline).await {
                 Ok(d) => d,
                 Err(e) => return Status::failed(format!("compose config failed: {e}")),
             };
@@ -210,42 +322,147 @@ impl Backend for Compose {
                 Ok(r) => r,
                 Err(e) => return Status::failed(format!("compose ps failed: {e}")),
             };
+            let before = match self.inputs(deadline).await {
+                Ok(i) => i,
+                Err(e) => {
+                    return Status::failed(format!("reading the containers' mounts failed: {e}"));
+                }
+            };
             let missing: Vec<&String> = services.iter().filter(|s| !running.contains(*s)).collect();
-            let unchanged = self.ctx.last_digest.as_deref() == Some(digest.as_str());
-            if unchanged && missing.is_empty() {
+            let last = self.ctx.last_digest.as_deref();
+            let prev: Option<Applied> = last.and_then(|d| serde_json::from_str(d).ok());
+            let tree = self.ctx.source_digest.clone();
+            let now = Applied {
+                model: model.clone(),
+                tree: tree.clone(),
+                inputs: before.clone(),
+            };
+            if prev.as_ref() == Some(&now) && missing.is_empty() {
                 return Status {
                     result: ApplyResult::NoChange,
                     message: format!(
-                        "model unchanged and all {} service(s) running",
+                        "model and files unchanged and all {} service(s) running",
                         services.len()
                     ),
                     output_tail: String::new(),
-                    digest: Some(digest),
+                    digest: Some(now.to_digest()),
+                };
+            }
+            // Which services' bind-mounted inputs changed since the last
+            // apply; all of those with inputs when the last apply's are not
+            // known (a digest from an older driftless).
+            let (recreate, why): (Vec<String>, String) = match (&prev, last) {
+                (Some(p), _) => {
+                    let mut names = Vec::new();
+                    let mut files = BTreeSet::new();
+                    for (svc, now_files) in &before {
+                        let was = p.inputs.get(svc);
+                        let changed: Vec<&String> = now_files
+                            .iter()
+                            .filter(|(f, h)| was.and_then(|w| w.get(*f)) != Some(h))
+                            .map(|(f, _)| f)
+                            .collect();
+                        if !changed.is_empty() {
+                            names.push(svc.clone());
+                            files.extend(changed.into_iter().cloned());
+                        }
+                    }
+                    let why = files.into_iter().collect::<Vec<_>>().join(", ");
+                    (names, format!("{why} changed"))
+                }
+                // A digest stored by an older driftless (not this JSON).
+                (None, Some(_)) => (
+                    before
+                        .iter()
+                        .filter(|(_, f)| !f.is_empty())
+                        .map(|(s, _)| s.clone())
+                        .collect(),
+                    "the files of the previous apply are not known".to_string(),
+                ),
+                _ => (Vec::new(), String::new()),
+            };
+            let tree_changed = prev.as_ref().is_none_or(|p| p.tree != tree);
+            // Only files no service mounts or builds from changed.
+            if prev.as_ref().is_some_and(|p| p.model == model)
+                && recreate.is_empty()
+                && missing.is_empty()
+                && !builds
+            {
+                return Status {
+                    result: ApplyResult::NoChange,
+                    message: format!(
+                        "model unchanged, no file a service mounts changed, all {} service(s) running",
+                        services.len()
+                    ),
+                    output_tail: String::new(),
+                    digest: Some(now.to_digest()),
                 };
             }
             let mut args = vec!["up", "-d", "--remove-orphans"];
+            if builds && tree_changed {
+                args.push("--build");
+            }
             if let Some(p) = &self.cfg.pull {
                 args.extend(["--pull", p.as_str()]);
             }
+            let mut tail = String::new();
             match self.run(&self.spec(&args, deadline)).await {
-                Ok(out) => Status {
-                    result: ApplyResult::Changed,
-                    message: if unchanged {
-                        format!(
-                            "drift: service(s) {} were not running; brought back",
-                            missing
-                                .iter()
-                                .map(|s| s.as_str())
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        )
-                    } else {
-                        format!("up -d: {} service(s) converged", services.len())
-                    },
-                    output_tail: out.tail,
-                    digest: Some(digest),
-                },
-                Err(e) => Status::failed(format!("compose up failed: {e}")),
+                Ok(out) => tail.push_str(&out.tail),
+                Err(e) => return Status::failed(format!("compose up failed: {e}")),
+            }
+            if !recreate.is_empty() {
+                let mut args = vec!["up", "-d", "--no-deps", "--force-recreate"];
+                args.extend(recreate.iter().map(String::as_str));
+                match self.run(&self.spec(&args, deadline)).await {
+                    Ok(out) => tail.push_str(&out.tail),
+                    Err(e) => {
+                        return Status::failed(format!(
+                            "compose up --force-recreate {} failed: {e}",
+                            recreate.join(" ")
+                        ));
+                    }
+                }
+            }
+            // What the containers mount now (a new service has new ones).
+            let after = match self.inputs(deadline).await {
+                Ok(i) => i,
+                Err(e) => {
+                    return Status::failed(format!("reading the containers' mounts failed: {e}"));
+                }
+            };
+            let mut message = if prev
+                .as_ref()
+                .is_some_and(|p| p.model == model && p.tree == tree)
+            {
+                format!(
+                    "drift: service(s) {} were not running; brought back",
+                    missing
+                        .iter()
+                        .map(|s| s.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            } else {
+                format!("up -d: {} service(s) converged", services.len())
+            };
+            if builds && tree_changed {
+                message.push_str("; images rebuilt where their context changed");
+            }
+            if !recreate.is_empty() {
+                message.push_str(&format!("; recreated {}: {why}", recreate.join(", ")));
+            }
+            Status {
+                result: ApplyResult::Changed,
+                message,
+                output_tail: crate::redact::tail(&tail, process::TAIL_BYTES),
+                digest: Some(
+                    Applied {
+                        model,
+                        tree,
+                        inputs: after,
+                    }
+                    .to_digest(),
+                ),
             }
         })
     }

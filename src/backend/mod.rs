@@ -103,6 +103,10 @@ pub struct Context {
     pub name: String,
     /// The target's directory inside the checkout.
     pub workdir: PathBuf,
+    /// The root of the repository's checkout (`workdir` is inside it):
+    /// nothing a backend reads or writes on the repository's behalf may
+    /// resolve outside it.
+    pub checkout: PathBuf,
     /// A content hash of every tracked file under `workdir`.
     pub source_digest: String,
     /// The digest stored after the last successful apply, if any.
