@@ -362,15 +362,27 @@ pub async fn outputs(engine: &Engine, target: &str, as_json: bool) -> Result<Rep
 /// `driftless check`: every problem, or a one-line summary.
 pub fn check(path: &Path) -> Report {
     match config::check(path) {
-        Ok(s) => Report {
-            stdout: format!(
+        Ok(s) => {
+            let mut stdout = format!(
                 "{}: ok ({} target(s), state in {})\n",
                 path.display(),
                 s.targets.len(),
                 s.state_dir.display()
-            ),
-            code: 0,
-        },
+            );
+            for t in &s.targets {
+                let p = t.path.display().to_string();
+                let _ = writeln!(
+                    stdout,
+                    "  {}: {} from {} branch {} path {}",
+                    t.name,
+                    t.backend.kind(),
+                    crate::redact::Redactor::new().redact(&t.repo),
+                    t.branch,
+                    if p.is_empty() { "." } else { &p }
+                );
+            }
+            Report { stdout, code: 0 }
+        }
         Err(e) => Report {
             stdout: format!("{e}\n"),
             code: EXIT_FAILED,

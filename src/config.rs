@@ -951,9 +951,8 @@ fn validate_target(
         ));
     }
     let path = raw.path.unwrap_or_default();
-    let rel = Path::new(path.trim_matches('/'));
     if Path::new(&path).is_absolute()
-        || rel
+        || Path::new(&path)
             .components()
             .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
     {
@@ -963,6 +962,15 @@ fn validate_target(
             format!("`{path}` must be a subdirectory of the repository (relative, no `..`)"),
         ));
     }
+    // Normalised once, here: `./sub//dir/` is `sub/dir`, `.` the root. Git
+    // (routing, checkouts) and every message see only this spelling.
+    let rel: PathBuf = Path::new(&path)
+        .components()
+        .filter_map(|c| match c {
+            Component::Normal(n) => Some(n),
+            _ => None,
+        })
+        .collect();
     let interval = duration(
         label,
         "interval",
@@ -1034,7 +1042,7 @@ fn validate_target(
         name: raw.name,
         repo,
         branch,
-        path: rel.to_path_buf(),
+        path: rel,
         interval,
         timeout,
         git,

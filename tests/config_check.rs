@@ -246,3 +246,36 @@ fn a_missing_config_file_says_how_to_name_one() {
         "{err}"
     );
 }
+
+#[test]
+fn target_paths_are_normalised_once_and_shown_so() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = String::from("state_dir = \"state\"\n");
+    for (name, path) in [("a", "./sub/dir"), ("b", "sub//dir/"), ("c", ".")] {
+        cfg.push_str(&format!(
+            "[[targets]]\nname = \"{name}\"\nrepo = \"https://git.example.net/infra.git\"\npath = \"{path}\"\n\
+             [targets.backend]\nkind = \"exec\"\napply = [\"true\"]\n"
+        ));
+    }
+    let config = write(dir.path(), &cfg);
+    let out = driftless(&config, &["check"]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    for line in [
+        "  a: exec from https://git.example.net/infra.git branch main path sub/dir",
+        "  b: exec from https://git.example.net/infra.git branch main path sub/dir",
+        "  c: exec from https://git.example.net/infra.git branch main path .",
+    ] {
+        assert!(stdout.contains(line), "{line:?} not in {stdout}");
+    }
+    let out = driftless(&config, &["status", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let paths: Vec<&str> = v
+        .as_array()
+        .expect("list")
+        .iter()
+        .map(|t| t["path"].as_str().unwrap_or("?"))
+        .collect();
+    assert_eq!(paths, ["sub/dir", "sub/dir", ""]);
+}
