@@ -45,6 +45,14 @@ pub enum GitError {
     },
     #[error("path `{path}` does not exist at commit {sha}")]
     NoPath { path: String, sha: String },
+    #[error(
+        "path `{path}` at commit {sha} resolves to {leads_to}, outside the checkout (a committed symlink); refused"
+    )]
+    Escapes {
+        path: String,
+        sha: String,
+        leads_to: String,
+    },
     #[error("cannot read git credentials: {0}")]
     Credentials(String),
 }
@@ -211,6 +219,14 @@ impl Git {
                 sha: sha.to_string(),
             })?;
         let workdir = dir.join(&target.path);
+        // A committed symlink must not take the backend out of the checkout.
+        if let Some(to) = crate::paths::leads_outside(&dir, &workdir) {
+            return Err(GitError::Escapes {
+                path,
+                sha: sha.to_string(),
+                leads_to: to.display().to_string(),
+            });
+        }
         if !workdir.is_dir() {
             return Err(GitError::NoPath {
                 path,

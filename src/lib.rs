@@ -24,6 +24,7 @@ pub mod http;
 pub mod lock;
 pub mod metrics;
 pub mod notify;
+pub mod paths;
 pub mod process;
 pub mod queue;
 pub mod redact;

@@ -2143,3 +2143,35 @@ fn unchanged_fields_and_url_credentials_never_leave_a_contextual_diff() {
     );
     assert!(!seen.contains(url_token), "a URL token escaped: {rows}");
 }
+
+#[test]
+fn a_job_file_or_its_variables_linked_out_of_the_checkout_are_refused() {
+    let f = fixture("");
+    let controller = f._root.path().join("controller.hcl");
+    std::fs::write(&controller, web_job("controller-secret-image-8e1f", AUTO)).expect("write");
+    let to = controller.to_str().expect("utf8");
+    f.remote
+        .symlink("jobs/evil.nomad.hcl", to, "a job that is a link");
+    f.remote
+        .symlink("jobs/web.vars.hcl", to, "variables that are a link");
+    let (code, _, j) = f.tick();
+    assert_eq!(code, Some(1));
+    let msg = f.message();
+    assert!(
+        msg.contains(&format!(
+            "`jobs` `evil.nomad.hcl` resolves to {to}, outside the target's checkout"
+        )),
+        "{msg}"
+    );
+    assert!(
+        msg.contains(&format!(
+            "`(its variables file)` `web.vars.hcl` resolves to {to}"
+        )),
+        "{msg}"
+    );
+    let sent = serde_json::to_string(&j).expect("json");
+    assert!(
+        !sent.contains("controller-secret-image-8e1f"),
+        "the controller's file went to Nomad"
+    );
+}

@@ -121,6 +121,23 @@ fn the_command_action_converges_the_exact_tree() {
         "the previous tree was left behind"
     );
 
+    // A committed symlink reaches the host as a symlink, never as the
+    // controller's file it points to.
+    let controller = w.root.path().join("controller-only.txt");
+    std::fs::write(&controller, "controller-secret-3d9a\n").expect("write");
+    w.remote.symlink(
+        "pi/link",
+        controller.to_str().expect("utf8"),
+        "a link to the controller's file",
+    );
+    assert!(s.run(&["tick", "pi"]).status.success());
+    let shipped = w.remote_dir.join("link");
+    assert!(
+        std::fs::symlink_metadata(&shipped).is_ok_and(|m| m.file_type().is_symlink()),
+        "the link was not shipped as a link"
+    );
+    assert_eq!(std::fs::read_link(&shipped).expect("link"), controller);
+
     // outputs: the command's JSON, run on the host.
     let out = s.run(&["outputs", "pi", "--json"]);
     assert!(out.status.success(), "{}", text(&out.stderr));

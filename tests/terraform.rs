@@ -397,3 +397,95 @@ fn a_state_lock_held_elsewhere_fails_with_its_id_and_how_to_clear_it() {
     assert_eq!(s.target_status("net")["last_result"], "changed");
     assert_eq!(log_lines(&log), ["started", "finished"]);
 }
+
+#[test]
+fn committed_symlinks_never_take_terraform_out_of_the_checkout() {
+    terraform_available();
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(&[("network/main.tf", MAIN_TF)], "network");
+    // The var file is a link to a file of the controller's (one of the
+    // test's own, standing for /etc/passwd).
+    let controller = root.path().join("controller-secret.tfvars");
+    std::fs::write(&controller, "greeting = \"controller-secret-71c0\"\n").expect("write");
+    let controller = controller.to_str().expect("utf8").to_string();
+    remote.symlink(
+        "network/prod.tfvars",
+        &controller,
+        "var file -> the controller's file",
+    );
+    let s = setup(&remote);
+    let (code, out) = tick(&s);
+    assert_eq!(code, Some(1), "{out}");
+    let st = s.target_status("net");
+    let msg = st["last_message"].as_str().unwrap_or("");
+    assert!(
+        msg.contains(&format!(
+            "`var_files` `prod.tfvars` resolves to {controller}, outside the target's checkout"
+        )),
+        "{msg}"
+    );
+    let history = serde_json::to_string(&s.history("net")).expect("json");
+    assert!(
+        !history.contains("controller-secret-71c0"),
+        "the controller's file in a run: {history}"
+    );
+
+    // `.terraform` committed as a link: driftless would write its init
+    // marker (and terraform its plugins) through it.
+    let outside = root.path().join("outside");
+    std::fs::create_dir_all(&outside).expect("mkdir");
+    remote.commit(
+        &[("network/prod.tfvars", "greeting = \"hello\"\n")],
+        "a real var file",
+    );
+    remote.symlink(
+        "network/.terraform",
+        outside.to_str().expect("utf8"),
+        ".terraform -> outside",
+    );
+    let (code, out) = tick(&s);
+    assert_eq!(code, Some(1), "{out}");
+    let msg = s.target_status("net")["last_message"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(
+        msg.contains(".terraform") && msg.contains("outside the target's checkout"),
+        "{msg}"
+    );
+    assert_eq!(
+        std::fs::read_dir(&outside).expect("read").count(),
+        0,
+        "something was written through the link"
+    );
+
+    // The target's path itself a link out of the checkout: refused before
+    // any backend runs.
+    let s2 = Setup::new(&format!(
+        "[[targets]]\nname = \"net\"\nrepo = \"{}\"\npath = \"elsewhere\"\ntimeout = \"2m\"\n\
+         [targets.backend]\nkind = \"terraform\"\nenv = {{ TF_CLI_CONFIG_FILE = \"/dev/null\" }}\n",
+        remote.url()
+    ));
+    std::fs::write(outside.join("main.tf"), MAIN_TF).expect("write");
+    remote.symlink(
+        "elsewhere",
+        outside.to_str().expect("utf8"),
+        "path -> outside",
+    );
+    let (code, out) = tick(&s2);
+    assert_eq!(code, Some(1), "{out}");
+    let msg = s2.target_status("net")["last_message"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(
+        msg.contains("path `elsewhere`") && msg.contains("outside the checkout"),
+        "{msg}"
+    );
+    assert_eq!(
+        std::fs::read_dir(&outside).expect("read").count(),
+        1,
+        "terraform ran in it"
+    );
+}

@@ -22,7 +22,7 @@ use crate::process::{self, Spec};
 
 /// Where the last recap is kept for `outputs` (ignored by nothing, tracked by
 /// nothing: it lives in the checkout beside the playbook).
-const RECAP_FILE: &str = ".driftless-ansible-recap.json";
+pub(super) const RECAP_FILE: &str = ".driftless-ansible-recap.json";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]

@@ -122,6 +122,23 @@ pub struct Context {
     pub ledger: Option<Arc<dyn nomad::Ledger>>,
 }
 
+impl Context {
+    /// `rel` (relative to the target's path) as a path driftless or the
+    /// backend may read or write: refused, naming `key` and where it leads,
+    /// when a committed symlink takes it out of the checkout. A path that
+    /// does not exist is returned as is (the backend says it is missing).
+    pub fn inside(&self, key: &str, rel: &str) -> Result<PathBuf, String> {
+        let path = self.workdir.join(rel);
+        match crate::paths::leads_outside(&self.checkout, &path) {
+            None => Ok(path),
+            Some(to) => Err(format!(
+                "`{key}` `{rel}` resolves to {}, outside the target's checkout (a committed symlink); refused",
+                to.display()
+            )),
+        }
+    }
+}
+
 /// The `[targets.backend]` table.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
@@ -177,6 +194,99 @@ impl BackendConfig {
         }
     }
 
+    /// The files in the repository that driftless or the backend reads or
+    /// writes on the repository's behalf, by key, relative to the target's
+    /// path (files found by a pattern, like Nomad's jobs, are checked where
+    /// they are found).
+    pub fn repo_files(&self) -> Vec<(String, String)> {
+        let each = |key: &str, files: &[String]| -> Vec<(String, String)> {
+            files.iter().map(|f| (key.to_string(), f.clone())).collect()
+        };
+        match self {
+            BackendConfig::Terraform(c) => {
+                let mut v = each("var_files", &c.var_files);
+                v.push((
+                    "(terraform's working directory)".into(),
+                    ".terraform".into(),
+                ));
+                v.push((
+                    "(driftless's init marker)".into(),
+                    terraform::INIT_MARKER.into(),
+                ));
+                v
+            }
+            BackendConfig::Cloudformation(c) => {
+                let mut v = vec![("template".to_string(), c.template.clone())];
+                v.extend(
+                    c.parameters_file
+                        .iter()
+                        .map(|f| ("parameters_file".to_string(), f.clone())),
+                );
+                v
+            }
+            BackendConfig::Compose(c) => {
+                let mut v = each("files", &c.files);
+                v.extend(each("env_files", &c.env_files));
+                if c.files.is_empty() {
+                    // compose's own lookup
+                    for f in [
+                        "compose.yaml",
+                        "compose.yml",
+                        "docker-compose.yml",
+                        "docker-compose.yaml",
+                    ] {
+                        v.push(("(compose file)".into(), f.into()));
+                    }
+                }
+                v
+            }
+            BackendConfig::Ansible(c) => {
+                let mut v = vec![("playbook".to_string(), c.playbook.clone())];
+                v.extend(
+                    c.inventory
+                        .iter()
+                        .map(|f| ("inventory".to_string(), f.clone())),
+                );
+                v.extend(each("extra_vars_files", &c.extra_vars_files));
+                v.extend(
+                    c.destroy_playbook
+                        .iter()
+                        .map(|f| ("destroy_playbook".to_string(), f.clone())),
+                );
+                v.push((
+                    "(driftless's recap file)".into(),
+                    ansible::RECAP_FILE.into(),
+                ));
+                v
+            }
+            BackendConfig::Pulumi(c) => {
+                let mut v = Vec::new();
+                v.extend(
+                    c.work_dir
+                        .iter()
+                        .map(|f| ("work_dir".to_string(), f.clone())),
+                );
+                if let Some(f) = &c.config_file {
+                    let base = c.work_dir.clone().unwrap_or_default();
+                    v.push((
+                        "config_file".to_string(),
+                        format!("{base}/{f}").trim_start_matches('/').to_string(),
+                    ));
+                }
+                v
+            }
+            BackendConfig::Exec(_) | BackendConfig::Pi(_) | BackendConfig::Nomad(_) => Vec::new(),
+        }
+    }
+
+    /// Every file of [`repo_files`](Self::repo_files) stays in the checkout.
+    pub fn check_repo_files(&self, ctx: &Context) -> Result<(), String> {
+        for (key, rel) in self.repo_files() {
+            ctx.inside(&key, &rel)?;
+        }
+        Ok(())
+    }
+
     /// Problems only visible on this machine (a missing binary), as
     /// `(key, message)`, for `driftless check`.
     pub fn check_environment(&self) -> Vec<(String, String)> {
@@ -224,8 +334,10 @@ impl BackendConfig {
     }
 }
 
-/// Build the backend for one operation.
+/// Build the backend for one operation: refused when a file it would read
+/// or write on the repository's behalf leads out of the checkout.
 pub fn build(cfg: &BackendConfig, ctx: Context) -> Result<Box<dyn Backend>, BackendError> {
+    cfg.check_repo_files(&ctx).map_err(BackendError::Config)?;
     Ok(match cfg {
         BackendConfig::Terraform(c) => Box::new(terraform::Terraform::new(c.clone(), ctx)?),
         BackendConfig::Exec(c) => Box::new(exec::Exec::new(c.clone(), ctx)?),

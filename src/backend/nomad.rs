@@ -603,7 +603,7 @@ impl Nomad {
             .map_err(|e| format!("cannot list the job files in {}: {e}", dir.display()))?;
         let mut files: Vec<String> = entries
             .flatten()
-            .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_file() || t.is_symlink()))
             .filter_map(|e| e.file_name().into_string().ok())
             .filter(|n| crate::auth::glob_match(&self.cfg.jobs, n))
             .filter(|n| !n.ends_with(".vars.hcl"))
@@ -665,11 +665,13 @@ impl Nomad {
     /// Nomad parses the file (and its `.vars.hcl`); the policy comes from
     /// the parsed job's meta.
     async fn parse(&self, file: &str) -> Result<Parsed, String> {
-        let path = self.ctx.workdir.join(file);
+        let path = self.ctx.inside("jobs", file)?;
         let hcl = std::fs::read_to_string(&path).map_err(|e| format!("cannot read it: {e}"))?;
         let stem = file.strip_suffix(".nomad.hcl").unwrap_or(file);
         let stem = stem.strip_suffix(".hcl").unwrap_or(stem);
-        let vars_path = self.ctx.workdir.join(format!("{stem}.vars.hcl"));
+        let vars_path = self
+            .ctx
+            .inside("(its variables file)", &format!("{stem}.vars.hcl"))?;
         let vars = match std::fs::read_to_string(&vars_path) {
             Ok(v) => Some(v),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,

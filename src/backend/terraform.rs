@@ -22,7 +22,7 @@ use crate::config::resolve_env_map;
 use crate::process::{self, Spec};
 
 /// Written into `.terraform/` after a successful init: what init saw.
-const INIT_MARKER: &str = ".terraform/driftless-init.sha256";
+pub(super) const INIT_MARKER: &str = ".terraform/driftless-init.sha256";
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -66,6 +66,10 @@ impl Remote {
         for (path, content) in files {
             let p = self.work.join(path);
             std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+            // Never write through a symlink a test committed.
+            if std::fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_symlink()) {
+                std::fs::remove_file(&p).expect("remove symlink");
+            }
             std::fs::write(&p, content).expect("write file");
         }
         self.commit_all(message)
@@ -77,12 +81,25 @@ impl Remote {
         self.commit_all(message)
     }
 
+    /// Commit a symlink at `path` pointing to `to`, push; return the SHA.
+    pub fn symlink(&self, path: &str, to: &str, message: &str) -> String {
+        let p = self.work.join(path);
+        std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+        let _ = std::fs::remove_file(&p);
+        std::os::unix::fs::symlink(to, &p).expect("symlink");
+        self.commit_all(message)
+    }
+
     /// Rewrite history: reset the branch to `sha`, commit `files` on top and
     /// force-push; return the new SHA.
     pub fn force_commit(&self, sha: &str, files: &[(&str, &str)], message: &str) -> String {
         git(&self.work, &["reset", "-q", "--hard", sha]);
         for (path, content) in files {
-            std::fs::write(self.work.join(path), content).expect("write file");
+            let p = self.work.join(path);
+            if std::fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_symlink()) {
+                std::fs::remove_file(&p).expect("remove symlink");
+            }
+            std::fs::write(&p, content).expect("write file");
         }
         git(&self.work, &["add", "-A"]);
         git(&self.work, &["commit", "-q", "-m", message]);
