@@ -87,6 +87,14 @@ pub enum SecretRef {
 impl fmt::Debug for SecretRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            // A `*_file` value that names no file may be the secret itself,
+            // pasted where a path belongs: its name is never shown.
+            SecretRef::File(p) if std::fs::symlink_metadata(p).is_err() => write!(
+                f,
+                "file:{}/… (no such file; its name is not shown in case it is the secret itself: \
+                 the key takes a path to a file holding the secret, or env:NAME)",
+                p.parent().unwrap_or(Path::new("")).display()
+            ),
             SecretRef::File(p) => write!(f, "file:{}", p.display()),
             SecretRef::Env(n) => write!(f, "env:{n}"),
         }
@@ -938,6 +946,18 @@ fn validate_target(
         problems.push(problem(label, "repo", "must not be empty"));
         repo
     } else if is_url(&repo) {
+        if let Some(why) = url_credentials(&repo) {
+            // Never echo the URL: it holds the secret.
+            problems.push(problem(
+                label,
+                "repo",
+                format!(
+                    "the repository URL carries {why}, which would show in status, logs and the page: \
+                     remove it and put the token in a file named by [targets.git] token_file \
+                     (and the user, if any, in [targets.git] username)"
+                ),
+            ));
+        }
         repo
     } else {
         resolve(base, &repo).to_string_lossy().into_owned()
@@ -1165,6 +1185,32 @@ fn valid_branch(b: &str) -> bool {
             .any(|c| c.is_control() || c.is_whitespace() || "~^:?*[\\".contains(c))
 }
 
+/// What credentials a repository URL carries, if any: any user information
+/// over http(s) and other schemes (`https://TOKEN@host` is GitHub's
+/// token-clone form), a password over ssh (a bare `git@` user is not a
+/// secret).
+fn url_credentials(url: &str) -> Option<&'static str> {
+    let (scheme, rest) = match url.split_once("://") {
+        Some((s, r)) => (s.to_ascii_lowercase(), r),
+        None => ("scp".to_string(), url),
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or(rest);
+    let authority = if scheme == "scp" {
+        authority
+            .split_once(':')
+            .map(|(a, _)| a)
+            .unwrap_or(authority)
+    } else {
+        authority
+    };
+    let (userinfo, _) = authority.rsplit_once('@')?;
+    if userinfo.contains(':') {
+        return Some("a user name and password");
+    }
+    let ssh = matches!(scheme.as_str(), "ssh" | "git+ssh" | "ssh+git" | "scp");
+    (!ssh).then_some("user information (a token, as in https://TOKEN@host)")
+}
+
 fn is_url(s: &str) -> bool {
     s.contains("://") || (s.contains('@') && s.contains(':') && !s.starts_with('/'))
 }
@@ -1356,6 +1402,48 @@ mod tests {
         assert_eq!(p.len(), 1, "{p:?}");
         assert_eq!(p[0].key, "backend");
         assert!(p[0].message.contains("terraforn"), "{p:?}");
+    }
+
+    #[test]
+    fn credentials_in_repository_urls_are_found() {
+        for url in [
+            "https://ghp_abc123@github.com/o/r.git",
+            "https://bob:s3cret@git.example.net/o/r",
+            "http://token@10.0.0.1:3000/o/r",
+            "ssh://git:pw@host/o/r",
+        ] {
+            assert!(url_credentials(url).is_some(), "{url}");
+        }
+        for url in [
+            "https://github.com/o/r.git",
+            "ssh://git@host:2222/o/r",
+            "git@github.com:o/r.git",
+            "git://host/o/r",
+            "https://host/o/r@v1",
+        ] {
+            assert_eq!(url_credentials(url), None, "{url}");
+        }
+        let p = problems(
+            "[[targets]]\nname = \"t\"\nrepo = \"https://ghp_canary7@github.com/o/r.git\"\n[targets.backend]\nkind = \"exec\"\napply = [\"true\"]\n",
+        );
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert_eq!(p[0].key, "repo");
+        assert!(p[0].message.contains("token_file"), "{}", p[0].message);
+        assert!(!p[0].to_string().contains("ghp_canary7"));
+    }
+
+    #[test]
+    fn a_secret_pasted_where_a_path_belongs_is_never_echoed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pasted = SecretRef::parse("ghp_pastedCanary0123456789", dir.path());
+        let e = pasted.load().expect_err("no such file");
+        let text = format!("{e} {pasted:?}");
+        assert!(!text.contains("ghp_pastedCanary"), "{text}");
+        assert!(text.contains("takes a path"), "{text}");
+        // A file that exists is named.
+        std::fs::write(dir.path().join("token"), "x\n").expect("write");
+        let real = SecretRef::parse("token", dir.path());
+        assert!(format!("{real:?}").ends_with("/token"), "{real:?}");
     }
 
     #[test]

@@ -41,6 +41,8 @@ pub enum DaemonError {
     Listen { addr: String, reason: String },
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),
+    #[error(transparent)]
+    Lock(#[from] crate::lock::LockError),
 }
 
 /// Shared between the workers and the HTTP health endpoints.
@@ -67,6 +69,8 @@ pub async fn serve_until(
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), DaemonError> {
     let settings = engine.settings.clone();
+    // One daemon per state directory, held until this function returns.
+    let _serving = crate::lock::ServeLock::try_acquire(&settings.state_dir)?;
     let names: Vec<String> = settings.targets.iter().map(|t| t.name.clone()).collect();
     let dropped = engine.queue.drop_unknown(&names).await?;
     if dropped > 0 {

@@ -1,9 +1,13 @@
-//! The per-target lock: an OS file lock on `<state_dir>/locks/<target>.lock`.
+//! OS file locks: the per-target lock on `<state_dir>/locks/<target>.lock`,
+//! and the daemon's lock on `<state_dir>/serve.lock`.
 //!
-//! Held for a whole tick by whoever runs it — the daemon's worker or a
-//! one-shot `driftless tick` — so one target never converges twice at once.
-//! The kernel drops the lock when the holder dies: there is no stale-lock
-//! cleanup, and this module must never add one (no PID files, no timeouts).
+//! A target's lock is held for a whole tick by whoever runs it — the
+//! daemon's worker or a one-shot `driftless tick` — so one target never
+//! converges twice at once. The daemon's lock keeps a second `serve` off the
+//! same state directory (one-shot ticks and the CLI work beside it); it
+//! holds the daemon's PID, for the message only. The kernel drops a lock
+//! when its holder dies: there is no stale-lock cleanup, and this module
+//! must never add one (no PID checks, no timeouts).
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::path::{Path, PathBuf};
@@ -21,6 +25,55 @@ pub enum LockError {
     Busy { target: String, path: PathBuf },
     #[error("cannot open lock file {path}: {reason}")]
     Io { path: PathBuf, reason: String },
+    #[error(
+        "another `driftless serve` ({holder}) is running on this state directory ({path}); stop it first (one-shot `driftless tick` and the CLI can run beside it)"
+    )]
+    Serving { path: PathBuf, holder: String },
+}
+
+/// The daemon's hold on its state directory; dropping it releases it.
+#[derive(Debug)]
+pub struct ServeLock {
+    _file: File,
+}
+
+impl ServeLock {
+    /// Take `<state_dir>/serve.lock`, or say which process holds it.
+    pub fn try_acquire(state_dir: &Path) -> Result<ServeLock, LockError> {
+        use std::io::{Read, Seek, Write};
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = state_dir.join("serve.lock");
+        let io = |e: std::io::Error| LockError::Io {
+            path: path.clone(),
+            reason: e.to_string(),
+        };
+        let mut file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(io)?;
+        match file.try_lock() {
+            Ok(()) => {
+                file.set_len(0).map_err(io)?;
+                file.rewind().map_err(io)?;
+                write!(file, "{}", std::process::id()).map_err(io)?;
+                Ok(ServeLock { _file: file })
+            }
+            Err(TryLockError::WouldBlock) => {
+                let mut pid = String::new();
+                let _ = file.read_to_string(&mut pid);
+                let holder = match pid.trim() {
+                    "" => "PID unknown".to_string(),
+                    p => format!("PID {p}"),
+                };
+                Err(LockError::Serving { path, holder })
+            }
+            Err(TryLockError::Error(e)) => Err(io(e)),
+        }
+    }
 }
 
 impl TargetLock {
@@ -72,5 +125,19 @@ mod tests {
         let _c = TargetLock::try_acquire(dir.path(), "db").expect("other target");
         drop(a);
         TargetLock::try_acquire(dir.path(), "web").expect("after release");
+    }
+
+    #[test]
+    fn a_second_serve_is_told_the_first_ones_pid() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let first = ServeLock::try_acquire(dir.path()).expect("first");
+        // (one process, two opens: flock locks are per open file)
+        let second = ServeLock::try_acquire(dir.path());
+        let Err(LockError::Serving { holder, .. }) = second else {
+            panic!("a second serve was allowed: {second:?}");
+        };
+        assert_eq!(holder, format!("PID {}", std::process::id()));
+        drop(first);
+        ServeLock::try_acquire(dir.path()).expect("after release");
     }
 }

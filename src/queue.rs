@@ -281,10 +281,17 @@ impl Queue {
         .bind(&self.owner)
         .bind(now + LEASE.as_millis() as i64)
         .bind(now)
-        .bind(names)
-        .fetch_optional(self.store.pool())
-        .await
-        .map_err(self.store.err("claiming a job"))?;
+        .bind(names);
+        // In an explicit transaction: an autocommit UPDATE ... RETURNING hands
+        // back its row before the commit, and a commit that fails (a full
+        // disk) would go unnoticed.
+        let what = "claiming a job";
+        let WriteTx { mut tx, _turn } = self.store.begin_write(what).await?;
+        let row = row
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(self.store.err(what))?;
+        tx.commit().await.map_err(self.store.err(what))?;
         Ok(row.map(Job::from_row))
     }
 
@@ -307,10 +314,16 @@ impl Queue {
         .bind(trigger.as_str())
         .bind(&self.owner)
         .bind(now + LEASE.as_millis() as i64)
-        .bind(now)
-        .fetch_optional(self.store.pool())
-        .await
-        .map_err(self.store.err("starting a job"))?;
+        .bind(now);
+        // Committed explicitly, so a failed commit (a full disk) is an error
+        // here and not a job id that was never stored.
+        let what = "starting a job";
+        let WriteTx { mut tx, _turn } = self.store.begin_write(what).await?;
+        let row = row
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(self.store.err(what))?;
+        tx.commit().await.map_err(self.store.err(what))?;
         Ok(row.map(Job::from_row))
     }
 

@@ -264,9 +264,25 @@ impl Engine {
         .await;
         heartbeat.abort();
         if let Ok(Outcome::Ran { run_id, result, .. }) = &outcome {
-            self.queue
-                .finish(job.id, Some(*run_id), result.as_str())
-                .await?;
+            // Closing the job after its run is recorded: a full disk here
+            // must not make it run again.
+            let mut pause = Duration::from_secs(1);
+            loop {
+                match self
+                    .queue
+                    .finish(job.id, Some(*run_id), result.as_str())
+                    .await
+                {
+                    Ok(()) => break,
+                    Err(e) if e.is_disk_trouble() && self.store.check_identity().is_ok() => {
+                        error!(target = %target.name, job = job.id, error = %e, retry_in = ?pause,
+                               "cannot close the job of a recorded run; trying again");
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(Duration::from_secs(30));
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
         }
         drop(lock);
         outcome
@@ -388,9 +404,26 @@ impl Engine {
         if let Some(n) = notice.as_mut() {
             self.approval_notices(target, run, n).await?;
         }
-        self.store
-            .finish_run(run.id, &target.name, run.op, sha, &status, notice.as_ref())
-            .await?;
+        // The backend is done: its result is not thrown away because the
+        // disk is full right now. Keep it, hold the job (and the target's
+        // lock), and write it when space returns.
+        let mut pause = Duration::from_secs(1);
+        loop {
+            match self
+                .store
+                .finish_run(run.id, &target.name, run.op, sha, &status, notice.as_ref())
+                .await
+            {
+                Ok(()) => break,
+                Err(e) if e.is_disk_trouble() && self.store.check_identity().is_ok() => {
+                    error!(target = %target.name, run = run.id, error = %e, retry_in = ?pause,
+                           "cannot record the finished run; keeping its result and trying again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(30));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
         if notice.as_ref().is_some_and(|n| !n.outbox.is_empty()) {
             self.outbox_wake.notify_waiters();
         }

@@ -112,6 +112,10 @@ fn a_full_state_dir_refuses_work_and_recovers() {
         err.contains("driftless.db"),
         "the error does not name the file: {err}"
     );
+    assert!(
+        err.contains("database or disk is full") && !err.contains("FOREIGN KEY"),
+        "the error does not say the disk is full: {err}"
+    );
     assert_eq!(
         applied(),
         1,
@@ -138,4 +142,218 @@ fn a_full_state_dir_refuses_work_and_recovers() {
     });
 
     drop(daemon);
+}
+
+/// A daemon with one exec target on a github receiver.
+fn serving(root: &Path, remote: &Remote, apply: &str) -> (Setup, Daemon) {
+    let secret = root.join("secret");
+    std::fs::write(&secret, SECRET).expect("write");
+    let s = Setup::new(&format!(
+        "[[receivers]]\nname = \"github\"\nforge = \"github\"\nsecret_file = {}\n\n{}",
+        toml_str(&secret.display().to_string()),
+        exec_target(
+            "app",
+            &remote.url(),
+            "path = \"app\"\ninterval = \"1h\"",
+            &format!(
+                "apply = [\"sh\", \"-c\", {}]\nalways = true",
+                toml_str(apply)
+            ),
+        )
+    ));
+    let daemon = s.serve();
+    (s, daemon)
+}
+
+#[test]
+fn a_database_deleted_or_replaced_under_the_daemon_is_never_written_into() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(&[("app/v", "0")], "first");
+    let (s, daemon) = serving(root.path(), &remote, "true");
+    wait_for(Duration::from_secs(20), "the first apply", || {
+        s.target_status("app")["last_result"] == "changed"
+    });
+    let (_, code, _) = push(&remote, daemon.port, 1);
+    assert_eq!(code, Some(202));
+
+    // Replaced (a restore copied over it): a new file at the path.
+    let db = s.db();
+    let copy = root.path().join("copy.db");
+    std::fs::copy(&db, &copy).expect("copy");
+    std::fs::rename(&copy, &db).expect("replace");
+    let (_, code, body) = push(&remote, daemon.port, 2);
+    assert_eq!(code, Some(503), "{body}");
+    assert_eq!(http_get(daemon.port, "/readyz").map(|r| r.0), Some(503));
+    let log = daemon.log_text();
+    assert!(
+        log.contains("ERROR")
+            && log.contains("was replaced by another file")
+            && log.contains(&db.display().to_string()),
+        "{log}"
+    );
+    assert_eq!(
+        log.matches("the state database was replaced by another file")
+            .count(),
+        1,
+        "said more than once: {log}"
+    );
+    // The file at the path was never written by the daemon after it changed.
+    let before = std::fs::read(&db).expect("read");
+    let (_, code, _) = push(&remote, daemon.port, 3);
+    assert_eq!(code, Some(503));
+    assert_eq!(std::fs::read(&db).expect("read"), before);
+    drop(daemon);
+
+    // Deleted: a restart refuses to start over with an empty database.
+    std::fs::remove_file(&db).expect("rm");
+    for ext in ["-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{ext}", db.display()));
+    }
+    let out = s.run(&["status"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("no database") && err.contains("restore it"),
+        "{err}"
+    );
+    assert!(!db.exists(), "an empty database was created");
+}
+
+#[test]
+fn a_second_serve_on_one_state_directory_is_refused_naming_the_first() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(&[("app/v", "0")], "first");
+    let (s, daemon) = serving(root.path(), &remote, "true");
+    wait_for(
+        Duration::from_secs(20),
+        "the first daemon's first apply",
+        || {
+            s.target_status("app")["last_result"] == "changed"
+                && s.target_status("app")["running"] == false
+        },
+    );
+    let out = output_within(
+        Command::new(bin())
+            .args(["--config", s.config.to_str().expect("utf8"), "serve"])
+            .env("DRIFTLESS__SERVER__LISTEN", "127.0.0.1:0"),
+        Duration::from_secs(20),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("another `driftless serve` (PID ")
+            && err.contains("is running on this state directory"),
+        "{err}"
+    );
+    // One-shot ticks still work beside it.
+    let out = s.run(&["tick", "app"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    drop(daemon);
+}
+
+#[test]
+fn a_disk_that_fills_during_an_apply_keeps_the_result_and_runs_nothing_twice() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(&[("app/v", "0")], "first");
+    let marker = root.path().join("applied.log");
+    // The second apply fills the state directory's disk as it finishes.
+    let s_dir_hint = root.path().join("state-dir");
+    let apply = format!(
+        "git rev-parse HEAD >> {m}; if [ -f {f} ]; then dd if=/dev/zero of=\"$(cat {f})/filler\" bs=1M count=64 2>/dev/null; fi; true",
+        m = marker.display(),
+        f = s_dir_hint.display()
+    );
+    let secret = root.path().join("secret");
+    std::fs::write(&secret, SECRET).expect("write");
+    let s = Setup::new(&format!(
+        "[[receivers]]\nname = \"github\"\nforge = \"github\"\nsecret_file = {}\n\n{}",
+        toml_str(&secret.display().to_string()),
+        exec_target(
+            "app",
+            &remote.url(),
+            "path = \"app\"\ninterval = \"1h\"",
+            &format!(
+                "apply = [\"sh\", \"-c\", {}]\nalways = true",
+                toml_str(&apply)
+            ),
+        )
+    ));
+    let _mount = Tmpfs::mount(&s.state, "24m");
+    let daemon = s.serve();
+    wait_for(Duration::from_secs(20), "the first apply", || {
+        s.target_status("app")["last_result"] == "changed"
+    });
+    std::fs::write(&s_dir_hint, s.state.display().to_string()).expect("write");
+    let (sha, code, _) = push(&remote, daemon.port, 1);
+    assert_eq!(code, Some(202));
+    wait_for(
+        Duration::from_secs(30),
+        "driftless waiting for space",
+        || {
+            daemon
+                .log_text()
+                .contains("cannot record the finished run; keeping its result")
+        },
+    );
+    std::fs::remove_file(&s_dir_hint).expect("rm");
+    std::thread::sleep(Duration::from_secs(2));
+    std::fs::remove_file(s.state.join("filler")).expect("rm filler");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while s.target_status("app")["last_applied_sha"] != sha.as_str() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the result was not recorded: {}",
+            daemon.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let runs = s.history("app");
+    assert_eq!(runs[0]["result"], "changed", "{runs:?}");
+    assert_eq!(runs[0]["sha"], sha.as_str());
+    assert!(
+        runs.iter().all(|r| r["result"] != "interrupted"),
+        "recorded as if the process had died: {runs:?}"
+    );
+    let lines = std::fs::read_to_string(&marker).unwrap_or_default();
+    assert_eq!(
+        lines.lines().filter(|l| *l == sha).count(),
+        1,
+        "applied twice: {lines}"
+    );
+    drop(daemon);
+}
+
+#[test]
+fn the_state_directory_is_private_whatever_the_umask() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(&[("app/v", "0")], "first");
+    let s = Setup::new(&exec_target(
+        "app",
+        &remote.url(),
+        "path = \"app\"",
+        "apply = [\"true\"]",
+    ));
+    // As a shell, or Docker, with a permissive umask would start it.
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg("umask 000; exec \"$0\" --config \"$1\" tick app")
+        .arg(bin())
+        .arg(&s.config)
+        .output()
+        .expect("tick");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let mode = |p: &Path| std::fs::metadata(p).expect("stat").permissions().mode() & 0o777;
+    assert_eq!(mode(&s.state), 0o700, "the state directory");
+    for f in ["driftless.db", "driftless.db-wal", "driftless.db-shm"] {
+        let p = s.state.join(f);
+        if p.exists() {
+            assert_eq!(mode(&p), 0o600, "{f}");
+        }
+    }
+    assert!(s.state.join("driftless.db").exists());
 }

@@ -145,10 +145,16 @@ impl Sender {
             )
             .bind(id)
             .bind(seen_next)
-            .bind(now + CLAIM.as_millis() as i64)
-            .fetch_optional(self.store.pool())
-            .await
-            .map_err(self.store.err("claiming a notification"))?;
+            .bind(now + CLAIM.as_millis() as i64);
+            // Committed explicitly: a claim whose commit failed must not be
+            // sent as if it held.
+            let what = "claiming a notification";
+            let crate::store::WriteTx { mut tx, _turn } = self.store.begin_write(what).await?;
+            let claimed = claimed
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(self.store.err(what))?;
+            tx.commit().await.map_err(self.store.err(what))?;
             let Some(n) = claimed else { continue };
             attempted += 1;
             let result = match (

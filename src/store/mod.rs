@@ -41,12 +41,63 @@ pub struct Store {
     /// SQLite's busy handler, whose back-off sleeps turn contention into
     /// latency spikes. Other processes still meet the busy timeout.
     writer: std::sync::Arc<tokio::sync::Mutex<()>>,
+    /// The file opened: a database deleted or replaced under a running
+    /// process is caught before anything is written into a file nobody
+    /// will read again.
+    identity: Identity,
+}
+
+/// The (device, inode) of the database file opened.
+#[derive(Clone, Debug)]
+struct Identity {
+    path: PathBuf,
+    dev_ino: (u64, u64),
+    /// Said once: the file at `path` is not the one open.
+    logged: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Identity {
+    fn check(&self) -> Result<(), std::io::Error> {
+        use std::os::unix::fs::MetadataExt;
+        let now = std::fs::metadata(&self.path).map(|m| (m.dev(), m.ino()));
+        if now.as_ref().is_ok_and(|id| *id == self.dev_ino) {
+            return Ok(());
+        }
+        let how = if now.is_err() {
+            "deleted"
+        } else {
+            "replaced by another file"
+        };
+        if !self.logged.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::error!(path = %self.path.display(),
+                "the state database was {how} while driftless had it open; nothing is acknowledged \
+                 or written until driftless is restarted on the right file");
+        }
+        Err(std::io::Error::other(format!(
+            "the file was {how} while driftless had it open; restart driftless"
+        )))
+    }
 }
 
 /// A write transaction and this process's turn to write; commit it.
 pub struct WriteTx {
     pub tx: sqlx::Transaction<'static, sqlx::Sqlite>,
     pub(crate) _turn: tokio::sync::OwnedMutexGuard<()>,
+}
+
+impl StoreError {
+    /// The disk is full (SQLITE_FULL) or failing to write (SQLITE_IOERR):
+    /// worth trying again once space or the device comes back.
+    pub fn is_disk_trouble(&self) -> bool {
+        match &self.source {
+            sqlx::Error::Database(d) => d.code().is_some_and(|c| {
+                c.parse::<i64>()
+                    .is_ok_and(|n| n & 0xff == 13 || n & 0xff == 10)
+            }),
+            sqlx::Error::Io(_) => true,
+            _ => false,
+        }
+    }
 }
 
 /// SQLITE_BUSY or SQLITE_LOCKED.
@@ -169,8 +220,46 @@ impl Store {
             what,
             source,
         };
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| err("creating its directory", e.into()))?;
+        use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+        // Private whatever the umask: the state directory 0700, the
+        // database 0600 (SQLite gives its -wal and -shm files the same
+        // mode).
+        if let Some(dir) = path.parent()
+            && !dir.exists()
+        {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(|e| err("creating its directory", e.into()))?;
+        }
+        if !path.exists() {
+            // A state directory already in use (git caches, checkouts) with
+            // no database: the database was deleted. Starting over with an
+            // empty one would forget every run, job and deployment.
+            if let Some(dir) = path.parent()
+                && (dir.join("git").exists() || dir.join("checkouts").exists())
+            {
+                return Err(err(
+                    "finding it (the state directory holds git caches and checkouts, but no database: \
+                     it was deleted or moved; restore it, or remove the state directory to start afresh)",
+                    sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::NotFound)),
+                ));
+            }
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(path)
+                .map(drop)
+                .or_else(|e| {
+                    if e.kind() == std::io::ErrorKind::AlreadyExists {
+                        Ok(())
+                    } else {
+                        Err(e)
+                    }
+                })
+                .map_err(|e| err("creating it", e.into()))?;
         }
         let opts = SqliteConnectOptions::from_str("sqlite:")
             .map_err(|e| err("configuring", e))?
@@ -184,16 +273,29 @@ impl Store {
         // which takes an exclusive lock SQLite does not wait for: a second
         // process opening it at that instant gets SQLITE_BUSY at once. Retry
         // that for a few seconds rather than fail a tick for it.
+        let meta = std::fs::metadata(path).map_err(|e| err("reading its metadata", e.into()))?;
+        let identity = Identity {
+            path: path.to_path_buf(),
+            dev_ino: (meta.dev(), meta.ino()),
+            logged: Default::default(),
+        };
         let mut attempt = 0;
         let pool = loop {
+            let id = identity.clone();
             match SqlitePoolOptions::new()
                 .max_connections(8)
                 // A commit that failed (a full disk) can leave a pooled
                 // connection marked inside a transaction, and every later
                 // write on it fails ("begin_with at non-zero transaction
-                // depth"). Such a connection is closed, not reused.
-                .before_acquire(|conn, _meta| {
-                    Box::pin(async move { Ok(!sqlx::Connection::is_in_transaction(conn)) })
+                // depth"). Such a connection is closed, not reused. And no
+                // connection is handed out once the file at the path is not
+                // the one open.
+                .before_acquire(move |conn, _meta| {
+                    let id = id.clone();
+                    Box::pin(async move {
+                        id.check().map_err(sqlx::Error::Io)?;
+                        Ok(!sqlx::Connection::is_in_transaction(conn))
+                    })
                 })
                 .connect_with(opts.clone())
                 .await
@@ -219,11 +321,26 @@ impl Store {
             pool,
             path: path.to_path_buf(),
             writer: Default::default(),
+            identity,
+        })
+    }
+
+    /// Is the file at the database's path still the one this process has
+    /// open? Deleted or replaced (a restore, an `rm`), every write would go
+    /// into an unlinked file and be lost at the next start: refused, with
+    /// an ERROR naming the path (once). The pool asks before handing out
+    /// any connection.
+    pub fn check_identity(&self) -> Result<(), StoreError> {
+        self.identity.check().map_err(|e| StoreError {
+            path: self.path.clone(),
+            what: "checking it is still the file opened",
+            source: sqlx::Error::Io(e),
         })
     }
 
     /// Begin an IMMEDIATE transaction, after this process's earlier writers.
     pub async fn begin_write(&self, what: &'static str) -> Result<WriteTx, StoreError> {
+        self.check_identity()?;
         let turn = self.writer.clone().lock_owned().await;
         let tx = self
             .pool
@@ -458,6 +575,7 @@ impl Store {
 
     /// A real write, to tell whether the database takes writes (/readyz).
     pub async fn probe_write(&self) -> Result<(), StoreError> {
+        self.check_identity()?;
         sqlx::query(
             "INSERT INTO health (id, probed_at) VALUES (1, ?1)
              ON CONFLICT (id) DO UPDATE SET probed_at = excluded.probed_at",
