@@ -32,6 +32,12 @@ const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 const DEFAULT_MAX_CONNECTIONS: usize = 256;
 const DEFAULT_REPEAT_AFTER: Duration = Duration::from_secs(6 * 3600);
+// The most each duration key takes: past these, a value is a typo.
+const MAX_INTERVAL: Duration = Duration::from_secs(7 * 24 * 3600);
+const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+const MAX_REPEAT_AFTER: Duration = Duration::from_secs(30 * 24 * 3600);
+const MAX_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5 * 60);
+const MAX_REQUEST_TIMEOUT: Duration = Duration::from_secs(3600);
 /// Marks a target without its own `notify` list until defaults are known.
 const INHERIT: &str = "\u{0}defaults";
 
@@ -607,6 +613,7 @@ fn validate(raw: Value, path: &Path, base: &Path, problems: &mut Vec<Problem>) -
             "repeat_after",
             raw_defaults.repeat_after.as_deref(),
             DEFAULT_REPEAT_AFTER,
+            MAX_REPEAT_AFTER,
             problems,
         ),
     };
@@ -746,6 +753,7 @@ fn validate_server(raw: Option<Value>, problems: &mut Vec<Problem>) -> Server {
         "header_read_timeout",
         raw.header_read_timeout.as_deref(),
         DEFAULT_HEADER_READ_TIMEOUT,
+        MAX_HEADER_READ_TIMEOUT,
         problems,
     );
     server.request_timeout = duration(
@@ -753,6 +761,7 @@ fn validate_server(raw: Option<Value>, problems: &mut Vec<Problem>) -> Server {
         "request_timeout",
         raw.request_timeout.as_deref(),
         DEFAULT_REQUEST_TIMEOUT,
+        MAX_REQUEST_TIMEOUT,
         problems,
     );
     server
@@ -996,6 +1005,7 @@ fn validate_target(
         "interval",
         raw.interval.as_deref(),
         DEFAULT_INTERVAL,
+        MAX_INTERVAL,
         problems,
     );
     let timeout = duration(
@@ -1003,6 +1013,7 @@ fn validate_target(
         "timeout",
         raw.timeout.as_deref(),
         DEFAULT_TIMEOUT,
+        MAX_TIMEOUT,
         problems,
     );
     let git = match raw.git {
@@ -1137,12 +1148,23 @@ fn duration(
     key: &str,
     raw: Option<&str>,
     default: Duration,
+    max: Duration,
     problems: &mut Vec<Problem>,
 ) -> Duration {
     let Some(raw) = raw else { return default };
+    if let Some(unit) = calendar_unit(raw) {
+        problems.push(problem(
+            label,
+            key,
+            format!(
+                "`{raw}` counts in {unit}, which nobody means here (`M` is months, `m` minutes; `y` years): \
+                 write it in s, m, h or d, such as \"5m\" or \"2h\""
+            ),
+        ));
+        return default;
+    }
     match humantime::parse_duration(raw.trim()) {
-        Ok(d) if d >= Duration::from_secs(1) => d,
-        Ok(_) => {
+        Ok(d) if d < Duration::from_secs(1) => {
             problems.push(problem(
                 label,
                 key,
@@ -1150,6 +1172,18 @@ fn duration(
             ));
             default
         }
+        Ok(d) if d > max => {
+            problems.push(problem(
+                label,
+                key,
+                format!(
+                    "`{raw}` is longer than the most this key takes ({})",
+                    humantime::format_duration(max)
+                ),
+            ));
+            default
+        }
+        Ok(d) => d,
         Err(e) => {
             problems.push(problem(
                 label,
@@ -1159,6 +1193,25 @@ fn duration(
             default
         }
     }
+}
+
+/// A month or year unit in a duration (humantime reads `5M` as five
+/// months and `1y` as a year).
+fn calendar_unit(raw: &str) -> Option<&'static str> {
+    let mut unit = String::new();
+    let mut units = Vec::new();
+    for c in raw.trim().chars().chain(std::iter::once(' ')) {
+        if c.is_alphabetic() {
+            unit.push(c);
+        } else if !unit.is_empty() {
+            units.push(std::mem::take(&mut unit));
+        }
+    }
+    units.iter().find_map(|u| match u.as_str() {
+        "M" | "month" | "months" | "mo" => Some("months"),
+        "y" | "year" | "years" => Some("years"),
+        _ => None,
+    })
 }
 
 /// Target names end up in file names, URLs and SQL rows: keep them boring.
@@ -1444,6 +1497,36 @@ mod tests {
         std::fs::write(dir.path().join("token"), "x\n").expect("write");
         let real = SecretRef::parse("token", dir.path());
         assert!(format!("{real:?}").ends_with("/token"), "{real:?}");
+    }
+
+    #[test]
+    fn durations_nobody_means_are_refused() {
+        let toml = |interval: &str, timeout: &str| {
+            format!(
+                "[[targets]]\nname = \"t\"\nrepo = \"https://h/o/r\"\ninterval = \"{interval}\"\ntimeout = \"{timeout}\"\n[targets.backend]\nkind = \"exec\"\napply = [\"true\"]\n"
+            )
+        };
+        let target = |i: &str, t: &str| problems(&toml(i, t));
+        assert!(load_str(&toml("5m", "30m")).is_ok());
+        assert!(load_str(&toml("1h 30m", "1d")).is_ok());
+        let p = target("5M", "1y");
+        assert_eq!(p.len(), 2, "{p:?}");
+        assert!(
+            p[0].key == "interval" && p[0].message.contains("months"),
+            "{p:?}"
+        );
+        assert!(
+            p[1].key == "timeout" && p[1].message.contains("years"),
+            "{p:?}"
+        );
+        let p = target("8d", "25h");
+        assert_eq!(p.len(), 2, "{p:?}");
+        assert!(
+            p[0].message
+                .contains("longer than the most this key takes (7days)"),
+            "{p:?}"
+        );
+        assert!(p[1].message.contains("(1day)"), "{p:?}");
     }
 
     #[test]
