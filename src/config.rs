@@ -86,22 +86,29 @@ fn list(problems: &[Problem]) -> String {
 /// printed: `Debug` shows only where it comes from.
 #[derive(Clone, PartialEq, Eq)]
 pub enum SecretRef {
-    File(PathBuf),
+    /// A file; `bare` when the value was a bare name (no `/`), which might
+    /// be a secret pasted where a path belongs.
+    File {
+        path: PathBuf,
+        bare: bool,
+    },
     Env(String),
 }
 
 impl fmt::Debug for SecretRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            // A `*_file` value that names no file may be the secret itself,
-            // pasted where a path belongs: its name is never shown.
-            SecretRef::File(p) if std::fs::symlink_metadata(p).is_err() => write!(
-                f,
-                "file:{}/… (no such file; its name is not shown in case it is the secret itself: \
-                 the key takes a path to a file holding the secret, or env:NAME)",
-                p.parent().unwrap_or(Path::new("")).display()
-            ),
-            SecretRef::File(p) => write!(f, "file:{}", p.display()),
+            // A bare name that names no file may be the secret itself,
+            // pasted where a path belongs: it is never shown.
+            SecretRef::File { path, bare: true } if std::fs::symlink_metadata(path).is_err() => {
+                write!(
+                    f,
+                    "file:{}/… (no such file; its name is not shown in case it is the secret itself: \
+                     the key takes a path to a file holding the secret, or env:NAME)",
+                    path.parent().unwrap_or(Path::new("")).display()
+                )
+            }
+            SecretRef::File { path, .. } => write!(f, "file:{}", path.display()),
             SecretRef::Env(n) => write!(f, "env:{n}"),
         }
     }
@@ -127,17 +134,22 @@ impl SecretRef {
     pub fn parse(raw: &str, base: &Path) -> Self {
         match raw.strip_prefix("env:") {
             Some(name) => SecretRef::Env(name.to_string()),
-            None => SecretRef::File(resolve(base, raw)),
+            None => SecretRef::File {
+                path: resolve(base, raw),
+                bare: !raw.contains('/'),
+            },
         }
     }
 
     /// Read the secret, trimming one trailing newline (files written by `echo`).
     pub fn load(&self) -> Result<String, SecretError> {
         let raw = match self {
-            SecretRef::File(p) => std::fs::read_to_string(p).map_err(|e| SecretError {
-                reference: self.to_string(),
-                reason: e.to_string(),
-            })?,
+            SecretRef::File { path, .. } => {
+                std::fs::read_to_string(path).map_err(|e| SecretError {
+                    reference: self.to_string(),
+                    reason: e.to_string(),
+                })?
+            }
             SecretRef::Env(n) => std::env::var(n).map_err(|e| SecretError {
                 reference: self.to_string(),
                 reason: e.to_string(),
@@ -377,7 +389,7 @@ pub fn load(path: &Path) -> Result<Settings, ConfigError> {
 }
 
 fn load_with_env(path: &Path, env: bool) -> Result<Settings, ConfigError> {
-    settle(path, parse(path, env)?)
+    settle(path, parse(path, env, false)?)
 }
 
 /// Settings only when there was no problem at all.
@@ -396,7 +408,11 @@ fn settle(
 
 /// Read and validate: the settings that could be made sense of (targets,
 /// receivers and tokens with problems are left out) and every problem.
-fn parse(path: &Path, env: bool) -> Result<(Option<Settings>, Vec<Problem>), ConfigError> {
+fn parse(
+    path: &Path,
+    env: bool,
+    machine: bool,
+) -> Result<(Option<Settings>, Vec<Problem>), ConfigError> {
     if !path.is_file() {
         return Err(ConfigError::Read {
             path: path.to_path_buf(),
@@ -413,7 +429,7 @@ fn parse(path: &Path, env: bool) -> Result<(Option<Settings>, Vec<Problem>), Con
         .ok()
         .and_then(|p| p.parent().map(Path::to_path_buf))
         .unwrap_or_else(|| PathBuf::from("."));
-    parse_built(builder, path, &base, env)
+    parse_built(builder, path, &base, env, machine)
 }
 
 /// Parse and validate configuration text as if it were the file `path`
@@ -423,7 +439,7 @@ fn parse(path: &Path, env: bool) -> Result<(Option<Settings>, Vec<Problem>), Con
 pub fn from_toml_str(text: &str, path: &Path, base: &Path) -> Result<Settings, ConfigError> {
     let builder = config::Config::builder()
         .add_source(config::File::from_str(text, config::FileFormat::Toml));
-    settle(path, parse_built(builder, path, base, false)?)
+    settle(path, parse_built(builder, path, base, false, false)?)
 }
 
 fn parse_built(
@@ -431,6 +447,7 @@ fn parse_built(
     path: &Path,
     base: &Path,
     env: bool,
+    machine: bool,
 ) -> Result<(Option<Settings>, Vec<Problem>), ConfigError> {
     if env {
         builder = builder.add_source(
@@ -448,14 +465,14 @@ fn parse_built(
             message: e.to_string(),
         })?;
     let mut problems = Vec::new();
-    let settings = validate(raw, path, base, &mut problems);
+    let settings = validate(raw, path, base, machine, &mut problems);
     Ok((settings, problems))
 }
 
 /// Like [`load`], then also check what can only be seen on this machine:
 /// secret files readable, local repositories present. Returns every problem.
 pub fn check(path: &Path) -> Result<Settings, ConfigError> {
-    let (settings, mut problems) = parse(path, true)?;
+    let (settings, mut problems) = parse(path, true, true)?;
     let Some(settings) = settings else {
         return Err(ConfigError::Invalid {
             path: path.to_path_buf(),
@@ -464,33 +481,6 @@ pub fn check(path: &Path) -> Result<Settings, ConfigError> {
     };
     for t in &settings.targets {
         let section = format!("targets[{}]", t.name);
-        if let Some(token) = &t.git.token
-            && let Err(e) = token.load()
-        {
-            problems.push(problem(&section, "git.token_file", e.to_string()));
-        }
-        for (key, file) in [
-            ("git.identity_file", &t.git.identity_file),
-            ("git.known_hosts_file", &t.git.known_hosts_file),
-            ("git.ca_file", &t.git.ca_file),
-        ] {
-            if let Some(f) = file
-                && !f.is_file()
-            {
-                problems.push(problem(
-                    &section,
-                    key,
-                    format!("{} is not a readable file", f.display()),
-                ));
-            }
-        }
-        if Path::new(&t.repo).is_absolute() && !Path::new(&t.repo).exists() {
-            problems.push(problem(
-                &section,
-                "repo",
-                format!("local repository {} does not exist", t.repo),
-            ));
-        }
         problems.extend(
             t.backend
                 .check_environment()
@@ -560,7 +550,13 @@ fn serde_problem(section: &str, prefix: &str, err: &serde_json::Error) -> Proble
     problem(section, &key, msg)
 }
 
-fn validate(raw: Value, path: &Path, base: &Path, problems: &mut Vec<Problem>) -> Option<Settings> {
+fn validate(
+    raw: Value,
+    path: &Path,
+    base: &Path,
+    machine: bool,
+    problems: &mut Vec<Problem>,
+) -> Option<Settings> {
     let top: RawTop = match serde_json::from_value(raw) {
         Ok(t) => t,
         Err(e) => {
@@ -595,7 +591,7 @@ fn validate(raw: Value, path: &Path, base: &Path, problems: &mut Vec<Problem>) -
                 format!("duplicate target name `{n}`"),
             ));
         }
-        if let Some(t) = validate_target(raw, &label, base, problems) {
+        if let Some(t) = validate_target(raw, &label, base, machine, problems) {
             targets.push(t);
         }
     }
@@ -915,6 +911,7 @@ fn validate_target(
     mut raw: Value,
     label: &str,
     base: &Path,
+    machine: bool,
     problems: &mut Vec<Problem>,
 ) -> Option<Target> {
     // The backend table is checked on its own so its problems name `backend.*`.
@@ -926,8 +923,10 @@ fn validate_target(
         }
         Some(b) => match BackendConfig::from_value(b, base) {
             Ok(b) => Some(b),
-            Err(e) => {
-                problems.push(serde_problem(label, "backend.", &e));
+            Err(errs) => {
+                for (key, msg) in errs {
+                    problems.push(problem(label, &format!("backend.{key}"), msg));
+                }
                 None
             }
         },
@@ -939,7 +938,6 @@ fn validate_target(
             return None;
         }
     };
-    let before = problems.len();
     if !valid_name(&raw.name) {
         problems.push(problem(
             label,
@@ -1065,10 +1063,53 @@ fn validate_target(
         }
         None => derive_web_url(&repo),
     };
-    let backend = backend?;
-    if problems.len() != before {
-        return None;
+    // What only this machine can tell, for `check`: looked at whatever else
+    // is wrong with the target.
+    if machine {
+        if let Some(token) = &git.token
+            && let Err(e) = token.load()
+        {
+            problems.push(problem(label, "git.token_file", e.to_string()));
+        }
+        for (key, file) in [
+            ("git.identity_file", &git.identity_file),
+            ("git.known_hosts_file", &git.known_hosts_file),
+            ("git.ca_file", &git.ca_file),
+        ] {
+            if let Some(f) = file
+                && !f.is_file()
+            {
+                problems.push(problem(
+                    label,
+                    key,
+                    format!("{} is not a readable file", f.display()),
+                ));
+            }
+        }
+        let local = repo.strip_prefix("file://").unwrap_or(&repo).to_string();
+        if Path::new(&local).is_absolute() {
+            let p = Path::new(&local);
+            if !p.exists() {
+                problems.push(problem(
+                    label,
+                    "repo",
+                    format!("local repository {local} does not exist"),
+                ));
+            } else {
+                let bare = p.join("HEAD").is_file() && p.join("objects").is_dir();
+                if !bare && !p.join(".git").exists() {
+                    problems.push(problem(
+                        label,
+                        "repo",
+                        format!("{local} is not a git repository (no HEAD and objects, no .git)"),
+                    ));
+                }
+            }
+        }
     }
+    // With problems, the target is still returned, for `check` to look at
+    // what it can (its files, its binary); `load` refuses the whole file.
+    let backend = backend?;
     Some(Target {
         name: raw.name,
         repo,
@@ -1453,7 +1494,7 @@ mod tests {
             "#,
         );
         assert_eq!(p.len(), 1, "{p:?}");
-        assert_eq!(p[0].key, "backend");
+        assert_eq!(p[0].key, "backend.kind");
         assert!(p[0].message.contains("terraforn"), "{p:?}");
     }
 
@@ -1533,8 +1574,14 @@ mod tests {
     fn secret_ref_debug_names_the_reference_only() {
         let r = SecretRef::parse("env:SOME_TOKEN", Path::new("/etc"));
         assert_eq!(format!("{r:?}"), "env:SOME_TOKEN");
-        let f = SecretRef::parse("token", Path::new("/etc/driftless"));
-        assert_eq!(f, SecretRef::File(PathBuf::from("/etc/driftless/token")));
+        let f = SecretRef::parse("./token", Path::new("/etc/driftless"));
+        assert_eq!(
+            f,
+            SecretRef::File {
+                path: PathBuf::from("/etc/driftless/token"),
+                bare: false
+            }
+        );
     }
 
     #[test]
@@ -1542,9 +1589,22 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let p = dir.path().join("s");
         std::fs::write(&p, "hunter2\n").expect("write");
-        assert_eq!(SecretRef::File(p.clone()).load().expect("load"), "hunter2");
+        assert_eq!(
+            SecretRef::File {
+                path: p.clone(),
+                bare: false
+            }
+            .load()
+            .expect("load"),
+            "hunter2"
+        );
         std::fs::write(&p, "\n").expect("write");
-        let e = SecretRef::File(p).load().expect_err("empty");
+        let e = SecretRef::File {
+            path: p,
+            bare: false,
+        }
+        .load()
+        .expect_err("empty");
         assert!(e.to_string().contains("empty"));
     }
 }

@@ -30,6 +30,7 @@ pub mod queue;
 pub mod redact;
 pub mod route;
 pub mod scheduler;
+pub mod schema;
 pub mod status;
 pub mod store;
 pub mod tick;

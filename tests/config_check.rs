@@ -137,7 +137,7 @@ fn check_looks_at_secret_files_and_binaries() {
     let config = write(
         dir.path(),
         "state_dir = \"state\"\n[[targets]]\nname = \"net\"\nrepo = \"https://example.net/r.git\"\n\
-         [targets.git]\ntoken_file = \"missing-token\"\n\
+         [targets.git]\ntoken_file = \"secrets/missing-token\"\n\
          [targets.backend]\nkind = \"terraform\"\nbinary = \"no-such-tofu\"\n",
     );
     let out = driftless(&config, &["check"]);
@@ -147,7 +147,7 @@ fn check_looks_at_secret_files_and_binaries() {
         report.contains("targets[net]: key `git.token_file`: cannot read secret file:"),
         "{report}"
     );
-    assert!(report.contains("missing-token"), "{report}");
+    assert!(report.contains("secrets/missing-token"), "{report}");
     assert!(
         report.contains("targets[net]: key `backend.binary`: `no-such-tofu` is not on the PATH"),
         "{report}"
@@ -278,4 +278,71 @@ fn target_paths_are_normalised_once_and_shown_so() {
         .map(|t| t["path"].as_str().unwrap_or("?"))
         .collect();
     assert_eq!(paths, ["sub/dir", "sub/dir", ""]);
+}
+
+#[test]
+fn check_names_every_problem_inside_tables_and_looks_at_broken_targets_too() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let not_git = dir.path().join("not-a-repo");
+    std::fs::create_dir_all(&not_git).expect("mkdir");
+    let config = write(
+        dir.path(),
+        &format!(
+            r#"
+state_dir = "state"
+
+[[targets]]
+name = "net"
+repo = "https://git.example.net/infra.git"
+interval = "soon"
+[targets.git]
+token_file = "/nonexistent/token"
+[targets.backend]
+kind = "terraform"
+binary = "no-such-terraform-bin"
+var_files = "prod.tfvars"
+lock_timeoutt = "1m"
+
+[[targets]]
+name = "gone"
+repo = "file:///nonexistent/infra.git"
+[targets.backend]
+kind = "exec"
+apply = ["true"]
+
+[[targets]]
+name = "plain"
+repo = "{}"
+[targets.backend]
+kind = "exec"
+apply = ["true"]
+
+[[notifiers]]
+name = "mail"
+kind = "email"
+host = "smtp.example.net"
+port = "twenty-five"
+from = "driftless@example.net"
+to = ["ops@example.net"]
+colour = "blue"
+"#,
+            not_git.display()
+        ),
+    );
+    let out = driftless(&config, &["check"]);
+    assert_eq!(out.status.code(), Some(1));
+    let report = text(&out.stdout);
+    for expected in [
+        "targets[net]: key `interval`: `soon` is not a duration".to_string(),
+        "targets[net]: key `backend.lock_timeoutt`: unknown field `lock_timeoutt`".into(),
+        "targets[net]: key `backend.var_files`: invalid type: string \"prod.tfvars\", expected a sequence".into(),
+        // the machine checks of a target that has schema problems too
+        "targets[net]: key `git.token_file`: cannot read secret".into(),
+        "targets[gone]: key `repo`: local repository /nonexistent/infra.git does not exist".into(),
+        format!("targets[plain]: key `repo`: {} is not a git repository", not_git.display()),
+        "notifiers[mail]: key `port`: invalid type: string \"twenty-five\"".into(),
+        "notifiers[mail]: key `colour`: unknown field `colour`".into(),
+    ] {
+        assert!(report.contains(&expected), "missing {expected:?} in:\n{report}");
+    }
 }

@@ -278,7 +278,7 @@ impl Ansible {
                 }
             },
             (None, Some(raw)) => match SecretRef::parse(raw, &self.ctx.workdir) {
-                SecretRef::File(p) => Some(p),
+                SecretRef::File { path, .. } => Some(path),
                 SecretRef::Env(_) => None,
             },
             (None, None) => None,

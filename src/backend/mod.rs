@@ -154,12 +154,54 @@ pub enum BackendConfig {
 }
 
 impl BackendConfig {
-    /// Parse the table. Paths to files in the repository stay relative to
-    /// the target's path; paths to files on the controller (ssh keys) are
-    /// resolved against `base`, the config file's directory.
-    pub fn from_value(v: serde_json::Value, base: &Path) -> Result<Self, serde_json::Error> {
-        let mut cfg: BackendConfig = serde_json::from_value(v)?;
-        cfg.validate().map_err(serde::de::Error::custom)?;
+    /// Parse the table, naming every problem with its key (`kind` picks
+    /// the struct, whose fields are read with their paths). Paths to files
+    /// in the repository stay relative to the target's path; paths to files
+    /// on the controller (ssh keys) are resolved against `base`, the config
+    /// file's directory.
+    pub fn from_value(
+        mut v: serde_json::Value,
+        base: &Path,
+    ) -> Result<Self, Vec<crate::schema::KeyProblem>> {
+        const KINDS: &str = "terraform, exec, ansible, pi, compose, nomad, pulumi, cloudformation";
+        let kind = match v.as_object_mut().map(|o| o.remove("kind")) {
+            None => return Err(vec![("(table)".into(), "must be a table".into())]),
+            Some(None) => return Err(vec![("kind".into(), format!("missing: one of {KINDS}"))]),
+            Some(Some(serde_json::Value::String(k))) => k,
+            Some(Some(other)) => {
+                return Err(vec![(
+                    "kind".into(),
+                    format!("{other} is not one of {KINDS}"),
+                )]);
+            }
+        };
+        use crate::schema::read;
+        let mut cfg = match kind.as_str() {
+            "terraform" => BackendConfig::Terraform(read(v)?),
+            "exec" => BackendConfig::Exec(read(v)?),
+            "ansible" => BackendConfig::Ansible(read(v)?),
+            "pi" => BackendConfig::Pi(read(v)?),
+            "compose" => BackendConfig::Compose(read(v)?),
+            "nomad" => BackendConfig::Nomad(read(v)?),
+            "pulumi" => BackendConfig::Pulumi(read(v)?),
+            "cloudformation" => BackendConfig::Cloudformation(read(v)?),
+            other => {
+                return Err(vec![(
+                    "kind".into(),
+                    format!("unknown variant `{other}`, expected one of {KINDS}"),
+                )]);
+            }
+        };
+        // A backend's own checks say "`key` …": that is the key at fault.
+        cfg.validate().map_err(|msg| {
+            let key = msg
+                .split('`')
+                .nth(1)
+                .filter(|k| k.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+                .unwrap_or("(table)")
+                .to_string();
+            vec![(key, msg)]
+        })?;
         match &mut cfg {
             BackendConfig::Pi(c) => c.resolve_paths(base),
             BackendConfig::Nomad(c) => c.resolve_paths(base),

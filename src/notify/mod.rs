@@ -376,20 +376,34 @@ impl NotifierConfig {
                 vec![]
             }
         };
-        let kind: NotifierKind = match serde_json::from_value(v) {
+        // `kind` picks the struct, read with every bad key named.
+        const KINDS: &str = "email, slack, matrix, webhook";
+        let kind_name = match v.as_object_mut().and_then(|o| o.remove("kind")) {
+            Some(Value::String(k)) => k,
+            Some(other) => {
+                errs.push(("kind".into(), format!("{other} is not one of {KINDS}")));
+                return Err(errs);
+            }
+            None => {
+                errs.push(("kind".into(), format!("missing: one of {KINDS}")));
+                return Err(errs);
+            }
+        };
+        use crate::schema::read;
+        let parsed = match kind_name.as_str() {
+            "email" => read(v).map(NotifierKind::Email),
+            "slack" => read(v).map(NotifierKind::Slack),
+            "matrix" => read(v).map(NotifierKind::Matrix),
+            "webhook" => read(v).map(NotifierKind::Webhook),
+            other => Err(vec![(
+                "kind".to_string(),
+                format!("unknown variant `{other}`, expected one of {KINDS}"),
+            )]),
+        };
+        let kind = match parsed {
             Ok(k) => k,
             Err(e) => {
-                let msg = e.to_string();
-                let msg = msg.split(" at line ").next().unwrap_or(&msg).to_string();
-                let key = msg
-                    .split('`')
-                    .nth(1)
-                    .filter(|_| {
-                        msg.starts_with("unknown field") || msg.starts_with("missing field")
-                    })
-                    .unwrap_or("kind")
-                    .to_string();
-                errs.push((key, msg));
+                errs.extend(e);
                 return Err(errs);
             }
         };
