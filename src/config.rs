@@ -443,21 +443,13 @@ pub fn from_toml_str(text: &str, path: &Path, base: &Path) -> Result<Settings, C
 }
 
 fn parse_built(
-    mut builder: config::ConfigBuilder<config::builder::DefaultState>,
+    builder: config::ConfigBuilder<config::builder::DefaultState>,
     path: &Path,
     base: &Path,
     env: bool,
     machine: bool,
 ) -> Result<(Option<Settings>, Vec<Problem>), ConfigError> {
-    if env {
-        builder = builder.add_source(
-            config::Environment::with_prefix("DRIFTLESS")
-                .prefix_separator("__")
-                .separator("__")
-                .try_parsing(true),
-        );
-    }
-    let raw: Value = builder
+    let mut raw: Value = builder
         .build()
         .and_then(|c| c.try_deserialize())
         .map_err(|e| ConfigError::Read {
@@ -465,8 +457,84 @@ fn parse_built(
             message: e.to_string(),
         })?;
     let mut problems = Vec::new();
+    if env {
+        let mut vars: Vec<(String, String)> = std::env::vars()
+            .filter(|(k, _)| k.starts_with(ENV_PREFIX))
+            .collect();
+        vars.sort();
+        apply_env(&mut raw, &vars, &mut problems);
+    }
     let settings = validate(raw, path, base, machine, &mut problems);
     Ok((settings, problems))
+}
+
+const ENV_PREFIX: &str = "DRIFTLESS__";
+
+/// `DRIFTLESS__A__B=value` overrides, applied to the file's table: `__`
+/// between levels, keys in any case; a list of tables (`targets`,
+/// `receivers`, `tokens`, `notifiers`) is entered by index
+/// (`DRIFTLESS__TARGETS__0__INTERVAL`) or by the entry's name
+/// (`DRIFTLESS__TARGETS__WEB__INTERVAL`). `true`/`false` and integers are
+/// read as such, anything else as a string. A variable that names no
+/// entry is a problem naming the variable. (The `config` crate's own
+/// environment source makes `targets` a table of `0`, `1`, …, which no
+/// longer reads as a list.)
+fn apply_env(raw: &mut Value, vars: &[(String, String)], problems: &mut Vec<Problem>) {
+    for (name, value) in vars {
+        let path: Vec<String> = name[ENV_PREFIX.len()..]
+            .split("__")
+            .map(str::to_ascii_lowercase)
+            .collect();
+        if path.iter().any(String::is_empty) {
+            problems.push(problem("environment", name, "has an empty level (`____`)"));
+            continue;
+        }
+        let parsed = match value.as_str() {
+            "true" => Value::Bool(true),
+            "false" => Value::Bool(false),
+            v => v
+                .parse::<i64>()
+                .map(Value::from)
+                .unwrap_or_else(|_| Value::String(v.to_string())),
+        };
+        if let Err(why) = set_path(raw, &path, parsed) {
+            problems.push(problem("environment", name, why));
+        }
+    }
+}
+
+fn set_path(v: &mut Value, path: &[String], value: Value) -> Result<(), String> {
+    let Some((first, rest)) = path.split_first() else {
+        *v = value;
+        return Ok(());
+    };
+    match v {
+        Value::Object(m) => {
+            let next = m
+                .entry(first.clone())
+                .or_insert_with(|| Value::Object(Default::default()));
+            set_path(next, rest, value)
+        }
+        Value::Array(a) => {
+            let len = a.len();
+            let found = match first.parse::<usize>() {
+                Ok(i) => a.get_mut(i).ok_or(format!(
+                    "names entry {i}, but the file has {len} (numbered from 0)"
+                ))?,
+                Err(_) => a
+                    .iter_mut()
+                    .find(|e| e.get("name").and_then(Value::as_str) == Some(first.as_str()))
+                    .ok_or(format!("names `{first}`, but no entry has that name"))?,
+            };
+            if rest.is_empty() {
+                return Err("would replace a whole entry: name a key inside it".into());
+            }
+            set_path(found, rest, value)
+        }
+        _ => Err(format!(
+            "goes inside `{first}`'s parent, which is a value, not a table"
+        )),
+    }
 }
 
 /// Like [`load`], then also check what can only be seen on this machine:
@@ -1568,6 +1636,44 @@ mod tests {
             "{p:?}"
         );
         assert!(p[1].message.contains("(1day)"), "{p:?}");
+    }
+
+    #[test]
+    fn environment_overrides_reach_list_entries_by_index_or_name() {
+        let toml = "[[targets]]\nname = \"web\"\nrepo = \"https://h/o/r\"\n[targets.backend]\nkind = \"exec\"\napply = [\"true\"]\n\
+                    [[targets]]\nname = \"db\"\nrepo = \"https://h/o/r\"\n[targets.backend]\nkind = \"exec\"\napply = [\"true\"]\n";
+        let mut raw: Value = serde_json::to_value(
+            config::Config::builder()
+                .add_source(config::File::from_str(toml, config::FileFormat::Toml))
+                .build()
+                .expect("build")
+                .try_deserialize::<Value>()
+                .expect("value"),
+        )
+        .expect("json");
+        let mut p = Vec::new();
+        let vars = [
+            ("DRIFTLESS__TARGETS__0__INTERVAL", "10m"),
+            ("DRIFTLESS__TARGETS__DB__BRANCH", "prod"),
+            ("DRIFTLESS__SERVER__WORKERS", "3"),
+            ("DRIFTLESS__TARGETS__7__INTERVAL", "1m"),
+            ("DRIFTLESS__TARGETS__NOPE__INTERVAL", "1m"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()));
+        apply_env(&mut raw, &vars, &mut p);
+        assert_eq!(raw["targets"][0]["interval"], "10m");
+        assert_eq!(raw["targets"][1]["branch"], "prod");
+        assert_eq!(raw["server"]["workers"], 3);
+        let keys: Vec<&str> = p.iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "DRIFTLESS__TARGETS__7__INTERVAL",
+                "DRIFTLESS__TARGETS__NOPE__INTERVAL"
+            ],
+            "{p:?}"
+        );
+        assert!(p[0].message.contains("the file has 2"), "{p:?}");
     }
 
     #[test]

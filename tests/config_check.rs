@@ -122,6 +122,38 @@ fn environment_overrides_are_validated_too() {
         text(&bad.stdout)
     );
     assert_eq!(run("3").status.code(), Some(0));
+    // A target's key, by index or by name; a variable naming no target is
+    // a problem that names the variable.
+    let with = |k: &str, v: &str| {
+        Command::new(bin())
+            .args([
+                "--config",
+                config.to_str().expect("utf8"),
+                "status",
+                "--json",
+            ])
+            .env(k, v)
+            .output()
+            .expect("run")
+    };
+    for var in [
+        "DRIFTLESS__TARGETS__0__BRANCH",
+        "DRIFTLESS__TARGETS__A__BRANCH",
+    ] {
+        let out = with(var, "release");
+        assert!(out.status.success(), "{var}: {}", text(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        assert_eq!(v[0]["branch"], "release", "{var}");
+    }
+    let out = with("DRIFTLESS__TARGETS__3__INTERVAL", "1m");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains(
+            "environment: key `DRIFTLESS__TARGETS__3__INTERVAL`: names entry 3, but the file has 1"
+        ),
+        "{}",
+        text(&out.stderr)
+    );
     // DRIFTLESS_CONFIG names the file when --config is absent.
     let out = Command::new(bin())
         .arg("check")
