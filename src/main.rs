@@ -42,25 +42,32 @@ enum Command {
     },
     /// Per target: the commit last applied and how the last run went.
     Status {
+        /// Print JSON (an array of objects) instead of a table.
         #[arg(long)]
         json: bool,
     },
     /// The runs of one target, newest first.
     History {
+        /// The target's name.
         target: String,
+        /// Print JSON, with each run's output tail.
         #[arg(long)]
         json: bool,
+        /// How many runs to show, newest first.
         #[arg(long, default_value_t = 20)]
         limit: i64,
     },
     /// What a target exposes (terraform outputs, the exec command's JSON).
     Outputs {
+        /// The target's name.
         target: String,
+        /// Print the JSON object as is.
         #[arg(long)]
         json: bool,
     },
     /// Tear a target down (at the commit last applied).
     Destroy {
+        /// The target's name.
         target: String,
         /// Required: destroying is not undone by anything.
         #[arg(long)]
@@ -72,13 +79,17 @@ enum Command {
     /// reconciles answer 409) until it is resumed; with --job, only keep
     /// driftless from registering or approving that Nomad job.
     Pause {
+        /// The target's name.
         target: String,
+        /// A Nomad job of the target (its job ID), instead of the whole target.
         #[arg(long)]
         job: Option<String>,
     },
     /// Let a paused target (or Nomad job) tick again.
     Resume {
+        /// The target's name.
         target: String,
+        /// A Nomad job of the target (its job ID), instead of the whole target.
         #[arg(long)]
         job: Option<String>,
     },
@@ -88,18 +99,27 @@ enum Command {
         /// Only the ones waiting for approval.
         #[arg(long)]
         pending: bool,
+        /// Print JSON, diffs included (redacted).
         #[arg(long)]
         json: bool,
     },
     /// Approve a pending Nomad deployment: shows its diff, then approves
     /// exactly that spec (through the API; token from DRIFTLESS_TOKEN).
-    Approve { id: i64 },
+    Approve {
+        /// The deployment's id (from `driftless deployments --pending`).
+        id: i64,
+    },
     /// Reject a pending Nomad deployment (through the API).
-    Reject { id: i64 },
+    Reject {
+        /// The deployment's id.
+        id: i64,
+    },
     /// The append-only record of a target's Nomad deployment state changes:
     /// who, what, when, from which state.
     Events {
+        /// The target's name.
         target: String,
+        /// Print JSON.
         #[arg(long)]
         json: bool,
     },
@@ -118,7 +138,10 @@ enum Command {
 #[derive(Subcommand)]
 enum NotifyCommand {
     /// Send a test event through one notifier now and report the outcome.
-    Test { notifier: String },
+    Test {
+        /// The notifier's name, as in `[[notifiers]]`.
+        notifier: String,
+    },
     /// List the notifications waiting in the outbox.
     Pending {
         /// Include the ones given up after too many attempts.
@@ -130,7 +153,10 @@ enum NotifyCommand {
 #[derive(Subcommand)]
 enum TokenCommand {
     /// Print a fresh token and the [[tokens]] entry (its digest) for the config.
-    New { name: String },
+    New {
+        /// A name for the token (it appears in logs and pause records).
+        name: String,
+    },
 }
 
 fn main() -> ExitCode {

@@ -378,3 +378,74 @@ colour = "blue"
         assert!(report.contains(&expected), "missing {expected:?} in:\n{report}");
     }
 }
+
+#[test]
+fn every_command_flag_and_argument_has_a_help_line() {
+    let help = |args: &[&str]| {
+        let out = Command::new(bin())
+            .args(args)
+            .arg("--help")
+            .output()
+            .expect("help");
+        assert!(out.status.success(), "{args:?}");
+        text(&out.stdout)
+    };
+    let top = help(&[]);
+    let commands: Vec<String> = top
+        .split("Commands:")
+        .nth(1)
+        .expect("a command list")
+        .split("Options:")
+        .next()
+        .unwrap_or("")
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .filter(|c| c != "help")
+        .collect();
+    assert!(commands.len() >= 15, "{commands:?}");
+    let mut pages = Vec::new();
+    for c in &commands {
+        let page = help(&[c.as_str()]);
+        if let Some(subs) = page.split("Commands:").nth(1) {
+            for sub in subs.split("Options:").next().unwrap_or("").lines() {
+                if let Some(s) = sub.split_whitespace().next().filter(|s| *s != "help") {
+                    pages.push((format!("{c} {s}"), help(&[c.as_str(), s])));
+                }
+            }
+        }
+        pages.push((c.clone(), page));
+    }
+    for (name, page) in pages {
+        for section in ["Arguments:", "Options:"] {
+            let Some(body) = page.split(section).nth(1) else {
+                continue;
+            };
+            for line in body
+                .trim_start_matches('\n')
+                .split("\n\n")
+                .next()
+                .unwrap_or("")
+                .lines()
+                .filter(|l| !l.trim().is_empty())
+            {
+                let words: Vec<&str> = line.split_whitespace().collect();
+                // "<NAME>  help" or "--flag <V>  help": a name and at least
+                // one word of help.
+                let named = words
+                    .iter()
+                    .take_while(|w| {
+                        w.starts_with('-')
+                            || w.starts_with('<')
+                            || w.starts_with('[')
+                            || w.ends_with(',')
+                    })
+                    .count();
+                assert!(
+                    words.len() > named && named > 0,
+                    "`driftless {name} --help`: no help for `{}`",
+                    line.trim()
+                );
+            }
+        }
+    }
+}
