@@ -207,6 +207,9 @@ pub struct Server {
     pub public_url: Option<String>,
     /// Who may see the HTML page at `/`.
     pub page: PageAccess,
+    /// Who may scrape `/metrics`: anyone (`Open`, the default) or a token
+    /// with a read scope (`Token`).
+    pub metrics: PageAccess,
 }
 
 /// Who may see the HTML page at `/` (`[server] page`).
@@ -356,6 +359,7 @@ struct RawServer {
     max_connections: Option<i64>,
     public_url: Option<String>,
     page: Option<String>,
+    metrics: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -736,6 +740,7 @@ fn validate_server(raw: Option<Value>, problems: &mut Vec<Problem>) -> Server {
         max_connections: DEFAULT_MAX_CONNECTIONS,
         public_url: None,
         page: PageAccess::Token,
+        metrics: PageAccess::Open,
     };
     let Some(raw) = raw else { return server };
     let raw: RawServer = match serde_json::from_value(raw) {
@@ -798,6 +803,17 @@ fn validate_server(raw: Option<Value>, problems: &mut Vec<Problem>) -> Server {
                 "public_url",
                 format!("`{u}` must be an http:// or https:// URL"),
             ));
+        }
+    }
+    if let Some(m) = raw.metrics {
+        match m.as_str() {
+            "open" => server.metrics = PageAccess::Open,
+            "token" => server.metrics = PageAccess::Token,
+            _ => problems.push(problem(
+                "server",
+                "metrics",
+                format!("`{m}` is not one of \"open\", \"token\""),
+            )),
         }
     }
     if let Some(p) = raw.page {

@@ -206,7 +206,40 @@ fn a_signed_push_applies_exactly_the_affected_target_at_that_commit() {
         text.contains("driftless_last_success_timestamp_seconds{target=\"db\"}"),
         "{text}"
     );
+    // Every target has a queued count, 0 included; the content type is the
+    // format written (OpenMetrics text, which ends with `# EOF`).
+    for t in ["web-site", "web-api", "db"] {
+        assert!(
+            text.contains(&format!("driftless_jobs_queued{{target=\"{t}\"}} 0")),
+            "{t}: {text}"
+        );
+    }
+    let r = http(daemon.port, "GET", "/metrics", &[], b"");
+    assert_eq!(
+        r.header("content-type"),
+        Some("application/openmetrics-text; version=1.0.0; charset=utf-8")
+    );
+    assert!(r.body.trim_end().ends_with("# EOF"), "{}", r.body);
     assert_eq!(http_get(daemon.port, "/readyz").map(|r| r.0), Some(200));
+}
+
+#[test]
+fn metrics_can_ask_for_a_read_token() {
+    let w = world();
+    let cfg = std::fs::read_to_string(&w.setup.config).expect("config");
+    std::fs::write(
+        &w.setup.config,
+        cfg.replacen("[server]\n", "[server]\nmetrics = \"token\"\n", 1),
+    )
+    .expect("config");
+    let daemon = w.setup.serve();
+    let get = |auth: Option<&str>| {
+        let h: Vec<(&str, &str)> = auth.map(|a| ("Authorization", a)).into_iter().collect();
+        http(daemon.port, "GET", "/metrics", &h, b"").status
+    };
+    assert_eq!(get(None), 401);
+    assert_eq!(get(Some("Bearer not-a-token")), 401);
+    assert_eq!(get(Some(&w.token("viewer"))), 200);
 }
 
 #[test]

@@ -181,22 +181,43 @@ async fn readyz(State(s): State<AppState>) -> Response {
     (StatusCode::OK, "ready\n").into_response()
 }
 
-async fn metrics(State(s): State<AppState>) -> Response {
-    let queued = match s.engine.queue.activity().await {
-        Ok(a) => a
-            .into_iter()
-            .map(|a| (a.target, a.queued))
-            .collect::<Vec<_>>(),
+async fn metrics(State(s): State<AppState>, headers: axum::http::HeaderMap) -> Response {
+    let settings = &s.engine.settings;
+    if settings.server.metrics == crate::config::PageAccess::Token {
+        let presented = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        match crate::auth::authenticate(&settings.tokens, presented) {
+            Ok(t) if crate::auth::reads_anything(t) => {}
+            Ok(_) => return error(StatusCode::FORBIDDEN, "this token has no read scope"),
+            Err(_) => return error(StatusCode::UNAUTHORIZED, "unauthorized"),
+        }
+    }
+    let activity = match s.engine.queue.activity().await {
+        Ok(a) => a,
         Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     };
+    // Every configured target, 0 when nothing waits for it.
+    let queued: Vec<(String, i64)> = settings
+        .targets
+        .iter()
+        .map(|t| {
+            let n = activity
+                .iter()
+                .find(|a| a.target == t.name)
+                .map_or(0, |a| a.queued);
+            (t.name.clone(), n)
+        })
+        .collect();
     let last = match s.engine.store.last_successes().await {
         Ok(l) => l,
         Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     };
     (
+        // prometheus-client writes the OpenMetrics text format.
         [(
             header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
         s.engine.metrics.render(&queued, &last),
     )
