@@ -266,13 +266,17 @@ fn a_stack_lock_left_by_a_killed_up_is_reported_and_never_deleted() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("tick");
+    // The lock file, once Pulumi has written it whole.
+    let read_lock = || -> Option<Value> {
+        let path = locks(&f).into_iter().next()?;
+        serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
+    };
     wait_for(
         std::time::Duration::from_secs(20),
         "the stack's lock",
-        || !locks(&f).is_empty(),
+        || read_lock().is_some(),
     );
-    let lock: Value =
-        serde_json::from_str(&std::fs::read_to_string(&locks(&f)[0]).expect("lock")).expect("json");
+    let lock = read_lock().expect("lock");
     let pid = lock["pid"].as_i64().expect("pid");
     // SAFETY: kill(2) on the stand-in's pid, which this test just read.
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
