@@ -340,6 +340,42 @@ fn tokens_and_scopes() {
 }
 
 #[test]
+fn a_push_of_an_older_commit_applies_the_branch_tip_and_records_both() {
+    let w = world();
+    let daemon = w.setup.serve();
+    wait_idle(&w);
+    // Two pushes land; the forge's delivery for the first arrives after
+    // both are on the branch.
+    let a = w.remote.commit(&[("site/index.html", "a")], "a");
+    let b = w.remote.commit(&[("site/index.html", "b")], "b");
+    assert_ne!(a, b);
+    let r = deliver(
+        daemon.port,
+        &github_push(&w, &a, &["site/index.html"]),
+        "tip-a",
+    );
+    assert_eq!(r.status, 202, "{r:?}");
+    wait_for(Duration::from_secs(30), "the push applied", || {
+        applied(&w, "web-site").len() == 2
+    });
+    wait_idle(&w);
+    // What the apply saw, what its run records, and what was asked for.
+    assert_eq!(
+        applied(&w, "web-site")[1],
+        b,
+        "the apply did not see the tip"
+    );
+    let run = &w.setup.history("web-site")[0];
+    assert_eq!(run["sha"], b.as_str());
+    assert_eq!(run["requested_sha"], a.as_str());
+    assert_eq!(
+        w.setup.target_status("web-site")["last_applied_sha"],
+        b.as_str()
+    );
+    drop(daemon);
+}
+
+#[test]
 fn which_targets_a_push_affects_comes_from_git_not_from_the_payloads_file_lists() {
     let w = world();
     let daemon = w.setup.serve();
