@@ -136,33 +136,61 @@ fn kill_9_mid_apply_then_restart_runs_the_job_again() {
     let remote = Remote::new(root.path(), "infra");
     let sha = remote.commit(&[("x", "1")], "first");
     let log = root.path().join("apply.log");
+    // The command writes to its stdout and stderr after the daemon is gone
+    // (with pipes it would die of SIGPIPE there and never say "finished"),
+    // and stamps each line with the time.
     let s = Setup::new(&exec_target(
         "app",
         &remote.url(),
         "interval = \"1h\"",
         &format!(
-            "apply = [\"sh\", \"-c\", \"echo started >> {l}; sleep 3; echo finished >> {l}\"]",
+            "apply = [\"sh\", \"-c\", \"echo started $(date +%s.%N) >> {l}; sleep 5; \
+             echo to stdout after the kill; echo to stderr after the kill >&2; \
+             echo finished $(date +%s.%N) >> {l}\"]",
             l = log.display()
         ),
     ));
     let daemon = s.serve();
     wait_for(Duration::from_secs(20), "the apply to start", || {
-        log_lines(&log) == ["started"]
+        log_lines(&log).len() == 1
     });
     daemon.kill9();
     // Restart at once: the orphaned command still holds the target's lock,
     // so the restarted daemon must wait for it, then run the job again.
     let daemon = s.serve();
+    let up = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs_f64();
     wait_for(
         Duration::from_secs(60),
         "the job to run again and finish",
         || log_lines(&log).len() >= 4 && idle(&s, "app"),
     );
+    let lines = log_lines(&log);
+    let kinds: Vec<&str> = lines
+        .iter()
+        .map(|l| l.split_whitespace().next().unwrap_or(""))
+        .collect();
     assert_eq!(
-        log_lines(&log),
+        kinds,
         ["started", "finished", "started", "finished"],
-        "the rerun overlapped the orphaned apply"
+        "the orphan died or the rerun overlapped it: {lines:?}"
     );
+    let at = |i: usize| -> f64 {
+        lines[i]
+            .split_whitespace()
+            .nth(1)
+            .and_then(|t| t.parse().ok())
+            .expect("a time stamp")
+    };
+    // The restarted daemon was up while the orphan still ran (so it had to
+    // wait for it), and started the rerun only after the orphan finished.
+    assert!(
+        up < at(1),
+        "the restart came after the orphan finished: the waiting path never ran"
+    );
+    assert!(at(2) >= at(1), "the rerun started before the orphan finished: {lines:?}");
     let runs = s.history("app");
     assert_eq!(runs.len(), 2, "{runs:?}");
     assert_eq!(runs[0]["result"], "changed");
