@@ -23,10 +23,42 @@ const GIT: &str = "canary-git-token-c3e8";
 const GIT_WRONG: &str = "canary-git-wrong-token-0d5f";
 const TF_VAR: &str = "canary-tf-sensitive-6b21";
 const ENV: &str = "canary-backend-env-e7f3";
+/// Characters that JSON, URLs and shells escape: a leak in an escaped form
+/// would not show as the raw string.
+const QUOTED: &str = "canary \"q/+% x-5e1a";
 
-const ALL: [&str; 11] = [
-    HOOK, API, API_WRONG, SMTP, SLACK, MATRIX, NOTIFY_SIG, GIT, GIT_WRONG, TF_VAR, ENV,
+const ALL: [&str; 12] = [
+    HOOK, API, API_WRONG, SMTP, SLACK, MATRIX, NOTIFY_SIG, GIT, GIT_WRONG, TF_VAR, ENV, QUOTED,
 ];
+
+/// The user names that go with a secret on the wire: the encoded forms of
+/// `user:secret` (HTTP Basic) and `\0user\0secret` (SMTP AUTH PLAIN) are
+/// looked for too.
+const USERS: [&str; 2] = ["deploy", "driftless"];
+
+/// A canary as it could leak: raw, base64 (standard and URL-safe, alone,
+/// as HTTP Basic and as SMTP AUTH PLAIN), percent-encoded, JSON-escaped.
+fn forms(c: &str) -> Vec<String> {
+    use base64::Engine;
+    let b64 = |b: &[u8]| {
+        [
+            base64::engine::general_purpose::STANDARD.encode(b),
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b),
+        ]
+    };
+    let mut out = vec![c.to_string()];
+    out.extend(b64(c.as_bytes()));
+    for u in USERS {
+        out.extend(b64(format!("{u}:{c}").as_bytes()));
+        out.extend(b64(format!("\0{u}\0{c}").as_bytes()));
+    }
+    out.push(form_urlencoded::byte_serialize(c.as_bytes()).collect());
+    let json = serde_json::to_string(c).unwrap_or_default();
+    out.push(json.trim_matches('"').to_string());
+    out.sort();
+    out.dedup();
+    out
+}
 
 const MAIN_TF: &str = r#"
 variable "db_password" {
@@ -77,7 +109,12 @@ fn state_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
 
 fn assert_clean(what: &str, text: &str) {
     for c in ALL {
-        assert!(!text.contains(c), "canary {c} found in {what}:\n{text}");
+        for f in forms(c) {
+            assert!(
+                !text.contains(&f),
+                "canary {c:?} found in {what}, as {f:?}:\n{text}"
+            );
+        }
     }
 }
 
@@ -101,9 +138,11 @@ fn no_secret_reaches_any_output() {
     let git_wrong = file(&secrets, "git-wrong", GIT_WRONG);
 
     // Notification receivers: an HTTP sink for webhook, Slack and Matrix
-    // (its first answer fails, so the retry path logs too); SMTP on a closed
-    // port, so the mail notifier's error path runs.
+    // (its first answer fails, so the retry path logs too); a real SMTP
+    // server that requires AUTH with the password (so it is used), and one
+    // more mail notifier on a closed port, so the error path runs too.
     let sink = Service::http_sink(root.path(), 1);
+    let smtp = Service::smtp_auth(root.path(), free_port(), "driftless", SMTP);
     let slack_url = file(
         &secrets,
         "slack-url",
@@ -119,7 +158,7 @@ fn no_secret_reaches_any_output() {
     let cfg = format!(
         r#"
 [defaults]
-notify = ["hook", "chat", "matrix", "mail"]
+notify = ["hook", "chat", "matrix", "mail", "mail-down"]
 
 [[notifiers]]
 name = "hook"
@@ -141,6 +180,17 @@ room_id = "!ops:example.net"
 
 [[notifiers]]
 name = "mail"
+kind = "email"
+host = "127.0.0.1"
+port = {smtp_port}
+tls = "none"
+username = "driftless"
+password_file = {smtp_password}
+from = "driftless@example.net"
+to = ["ops@example.net"]
+
+[[notifiers]]
+name = "mail-down"
 kind = "email"
 host = "127.0.0.1"
 port = {closed}
@@ -171,9 +221,9 @@ token_file = {git_token}
 ca_file = {ca}
 [targets.backend]
 kind = "exec"
-apply = ["sh", "-c", "echo using key $API_KEY; echo failed: key $API_KEY rejected >&2; exit 1"]
+apply = ["sh", "-c", "echo using key $API_KEY and $QUOTED; echo failed: key $API_KEY rejected >&2; exit 1"]
 always = true
-env = {{ API_KEY = "env:CANARY_BACKEND_ENV" }}
+env = {{ API_KEY = "env:CANARY_BACKEND_ENV", QUOTED = "env:CANARY_QUOTED" }}
 
 [[targets]]
 name = "wronggit"
@@ -198,6 +248,7 @@ kind = "terraform"
 env = {{ TF_CLI_CONFIG_FILE = "/dev/null", TF_VAR_db_password = "env:CANARY_TF_VAR" }}
 "#,
         sink = sink.port,
+        smtp_port = smtp.port,
         repo = remote.url(),
     );
     let s = Setup::new(&cfg);
@@ -212,6 +263,7 @@ env = {{ TF_CLI_CONFIG_FILE = "/dev/null", TF_VAR_db_password = "env:CANARY_TF_V
         ("RUST_LOG", "debug"),
         ("CANARY_BACKEND_ENV", ENV),
         ("CANARY_TF_VAR", TF_VAR),
+        ("CANARY_QUOTED", QUOTED),
     ];
     let daemon = Daemon::start_with_env(&s.config, s.path(), port, &env);
     let mut seen = String::new();
@@ -232,8 +284,14 @@ env = {{ TF_CLI_CONFIG_FILE = "/dev/null", TF_VAR_db_password = "env:CANARY_TF_V
             reqs.iter()
                 .any(|r| r["answered"] == 200 && r["path"].as_str().unwrap_or("").starts_with(p))
         };
-        ok("/hook") && ok("/services/") && ok("/_matrix/")
+        ok("/hook") && ok("/services/") && ok("/_matrix/") && !smtp.mails().is_empty()
     });
+    // The password was used: the server required AUTH and took it.
+    assert!(
+        smtp.auth_log().iter().any(|l| l.starts_with("auth ok")),
+        "{:?}",
+        smtp.auth_log()
+    );
 
     // Webhooks: one signed push, one signed with the wrong key.
     let body = github_push_body(&https, &sha, &["app/run.sh"]);
@@ -370,6 +428,9 @@ env = {{ TF_CLI_CONFIG_FILE = "/dev/null", TF_VAR_db_password = "env:CANARY_TF_V
             }
         }
     }
+    for m in smtp.mails() {
+        seen.push_str(&m);
+    }
     assert!(seen.contains("[REDACTED]"), "nothing was redacted at all?");
     assert_clean("logs, API answers, CLI output or notifications", &seen);
 
@@ -384,7 +445,13 @@ env = {{ TF_CLI_CONFIG_FILE = "/dev/null", TF_VAR_db_password = "env:CANARY_TF_V
         let bytes = std::fs::read(&f).unwrap_or_default();
         let t = String::from_utf8_lossy(&bytes);
         for c in ALL {
-            assert!(!t.contains(c), "canary {c} stored in {}", f.display());
+            for form in forms(c) {
+                assert!(
+                    !t.contains(&form),
+                    "canary {c:?} stored in {} as {form:?}",
+                    f.display()
+                );
+            }
         }
     }
 }

@@ -190,7 +190,10 @@ fn kill_9_mid_apply_then_restart_runs_the_job_again() {
         up < at(1),
         "the restart came after the orphan finished: the waiting path never ran"
     );
-    assert!(at(2) >= at(1), "the rerun started before the orphan finished: {lines:?}");
+    assert!(
+        at(2) >= at(1),
+        "the rerun started before the orphan finished: {lines:?}"
+    );
     let runs = s.history("app");
     assert_eq!(runs.len(), 2, "{runs:?}");
     assert_eq!(runs[0]["result"], "changed");

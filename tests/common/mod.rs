@@ -933,6 +933,30 @@ impl Service {
         )
     }
 
+    /// A real SMTP server (aiosmtpd) that accepts mail only after AUTH with
+    /// `user` / `password`; `auth_log()` lists the attempts.
+    pub fn smtp_auth(root: &Path, port: u16, user: &str, password: &str) -> Service {
+        let dir = root.join(format!("smtp-auth-{port}"));
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let mut cmd = Command::new("python3");
+        cmd.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/smtp_auth_server.py"))
+            .arg(port.to_string())
+            .arg(dir.join("Maildir"))
+            .args([user, password]);
+        Self::spawn(
+            cmd,
+            port,
+            dir.clone(),
+            &dir.join("smtp.log"),
+            "tests/smtp_auth_server.py (pip install aiosmtpd)",
+        )
+    }
+
+    /// The AUTH attempts an `smtp_auth` server saw.
+    pub fn auth_log(&self) -> Vec<String> {
+        log_lines(&self.dir.join("auth.log"))
+    }
+
     /// The raw messages an SMTP server stored.
     pub fn mails(&self) -> Vec<String> {
         let mut out = Vec::new();
