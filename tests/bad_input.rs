@@ -49,18 +49,23 @@ fn signed_post(intake: &Intake, body: &[u8]) -> HttpResponse {
     )
 }
 
-/// Send raw bytes, return the status code of the answer (if any).
-fn raw(port: u16, bytes: &[u8]) -> Option<u16> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+/// Send raw bytes; the answer's status code, and whether the server
+/// answered *and* closed the connection within two seconds.
+fn raw(port: u16, bytes: &[u8]) -> (Option<u16>, bool) {
+    let started = std::time::Instant::now();
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return (None, false);
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
     let _ = s.write_all(bytes);
     let mut buf = Vec::new();
-    let _ = s.read_to_end(&mut buf);
-    String::from_utf8_lossy(&buf)
+    let eof = s.read_to_end(&mut buf).is_ok();
+    let bounded = eof && started.elapsed() < Duration::from_secs(2);
+    let code = String::from_utf8_lossy(&buf)
         .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
+        .nth(1)
+        .and_then(|c| c.parse().ok());
+    (code, bounded)
 }
 
 #[test]
@@ -98,7 +103,7 @@ fn oversized_chunked_bodies_and_header_floods_are_refused() {
         req.extend_from_slice(b"\r\n");
     }
     req.extend_from_slice(b"0\r\n\r\n");
-    assert_eq!(raw(intake.port, &req), Some(413));
+    assert_eq!(raw(intake.port, &req), (Some(413), true));
 
     // Ten thousand headers: refused by the HTTP parser, bounded.
     let mut flood = b"GET /healthz HTTP/1.1\r\nHost: x\r\n".to_vec();
@@ -106,12 +111,15 @@ fn oversized_chunked_bodies_and_header_floods_are_refused() {
         flood.extend_from_slice(format!("X-Flood-{i}: {i}\r\n").as_bytes());
     }
     flood.extend_from_slice(b"\r\n");
-    let code = raw(intake.port, &flood);
-    assert!(matches!(code, Some(400) | Some(431) | None), "{code:?}");
+    let (code, bounded) = raw(intake.port, &flood);
+    assert!(
+        matches!(code, Some(400) | Some(431)) && bounded,
+        "a header flood got {code:?} (answered and closed within 2 s: {bounded})"
+    );
 
-    // Garbage instead of HTTP.
-    let code = raw(intake.port, b"\x00\x01\x02 hello\r\n\r\n");
-    assert!(matches!(code, Some(400) | None), "{code:?}");
+    // Garbage instead of HTTP: a 400, then the connection is closed.
+    let (code, bounded) = raw(intake.port, b"\x00\x01\x02 hello\r\n\r\n");
+    assert_eq!((code, bounded), (Some(400), true));
 
     assert!(intake.jobs().is_empty());
     assert_eq!(
@@ -162,14 +170,19 @@ fn path_traversal_and_unknown_names_get_404_or_401() {
 
 #[test]
 fn good_requests_are_served_during_a_flood_of_bad_ones() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
     let (intake, _s, _t, _d) = intake();
     let port = intake.port;
+    let sent = Arc::new(AtomicUsize::new(0));
     let flooders: Vec<_> = (0..4)
         .map(|i| {
+            let sent = sent.clone();
             std::thread::spawn(move || {
+                let mut answers = std::collections::BTreeMap::new();
                 for n in 0..200 {
                     let body = format!("{{\"garbage\": {i}{n}");
-                    let _ = http(
+                    let r = http(
                         port,
                         "POST",
                         "/hooks/github",
@@ -179,15 +192,47 @@ fn good_requests_are_served_during_a_flood_of_bad_ones() {
                         ],
                         body.as_bytes(),
                     );
+                    *answers.entry(r.status).or_insert(0) += 1;
+                    sent.fetch_add(1, Ordering::Relaxed);
                 }
+                answers
             })
         })
         .collect();
-    for _ in 0..50 {
+    // Probe /healthz while the flood is on (it has started and not ended),
+    // timing each answer.
+    wait_for(Duration::from_secs(10), "the flood to start", || {
+        sent.load(Ordering::Relaxed) > 0
+    });
+    let mut during = Vec::new();
+    while sent.load(Ordering::Relaxed) < 800 {
+        let t = std::time::Instant::now();
         assert_eq!(http_get(port, "/healthz").map(|r| r.0), Some(200));
+        if sent.load(Ordering::Relaxed) < 800 {
+            during.push(t.elapsed());
+        }
     }
+    let mut answers = std::collections::BTreeMap::new();
     for f in flooders {
-        f.join().expect("flooder");
+        for (k, v) in f.join().expect("flooder") {
+            *answers.entry(k).or_insert(0) += v;
+        }
     }
+    // Every bad delivery got the documented answer.
+    assert_eq!(
+        answers.into_iter().collect::<Vec<_>>(),
+        [(401, 800)],
+        "the flood's answers"
+    );
+    assert!(
+        during.len() >= 5,
+        "only {} probes during the flood",
+        during.len()
+    );
+    let slowest = during.iter().max().copied().unwrap_or_default();
+    assert!(
+        slowest < Duration::from_secs(1),
+        "/healthz took {slowest:?} during the flood"
+    );
     assert!(intake.jobs().is_empty());
 }
