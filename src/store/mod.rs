@@ -646,3 +646,38 @@ impl Store {
             .map_err(self.err("reading paused targets"))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// kill -9 cannot tell FULL from NORMAL (the OS still has the data);
+    /// a power cut can. Every connection the pool hands out, not just the
+    /// first, must run with synchronous=FULL, in WAL, with foreign keys.
+    #[tokio::test]
+    async fn every_pooled_connection_is_durable() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(&dir.path().join("state/driftless.db"))
+            .await
+            .expect("open");
+        let mut held = Vec::new();
+        for _ in 0..8 {
+            held.push(store.pool().acquire().await.expect("connection"));
+        }
+        for c in &mut held {
+            let sync: i64 = sqlx::query_scalar("PRAGMA synchronous")
+                .fetch_one(&mut **c)
+                .await
+                .expect("pragma");
+            let journal: String = sqlx::query_scalar("PRAGMA journal_mode")
+                .fetch_one(&mut **c)
+                .await
+                .expect("pragma");
+            let fk: i64 = sqlx::query_scalar("PRAGMA foreign_keys")
+                .fetch_one(&mut **c)
+                .await
+                .expect("pragma");
+            assert_eq!((sync, journal.as_str(), fk), (2, "wal", 1));
+        }
+    }
+}
