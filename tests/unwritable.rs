@@ -61,27 +61,56 @@ fn push(remote: &Remote, port: u16, n: u32) -> (String, Option<u16>, String) {
 fn a_full_state_dir_refuses_work_and_recovers() {
     let root = tempfile::tempdir().expect("tempdir");
     let remote = Remote::new(root.path(), "infra");
-    remote.commit(&[("app/v", "0")], "first");
+    remote.commit(&[("app/v", "0"), ("ticker/v", "0")], "first");
     let marker = root.path().join("applied.log");
+    let ticks = root.path().join("ticks.log");
     let secret = root.path().join("secret");
     std::fs::write(&secret, SECRET).expect("write");
+    let (token, digest) = driftless::auth::new_token().expect("token");
     let s = Setup::new(&format!(
-        "[[receivers]]\nname = \"github\"\nforge = \"github\"\nsecret_file = {}\n\n{}",
+        "[[receivers]]\nname = \"github\"\nforge = \"github\"\nsecret_file = {}\n\n\
+         [[tokens]]\nname = \"ops\"\nsha256 = \"{digest}\"\nscopes = [\"reconcile:*\"]\n\n{}{}",
         toml_str(&secret.display().to_string()),
         exec_target(
             "app",
             &remote.url(),
             "path = \"app\"\ninterval = \"1h\"",
             &format!(
-                "apply = [\"sh\", \"-c\", \"git rev-parse HEAD >> {}\"]\nalways = true",
+                "apply = [\"sh\", \"-c\", \"git rev-parse HEAD >> {}; sleep 2\"]\nalways = true",
                 marker.display()
             )
+        ),
+        // A target the interval ticks every second, and one left alone.
+        exec_target(
+            "ticker",
+            &remote.url(),
+            "path = \"ticker\"\ninterval = \"1s\"",
+            &format!(
+                "apply = [\"sh\", \"-c\", \"echo tick >> {}\"]\nalways = true",
+                ticks.display()
+            )
+        ) + &exec_target(
+            "idle",
+            &remote.url(),
+            "interval = \"1h\"",
+            "apply = [\"true\"]"
         )
     ));
     let _mount = Tmpfs::mount(&s.state, "24m");
     let daemon = s.serve();
+    let auth = format!("Bearer {token}");
+    let reconcile = || {
+        http(
+            daemon.port,
+            "POST",
+            "/api/v1/targets/app/reconcile",
+            &[("Authorization", &auth)],
+            b"",
+        )
+    };
     wait_for(Duration::from_secs(20), "the first apply", || {
         s.target_status("app")["last_result"] == "changed"
+            && s.target_status("app")["running"] == false
     });
     let applied = || {
         std::fs::read_to_string(&marker)
@@ -91,12 +120,20 @@ fn a_full_state_dir_refuses_work_and_recovers() {
     };
     assert_eq!(applied(), 1);
 
-    // The disk fills up.
+    // One apply runs, a second job waits behind it; then the disk fills.
+    assert_eq!(reconcile().status, 202);
+    wait_for(Duration::from_secs(10), "the second apply running", || {
+        applied() == 2
+    });
+    let queued = reconcile();
+    assert_eq!(queued.status, 202, "{queued:?}");
     let filler = s.state.join("filler");
     let _ = Command::new("dd")
         .args(["if=/dev/zero", "bs=1M", "count=64"])
         .arg(format!("of={}", filler.display()))
         .output();
+    let ticked = log_lines(&ticks).len();
+
     let (_, code, _) = push(&remote, daemon.port, 1);
     assert_ne!(
         code.map(|c| (200..300).contains(&c)),
@@ -104,9 +141,14 @@ fn a_full_state_dir_refuses_work_and_recovers() {
         "a delivery was acknowledged on a full disk"
     );
     assert_eq!(code, Some(503));
+    assert_eq!(
+        reconcile().status,
+        503,
+        "an API reconcile was acknowledged on a full disk"
+    );
     assert_eq!(http_get(daemon.port, "/readyz").map(|r| r.0), Some(503));
-    let out = s.run(&["tick", "app"]);
-    assert_eq!(out.status.code(), Some(1));
+    let out = s.run(&["tick", "idle"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
     let err = text(&out.stderr);
     assert!(
         err.contains("driftless.db"),
@@ -116,17 +158,34 @@ fn a_full_state_dir_refuses_work_and_recovers() {
         err.contains("database or disk is full") && !err.contains("FOREIGN KEY"),
         "the error does not say the disk is full: {err}"
     );
+    // While the disk is full, neither the job queued before it filled nor
+    // the interval runs anything.
+    std::thread::sleep(Duration::from_secs(4));
     assert_eq!(
         applied(),
-        1,
-        "the backend ran although the run could not be recorded"
+        2,
+        "a backend ran although its run could not be recorded"
+    );
+    assert_eq!(
+        log_lines(&ticks).len(),
+        ticked,
+        "the interval ran a target on a full disk"
     );
 
-    // Space returns: the forge's retry is accepted and applied.
+    // Space returns: the job that waited runs, the interval goes on, and
+    // the forge's retry is accepted and applied.
     std::fs::remove_file(&filler).expect("rm filler");
     wait_for(Duration::from_secs(10), "ready again", || {
         http_get(daemon.port, "/readyz").is_some_and(|r| r.0 == 200)
     });
+    wait_for(Duration::from_secs(30), "the queued job run", || {
+        applied() >= 3
+    });
+    wait_for(
+        Duration::from_secs(30),
+        "the interval ticking again",
+        || log_lines(&ticks).len() > ticked,
+    );
     // Every connection in the pool must be usable again, not just the one
     // the readiness probe got (a commit that failed on the full disk once
     // left a pooled connection unusable: "begin_with at non-zero
@@ -137,7 +196,7 @@ fn a_full_state_dir_refuses_work_and_recovers() {
         assert_eq!(code, Some(202), "push {n}: {body}\n{}", daemon.log_text());
         sha = s2;
     }
-    wait_for(Duration::from_secs(30), "the push applied", || {
+    wait_for(Duration::from_secs(60), "the push applied", || {
         s.target_status("app")["last_applied_sha"] == sha.as_str()
     });
 
