@@ -29,6 +29,15 @@ pub fn jitter(interval: Duration) -> Duration {
     Duration::from_millis(if ms == 0 { 0 } else { fastrand::u64(0..=ms) })
 }
 
+/// When a target is due (Unix ms): `interval` plus this cycle's jitter
+/// after its last run started, or at once if it never ran.
+pub fn due_at(interval: Duration, jitter: Duration, last_run_at: Option<i64>, now: i64) -> i64 {
+    match last_run_at {
+        Some(last) => last + (interval + jitter).as_millis() as i64,
+        None => now,
+    }
+}
+
 pub struct Scheduler {
     settings: Arc<Settings>,
     queue: Queue,
@@ -99,17 +108,11 @@ impl Scheduler {
             if active.contains(&t.name) || paused.contains(&t.name) {
                 continue;
             }
-            // Never-run targets are due at once.
-            let due = match states.get(&t.name).copied().flatten() {
-                Some(last) => {
-                    let j = *self
-                        .jitter
-                        .entry(t.name.clone())
-                        .or_insert_with(|| jitter(t.interval));
-                    last + (t.interval + j).as_millis() as i64
-                }
-                None => now,
-            };
+            let j = *self
+                .jitter
+                .entry(t.name.clone())
+                .or_insert_with(|| jitter(t.interval));
+            let due = due_at(t.interval, j, states.get(&t.name).copied().flatten(), now);
             if now >= due {
                 self.queue
                     .enqueue(&Request {
@@ -129,5 +132,86 @@ impl Scheduler {
             self.wake.notify_waiters();
         }
         Ok(queued)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jitter_stays_within_a_tenth_of_the_interval_and_a_minute() {
+        for (interval, max) in [
+            (Duration::from_secs(1), Duration::from_millis(100)),
+            (Duration::from_secs(300), Duration::from_secs(30)),
+            (Duration::from_secs(3600), Duration::from_secs(60)),
+        ] {
+            let samples: Vec<Duration> = (0..2000).map(|_| jitter(interval)).collect();
+            assert!(samples.iter().all(|j| *j <= max), "{interval:?}");
+            // It spreads: not always the same value.
+            assert!(samples.iter().any(|j| *j != samples[0]), "{interval:?}");
+        }
+        assert_eq!(jitter(Duration::from_millis(5)), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_target_is_due_an_interval_and_its_jitter_after_its_last_run() {
+        let i = Duration::from_secs(60);
+        let j = Duration::from_secs(3);
+        assert_eq!(due_at(i, j, None, 1_000), 1_000, "never run: at once");
+        assert_eq!(due_at(i, j, Some(10_000), 20_000), 73_000);
+    }
+
+    async fn setup(toml: &str) -> (tempfile::TempDir, Scheduler, Queue) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let settings = crate::config::from_toml_str(
+            &format!("state_dir = \"{}\"\n{toml}", dir.path().display()),
+            std::path::Path::new("t.toml"),
+            dir.path(),
+        )
+        .expect("settings");
+        let store = crate::store::Store::open(&settings.database_path())
+            .await
+            .expect("store");
+        let names: Vec<(&str, &str)> = settings
+            .targets
+            .iter()
+            .map(|t| (t.name.as_str(), "exec"))
+            .collect();
+        store.register_targets(&names).await.expect("register");
+        let queue = Queue::new(store);
+        let sched = Scheduler::new(Arc::new(settings), queue.clone(), Default::default());
+        (dir, sched, queue)
+    }
+
+    #[tokio::test]
+    async fn paused_and_busy_targets_are_skipped_and_due_ones_queued_once() {
+        let toml = ["a", "b", "c"]
+            .iter()
+            .map(|n| {
+                format!(
+                    "[[targets]]\nname = \"{n}\"\nrepo = \"https://h/o/r\"\ninterval = \"1h\"\n[targets.backend]\nkind = \"exec\"\napply = [\"true\"]\n"
+                )
+            })
+            .collect::<String>();
+        let (_dir, mut sched, queue) = setup(&toml).await;
+        queue
+            .store()
+            .set_paused("b", Some("test"))
+            .await
+            .expect("pause");
+        // Never run: a and c are due at once; b is paused.
+        assert_eq!(sched.once().await.expect("once"), 2);
+        let queued: Vec<String> = queue
+            .activity()
+            .await
+            .expect("activity")
+            .into_iter()
+            .filter(|a| a.queued > 0)
+            .map(|a| a.target)
+            .collect();
+        assert_eq!(queued, ["a", "c"]);
+        // Already queued: not queued again.
+        assert_eq!(sched.once().await.expect("once"), 0);
     }
 }

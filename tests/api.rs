@@ -555,3 +555,40 @@ fn token_new_prints_a_token_and_its_digest() {
     assert!(text.contains(&format!("sha256 = \"{digest}\"")), "{text}");
     assert!(text.contains("name = \"ci\""));
 }
+
+#[test]
+fn a_paused_target_with_a_one_second_interval_never_runs() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(&[("x", "1")], "first");
+    let log = root.path().join("runs.log");
+    let s = Setup::new(&exec_target(
+        "fast",
+        &remote.url(),
+        "interval = \"1s\"",
+        &format!(
+            "apply = [\"sh\", \"-c\", \"echo run >> {}\"]\nalways = true",
+            log.display()
+        ),
+    ));
+    let daemon = s.serve();
+    wait_for(Duration::from_secs(20), "the interval ticking", || {
+        log_lines(&log).len() >= 2
+    });
+    let out = s.run(&["pause", "fast"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // A run already claimed when the pause landed may finish; then nothing.
+    std::thread::sleep(Duration::from_millis(1500));
+    let paused_at = log_lines(&log).len();
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(
+        log_lines(&log).len(),
+        paused_at,
+        "the interval ran a paused target"
+    );
+    assert!(s.run(&["resume", "fast"]).status.success());
+    wait_for(Duration::from_secs(10), "the interval again", || {
+        log_lines(&log).len() > paused_at
+    });
+    drop(daemon);
+}
