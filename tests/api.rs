@@ -592,3 +592,60 @@ fn a_paused_target_with_a_one_second_interval_never_runs() {
     });
     drop(daemon);
 }
+
+#[test]
+fn delivery_ids_are_forgotten_after_seven_days_and_not_before() {
+    let w = world();
+    let sha = w.remote.commit(&[("site/index.html", "v2")], "site v2");
+    let body = github_push(&w, &sha, &["site/index.html"]);
+    let daemon = w.setup.serve();
+    for id in ["delivery-8-days-old", "delivery-6-days-old"] {
+        let r = deliver(daemon.port, &body, id);
+        assert_eq!(r.status, 202, "{id}: {r:?}");
+        let again = deliver(daemon.port, &body, id);
+        assert_eq!(again.status, 200, "{id}: {again:?}");
+        assert_eq!(again.json()["duplicate"], true, "{id}: {again:?}");
+    }
+    wait_idle(&w);
+    assert!(daemon.stop().success());
+    let day_ms = 24 * 3600 * 1000;
+    let db = w.setup.db();
+    sql_exec(
+        &db,
+        &format!(
+            "UPDATE deliveries SET received_at = received_at - {} WHERE delivery_id = 'delivery-8-days-old';\n\
+             UPDATE deliveries SET received_at = received_at - {} WHERE delivery_id = 'delivery-6-days-old';",
+            8 * day_ms,
+            6 * day_ms
+        ),
+    );
+    // The daemon forgets ids older than seven days when it starts (and
+    // hourly): the forge may redeliver those as new; a younger id stays a
+    // duplicate.
+    let daemon = w.setup.serve();
+    wait_for(
+        Duration::from_secs(10),
+        "the old delivery id forgotten",
+        || {
+            sql_rows(
+                &db,
+                "SELECT 1 FROM deliveries WHERE delivery_id = 'delivery-8-days-old'",
+            )
+            .is_empty()
+        },
+    );
+    let kept = sql_rows(
+        &db,
+        "SELECT delivery_id FROM deliveries ORDER BY delivery_id",
+    );
+    assert_eq!(
+        kept,
+        vec![serde_json::json!({"delivery_id": "delivery-6-days-old"})]
+    );
+    let r = deliver(daemon.port, &body, "delivery-8-days-old");
+    assert_eq!(r.status, 202, "{r:?}");
+    let r = deliver(daemon.port, &body, "delivery-6-days-old");
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.json()["duplicate"], true, "{r:?}");
+    wait_idle(&w);
+}

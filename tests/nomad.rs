@@ -121,30 +121,11 @@ impl Fixture {
     }
 
     fn deployments(&self) -> Vec<Value> {
-        let out = std::process::Command::new("python3")
-            .arg("-c")
-            .arg(
-                "import json, sqlite3, sys\n\
-                 c = sqlite3.connect(sys.argv[1])\n\
-                 c.row_factory = sqlite3.Row\n\
-                 print(json.dumps([dict(r) for r in c.execute('SELECT * FROM nomad_deployments ORDER BY id')]))",
-            )
-            .arg(self.s.db())
-            .output()
-            .expect("python3 sqlite3");
-        assert!(out.status.success(), "{}", text(&out.stderr));
-        serde_json::from_slice(&out.stdout).expect("rows")
+        sql_rows(&self.s.db(), "SELECT * FROM nomad_deployments ORDER BY id")
     }
 
     fn sql(&self, statement: &str) {
-        let out = std::process::Command::new("python3")
-            .arg("-c")
-            .arg("import sqlite3, sys\nc = sqlite3.connect(sys.argv[1])\nc.executescript(sys.argv[2])\nc.commit()")
-            .arg(self.s.db())
-            .arg(statement)
-            .output()
-            .expect("python3 sqlite3");
-        assert!(out.status.success(), "{}", text(&out.stderr));
+        sql_exec(&self.s.db(), statement)
     }
 
     fn image(&self) -> String {

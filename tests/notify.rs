@@ -458,3 +458,131 @@ fn the_daemon_sends_notifications_promptly() {
     );
     drop(daemon);
 }
+
+#[test]
+fn a_failure_that_lasts_is_told_again_after_repeat_after() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(&[("app/fail", "disk full on /var\n")], "broken");
+    let sink = Service::http_sink(root.path(), 0);
+    let s = Setup::new(&format!(
+        "[defaults]\nrepeat_after = \"2s\"\n\n\
+         [[notifiers]]\nname = \"hook\"\nkind = \"webhook\"\nurl = \"http://127.0.0.1:{}/hook\"\n\n{}",
+        sink.port,
+        failing_target(&remote, "[\"hook\"]", "path = \"app\"")
+    ));
+    let tick = || {
+        let out = s.run(&["tick", "app"]);
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    };
+    tick(); // failed
+    tick(); // the same failure, told less than 2 s ago: nothing
+    std::thread::sleep(Duration::from_millis(2100));
+    tick(); // still failing after 2 s: still_failing
+    tick(); // told just now: nothing
+    let hook = events(&sink, "/hook");
+    let kinds: Vec<&str> = hook
+        .iter()
+        .map(|e| e["event"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(kinds, ["failed", "still_failing"], "{hook:#?}");
+    assert_eq!(hook[1]["consecutive_failures"], 3, "{}", hook[1]);
+    assert!(
+        hook[1]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("disk full on /var"),
+        "{}",
+        hook[1]
+    );
+    assert!(
+        hook[1]["failing_for_ms"].as_i64().unwrap_or(0) >= 2000,
+        "{}",
+        hook[1]
+    );
+}
+
+#[test]
+fn a_notifier_that_never_answers_is_given_up_after_its_attempts_with_an_error() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(&[("app/fail", "disk full on /var\n")], "broken");
+    let closed = free_port(); // nothing listens here
+    let s = Setup::new(&format!(
+        "[[notifiers]]\nname = \"hook\"\nkind = \"webhook\"\nurl = \"http://127.0.0.1:{closed}/hook\"\n\
+         attempts = 2\nretry_after = \"1s\"\n\n{}",
+        failing_target(&remote, "[\"hook\"]", "path = \"app\"")
+    ));
+    let out = s.run(&["tick", "app"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let log = text(&out.stderr);
+    assert!(
+        log.contains("notification failed; will retry") && log.contains("retry_in=1s"),
+        "{log}"
+    );
+    let pending = text(&s.run(&["notify", "pending"]).stdout);
+    assert!(
+        pending.contains("hook") && pending.contains("pending"),
+        "{pending}"
+    );
+
+    // Not retried before its time.
+    let out = s.run(&["tick", "app"]);
+    assert!(
+        !text(&out.stderr).contains("notification"),
+        "{}",
+        text(&out.stderr)
+    );
+    std::thread::sleep(Duration::from_millis(1100));
+    // The second attempt is the last: given up, said as an ERROR.
+    let out = s.run(&["tick", "app"]);
+    let log = text(&out.stderr);
+    let given_up: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("notification given up"))
+        .collect();
+    assert_eq!(given_up.len(), 1, "{log}");
+    assert!(
+        given_up[0].contains("ERROR")
+            && given_up[0].contains("attempts=2")
+            && given_up[0].contains("hook"),
+        "{log}"
+    );
+    // Gone from the outbox, kept for `--all`, and never tried again.
+    let pending = text(&s.run(&["notify", "pending"]).stdout);
+    assert!(pending.contains("no notifications pending"), "{pending}");
+    let all = text(&s.run(&["notify", "pending", "--all"]).stdout);
+    assert!(all.contains("given_up") && all.contains("hook"), "{all}");
+    std::thread::sleep(Duration::from_millis(2100));
+    let out = s.run(&["tick", "app"]);
+    assert!(
+        !text(&out.stderr).contains("notification"),
+        "{}",
+        text(&out.stderr)
+    );
+    // The backend's result was never touched by the notifier's trouble.
+    assert_eq!(s.target_status("app")["last_result"], "failed");
+}
+
+#[test]
+fn attempts_and_retry_after_out_of_range_are_named() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(&[("app/ok", "1")], "first");
+    let s = Setup::new(&format!(
+        "[[notifiers]]\nname = \"hook\"\nkind = \"webhook\"\nurl = \"http://127.0.0.1:9/hook\"\n\
+         attempts = 0\nretry_after = \"1h\"\n\n{}",
+        failing_target(&remote, "[\"hook\"]", "")
+    ));
+    let out = s.run(&["check"]);
+    let err = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("attempts") && err.contains("between 1 and 100"),
+        "{err}"
+    );
+    assert!(
+        err.contains("retry_after") && err.contains("between 1s and 10m"),
+        "{err}"
+    );
+}

@@ -83,7 +83,8 @@ pub struct EventDoc {
     /// Redacted, at most [`MESSAGE_MAX`] bytes.
     pub message: String,
     pub consecutive_failures: i64,
-    /// For `recovered`: how long the target was failing.
+    /// For `recovered`, `still_failing` and a changed failure: how long
+    /// the target has been failing.
     pub failing_for_ms: Option<i64>,
     pub run_id: Option<i64>,
     pub run_url: Option<String>,
@@ -114,10 +115,18 @@ impl EventDoc {
             .unwrap_or_default();
         match self.event {
             Event::Failed => format!("{}: failed{at}", self.target),
-            Event::StillFailing => format!(
-                "{}: still failing{at} ({} failures in a row)",
-                self.target, self.consecutive_failures
-            ),
+            Event::StillFailing => match self.failing_for_ms {
+                Some(ms) => format!(
+                    "{}: still failing{at} ({} failures in a row, for {})",
+                    self.target,
+                    self.consecutive_failures,
+                    humantime::format_duration(Duration::from_secs((ms / 1000).max(0) as u64))
+                ),
+                None => format!(
+                    "{}: still failing{at} ({} failures in a row)",
+                    self.target, self.consecutive_failures
+                ),
+            },
             Event::Recovered => match self.failing_for_ms {
                 Some(ms) => format!(
                     "{}: recovered{at} after failing for {}",
@@ -184,7 +193,7 @@ pub struct FailureState {
 pub struct Decision {
     pub event: Option<Event>,
     pub state: FailureState,
-    /// For `recovered`.
+    /// How long the target has been failing, for any but a first failure.
     pub failing_for_ms: Option<i64>,
 }
 
@@ -239,10 +248,11 @@ pub fn decide(
                 state.last_notified_at = Some(now_ms);
                 state.last_notified_message = Some(message.to_string());
             }
+            let failing_for_ms = state.failing_since.map(|s| now_ms - s);
             Decision {
                 event,
                 state,
-                failing_for_ms: None,
+                failing_for_ms,
             }
         }
         (_, true) => Decision {
@@ -330,6 +340,11 @@ pub struct NotifierConfig {
     pub name: String,
     /// The events it is told about.
     pub events: Vec<Event>,
+    /// How many times a notification is tried before it is given up.
+    pub attempts: i64,
+    /// The wait after the first failed attempt; it doubles after each
+    /// failure, up to ten minutes.
+    pub retry_after: std::time::Duration,
     pub kind: NotifierKind,
     /// Secret references resolved against the config file's directory.
     secrets: BTreeMap<&'static str, SecretRef>,
@@ -374,6 +389,36 @@ impl NotifierConfig {
             Some(_) => {
                 errs.push(("events".into(), "must be a list".into()));
                 vec![]
+            }
+        };
+        let attempts = match obj.remove("attempts") {
+            None => outbox::MAX_ATTEMPTS,
+            Some(Value::Number(n)) if n.as_i64().is_some_and(|n| (1..=100).contains(&n)) => {
+                n.as_i64().unwrap_or(outbox::MAX_ATTEMPTS)
+            }
+            Some(other) => {
+                errs.push((
+                    "attempts".into(),
+                    format!("{other} is not between 1 and 100"),
+                ));
+                outbox::MAX_ATTEMPTS
+            }
+        };
+        let retry_after = match obj.remove("retry_after") {
+            None => outbox::FIRST_RETRY,
+            Some(Value::String(d)) => match humantime::parse_duration(d.trim()) {
+                Ok(d) if d >= std::time::Duration::from_secs(1) && d <= outbox::MAX_RETRY => d,
+                _ => {
+                    errs.push((
+                        "retry_after".into(),
+                        format!("`{d}` is not a duration between 1s and 10m"),
+                    ));
+                    outbox::FIRST_RETRY
+                }
+            },
+            Some(other) => {
+                errs.push(("retry_after".into(), format!("{other} is not a duration")));
+                outbox::FIRST_RETRY
             }
         };
         // `kind` picks the struct, read with every bad key named.
@@ -476,6 +521,8 @@ impl NotifierConfig {
             Ok(NotifierConfig {
                 name,
                 events,
+                attempts,
+                retry_after,
                 kind,
                 secrets,
             })

@@ -20,17 +20,22 @@ use super::{EventDoc, NotifierConfig, SendError};
 use crate::config::Settings;
 use crate::store::{Store, StoreError, format_ms, now_ms};
 
-/// Attempts before a notification is given up.
+/// Attempts before a notification is given up (a notifier's `attempts`).
 pub const MAX_ATTEMPTS: i64 = 10;
+/// The first wait after a failure (a notifier's `retry_after`).
+pub const FIRST_RETRY: Duration = Duration::from_secs(2);
+/// The longest wait between attempts.
+pub const MAX_RETRY: Duration = Duration::from_secs(600);
 /// How long a claimed row is left alone by other senders.
 const CLAIM: Duration = Duration::from_secs(120);
 /// How often the sender looks when nothing wakes it.
 const POLL: Duration = Duration::from_secs(2);
 
-/// The wait before attempt `n + 1` after `n` failures: 2 s, 4 s, 8 s, … 10 min.
-pub fn backoff(failures: i64) -> Duration {
+/// The wait before attempt `n + 1` after `n` failures: `first`, then
+/// doubling, at most ten minutes (2 s, 4 s, 8 s, … by default).
+pub fn backoff(first: Duration, failures: i64) -> Duration {
     let exp = failures.clamp(1, 20) as u32 - 1;
-    Duration::from_secs(2u64.saturating_mul(1 << exp).min(600))
+    first.saturating_mul(1 << exp).min(MAX_RETRY)
 }
 
 /// An outbox row.
@@ -194,7 +199,11 @@ impl Sender {
             }
             Err(e) => {
                 let attempts = n.attempts + 1;
-                if attempts >= MAX_ATTEMPTS {
+                let (max, first) = self
+                    .notifiers
+                    .get(&n.notifier)
+                    .map_or((MAX_ATTEMPTS, FIRST_RETRY), |c| (c.attempts, c.retry_after));
+                if attempts >= max {
                     error!(notifier = %n.notifier, target = %n.target, event = %n.event, id = n.id,
                            attempts, error = %e, "notification given up");
                     sqlx::query(
@@ -208,7 +217,7 @@ impl Sender {
                     .await
                     .map_err(self.store.err("recording a failed notification"))?;
                 } else {
-                    let wait = backoff(attempts);
+                    let wait = backoff(first, attempts);
                     warn!(notifier = %n.notifier, target = %n.target, event = %n.event, id = n.id,
                           attempts, retry_in = %humantime::format_duration(wait), error = %e,
                           "notification failed; will retry");
@@ -271,9 +280,10 @@ mod tests {
 
     #[test]
     fn backoff_doubles_and_caps() {
-        assert_eq!(backoff(1), Duration::from_secs(2));
-        assert_eq!(backoff(2), Duration::from_secs(4));
-        assert_eq!(backoff(5), Duration::from_secs(32));
-        assert_eq!(backoff(30), Duration::from_secs(600));
+        assert_eq!(backoff(FIRST_RETRY, 1), Duration::from_secs(2));
+        assert_eq!(backoff(FIRST_RETRY, 2), Duration::from_secs(4));
+        assert_eq!(backoff(FIRST_RETRY, 5), Duration::from_secs(32));
+        assert_eq!(backoff(FIRST_RETRY, 30), Duration::from_secs(600));
+        assert_eq!(backoff(Duration::from_secs(1), 3), Duration::from_secs(4));
     }
 }

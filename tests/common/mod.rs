@@ -239,15 +239,37 @@ pub struct Daemon {
 }
 
 impl Daemon {
+    /// Start `driftless serve` on the setup's config. The port was free
+    /// when the setup chose it, but another process may have taken it
+    /// since (any outgoing connection can): then a new port is written into
+    /// the config and the daemon is started again.
     pub fn start(setup: &Setup) -> Daemon {
-        let config = std::fs::read_to_string(&setup.config).expect("config");
-        let port: u16 = config
-            .split("127.0.0.1:")
-            .nth(1)
-            .and_then(|s| s.split('"').next())
-            .and_then(|p| p.parse().ok())
-            .expect("port in config");
-        Self::start_with(&setup.config, setup.path(), port)
+        for _ in 0..5 {
+            let config = std::fs::read_to_string(&setup.config).expect("config");
+            let port: u16 = config
+                .split("127.0.0.1:")
+                .nth(1)
+                .and_then(|s| s.split('"').next())
+                .and_then(|p| p.parse().ok())
+                .expect("port in config");
+            match Self::try_start(&setup.config, setup.path(), port, &[("RUST_LOG", "info")]) {
+                Ok(d) => return d,
+                Err(log) if log.contains("Address already in use") => {
+                    let fresh = free_port();
+                    std::fs::write(
+                        &setup.config,
+                        config.replacen(
+                            &format!("127.0.0.1:{port}\""),
+                            &format!("127.0.0.1:{fresh}\""),
+                            1,
+                        ),
+                    )
+                    .expect("config");
+                }
+                Err(log) => panic!("driftless serve exited before it was serving:\n{log}"),
+            }
+        }
+        panic!("no free port for driftless serve after five tries");
     }
 
     /// Start `driftless serve` with `config` (listening on `port`), its log
@@ -259,6 +281,19 @@ impl Daemon {
     /// As [`Daemon::start_with`], with extra environment (`RUST_LOG`
     /// among it, if wanted).
     pub fn start_with_env(config: &Path, dir: &Path, port: u16, env: &[(&str, &str)]) -> Daemon {
+        Self::try_start(config, dir, port, env)
+            .unwrap_or_else(|log| panic!("driftless serve exited before it was serving:\n{log}"))
+    }
+
+    /// Spawn `serve` and wait until this child (not whatever else may
+    /// answer on the port) logged that it serves and `/healthz` answers; a
+    /// child that exits first gives its log as the error.
+    fn try_start(
+        config: &Path,
+        dir: &Path,
+        port: u16,
+        env: &[(&str, &str)],
+    ) -> Result<Daemon, String> {
         let n = std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0);
         let log = dir.join(format!("serve-{n}-{}.log", fastrand::u32(..)));
         let file = std::fs::File::create(&log).expect("log file");
@@ -273,11 +308,23 @@ impl Daemon {
             .stderr(file)
             .spawn()
             .expect("spawn serve");
-        let d = Daemon { child, log, port };
-        wait_for(Duration::from_secs(30), "daemon health", || {
-            http_get(d.port, "/healthz").is_some_and(|(code, _)| code == 200)
-        });
-        d
+        let mut d = Daemon { child, log, port };
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(30) {
+            if let Ok(Some(status)) = d.child.try_wait() {
+                return Err(format!("({status})\n{}", d.log_text()));
+            }
+            if d.log_text().contains("driftless serving")
+                && http_get(d.port, "/healthz").is_some_and(|(code, _)| code == 200)
+            {
+                return Ok(d);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "driftless serve was not serving after 30 s:\n{}",
+            d.log_text()
+        );
     }
 
     pub fn log_text(&self) -> String {
@@ -1192,6 +1239,37 @@ impl Drop for Dockerd {
             .status();
         let _ = self.child.wait();
     }
+}
+
+/// The rows `query` returns from the SQLite database `db`, as JSON objects
+/// (Python's sqlite3, so the test reads the file as any other client would).
+pub fn sql_rows(db: &Path, query: &str) -> Vec<Value> {
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import json, sqlite3, sys\n\
+             c = sqlite3.connect(sys.argv[1])\n\
+             c.row_factory = sqlite3.Row\n\
+             print(json.dumps([dict(r) for r in c.execute(sys.argv[2])]))",
+        )
+        .arg(db)
+        .arg(query)
+        .output()
+        .expect("python3 sqlite3");
+    assert!(out.status.success(), "{query}: {}", text(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("rows")
+}
+
+/// Run `statements` against the SQLite database `db` and commit.
+pub fn sql_exec(db: &Path, statements: &str) {
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg("import sqlite3, sys\nc = sqlite3.connect(sys.argv[1])\nc.executescript(sys.argv[2])\nc.commit()")
+        .arg(db)
+        .arg(statements)
+        .output()
+        .expect("python3 sqlite3");
+    assert!(out.status.success(), "{statements}: {}", text(&out.stderr));
 }
 
 /// A file's lines (none if it does not exist yet).
