@@ -157,7 +157,8 @@ fn pulumi_lifecycle_with_refresh_catching_drift() {
     assert_eq!(code, Some(0), "{out}");
     assert_eq!(f.status(), ("no_change".into(), "pulumi up: 1 same".into()));
 
-    f.remote
+    let bigger = f
+        .remote
         .commit(&[("stack/Pulumi.yaml", &program(2, ""))], "bigger");
     let (code, out) = f.tick();
     logs += &out;
@@ -172,8 +173,22 @@ fn pulumi_lifecycle_with_refresh_catching_drift() {
     let (code, out) = f.tick();
     logs += &out;
     assert_eq!(code, Some(0), "{out}");
-    assert_eq!(f.status().0, "changed");
-    assert_eq!(f.cloud()[URN]["size"], 2);
+    // driftless's part: it asked for the refresh, and reports the drift
+    // repaired as the update it was, at the commit it applied.
+    assert_eq!(f.status(), ("changed".into(), "pulumi up: 1 update".into()));
+    let ups: Vec<Vec<String>> = f.calls().into_iter().filter(|c| c[0] == "up").collect();
+    assert_eq!(ups.len(), 4, "{ups:?}");
+    for c in &ups {
+        assert_eq!(c.iter().filter(|a| *a == "--refresh").count(), 1, "{c:?}");
+    }
+    let last = &f.s.history("site")[0];
+    assert_eq!(last["sha"], bigger, "{last}");
+    assert_eq!(last["result"], "changed", "{last}");
+    // And with nothing drifted the next up is `same` again.
+    let (code, out) = f.tick();
+    logs += &out;
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(f.status(), ("no_change".into(), "pulumi up: 1 same".into()));
 
     let out = f.run(&["outputs", "site", "--json"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -205,8 +220,13 @@ fn without_refresh_drift_goes_unnoticed() {
     std::fs::write(f.backend.join("cloud.json"), cloud.to_string()).expect("write");
     let (code, out) = f.tick();
     assert_eq!(code, Some(0), "{out}");
-    assert_eq!(f.status().0, "no_change");
-    assert!(!f.calls()[3].contains(&"--refresh".to_string()));
+    assert_eq!(f.status(), ("no_change".into(), "pulumi up: 1 same".into()));
+    // driftless's part: `refresh = false` leaves the flag off every up.
+    let ups: Vec<Vec<String>> = f.calls().into_iter().filter(|c| c[0] == "up").collect();
+    assert_eq!(ups.len(), 2, "{ups:?}");
+    for c in &ups {
+        assert!(!c.iter().any(|a| a == "--refresh"), "{c:?}");
+    }
 }
 
 #[test]
