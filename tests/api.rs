@@ -156,7 +156,8 @@ fn a_signed_push_applies_exactly_the_affected_target_at_that_commit() {
     assert_eq!(run["delivery_id"], "e2e-1");
     assert_eq!(run["receiver"], "github");
 
-    // The same delivery again: nothing.
+    // The same delivery again: nothing (no job is even queued).
+    let before = jobs(&w.setup.db());
     let r = deliver(
         daemon.port,
         &github_push(&w, &sha, &["site/index.html"]),
@@ -164,7 +165,9 @@ fn a_signed_push_applies_exactly_the_affected_target_at_that_commit() {
     );
     assert_eq!(r.status, 200);
     assert_eq!(r.json()["duplicate"], true);
-    std::thread::sleep(Duration::from_secs(1));
+    let after = jobs(&w.setup.db());
+    assert_eq!(after.len(), before.len(), "{after:?}");
+    assert!(after.iter().all(|j| j.state == "done"), "{after:?}");
     assert_eq!(applied(&w, "web-site").len(), 2);
 
     // A push touching only api/ ticks only web-api.
@@ -491,7 +494,20 @@ fn a_paused_target_is_never_ticked_until_resumed() {
         "{}",
         text(&out.stdout)
     );
-    std::thread::sleep(Duration::from_secs(1));
+    // The workers took the delivery's other jobs (queued after this one)
+    // and left this one alone.
+    let others: Vec<i64> = queued
+        .iter()
+        .filter(|q| q["target"] != "web-site")
+        .filter_map(|q| q["job"].as_i64())
+        .collect();
+    assert_eq!(others.len(), 2, "{queued:?}");
+    wait_for(Duration::from_secs(30), "the other targets' jobs", || {
+        jobs(&w.setup.db())
+            .iter()
+            .filter(|j| others.contains(&j.id))
+            .all(|j| j.state == "done")
+    });
     assert_eq!(applied(&w, "web-site").len(), 1);
     let j = http(
         p,
@@ -577,8 +593,12 @@ fn a_paused_target_with_a_one_second_interval_never_runs() {
     });
     let out = s.run(&["pause", "fast"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    // A run already claimed when the pause landed may finish; then nothing.
-    std::thread::sleep(Duration::from_millis(1500));
+    // A run already claimed when the pause landed may finish; then nothing,
+    // over four of the interval's periods (absence has no event to wait on).
+    wait_for(Duration::from_secs(30), "the claimed run to finish", || {
+        let st = s.target_status("fast");
+        st["running"] == false
+    });
     let paused_at = log_lines(&log).len();
     std::thread::sleep(Duration::from_secs(4));
     assert_eq!(

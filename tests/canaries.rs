@@ -142,7 +142,7 @@ fn no_secret_reaches_any_output() {
     // server that requires AUTH with the password (so it is used), and one
     // more mail notifier on a closed port, so the error path runs too.
     let sink = Service::http_sink(root.path(), 1);
-    let smtp = Service::smtp_auth(root.path(), free_port(), "driftless", SMTP);
+    let smtp = Service::smtp_auth(root.path(), "driftless", SMTP);
     let slack_url = file(
         &secrets,
         "slack-url",

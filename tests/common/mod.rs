@@ -393,6 +393,60 @@ pub fn wait_for(timeout: Duration, what: &str, mut f: impl FnMut() -> bool) {
     panic!("timed out after {timeout:?} waiting for {what}");
 }
 
+/// Wait until `ready()` while `child` lives; a child that exits first is
+/// an `Err` with its exit status.
+pub fn wait_while_alive(
+    child: &mut Child,
+    timeout: Duration,
+    what: &str,
+    mut ready: impl FnMut() -> bool,
+) -> Result<(), std::process::ExitStatus> {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(status);
+        }
+        if ready() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("timed out after {timeout:?} waiting for {what}");
+}
+
+/// Start a server on a free loopback port and wait until it answers.
+/// `spawn(port)` starts it, `ready(port)` tells whether it answers. The
+/// port was free when it was chosen, but anything may take it before the
+/// child binds it (any outgoing connection can): a child that exits before
+/// it is ready is started again on another port, up to five times, and
+/// `log`, if given, is shown when it never comes up.
+pub fn on_free_port(
+    what: &str,
+    timeout: Duration,
+    log: Option<&Path>,
+    mut spawn: impl FnMut(u16) -> Child,
+    mut ready: impl FnMut(u16) -> bool,
+) -> (Child, u16) {
+    let mut last = None;
+    for _ in 0..5 {
+        let port = free_port();
+        let mut child = spawn(port);
+        match wait_while_alive(&mut child, timeout, what, || ready(port)) {
+            Ok(()) => return (child, port),
+            Err(status) => last = Some(status),
+        }
+    }
+    let log = log
+        .map(|l| std::fs::read_to_string(l).unwrap_or_default())
+        .unwrap_or_default();
+    panic!("{what} exited before it was ready, five times (last: {last:?}):\n{log}");
+}
+
+/// Whether something accepts TCP connections on 127.0.0.1:`port`.
+pub fn listening(port: u16) -> bool {
+    TcpStream::connect(("127.0.0.1", port)).is_ok()
+}
+
 /// A `git daemon` serving `base` on a free loopback port (git://).
 pub struct GitDaemon {
     child: Child,
@@ -401,25 +455,29 @@ pub struct GitDaemon {
 
 impl GitDaemon {
     pub fn start(base: &Path) -> GitDaemon {
-        let port = free_port();
-        let child = Command::new("git")
-            .args([
-                "daemon",
-                "--listen=127.0.0.1",
-                &format!("--port={port}"),
-                "--export-all",
-                "--reuseaddr",
-                &format!("--base-path={}", base.display()),
-                &base.display().to_string(),
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn git daemon");
-        wait_for(Duration::from_secs(10), "git daemon", || {
-            TcpStream::connect(("127.0.0.1", port)).is_ok()
-        });
+        let (child, port) = on_free_port(
+            "git daemon",
+            Duration::from_secs(10),
+            None,
+            |port| {
+                Command::new("git")
+                    .args([
+                        "daemon",
+                        "--listen=127.0.0.1",
+                        &format!("--port={port}"),
+                        "--export-all",
+                        "--reuseaddr",
+                        &format!("--base-path={}", base.display()),
+                        &base.display().to_string(),
+                    ])
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("spawn git daemon")
+            },
+            listening,
+        );
         GitDaemon { child, port }
     }
 }
@@ -559,24 +617,28 @@ impl GitHttp {
     }
 
     fn spawn(root: &Path, user: &str, token: &str, tls: Option<(PathBuf, PathBuf)>) -> GitHttp {
-        let port = free_port();
-        let log = root.join(format!("git-http-{port}.log"));
+        let log = root.join(format!("git-http-{}.log", fastrand::u32(..)));
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/git_http_server.py");
-        let child = Command::new("python3")
-            .arg(script)
-            .arg(root)
-            .arg(port.to_string())
-            .arg(user)
-            .arg(token)
-            .args(tls.iter().flat_map(|(c, k)| [c.clone(), k.clone()]))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log"))
-            .spawn()
-            .expect("spawn python3 git http server");
-        wait_for(Duration::from_secs(10), "git http server", || {
-            TcpStream::connect(("127.0.0.1", port)).is_ok()
-        });
+        let (child, port) = on_free_port(
+            "the git http server",
+            Duration::from_secs(10),
+            Some(&log),
+            |port| {
+                Command::new("python3")
+                    .arg(&script)
+                    .arg(root)
+                    .arg(port.to_string())
+                    .arg(user)
+                    .arg(token)
+                    .args(tls.iter().flat_map(|(c, k)| [c.clone(), k.clone()]))
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(std::fs::File::create(&log).expect("log"))
+                    .spawn()
+                    .expect("spawn python3 git http server")
+            },
+            listening,
+        );
         GitHttp { child, port, log }
     }
 
@@ -627,9 +689,16 @@ impl Sshd {
         let user = text(&Command::new("id").arg("-un").output().expect("id").stdout)
             .trim()
             .to_string();
-        let port = free_port();
         let config = dir.join("sshd_config");
-        std::fs::write(
+        let host_pub = std::fs::read_to_string(dir.join("host_key.pub")).expect("host key");
+        let known_hosts = dir.join("known_hosts");
+        let log = dir.join("sshd.log");
+        let (child, port) = on_free_port(
+            "sshd",
+            Duration::from_secs(10),
+            Some(&log),
+            |port| {
+                std::fs::write(
             &config,
             format!(
                 "Port {port}\nListenAddress 127.0.0.1\nHostKey {d}/host_key\nPidFile {d}/sshd.pid\n\
@@ -641,24 +710,21 @@ impl Sshd {
             ),
         )
         .expect("write sshd_config");
-        let host_pub = std::fs::read_to_string(dir.join("host_key.pub")).expect("host key");
-        let known_hosts = dir.join("known_hosts");
-        std::fs::write(&known_hosts, format!("[127.0.0.1]:{port} {host_pub}"))
-            .expect("known_hosts");
-        let log = dir.join("sshd.log");
-        let child = Command::new(sshd)
-            .arg("-D")
-            .arg("-e")
-            .arg("-f")
-            .arg(&config)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log"))
-            .spawn()
-            .expect("spawn sshd");
-        wait_for(Duration::from_secs(10), "sshd", || {
-            TcpStream::connect(("127.0.0.1", port)).is_ok()
-        });
+                std::fs::write(&known_hosts, format!("[127.0.0.1]:{port} {host_pub}"))
+                    .expect("known_hosts");
+                Command::new(sshd)
+                    .arg("-D")
+                    .arg("-e")
+                    .arg("-f")
+                    .arg(&config)
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(std::fs::File::create(&log).expect("log"))
+                    .spawn()
+                    .expect("spawn sshd")
+            },
+            listening,
+        );
         Sshd {
             child,
             port,
@@ -921,32 +987,59 @@ pub struct Service {
 }
 
 impl Service {
-    fn spawn(mut cmd: Command, port: u16, dir: PathBuf, log: &Path, what: &str) -> Service {
-        let child = cmd
-            .stdin(Stdio::null())
+    fn start(mut cmd: Command, log: &Path, what: &str) -> Child {
+        cmd.stdin(Stdio::null())
             .stdout(std::fs::File::create(log).expect("log"))
             .stderr(std::fs::File::create(log.with_extension("err")).expect("log"))
             .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
-        wait_for(Duration::from_secs(60), what, || {
-            TcpStream::connect(("127.0.0.1", port)).is_ok()
-        });
+            .unwrap_or_else(|e| panic!("cannot start {what}: {e}"))
+    }
+
+    /// On the given port (one a test already wrote somewhere).
+    fn spawn(cmd: Command, port: u16, dir: PathBuf, log: &Path, what: &str) -> Service {
+        let mut child = Self::start(cmd, log, what);
+        if let Err(status) = wait_while_alive(&mut child, Duration::from_secs(60), what, || {
+            listening(port)
+        }) {
+            panic!(
+                "{what} exited ({status}) before it listened on {port}:\n{}",
+                std::fs::read_to_string(log.with_extension("err")).unwrap_or_default()
+            );
+        }
+        Service { child, port, dir }
+    }
+
+    /// On a free port of its own.
+    fn spawn_anywhere(
+        mut cmd: impl FnMut(u16) -> Command,
+        dir: PathBuf,
+        log: &Path,
+        what: &str,
+    ) -> Service {
+        let (child, port) = on_free_port(
+            what,
+            Duration::from_secs(60),
+            Some(&log.with_extension("err")),
+            |port| Self::start(cmd(port), log, what),
+            listening,
+        );
         Service { child, port, dir }
     }
 
     /// `tests/http_sink.py`: records requests; the first `fail_first` get 500.
     pub fn http_sink(root: &Path, fail_first: u32) -> Service {
-        let port = free_port();
-        let dir = root.join(format!("sink-{port}"));
+        let dir = root.join(format!("sink-{}", fastrand::u32(..)));
         std::fs::create_dir_all(&dir).expect("mkdir");
-        let mut cmd = Command::new("python3");
-        cmd.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/http_sink.py"))
-            .arg(port.to_string())
-            .arg(dir.join("requests.jsonl"))
-            .arg(fail_first.to_string());
-        Self::spawn(
-            cmd,
-            port,
+        let requests = dir.join("requests.jsonl");
+        Self::spawn_anywhere(
+            |port| {
+                let mut cmd = Command::new("python3");
+                cmd.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/http_sink.py"))
+                    .arg(port.to_string())
+                    .arg(&requests)
+                    .arg(fail_first.to_string());
+                cmd
+            },
             dir.clone(),
             &dir.join("sink.log"),
             "the HTTP sink",
@@ -982,17 +1075,19 @@ impl Service {
 
     /// A real SMTP server (aiosmtpd) that accepts mail only after AUTH with
     /// `user` / `password`; `auth_log()` lists the attempts.
-    pub fn smtp_auth(root: &Path, port: u16, user: &str, password: &str) -> Service {
-        let dir = root.join(format!("smtp-auth-{port}"));
+    pub fn smtp_auth(root: &Path, user: &str, password: &str) -> Service {
+        let dir = root.join(format!("smtp-auth-{}", fastrand::u32(..)));
         std::fs::create_dir_all(&dir).expect("mkdir");
-        let mut cmd = Command::new("python3");
-        cmd.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/smtp_auth_server.py"))
-            .arg(port.to_string())
-            .arg(dir.join("Maildir"))
-            .args([user, password]);
-        Self::spawn(
-            cmd,
-            port,
+        let maildir = dir.join("Maildir");
+        Self::spawn_anywhere(
+            |port| {
+                let mut cmd = Command::new("python3");
+                cmd.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/smtp_auth_server.py"))
+                    .arg(port.to_string())
+                    .arg(&maildir)
+                    .args([user, password]);
+                cmd
+            },
             dir.clone(),
             &dir.join("smtp.log"),
             "tests/smtp_auth_server.py (pip install aiosmtpd)",
@@ -1020,12 +1115,12 @@ impl Service {
     /// A real Matrix homeserver (Synapse, SQLite) with one user; returns the
     /// server, the user's access token and a room it created.
     pub fn synapse(root: &Path) -> (Service, String, String) {
-        let port = free_port();
         let dir = root.join("synapse");
         std::fs::create_dir_all(&dir).expect("mkdir");
         let d = dir.display();
         let cfg = dir.join("homeserver.yaml");
-        std::fs::write(
+        let write_cfg = |port: u16| {
+            std::fs::write(
             &cfg,
             format!(
                 "server_name: \"localhost\"\npid_file: {d}/homeserver.pid\n\
@@ -1040,6 +1135,8 @@ impl Service {
             ),
         )
         .expect("homeserver.yaml");
+        };
+        write_cfg(0);
         let keys = Command::new("python3")
             .args(["-m", "synapse.app.homeserver", "--config-path"])
             .arg(&cfg)
@@ -1051,9 +1148,18 @@ impl Service {
             "synapse --generate-keys: {}",
             text(&keys.stderr)
         );
-        let mut cmd = Command::new("python3");
-        cmd.args(["-m", "synapse.app.homeserver", "-c"]).arg(&cfg);
-        let server = Self::spawn(cmd, port, dir.clone(), &dir.join("synapse.log"), "synapse");
+        let server = Self::spawn_anywhere(
+            |port| {
+                write_cfg(port);
+                let mut cmd = Command::new("python3");
+                cmd.args(["-m", "synapse.app.homeserver", "-c"]).arg(&cfg);
+                cmd
+            },
+            dir.clone(),
+            &dir.join("synapse.log"),
+            "synapse",
+        );
+        let port = server.port;
         wait_for(Duration::from_secs(60), "synapse to answer", || {
             http_get(port, "/_matrix/client/versions").is_some_and(|(c, _)| c == 200)
         });
@@ -1163,10 +1269,27 @@ impl Dockerd {
             .stderr(std::fs::File::create(dir.join("dockerd.err")).expect("log"))
             .spawn()
             .expect("dockerd (apt-get install docker.io; see tests/run.sh)");
-        let d = Dockerd { child, host, dir };
-        wait_for(Duration::from_secs(60), "dockerd", || {
-            d.docker(&["version"]).status.success()
-        });
+        let mut d = Dockerd { child, host, dir };
+        let probe = |h: &str| {
+            Command::new("docker")
+                .arg("version")
+                .env("DOCKER_HOST", h)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        let host = d.host.clone();
+        if let Err(status) =
+            wait_while_alive(&mut d.child, Duration::from_secs(60), "dockerd", || {
+                probe(&host)
+            })
+        {
+            panic!(
+                "dockerd exited ({status}):\n{}",
+                std::fs::read_to_string(d.dir.join("dockerd.err")).unwrap_or_default()
+            );
+        }
         // An image without a registry: busybox-static, imported.
         let busybox = ["/bin/busybox", "/usr/bin/busybox"]
             .into_iter()
@@ -1319,27 +1442,32 @@ impl NomadStandin {
     }
 
     fn spawn(root: &Path, tls: Option<(PathBuf, PathBuf, PathBuf)>) -> NomadStandin {
-        let port = free_port();
         let token = format!("nomad-token-{}", fastrand::u64(..));
-        let dir = root.join(format!("nomad-{port}"));
+        let dir = root.join(format!("nomad-{}", fastrand::u32(..)));
         std::fs::create_dir_all(&dir).expect("mkdir");
-        let child = Command::new("python3")
-            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/nomad_standin.py"))
-            .arg(port.to_string())
-            .arg(dir.join("journal.jsonl"))
-            .arg(&token)
-            .args(
-                tls.iter()
-                    .flat_map(|(c, k, ca)| [c.clone(), k.clone(), ca.clone()]),
-            )
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("standin.err")).expect("log"))
-            .spawn()
-            .expect("start python3 tests/nomad_standin.py (needs python-hcl2)");
-        wait_for(Duration::from_secs(20), "the Nomad stand-in", || {
-            TcpStream::connect(("127.0.0.1", port)).is_ok()
-        });
+        let err = dir.join("standin.err");
+        let (child, port) = on_free_port(
+            "the Nomad stand-in",
+            Duration::from_secs(20),
+            Some(&err),
+            |port| {
+                Command::new("python3")
+                    .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/nomad_standin.py"))
+                    .arg(port.to_string())
+                    .arg(dir.join("journal.jsonl"))
+                    .arg(&token)
+                    .args(
+                        tls.iter()
+                            .flat_map(|(c, k, ca)| [c.clone(), k.clone(), ca.clone()]),
+                    )
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(std::fs::File::create(&err).expect("log"))
+                    .spawn()
+                    .expect("start python3 tests/nomad_standin.py (needs python-hcl2)")
+            },
+            listening,
+        );
         NomadStandin {
             child,
             port,
@@ -1408,37 +1536,47 @@ pub struct Moto {
 
 impl Moto {
     pub fn start(root: &Path) -> Moto {
-        let port = free_port();
-        let proxy_port = free_port();
-        let log =
-            |n: &str| std::fs::File::create(root.join(format!("{n}-{port}.log"))).expect("log");
-        let server = Command::new("moto_server")
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdin(Stdio::null())
-            .stdout(log("moto"))
-            .stderr(log("moto-err"))
-            .spawn()
-            .expect("start moto_server (pip install 'moto[server]')");
-        let proxy = Command::new("python3")
-            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cfn_proxy.py"))
-            .arg(proxy_port.to_string())
-            .arg(port.to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log("cfn-proxy"))
-            .spawn()
-            .expect("start tests/cfn_proxy.py");
-        let m = Moto {
+        let tag = fastrand::u32(..);
+        let path = |n: &str| root.join(format!("{n}-{tag}.log"));
+        let log = |n: &str| std::fs::File::create(path(n)).expect("log");
+        let (server, port) = on_free_port(
+            "moto_server",
+            Duration::from_secs(60),
+            Some(&path("moto-err")),
+            |port| {
+                Command::new("moto_server")
+                    .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+                    .stdin(Stdio::null())
+                    .stdout(log("moto"))
+                    .stderr(log("moto-err"))
+                    .spawn()
+                    .expect("start moto_server (pip install 'moto[server]')")
+            },
+            listening,
+        );
+        let (proxy, proxy_port) = on_free_port(
+            "tests/cfn_proxy.py",
+            Duration::from_secs(20),
+            Some(&path("cfn-proxy")),
+            |proxy_port| {
+                Command::new("python3")
+                    .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cfn_proxy.py"))
+                    .arg(proxy_port.to_string())
+                    .arg(port.to_string())
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(log("cfn-proxy"))
+                    .spawn()
+                    .expect("start tests/cfn_proxy.py")
+            },
+            listening,
+        );
+        Moto {
             server,
             proxy,
             port,
             proxy_port,
-        };
-        wait_for(Duration::from_secs(60), "moto_server and its proxy", || {
-            TcpStream::connect(("127.0.0.1", port)).is_ok()
-                && TcpStream::connect(("127.0.0.1", proxy_port)).is_ok()
-        });
-        m
+        }
     }
 
     /// The endpoint driftless is pointed at (the proxy).
