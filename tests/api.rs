@@ -557,10 +557,10 @@ fn a_paused_target_is_never_ticked_until_resumed() {
 
 #[test]
 fn token_new_prints_a_token_and_its_digest() {
-    let out = std::process::Command::new(bin())
-        .args(["token", "new", "ci"])
-        .output()
-        .expect("run");
+    let out = output_within(
+        std::process::Command::new(bin()).args(["token", "new", "ci"]),
+        std::time::Duration::from_secs(300),
+    );
     assert!(out.status.success());
     let text = text(&out.stdout);
     let token = text

@@ -66,16 +66,17 @@ fn fixture(backend: &str, timeout: &str) -> Fx {
 
 impl Fx {
     fn run(&self, args: &[&str]) -> std::process::Output {
-        std::process::Command::new(bin())
-            .args(["--config", self.s.config.to_str().expect("utf8")])
-            .args(args)
-            .env("AWS_ACCESS_KEY_ID", "AKIDTESTING")
-            .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
-            .env("AWS_EC2_METADATA_DISABLED", "true")
-            .env_remove("AWS_PROFILE")
-            .env("RUST_LOG", "debug")
-            .output()
-            .expect("driftless")
+        output_within(
+            std::process::Command::new(bin())
+                .args(["--config", self.s.config.to_str().expect("utf8")])
+                .args(args)
+                .env("AWS_ACCESS_KEY_ID", "AKIDTESTING")
+                .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+                .env("AWS_EC2_METADATA_DISABLED", "true")
+                .env_remove("AWS_PROFILE")
+                .env("RUST_LOG", "debug"),
+            std::time::Duration::from_secs(300),
+        )
     }
 
     fn tick(&self) -> (Option<i32>, String) {
@@ -160,14 +161,15 @@ fn two_stacks_one_bucket(f: &Fx) -> std::path::PathBuf {
 }
 
 fn tick_with(config: &std::path::Path) -> std::process::Output {
-    std::process::Command::new(bin())
-        .args(["--config", config.to_str().expect("utf8"), "tick", "site"])
-        .env("AWS_ACCESS_KEY_ID", "AKIDTESTING")
-        .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
-        .env("AWS_EC2_METADATA_DISABLED", "true")
-        .env_remove("AWS_PROFILE")
-        .output()
-        .expect("driftless")
+    output_within(
+        std::process::Command::new(bin())
+            .args(["--config", config.to_str().expect("utf8"), "tick", "site"])
+            .env("AWS_ACCESS_KEY_ID", "AKIDTESTING")
+            .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+            .env("AWS_EC2_METADATA_DISABLED", "true")
+            .env_remove("AWS_PROFILE"),
+        std::time::Duration::from_secs(300),
+    )
 }
 
 #[test]
@@ -309,20 +311,21 @@ fn a_stack_that_never_settles_times_out_naming_its_state() {
 #[test]
 fn missing_credentials_are_named() {
     let f = fixture("", "1m");
-    let out = std::process::Command::new(bin())
-        .args([
-            "--config",
-            f.s.config.to_str().expect("utf8"),
-            "tick",
-            "site",
-        ])
-        .env_remove("AWS_ACCESS_KEY_ID")
-        .env_remove("AWS_SECRET_ACCESS_KEY")
-        .env("AWS_EC2_METADATA_DISABLED", "true")
-        .env("AWS_CONFIG_FILE", "/nonexistent")
-        .env("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
-        .output()
-        .expect("driftless");
+    let out = output_within(
+        std::process::Command::new(bin())
+            .args([
+                "--config",
+                f.s.config.to_str().expect("utf8"),
+                "tick",
+                "site",
+            ])
+            .env_remove("AWS_ACCESS_KEY_ID")
+            .env_remove("AWS_SECRET_ACCESS_KEY")
+            .env("AWS_EC2_METADATA_DISABLED", "true")
+            .env("AWS_CONFIG_FILE", "/nonexistent")
+            .env("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent"),
+        std::time::Duration::from_secs(300),
+    );
     assert_eq!(out.status.code(), Some(1));
     let (_, msg) = f.status();
     assert!(msg.contains("credentials"), "{msg}");

@@ -4,6 +4,7 @@
 mod common;
 
 use std::process::Command;
+use std::time::Duration;
 
 use common::*;
 
@@ -13,14 +14,18 @@ fn write(dir: &std::path::Path, body: &str) -> std::path::PathBuf {
     p
 }
 
+/// Every command here should answer at once: `serve` with a bad config
+/// must exit, never start serving, so each is bounded.
 fn driftless(config: &std::path::Path, args: &[&str]) -> std::process::Output {
-    Command::new(bin())
-        .arg("--config")
-        .arg(config)
-        .args(args)
-        .env_remove("DRIFTLESS__SERVER__WORKERS")
-        .output()
-        .expect("run driftless")
+    output_within(
+        Command::new(bin())
+            .arg("--config")
+            .arg(config)
+            .args(args)
+            .env_remove("DRIFTLESS__SERVER__WORKERS")
+            .stdin(std::process::Stdio::null()),
+        Duration::from_secs(60),
+    )
 }
 
 const BROKEN: &str = r#"
@@ -108,11 +113,12 @@ fn environment_overrides_are_validated_too() {
          [targets.backend]\nkind = \"exec\"\napply = [\"true\"]\n",
     );
     let run = |workers: &str| {
-        Command::new(bin())
-            .args(["--config", config.to_str().expect("utf8"), "check"])
-            .env("DRIFTLESS__SERVER__WORKERS", workers)
-            .output()
-            .expect("run")
+        output_within(
+            Command::new(bin())
+                .args(["--config", config.to_str().expect("utf8"), "check"])
+                .env("DRIFTLESS__SERVER__WORKERS", workers),
+            std::time::Duration::from_secs(300),
+        )
     };
     let bad = run("0");
     assert_eq!(bad.status.code(), Some(1));
@@ -125,16 +131,17 @@ fn environment_overrides_are_validated_too() {
     // A target's key, by index or by name; a variable naming no target is
     // a problem that names the variable.
     let with = |k: &str, v: &str| {
-        Command::new(bin())
-            .args([
-                "--config",
-                config.to_str().expect("utf8"),
-                "status",
-                "--json",
-            ])
-            .env(k, v)
-            .output()
-            .expect("run")
+        output_within(
+            Command::new(bin())
+                .args([
+                    "--config",
+                    config.to_str().expect("utf8"),
+                    "status",
+                    "--json",
+                ])
+                .env(k, v),
+            std::time::Duration::from_secs(300),
+        )
     };
     for var in [
         "DRIFTLESS__TARGETS__0__BRANCH",
@@ -155,11 +162,12 @@ fn environment_overrides_are_validated_too() {
         text(&out.stderr)
     );
     // DRIFTLESS_CONFIG names the file when --config is absent.
-    let out = Command::new(bin())
-        .arg("check")
-        .env("DRIFTLESS_CONFIG", &config)
-        .output()
-        .expect("run");
+    let out = output_within(
+        Command::new(bin())
+            .arg("check")
+            .env("DRIFTLESS_CONFIG", &config),
+        std::time::Duration::from_secs(300),
+    );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
 }
 
@@ -267,10 +275,10 @@ fn notifiers_are_checked() {
 
 #[test]
 fn a_missing_config_file_says_how_to_name_one() {
-    let out = Command::new(bin())
-        .args(["--config", "/nonexistent/driftless.toml", "status"])
-        .output()
-        .expect("run");
+    let out = output_within(
+        Command::new(bin()).args(["--config", "/nonexistent/driftless.toml", "status"]),
+        std::time::Duration::from_secs(300),
+    );
     assert_eq!(out.status.code(), Some(1));
     let err = text(&out.stderr);
     assert!(
@@ -382,11 +390,10 @@ colour = "blue"
 #[test]
 fn every_command_flag_and_argument_has_a_help_line() {
     let help = |args: &[&str]| {
-        let out = Command::new(bin())
-            .args(args)
-            .arg("--help")
-            .output()
-            .expect("help");
+        let out = output_within(
+            Command::new(bin()).args(args).arg("--help"),
+            std::time::Duration::from_secs(300),
+        );
         assert!(out.status.success(), "{args:?}");
         text(&out.stdout)
     };

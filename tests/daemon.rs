@@ -281,10 +281,16 @@ fn no_two_applies_of_one_target_ever_overlap() {
             std::thread::spawn(move || {
                 let mut codes = Vec::new();
                 while codes.len() < 12 || !stop.load(Ordering::SeqCst) {
-                    let out = std::process::Command::new(bin())
-                        .args(["--config", config.to_str().expect("utf8"), "tick", "a", "b"])
-                        .output()
-                        .expect("tick");
+                    let out = output_within(
+                        std::process::Command::new(bin()).args([
+                            "--config",
+                            config.to_str().expect("utf8"),
+                            "tick",
+                            "a",
+                            "b",
+                        ]),
+                        std::time::Duration::from_secs(300),
+                    );
                     codes.push(out.status.code());
                 }
                 codes

@@ -230,11 +230,12 @@ fn secrets_from_env_references_are_masked_in_records() {
          env = { API_TOKEN = \"env:DRIFTLESS_TEST_TOKEN\" }",
     ));
     let secret = "canary-7f3a9c1e5b";
-    let out = std::process::Command::new(bin())
-        .args(["--config", s.config.to_str().expect("utf8"), "tick", "app"])
-        .env("DRIFTLESS_TEST_TOKEN", secret)
-        .output()
-        .expect("run");
+    let out = output_within(
+        std::process::Command::new(bin())
+            .args(["--config", s.config.to_str().expect("utf8"), "tick", "app"])
+            .env("DRIFTLESS_TEST_TOKEN", secret),
+        std::time::Duration::from_secs(300),
+    );
     assert_eq!(out.status.code(), Some(1));
     let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
     assert!(!all.contains(secret), "secret in CLI output: {all}");

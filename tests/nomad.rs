@@ -446,10 +446,15 @@ fn one_active_deployment_per_job_under_two_concurrent_ticks() {
         json!({ "Path": "/v1/jobs", "Method": "POST", "Seconds": 2 }),
     );
     let spawn = |name: &str| {
-        std::process::Command::new(bin())
-            .args(["--config", s.config.to_str().expect("utf8"), "tick", name])
-            .output()
-            .expect("tick")
+        output_within(
+            std::process::Command::new(bin()).args([
+                "--config",
+                s.config.to_str().expect("utf8"),
+                "tick",
+                name,
+            ]),
+            std::time::Duration::from_secs(300),
+        )
     };
     let (a, b) = std::thread::scope(|sc| {
         let a = sc.spawn(|| spawn("one"));
@@ -759,16 +764,17 @@ fn a_parse_error_names_the_file_and_nomads_message() {
 #[test]
 fn secrets_never_leave_the_diff_unredacted() {
     let f = fixture("");
-    let out = std::process::Command::new(bin())
-        .args([
-            "--config",
-            f.s.config.to_str().expect("utf8"),
-            "tick",
-            "cluster",
-        ])
-        .env("RUST_LOG", "debug")
-        .output()
-        .expect("tick");
+    let out = output_within(
+        std::process::Command::new(bin())
+            .args([
+                "--config",
+                f.s.config.to_str().expect("utf8"),
+                "tick",
+                "cluster",
+            ])
+            .env("RUST_LOG", "debug"),
+        std::time::Duration::from_secs(300),
+    );
     assert!(out.status.success());
     f.remote.commit(
         &[(
@@ -1238,12 +1244,13 @@ fn the_cli_approves_through_the_api() {
     assert_eq!(f.tick().0, Some(0));
     let id = pending(&intake)[0]["id"].as_i64().expect("id");
     let cli = |args: &[&str], token: &str| {
-        std::process::Command::new(bin())
-            .args(["--config", f.s.config.to_str().expect("utf8")])
-            .args(args)
-            .env("DRIFTLESS_TOKEN", token)
-            .output()
-            .expect("driftless")
+        output_within(
+            std::process::Command::new(bin())
+                .args(["--config", f.s.config.to_str().expect("utf8")])
+                .args(args)
+                .env("DRIFTLESS_TOKEN", token),
+            std::time::Duration::from_secs(300),
+        )
     };
     let out = cli(&["deployments", "--pending"], READER);
     assert!(out.status.success(), "{}", text(&out.stdout));

@@ -389,12 +389,13 @@ fn secrets_never_reach_a_message_or_a_log_line() {
     let s = Setup::new(&cfg);
     let mut logs = String::new();
     for _ in 0..3 {
-        let out = std::process::Command::new(bin())
-            .args(["--config", s.config.to_str().expect("utf8"), "tick", "app"])
-            .env("DRIFTLESS_TEST_API_KEY", output_canary)
-            .env("RUST_LOG", "debug")
-            .output()
-            .expect("tick");
+        let out = output_within(
+            std::process::Command::new(bin())
+                .args(["--config", s.config.to_str().expect("utf8"), "tick", "app"])
+                .env("DRIFTLESS_TEST_API_KEY", output_canary)
+                .env("RUST_LOG", "debug"),
+            std::time::Duration::from_secs(300),
+        );
         logs.push_str(&text(&out.stdout));
         logs.push_str(&text(&out.stderr));
         std::thread::sleep(Duration::from_millis(2100)); // past the first backoff

@@ -59,27 +59,29 @@ impl Fx {
     /// `driftless <args>` with the passphrase in the environment, at
     /// debug level.
     fn run(&self, args: &[&str]) -> std::process::Output {
-        std::process::Command::new(bin())
-            .args(["--config", self.s.config.to_str().expect("utf8")])
-            .args(args)
-            .env("TEST_PULUMI_PASSPHRASE", PASSPHRASE)
-            .env("RUST_LOG", "debug")
-            .output()
-            .expect("driftless")
+        output_within(
+            std::process::Command::new(bin())
+                .args(["--config", self.s.config.to_str().expect("utf8")])
+                .args(args)
+                .env("TEST_PULUMI_PASSPHRASE", PASSPHRASE)
+                .env("RUST_LOG", "debug"),
+            std::time::Duration::from_secs(300),
+        )
     }
 
     fn tick(&self) -> (Option<i32>, String) {
-        let out = std::process::Command::new(bin())
-            .args([
-                "--config",
-                self.s.config.to_str().expect("utf8"),
-                "tick",
-                "site",
-            ])
-            .env("TEST_PULUMI_PASSPHRASE", PASSPHRASE)
-            .env("RUST_LOG", "debug")
-            .output()
-            .expect("tick");
+        let out = output_within(
+            std::process::Command::new(bin())
+                .args([
+                    "--config",
+                    self.s.config.to_str().expect("utf8"),
+                    "tick",
+                    "site",
+                ])
+                .env("TEST_PULUMI_PASSPHRASE", PASSPHRASE)
+                .env("RUST_LOG", "debug"),
+            std::time::Duration::from_secs(300),
+        );
         (out.status.code(), text(&out.stdout) + &text(&out.stderr))
     }
 

@@ -73,7 +73,7 @@ echo "== cargo clippy"
 cargo clippy --locked --all-targets -- -D warnings
 # The CloudFormation backend is a default-on feature (the AWS SDK is a large
 # build); the build without it must stay clean and refuse such targets.
-echo "== without the cloudformation feature: clippy and the unit tests"
+echo "== without the cloudformation feature: clippy and the unit tests (check refuses a cloudformation target by name)"
 cargo clippy --locked --no-default-features --all-targets -- -D warnings
 cargo test --locked --no-default-features --lib
 echo "== cargo test"

@@ -100,15 +100,15 @@ fn thousands_of_ticks_from_every_trigger_never_overlap() {
                 let mut codes = BTreeMap::new();
                 while !stop.load(Ordering::Relaxed) {
                     let t = fastrand::usize(0..TARGETS);
-                    let out = std::process::Command::new(bin())
-                        .args([
+                    let out = output_within(
+                        std::process::Command::new(bin()).args([
                             "--config",
                             config.to_str().expect("utf8"),
                             "tick",
                             &format!("t{t}"),
-                        ])
-                        .output()
-                        .expect("tick");
+                        ]),
+                        std::time::Duration::from_secs(300),
+                    );
                     *codes.entry(out.status.code()).or_insert(0) += 1;
                     std::thread::sleep(Duration::from_millis(50));
                 }

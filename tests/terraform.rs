@@ -388,6 +388,24 @@ fn a_state_lock_held_elsewhere_fails_with_its_id_and_how_to_clear_it() {
         log_lines(&log).is_empty(),
         "the apply ran under a held lock"
     );
+    // The other process's lock survived: never force-unlocked, its holder
+    // still running, the same lock on record.
+    assert!(
+        holder.try_wait().expect("holder").is_none(),
+        "the lock's holder is gone"
+    );
+    let after: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&info_file).expect("lock info kept"))
+            .expect("lock info JSON");
+    assert_eq!(after["ID"], id.as_str(), "{after}");
+    let probe = tf(&["plan", "-input=false", "-lock-timeout=0s"])
+        .output()
+        .expect("terraform plan");
+    assert!(
+        !probe.status.success() && text(&probe.stderr).contains(&id),
+        "the state lock is no longer held: {}",
+        text(&probe.stderr)
+    );
 
     // The holder goes away: the next tick converges.
     let _ = holder.kill();

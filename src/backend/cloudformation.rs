@@ -68,6 +68,13 @@ const CAPABILITIES: &[&str] = &[
 
 impl Config {
     pub(super) fn validate(&self) -> Result<(), String> {
+        if !cfg!(feature = "cloudformation") {
+            return Err(
+                "this driftless was built without the `cloudformation` feature, so it cannot \
+                 converge this target; rebuild with default features"
+                    .into(),
+            );
+        }
         let n = &self.stack_name;
         if n.is_empty()
             || n.len() > 128

@@ -152,16 +152,18 @@ impl Setup {
         self.dir.path()
     }
 
-    /// Run a one-shot command: `driftless --config … <args>`.
+    /// Run a one-shot command: `driftless --config … <args>`, failing the
+    /// test if it takes more than five minutes.
     pub fn run(&self, args: &[&str]) -> Output {
-        Command::new(bin())
-            .arg("--config")
-            .arg(&self.config)
-            .args(args)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .output()
-            .expect("run driftless")
+        output_within(
+            Command::new(bin())
+                .arg("--config")
+                .arg(&self.config)
+                .args(args)
+                .env("RUST_LOG", "info")
+                .stdin(Stdio::null()),
+            Duration::from_secs(300),
+        )
     }
 
     /// `status --json` as a list.
@@ -202,28 +204,55 @@ impl Setup {
 }
 
 /// Run `cmd` to completion within `limit`, or kill it and fail the test
-/// (a regression must fail the suite, not hang it).
+/// (a regression must fail the suite, not hang it). Its output is read as
+/// it comes, so a chatty command never blocks on a full pipe.
 pub fn output_within(cmd: &mut Command, limit: Duration) -> Output {
     let mut child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn");
-    let deadline = std::time::Instant::now() + limit;
-    loop {
-        if child.try_wait().expect("wait").is_some() {
-            return child.wait_with_output().expect("output");
+    let drain = |r: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let out = drain(
+        child
+            .stdout
+            .take()
+            .map(|r| Box::new(r) as Box<dyn Read + Send>),
+    );
+    let err = drain(
+        child
+            .stderr
+            .take()
+            .map(|r| Box::new(r) as Box<dyn Read + Send>),
+    );
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
         }
-        if std::time::Instant::now() > deadline {
+        if Instant::now() > deadline {
             let _ = child.kill();
-            let out = child.wait_with_output().expect("output");
+            let _ = child.wait();
             panic!(
                 "{cmd:?} still running after {limit:?}: {}{}",
-                text(&out.stdout),
-                text(&out.stderr)
+                text(&out.join().unwrap_or_default()),
+                text(&err.join().unwrap_or_default())
             );
         }
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: out.join().expect("stdout reader"),
+        stderr: err.join().expect("stderr reader"),
     }
 }
 
