@@ -565,3 +565,41 @@ pub async fn decide(engine: &Engine, id: i64, approve: bool) -> Report {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// What `driftless check` says of a CloudFormation target: fine with
+    /// the feature, refused by name without it (run by tests/run.sh both
+    /// ways).
+    #[test]
+    fn check_of_a_cloudformation_target_depends_on_the_feature() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("driftless.toml");
+        std::fs::write(
+            &path,
+            "state_dir = \"state\"\n[[targets]]\nname = \"stack\"\nrepo = \"https://git.example.net/o/r\"\n\
+             [targets.backend]\nkind = \"cloudformation\"\nstack_name = \"site\"\ntemplate = \"t.json\"\n\
+             region = \"us-east-1\"\n",
+        )
+        .expect("write");
+        let report = super::check(&path);
+        if cfg!(feature = "cloudformation") {
+            assert_eq!(report.code, 0, "{}", report.stdout);
+            assert!(
+                report.stdout.contains("stack: cloudformation from"),
+                "{}",
+                report.stdout
+            );
+        } else {
+            assert_eq!(report.code, 1, "{}", report.stdout);
+            assert!(
+                report.stdout.contains("targets[stack]")
+                    && report
+                        .stdout
+                        .contains("built without the `cloudformation` feature"),
+                "{}",
+                report.stdout
+            );
+        }
+    }
+}

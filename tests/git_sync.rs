@@ -173,6 +173,73 @@ async fn concurrent_syncs_of_one_remote_share_a_fetch() {
     );
 }
 
+/// gix writes a pack per fetch; the cache merges them once there are more
+/// than git's `gc.autoPackLimit` (50), keeping a commit a force-push left
+/// behind. (Found by the soak: with a thousand packs every tick's object
+/// lookups searched a thousand indexes, and the daemon slowed fourfold.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cache_fetched_many_times_keeps_few_packs_and_every_object() {
+    use driftless::config::GitAuth;
+    use driftless::git::Git;
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    let git = Git::new(&root.path().join("state"));
+    let url = remote.url();
+    let first = remote.commit(&[("a", "0")], "first");
+    assert_eq!(
+        git.fetch(&url, "main", &GitAuth::default())
+            .await
+            .expect("fetch"),
+        first
+    );
+    // A commit fetched, then abandoned by a force-push.
+    let abandoned = remote.commit(&[("a", "abandoned")], "abandoned");
+    git.fetch(&url, "main", &GitAuth::default())
+        .await
+        .expect("fetch");
+    let mut tip = remote.force_commit(&first, &[("a", "rewritten")], "rewritten");
+    git.fetch(&url, "main", &GitAuth::default())
+        .await
+        .expect("fetch");
+    let packs = || -> usize {
+        let caches: Vec<_> = std::fs::read_dir(root.path().join("state/git"))
+            .expect("caches")
+            .filter_map(Result::ok)
+            .filter(|e| e.path().extension().is_some_and(|x| x == "git"))
+            .collect();
+        assert_eq!(caches.len(), 1, "one cache per remote");
+        std::fs::read_dir(caches[0].path().join("objects/pack"))
+            .expect("pack dir")
+            .filter_map(Result::ok)
+            .filter(|e| e.path().extension().is_some_and(|x| x == "pack"))
+            .count()
+    };
+    let mut most = 0;
+    for n in 0..60 {
+        tip = remote.commit(&[("a", &format!("v{n}"))], &format!("v{n}"));
+        assert_eq!(
+            git.fetch(&url, "main", &GitAuth::default())
+                .await
+                .expect("fetch"),
+            tip
+        );
+        most = most.max(packs());
+    }
+    assert!(most <= 50, "the cache grew to {most} packs");
+    assert!(packs() < 20, "{} packs after the merge", packs());
+    // Every object is still there: the tip, and the abandoned commit.
+    let at = |sha: String| {
+        let git = git.clone();
+        let url = url.clone();
+        async move { git.tree_at(&url, &sha, std::path::Path::new("")).await }
+    };
+    assert!(at(tip).await.is_some(), "the tip's tree is gone");
+    assert!(
+        at(abandoned).await.is_some(),
+        "the abandoned commit was dropped"
+    );
+}
+
 #[test]
 fn https_style_token_auth_is_sent_and_never_shown() {
     let root = tempfile::tempdir().expect("tempdir");

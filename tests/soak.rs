@@ -87,7 +87,7 @@ fn thousands_of_ticks_from_every_trigger_never_overlap() {
                     "202 without a job: {r:?}"
                 );
                 *answers.entry(r.status).or_insert(0) += 1;
-                std::thread::sleep(Duration::from_millis(5));
+                std::thread::sleep(Duration::from_millis(40));
             }
             answers
         })
@@ -110,7 +110,7 @@ fn thousands_of_ticks_from_every_trigger_never_overlap() {
                         std::time::Duration::from_secs(300),
                     );
                     *codes.entry(out.status.code()).or_insert(0) += 1;
-                    std::thread::sleep(Duration::from_millis(50));
+                    std::thread::sleep(Duration::from_millis(150));
                 }
                 codes
             })
@@ -144,7 +144,7 @@ fn thousands_of_ticks_from_every_trigger_never_overlap() {
             &body,
         );
         assert_eq!(r.status, 202, "{r:?}");
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(60));
     }
     stop.store(true, Ordering::Relaxed);
     let api_answers = api.join().expect("api");

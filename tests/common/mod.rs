@@ -50,6 +50,11 @@ impl Remote {
         git(&bare, &["init", "-q", "--bare", "-b", "main"]);
         std::fs::create_dir_all(&work).expect("mkdir work");
         git(&work, &["init", "-q", "-b", "main"]);
+        // No background `gc --auto` in the tests' own working copy: its
+        // `reflog expire` holds HEAD.lock and a commit racing it fails
+        // (seen in the soak after ~2000 commits).
+        git(&work, &["config", "gc.auto", "0"]);
+        git(&work, &["config", "maintenance.auto", "false"]);
         git(
             &work,
             &["remote", "add", "origin", bare.to_str().expect("utf8")],
