@@ -2,11 +2,9 @@
 //! Pulumi CLI 3.x (which cannot be installed here): real argument building,
 //! real parsing of the streamed engine events, a file:// backend.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 
-use common::*;
+use crate::common::*;
 use serde_json::Value;
 
 const PASSPHRASE: &str = "canary-pulumi-passphrase-31d9";

@@ -3,11 +3,9 @@
 //! `kill -9`, and no overlapping applies of one target against concurrent
 //! one-shot ticks.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use driftless::queue::{Queue, Request, Trigger};
 use driftless::store::Store;
 

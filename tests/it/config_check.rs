@@ -1,12 +1,10 @@
 //! Configuration mistakes are refused with an error naming the key and the
 //! target, by `driftless check` and at start-up of every command.
 
-mod common;
-
 use std::process::Command;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 fn write(dir: &std::path::Path, body: &str) -> std::path::PathBuf {
     let p = dir.join("driftless.toml");

@@ -1,8 +1,6 @@
 //! The ansible backend against real ansible-core (`connection: local`).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 
 const PLAYBOOK: &str = r#"- hosts: all
   gather_facts: false

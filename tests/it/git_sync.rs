@@ -1,9 +1,7 @@
 //! Git sync against real remotes: a bare repo over file:// and over
 //! `git daemon` (git://) on 127.0.0.1, driven through `driftless tick`.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 
 /// An exec target that does nothing but succeed, so the tick's git sync is
 /// what is under test.

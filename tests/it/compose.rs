@@ -2,9 +2,7 @@
 //! dockerd (Debian's docker.io, on a private socket, no networking) with
 //! docker-compose. One test: one daemon for the whole scenario.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 
 const COMPOSE: &str = r#"services:
   web:

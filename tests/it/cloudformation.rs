@@ -3,9 +3,7 @@
 //! credential chain (the environment, here). moto differs from AWS in a few
 //! places; each test says where.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{Value, json};
 
 const SECRET_KEY: &str = "canary-aws-secret-key-5e0c27";

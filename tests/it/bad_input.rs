@@ -1,13 +1,11 @@
 //! The HTTP surface against bad input: each request gets a bounded, correct
 //! answer, nothing is queued, and good requests are still served.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 const SECRET: &str = "bad-input-secret";
 

@@ -7,19 +7,18 @@
 //! `DRIFTLESS_CHAOS_PUSHES` sets the number of pushes (default 1000, about
 //! 80 s; run it with more by hand).
 
-mod common;
-
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 const SECRET: &str = "chaos-hook-secret";
 const TARGETS: usize = 4;
 
 #[test]
 fn no_accepted_push_is_lost_across_kill_9() {
+    let _one_at_a_time = heavy();
     let pushes: usize = std::env::var("DRIFTLESS_CHAOS_PUSHES")
         .ok()
         .and_then(|v| v.parse().ok())

@@ -3,9 +3,7 @@
 //! The server runs in-process without workers, so every queued job stays in
 //! the database to be checked and nothing is ever fetched.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::Value;
 
 const SECRET: &str = "It's a Secret to Everybody";

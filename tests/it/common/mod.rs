@@ -1666,6 +1666,15 @@ impl Drop for Moto {
 /// Print a figure of a reliability test and keep it in
 /// `target/tmp/reliability-report.txt`, which `tests/run.sh` prints at the
 /// end (cargo captures a passing test's output).
+/// Held by the tests that load both cores for minutes and assert rates
+/// (the soak, the kill -9 chaos): they run one at a time, beside the rest of
+/// the suite but not beside each other.
+pub fn heavy() -> std::sync::MutexGuard<'static, ()> {
+    static HEAVY: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    // A heavy test that failed poisons the lock; the next one may still run.
+    HEAVY.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 pub fn report(line: &str) {
     eprintln!("{line}");
     let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join("reliability-report.txt");

@@ -6,13 +6,11 @@
 //! webhook is answered 503 — never 2xx for what was not persisted. When space
 //! returns, it recovers and nothing accepted is lost. Needs root (mount).
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 const SECRET: &str = "unwritable-secret";
 

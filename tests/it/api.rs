@@ -2,11 +2,9 @@
 //! a signed push applied at exactly its commit, scoped tokens, `?wait=`,
 //! pause and resume, metrics.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use serde_json::{Value, json};
 
 const SECRET: &str = "hook-secret-for-the-e2e-test";

@@ -3,11 +3,9 @@
 //! Runs are driven with `driftless tick`, which delivers the outbox before
 //! it exits.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use serde_json::Value;
 
 const HOOK_SECRET: &str = "notify-hook-secret-3c1f";

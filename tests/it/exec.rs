@@ -2,11 +2,9 @@
 //! exit-code convention, timeouts that kill the whole process group, the
 //! lock's exit code 75, and secrets kept out of what is recorded.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 #[test]
 fn digest_skips_unchanged_inputs_without_running_anything() {

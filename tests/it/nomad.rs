@@ -3,11 +3,9 @@
 //! invariant, each trying to break it. The stand-in's journal records every
 //! request driftless made, in order.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use serde_json::{Value, json};
 
 const CANARY: &str = "canary-nomad-env-4b7e91";

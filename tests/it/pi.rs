@@ -2,11 +2,9 @@
 //! shipped exactly, the command action runs in it, host keys are checked,
 //! and paths with spaces and quotes survive the remote shell.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 
-use common::*;
+use crate::common::*;
 
 fn files_under(dir: &Path) -> Vec<String> {
     fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {

@@ -1,9 +1,7 @@
 //! The terraform backend against real terraform (`terraform_data`, local
 //! state), through `driftless tick`, `outputs` and `destroy`.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::time::Duration;
 
 const MAIN_TF: &str = r#"

@@ -2,13 +2,11 @@
 //! time is closed, and connections beyond the cap wait instead of being
 //! served half-way.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 fn intake(extra: &str) -> (Intake, Setup) {
     let s = Setup::new("");

@@ -5,9 +5,7 @@
 //! a token with a read scope by default (HTTP Basic, so the browser asks),
 //! anyone with `page = "open"`, nobody with `page = "off"`.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 
 const CANARY: &str = "canary-page-secret-71ac";
 

@@ -1,8 +1,6 @@
 //! The layering rules of ARCHITECTURE.md, checked on the source, and the
 //! bundled example configuration kept valid.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 
 fn rust_files(dir: &Path) -> Vec<PathBuf> {
@@ -93,9 +91,9 @@ fn every_module_says_what_it_is_for() {
 #[test]
 fn the_bundled_example_config_is_valid() {
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/example.toml");
-    let out = std::process::Command::new(common::bin())
+    let out = std::process::Command::new(crate::common::bin())
         .args(["--config", example.to_str().expect("utf8"), "check"])
         .output()
         .expect("run check");
-    assert!(out.status.success(), "{}", common::text(&out.stdout));
+    assert!(out.status.success(), "{}", crate::common::text(&out.stdout));
 }

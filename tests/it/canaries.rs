@@ -4,12 +4,10 @@
 //! every file in the state directory (the SQLite database and its WAL
 //! included), error messages. No canary may appear in any of them.
 
-mod common;
-
 use std::path::Path;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use sha2::{Digest, Sha256};
 
 const HOOK: &str = "canary-hook-secret-5d1c";

@@ -1,0 +1,29 @@
+//! The integration tests, one binary (a module per area): each drives the
+//! real `driftless` binary, its HTTP surface or the library's public API
+//! against real programs on 127.0.0.1. Shared helpers live in `common`.
+//! Run one area with `cargo test --test it <area>::`.
+
+mod common;
+
+mod ansible;
+mod api;
+mod architecture;
+mod bad_input;
+mod canaries;
+mod chaos;
+mod cloudformation;
+mod compose;
+mod config_check;
+mod daemon;
+mod exec;
+mod git_sync;
+mod nomad;
+mod notify;
+mod page;
+mod pi;
+mod pulumi;
+mod server_limits;
+mod soak;
+mod terraform;
+mod unwritable;
+mod webhooks;
