@@ -5,7 +5,8 @@
 #
 #   fuzz/run.sh [SECONDS_PER_TARGET] [TARGET...]     (default: 30, all)
 #
-# Prints executions and crashes per target; exits 1 if any target crashed
+# Runs as many targets at once as there are cores. Prints executions and
+# crashes per target; exits 1 if any target crashed
 # (the input is kept under fuzz/artifacts/<target>/).
 #
 # The targets are cargo-fuzz targets (`cargo fuzz run <target>` works too,
@@ -39,19 +40,34 @@ bindir="fuzz/target/$triple/release"
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 failed=0
-printf '%-16s %12s %10s %8s\n' target executions exec/s crashes
-for t in "${targets[@]}"; do
+# As many targets at once as there are cores: each is one process.
+jobs=$(nproc 2>/dev/null || echo 1)
+run_one() { # run_one TARGET: writes $scratch/TARGET.log and .rc
+    local t=$1
     mkdir -p "$scratch/$t" "fuzz/artifacts/$t"
-    log="$scratch/$t.log"
     set +e
     "$bindir/$t" -max_total_time="$secs" -print_final_stats=1 \
-        -artifact_prefix="fuzz/artifacts/$t/" "$scratch/$t" "fuzz/corpus/$t" >"$log" 2>&1
-    rc=$?
-    set -e
+        -artifact_prefix="fuzz/artifacts/$t/" "$scratch/$t" "fuzz/corpus/$t" >"$scratch/$t.log" 2>&1
+    echo $? >"$scratch/$t.rc"
+}
+running=0
+for t in "${targets[@]}"; do
+    if [ "$running" -ge "$jobs" ]; then
+        wait -n || true
+        running=$((running - 1))
+    fi
+    run_one "$t" &
+    running=$((running + 1))
+done
+wait
+printf '%-16s %12s %10s %8s\n' target executions exec/s crashes
+for t in "${targets[@]}"; do
+    log="$scratch/$t.log"
+    rc=$(cat "$scratch/$t.rc" 2>/dev/null || echo 1)
     execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo 0)
     rate=$(grep -o 'stat::average_exec_per_sec: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo 0)
     crashes=0
-    if [ $rc -ne 0 ]; then
+    if [ "$rc" -ne 0 ]; then
         crashes=1
         failed=1
         echo "---- $t crashed; its output:" >&2
