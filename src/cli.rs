@@ -7,10 +7,11 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use crate::backend::ApplyResult;
+use crate::app::App;
 use crate::config;
+use crate::model::ApplyResult;
 use crate::store::{Operation, format_ms};
-use crate::tick::{Engine, Outcome, TickError};
+use crate::tick::{Outcome, Reconciler, TickError};
 
 /// `tick` exit code when a target's lock is held elsewhere (EX_TEMPFAIL).
 pub const EXIT_BUSY: u8 = 75;
@@ -29,16 +30,22 @@ fn short(sha: &Option<String>) -> String {
         .unwrap_or_else(|| "-".into())
 }
 
+/// The configured target of this name, or the error naming it.
+fn known<'a>(app: &'a App, name: &str) -> Result<&'a crate::config::Target, TickError> {
+    app.target(name)
+        .ok_or_else(|| TickError::UnknownTarget(name.to_string()))
+}
+
 /// `driftless tick <target>... | --all`
 pub async fn tick(
-    engine: &Engine,
+    rec: &Reconciler,
     targets: &[String],
     all: bool,
     op: Operation,
 ) -> Result<Report, TickError> {
+    let app = rec.app();
     let names: Vec<String> = if all {
-        engine
-            .settings
+        app.settings
             .targets
             .iter()
             .map(|t| t.name.clone())
@@ -47,12 +54,12 @@ pub async fn tick(
         targets.to_vec()
     };
     for n in &names {
-        engine.target(n)?;
+        known(app, n)?;
     }
     let mut out = String::new();
     let (mut failed, mut busy) = (false, false);
     for name in &names {
-        match engine.tick_now(name, op).await? {
+        match rec.tick_now(name, op).await? {
             Outcome::Ran {
                 run_id,
                 result,
@@ -82,7 +89,7 @@ pub async fn tick(
             }
         }
     }
-    deliver_notifications(engine).await;
+    deliver_notifications(app).await;
     let code = if failed {
         EXIT_FAILED
     } else if busy {
@@ -95,14 +102,15 @@ pub async fn tick(
 
 /// A one-shot tick has no sender running beside it: deliver what its runs
 /// put in the outbox now (bounded), leaving failures for the next attempt.
-async fn deliver_notifications(engine: &Engine) {
-    let sender = match crate::notify::outbox::Sender::new(&engine.settings, engine.store.clone()) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!(error = %e, "notifications cannot be sent");
-            return;
-        }
-    };
+async fn deliver_notifications(app: &App) {
+    let sender =
+        match crate::notify::outbox::Sender::new(&app.settings.notifiers, app.store.clone()) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(error = %e, "notifications cannot be sent");
+                return;
+            }
+        };
     match tokio::time::timeout(std::time::Duration::from_secs(60), sender.deliver_due()).await {
         Ok(Ok(_)) => {}
         Ok(Err(e)) => tracing::error!(error = %e, "cannot read the notification outbox"),
@@ -113,22 +121,23 @@ async fn deliver_notifications(engine: &Engine) {
 }
 
 /// `driftless notify test <notifier>`: send a test event now.
-pub async fn notify_test(engine: &Engine, notifier: &str) -> Result<Report, TickError> {
-    let sender = match crate::notify::outbox::Sender::new(&engine.settings, engine.store.clone()) {
-        Ok(s) => s,
-        Err(e) => {
-            return Ok(Report {
-                stdout: format!("{notifier}: {e}\n"),
-                code: EXIT_FAILED,
-            });
-        }
-    };
-    let target = engine
+pub async fn notify_test(app: &App, notifier: &str) -> Result<Report, TickError> {
+    let sender =
+        match crate::notify::outbox::Sender::new(&app.settings.notifiers, app.store.clone()) {
+            Ok(s) => s,
+            Err(e) => {
+                return Ok(Report {
+                    stdout: format!("{notifier}: {e}\n"),
+                    code: EXIT_FAILED,
+                });
+            }
+        };
+    let target = app
         .settings
         .targets
         .iter()
         .find(|t| t.notify.iter().any(|n| n == notifier))
-        .or(engine.settings.targets.first());
+        .or(app.settings.targets.first());
     let doc = crate::notify::EventDoc {
         id: format!("test-{:016x}", fastrand::u64(..)),
         event: crate::notify::Event::Test,
@@ -164,8 +173,8 @@ pub async fn notify_test(engine: &Engine, notifier: &str) -> Result<Report, Tick
 }
 
 /// `driftless notify pending [--all]`
-pub async fn notify_pending(engine: &Engine, all: bool) -> Result<Report, TickError> {
-    let rows = crate::notify::outbox::list(&engine.store, all).await?;
+pub async fn notify_pending(app: &App, all: bool) -> Result<Report, TickError> {
+    let rows = crate::notify::outbox::list(&app.store, all).await?;
     let mut out = format!(
         "{:<6} {:<14} {:<20} {:<14} {:<9} {:>3}  {}\n",
         "ID", "NOTIFIER", "TARGET", "EVENT", "STATE", "TRY", "NEXT / LAST ERROR"
@@ -184,8 +193,8 @@ pub async fn notify_pending(engine: &Engine, all: bool) -> Result<Report, TickEr
 }
 
 /// `driftless status [--json]`
-pub async fn status(engine: &Engine, as_json: bool) -> Result<Report, TickError> {
-    let rows = crate::status::targets(engine).await?;
+pub async fn status(app: &App, as_json: bool) -> Result<Report, TickError> {
+    let rows = crate::status::targets(app).await?;
     if as_json {
         let text = serde_json::to_string_pretty(&rows).unwrap_or_else(|_| "[]".into());
         return Ok(Report {
@@ -228,13 +237,13 @@ pub async fn status(engine: &Engine, as_json: bool) -> Result<Report, TickError>
 
 /// `driftless history <target> [--json] [--limit N]`
 pub async fn history(
-    engine: &Engine,
+    app: &App,
     target: &str,
     as_json: bool,
     limit: i64,
 ) -> Result<Report, TickError> {
-    engine.target(target)?;
-    let runs = engine.store.history(target, limit.clamp(1, 10_000)).await?;
+    known(app, target)?;
+    let runs = app.store.history(target, limit.clamp(1, 10_000)).await?;
     if as_json {
         let rows: Vec<_> = runs.iter().map(crate::status::run_json).collect();
         let text = serde_json::to_string_pretty(&rows).unwrap_or_else(|_| "[]".into());
@@ -276,12 +285,12 @@ pub async fn history(
 
 /// `driftless pause|resume <target>`
 pub async fn pause(
-    engine: &Engine,
+    app: &App,
     target: &str,
     job: Option<&str>,
     pause: bool,
 ) -> Result<Report, TickError> {
-    engine.target(target)?;
+    known(app, target)?;
     let who = format!(
         "cli:{}",
         std::env::var("USER").unwrap_or_else(|_| "unknown".into())
@@ -289,11 +298,11 @@ pub async fn pause(
     let by = pause.then_some(who.as_str());
     let (what, changed, paused_means) = match job {
         None => {
-            let changed = engine.store.set_paused(target, by).await?;
+            let changed = app.store.set_paused(target, by).await?;
             if changed && !pause {
                 // Apply what the branch got meanwhile (the daemon, or the
                 // next `driftless tick`, runs it).
-                engine.queue.resumed(target).await?;
+                app.queue.resumed(target).await?;
             }
             (
                 target.to_string(),
@@ -303,7 +312,7 @@ pub async fn pause(
         }
         Some(j) => (
             format!("{target}/{j}"),
-            engine.store.set_job_paused(target, j, by).await?,
+            app.store.set_job_paused(target, j, by).await?,
             "it is still planned, never registered or approved",
         ),
     };
@@ -341,8 +350,8 @@ pub fn token_new(name: &str) -> Report {
 }
 
 /// `driftless outputs <target> [--json]`
-pub async fn outputs(engine: &Engine, target: &str, as_json: bool) -> Result<Report, TickError> {
-    let outs = engine.outputs(target).await?;
+pub async fn outputs(rec: &Reconciler, target: &str, as_json: bool) -> Result<Report, TickError> {
+    let outs = rec.outputs(target).await?;
     let stdout = if as_json {
         serde_json::to_string_pretty(&outs).unwrap_or_else(|_| "{}".into()) + "\n"
     } else {
@@ -391,9 +400,9 @@ pub fn check(path: &Path) -> Report {
 }
 
 /// `driftless events <target>`
-pub async fn events(engine: &Engine, target: &str, as_json: bool) -> Result<Report, TickError> {
-    engine.target(target)?;
-    let rows = engine.store.nomad_events(target).await?;
+pub async fn events(app: &App, target: &str, as_json: bool) -> Result<Report, TickError> {
+    known(app, target)?;
+    let rows = app.store.nomad_events(target).await?;
     if as_json {
         return Ok(Report {
             stdout: serde_json::to_string_pretty(&rows).unwrap_or_else(|_| "[]".into()) + "\n",
@@ -426,7 +435,7 @@ pub async fn events(engine: &Engine, target: &str, as_json: bool) -> Result<Repo
 
 /// Call the daemon's API with the token in DRIFTLESS_TOKEN.
 async fn api(
-    engine: &Engine,
+    app: &App,
     method: reqwest::Method,
     path: &str,
     body: Option<serde_json::Value>,
@@ -434,7 +443,7 @@ async fn api(
     let token = std::env::var("DRIFTLESS_TOKEN").map_err(|_| {
         "set DRIFTLESS_TOKEN to an API token (see `driftless token new`)".to_string()
     })?;
-    let mut addr = engine.settings.server.listen;
+    let mut addr = app.settings.server.listen;
     if addr.ip().is_unspecified() {
         addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
     }
@@ -475,13 +484,13 @@ fn failed(msg: String) -> Report {
 }
 
 /// `driftless deployments [--pending]`
-pub async fn deployments(engine: &Engine, pending: bool, as_json: bool) -> Report {
+pub async fn deployments(app: &App, pending: bool, as_json: bool) -> Report {
     let path = if pending {
         "/api/v1/deployments?state=pending_approval"
     } else {
         "/api/v1/deployments"
     };
-    let list = match api(engine, reqwest::Method::GET, path, None).await {
+    let list = match api(app, reqwest::Method::GET, path, None).await {
         Ok(v) => v,
         Err(e) => return failed(e),
     };
@@ -515,9 +524,9 @@ pub async fn deployments(engine: &Engine, pending: bool, as_json: bool) -> Repor
 }
 
 /// `driftless approve|reject <id>`: show what is decided, then decide it.
-pub async fn decide(engine: &Engine, id: i64, approve: bool) -> Report {
+pub async fn decide(app: &App, id: i64, approve: bool) -> Report {
     let d = match api(
-        engine,
+        app,
         reqwest::Method::GET,
         &format!("/api/v1/deployments/{id}"),
         None,
@@ -544,7 +553,7 @@ pub async fn decide(engine: &Engine, id: i64, approve: bool) -> Report {
         ("reject", None)
     };
     match api(
-        engine,
+        app,
         reqwest::Method::POST,
         &format!("/api/v1/deployments/{id}/{verb}"),
         body,

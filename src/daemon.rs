@@ -8,16 +8,17 @@
 //! holds no reconcile logic of its own.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
 use tracing::{error, info, warn};
 
+use crate::app::Health;
 use crate::http;
 use crate::queue::Job;
 use crate::scheduler::Scheduler;
-use crate::tick::{Engine, Outcome};
+use crate::tick::{Outcome, Reconciler};
 
 /// When the queue is empty, how often a worker looks again (a notification
 /// usually wakes it sooner).
@@ -45,15 +46,8 @@ pub enum DaemonError {
     Lock(#[from] crate::lock::LockError),
 }
 
-/// Shared between the workers and the HTTP health endpoints.
-#[derive(Default)]
-pub struct Health {
-    /// The last queue operation failed (the database is not writable).
-    pub store_failing: AtomicBool,
-}
-
 /// Run the daemon until a shutdown signal.
-pub async fn serve(engine: Engine) -> Result<(), DaemonError> {
+pub async fn serve(engine: Reconciler) -> Result<(), DaemonError> {
     let (tx, rx) = watch::channel(false);
     tokio::spawn(async move {
         shutdown_signal().await;
@@ -65,14 +59,14 @@ pub async fn serve(engine: Engine) -> Result<(), DaemonError> {
 
 /// Run the daemon until `shutdown` turns true.
 pub async fn serve_until(
-    engine: Engine,
+    engine: Reconciler,
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), DaemonError> {
-    let settings = engine.settings.clone();
+    let settings = engine.app().settings.clone();
     // One daemon per state directory, held until this function returns.
     let _serving = crate::lock::ServeLock::try_acquire(&settings.state_dir)?;
     let names: Vec<String> = settings.targets.iter().map(|t| t.name.clone()).collect();
-    let dropped = engine.queue.drop_unknown(&names).await?;
+    let dropped = engine.app().queue.drop_unknown(&names).await?;
     if dropped > 0 {
         warn!(
             jobs = dropped,
@@ -83,7 +77,7 @@ pub async fn serve_until(
 
     let health = Arc::new(Health::default());
     let wake = Arc::new(Notify::new());
-    let state = http::AppState::new(engine.clone(), health.clone(), wake.clone())?;
+    let state = http::AppState::new(engine.app().clone(), health.clone(), wake.clone())?;
     let listener = tokio::net::TcpListener::bind(settings.server.listen)
         .await
         .map_err(|e| DaemonError::Listen {
@@ -114,12 +108,13 @@ pub async fn serve_until(
     });
 
     let scheduler = tokio::spawn(
-        Scheduler::new(settings.clone(), engine.queue.clone(), wake.clone()).run(shutdown.clone()),
+        Scheduler::new(settings.clone(), engine.app().queue.clone(), wake.clone())
+            .run(shutdown.clone()),
     );
     tokio::spawn(reaper(engine.clone(), wake.clone(), shutdown.clone()));
-    match crate::notify::outbox::Sender::new(&settings, engine.store.clone()) {
+    match crate::notify::outbox::Sender::new(&settings.notifiers, engine.app().store.clone()) {
         Ok(sender) => {
-            tokio::spawn(sender.run(engine.outbox_wake.clone(), shutdown.clone()));
+            tokio::spawn(sender.run(engine.app().outbox_wake.clone(), shutdown.clone()));
         }
         // Notifications are the one soft failure: say so loudly, keep going.
         Err(e) => error!(error = %e, "notifications cannot be sent"),
@@ -157,11 +152,11 @@ pub async fn serve_until(
 /// work: leave the job alone. Jobs of this process are never touched, and a
 /// job must have been quiet for `min_quiet` (live owners heartbeat), which
 /// covers the instants between marking a job running and taking the lock.
-async fn recover_dead_jobs(engine: &Engine, min_quiet: Duration) -> Result<(), DaemonError> {
-    let locks = engine.settings.locks_dir();
+async fn recover_dead_jobs(engine: &Reconciler, min_quiet: Duration) -> Result<(), DaemonError> {
+    let locks = engine.app().settings.locks_dir();
     let mut dead = Vec::new();
-    for job in engine.queue.running().await? {
-        if job.owner == engine.queue.owner() || job.quiet_for < min_quiet {
+    for job in engine.app().queue.running().await? {
+        if job.owner == engine.app().queue.owner() || job.quiet_for < min_quiet {
             continue;
         }
         if crate::lock::TargetLock::try_acquire(&locks, &job.target).is_ok() {
@@ -169,14 +164,14 @@ async fn recover_dead_jobs(engine: &Engine, min_quiet: Duration) -> Result<(), D
         }
     }
     if !dead.is_empty() {
-        engine.queue.recover(&dead).await?;
+        engine.app().queue.recover(&dead).await?;
         warn!(jobs = ?dead, "requeued jobs whose process died mid-tick");
     }
     Ok(())
 }
 
 /// Every few seconds, look for jobs left running by a dead process.
-async fn reaper(engine: Engine, wake: Arc<Notify>, mut shutdown: watch::Receiver<bool>) {
+async fn reaper(engine: Reconciler, wake: Arc<Notify>, mut shutdown: watch::Receiver<bool>) {
     loop {
         tokio::select! {
             _ = tokio::time::sleep(REAP_PERIOD) => {}
@@ -200,7 +195,7 @@ async fn futures_join(handles: Vec<tokio::task::JoinHandle<()>>) {
 
 async fn worker(
     n: usize,
-    engine: Engine,
+    engine: Reconciler,
     targets: Vec<String>,
     wake: Arc<Notify>,
     health: Arc<Health>,
@@ -213,7 +208,7 @@ async fn worker(
         let notified = wake.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        match engine.queue.claim(&targets).await {
+        match engine.app().queue.claim(&targets).await {
             Ok(Some(job)) => {
                 health.store_failing.store(false, Ordering::Relaxed);
                 process(n, &engine, &job, &health).await;
@@ -240,8 +235,8 @@ async fn worker(
     }
 }
 
-async fn process(n: usize, engine: &Engine, job: &Job, health: &Health) {
-    let q = &engine.queue;
+async fn process(n: usize, engine: &Reconciler, job: &Job, health: &Health) {
+    let q = &engine.app().queue;
     let result = match engine.run_job(job).await {
         // The tick closed the job itself.
         Ok(Outcome::Ran { .. } | Outcome::Unaffected { .. }) => Ok(()),

@@ -19,10 +19,10 @@ use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 
-use crate::config::{GitAuth, Target};
 use crate::error::chain;
 use crate::process::{self, Spec};
 use crate::redact::Redactor;
+use crate::secret::SecretRef;
 
 /// How long one fetch or checkout command may take.
 const GIT_TIMEOUT: Duration = Duration::from_secs(10 * 60);
@@ -55,6 +55,35 @@ pub enum GitError {
     },
     #[error("cannot read git credentials: {0}")]
     Credentials(String),
+}
+
+/// Credentials for fetching a target's repository.
+#[derive(Debug, Clone, Default)]
+pub struct GitAuth {
+    /// https: token sent as the password.
+    pub token: Option<SecretRef>,
+    /// https: the user name sent with the token.
+    pub username: Option<String>,
+    /// ssh: private key file.
+    pub identity_file: Option<PathBuf>,
+    /// ssh: known_hosts file (host keys are always checked).
+    pub known_hosts_file: Option<PathBuf>,
+    /// https: extra CA certificates (PEM) to trust, for a self-hosted forge
+    /// with a private CA. The system's roots are trusted as well.
+    pub ca_file: Option<PathBuf>,
+}
+
+/// What git needs of a target: where its repository is, which branch, the
+/// path inside it, and how to authenticate. Built by `config::Target::source`.
+#[derive(Debug, Clone, Copy)]
+pub struct Source<'a> {
+    /// The target's name: its checkout is `<state_dir>/checkouts/<target>`.
+    pub target: &'a str,
+    pub repo: &'a str,
+    pub branch: &'a str,
+    /// The target's directory inside the repository ("" = the root).
+    pub path: &'a Path,
+    pub auth: &'a GitAuth,
 }
 
 /// A target's checkout, moved to a commit.
@@ -127,10 +156,8 @@ impl Git {
     }
 
     /// Fetch the target's branch and move its checkout to the branch tip.
-    pub async fn sync(&self, target: &Target) -> Result<Synced, GitError> {
-        let sha = self
-            .fetch(&target.repo, &target.branch, &target.git)
-            .await?;
+    pub async fn sync(&self, target: Source<'_>) -> Result<Synced, GitError> {
+        let sha = self.fetch(target.repo, target.branch, target.auth).await?;
         self.checkout(target, &sha).await
     }
 
@@ -179,9 +206,9 @@ impl Git {
     }
 
     /// Move the target's checkout to `sha` (which must be in the cache).
-    pub async fn checkout(&self, target: &Target, sha: &str) -> Result<Synced, GitError> {
-        let cache = self.cache_dir(&target.repo);
-        let dir = self.checkout_dir(&target.name);
+    pub async fn checkout(&self, target: Source<'_>, sha: &str) -> Result<Synced, GitError> {
+        let cache = self.cache_dir(target.repo);
+        let dir = self.checkout_dir(target.target);
         let err = |reason: String| GitError::Checkout {
             sha: sha.to_string(),
             dir: dir.display().to_string(),
@@ -218,7 +245,7 @@ impl Git {
                 path: path.clone(),
                 sha: sha.to_string(),
             })?;
-        let workdir = dir.join(&target.path);
+        let workdir = dir.join(target.path);
         // A committed symlink must not take the backend out of the checkout.
         if let Some(to) = crate::paths::leads_outside(&dir, &workdir) {
             return Err(GitError::Escapes {

@@ -1,17 +1,29 @@
 //! driftless: a GitOps reconciler for infrastructure outside Kubernetes.
 //!
-//! The flow, one way through (see ARCHITECTURE.md):
+//! The modules, by layer (each imports only its own layer or below; the
+//! table in ARCHITECTURE.md is checked by `tests/it/architecture.rs`):
 //!
-//! - [`config`]: the settings file, validated with every problem named.
-//! - [`scheduler`] (fallback intervals) and, later, webhooks and the API put
-//!   requests in the durable [`queue`] (SQLite, [`store`]).
-//! - [`daemon`] workers claim jobs; [`tick`] runs one: the per-target
-//!   [`lock`], [`git`] sync to the exact commit, the [`backend`]'s `apply`,
-//!   and the run recorded in [`store`].
-//! - [`process`] runs every external command; [`redact`] masks secrets in
-//!   everything printed or stored.
-//! - [`http`] serves health endpoints; [`cli`] implements the commands.
+//! 0. Plain types and pure helpers: [`model`] (what an apply reports),
+//!    [`secret`] (secret references), [`redact`] (masking secrets in
+//!    everything printed or stored), [`paths`], [`glob`], [`schema`]
+//!    (config tables read naming every bad key), [`ledger`] (the Nomad
+//!    deployment record's contract), [`error`].
+//! 1. One outside thing each: [`process`] runs every external command,
+//!    [`lock`] the per-target file lock, [`git`] the caches and checkouts,
+//!    [`store`] SQLite, [`metrics`].
+//! 2. [`backend`] (terraform, pulumi, cloudformation, compose, ansible,
+//!    pi, nomad, exec) and [`notify`] (email, Slack, Matrix, webhook).
+//! 3. [`config`]: the settings file, validated with every problem named.
+//! 4. Reconcile: the durable [`queue`], the [`scheduler`]'s intervals,
+//!    [`app`] (shared state without git) and [`tick`] (the `Reconciler`,
+//!    the one path to a backend).
+//! 5. The HTTP surface: [`http`] (webhooks, the API, the page, health,
+//!    metrics), [`forge`] (verify and parse a delivery), [`route`] (which
+//!    targets a push concerns), [`auth`] (tokens and scopes), [`status`].
+//! 6. The application: [`daemon`] (workers, scheduler, reaper and HTTP)
+//!    and [`cli`] (the commands).
 
+pub mod app;
 pub mod auth;
 pub mod backend;
 pub mod cli;
@@ -20,9 +32,12 @@ pub mod daemon;
 pub mod error;
 pub mod forge;
 pub mod git;
+pub mod glob;
 pub mod http;
+pub mod ledger;
 pub mod lock;
 pub mod metrics;
+pub mod model;
 pub mod notify;
 pub mod paths;
 pub mod process;
@@ -31,6 +46,7 @@ pub mod redact;
 pub mod route;
 pub mod scheduler;
 pub mod schema;
+pub mod secret;
 pub mod status;
 pub mod store;
 pub mod tick;

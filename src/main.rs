@@ -7,10 +7,11 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
+use driftless::app::App;
 use driftless::cli;
 use driftless::config::{self, DEFAULT_CONFIG_PATH};
 use driftless::store::Operation;
-use driftless::tick::Engine;
+use driftless::tick::Reconciler;
 
 #[derive(Parser)]
 #[command(
@@ -207,24 +208,26 @@ async fn run(args: Args) -> anyhow::Result<u8> {
         return Ok(r.code);
     }
     let settings = config::load(&args.config)?;
-    let engine = Engine::open(settings)
+    let app = App::open(settings)
         .await
         .context("cannot open the state database")?;
+    // Only the commands that converge get git.
+    let rec = || Reconciler::new(app.clone());
     let report = match args.command {
         Command::Serve => {
-            driftless::daemon::serve(engine).await?;
+            driftless::daemon::serve(rec()).await?;
             return Ok(0);
         }
         Command::Tick { targets, all } => {
-            cli::tick(&engine, &targets, all, Operation::Apply).await?
+            cli::tick(&rec(), &targets, all, Operation::Apply).await?
         }
-        Command::Status { json } => cli::status(&engine, json).await?,
+        Command::Status { json } => cli::status(&app, json).await?,
         Command::History {
             target,
             json,
             limit,
-        } => cli::history(&engine, &target, json, limit).await?,
-        Command::Outputs { target, json } => cli::outputs(&engine, &target, json).await?,
+        } => cli::history(&app, &target, json, limit).await?,
+        Command::Outputs { target, json } => cli::outputs(&rec(), &target, json).await?,
         Command::Destroy { target, yes } => {
             if !yes {
                 anyhow::bail!(
@@ -234,7 +237,7 @@ async fn run(args: Args) -> anyhow::Result<u8> {
             eprintln!(
                 "note: a running daemon will apply `{target}` again at its next tick unless you remove it from the configuration"
             );
-            cli::tick(&engine, &[target], false, Operation::Destroy).await?
+            cli::tick(&rec(), &[target], false, Operation::Destroy).await?
         }
         Command::Check => cli::check(&args.config),
         Command::Token {
@@ -242,20 +245,16 @@ async fn run(args: Args) -> anyhow::Result<u8> {
         } => cli::token_new(&name),
         Command::Notify {
             command: NotifyCommand::Test { notifier },
-        } => cli::notify_test(&engine, &notifier).await?,
+        } => cli::notify_test(&app, &notifier).await?,
         Command::Notify {
             command: NotifyCommand::Pending { all },
-        } => cli::notify_pending(&engine, all).await?,
-        Command::Pause { target, job } => {
-            cli::pause(&engine, &target, job.as_deref(), true).await?
-        }
-        Command::Resume { target, job } => {
-            cli::pause(&engine, &target, job.as_deref(), false).await?
-        }
-        Command::Deployments { pending, json } => cli::deployments(&engine, pending, json).await,
-        Command::Approve { id } => cli::decide(&engine, id, true).await,
-        Command::Reject { id } => cli::decide(&engine, id, false).await,
-        Command::Events { target, json } => cli::events(&engine, &target, json).await?,
+        } => cli::notify_pending(&app, all).await?,
+        Command::Pause { target, job } => cli::pause(&app, &target, job.as_deref(), true).await?,
+        Command::Resume { target, job } => cli::pause(&app, &target, job.as_deref(), false).await?,
+        Command::Deployments { pending, json } => cli::deployments(&app, pending, json).await,
+        Command::Approve { id } => cli::decide(&app, id, true).await,
+        Command::Reject { id } => cli::decide(&app, id, false).await,
+        Command::Events { target, json } => cli::events(&app, &target, json).await?,
     };
     print!("{}", report.stdout);
     Ok(report.code)

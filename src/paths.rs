@@ -3,9 +3,34 @@
 //! A repository may commit symlinks to anywhere; every path driftless or a
 //! backend reads or writes on the repository's behalf is checked here
 //! against the checkout it must stay in. Pure file-system reads: no git, no
-//! writes.
+//! writes. Also how a path written in the config resolves against the
+//! config file's directory.
 
 use std::path::{Component, Path, PathBuf};
+
+/// Relative paths in the config are relative to the config file's directory.
+pub fn resolve(base: &Path, raw: &str) -> PathBuf {
+    let p = Path::new(raw);
+    let joined = if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        base.join(p)
+    };
+    // Fold `.` and `..` so paths read well in logs and errors.
+    let mut out = PathBuf::new();
+    for c in joined.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                if !out.pop() {
+                    out.push(c);
+                }
+            }
+            other => out.push(other),
+        }
+    }
+    out
+}
 
 /// Where `path` really leads, when that is outside `root` (symlinks
 /// resolved, dangling ones included); `None` when it stays inside or does not

@@ -3,8 +3,8 @@
 
 use serde::Serialize;
 
+use crate::app::App;
 use crate::store::{StoreError, format_ms};
-use crate::tick::Engine;
 
 /// One target's status.
 #[derive(Debug, Clone, Serialize)]
@@ -27,11 +27,11 @@ pub struct TargetStatus {
 }
 
 /// Every configured target, in configuration order.
-pub async fn targets(engine: &Engine) -> Result<Vec<TargetStatus>, StoreError> {
-    let states = engine.store.target_states().await?;
-    let activity = engine.queue.activity().await?;
+pub async fn targets(app: &App) -> Result<Vec<TargetStatus>, StoreError> {
+    let states = app.store.target_states().await?;
+    let activity = app.queue.activity().await?;
     let redactor = crate::redact::Redactor::new();
-    Ok(engine
+    Ok(app
         .settings
         .targets
         .iter()
@@ -60,8 +60,8 @@ pub async fn targets(engine: &Engine) -> Result<Vec<TargetStatus>, StoreError> {
 }
 
 /// One target's status, if it is configured.
-pub async fn target(engine: &Engine, name: &str) -> Result<Option<TargetStatus>, StoreError> {
-    Ok(targets(engine).await?.into_iter().find(|t| t.name == name))
+pub async fn target(app: &App, name: &str) -> Result<Option<TargetStatus>, StoreError> {
+    Ok(targets(app).await?.into_iter().find(|t| t.name == name))
 }
 
 /// A run as the CLI's `history --json` and the API show it.

@@ -1,24 +1,24 @@
 //! One tick: lock → record → git sync → backend → record.
 //!
 //! Every way of starting work (interval, webhook, API, one-shot CLI) ends up
-//! in [`Engine::run_job`]; nothing else calls a backend's `apply` or
+//! in [`Reconciler::run_job`]; nothing else calls a backend's `apply` or
 //! `destroy`. The order is the contract: the target's lock is held for the
 //! whole tick; the run row (target, trigger, delivery) is written before git
 //! is touched and its commit before the backend is called — if either write
 //! fails the tick stops there; a failed run never moves the last applied SHA.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use tracing::{error, info, warn};
 
+use crate::app::App;
 use crate::backend::{self, ApplyResult, Context, Outputs, Status};
-use crate::config::{Settings, Target};
+use crate::config::Target;
 use crate::git::Git;
 use crate::lock::{LockError, TargetLock};
 use crate::notify::{self, EventDoc, FailureState};
-use crate::queue::{Job, Queue, Trigger};
-use crate::store::{NewNotification, NewRun, Notice, Operation, Store, StoreError, TargetState};
+use crate::queue::{Job, Trigger};
+use crate::store::{NewNotification, NewRun, Notice, Operation, StoreError, TargetState};
 
 /// What a tick knows about the run it records.
 struct RunInfo {
@@ -69,40 +69,29 @@ pub enum Outcome {
     Unaffected { reason: String },
 }
 
-/// Everything a tick needs. Cheap to clone.
+/// The one thing that converges targets: the [`App`] plus the git caches
+/// and checkouts, which nothing else holds. Cheap to clone.
 #[derive(Clone)]
-pub struct Engine {
-    pub settings: Arc<Settings>,
-    pub store: Store,
-    pub queue: Queue,
-    pub git: Git,
-    pub metrics: Arc<crate::metrics::Metrics>,
-    /// Rung when a run put notifications in the outbox.
-    pub outbox_wake: Arc<tokio::sync::Notify>,
+pub struct Reconciler {
+    app: App,
+    git: Git,
 }
 
-impl Engine {
-    /// Open the state database and register the configured targets.
-    pub async fn open(settings: Settings) -> Result<Engine, StoreError> {
-        let store = Store::open(&settings.database_path()).await?;
-        let names: Vec<(&str, &str)> = settings
-            .targets
-            .iter()
-            .map(|t| (t.name.as_str(), t.backend.kind()))
-            .collect();
-        store.register_targets(&names).await?;
-        Ok(Engine {
-            git: Git::new(&settings.state_dir),
-            queue: Queue::new(store.clone()),
-            store,
-            settings: Arc::new(settings),
-            metrics: Arc::new(crate::metrics::Metrics::new()),
-            outbox_wake: Default::default(),
-        })
+impl Reconciler {
+    pub fn new(app: App) -> Reconciler {
+        Reconciler {
+            git: Git::new(&app.settings.state_dir),
+            app,
+        }
+    }
+
+    /// The shared state (settings, store, queue, metrics): no git.
+    pub fn app(&self) -> &App {
+        &self.app
     }
 
     pub fn target(&self, name: &str) -> Result<&Target, TickError> {
-        self.settings
+        self.app
             .target(name)
             .ok_or_else(|| TickError::UnknownTarget(name.to_string()))
     }
@@ -113,7 +102,7 @@ impl Engine {
     /// the caller.
     pub async fn run_job(&self, job: &Job) -> Result<Outcome, TickError> {
         let target = self.target(&job.target)?.clone();
-        let lock = match TargetLock::try_acquire(&self.settings.locks_dir(), &target.name) {
+        let lock = match TargetLock::try_acquire(&self.app.settings.locks_dir(), &target.name) {
             Ok(l) => l,
             Err(LockError::Busy { .. }) => return Ok(Outcome::Busy),
             Err(e) => return Err(TickError::Lock(e)),
@@ -122,7 +111,8 @@ impl Engine {
             && let Some(reason) = self.unaffected(&target).await?
         {
             info!(target = %target.name, job = job.id, %reason, "push does not affect the target");
-            self.queue
+            self.app
+                .queue
                 .finish(job.id, None, &format!("unaffected: {reason}"))
                 .await?;
             drop(lock);
@@ -139,7 +129,7 @@ impl Engine {
     /// git cannot tell (no run yet, a failed fetch, a commit gone from the
     /// cache), the job runs and records whatever happens.
     async fn unaffected(&self, target: &Target) -> Result<Option<String>, TickError> {
-        let Some(base) = self.store.last_attempted_sha(&target.name).await? else {
+        let Some(base) = self.app.store.last_attempted_sha(&target.name).await? else {
             return Ok(None);
         };
         let Ok(tip) = self
@@ -179,6 +169,7 @@ impl Engine {
         // A paused target is not applied; destroying it is a deliberate act.
         if op == Operation::Apply
             && self
+                .app
                 .store
                 .target_state(name)
                 .await?
@@ -186,7 +177,7 @@ impl Engine {
         {
             return Ok(Outcome::Paused);
         }
-        let lock = match TargetLock::try_acquire(&self.settings.locks_dir(), name) {
+        let lock = match TargetLock::try_acquire(&self.app.settings.locks_dir(), name) {
             Ok(l) => l,
             Err(LockError::Busy { .. }) => return Ok(Outcome::Busy),
             Err(e) => return Err(TickError::Lock(e)),
@@ -198,25 +189,26 @@ impl Engine {
         // is marked interrupted and the job folded into ours.
         let mut job = None;
         for attempt in 0..30 {
-            job = self.queue.start_now(name, Trigger::Cli).await?;
+            job = self.app.queue.start_now(name, Trigger::Cli).await?;
             if job.is_some() {
                 break;
             }
             if attempt == 10 {
                 let dead: Vec<i64> = self
+                    .app
                     .queue
                     .running()
                     .await?
                     .into_iter()
                     .filter(|j| {
                         j.target == name
-                            && j.owner != self.queue.owner()
+                            && j.owner != self.app.queue.owner()
                             && j.quiet_for >= Duration::from_secs(1)
                     })
                     .map(|j| j.id)
                     .collect();
                 if !dead.is_empty() {
-                    self.queue.recover(&dead).await?;
+                    self.app.queue.recover(&dead).await?;
                     tracing::warn!(target_name = name, jobs = ?dead, "recovered jobs left running by a process that died");
                 }
             }
@@ -239,7 +231,7 @@ impl Engine {
     ) -> Result<Outcome, TickError> {
         // Keep the job's lease alive for as long as the tick runs.
         let heartbeat = {
-            let queue = self.queue.clone();
+            let queue = self.app.queue.clone();
             let id = job.id;
             tokio::spawn(async move {
                 loop {
@@ -269,12 +261,13 @@ impl Engine {
             let mut pause = Duration::from_secs(1);
             loop {
                 match self
+                    .app
                     .queue
                     .finish(job.id, Some(*run_id), result.as_str())
                     .await
                 {
                     Ok(()) => break,
-                    Err(e) if e.is_disk_trouble() && self.store.check_identity().is_ok() => {
+                    Err(e) if e.is_disk_trouble() && self.app.store.check_identity().is_ok() => {
                         error!(target = %target.name, job = job.id, error = %e, retry_in = ?pause,
                                "cannot close the job of a recorded run; trying again");
                         tokio::time::sleep(pause).await;
@@ -301,6 +294,7 @@ impl Engine {
         let started = std::time::Instant::now();
         let started_ms = crate::store::now_ms();
         let run_id = self
+            .app
             .store
             .begin_run(&NewRun {
                 target: &target.name,
@@ -312,7 +306,7 @@ impl Engine {
                 receiver: receiver.as_deref(),
             })
             .await?;
-        let state = self.store.target_state(&target.name).await?;
+        let state = self.app.store.target_state(&target.name).await?;
         let run = RunInfo {
             id: run_id,
             op,
@@ -325,7 +319,7 @@ impl Engine {
 
         // git: the branch tip for apply; for destroy, what was last applied.
         let synced = match op {
-            Operation::Apply => self.git.sync(target).await,
+            Operation::Apply => self.git.sync(target.source()).await,
             Operation::Destroy => {
                 match self
                     .git
@@ -337,7 +331,7 @@ impl Engine {
                             .as_ref()
                             .and_then(|s| s.last_applied_sha.clone())
                             .unwrap_or(tip);
-                        self.git.checkout(target, &sha).await
+                        self.git.checkout(target.source(), &sha).await
                     }
                     Err(e) => Err(e),
                 }
@@ -357,7 +351,7 @@ impl Engine {
                       "the branch tip differs from the requested commit; applying the tip");
         }
         // The commit is on record before the backend is called.
-        self.store.set_run_sha(run_id, &synced.sha).await?;
+        self.app.store.set_run_sha(run_id, &synced.sha).await?;
 
         let ctx = Context {
             name: target.name.clone(),
@@ -368,7 +362,7 @@ impl Engine {
             timeout: target.timeout,
             redactor: Git::redactor(&target.git),
             commit: synced.sha.clone(),
-            ledger: Some(std::sync::Arc::new(self.store.clone())),
+            ledger: Some(std::sync::Arc::new(self.app.store.clone())),
         };
         let status = match backend::build(&target.backend, ctx) {
             Err(e) => Status::failed(e.to_string()),
@@ -410,12 +404,13 @@ impl Engine {
         let mut pause = Duration::from_secs(1);
         loop {
             match self
+                .app
                 .store
                 .finish_run(run.id, &target.name, run.op, sha, &status, notice.as_ref())
                 .await
             {
                 Ok(()) => break,
-                Err(e) if e.is_disk_trouble() && self.store.check_identity().is_ok() => {
+                Err(e) if e.is_disk_trouble() && self.app.store.check_identity().is_ok() => {
                     error!(target = %target.name, run = run.id, error = %e, retry_in = ?pause,
                            "cannot record the finished run; keeping its result and trying again");
                     tokio::time::sleep(pause).await;
@@ -425,9 +420,9 @@ impl Engine {
             }
         }
         if notice.as_ref().is_some_and(|n| !n.outbox.is_empty()) {
-            self.outbox_wake.notify_waiters();
+            self.app.outbox_wake.notify_waiters();
         }
-        self.metrics.tick(
+        self.app.metrics.tick(
             &target.name,
             status.result.as_str(),
             run.started.elapsed().as_secs_f64(),
@@ -466,12 +461,12 @@ impl Engine {
             status.result,
             &message,
             now,
-            self.settings.defaults.repeat_after,
+            self.app.settings.defaults.repeat_after,
         );
         let mut outbox = Vec::new();
         if let Some(event) = d.event {
             for name in &target.notify {
-                let Some(cfg) = self.settings.notifiers.iter().find(|n| &n.name == name) else {
+                let Some(cfg) = self.app.settings.notifiers.iter().find(|n| &n.name == name) else {
                     continue;
                 };
                 if !cfg.wants(event) {
@@ -502,6 +497,7 @@ impl Engine {
                     failing_for_ms: d.failing_for_ms,
                     run_id: Some(run.id),
                     run_url: self
+                        .app
                         .settings
                         .server
                         .public_url
@@ -541,10 +537,10 @@ impl Engine {
         if !matches!(target.backend, backend::BackendConfig::Nomad(_)) {
             return Ok(());
         }
-        let waiting = self.store.unnotified_approvals(&target.name).await?;
-        let base = match &self.settings.server.public_url {
+        let waiting = self.app.store.unnotified_approvals(&target.name).await?;
+        let base = match &self.app.settings.server.public_url {
             Some(u) => u.trim_end_matches('/').to_string(),
-            None => format!("http://{}", self.settings.server.listen),
+            None => format!("http://{}", self.app.settings.server.listen),
         };
         for d in waiting {
             let message = notify::bounded(
@@ -567,7 +563,7 @@ impl Engine {
                 notify::MESSAGE_MAX,
             );
             for name in &target.notify {
-                let Some(cfg) = self.settings.notifiers.iter().find(|n| &n.name == name) else {
+                let Some(cfg) = self.app.settings.notifiers.iter().find(|n| &n.name == name) else {
                     continue;
                 };
                 if !cfg.wants(notify::Event::PendingApproval) {
@@ -619,7 +615,7 @@ impl Engine {
                 target: name.to_string(),
             });
         }
-        let state = self.store.target_state(name).await?;
+        let state = self.app.store.target_state(name).await?;
         let ctx = Context {
             name: target.name.clone(),
             workdir: checkout.join(&target.path),
@@ -629,7 +625,7 @@ impl Engine {
             timeout: target.timeout,
             redactor: Git::redactor(&target.git),
             commit: String::new(),
-            ledger: Some(std::sync::Arc::new(self.store.clone())),
+            ledger: Some(std::sync::Arc::new(self.app.store.clone())),
         };
         let err = |e: backend::BackendError| TickError::Backend {
             target: name.to_string(),

@@ -16,9 +16,10 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use super::tool;
 use super::{ApplyResult, Backend, BackendError, BoxFuture, Context, Outputs, Status};
-use crate::config::{SecretRef, resolve_env_map};
 use crate::process::{self, Spec};
+use crate::secret::SecretRef;
 
 /// Where the last recap is kept for `outputs` (ignored by nothing, tracked by
 /// nothing: it lives in the checkout beside the playbook).
@@ -167,17 +168,15 @@ impl Report {
 pub struct Ansible {
     cfg: Config,
     ctx: Context,
+    /// The `env` table, resolved at build.
+    env: std::collections::BTreeMap<String, String>,
     /// A vault password given as `env:NAME`, read at construction.
     vault_from_env: Option<String>,
 }
 
 impl Ansible {
     pub fn new(cfg: Config, mut ctx: Context) -> Result<Self, BackendError> {
-        let (_, secrets) =
-            resolve_env_map(&cfg.env).map_err(|e| BackendError::Config(e.to_string()))?;
-        for s in secrets {
-            ctx.redactor.add(s);
-        }
+        let env = tool::env(&cfg.env, &mut ctx)?;
         let vault_from_env = match cfg
             .vault_password_file
             .as_deref()
@@ -191,6 +190,7 @@ impl Ansible {
             _ => None,
         };
         Ok(Ansible {
+            env,
             cfg,
             ctx,
             vault_from_env,
@@ -283,10 +283,7 @@ impl Ansible {
             },
             (None, None) => None,
         };
-        let (mut env, _) = match resolve_env_map(&self.cfg.env) {
-            Ok(x) => x,
-            Err(e) => return (Status::failed(e.to_string()), Report::default()),
-        };
+        let mut env = self.env.clone();
         for (k, v) in [
             ("ANSIBLE_NOCOLOR", "1"),
             ("ANSIBLE_FORCE_COLOR", "0"),
@@ -302,14 +299,9 @@ impl Ansible {
         );
         spec.env = env;
         spec.deadline = Some(deadline);
-        let out = match process::run(&spec, &self.ctx.redactor).await {
+        let out = match tool::run(&spec, &self.ctx.redactor).await {
             Ok(o) => o,
-            Err(e) => {
-                return (
-                    Status::failed(self.ctx.redactor.redact(&e.to_string())),
-                    Report::default(),
-                );
-            }
+            Err(e) => return (Status::failed(e), Report::default()),
         };
         let report = Report::parse(&out.stdout);
         let failed_hosts: Vec<&String> = report
@@ -422,15 +414,12 @@ impl Backend for Ansible {
         Box::pin(async move {
             let deadline = Instant::now() + self.ctx.timeout;
             let digest = self.digest();
-            let unchanged = self.ctx.last_digest.as_deref() == Some(digest.as_str());
-            if self.cfg.mode == Mode::Digest && unchanged {
+            let unchanged = tool::unchanged(&self.ctx, &digest);
+            if self.cfg.mode == Mode::Digest
+                && let Some(same) = unchanged
+            {
                 if !self.cfg.check_drift {
-                    return Status {
-                        result: ApplyResult::NoChange,
-                        message: "inputs unchanged since the last successful apply".into(),
-                        output_tail: String::new(),
-                        digest: Some(digest),
-                    };
+                    return same;
                 }
                 let (check, report) = self.run(&self.cfg.playbook, true, deadline).await;
                 match check.result {

@@ -134,9 +134,7 @@ impl Compose {
     }
 
     async fn run(&self, spec: &Spec) -> Result<process::Output, String> {
-        let out = process::run(spec, &self.ctx.redactor)
-            .await
-            .map_err(|e| self.ctx.redactor.redact(&e.to_string()))?;
+        let out = super::tool::run(spec, &self.ctx.redactor).await?;
         if out.success() {
             Ok(out)
         } else {

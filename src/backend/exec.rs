@@ -20,8 +20,8 @@ use std::time::Instant;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
+use super::tool;
 use super::{ApplyResult, Backend, BackendError, BoxFuture, Context, Outputs, Status};
-use crate::config::resolve_env_map;
 use crate::process::{self, Spec};
 
 /// The exit code with which an `exec` command says "nothing to do".
@@ -65,6 +65,8 @@ impl Config {
 }
 
 pub struct Exec {
+    /// The `env` table, resolved at build.
+    env: std::collections::BTreeMap<String, String>,
     cfg: Config,
     ctx: Context,
 }
@@ -72,12 +74,8 @@ pub struct Exec {
 impl Exec {
     pub fn new(cfg: Config, mut ctx: Context) -> Result<Self, BackendError> {
         // Fail early, and register secret env values before anything runs.
-        let (_, secrets) =
-            resolve_env_map(&cfg.env).map_err(|e| BackendError::Config(e.to_string()))?;
-        for s in secrets {
-            ctx.redactor.add(s);
-        }
-        Ok(Exec { cfg, ctx })
+        let env = tool::env(&cfg.env, &mut ctx)?;
+        Ok(Exec { env, cfg, ctx })
     }
 
     /// Digest of the inputs: the tracked files, the command, the env as written.
@@ -99,13 +97,10 @@ impl Exec {
     }
 
     async fn run(&self, argv: &[String]) -> Result<(Spec, process::Output), String> {
-        let (env, _) = resolve_env_map(&self.cfg.env).map_err(|e| e.to_string())?;
         let mut spec = Spec::new(argv.to_vec(), &self.ctx.workdir);
-        spec.env = env;
+        spec.env = self.env.clone();
         spec.deadline = Some(Instant::now() + self.ctx.timeout);
-        let out = process::run(&spec, &self.ctx.redactor)
-            .await
-            .map_err(|e| self.ctx.redactor.redact(&e.to_string()))?;
+        let out = tool::run(&spec, &self.ctx.redactor).await?;
         Ok((spec, out))
     }
 
@@ -158,13 +153,10 @@ impl Backend for Exec {
     fn apply(&self) -> BoxFuture<'_, Status> {
         Box::pin(async move {
             let digest = self.digest();
-            if !self.cfg.always && self.ctx.last_digest.as_deref() == Some(digest.as_str()) {
-                return Status {
-                    result: ApplyResult::NoChange,
-                    message: "inputs unchanged since the last successful apply".into(),
-                    output_tail: String::new(),
-                    digest: Some(digest),
-                };
+            if !self.cfg.always
+                && let Some(same) = tool::unchanged(&self.ctx, &digest)
+            {
+                return same;
             }
             self.run_for_status(&self.cfg.apply, Some(digest)).await
         })

@@ -17,60 +17,17 @@ pub mod nomad;
 pub mod pi;
 pub mod pulumi;
 pub mod terraform;
+pub mod tool;
 
-use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use crate::redact::Redactor;
 
-/// The outcome class of an apply or destroy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ApplyResult {
-    NoChange,
-    Changed,
-    Failed,
-}
-
-impl ApplyResult {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ApplyResult::NoChange => "no_change",
-            ApplyResult::Changed => "changed",
-            ApplyResult::Failed => "failed",
-        }
-    }
-}
-
-/// What an apply or destroy reports.
-#[derive(Debug, Clone)]
-pub struct Status {
-    pub result: ApplyResult,
-    /// One or a few lines for people: what changed, or why it failed.
-    pub message: String,
-    /// The end of the commands' output (already redacted).
-    pub output_tail: String,
-    /// Backends that build "no change" from a digest of their inputs return
-    /// the digest they applied; it is stored after a successful apply and
-    /// handed back in [`Context::last_digest`] next time.
-    pub digest: Option<String>,
-}
-
-impl Status {
-    pub fn failed(message: impl Into<String>) -> Self {
-        Status {
-            result: ApplyResult::Failed,
-            message: message.into(),
-            output_tail: String::new(),
-            digest: None,
-        }
-    }
-}
+pub use crate::model::{ApplyResult, BoxFuture, Status};
 
 /// A backend's outputs: a JSON object.
 pub type Outputs = serde_json::Map<String, serde_json::Value>;
@@ -82,8 +39,6 @@ pub enum BackendError {
     #[error("{0}")]
     Command(String),
 }
-
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// The protocol every backend satisfies.
 pub trait Backend: Send + Sync {

@@ -173,9 +173,7 @@ impl Pi {
     }
 
     async fn run(&self, spec: &Spec) -> Result<process::Output, String> {
-        let out = process::run(spec, &self.ctx.redactor)
-            .await
-            .map_err(|e| e.to_string())?;
+        let out = super::tool::run(spec, &self.ctx.redactor).await?;
         if out.success() {
             return Ok(out);
         }
@@ -259,13 +257,8 @@ impl Backend for Pi {
     fn apply(&self) -> BoxFuture<'_, Status> {
         Box::pin(async move {
             let digest = self.digest();
-            if self.ctx.last_digest.as_deref() == Some(digest.as_str()) {
-                return Status {
-                    result: ApplyResult::NoChange,
-                    message: "inputs unchanged since the last successful apply".into(),
-                    output_tail: String::new(),
-                    digest: Some(digest),
-                };
+            if let Some(same) = super::tool::unchanged(&self.ctx, &digest) {
+                return same;
             }
             let deadline = Instant::now() + self.ctx.timeout;
             let tar = match self.archive() {

@@ -16,8 +16,8 @@ use std::time::Instant;
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::tool::{self, Tool};
 use super::{ApplyResult, Backend, BackendError, BoxFuture, Context, Outputs, Status};
-use crate::config::resolve_env_map;
 use crate::process::{self, Spec};
 
 #[derive(Debug, Clone, Deserialize)]
@@ -88,7 +88,7 @@ impl Config {
 pub struct Pulumi {
     cfg: Config,
     ctx: Context,
-    env: BTreeMap<String, String>,
+    tool: Tool,
 }
 
 /// What `up --json` reported.
@@ -170,36 +170,29 @@ impl Events {
 
 impl Pulumi {
     pub fn new(cfg: Config, mut ctx: Context) -> Result<Self, BackendError> {
-        let (mut env, secrets) =
-            resolve_env_map(&cfg.env).map_err(|e| BackendError::Config(e.to_string()))?;
-        for s in secrets {
-            ctx.redactor.add(s);
-        }
+        let mut env = tool::env(&cfg.env, &mut ctx)?;
         env.insert("PULUMI_SKIP_UPDATE_CHECK".into(), "true".into());
         env.insert(
             "PULUMI_AUTOMATION_API_SKIP_VERSION_CHECK".into(),
             "true".into(),
         );
-        Ok(Pulumi { cfg, ctx, env })
+        let tool = Tool {
+            argv0: vec![cfg.binary.clone()],
+            dir: match &cfg.work_dir {
+                Some(w) => ctx.workdir.join(w),
+                None => ctx.workdir.clone(),
+            },
+            env,
+        };
+        Ok(Pulumi { cfg, ctx, tool })
     }
 
     fn spec(&self, args: &[&str], deadline: Instant) -> Spec {
-        let mut argv = vec![self.cfg.binary.clone()];
-        argv.extend(args.iter().map(|s| s.to_string()));
-        let dir = match &self.cfg.work_dir {
-            Some(w) => self.ctx.workdir.join(w),
-            None => self.ctx.workdir.clone(),
-        };
-        let mut spec = Spec::new(argv, &dir);
-        spec.env = self.env.clone();
-        spec.deadline = Some(deadline);
-        spec
+        self.tool.spec(args, deadline)
     }
 
     async fn run(&self, spec: &Spec) -> Result<process::Output, String> {
-        process::run(spec, &self.ctx.redactor)
-            .await
-            .map_err(|e| self.ctx.redactor.redact(&e.to_string()))
+        tool::run(spec, &self.ctx.redactor).await
     }
 
     /// A failed command, in words: a stack lock, a missing passphrase or a

@@ -17,8 +17,8 @@ use serde::Deserialize;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use super::tool::{self, Tool};
 use super::{ApplyResult, Backend, BackendError, BoxFuture, Context, Outputs, Status};
-use crate::config::resolve_env_map;
 use crate::process::{self, Spec};
 
 /// Written into `.terraform/` after a successful init: what init saw.
@@ -93,7 +93,7 @@ impl Config {
 pub struct Terraform {
     cfg: Config,
     ctx: Context,
-    env: BTreeMap<String, String>,
+    tool: Tool,
 }
 
 /// What one `-json` run reported.
@@ -211,23 +211,19 @@ impl Report {
 
 impl Terraform {
     pub fn new(cfg: Config, mut ctx: Context) -> Result<Self, BackendError> {
-        let (mut env, secrets) =
-            resolve_env_map(&cfg.env).map_err(|e| BackendError::Config(e.to_string()))?;
-        for s in secrets {
-            ctx.redactor.add(s);
-        }
+        let mut env = tool::env(&cfg.env, &mut ctx)?;
         env.insert("TF_IN_AUTOMATION".into(), "1".into());
         env.insert("TF_INPUT".into(), "0".into());
-        Ok(Terraform { cfg, ctx, env })
+        let tool = Tool {
+            argv0: vec![cfg.binary.clone()],
+            dir: ctx.workdir.clone(),
+            env,
+        };
+        Ok(Terraform { cfg, ctx, tool })
     }
 
     fn spec(&self, args: &[&str], deadline: Instant) -> Spec {
-        let mut argv = vec![self.cfg.binary.clone()];
-        argv.extend(args.iter().map(|s| s.to_string()));
-        let mut spec = Spec::new(argv, &self.ctx.workdir);
-        spec.env = self.env.clone();
-        spec.deadline = Some(deadline);
-        spec
+        self.tool.spec(args, deadline)
     }
 
     fn var_args(&self) -> Vec<String> {
@@ -288,9 +284,7 @@ impl Terraform {
     }
 
     async fn run(&self, spec: &Spec) -> Result<process::Output, String> {
-        process::run(spec, &self.ctx.redactor)
-            .await
-            .map_err(|e| self.ctx.redactor.redact(&e.to_string()))
+        tool::run(spec, &self.ctx.redactor).await
     }
 
     async fn init(&self, deadline: Instant, tail: &mut String) -> Result<(), String> {

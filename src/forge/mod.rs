@@ -50,7 +50,7 @@ pub struct Push {
     pub deleted: bool,
     // No file lists: which targets a push affects is decided by git after
     // the fetch (the lists miss force pushes, renames, truncated and empty
-    // lists; see `tick::Engine::unaffected`).
+    // lists; see `tick::Reconciler::unaffected`).
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -45,7 +45,7 @@ fn check<'a>(
     target: &str,
 ) -> Result<&'a Token, ApiError> {
     let h = bearer(headers);
-    auth::authorize(&s.engine.settings.tokens, h, verb, target).map_err(|e| match e {
+    auth::authorize(&s.app.settings.tokens, h, verb, target).map_err(|e| match e {
         AuthError::Unauthorized => ApiError(StatusCode::UNAUTHORIZED, e.to_string()),
         AuthError::Forbidden { .. } => ApiError(StatusCode::FORBIDDEN, e.to_string()),
     })
@@ -53,7 +53,7 @@ fn check<'a>(
 
 /// The token the request presents, or 401.
 fn authenticated<'a>(s: &'a AppState, headers: &HeaderMap) -> Result<&'a Token, ApiError> {
-    auth::authenticate(&s.engine.settings.tokens, bearer(headers))
+    auth::authenticate(&s.app.settings.tokens, bearer(headers))
         .map_err(|e| ApiError(StatusCode::UNAUTHORIZED, e.to_string()))
 }
 
@@ -65,7 +65,7 @@ async fn deployment_for(
     id: i64,
 ) -> Result<crate::store::nomad::Deployment, ApiError> {
     authenticated(s, headers)?;
-    match s.engine.store.nomad_deployment(id).await {
+    match s.app.store.nomad_deployment(id).await {
         Ok(Some(d)) => Ok(d),
         Ok(None) => Err(ApiError(
             StatusCode::NOT_FOUND,
@@ -76,7 +76,7 @@ async fn deployment_for(
 }
 
 fn known(s: &AppState, name: &str) -> Result<(), ApiError> {
-    match s.engine.settings.target(name) {
+    match s.app.settings.target(name) {
         Some(_) => Ok(()),
         None => Err(ApiError(
             StatusCode::NOT_FOUND,
@@ -95,7 +95,7 @@ pub(super) async fn list_targets(State(s): State<AppState>, headers: HeaderMap) 
         Ok(t) => t,
         Err(r) => return r.into_response(),
     };
-    match status::targets(&s.engine).await {
+    match status::targets(&s.app).await {
         Ok(all) => {
             let visible: Vec<_> = all
                 .into_iter()
@@ -116,7 +116,7 @@ pub(super) async fn get_target(
     if let Err(r) = check(&s, &headers, Verb::Read, &name) {
         return r.into_response();
     }
-    match status::target(&s.engine, &name).await {
+    match status::target(&s.app, &name).await {
         Ok(Some(t)) => axum::Json(t).into_response(),
         Ok(None) => error(StatusCode::NOT_FOUND, format!("no target named `{name}`")),
         Err(e) => internal(e).into_response(),
@@ -139,7 +139,7 @@ pub(super) async fn runs(
         return r.into_response();
     }
     match s
-        .engine
+        .app
         .store
         .history(&name, q.limit.unwrap_or(20).clamp(1, 1000))
         .await
@@ -152,12 +152,12 @@ pub(super) async fn runs(
 }
 
 async fn job_json(s: &AppState, id: i64) -> Result<Option<serde_json::Value>, ApiError> {
-    let Some(job) = s.engine.queue.job(id).await.map_err(internal)? else {
+    let Some(job) = s.app.queue.job(id).await.map_err(internal)? else {
         return Ok(None);
     };
     let run = match job.run_id {
         Some(r) => s
-            .engine
+            .app
             .store
             .run(r)
             .await
@@ -189,7 +189,7 @@ pub(super) async fn run(
     if let Err(r) = authenticated(&s, &headers) {
         return r.into_response();
     }
-    let run = match s.engine.store.run(id).await {
+    let run = match s.app.store.run(id).await {
         Ok(Some(r)) => r,
         Ok(None) => return error(StatusCode::NOT_FOUND, format!("no run {id}")),
         Err(e) => return internal(e).into_response(),
@@ -210,7 +210,7 @@ pub(super) async fn job(
     if let Err(r) = authenticated(&s, &headers) {
         return r.into_response();
     }
-    let target = match s.engine.queue.job(id).await {
+    let target = match s.app.queue.job(id).await {
         Ok(Some(j)) => j.target,
         Ok(None) => return error(StatusCode::NOT_FOUND, format!("no job {id}")),
         Err(e) => return internal(e).into_response(),
@@ -259,7 +259,7 @@ pub(super) async fn reconcile(
             );
         }
     };
-    match s.engine.store.target_state(&name).await {
+    match s.app.store.target_state(&name).await {
         Ok(Some(st)) if st.paused_at.is_some() => {
             return error(
                 StatusCode::CONFLICT,
@@ -273,7 +273,7 @@ pub(super) async fn reconcile(
         Err(e) => return internal(e).into_response(),
     }
     let job = match s
-        .engine
+        .app
         .queue
         .enqueue(&Request {
             target: name.clone(),
@@ -296,7 +296,7 @@ pub(super) async fn reconcile(
     let deadline = Instant::now() + wait;
     let mut id = job;
     loop {
-        let state = match s.engine.queue.job(id).await {
+        let state = match s.app.queue.job(id).await {
             Ok(Some(j)) => j,
             Ok(None) => return error(StatusCode::NOT_FOUND, format!("job {id} disappeared")),
             Err(e) => return internal(e).into_response(),
@@ -341,12 +341,12 @@ async fn set_paused(
     let by = format!("token:{token}");
     let by = pause.then_some(by.as_str());
     let changed = match &job {
-        None => match s.engine.store.set_paused(&name, by).await {
+        None => match s.app.store.set_paused(&name, by).await {
             // Resumed: apply what the branch got meanwhile.
-            Ok(true) if !pause => s.engine.queue.resumed(&name).await.map(|_| true),
+            Ok(true) if !pause => s.app.queue.resumed(&name).await.map(|_| true),
             other => other,
         },
-        Some(j) => s.engine.store.set_job_paused(&name, j, by).await,
+        Some(j) => s.app.store.set_job_paused(&name, j, by).await,
     };
     match changed {
         Ok(changed) => {
@@ -402,7 +402,7 @@ pub(super) async fn deployments(
         Err(r) => return r.into_response(),
     };
     let all = match s
-        .engine
+        .app
         .store
         .nomad_deployments(false, q.limit.unwrap_or(200).clamp(1, 1000))
         .await
@@ -461,9 +461,9 @@ async fn decide(
                 "the body must be JSON with the `spec_hash` of the deployment you looked at",
             );
         };
-        s.engine.store.approve_nomad(id, &hash, &actor).await
+        s.app.store.approve_nomad(id, &hash, &actor).await
     } else {
-        s.engine.store.reject_nomad(id, &actor).await
+        s.app.store.reject_nomad(id, &actor).await
     };
     use crate::store::nomad::DecisionError;
     match result {
@@ -472,7 +472,7 @@ async fn decide(
             if approve {
                 // The register happens in a tick, never here.
                 if let Err(e) = s
-                    .engine
+                    .app
                     .queue
                     .enqueue(&Request {
                         target: d.target.clone(),

@@ -27,9 +27,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{debug, warn};
 
+use crate::app::{App, Health};
 use crate::config::{ConfigError, ForgeKind, Problem};
-use crate::daemon::Health;
-use crate::tick::Engine;
 
 /// A receiver ready to verify deliveries: its forge and its loaded secret.
 #[derive(Clone)]
@@ -40,7 +39,7 @@ pub struct ReceiverKey {
 
 #[derive(Clone)]
 pub struct AppState {
-    pub engine: Engine,
+    pub app: App,
     pub health: Arc<Health>,
     pub receivers: Arc<HashMap<String, ReceiverKey>>,
     /// Wakes idle workers when something was queued.
@@ -51,13 +50,13 @@ impl AppState {
     /// Load every receiver's secret; a receiver whose secret cannot be read
     /// stops start-up rather than accepting unsigned deliveries.
     pub fn new(
-        engine: Engine,
+        app: App,
         health: Arc<Health>,
         wake: Arc<tokio::sync::Notify>,
     ) -> Result<AppState, ConfigError> {
         let mut receivers = HashMap::new();
         let mut problems = Vec::new();
-        for r in &engine.settings.receivers {
+        for r in &app.settings.receivers {
             match r.secret.load() {
                 Ok(s) => {
                     receivers.insert(
@@ -77,12 +76,12 @@ impl AppState {
         }
         if !problems.is_empty() {
             return Err(ConfigError::Invalid {
-                path: engine.settings.source.clone(),
+                path: app.settings.source.clone(),
                 problems,
             });
         }
         Ok(AppState {
-            engine,
+            app,
             health,
             receivers: Arc::new(receivers),
             wake,
@@ -96,7 +95,7 @@ pub(crate) fn error(status: StatusCode, message: impl Into<String>) -> Response 
 }
 
 pub fn router(state: AppState) -> Router {
-    let server = &state.engine.settings.server;
+    let server = &state.app.settings.server;
     let timeout = server.request_timeout;
     // Everything but a reconcile that may wait is bounded by request_timeout.
     let bounded = Router::new()
@@ -164,7 +163,7 @@ async fn request_timeout(State(limit): State<Duration>, req: Request, next: Next
 
 /// Ready when the state database takes a write and the workers can use it.
 async fn readyz(State(s): State<AppState>) -> Response {
-    if let Err(e) = s.engine.store.probe_write().await {
+    if let Err(e) = s.app.store.probe_write().await {
         warn!(error = %e, "readiness probe failed");
         return (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}\n")).into_response();
     }
@@ -173,7 +172,7 @@ async fn readyz(State(s): State<AppState>) -> Response {
             StatusCode::SERVICE_UNAVAILABLE,
             format!(
                 "not ready: the state database {} refused a write; see the log\n",
-                s.engine.store.path().display()
+                s.app.store.path().display()
             ),
         )
             .into_response();
@@ -182,7 +181,7 @@ async fn readyz(State(s): State<AppState>) -> Response {
 }
 
 async fn metrics(State(s): State<AppState>, headers: axum::http::HeaderMap) -> Response {
-    let settings = &s.engine.settings;
+    let settings = &s.app.settings;
     if settings.server.metrics == crate::config::PageAccess::Token {
         let presented = headers
             .get(header::AUTHORIZATION)
@@ -193,7 +192,7 @@ async fn metrics(State(s): State<AppState>, headers: axum::http::HeaderMap) -> R
             Err(_) => return error(StatusCode::UNAUTHORIZED, "unauthorized"),
         }
     }
-    let activity = match s.engine.queue.activity().await {
+    let activity = match s.app.queue.activity().await {
         Ok(a) => a,
         Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     };
@@ -209,7 +208,7 @@ async fn metrics(State(s): State<AppState>, headers: axum::http::HeaderMap) -> R
             (t.name.clone(), n)
         })
         .collect();
-    let last = match s.engine.store.last_successes().await {
+    let last = match s.app.store.last_successes().await {
         Ok(l) => l,
         Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     };
@@ -219,7 +218,7 @@ async fn metrics(State(s): State<AppState>, headers: axum::http::HeaderMap) -> R
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        s.engine.metrics.render(&queued, &last),
+        s.app.metrics.render(&queued, &last),
     )
         .into_response()
 }

@@ -68,7 +68,7 @@ fn refusal(status: StatusCode, text: &str) -> Response {
 
 /// `GET /`
 pub(super) async fn index(State(s): State<AppState>, headers: HeaderMap) -> Response {
-    let settings = &s.engine.settings;
+    let settings = &s.app.settings;
     // Who is looking: `None` when the page is open to anyone.
     let viewer: Option<&Token> = match settings.server.page {
         PageAccess::Off => {
@@ -104,12 +104,12 @@ pub(super) async fn index(State(s): State<AppState>, headers: HeaderMap) -> Resp
         }
     };
     let may_read = |target: &str| viewer.is_none_or(|t| auth::allows(t, Verb::Read, target));
-    let targets = match status::targets(&s.engine).await {
+    let targets = match status::targets(&s.app).await {
         Ok(t) => t,
         Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
     };
     let targets: Vec<_> = targets.into_iter().filter(|t| may_read(&t.name)).collect();
-    let pending = match s.engine.store.nomad_deployments(true, 200).await {
+    let pending = match s.app.store.nomad_deployments(true, 200).await {
         Ok(d) => d,
         Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
     };

@@ -25,7 +25,7 @@ pub(super) async fn receive(
     let Some(key) = s.receivers.get(&name) else {
         return error(StatusCode::NOT_FOUND, format!("no receiver named `{name}`"));
     };
-    let metrics = &s.engine.metrics;
+    let metrics = &s.app.metrics;
     let delivery = match forge::receive(key.forge, &key.secret, &headers, &body) {
         Ok(d) => d,
         Err(HookError::Unauthorized) => {
@@ -40,7 +40,7 @@ pub(super) async fn receive(
         }
     };
     let id = delivery.id.as_deref();
-    let engine = &s.engine;
+    let app = &s.app;
 
     // What to queue, and what to answer if nothing.
     let mut requests = Vec::new();
@@ -49,7 +49,7 @@ pub(super) async fn receive(
         Event::Ping => ("ping".into(), None),
         Event::Ignored(why) => (format!("ignored: {why}"), Some(why.clone())),
         Event::Push(push) => {
-            let tracking = route::route(&engine.settings, push);
+            let tracking = route::route(&app.settings, push);
             if push.deleted {
                 for t in &tracking {
                     warn!(target = %t.name, branch = %push.branch, receiver = %name,
@@ -58,7 +58,7 @@ pub(super) async fn receive(
                 let why = format!("branch `{}` was deleted", push.branch);
                 (format!("ignored: {why}"), Some(why))
             } else {
-                let paused_now = match engine.store.paused().await {
+                let paused_now = match app.store.paused().await {
                     Ok(p) => p,
                     Err(e) => return unavailable(&s, &name, &e.to_string()),
                 };
@@ -91,7 +91,7 @@ pub(super) async fn receive(
         }
     };
 
-    match engine.queue.accept(&name, id, &outcome, &requests).await {
+    match app.queue.accept(&name, id, &outcome, &requests).await {
         Err(e) => unavailable(&s, &name, &e.to_string()),
         Ok(Accepted::Duplicate) => {
             metrics.delivery(&name, "duplicate");
@@ -126,7 +126,7 @@ pub(super) async fn receive(
 /// The delivery could not be recorded: say so with a 503 so the forge
 /// retries, and never claim it was accepted.
 fn unavailable(s: &AppState, receiver: &str, why: &str) -> Response {
-    s.engine.metrics.delivery(receiver, "unavailable");
+    s.app.metrics.delivery(receiver, "unavailable");
     error!(receiver = %receiver, error = %why, "cannot record a webhook delivery");
     error(
         StatusCode::SERVICE_UNAVAILABLE,

@@ -22,8 +22,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::backend::ApplyResult;
-use crate::config::SecretRef;
+use crate::model::ApplyResult;
+use crate::secret::SecretRef;
 
 /// What happened, as far as the owners are concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -17,7 +17,6 @@ use tokio::sync::{Notify, watch};
 use tracing::{error, info, warn};
 
 use super::{EventDoc, NotifierConfig, SendError};
-use crate::config::Settings;
 use crate::store::{Store, StoreError, format_ms, now_ms};
 
 /// Attempts before a notification is given up (a notifier's `attempts`).
@@ -94,7 +93,7 @@ pub struct Sender {
 }
 
 impl Sender {
-    pub fn new(settings: &Settings, store: Store) -> Result<Sender, SendError> {
+    pub fn new(notifiers: &[NotifierConfig], store: Store) -> Result<Sender, SendError> {
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(30))
             .connect_timeout(Duration::from_secs(10))
@@ -109,8 +108,7 @@ impl Sender {
         Ok(Sender {
             store,
             notifiers: Arc::new(
-                settings
-                    .notifiers
+                notifiers
                     .iter()
                     .map(|n| (n.name.clone(), n.clone()))
                     .collect(),

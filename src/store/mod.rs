@@ -16,7 +16,7 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
-use crate::backend::{ApplyResult, Status};
+use crate::model::{ApplyResult, Status};
 
 pub mod nomad;
 

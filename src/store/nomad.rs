@@ -7,9 +7,9 @@ use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
 
 use super::{Store, StoreError, WriteTx, now_ms};
-use crate::backend::BoxFuture;
-pub use crate::backend::nomad::Deployment;
-use crate::backend::nomad::{Change, JobKey, Ledger, LedgerError, NewDeployment};
+pub use crate::ledger::Deployment;
+use crate::ledger::{Change, JobKey, Ledger, LedgerError, NewDeployment};
+use crate::model::BoxFuture;
 
 const COLUMNS: &str = "id, target, cluster, namespace, job, file, commit_sha, spec_hash, policy, \
      state, job_modify_index, diff, diff_summary, registered_index, eval_id, \

@@ -523,14 +523,21 @@ fn a_paused_target_is_never_ticked_until_resumed() {
     wait_for(Duration::from_secs(30), "the queued push applied", || {
         applied(&w, "web-site").last() == Some(&sha)
     });
-    let j = http(
-        p,
-        "GET",
-        &format!("/api/v1/jobs/{job}"),
-        &[("Authorization", &admin)],
-        b"",
-    )
-    .json();
+    // The apply's log line comes before its run is recorded: wait for the job.
+    let job_now = || {
+        http(
+            p,
+            "GET",
+            &format!("/api/v1/jobs/{job}"),
+            &[("Authorization", &admin)],
+            b"",
+        )
+        .json()
+    };
+    wait_for(Duration::from_secs(30), "the resumed job done", || {
+        job_now()["state"] == "done"
+    });
+    let j = job_now();
     assert_eq!(j["run"]["sha"], sha, "{j}");
     assert!(
         j["triggers"]

@@ -1,6 +1,8 @@
 //! The layering rules of ARCHITECTURE.md, checked on the source, and the
-//! bundled example configuration kept valid.
+//! bundled example configuration kept valid. The layer table is read from
+//! ARCHITECTURE.md itself, so the map and the code cannot drift apart.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 fn rust_files(dir: &Path) -> Vec<PathBuf> {
@@ -29,6 +31,188 @@ fn code(p: &Path) -> String {
         .filter(|l| !l.trim_start().starts_with("//"))
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// `ARCHITECTURE.md`'s "Layers" table: module -> layer number.
+fn layer_table() -> BTreeMap<String, usize> {
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("ARCHITECTURE.md"))
+            .expect("read ARCHITECTURE.md");
+    let section = doc
+        .split("\n## Layers\n")
+        .nth(1)
+        .expect("ARCHITECTURE.md has a `## Layers` section");
+    let section = section.split("\n## ").next().unwrap_or(section);
+    let mut layers = BTreeMap::new();
+    for line in section.lines() {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        // | 3 configuration | `config` |
+        let [_, layer, modules, ..] = cells.as_slice() else {
+            continue;
+        };
+        let Some(n) = layer
+            .split_whitespace()
+            .next()
+            .and_then(|n| n.parse::<usize>().ok())
+        else {
+            continue;
+        };
+        for m in modules.split(',') {
+            let m = m.trim().trim_matches('`');
+            if !m.is_empty() {
+                assert!(
+                    layers.insert(m.to_string(), n).is_none(),
+                    "`{m}` is in two layers"
+                );
+            }
+        }
+    }
+    assert!(!layers.is_empty(), "the Layers table lists no module");
+    layers
+}
+
+/// The top-level module a source file belongs to (`backend/nomad.rs` ->
+/// `backend`, `main.rs` -> `main`); `None` for `lib.rs`, which only declares.
+fn top_module(file: &Path) -> Option<String> {
+    let rel = file.strip_prefix(src()).expect("under src");
+    let first = rel
+        .components()
+        .next()?
+        .as_os_str()
+        .to_string_lossy()
+        .into_owned();
+    match first.trim_end_matches(".rs") {
+        "lib" => None,
+        m => Some(m.to_string()),
+    }
+}
+
+/// Every module a file's code names: `crate::x` (in the library) or
+/// `driftless::x` (in the binary), grouped imports `crate::{a, b}` included.
+fn imports(file: &Path) -> BTreeSet<String> {
+    let text = code(file);
+    let mut out = BTreeSet::new();
+    for prefix in ["crate::", "driftless::"] {
+        for (i, _) in text.match_indices(prefix) {
+            // `driftless::` only as a path start, not inside `my_driftless::`.
+            let before = text[..i].chars().next_back();
+            if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+                continue;
+            }
+            let rest = &text[i + prefix.len()..];
+            if let Some(group) = rest.strip_prefix('{') {
+                let inner = &group[..group.find('}').unwrap_or(group.len())];
+                for part in inner.split(',') {
+                    let name: String = part
+                        .trim()
+                        .chars()
+                        .take_while(|c| c.is_alphanumeric() || *c == '_')
+                        .collect();
+                    if !name.is_empty() {
+                        out.insert(name);
+                    }
+                }
+            } else {
+                let name: String = rest
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                if !name.is_empty() {
+                    out.insert(name);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Module -> the other top-level modules it imports.
+fn edges() -> BTreeMap<String, BTreeSet<String>> {
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for f in rust_files(&src()) {
+        let Some(from) = top_module(&f) else { continue };
+        let to = edges.entry(from.clone()).or_default();
+        for m in imports(&f) {
+            if m != from {
+                to.insert(m);
+            }
+        }
+    }
+    edges
+}
+
+#[test]
+fn every_import_points_down_the_layer_table_and_none_is_circular() {
+    let layers = layer_table();
+    let edges = edges();
+    let mut wrong = Vec::new();
+    for (from, tos) in &edges {
+        let Some(lf) = layers.get(from) else {
+            wrong.push(format!("`{from}` is not in ARCHITECTURE.md's Layers table"));
+            continue;
+        };
+        for to in tos {
+            match layers.get(to) {
+                None => wrong.push(format!(
+                    "`{from}` imports `{to}`, which is not in the Layers table"
+                )),
+                Some(lt) if lt > lf => wrong.push(format!(
+                    "`{from}` (layer {lf}) imports `{to}` (layer {lt}): imports point down"
+                )),
+                Some(_) => {}
+            }
+        }
+    }
+    for m in layers.keys() {
+        if !edges.contains_key(m) {
+            wrong.push(format!(
+                "the Layers table lists `{m}`, which is not a module in src/"
+            ));
+        }
+    }
+    // No cycles, within a layer either: depth-first, reporting the loop.
+    fn visit(
+        m: &str,
+        edges: &BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+        wrong: &mut Vec<String>,
+    ) {
+        if let Some(at) = path.iter().position(|p| p == m) {
+            let mut cycle = path[at..].to_vec();
+            cycle.push(m.to_string());
+            wrong.push(format!("import cycle: {}", cycle.join(" -> ")));
+            return;
+        }
+        if !done.insert(m.to_string()) {
+            return;
+        }
+        path.push(m.to_string());
+        for to in edges.get(m).into_iter().flatten() {
+            visit(to, edges, path, done, wrong);
+        }
+        path.pop();
+    }
+    let mut done = BTreeSet::new();
+    for m in edges.keys() {
+        visit(m, &edges, &mut Vec::new(), &mut done, &mut wrong);
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// Only the reconciler (and `config`, which names `GitAuth` for the
+/// targets' credentials) may name `git`: http, the CLI and status hold an
+/// `App`, which has no `Git` in it.
+#[test]
+fn only_the_reconciler_reaches_git() {
+    for (from, tos) in edges() {
+        if tos.contains("git") {
+            assert!(
+                matches!(from.as_str(), "tick" | "config"),
+                "`{from}` imports `git`; only `tick` (the Reconciler) may"
+            );
+        }
+    }
 }
 
 #[test]

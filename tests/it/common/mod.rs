@@ -959,11 +959,10 @@ impl Intake {
                 .expect("runtime");
             rt.block_on(async move {
                 let server = settings.server.clone();
-                let engine = driftless::tick::Engine::open(settings)
-                    .await
-                    .expect("engine");
+                // HTTP gets an App: settings, store and queue, and no git.
+                let app = driftless::app::App::open(settings).await.expect("app");
                 let state =
-                    driftless::http::AppState::new(engine, Default::default(), Default::default())
+                    driftless::http::AppState::new(app, Default::default(), Default::default())
                         .expect("receivers");
                 let addr = if at_listen {
                     server.listen

@@ -1,0 +1,56 @@
+//! Plain types shared across layers: what an apply reports, and the boxed
+//! future the backend and ledger traits return. No I/O, no dependencies on
+//! any other driftless module: everything may import this, it imports
+//! nothing.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use serde::{Deserialize, Serialize};
+
+/// The outcome class of an apply or destroy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApplyResult {
+    NoChange,
+    Changed,
+    Failed,
+}
+
+impl ApplyResult {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApplyResult::NoChange => "no_change",
+            ApplyResult::Changed => "changed",
+            ApplyResult::Failed => "failed",
+        }
+    }
+}
+
+/// What an apply or destroy reports.
+#[derive(Debug, Clone)]
+pub struct Status {
+    pub result: ApplyResult,
+    /// One or a few lines for people: what changed, or why it failed.
+    pub message: String,
+    /// The end of the commands' output (already redacted).
+    pub output_tail: String,
+    /// Backends that build "no change" from a digest of their inputs return
+    /// the digest they applied; it is stored after a successful apply and
+    /// handed back in [`Context::last_digest`] next time.
+    pub digest: Option<String>,
+}
+
+impl Status {
+    pub fn failed(message: impl Into<String>) -> Self {
+        Status {
+            result: ApplyResult::Failed,
+            message: message.into(),
+            output_tail: String::new(),
+            digest: None,
+        }
+    }
+}
+
+/// A boxed, sendable future: what trait methods with async bodies return.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
