@@ -67,27 +67,54 @@ fn default_binary() -> String {
     "ansible-playbook".into()
 }
 
-impl Config {
-    pub(super) fn validate(&self) -> Result<(), String> {
-        for (key, p) in std::iter::once(("playbook", &self.playbook))
+impl super::Kind for Config {
+    fn validate(&self) -> Vec<(String, String)> {
+        let mut p = Vec::new();
+        for (key, f) in std::iter::once(("playbook", &self.playbook))
             .chain(
                 self.destroy_playbook
                     .iter()
-                    .map(|p| ("destroy_playbook", p)),
+                    .map(|f| ("destroy_playbook", f)),
             )
             .chain(
                 self.extra_vars_files
                     .iter()
-                    .map(|p| ("extra_vars_files", p)),
+                    .map(|f| ("extra_vars_files", f)),
             )
         {
-            if p.trim().is_empty() || p.split('/').any(|c| c == "..") {
-                return Err(format!(
-                    "`{key}` entry `{p}` must be a path inside the target's path"
+            if f.trim().is_empty() || f.split('/').any(|c| c == "..") {
+                p.push((
+                    key.to_string(),
+                    format!("`{key}` entry `{f}` must be a path inside the target's path"),
                 ));
             }
         }
-        Ok(())
+        p
+    }
+
+    fn repo_files(&self) -> Vec<(String, String)> {
+        let mut v = vec![("playbook".to_string(), self.playbook.clone())];
+        v.extend(
+            self.inventory
+                .iter()
+                .map(|f| ("inventory".to_string(), f.clone())),
+        );
+        v.extend(super::keyed("extra_vars_files", &self.extra_vars_files));
+        v.extend(
+            self.destroy_playbook
+                .iter()
+                .map(|f| ("destroy_playbook".to_string(), f.clone())),
+        );
+        v.push(("(driftless's recap file)".into(), RECAP_FILE.into()));
+        v
+    }
+
+    fn check_environment(&self) -> Vec<(String, String)> {
+        super::binary_on_path(&self.binary)
+    }
+
+    fn build(&self, ctx: Context) -> Result<Box<dyn super::Backend>, BackendError> {
+        Ok(Box::new(Ansible::new(self.clone(), ctx)?))
     }
 }
 

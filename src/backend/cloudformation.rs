@@ -67,64 +67,6 @@ const CAPABILITIES: &[&str] = &[
 ];
 
 impl Config {
-    pub(super) fn validate(&self) -> Result<(), String> {
-        if !cfg!(feature = "cloudformation") {
-            return Err(
-                "this driftless was built without the `cloudformation` feature, so it cannot \
-                 converge this target; rebuild with default features"
-                    .into(),
-            );
-        }
-        let n = &self.stack_name;
-        if n.is_empty()
-            || n.len() > 128
-            || !n.starts_with(|c: char| c.is_ascii_alphabetic())
-            || !n.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
-        {
-            return Err(format!(
-                "`stack_name` `{n}` must start with a letter and hold only letters, digits and '-' (at most 128)"
-            ));
-        }
-        for (key, p) in [
-            ("template", Some(&self.template)),
-            ("parameters_file", self.parameters_file.as_ref()),
-        ] {
-            if let Some(p) = p
-                && (p.is_empty() || p.starts_with('/') || p.split('/').any(|c| c == ".."))
-            {
-                return Err(format!(
-                    "`{key}` `{p}` must be a path relative to the target's path, without `..`"
-                ));
-            }
-        }
-        for c in &self.capabilities {
-            if !CAPABILITIES.contains(&c.as_str()) {
-                return Err(format!(
-                    "`capabilities` entry `{c}` must be one of {}",
-                    CAPABILITIES.join(", ")
-                ));
-            }
-        }
-        if let Some(u) = &self.endpoint_url
-            && !(u.starts_with("http://") || u.starts_with("https://"))
-        {
-            return Err(format!("`endpoint_url` `{u}` must be an http(s) URL"));
-        }
-        if let Some(b) = &self.template_bucket
-            && (b.len() < 3
-                || b.len() > 63
-                || !b
-                    .chars()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
-                || !b.starts_with(|c: char| c.is_ascii_alphanumeric()))
-        {
-            return Err(format!(
-                "`template_bucket` `{b}` must be an S3 bucket name (3-63 lowercase letters, digits, '-' and '.')"
-            ));
-        }
-        Ok(())
-    }
-
     /// The template's size checked against what CloudFormation accepts, so a
     /// template it would refuse fails before any call, naming the limit and
     /// the key that lifts it.
@@ -186,6 +128,97 @@ impl Config {
         }
         out.extend(self.parameters.clone());
         Ok(out)
+    }
+}
+
+impl super::Kind for Config {
+    fn validate(&self) -> Vec<(String, String)> {
+        let mut p: Vec<(String, String)> = Vec::new();
+        if !cfg!(feature = "cloudformation") {
+            p.push((
+                "kind".into(),
+                "this driftless was built without the `cloudformation` feature, so it cannot \
+                 converge this target; rebuild with default features"
+                    .into(),
+            ));
+        }
+        let n = &self.stack_name;
+        if n.is_empty()
+            || n.len() > 128
+            || !n.starts_with(|c: char| c.is_ascii_alphabetic())
+            || !n.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+        {
+            p.push((
+                "stack_name".into(),
+                format!(
+                    "`stack_name` `{n}` must start with a letter and hold only letters, digits and '-' (at most 128)"
+                ),
+            ));
+        }
+        for (key, f) in [
+            ("template", Some(&self.template)),
+            ("parameters_file", self.parameters_file.as_ref()),
+        ] {
+            if let Some(f) = f
+                && (f.is_empty() || f.starts_with('/') || f.split('/').any(|c| c == ".."))
+            {
+                p.push((
+                    key.into(),
+                    format!(
+                        "`{key}` `{f}` must be a path relative to the target's path, without `..`"
+                    ),
+                ));
+            }
+        }
+        for c in &self.capabilities {
+            if !CAPABILITIES.contains(&c.as_str()) {
+                p.push((
+                    "capabilities".into(),
+                    format!(
+                        "`capabilities` entry `{c}` must be one of {}",
+                        CAPABILITIES.join(", ")
+                    ),
+                ));
+            }
+        }
+        if let Some(u) = &self.endpoint_url
+            && !(u.starts_with("http://") || u.starts_with("https://"))
+        {
+            p.push((
+                "endpoint_url".into(),
+                format!("`endpoint_url` `{u}` must be an http(s) URL"),
+            ));
+        }
+        if let Some(b) = &self.template_bucket
+            && (b.len() < 3
+                || b.len() > 63
+                || !b
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+                || !b.starts_with(|c: char| c.is_ascii_alphanumeric()))
+        {
+            p.push((
+                "template_bucket".into(),
+                format!(
+                    "`template_bucket` `{b}` must be an S3 bucket name (3-63 lowercase letters, digits, '-' and '.')"
+                ),
+            ));
+        }
+        p
+    }
+
+    fn repo_files(&self) -> Vec<(String, String)> {
+        let mut v = vec![("template".to_string(), self.template.clone())];
+        v.extend(
+            self.parameters_file
+                .iter()
+                .map(|f| ("parameters_file".to_string(), f.clone())),
+        );
+        v
+    }
+
+    fn build(&self, ctx: Context) -> Result<Box<dyn super::Backend>, super::BackendError> {
+        build(self.clone(), ctx)
     }
 }
 

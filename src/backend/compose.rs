@@ -50,37 +50,82 @@ pub struct Config {
     pub destroy_volumes: bool,
 }
 
-impl Config {
-    pub(super) fn validate(&self) -> Result<(), String> {
+impl super::Kind for Config {
+    fn validate(&self) -> Vec<(String, String)> {
+        let mut p: Vec<(String, String)> = Vec::new();
         if let Some(c) = &self.command
             && c != "docker compose"
             && c != "docker-compose"
         {
-            return Err(format!(
-                "`command` `{c}` must be \"docker compose\" or \"docker-compose\""
+            p.push((
+                "command".into(),
+                format!("`command` `{c}` must be \"docker compose\" or \"docker-compose\""),
             ));
         }
-        if let Some(p) = &self.pull
-            && !["always", "missing", "never"].contains(&p.as_str())
+        if let Some(v) = &self.pull
+            && !["always", "missing", "never"].contains(&v.as_str())
         {
-            return Err(format!("`pull` `{p}` must be always, missing or never"));
+            p.push((
+                "pull".into(),
+                format!("`pull` `{v}` must be always, missing or never"),
+            ));
         }
-        if let Some(p) = &self.project
-            && (p.is_empty()
-                || !p
+        if let Some(v) = &self.project
+            && (v.is_empty()
+                || !v
                     .chars()
                     .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "-_".contains(c)))
         {
-            return Err(format!(
-                "`project` `{p}` must be lowercase letters, digits, '-' or '_'"
+            p.push((
+                "project".into(),
+                format!("`project` `{v}` must be lowercase letters, digits, '-' or '_'"),
             ));
         }
-        for f in self.files.iter().chain(&self.env_files) {
-            if f.split('/').any(|c| c == "..") {
-                return Err(format!("`{f}` must be a path inside the target's path"));
+        for (key, list) in [("files", &self.files), ("env_files", &self.env_files)] {
+            for f in list {
+                if f.split('/').any(|c| c == "..") {
+                    p.push((
+                        key.into(),
+                        format!("`{key}` entry `{f}` must be a path inside the target's path"),
+                    ));
+                }
             }
         }
-        Ok(())
+        p
+    }
+
+    fn repo_files(&self) -> Vec<(String, String)> {
+        let mut v = super::keyed("files", &self.files);
+        v.extend(super::keyed("env_files", &self.env_files));
+        if self.files.is_empty() {
+            // compose's own lookup
+            for f in [
+                "compose.yaml",
+                "compose.yml",
+                "docker-compose.yml",
+                "docker-compose.yaml",
+            ] {
+                v.push(("(compose file)".into(), f.into()));
+            }
+        }
+        v
+    }
+
+    fn check_environment(&self) -> Vec<(String, String)> {
+        if super::find_on_path("docker").is_some()
+            || super::find_on_path("docker-compose").is_some()
+        {
+            vec![]
+        } else {
+            vec![(
+                "command".into(),
+                "neither `docker` nor `docker-compose` is on the PATH".into(),
+            )]
+        }
+    }
+
+    fn build(&self, ctx: Context) -> Result<Box<dyn super::Backend>, BackendError> {
+        Ok(Box::new(Compose::new(self.clone(), ctx)?))
     }
 }
 

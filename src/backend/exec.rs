@@ -45,22 +45,28 @@ pub struct Config {
     pub always: bool,
 }
 
-impl Config {
-    pub(super) fn validate(&self) -> Result<(), String> {
+impl super::Kind for Config {
+    fn validate(&self) -> Vec<(String, String)> {
+        let mut p = Vec::new();
         for (key, argv) in [
             ("apply", Some(&self.apply)),
             ("destroy", self.destroy.as_ref()),
             ("outputs", self.outputs.as_ref()),
         ] {
             if let Some(argv) = argv
-                && argv.first().is_none_or(|p| p.trim().is_empty())
+                && argv.first().is_none_or(|a| a.trim().is_empty())
             {
-                return Err(format!(
-                    "`{key}` must be a non-empty argv list such as [\"./deploy.sh\", \"--prod\"]"
+                p.push((
+                    key.to_string(),
+                    format!("`{key}` must be a non-empty argv list such as [\"./deploy.sh\", \"--prod\"]"),
                 ));
             }
         }
-        Ok(())
+        p
+    }
+
+    fn build(&self, ctx: Context) -> Result<Box<dyn super::Backend>, BackendError> {
+        Ok(Box::new(Exec::new(self.clone(), ctx)?))
     }
 }
 

@@ -6,8 +6,10 @@
 //! config and a [`Context`]. A backend never sees a trigger, a queue, git or a
 //! notifier; it must not import `queue`, `tick`, `git` or `http`.
 //!
-//! Per-backend config is a tagged enum (`kind = "terraform"`), each variant
-//! its own struct with `deny_unknown_fields`.
+//! Per-backend config is an enum made by the [`backends!`] registry
+//! (`kind = "terraform"` picks the variant), each variant its backend's own
+//! `Config` with `deny_unknown_fields`, implementing [`Kind`]. [`tool`] is
+//! the plumbing the command-line backends share.
 
 pub mod ansible;
 pub mod cloudformation;
@@ -22,8 +24,6 @@ pub mod tool;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-
-use serde::Deserialize;
 
 use crate::redact::Redactor;
 
@@ -94,186 +94,128 @@ impl Context {
     }
 }
 
-/// The `[targets.backend]` table.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(tag = "kind", rename_all = "lowercase")]
-pub enum BackendConfig {
-    Terraform(terraform::Config),
-    Exec(exec::Config),
-    Ansible(ansible::Config),
-    Pi(pi::Config),
-    Compose(compose::Config),
-    Nomad(nomad::Config),
-    Pulumi(pulumi::Config),
-    Cloudformation(cloudformation::Config),
-}
-
-impl BackendConfig {
-    /// Parse the table, naming every problem with its key (`kind` picks
-    /// the struct, whose fields are read with their paths). Paths to files
-    /// in the repository stay relative to the target's path; paths to files
-    /// on the controller (ssh keys) are resolved against `base`, the config
-    /// file's directory.
-    pub fn from_value(
-        mut v: serde_json::Value,
-        base: &Path,
-    ) -> Result<Self, Vec<crate::schema::KeyProblem>> {
-        const KINDS: &str = "terraform, exec, ansible, pi, compose, nomad, pulumi, cloudformation";
-        let kind = match v.as_object_mut().map(|o| o.remove("kind")) {
-            None => return Err(vec![("(table)".into(), "must be a table".into())]),
-            Some(None) => return Err(vec![("kind".into(), format!("missing: one of {KINDS}"))]),
-            Some(Some(serde_json::Value::String(k))) => k,
-            Some(Some(other)) => {
-                return Err(vec![(
-                    "kind".into(),
-                    format!("{other} is not one of {KINDS}"),
-                )]);
-            }
-        };
-        use crate::schema::read;
-        let mut cfg = match kind.as_str() {
-            "terraform" => BackendConfig::Terraform(read(v)?),
-            "exec" => BackendConfig::Exec(read(v)?),
-            "ansible" => BackendConfig::Ansible(read(v)?),
-            "pi" => BackendConfig::Pi(read(v)?),
-            "compose" => BackendConfig::Compose(read(v)?),
-            "nomad" => BackendConfig::Nomad(read(v)?),
-            "pulumi" => BackendConfig::Pulumi(read(v)?),
-            "cloudformation" => BackendConfig::Cloudformation(read(v)?),
-            other => {
-                return Err(vec![(
-                    "kind".into(),
-                    format!("unknown variant `{other}`, expected one of {KINDS}"),
-                )]);
-            }
-        };
-        // A backend's own checks say "`key` …": that is the key at fault.
-        cfg.validate().map_err(|msg| {
-            let key = msg
-                .split('`')
-                .nth(1)
-                .filter(|k| k.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
-                .unwrap_or("(table)")
-                .to_string();
-            vec![(key, msg)]
-        })?;
-        match &mut cfg {
-            BackendConfig::Pi(c) => c.resolve_paths(base),
-            BackendConfig::Nomad(c) => c.resolve_paths(base),
-            _ => {}
-        }
-        Ok(cfg)
+/// What each backend's `Config` provides. A backend is its own file (a
+/// `Config` implementing this, and the `Backend` it builds) plus one line in
+/// [`backends!`] below.
+pub trait Kind: std::fmt::Debug + Send + Sync {
+    /// Every problem in the table, each as `(key, message)`.
+    fn validate(&self) -> Vec<(String, String)> {
+        Vec::new()
     }
-
-    pub fn kind(&self) -> &'static str {
-        match self {
-            BackendConfig::Terraform(_) => "terraform",
-            BackendConfig::Exec(_) => "exec",
-            BackendConfig::Ansible(_) => "ansible",
-            BackendConfig::Pi(_) => "pi",
-            BackendConfig::Compose(_) => "compose",
-            BackendConfig::Nomad(_) => "nomad",
-            BackendConfig::Pulumi(_) => "pulumi",
-            BackendConfig::Cloudformation(_) => "cloudformation",
-        }
-    }
-
-    fn validate(&self) -> Result<(), String> {
-        match self {
-            BackendConfig::Terraform(c) => c.validate(),
-            BackendConfig::Exec(c) => c.validate(),
-            BackendConfig::Ansible(c) => c.validate(),
-            BackendConfig::Pi(c) => c.validate(),
-            BackendConfig::Compose(c) => c.validate(),
-            BackendConfig::Nomad(c) => c.validate(),
-            BackendConfig::Pulumi(c) => c.validate(),
-            BackendConfig::Cloudformation(c) => c.validate(),
-        }
-    }
-
+    /// Resolve paths to files on the controller (ssh keys, CA files)
+    /// against `base`, the config file's directory.
+    fn resolve_paths(&mut self, _base: &Path) {}
     /// The files in the repository that driftless or the backend reads or
     /// writes on the repository's behalf, by key, relative to the target's
     /// path (files found by a pattern, like Nomad's jobs, are checked where
     /// they are found).
-    pub fn repo_files(&self) -> Vec<(String, String)> {
-        let each = |key: &str, files: &[String]| -> Vec<(String, String)> {
-            files.iter().map(|f| (key.to_string(), f.clone())).collect()
-        };
-        match self {
-            BackendConfig::Terraform(c) => {
-                let mut v = each("var_files", &c.var_files);
-                v.push((
-                    "(terraform's working directory)".into(),
-                    ".terraform".into(),
-                ));
-                v.push((
-                    "(driftless's init marker)".into(),
-                    terraform::INIT_MARKER.into(),
-                ));
-                v
-            }
-            BackendConfig::Cloudformation(c) => {
-                let mut v = vec![("template".to_string(), c.template.clone())];
-                v.extend(
-                    c.parameters_file
-                        .iter()
-                        .map(|f| ("parameters_file".to_string(), f.clone())),
-                );
-                v
-            }
-            BackendConfig::Compose(c) => {
-                let mut v = each("files", &c.files);
-                v.extend(each("env_files", &c.env_files));
-                if c.files.is_empty() {
-                    // compose's own lookup
-                    for f in [
-                        "compose.yaml",
-                        "compose.yml",
-                        "docker-compose.yml",
-                        "docker-compose.yaml",
-                    ] {
-                        v.push(("(compose file)".into(), f.into()));
-                    }
-                }
-                v
-            }
-            BackendConfig::Ansible(c) => {
-                let mut v = vec![("playbook".to_string(), c.playbook.clone())];
-                v.extend(
-                    c.inventory
-                        .iter()
-                        .map(|f| ("inventory".to_string(), f.clone())),
-                );
-                v.extend(each("extra_vars_files", &c.extra_vars_files));
-                v.extend(
-                    c.destroy_playbook
-                        .iter()
-                        .map(|f| ("destroy_playbook".to_string(), f.clone())),
-                );
-                v.push((
-                    "(driftless's recap file)".into(),
-                    ansible::RECAP_FILE.into(),
-                ));
-                v
-            }
-            BackendConfig::Pulumi(c) => {
-                let mut v = Vec::new();
-                v.extend(
-                    c.work_dir
-                        .iter()
-                        .map(|f| ("work_dir".to_string(), f.clone())),
-                );
-                if let Some(f) = &c.config_file {
-                    let base = c.work_dir.clone().unwrap_or_default();
-                    v.push((
-                        "config_file".to_string(),
-                        format!("{base}/{f}").trim_start_matches('/').to_string(),
-                    ));
-                }
-                v
-            }
-            BackendConfig::Exec(_) | BackendConfig::Pi(_) | BackendConfig::Nomad(_) => Vec::new(),
+    fn repo_files(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
+    /// Problems only visible on this machine (a missing binary), as
+    /// `(key, message)`, for `driftless check`.
+    fn check_environment(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
+    /// The backend for one operation.
+    fn build(&self, ctx: Context) -> Result<Box<dyn Backend>, BackendError>;
+}
+
+/// The registry: one line per backend, `Variant(module) = "kind"`. It
+/// makes the `[targets.backend]` enum, the `kind` names, and the dispatch.
+macro_rules! backends {
+    ($($variant:ident($module:ident) = $kind:literal),* $(,)?) => {
+        /// The `[targets.backend]` table.
+        #[derive(Debug, Clone)]
+        pub enum BackendConfig {
+            $($variant($module::Config),)*
         }
+
+        /// Every `kind`, in the registry's order.
+        pub const KINDS: &[&str] = &[$($kind),*];
+
+        impl BackendConfig {
+            fn read(kind: &str, v: serde_json::Value) -> Option<Result<Self, Vec<crate::schema::KeyProblem>>> {
+                match kind {
+                    $($kind => Some(crate::schema::read(v).map(BackendConfig::$variant)),)*
+                    _ => None,
+                }
+            }
+
+            pub fn kind(&self) -> &'static str {
+                match self {
+                    $(BackendConfig::$variant(_) => $kind,)*
+                }
+            }
+
+            fn inner(&self) -> &dyn Kind {
+                match self {
+                    $(BackendConfig::$variant(c) => c,)*
+                }
+            }
+
+            fn inner_mut(&mut self) -> &mut dyn Kind {
+                match self {
+                    $(BackendConfig::$variant(c) => c,)*
+                }
+            }
+        }
+    };
+}
+
+backends! {
+    Terraform(terraform) = "terraform",
+    Exec(exec) = "exec",
+    Ansible(ansible) = "ansible",
+    Pi(pi) = "pi",
+    Compose(compose) = "compose",
+    Nomad(nomad) = "nomad",
+    Pulumi(pulumi) = "pulumi",
+    Cloudformation(cloudformation) = "cloudformation",
+}
+
+impl BackendConfig {
+    /// Parse the table, naming every problem with its key (`kind` picks
+    /// the struct, whose fields are read with their paths; then the
+    /// backend's own checks, every one). Paths to files in the repository
+    /// stay relative to the target's path; paths to files on the controller
+    /// (ssh keys) are resolved against `base`, the config file's directory.
+    pub fn from_value(
+        mut v: serde_json::Value,
+        base: &Path,
+    ) -> Result<Self, Vec<crate::schema::KeyProblem>> {
+        let kinds = KINDS.join(", ");
+        let kind = match v.as_object_mut().map(|o| o.remove("kind")) {
+            None => return Err(vec![("(table)".into(), "must be a table".into())]),
+            Some(None) => return Err(vec![("kind".into(), format!("missing: one of {kinds}"))]),
+            Some(Some(serde_json::Value::String(k))) => k,
+            Some(Some(other)) => {
+                return Err(vec![(
+                    "kind".into(),
+                    format!("{other} is not one of {kinds}"),
+                )]);
+            }
+        };
+        let mut cfg = match Self::read(&kind, v) {
+            Some(r) => r?,
+            None => {
+                return Err(vec![(
+                    "kind".into(),
+                    format!("unknown variant `{kind}`, expected one of {kinds}"),
+                )]);
+            }
+        };
+        let problems = cfg.inner().validate();
+        if !problems.is_empty() {
+            return Err(problems);
+        }
+        cfg.inner_mut().resolve_paths(base);
+        Ok(cfg)
+    }
+
+    /// See [`Kind::repo_files`].
+    pub fn repo_files(&self) -> Vec<(String, String)> {
+        self.inner().repo_files()
     }
 
     /// Every file of [`repo_files`](Self::repo_files) stays in the checkout.
@@ -284,50 +226,9 @@ impl BackendConfig {
         Ok(())
     }
 
-    /// Problems only visible on this machine (a missing binary), as
-    /// `(key, message)`, for `driftless check`.
+    /// See [`Kind::check_environment`].
     pub fn check_environment(&self) -> Vec<(String, String)> {
-        let binary = match self {
-            BackendConfig::Terraform(c) => &c.binary,
-            BackendConfig::Ansible(c) => &c.binary,
-            BackendConfig::Pulumi(c) => &c.binary,
-            BackendConfig::Exec(_) | BackendConfig::Cloudformation(_) => return vec![],
-            BackendConfig::Nomad(c) => return c.check_environment(),
-            BackendConfig::Compose(_) => {
-                return if find_on_path("docker").is_some()
-                    || find_on_path("docker-compose").is_some()
-                {
-                    vec![]
-                } else {
-                    vec![(
-                        "command".into(),
-                        "neither `docker` nor `docker-compose` is on the PATH".into(),
-                    )]
-                };
-            }
-            BackendConfig::Pi(c) => {
-                let mut p = Vec::new();
-                if find_on_path("ssh").is_none() {
-                    p.push(("host".into(), "`ssh` is not on the PATH".into()));
-                }
-                for (key, f) in [
-                    ("identity_file", &c.identity_file),
-                    ("known_hosts_file", &c.known_hosts_file),
-                ] {
-                    if let Some(f) = f.as_ref().filter(|f| !f.is_file()) {
-                        p.push((
-                            key.to_string(),
-                            format!("{} is not a readable file", f.display()),
-                        ));
-                    }
-                }
-                return p;
-            }
-        };
-        match find_on_path(binary) {
-            Some(_) => vec![],
-            None => vec![("binary".into(), format!("`{binary}` is not on the PATH"))],
-        }
+        self.inner().check_environment()
     }
 }
 
@@ -335,16 +236,20 @@ impl BackendConfig {
 /// or write on the repository's behalf leads out of the checkout.
 pub fn build(cfg: &BackendConfig, ctx: Context) -> Result<Box<dyn Backend>, BackendError> {
     cfg.check_repo_files(&ctx).map_err(BackendError::Config)?;
-    Ok(match cfg {
-        BackendConfig::Terraform(c) => Box::new(terraform::Terraform::new(c.clone(), ctx)?),
-        BackendConfig::Exec(c) => Box::new(exec::Exec::new(c.clone(), ctx)?),
-        BackendConfig::Ansible(c) => Box::new(ansible::Ansible::new(c.clone(), ctx)?),
-        BackendConfig::Pi(c) => Box::new(pi::Pi::new(c.clone(), ctx)?),
-        BackendConfig::Compose(c) => Box::new(compose::Compose::new(c.clone(), ctx)?),
-        BackendConfig::Nomad(c) => Box::new(nomad::Nomad::new(c.clone(), ctx)?),
-        BackendConfig::Pulumi(c) => Box::new(pulumi::Pulumi::new(c.clone(), ctx)?),
-        BackendConfig::Cloudformation(c) => cloudformation::build(c.clone(), ctx)?,
-    })
+    cfg.inner().build(ctx)
+}
+
+/// `(key, file)` for each file of a list-valued key.
+fn keyed(key: &str, files: &[String]) -> Vec<(String, String)> {
+    files.iter().map(|f| (key.to_string(), f.clone())).collect()
+}
+
+/// `binary` missing from the PATH, as a `check` problem.
+fn binary_on_path(binary: &str) -> Vec<(String, String)> {
+    match find_on_path(binary) {
+        Some(_) => vec![],
+        None => vec![("binary".into(), format!("`{binary}` is not on the PATH"))],
+    }
 }
 
 /// Where `program` would be found, like `which`.

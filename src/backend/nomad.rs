@@ -95,33 +95,53 @@ fn default_policy() -> String {
     "auto".into()
 }
 
-impl Config {
-    pub(super) fn validate(&self) -> Result<(), String> {
+impl super::Kind for Config {
+    fn validate(&self) -> Vec<(String, String)> {
+        let mut p: Vec<(String, String)> = Vec::new();
         let a = self.address.trim();
         if !(a.starts_with("http://") || a.starts_with("https://")) {
-            return Err(format!(
-                "`address` `{a}` must be an http:// or https:// URL, like https://nomad.lan:4646"
+            p.push((
+                "address".into(),
+                format!("`address` `{a}` must be an http:// or https:// URL, like https://nomad.lan:4646"),
             ));
         }
         if Policy::parse(&self.default_policy).is_none() {
-            return Err(format!(
-                "`default_policy` `{}` must be auto, approval or none",
-                self.default_policy
+            p.push((
+                "default_policy".into(),
+                format!(
+                    "`default_policy` `{}` must be auto, approval or none",
+                    self.default_policy
+                ),
             ));
         }
         if self.jobs.is_empty() || self.jobs.contains('/') {
-            return Err(format!(
-                "`jobs` `{}` must be a file name pattern like *.nomad.hcl",
-                self.jobs
+            p.push((
+                "jobs".into(),
+                format!(
+                    "`jobs` `{}` must be a file name pattern like *.nomad.hcl",
+                    self.jobs
+                ),
             ));
         }
         if self.client_cert_file.is_some() != self.client_key_file.is_some() {
-            return Err("`client_cert_file` and `client_key_file` go together".into());
+            let key = if self.client_cert_file.is_some() {
+                "client_key_file"
+            } else {
+                "client_cert_file"
+            };
+            p.push((
+                key.into(),
+                "`client_cert_file` and `client_key_file` go together".into(),
+            ));
         }
-        Ok(())
+        p
     }
 
-    pub(super) fn resolve_paths(&mut self, base: &Path) {
+    fn build(&self, ctx: Context) -> Result<Box<dyn super::Backend>, BackendError> {
+        Ok(Box::new(Nomad::new(self.clone(), ctx)?))
+    }
+
+    fn resolve_paths(&mut self, base: &Path) {
         self.token = self
             .token_file
             .as_deref()
@@ -141,7 +161,7 @@ impl Config {
     }
 
     /// Files on the controller that must be readable, for `driftless check`.
-    pub(super) fn check_environment(&self) -> Vec<(String, String)> {
+    fn check_environment(&self) -> Vec<(String, String)> {
         let mut p = Vec::new();
         if let Some(t) = &self.token
             && let Err(e) = t.load()

@@ -61,33 +61,64 @@ fn default_compose() -> Vec<String> {
     vec!["docker".into(), "compose".into()]
 }
 
-impl Config {
-    pub(super) fn validate(&self) -> Result<(), String> {
+impl super::Kind for Config {
+    fn validate(&self) -> Vec<(String, String)> {
+        let mut p: Vec<(String, String)> = Vec::new();
         if self.host.trim().is_empty() || self.host.starts_with('-') {
-            return Err("`host` must name the host".into());
+            p.push(("host".into(), "`host` must name the host".into()));
         }
         if self.user.trim().is_empty() || self.user.starts_with('-') {
-            return Err("`user` must name the remote user".into());
+            p.push(("user".into(), "`user` must name the remote user".into()));
         }
         if !self.remote_dir.starts_with('/') || self.remote_dir.trim_end_matches('/').is_empty() {
-            return Err(format!(
-                "`remote_dir` `{}` must be an absolute directory other than /",
-                self.remote_dir
+            p.push((
+                "remote_dir".into(),
+                format!(
+                    "`remote_dir` `{}` must be an absolute directory other than /",
+                    self.remote_dir
+                ),
             ));
         }
         match self.action {
             Action::Systemd if self.units.is_empty() => {
-                Err("action `systemd` needs `units`".into())
+                p.push(("units".into(), "action `systemd` needs `units`".into()));
             }
             Action::Command if self.command.as_ref().is_none_or(|c| c.is_empty()) => {
-                Err("action `command` needs `command` (an argv list)".into())
+                p.push((
+                    "command".into(),
+                    "action `command` needs `command` (an argv list)".into(),
+                ));
             }
-            _ => Ok(()),
+            _ => {}
         }
+        p
+    }
+
+    fn check_environment(&self) -> Vec<(String, String)> {
+        let mut p = Vec::new();
+        if super::find_on_path("ssh").is_none() {
+            p.push(("host".into(), "`ssh` is not on the PATH".into()));
+        }
+        for (key, f) in [
+            ("identity_file", &self.identity_file),
+            ("known_hosts_file", &self.known_hosts_file),
+        ] {
+            if let Some(f) = f.as_ref().filter(|f| !f.is_file()) {
+                p.push((
+                    key.to_string(),
+                    format!("{} is not a readable file", f.display()),
+                ));
+            }
+        }
+        p
+    }
+
+    fn build(&self, ctx: Context) -> Result<Box<dyn super::Backend>, BackendError> {
+        Ok(Box::new(Pi::new(self.clone(), ctx)?))
     }
 
     /// Relative key and known_hosts paths are relative to the config file.
-    pub(super) fn resolve_paths(&mut self, base: &Path) {
+    fn resolve_paths(&mut self, base: &Path) {
         for p in [&mut self.identity_file, &mut self.known_hosts_file]
             .into_iter()
             .flatten()

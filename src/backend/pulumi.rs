@@ -53,35 +53,68 @@ fn default_true() -> bool {
     true
 }
 
-impl Config {
-    pub(super) fn validate(&self) -> Result<(), String> {
+impl super::Kind for Config {
+    fn validate(&self) -> Vec<(String, String)> {
+        let mut p: Vec<(String, String)> = Vec::new();
         if self.stack.trim().is_empty()
             || !self
                 .stack
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
         {
-            return Err(format!(
-                "`stack` `{}` must be a stack name like `prod` or `org/project/prod`",
-                self.stack
+            p.push((
+                "stack".into(),
+                format!(
+                    "`stack` `{}` must be a stack name like `prod` or `org/project/prod`",
+                    self.stack
+                ),
             ));
         }
-        for (key, p) in [
+        for (key, f) in [
             ("work_dir", &self.work_dir),
             ("config_file", &self.config_file),
         ] {
-            if let Some(p) = p
-                && (p.starts_with('/') || p.split('/').any(|c| c == ".."))
+            if let Some(f) = f
+                && (f.starts_with('/') || f.split('/').any(|c| c == ".."))
             {
-                return Err(format!(
-                    "`{key}` `{p}` must be relative to the target's path, without `..`"
+                p.push((
+                    key.into(),
+                    format!("`{key}` `{f}` must be relative to the target's path, without `..`"),
                 ));
             }
         }
         if self.binary.trim().is_empty() {
-            return Err("`binary` must name the pulumi program".into());
+            p.push((
+                "binary".into(),
+                "`binary` must name the pulumi program".into(),
+            ));
         }
-        Ok(())
+        p
+    }
+
+    fn repo_files(&self) -> Vec<(String, String)> {
+        let mut v = Vec::new();
+        v.extend(
+            self.work_dir
+                .iter()
+                .map(|f| ("work_dir".to_string(), f.clone())),
+        );
+        if let Some(f) = &self.config_file {
+            let base = self.work_dir.clone().unwrap_or_default();
+            v.push((
+                "config_file".to_string(),
+                format!("{base}/{f}").trim_start_matches('/').to_string(),
+            ));
+        }
+        v
+    }
+
+    fn check_environment(&self) -> Vec<(String, String)> {
+        super::binary_on_path(&self.binary)
+    }
+
+    fn build(&self, ctx: Context) -> Result<Box<dyn super::Backend>, BackendError> {
+        Ok(Box::new(Pulumi::new(self.clone(), ctx)?))
     }
 }
 

@@ -55,15 +55,20 @@ fn default_binary() -> String {
     "terraform".into()
 }
 
-impl Config {
-    pub(super) fn validate(&self) -> Result<(), String> {
+impl super::Kind for Config {
+    fn validate(&self) -> Vec<(String, String)> {
+        let mut p: Vec<(String, String)> = Vec::new();
         if self.binary.trim().is_empty() {
-            return Err("`binary` must name the terraform or tofu program".into());
+            p.push((
+                "binary".into(),
+                "`binary` must name the terraform or tofu program".into(),
+            ));
         }
         for f in &self.var_files {
             if Path::new(f).is_absolute() || f.split('/').any(|c| c == "..") {
-                return Err(format!(
-                    "var_files entry `{f}` must be relative to the target's path, without `..`"
+                p.push((
+                    "var_files".into(),
+                    format!("`var_files` entry `{f}` must be relative to the target's path, without `..`"),
                 ));
             }
         }
@@ -72,8 +77,11 @@ impl Config {
                 || !t.chars().all(|c| c.is_ascii_digit() || "smh".contains(c))
                 || !t.starts_with(|c: char| c.is_ascii_digit()))
         {
-            return Err(format!(
-                "`lock_timeout` `{t}` must be a duration terraform understands, like \"30s\" or \"5m\""
+            p.push((
+                "lock_timeout".into(),
+                format!(
+                    "`lock_timeout` `{t}` must be a duration terraform understands, like \"30s\" or \"5m\""
+                ),
             ));
         }
         if let Some(w) = &self.workspace
@@ -82,11 +90,30 @@ impl Config {
                     .chars()
                     .all(|c| c.is_ascii_alphanumeric() || "-_".contains(c)))
         {
-            return Err(format!(
-                "`workspace` `{w}` must be letters, digits, '-' or '_'"
+            p.push((
+                "workspace".into(),
+                format!("`workspace` `{w}` must be letters, digits, '-' or '_'"),
             ));
         }
-        Ok(())
+        p
+    }
+
+    fn repo_files(&self) -> Vec<(String, String)> {
+        let mut v = super::keyed("var_files", &self.var_files);
+        v.push((
+            "(terraform's working directory)".into(),
+            ".terraform".into(),
+        ));
+        v.push(("(driftless's init marker)".into(), INIT_MARKER.into()));
+        v
+    }
+
+    fn check_environment(&self) -> Vec<(String, String)> {
+        super::binary_on_path(&self.binary)
+    }
+
+    fn build(&self, ctx: Context) -> Result<Box<dyn super::Backend>, BackendError> {
+        Ok(Box::new(Terraform::new(self.clone(), ctx)?))
     }
 }
 

@@ -385,6 +385,58 @@ colour = "blue"
     }
 }
 
+/// A backend's own checks (past the schema) report every problem in the
+/// table, each under its own key, not just the first one.
+#[test]
+fn check_reports_every_problem_a_backend_finds_each_with_its_key() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = write(
+        dir.path(),
+        r#"
+state_dir = "state"
+
+[[targets]]
+name = "net"
+repo = "https://git.example.net/infra.git"
+[targets.backend]
+kind = "terraform"
+binary = " "
+var_files = ["../outside.tfvars", "/etc/abs.tfvars"]
+lock_timeout = "soon"
+workspace = "has space"
+
+[[targets]]
+name = "pi"
+repo = "https://git.example.net/infra.git"
+[targets.backend]
+kind = "pi"
+host = ""
+user = "-oProxyCommand=x"
+remote_dir = "/"
+action = "systemd"
+"#,
+    );
+    let out = driftless(&config, &["check"]);
+    assert_eq!(out.status.code(), Some(1));
+    let report = text(&out.stdout);
+    for expected in [
+        "targets[net]: key `backend.binary`: `binary` must name the terraform or tofu program",
+        "targets[net]: key `backend.var_files`: `var_files` entry `../outside.tfvars`",
+        "targets[net]: key `backend.var_files`: `var_files` entry `/etc/abs.tfvars`",
+        "targets[net]: key `backend.lock_timeout`: `lock_timeout` `soon`",
+        "targets[net]: key `backend.workspace`: `workspace` `has space`",
+        "targets[pi]: key `backend.host`: `host` must name the host",
+        "targets[pi]: key `backend.user`: `user` must name the remote user",
+        "targets[pi]: key `backend.remote_dir`: `remote_dir` `/`",
+        "targets[pi]: key `backend.units`: action `systemd` needs `units`",
+    ] {
+        assert!(
+            report.contains(expected),
+            "missing {expected:?} in:\n{report}"
+        );
+    }
+}
+
 #[test]
 fn every_command_flag_and_argument_has_a_help_line() {
     let help = |args: &[&str]| {

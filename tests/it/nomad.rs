@@ -1548,8 +1548,13 @@ fn a_tick_killed_during_the_pre_hook_resumes_without_a_second_instance() {
     // The next tick finds the same instance (same idempotency token) and
     // registers.
     let j = kill_during_hook_then_tick(&f, "db-migrate", "pre_hook");
+    // The killed tick may have recorded the child it dispatched (then the
+    // next one follows it) or not (then it dispatches again with the same
+    // token and Nomad hands back the same child): either way one instance,
+    // which `kill_during_hook_then_tick` asserts.
     let all = f.nomad.journal();
-    assert_eq!(dispatches(&all, "db-migrate").len(), 2);
+    let n = dispatches(&all, "db-migrate").len();
+    assert!((1..=2).contains(&n), "{n} dispatches of the pre hook");
     assert_eq!(
         j.iter()
             .filter(|r| r["path"] == "/v1/jobs" && r["body"]["Job"]["ID"] == "web")
