@@ -26,7 +26,7 @@ pub struct Report {
 
 fn short(sha: &Option<String>) -> String {
     sha.as_deref()
-        .map(|s| s[..s.len().min(12)].to_string())
+        .map(|s| crate::model::short_sha(s).to_string())
         .unwrap_or_else(|| "-".into())
 }
 
@@ -513,7 +513,10 @@ pub async fn deployments(app: &App, pending: bool, as_json: bool) -> Report {
             s("target"),
             format!("{}/{}", s("namespace"), s("job")),
             s("state"),
-            s("commit").get(..12).unwrap_or("-"),
+            match s("commit").as_str() {
+                "" => "-".to_string(),
+                c => crate::model::short_sha(c).to_string(),
+            },
             s("summary")
         );
     }

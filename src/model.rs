@@ -54,3 +54,22 @@ impl Status {
 
 /// A boxed, sendable future: what trait methods with async bodies return.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A commit id as people read it: its first 12 characters (all of it when
+/// shorter). Safe on any string: it never splits a character.
+pub fn short_sha(sha: &str) -> &str {
+    sha.char_indices().nth(12).map_or(sha, |(i, _)| &sha[..i])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::short_sha;
+
+    #[test]
+    fn short_sha_is_twelve_characters_or_all_of_a_shorter_one() {
+        assert_eq!(short_sha("0123456789abcdef0123"), "0123456789ab");
+        assert_eq!(short_sha("abc"), "abc");
+        assert_eq!(short_sha(""), "");
+        assert_eq!(short_sha("ééééééééééééé"), "éééééééééééé");
+    }
+}

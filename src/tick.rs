@@ -16,6 +16,7 @@ use crate::backend::{self, ApplyResult, Context, Outputs, Status};
 use crate::config::Target;
 use crate::git::Git;
 use crate::lock::{LockError, TargetLock};
+use crate::model::short_sha;
 use crate::notify::{self, EventDoc, FailureState};
 use crate::queue::{Job, Trigger};
 use crate::store::{NewNotification, NewRun, Notice, Operation, StoreError, TargetState};
@@ -139,7 +140,7 @@ impl Reconciler {
         else {
             return Ok(None);
         };
-        let short = |s: &str| s[..s.len().min(12)].to_string();
+        let short = |s: &str| short_sha(s).to_string();
         if tip == base {
             return Ok(Some(format!(
                 "the branch tip {} was already applied",
@@ -427,7 +428,7 @@ impl Reconciler {
             status.result.as_str(),
             run.started.elapsed().as_secs_f64(),
         );
-        let short = sha.map(|s| &s[..s.len().min(12)]).unwrap_or("-");
+        let short = sha.map(short_sha).unwrap_or("-");
         match status.result {
             ApplyResult::Failed => warn!(target = %target.name, run = run.id, sha = short,
                 operation = run.op.as_str(), message = %status.message, "run failed"),
@@ -479,7 +480,7 @@ impl Reconciler {
                     target: target.name.clone(),
                     backend: target.backend.kind().to_string(),
                     sha: sha.map(str::to_string),
-                    short_sha: sha.map(|s| s[..s.len().min(12)].to_string()),
+                    short_sha: sha.map(|s| short_sha(s).to_string()),
                     commit_url: match (&target.web_url, sha) {
                         (Some(w), Some(s)) => Some(format!("{w}/commit/{s}")),
                         _ => None,
@@ -552,7 +553,7 @@ impl Reconciler {
                     d.key.namespace,
                     d.key.job,
                     d.file,
-                    d.commit_sha.get(..12).unwrap_or(&d.commit_sha),
+                    short_sha(&d.commit_sha),
                     d.id,
                     d.diff_summary,
                     d.id,
@@ -576,7 +577,7 @@ impl Reconciler {
                     target: target.name.clone(),
                     backend: target.backend.kind().to_string(),
                     sha: Some(d.commit_sha.clone()),
-                    short_sha: Some(d.commit_sha.get(..12).unwrap_or(&d.commit_sha).to_string()),
+                    short_sha: Some(short_sha(&d.commit_sha).to_string()),
                     commit_url: target
                         .web_url
                         .as_ref()

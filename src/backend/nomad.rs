@@ -29,6 +29,7 @@ use sha2::{Digest, Sha256};
 
 use super::{ApplyResult, Backend, BackendError, BoxFuture, Context, Outputs, Status};
 pub use crate::ledger::{Change, Deployment, JobKey, Ledger, LedgerError, NewDeployment, Policy};
+use crate::model::short_sha as short;
 use crate::secret::SecretRef;
 
 /// Meta keys driftless reads; any other `driftless_*` key is an error.
@@ -2303,10 +2304,6 @@ fn now_ms() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
-}
-
-fn short(sha: &str) -> &str {
-    sha.get(..12).unwrap_or(sha)
 }
 
 /// A path segment, percent-encoded.

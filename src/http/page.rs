@@ -147,7 +147,7 @@ pub(super) async fn index(State(s): State<AppState>, headers: HeaderMap) -> Resp
             escape(
                 t.last_applied_sha
                     .as_deref()
-                    .map(|s| s.get(..12).unwrap_or(s))
+                    .map(crate::model::short_sha)
                     .unwrap_or("-")
             ),
             escape(t.last_run_at.as_deref().unwrap_or("-")),
@@ -182,7 +182,7 @@ pub(super) async fn index(State(s): State<AppState>, headers: HeaderMap) -> Resp
             escape(&d.key.namespace),
             escape(&d.key.job),
             escape(&d.target),
-            escape(d.commit_sha.get(..12).unwrap_or(&d.commit_sha)),
+            escape(crate::model::short_sha(&d.commit_sha)),
             escape(&d.file),
             d.job_modify_index,
             escape(&d.diff_summary),
