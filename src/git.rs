@@ -624,28 +624,57 @@ fn consolidate_packs(dir: &Path) {
         return;
     }
     let started = Instant::now();
-    let out = std::process::Command::new("git")
+    match repack(dir, started + GIT_TIMEOUT) {
+        Ok(()) => tracing::info!(
+            cache = %dir.display(), packs, took_ms = started.elapsed().as_millis() as u64,
+            "merged the cache's packs into one"
+        ),
+        Err(error) => tracing::warn!(
+            cache = %dir.display(), packs, %error,
+            "git repack of the cache failed; fetches stay correct but slow down until it succeeds"
+        ),
+    }
+}
+
+/// `git repack -a -d -q --keep-unreachable` in `dir`, killed at `deadline`
+/// (a hung repack would otherwise hold the cache's lock for good). The
+/// error is git's stderr, or what stopped it.
+fn repack(dir: &Path, deadline: Instant) -> Result<(), String> {
+    use std::io::Read;
+    let mut child = std::process::Command::new("git")
         .args(["repack", "-a", "-d", "-q", "--keep-unreachable"])
         .current_dir(dir)
         .env("GIT_CONFIG_NOSYSTEM", "1")
         .env("GIT_CONFIG_GLOBAL", "/dev/null")
         .stdin(std::process::Stdio::null())
-        .output();
-    match out {
-        Ok(o) if o.status.success() => tracing::info!(
-            cache = %dir.display(), packs, took_ms = started.elapsed().as_millis() as u64,
-            "merged the cache's packs into one"
-        ),
-        Ok(o) => tracing::warn!(
-            cache = %dir.display(), packs, status = %o.status,
-            error = %String::from_utf8_lossy(&o.stderr).trim(),
-            "git repack of the cache failed; fetches stay correct but slow down until it succeeds"
-        ),
-        Err(e) => tracing::warn!(
-            cache = %dir.display(), packs, error = %e,
-            "cannot run git repack on the cache; fetches stay correct but slow down until it succeeds"
-        ),
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run git: {e}"))?;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if Instant::now() >= deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "killed after {} s without finishing",
+                    GIT_TIMEOUT.as_secs()
+                ));
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+            Err(e) => return Err(format!("cannot wait for git: {e}")),
+        }
+    };
+    if status.success() {
+        return Ok(());
     }
+    // `-q` keeps stderr to a line or two: it fits the pipe while git runs.
+    let mut said = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut said);
+    }
+    Err(format!("{status}: {}", said.trim()))
 }
 
 /// Run the git CLI in `dir` and return its stdout; the error is git's stderr.
