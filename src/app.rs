@@ -42,6 +42,22 @@ impl App {
         })
     }
 
+    /// Where people reach the daemon's API and page: `[server] public_url`,
+    /// else `http://` and the listen address (the address the running
+    /// daemon noted when `listen` asked for port 0).
+    pub fn base_url(&self) -> String {
+        if let Some(u) = &self.settings.server.public_url {
+            return u.trim_end_matches('/').to_string();
+        }
+        let mut addr = self.settings.server.listen;
+        if addr.port() == 0
+            && let Some(a) = crate::lock::serving_addr(&self.settings.state_dir)
+        {
+            addr = a;
+        }
+        format!("http://{addr}")
+    }
+
     /// The configured target of this name.
     pub fn target(&self, name: &str) -> Option<&Target> {
         self.settings.target(name)

@@ -108,19 +108,13 @@ pub fn allows(token: &Token, verb: Verb, target: &str) -> bool {
     })
 }
 
-/// `authenticate` then `allows`, as one answer.
-pub fn authorize<'a>(
-    tokens: &'a [Token],
-    header: Option<&str>,
-    verb: Verb,
-    target: &str,
-) -> Result<&'a Token, AuthError> {
-    let t = authenticate(tokens, header)?;
-    if allows(t, verb, target) {
-        Ok(t)
+/// `allows`, as an answer that names the missing scope.
+pub fn require(token: &Token, verb: Verb, target: &str) -> Result<(), AuthError> {
+    if allows(token, verb, target) {
+        Ok(())
     } else {
         Err(AuthError::Forbidden {
-            token: t.name.clone(),
+            token: token.name.clone(),
             scope: format!("{}:{target}", verb.as_str()),
         })
     }
@@ -168,10 +162,15 @@ mod tests {
                 "{bad:?}"
             );
         }
-        assert!(matches!(
-            authorize(&tokens, Some("Bearer secret-token"), Verb::Reconcile, "web"),
-            Err(AuthError::Forbidden { .. })
-        ));
+        let t = authenticate(&tokens, Some("Bearer secret-token")).expect("known token");
+        assert_eq!(
+            require(t, Verb::Reconcile, "web"),
+            Err(AuthError::Forbidden {
+                token: "ops".into(),
+                scope: "reconcile:web".into()
+            })
+        );
+        assert_eq!(require(t, Verb::Read, "web"), Ok(()));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use crate::app::App;
 use crate::config;
 use crate::model::ApplyResult;
 use crate::store::{Operation, format_ms};
-use crate::tick::{Outcome, Reconciler, TickError};
+use crate::tick::{Reconciler, TickError, Ticked};
 
 /// `tick` exit code when a target's lock is held elsewhere (EX_TEMPFAIL).
 pub const EXIT_BUSY: u8 = 75;
@@ -60,7 +60,7 @@ pub async fn tick(
     let (mut failed, mut busy) = (false, false);
     for name in &names {
         match rec.tick_now(name, op).await? {
-            Outcome::Ran {
+            Ticked::Ran {
                 run_id,
                 result,
                 sha,
@@ -74,17 +74,17 @@ pub async fn tick(
                     short(&sha)
                 );
             }
-            Outcome::Busy => {
+            Ticked::Busy => {
                 busy = true;
                 let _ = writeln!(out, "{name}: busy: another tick holds the target's lock");
             }
-            Outcome::Paused => {
+            Ticked::Paused => {
                 let _ = writeln!(
                     out,
                     "{name}: paused: skipped (resume it with `driftless resume {name}`)"
                 );
             }
-            Outcome::Unaffected { reason } => {
+            Ticked::Unaffected { reason } => {
                 let _ = writeln!(out, "{name}: unaffected: {reason}");
             }
         }
@@ -245,7 +245,7 @@ pub async fn history(
     known(app, target)?;
     let runs = app.store.history(target, limit.clamp(1, 10_000)).await?;
     if as_json {
-        let rows: Vec<_> = runs.iter().map(crate::status::run_json).collect();
+        let rows: Vec<_> = runs.iter().map(crate::status::RunView::from).collect();
         let text = serde_json::to_string_pretty(&rows).unwrap_or_else(|_| "[]".into());
         return Ok(Report {
             stdout: text + "\n",
@@ -444,6 +444,15 @@ async fn api(
         "set DRIFTLESS_TOKEN to an API token (see `driftless token new`)".to_string()
     })?;
     let mut addr = app.settings.server.listen;
+    if addr.port() == 0 {
+        // The daemon chose its port: it noted it beside its PID.
+        addr = crate::lock::serving_addr(&app.settings.state_dir).ok_or_else(|| {
+            format!(
+                "[server] listen asks for port 0 and no `driftless serve` is running on {}",
+                app.settings.state_dir.display()
+            )
+        })?;
+    }
     if addr.ip().is_unspecified() {
         addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
     }
@@ -527,7 +536,7 @@ pub async fn deployments(app: &App, pending: bool, as_json: bool) -> Report {
 }
 
 /// `driftless approve|reject <id>`: show what is decided, then decide it.
-pub async fn decide(app: &App, id: i64, approve: bool) -> Report {
+pub async fn approve_or_reject(app: &App, id: i64, approve: bool) -> Report {
     let d = match api(
         app,
         reqwest::Method::GET,

@@ -674,38 +674,24 @@ fn validate_server(raw: Option<Value>, problems: &mut Vec<Problem>) -> Server {
             )),
         }
     }
-    if let Some(w) = raw.workers {
-        if (1..=64).contains(&w) {
-            server.workers = w as usize;
-        } else {
-            problems.push(problem(
-                "server",
-                "workers",
-                format!("{w} is not between 1 and 64"),
-            ));
-        }
+    if let Some(w) = within("workers", raw.workers, 1..=64, problems) {
+        server.workers = w as usize;
     }
-    if let Some(b) = raw.max_body_bytes {
-        if (1024..=1024 * 1024 * 1024).contains(&b) {
-            server.max_body_bytes = b as usize;
-        } else {
-            problems.push(problem(
-                "server",
-                "max_body_bytes",
-                format!("{b} is not between 1024 and 1073741824"),
-            ));
-        }
+    if let Some(b) = within(
+        "max_body_bytes",
+        raw.max_body_bytes,
+        1024..=1 << 30,
+        problems,
+    ) {
+        server.max_body_bytes = b as usize;
     }
-    if let Some(c) = raw.max_connections {
-        if (1..=100_000).contains(&c) {
-            server.max_connections = c as usize;
-        } else {
-            problems.push(problem(
-                "server",
-                "max_connections",
-                format!("{c} is not between 1 and 100000"),
-            ));
-        }
+    if let Some(c) = within(
+        "max_connections",
+        raw.max_connections,
+        1..=100_000,
+        problems,
+    ) {
+        server.max_connections = c as usize;
     }
     if let Some(u) = raw.public_url {
         let u = u.trim().trim_end_matches('/').to_string();
@@ -719,28 +705,18 @@ fn validate_server(raw: Option<Value>, problems: &mut Vec<Problem>) -> Server {
             ));
         }
     }
-    if let Some(m) = raw.metrics {
-        match m.as_str() {
-            "open" => server.metrics = PageAccess::Open,
-            "token" => server.metrics = PageAccess::Token,
-            _ => problems.push(problem(
-                "server",
-                "metrics",
-                format!("`{m}` is not one of \"open\", \"token\""),
-            )),
-        }
+    use PageAccess::{Off, Open, Token};
+    if let Some(m) = one_of(
+        "metrics",
+        raw.metrics,
+        &[("open", Open), ("token", Token)],
+        problems,
+    ) {
+        server.metrics = m;
     }
-    if let Some(p) = raw.page {
-        match p.as_str() {
-            "token" => server.page = PageAccess::Token,
-            "open" => server.page = PageAccess::Open,
-            "off" => server.page = PageAccess::Off,
-            _ => problems.push(problem(
-                "server",
-                "page",
-                format!("`{p}` is not one of \"token\", \"open\", \"off\""),
-            )),
-        }
+    let pages = [("token", Token), ("open", Open), ("off", Off)];
+    if let Some(p) = one_of("page", raw.page, &pages, problems) {
+        server.page = p;
     }
     server.header_read_timeout = duration(
         "server",
@@ -759,6 +735,45 @@ fn validate_server(raw: Option<Value>, problems: &mut Vec<Problem>) -> Server {
         problems,
     );
     server
+}
+
+/// `[server] key`'s number, if it is given and within `range`.
+fn within(
+    key: &str,
+    value: Option<i64>,
+    range: std::ops::RangeInclusive<i64>,
+    problems: &mut Vec<Problem>,
+) -> Option<i64> {
+    let v = value?;
+    if range.contains(&v) {
+        return Some(v);
+    }
+    problems.push(problem(
+        "server",
+        key,
+        format!("{v} is not between {} and {}", range.start(), range.end()),
+    ));
+    None
+}
+
+/// `[server] key`'s word, if it is given and one of `choices`.
+fn one_of<T: Copy>(
+    key: &str,
+    value: Option<String>,
+    choices: &[(&str, T)],
+    problems: &mut Vec<Problem>,
+) -> Option<T> {
+    let v = value?;
+    if let Some((_, t)) = choices.iter().find(|(name, _)| *name == v) {
+        return Some(*t);
+    }
+    let names: Vec<String> = choices.iter().map(|(n, _)| format!("\"{n}\"")).collect();
+    problems.push(problem(
+        "server",
+        key,
+        format!("`{v}` is not one of {}", names.join(", ")),
+    ));
+    None
 }
 
 fn validate_receivers(raw: Vec<Value>, base: &Path, problems: &mut Vec<Problem>) -> Vec<Receiver> {

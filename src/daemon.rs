@@ -7,6 +7,7 @@
 //! the next start (its lease expires). This module wires parts together; it
 //! holds no reconcile logic of its own.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -18,7 +19,7 @@ use crate::app::Health;
 use crate::http;
 use crate::queue::Job;
 use crate::scheduler::Scheduler;
-use crate::tick::{Outcome, Reconciler};
+use crate::tick::{Reconciler, Ticked};
 
 /// When the queue is empty, how often a worker looks again (a notification
 /// usually wakes it sooner).
@@ -46,104 +47,175 @@ pub enum DaemonError {
     Lock(#[from] crate::lock::LockError),
 }
 
-/// Run the daemon until a shutdown signal.
-pub async fn serve(engine: Reconciler) -> Result<(), DaemonError> {
+/// Run the daemon on `[server] listen` until a shutdown signal.
+pub async fn serve(rec: Reconciler) -> Result<(), DaemonError> {
+    let daemon = Daemon::bind(rec).await?;
     let (tx, rx) = watch::channel(false);
     tokio::spawn(async move {
         shutdown_signal().await;
         info!("shutdown requested: finishing running ticks");
         let _ = tx.send(true);
     });
-    serve_until(engine, rx).await
+    daemon.run_until(rx).await
 }
 
-/// Run the daemon until `shutdown` turns true.
-pub async fn serve_until(
-    engine: Reconciler,
-    shutdown: watch::Receiver<bool>,
-) -> Result<(), DaemonError> {
-    let settings = engine.app().settings.clone();
-    // One daemon per state directory, held until this function returns.
-    let _serving = crate::lock::ServeLock::try_acquire(&settings.state_dir)?;
-    let names: Vec<String> = settings.targets.iter().map(|t| t.name.clone()).collect();
-    let dropped = engine.app().queue.drop_unknown(&names).await?;
-    if dropped > 0 {
-        warn!(
-            jobs = dropped,
-            "closed queued jobs of targets no longer in the configuration"
-        );
-    }
-    recover_dead_jobs(&engine, Duration::ZERO).await?;
+/// A daemon ready to run: its state directory taken (one daemon per
+/// directory, until it stops), jobs of vanished targets closed, jobs a dead
+/// process left running requeued, and its listener bound.
+pub struct Daemon {
+    rec: Reconciler,
+    listener: tokio::net::TcpListener,
+    addr: SocketAddr,
+    state: http::AppState,
+    health: Arc<Health>,
+    wake: Arc<Notify>,
+    _serving: crate::lock::ServeLock,
+}
 
-    let health = Arc::new(Health::default());
-    let wake = Arc::new(Notify::new());
-    let state = http::AppState::new(engine.app().clone(), health.clone(), wake.clone())?;
-    let listener = tokio::net::TcpListener::bind(settings.server.listen)
-        .await
-        .map_err(|e| DaemonError::Listen {
+impl Daemon {
+    /// Bind `[server] listen`, then [`Daemon::build`].
+    pub async fn bind(rec: Reconciler) -> Result<Daemon, DaemonError> {
+        let listen = rec.app().settings.server.listen;
+        let listener =
+            tokio::net::TcpListener::bind(listen)
+                .await
+                .map_err(|e| DaemonError::Listen {
+                    addr: listen.to_string(),
+                    reason: e.to_string(),
+                })?;
+        Daemon::build(rec, listener).await
+    }
+
+    /// A daemon serving on `listener`, which may be bound to port 0 (ask
+    /// [`Daemon::port`] which one it got).
+    pub async fn build(
+        rec: Reconciler,
+        listener: tokio::net::TcpListener,
+    ) -> Result<Daemon, DaemonError> {
+        let settings = rec.app().settings.clone();
+        let mut serving = crate::lock::ServeLock::try_acquire(&settings.state_dir)?;
+        let addr = listener.local_addr().map_err(|e| DaemonError::Listen {
             addr: settings.server.listen.to_string(),
             reason: e.to_string(),
         })?;
-    let addr = listener.local_addr().map_err(|e| DaemonError::Listen {
-        addr: settings.server.listen.to_string(),
-        reason: e.to_string(),
-    })?;
-    info!(%addr, targets = settings.targets.len(), workers = settings.server.workers,
-          state_dir = %settings.state_dir.display(), "driftless serving");
-    if settings.server.page == crate::config::PageAccess::Token
-        && !settings.tokens.iter().any(crate::auth::reads_anything)
-    {
-        warn!(
-            "no [[tokens]] entry has a read scope, so nobody can open the page at /: \
-             add one (`driftless token new NAME`, scopes = [\"read\"]) or set \
-             [server] page = \"open\" on a private listener"
-        );
-    }
-
-    let app = http::router(state);
-    let server_settings = settings.server.clone();
-    let http_shutdown = shutdown.clone();
-    let server = tokio::spawn(async move {
-        http::serve(listener, app, &server_settings, http_shutdown).await;
-    });
-
-    let scheduler = tokio::spawn(
-        Scheduler::new(settings.clone(), engine.app().queue.clone(), wake.clone())
-            .run(shutdown.clone()),
-    );
-    tokio::spawn(reaper(engine.clone(), wake.clone(), shutdown.clone()));
-    match crate::notify::outbox::Sender::new(&settings.notifiers, engine.app().store.clone()) {
-        Ok(sender) => {
-            tokio::spawn(sender.run(engine.app().outbox_wake.clone(), shutdown.clone()));
+        serving
+            .record_addr(addr)
+            .map_err(|e| crate::lock::LockError::Io {
+                path: settings.state_dir.join("serve.lock"),
+                reason: e.to_string(),
+            })?;
+        let names = target_names(&rec);
+        let dropped = rec.app().queue.drop_unknown(&names).await?;
+        if dropped > 0 {
+            warn!(
+                jobs = dropped,
+                "closed queued jobs of targets no longer in the configuration"
+            );
         }
-        // Notifications are the one soft failure: say so loudly, keep going.
-        Err(e) => error!(error = %e, "notifications cannot be sent"),
-    }
-    let mut workers = Vec::new();
-    for n in 0..settings.server.workers {
-        workers.push(tokio::spawn(worker(
-            n,
-            engine.clone(),
-            names.clone(),
-            wake.clone(),
-            health.clone(),
-            shutdown.clone(),
-        )));
+        recover_dead_jobs(&rec, Duration::ZERO).await?;
+        let health = Arc::new(Health::default());
+        let wake = Arc::new(Notify::new());
+        let state = http::AppState::new(rec.app().clone(), addr, health.clone(), wake.clone())?;
+        Ok(Daemon {
+            rec,
+            listener,
+            addr,
+            state,
+            health,
+            wake,
+            _serving: serving,
+        })
     }
 
-    let mut done = shutdown.clone();
-    let _ = done.wait_for(|s| *s).await;
-    let _ = scheduler.await;
-    let all = futures_join(workers);
-    if tokio::time::timeout(SHUTDOWN_GRACE, all).await.is_err() {
-        warn!(
-            "running ticks did not finish within {}s; their jobs are requeued at the next start",
-            SHUTDOWN_GRACE.as_secs()
-        );
+    /// The address the daemon serves on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
     }
-    let _ = server.await;
-    info!("driftless stopped");
-    Ok(())
+
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    /// Serve, schedule and work until `shutdown` turns true; then stop
+    /// claiming, give running ticks [`SHUTDOWN_GRACE`] and return.
+    pub async fn run_until(self, shutdown: watch::Receiver<bool>) -> Result<(), DaemonError> {
+        let Daemon {
+            rec,
+            listener,
+            addr,
+            state,
+            health,
+            wake,
+            _serving,
+        } = self;
+        let settings = rec.app().settings.clone();
+        let names = target_names(&rec);
+        info!(%addr, targets = settings.targets.len(), workers = settings.server.workers,
+              state_dir = %settings.state_dir.display(), "driftless serving");
+        if settings.server.page == crate::config::PageAccess::Token
+            && !settings.tokens.iter().any(crate::auth::reads_anything)
+        {
+            warn!(
+                "no [[tokens]] entry has a read scope, so nobody can open the page at /: \
+                 add one (`driftless token new NAME`, scopes = [\"read\"]) or set \
+                 [server] page = \"open\" on a private listener"
+            );
+        }
+
+        let router = http::router(state);
+        let server_settings = settings.server.clone();
+        let http_shutdown = shutdown.clone();
+        let server = tokio::spawn(async move {
+            http::serve(listener, router, &server_settings, http_shutdown).await;
+        });
+
+        let scheduler = tokio::spawn(
+            Scheduler::new(settings.clone(), rec.app().queue.clone(), wake.clone())
+                .run(shutdown.clone()),
+        );
+        tokio::spawn(reaper(rec.clone(), wake.clone(), shutdown.clone()));
+        match crate::notify::outbox::Sender::new(&settings.notifiers, rec.app().store.clone()) {
+            Ok(sender) => {
+                tokio::spawn(sender.run(rec.app().outbox_wake.clone(), shutdown.clone()));
+            }
+            // Notifications are the one soft failure: say so loudly, keep going.
+            Err(e) => error!(error = %e, "notifications cannot be sent"),
+        }
+        let mut workers = Vec::new();
+        for n in 0..settings.server.workers {
+            workers.push(tokio::spawn(worker(
+                n,
+                rec.clone(),
+                names.clone(),
+                wake.clone(),
+                health.clone(),
+                shutdown.clone(),
+            )));
+        }
+
+        let mut done = shutdown.clone();
+        let _ = done.wait_for(|s| *s).await;
+        let _ = scheduler.await;
+        let all = futures_join(workers);
+        if tokio::time::timeout(SHUTDOWN_GRACE, all).await.is_err() {
+            warn!(
+                "running ticks did not finish within {}s; their jobs are requeued at the next start",
+                SHUTDOWN_GRACE.as_secs()
+            );
+        }
+        let _ = server.await;
+        info!("driftless stopped");
+        Ok(())
+    }
+}
+
+fn target_names(rec: &Reconciler) -> Vec<String> {
+    rec.app()
+        .settings
+        .targets
+        .iter()
+        .map(|t| t.name.clone())
+        .collect()
 }
 
 /// A job marked running whose target lock nobody holds belongs to a process
@@ -239,14 +311,14 @@ async fn process(n: usize, engine: &Reconciler, job: &Job, health: &Health) {
     let q = &engine.app().queue;
     let result = match engine.run_job(job).await {
         // The tick closed the job itself.
-        Ok(Outcome::Ran { .. } | Outcome::Unaffected { .. }) => Ok(()),
-        Ok(Outcome::Paused) => q.finish(job.id, None, "skipped: target paused").await,
-        Ok(Outcome::Busy) if job.interval_only() => {
+        Ok(Ticked::Ran { .. } | Ticked::Unaffected { .. }) => Ok(()),
+        Ok(Ticked::Paused) => q.finish(job.id, None, "skipped: target paused").await,
+        Ok(Ticked::Busy) if job.interval_only() => {
             info!(target = %job.target, "target busy elsewhere: interval tick skipped");
             q.finish(job.id, None, "skipped: target locked by another tick")
                 .await
         }
-        Ok(Outcome::Busy) => {
+        Ok(Ticked::Busy) => {
             info!(target = %job.target, "target busy elsewhere: job stays queued");
             q.requeue(job.id, BUSY_RETRY).await
         }

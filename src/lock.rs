@@ -5,7 +5,8 @@
 //! daemon's worker or a one-shot `driftless tick` — so one target never
 //! converges twice at once. The daemon's lock keeps a second `serve` off the
 //! same state directory (one-shot ticks and the CLI work beside it); it
-//! holds the daemon's PID, for the message only. The kernel drops a lock
+//! holds the daemon's PID, for the message only, and the address it
+//! listens on, for a CLI whose config asks for port 0. The kernel drops a lock
 //! when its holder dies: there is no stale-lock cleanup, and this module
 //! must never add one (no PID checks, no timeouts).
 
@@ -34,7 +35,7 @@ pub enum LockError {
 /// The daemon's hold on its state directory; dropping it releases it.
 #[derive(Debug)]
 pub struct ServeLock {
-    _file: File,
+    file: File,
 }
 
 impl ServeLock {
@@ -55,17 +56,28 @@ impl ServeLock {
             .mode(0o600)
             .open(&path)
             .map_err(io)?;
-        match file.try_lock() {
+        // [`serving_addr`] holds a shared lock for an instant to see whether
+        // a daemon lives: a few short retries keep that from looking like a
+        // second daemon.
+        let mut locked = file.try_lock();
+        for _ in 0..10 {
+            if !matches!(locked, Err(TryLockError::WouldBlock)) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            locked = file.try_lock();
+        }
+        match locked {
             Ok(()) => {
                 file.set_len(0).map_err(io)?;
                 file.rewind().map_err(io)?;
                 write!(file, "{}", std::process::id()).map_err(io)?;
-                Ok(ServeLock { _file: file })
+                Ok(ServeLock { file })
             }
             Err(TryLockError::WouldBlock) => {
                 let mut pid = String::new();
                 let _ = file.read_to_string(&mut pid);
-                let holder = match pid.trim() {
+                let holder = match pid.split_whitespace().next().unwrap_or("") {
                     "" => "PID unknown".to_string(),
                     p => format!("PID {p}"),
                 };
@@ -74,6 +86,29 @@ impl ServeLock {
             Err(TryLockError::Error(e)) => Err(io(e)),
         }
     }
+}
+
+impl ServeLock {
+    /// Note where the daemon listens (after the PID), so the CLI finds a
+    /// daemon whose `listen` asked for port 0.
+    pub fn record_addr(&mut self, addr: std::net::SocketAddr) -> Result<(), std::io::Error> {
+        use std::io::Write;
+        write!(self.file, " {addr}")?;
+        self.file.flush()
+    }
+}
+
+/// The address the daemon serving `state_dir` noted in its lock file, if
+/// one is serving there now.
+pub fn serving_addr(state_dir: &Path) -> Option<std::net::SocketAddr> {
+    let path = state_dir.join("serve.lock");
+    let file = File::open(&path).ok()?;
+    // Held means a daemon lives; a file nobody holds is a past one's.
+    if file.try_lock_shared().is_ok() {
+        return None;
+    }
+    let text = std::fs::read_to_string(&path).ok()?;
+    text.split_whitespace().nth(1)?.parse().ok()
 }
 
 impl TargetLock {

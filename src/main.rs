@@ -252,8 +252,8 @@ async fn run(args: Args) -> anyhow::Result<u8> {
         Command::Pause { target, job } => cli::pause(&app, &target, job.as_deref(), true).await?,
         Command::Resume { target, job } => cli::pause(&app, &target, job.as_deref(), false).await?,
         Command::Deployments { pending, json } => cli::deployments(&app, pending, json).await,
-        Command::Approve { id } => cli::decide(&app, id, true).await,
-        Command::Reject { id } => cli::decide(&app, id, false).await,
+        Command::Approve { id } => cli::approve_or_reject(&app, id, true).await,
+        Command::Reject { id } => cli::approve_or_reject(&app, id, false).await,
         Command::Events { target, json } => cli::events(&app, &target, json).await?,
     };
     print!("{}", report.stdout);

@@ -1,5 +1,5 @@
-//! Plain types shared across layers: what an apply reports, and the boxed
-//! future the backend and ledger traits return. No I/O, no dependencies on
+//! Plain types shared across layers: what an apply reports, what asked for
+//! a reconcile, and the boxed future the backend and ledger traits return. No I/O, no dependencies on
 //! any other driftless module: everything may import this, it imports
 //! nothing.
 
@@ -48,6 +48,31 @@ impl Status {
             message: message.into(),
             output_tail: String::new(),
             digest: None,
+        }
+    }
+}
+
+/// What asked for a reconcile. Stored in a job's `triggers` (a JSON list)
+/// and, comma-joined, in a run's `trigger`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Trigger {
+    Interval,
+    Manual,
+    Webhook,
+    Cli,
+    /// A paused target was resumed: it runs if its branch moved meanwhile.
+    Resume,
+}
+
+impl Trigger {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Trigger::Interval => "interval",
+            Trigger::Manual => "manual",
+            Trigger::Webhook => "webhook",
+            Trigger::Cli => "cli",
+            Trigger::Resume => "resume",
         }
     }
 }

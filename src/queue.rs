@@ -14,36 +14,13 @@ use std::time::Duration;
 use serde::Serialize;
 use sqlx::FromRow;
 
+use crate::model::Trigger;
 use crate::store::{Store, StoreError, WriteTx, now_ms};
 
 /// How long a claim lasts without a heartbeat.
 pub const LEASE: Duration = Duration::from_secs(30);
 /// A job interrupted this many times is given up (the next interval retries).
 pub const MAX_ATTEMPTS: i64 = 5;
-
-/// What asked for a reconcile.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Trigger {
-    Interval,
-    Manual,
-    Webhook,
-    Cli,
-    /// A paused target was resumed: it runs if its branch moved meanwhile.
-    Resume,
-}
-
-impl Trigger {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Trigger::Interval => "interval",
-            Trigger::Manual => "manual",
-            Trigger::Webhook => "webhook",
-            Trigger::Cli => "cli",
-            Trigger::Resume => "resume",
-        }
-    }
-}
 
 /// A request to reconcile one target.
 #[derive(Debug, Clone)]
@@ -72,9 +49,11 @@ pub const DELIVERY_MEMORY: Duration = Duration::from_secs(7 * 24 * 3600);
 struct JobRow {
     id: i64,
     target: String,
-    triggers: String,
+    #[sqlx(json)]
+    triggers: Vec<Trigger>,
     requested_sha: Option<String>,
-    delivery_ids: String,
+    #[sqlx(json)]
+    delivery_ids: Vec<String>,
     attempts: i64,
     receiver: Option<String>,
 }
@@ -85,7 +64,7 @@ pub struct Job {
     pub id: i64,
     pub target: String,
     /// In arrival order, each once.
-    pub triggers: Vec<String>,
+    pub triggers: Vec<Trigger>,
     pub requested_sha: Option<String>,
     pub delivery_ids: Vec<String>,
     pub attempts: i64,
@@ -97,9 +76,9 @@ impl Job {
         Job {
             id: r.id,
             target: r.target,
-            triggers: serde_json::from_str(&r.triggers).unwrap_or_default(),
+            triggers: r.triggers,
             requested_sha: r.requested_sha,
-            delivery_ids: serde_json::from_str(&r.delivery_ids).unwrap_or_default(),
+            delivery_ids: r.delivery_ids,
             attempts: r.attempts,
             receiver: r.receiver,
         }
@@ -110,13 +89,14 @@ impl Job {
         if self.triggers.is_empty() {
             "unknown".into()
         } else {
-            self.triggers.join(",")
+            let names: Vec<&str> = self.triggers.iter().map(|t| t.as_str()).collect();
+            names.join(",")
         }
     }
 
     /// Only the fallback interval asked for this job.
     pub fn interval_only(&self) -> bool {
-        self.triggers.iter().all(|t| t == "interval")
+        self.triggers.iter().all(|t| *t == Trigger::Interval)
     }
 
     /// Only pushes (and resumes) asked for this job: whether it has anything
@@ -128,7 +108,7 @@ impl Job {
             && self
                 .triggers
                 .iter()
-                .all(|t| t == "webhook" || t == "resume")
+                .all(|t| matches!(t, Trigger::Webhook | Trigger::Resume))
     }
 }
 
@@ -249,8 +229,8 @@ impl Queue {
     }
 
     /// A job by id: its state, outcome and run.
-    pub async fn job(&self, id: i64) -> Result<Option<JobState>, StoreError> {
-        sqlx::query_as::<_, JobState>(
+    pub async fn job(&self, id: i64) -> Result<Option<JobRecord>, StoreError> {
+        sqlx::query_as::<_, JobRecord>(
             "SELECT id, target, state, triggers, requested_sha, delivery_ids, receiver, attempts,
                     run_id, outcome, created_at, updated_at
              FROM jobs WHERE id = ?1",
@@ -282,12 +262,23 @@ impl Queue {
         .bind(now + LEASE.as_millis() as i64)
         .bind(now)
         .bind(names);
-        // In an explicit transaction: an autocommit UPDATE ... RETURNING hands
-        // back its row before the commit, and a commit that fails (a full
-        // disk) would go unnoticed.
-        let what = "claiming a job";
+        self.job_written("claiming a job", row).await
+    }
+
+    /// Run a write that returns a job row, in an explicit transaction: an
+    /// autocommit `... RETURNING` hands back its row before the commit, and
+    /// a commit that fails (a full disk) would go unnoticed, leaving a job
+    /// id that was never stored.
+    async fn job_written<'q, A>(
+        &self,
+        what: &'static str,
+        query: sqlx::query::QueryAs<'q, sqlx::Sqlite, JobRow, A>,
+    ) -> Result<Option<Job>, StoreError>
+    where
+        A: sqlx::IntoArguments<sqlx::Sqlite> + 'q,
+    {
         let WriteTx { mut tx, _turn } = self.store.begin_write(what).await?;
-        let row = row
+        let row = query
             .fetch_optional(&mut *tx)
             .await
             .map_err(self.store.err(what))?;
@@ -315,16 +306,7 @@ impl Queue {
         .bind(&self.owner)
         .bind(now + LEASE.as_millis() as i64)
         .bind(now);
-        // Committed explicitly, so a failed commit (a full disk) is an error
-        // here and not a job id that was never stored.
-        let what = "starting a job";
-        let WriteTx { mut tx, _turn } = self.store.begin_write(what).await?;
-        let row = row
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(self.store.err(what))?;
-        tx.commit().await.map_err(self.store.err(what))?;
-        Ok(row.map(Job::from_row))
+        self.job_written("starting a job", row).await
     }
 
     /// Extend the lease. `false` when the job is no longer ours.
@@ -520,17 +502,28 @@ async fn enqueue_on(conn: &mut sqlx::SqliteConnection, req: &Request) -> Result<
     .await
 }
 
-/// A job row as the API shows it.
-#[derive(Debug, Clone, FromRow, Serialize)]
-pub struct JobState {
+/// Where a job is in its life: queued, then running (claimed by a worker),
+/// then done (run, folded into another job, or given up).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, sqlx::Type)]
+#[serde(rename_all = "lowercase")]
+#[sqlx(rename_all = "lowercase")]
+pub enum JobStatus {
+    Queued,
+    Running,
+    Done,
+}
+
+/// A job's row, whatever its state.
+#[derive(Debug, Clone, FromRow)]
+pub struct JobRecord {
     pub id: i64,
     pub target: String,
-    pub state: String,
-    #[serde(skip)]
-    pub triggers: String,
+    pub state: JobStatus,
+    #[sqlx(json)]
+    pub triggers: Vec<Trigger>,
     pub requested_sha: Option<String>,
-    #[serde(skip)]
-    pub delivery_ids: String,
+    #[sqlx(json)]
+    pub delivery_ids: Vec<String>,
     pub receiver: Option<String>,
     pub attempts: i64,
     pub run_id: Option<i64>,
@@ -539,15 +532,7 @@ pub struct JobState {
     pub updated_at: i64,
 }
 
-impl JobState {
-    pub fn trigger_list(&self) -> Vec<String> {
-        serde_json::from_str(&self.triggers).unwrap_or_default()
-    }
-
-    pub fn delivery_list(&self) -> Vec<String> {
-        serde_json::from_str(&self.delivery_ids).unwrap_or_default()
-    }
-
+impl JobRecord {
     /// For a job folded into another: the id of the job that carries on.
     pub fn merged_into(&self) -> Option<i64> {
         self.outcome
@@ -628,15 +613,14 @@ async fn requeue_in(
             }
             let mut deliveries = old.delivery_ids.clone();
             deliveries.extend(new.delivery_ids);
-            let json = |v: &Vec<String>| serde_json::to_string(v).unwrap_or_else(|_| "[]".into());
             sqlx::query(
                 "UPDATE jobs SET triggers = ?2, delivery_ids = ?3, requested_sha = ?4, updated_at = ?5,
                         receiver = ?6
                  WHERE id = ?1",
             )
             .bind(q)
-            .bind(json(&triggers))
-            .bind(json(&deliveries))
+            .bind(sqlx::types::Json(&triggers))
+            .bind(sqlx::types::Json(&deliveries))
             .bind(new.requested_sha.or(old.requested_sha))
             .bind(now)
             .bind(new.receiver.or(old.receiver))
@@ -700,7 +684,7 @@ mod tests {
             .await
             .expect("claim")
             .expect("a job");
-        assert_eq!(job.triggers, vec!["webhook", "interval"]);
+        assert_eq!(job.triggers, vec![Trigger::Webhook, Trigger::Interval]);
         assert_eq!(job.requested_sha.as_deref(), Some("bbb"));
         assert_eq!(job.delivery_ids, vec!["d1", "d2"]);
         // running: the target is not claimable again, but a new request queues
@@ -736,7 +720,7 @@ mod tests {
             .expect("requeue");
         let job = q.claim(&["web".into()]).await.expect("claim").expect("job");
         assert_eq!(job.id, newer);
-        assert_eq!(job.triggers, vec!["webhook", "interval"]);
+        assert_eq!(job.triggers, vec![Trigger::Webhook, Trigger::Interval]);
         assert_eq!(job.delivery_ids, vec!["d1"]);
         assert_eq!(job.requested_sha.as_deref(), Some("old"));
     }

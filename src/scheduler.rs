@@ -13,7 +13,8 @@ use tokio::sync::{Notify, watch};
 use tracing::{error, info, warn};
 
 use crate::config::Settings;
-use crate::queue::{Queue, Request, Trigger};
+use crate::model::Trigger;
+use crate::queue::{Queue, Request};
 use crate::store::{StoreError, now_ms};
 
 /// How often the scheduler looks.

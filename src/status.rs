@@ -4,7 +4,9 @@
 use serde::Serialize;
 
 use crate::app::App;
-use crate::store::{StoreError, format_ms};
+use crate::model::Trigger;
+use crate::queue::JobStatus;
+use crate::store::{Run, StoreError, format_ms};
 
 /// One target's status.
 #[derive(Debug, Clone, Serialize)]
@@ -65,22 +67,84 @@ pub async fn target(app: &App, name: &str) -> Result<Option<TargetStatus>, Store
 }
 
 /// A run as the CLI's `history --json` and the API show it.
-pub fn run_json(r: &crate::store::Run) -> serde_json::Value {
-    serde_json::json!({
-        "id": r.id,
-        "target": r.target,
-        "job": r.job_id,
-        "operation": r.operation,
-        "trigger": r.trigger,
-        "receiver": r.receiver,
-        "delivery_id": r.delivery_id,
-        "requested_sha": r.requested_sha,
-        "sha": r.sha,
-        "started_at": format_ms(r.started_at),
-        "finished_at": r.finished_at.map(format_ms),
-        "duration_ms": r.duration_ms,
-        "result": r.result,
-        "message": r.message,
-        "output_tail": r.output_tail,
-    })
+#[derive(Debug, Clone, Serialize)]
+pub struct RunView {
+    pub id: i64,
+    pub target: String,
+    pub job: Option<i64>,
+    pub operation: String,
+    pub trigger: String,
+    pub receiver: Option<String>,
+    pub delivery_id: Option<String>,
+    pub requested_sha: Option<String>,
+    pub sha: Option<String>,
+    pub started_at: String,
+    pub finished_at: Option<String>,
+    pub duration_ms: Option<i64>,
+    pub result: Option<String>,
+    pub message: Option<String>,
+    pub output_tail: Option<String>,
+}
+
+impl From<&Run> for RunView {
+    fn from(r: &Run) -> RunView {
+        RunView {
+            id: r.id,
+            target: r.target.clone(),
+            job: r.job_id,
+            operation: r.operation.clone(),
+            trigger: r.trigger.clone(),
+            receiver: r.receiver.clone(),
+            delivery_id: r.delivery_id.clone(),
+            requested_sha: r.requested_sha.clone(),
+            sha: r.sha.clone(),
+            started_at: format_ms(r.started_at),
+            finished_at: r.finished_at.map(format_ms),
+            duration_ms: r.duration_ms,
+            result: r.result.clone(),
+            message: r.message.clone(),
+            output_tail: r.output_tail.clone(),
+        }
+    }
+}
+
+/// A job as `GET /api/v1/jobs/{id}` shows it, with its run once it has one.
+#[derive(Debug, Clone, Serialize)]
+pub struct JobView {
+    pub id: i64,
+    pub target: String,
+    pub state: JobStatus,
+    pub triggers: Vec<Trigger>,
+    pub requested_sha: Option<String>,
+    pub delivery_ids: Vec<String>,
+    pub receiver: Option<String>,
+    pub attempts: i64,
+    pub outcome: Option<String>,
+    /// For a job folded into another: the job that carries on.
+    pub merged_into: Option<i64>,
+    pub run: Option<RunView>,
+}
+
+/// Job `id`, if there is one.
+pub async fn job(app: &App, id: i64) -> Result<Option<JobView>, StoreError> {
+    let Some(job) = app.queue.job(id).await? else {
+        return Ok(None);
+    };
+    let run = match job.run_id {
+        Some(r) => app.store.run(r).await?.as_ref().map(RunView::from),
+        None => None,
+    };
+    Ok(Some(JobView {
+        merged_into: job.merged_into(),
+        id: job.id,
+        target: job.target,
+        state: job.state,
+        triggers: job.triggers,
+        requested_sha: job.requested_sha,
+        delivery_ids: job.delivery_ids,
+        receiver: job.receiver,
+        attempts: job.attempts,
+        outcome: job.outcome,
+        run,
+    }))
 }

@@ -16,9 +16,10 @@ use crate::backend::{self, ApplyResult, Context, Outputs, Status};
 use crate::config::Target;
 use crate::git::Git;
 use crate::lock::{LockError, TargetLock};
+use crate::model::Trigger;
 use crate::model::short_sha;
 use crate::notify::{self, EventDoc, FailureState};
-use crate::queue::{Job, Trigger};
+use crate::queue::Job;
 use crate::store::{NewNotification, NewRun, Notice, Operation, StoreError, TargetState};
 
 /// What a tick knows about the run it records.
@@ -53,7 +54,7 @@ pub enum TickError {
 
 /// How a tick ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+pub enum Ticked {
     /// A run was recorded with this result.
     Ran {
         run_id: i64,
@@ -101,11 +102,11 @@ impl Reconciler {
     /// the job is marked done before the target's lock is released. When the
     /// target is locked elsewhere, `Busy` is returned and the job is left to
     /// the caller.
-    pub async fn run_job(&self, job: &Job) -> Result<Outcome, TickError> {
+    pub async fn run_job(&self, job: &Job) -> Result<Ticked, TickError> {
         let target = self.target(&job.target)?.clone();
         let lock = match TargetLock::try_acquire(&self.app.settings.locks_dir(), &target.name) {
             Ok(l) => l,
-            Err(LockError::Busy { .. }) => return Ok(Outcome::Busy),
+            Err(LockError::Busy { .. }) => return Ok(Ticked::Busy),
             Err(e) => return Err(TickError::Lock(e)),
         };
         if job.routed_by_git()
@@ -117,7 +118,7 @@ impl Reconciler {
                 .finish(job.id, None, &format!("unaffected: {reason}"))
                 .await?;
             drop(lock);
-            return Ok(Outcome::Unaffected { reason });
+            return Ok(Ticked::Unaffected { reason });
         }
         self.run_locked(&target, job, Operation::Apply, lock).await
     }
@@ -165,7 +166,7 @@ impl Reconciler {
     }
 
     /// A one-shot tick (CLI): take the lock, record a running `cli` job, run.
-    pub async fn tick_now(&self, name: &str, op: Operation) -> Result<Outcome, TickError> {
+    pub async fn tick_now(&self, name: &str, op: Operation) -> Result<Ticked, TickError> {
         let target = self.target(name)?.clone();
         // A paused target is not applied; destroying it is a deliberate act.
         if op == Operation::Apply
@@ -176,11 +177,11 @@ impl Reconciler {
                 .await?
                 .is_some_and(|s| s.paused_at.is_some())
         {
-            return Ok(Outcome::Paused);
+            return Ok(Ticked::Paused);
         }
         let lock = match TargetLock::try_acquire(&self.app.settings.locks_dir(), name) {
             Ok(l) => l,
-            Err(LockError::Busy { .. }) => return Ok(Outcome::Busy),
+            Err(LockError::Busy { .. }) => return Ok(Ticked::Busy),
             Err(e) => return Err(TickError::Lock(e)),
         };
         // A daemon worker may have marked a job running just before failing
@@ -216,7 +217,7 @@ impl Reconciler {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         let Some(job) = job else {
-            return Ok(Outcome::Busy);
+            return Ok(Ticked::Busy);
         };
         self.run_locked(&target, &job, op, lock).await
     }
@@ -229,7 +230,7 @@ impl Reconciler {
         job: &Job,
         op: Operation,
         lock: TargetLock,
-    ) -> Result<Outcome, TickError> {
+    ) -> Result<Ticked, TickError> {
         // Keep the job's lease alive for as long as the tick runs.
         let heartbeat = {
             let queue = self.app.queue.clone();
@@ -256,7 +257,7 @@ impl Reconciler {
         )
         .await;
         heartbeat.abort();
-        if let Ok(Outcome::Ran { run_id, result, .. }) = &outcome {
+        if let Ok(Ticked::Ran { run_id, result, .. }) = &outcome {
             // Closing the job after its run is recorded: a full disk here
             // must not make it run again.
             let mut pause = Duration::from_secs(1);
@@ -287,7 +288,7 @@ impl Reconciler {
         target: &Target,
         job: Option<&Job>,
         op: Operation,
-    ) -> Result<Outcome, TickError> {
+    ) -> Result<Ticked, TickError> {
         let trigger = job.map(Job::trigger_label).unwrap_or_else(|| "cli".into());
         let delivery = job.and_then(|j| j.delivery_ids.last().cloned());
         let requested = job.and_then(|j| j.requested_sha.clone());
@@ -390,7 +391,7 @@ impl Reconciler {
         run: &RunInfo,
         sha: Option<&str>,
         status: Status,
-    ) -> Result<Outcome, TickError> {
+    ) -> Result<Ticked, TickError> {
         let mut notice = match run.op {
             Operation::Apply => Some(self.notice(target, run, sha, &status)),
             // Tearing down is an operator's act, not news for the owners.
@@ -435,7 +436,7 @@ impl Reconciler {
             r => info!(target = %target.name, run = run.id, sha = short,
                 operation = run.op.as_str(), result = r.as_str(), message = %status.message, "run finished"),
         }
-        Ok(Outcome::Ran {
+        Ok(Ticked::Ran {
             run_id: run.id,
             result: status.result,
             sha: sha.map(str::to_string),
@@ -457,7 +458,7 @@ impl Reconciler {
             .unwrap_or_default();
         let message = notify::bounded(&status.message, notify::MESSAGE_MAX);
         let now = crate::store::now_ms();
-        let d = notify::decide(
+        let d = notify::notification_for(
             &prev,
             status.result,
             &message,
@@ -539,10 +540,7 @@ impl Reconciler {
             return Ok(());
         }
         let waiting = self.app.store.unnotified_approvals(&target.name).await?;
-        let base = match &self.app.settings.server.public_url {
-            Some(u) => u.trim_end_matches('/').to_string(),
-            None => format!("http://{}", self.app.settings.server.listen),
-        };
+        let base = self.app.base_url();
         for d in waiting {
             let message = notify::bounded(
                 &format!(

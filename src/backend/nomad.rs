@@ -375,7 +375,7 @@ impl std::fmt::Debug for Nomad {
 
 /// What happened to one job in one apply.
 #[derive(Debug)]
-struct Outcome {
+struct JobReport {
     result: JobResult,
     line: String,
 }
@@ -392,15 +392,15 @@ enum JobResult {
 #[derive(Debug)]
 enum Followed {
     /// Still active: waiting for Nomad, a hook or a person.
-    Waiting(Outcome),
+    Waiting(JobReport),
     /// Completed or failed.
-    Settled(Outcome),
+    Settled(JobReport),
     /// Given up for a newer spec.
-    Superseded(Outcome),
+    Superseded(JobReport),
 }
 
 impl Followed {
-    fn outcome(self) -> Outcome {
+    fn report(self) -> JobReport {
         match self {
             Followed::Waiting(o) | Followed::Settled(o) | Followed::Superseded(o) => o,
         }
@@ -478,14 +478,14 @@ impl Nomad {
         Ok(files)
     }
 
-    fn job_error(&self, file: &str, job: Option<&str>, msg: impl std::fmt::Display) -> Outcome {
+    fn job_error(&self, file: &str, job: Option<&str>, msg: impl std::fmt::Display) -> JobReport {
         let what = match job {
             Some(j) => format!("{file} (job {j})"),
             None => file.to_string(),
         };
         let line = self.ctx.redactor.redact(&format!("{what}: {msg}"));
         tracing::error!(target_name = %self.ctx.name, "{line}");
-        Outcome {
+        JobReport {
             result: JobResult::Failed,
             line,
         }
@@ -765,7 +765,7 @@ impl Nomad {
         from: &str,
         to: &str,
         message: Option<String>,
-    ) -> Result<(), Outcome> {
+    ) -> Result<(), JobReport> {
         self.ledger
             .transition(
                 id,
@@ -780,7 +780,7 @@ impl Nomad {
             .map_err(|e| self.ledger_err(p, e))
     }
 
-    fn ledger_err(&self, p: &Parsed, e: LedgerError) -> Outcome {
+    fn ledger_err(&self, p: &Parsed, e: LedgerError) -> JobReport {
         self.job_error(
             &p.file,
             Some(&p.key.job),
@@ -790,7 +790,7 @@ impl Nomad {
 
     /// Reconcile one job. Errors from the ledger stop the whole apply
     /// (`Err`): the state could not be persisted.
-    async fn reconcile(&self, p: &Parsed, hooks: &HookJobs) -> Result<Outcome, Outcome> {
+    async fn reconcile(&self, p: &Parsed, hooks: &HookJobs) -> Result<JobReport, JobReport> {
         let key = &p.key;
         let fail = |msg: String| Ok(self.job_error(&p.file, Some(&key.job), msg));
 
@@ -877,7 +877,7 @@ impl Nomad {
             .plan_and_register(p, hooks, active.as_ref(), &spec, &hash)
             .await?;
         Ok(match earlier {
-            Some(e) => Outcome {
+            Some(e) => JobReport {
                 result: e.result.max(o.result),
                 line: format!("{}; {}", e.line, o.line),
             },
@@ -895,7 +895,7 @@ impl Nomad {
         reuse: Option<&Deployment>,
         spec: &Value,
         hash: &str,
-    ) -> Result<Outcome, Outcome> {
+    ) -> Result<JobReport, JobReport> {
         let key = &p.key;
         let fail = |msg: String| Ok(self.job_error(&p.file, Some(&key.job), msg));
         let reuse = reuse.filter(|d| d.spec_hash == hash);
@@ -915,7 +915,7 @@ impl Nomad {
                 )
                 .await?;
             }
-            return Ok(Outcome {
+            return Ok(JobReport {
                 result: JobResult::NoChange,
                 line: format!("{}: no change", key.job),
             });
@@ -933,7 +933,7 @@ impl Nomad {
                 "{}: paused by a person; drift not registered: {summary}",
                 key.job
             );
-            return Ok(Outcome {
+            return Ok(JobReport {
                 result: JobResult::NoChange,
                 line,
             });
@@ -941,7 +941,7 @@ impl Nomad {
         if p.policy == Policy::None {
             let line = format!("{}: drift not applied (policy none): {summary}", key.job);
             tracing::warn!(target_name = %self.ctx.name, job = %key.job, "{line}");
-            return Ok(Outcome {
+            return Ok(JobReport {
                 result: JobResult::NoChange,
                 line,
             });
@@ -1012,14 +1012,14 @@ impl Nomad {
             return Ok(self
                 .fail_from(p, id, state, None, format!("{why}; nothing registered"))
                 .await?
-                .outcome());
+                .report());
         }
         if p.policy == Policy::Approval {
             let line = format!(
                 "{}: waiting for approval (deployment {id}): {summary}",
                 key.job
             );
-            return Ok(Outcome {
+            return Ok(JobReport {
                 result: JobResult::NoChange,
                 line,
             });
@@ -1046,7 +1046,7 @@ impl Nomad {
                         format!("pre hook failed; nothing registered: {why}"),
                     )
                     .await?
-                    .outcome());
+                    .report());
             }
             self.set_state(p, id, "pre_hook", "applying", None).await?;
         } else {
@@ -1055,7 +1055,7 @@ impl Nomad {
         Ok(self
             .apply_registered(p, id, spec, plan, &summary, hooks)
             .await?
-            .outcome())
+            .report())
     }
 
     /// The hooks `p` names must be parameterized jobs of this target's path,
@@ -1101,7 +1101,7 @@ impl Nomad {
         plan: Plan,
         summary: &str,
         hooks: &HookJobs,
-    ) -> Result<Followed, Outcome> {
+    ) -> Result<Followed, JobReport> {
         let key = &p.key;
         let mut index = plan.index;
         let mut spec = spec.clone();
@@ -1135,7 +1135,7 @@ impl Nomad {
                         let d = self.reload(p, id).await?;
                         let msg = format!("registered; Nomad runs no deployment for it: {reason}");
                         let o = self.succeed(p, &d, msg, None, hooks).await?;
-                        return Ok(Followed::Settled(Outcome {
+                        return Ok(Followed::Settled(JobReport {
                             result: if o.result == JobResult::Failed {
                                 JobResult::Failed
                             } else {
@@ -1144,7 +1144,7 @@ impl Nomad {
                             line: format!("{line}; {}", o.line),
                         }));
                     }
-                    return Ok(Followed::Waiting(Outcome {
+                    return Ok(Followed::Waiting(JobReport {
                         result: JobResult::Changed,
                         line,
                     }));
@@ -1198,7 +1198,7 @@ impl Nomad {
     }
 
     /// The deployment as the ledger has it now.
-    async fn reload(&self, p: &Parsed, id: i64) -> Result<Deployment, Outcome> {
+    async fn reload(&self, p: &Parsed, id: i64) -> Result<Deployment, JobReport> {
         match self.ledger.active(&p.key).await {
             Ok(Some(d)) if d.id == id => Ok(d),
             Ok(_) => Err(self.job_error(
@@ -1220,7 +1220,7 @@ impl Nomad {
         msg: String,
         nomad_deployment_id: Option<String>,
         hooks: &HookJobs,
-    ) -> Result<Outcome, Outcome> {
+    ) -> Result<JobReport, JobReport> {
         let to = if d.post_hook.is_some() {
             "post_hook"
         } else {
@@ -1247,7 +1247,7 @@ impl Nomad {
                 };
                 self.finish_post_hook(p, &d, hook, hooks).await
             }
-            None => Ok(Outcome {
+            None => Ok(JobReport {
                 result: JobResult::NoChange,
                 line: format!("{}: {msg}", p.key.job),
             }),
@@ -1262,7 +1262,7 @@ impl Nomad {
         d: &Deployment,
         hook: &str,
         hooks: &HookJobs,
-    ) -> Result<Outcome, Outcome> {
+    ) -> Result<JobReport, JobReport> {
         let run = HookRun {
             id: d.id,
             nonce: d.hook_nonce.as_deref(),
@@ -1282,7 +1282,7 @@ impl Nomad {
                     Some(format!("post hook `{hook}` {how}")),
                 )
                 .await?;
-                Ok(Outcome {
+                Ok(JobReport {
                     result: JobResult::NoChange,
                     line: format!("{}: deployed; post hook `{hook}` {how}", p.key.job),
                 })
@@ -1296,7 +1296,7 @@ impl Nomad {
                     format!("post hook failed after the register: {why}"),
                 )
                 .await?
-                .outcome()),
+                .report()),
         }
     }
 
@@ -1498,7 +1498,7 @@ impl Nomad {
         id: i64,
         at_index: i64,
         msg: String,
-    ) -> Result<Followed, Outcome> {
+    ) -> Result<Followed, JobReport> {
         self.fail_from(p, id, "applying", Some(at_index), msg).await
     }
 
@@ -1512,7 +1512,7 @@ impl Nomad {
         from: &str,
         at_index: Option<i64>,
         msg: String,
-    ) -> Result<Followed, Outcome> {
+    ) -> Result<Followed, JobReport> {
         let msg = self.ctx.redactor.redact(&msg);
         self.ledger
             .transition(
@@ -1540,10 +1540,10 @@ impl Nomad {
         p: &Parsed,
         d: &Deployment,
         why: String,
-    ) -> Result<Followed, Outcome> {
+    ) -> Result<Followed, JobReport> {
         self.set_state(p, d.id, &d.state, "superseded", Some(why.clone()))
             .await?;
-        Ok(Followed::Superseded(Outcome {
+        Ok(Followed::Superseded(JobReport {
             result: JobResult::NoChange,
             line: format!("{}: deployment {} {why}", p.key.job, d.id),
         }))
@@ -1562,7 +1562,7 @@ impl Nomad {
         live: Option<&Value>,
         hooks: &HookJobs,
         newer: bool,
-    ) -> Result<Followed, Outcome> {
+    ) -> Result<Followed, JobReport> {
         let key = &p.key;
         let commit = short(&self.ctx.commit);
         if newer && (d.state != "applying" || d.registered_index.is_none()) {
@@ -1609,7 +1609,7 @@ impl Nomad {
                 .await
                 .map_err(|e| self.ledger_err(p, e))?
             {
-                return Ok(Followed::Waiting(Outcome {
+                return Ok(Followed::Waiting(JobReport {
                     result: JobResult::NoChange,
                     line: format!("{}: paused by a person; deployment {} waits", key.job, d.id),
                 }));
@@ -1748,7 +1748,7 @@ impl Nomad {
                     )
                     .await
                 }
-                other => Ok(Followed::Waiting(Outcome {
+                other => Ok(Followed::Waiting(JobReport {
                     result: JobResult::NoChange,
                     line: format!("{}: Nomad deployment {dep_id} {other}", key.job),
                 })),
@@ -1862,7 +1862,7 @@ impl Nomad {
                         )
                         .await;
                 }
-                Ok(Followed::Waiting(Outcome {
+                Ok(Followed::Waiting(JobReport {
                     result: JobResult::NoChange,
                     line: format!(
                         "{}: registered, waiting for Nomad: evaluation {eval_id} is {other}",
@@ -1886,7 +1886,7 @@ impl Nomad {
         d: &Deployment,
         live: Option<&Value>,
         hooks: &HookJobs,
-    ) -> Result<Followed, Outcome> {
+    ) -> Result<Followed, JobReport> {
         let key = &p.key;
         if self
             .ledger
@@ -1894,7 +1894,7 @@ impl Nomad {
             .await
             .map_err(|e| self.ledger_err(p, e))?
         {
-            return Ok(Followed::Waiting(Outcome {
+            return Ok(Followed::Waiting(JobReport {
                 result: JobResult::NoChange,
                 line: format!(
                     "{}: paused by a person; deployment {} waits, not registered",
@@ -1935,7 +1935,7 @@ impl Nomad {
                     Some("the live job already matches".into()),
                 )
                 .await?;
-                return Ok(Followed::Settled(Outcome {
+                return Ok(Followed::Settled(JobReport {
                     result: JobResult::NoChange,
                     line: format!("{}: no change", key.job),
                 }));
@@ -1972,7 +1972,7 @@ impl Nomad {
                 )
                 .await
                 .map_err(|e| self.ledger_err(p, e))?;
-            return Ok(Followed::Waiting(Outcome {
+            return Ok(Followed::Waiting(JobReport {
                 result: JobResult::Changed,
                 line: format!("{}: registered (confirmed after a restart)", key.job),
             }));
@@ -2063,7 +2063,7 @@ impl Nomad {
                     .map(|d| format!("{}/{}", d.key.namespace, d.key.job))
                     .collect();
                 if !orphans.is_empty() {
-                    outcomes.push(Outcome {
+                    outcomes.push(JobReport {
                         result: JobResult::NoChange,
                         line: format!(
                             "orphaned (removed from git, left running; driftless never stops jobs): {}",
@@ -2072,7 +2072,7 @@ impl Nomad {
                     });
                 }
             }
-            Err(e) => outcomes.push(Outcome {
+            Err(e) => outcomes.push(JobReport {
                 result: JobResult::Failed,
                 line: format!("cannot list this target's deployments: {e}"),
             }),

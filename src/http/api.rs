@@ -1,125 +1,77 @@
 //! The JSON API under `/api/v1`: bearer tokens with scopes, targets and their
 //! runs, jobs, manual reconcile (optionally waiting for the result), pause
-//! and resume. Errors are `{"error": "..."}`. A reconcile only queues a job;
-//! `?wait=` watches that job in the database, it never runs anything here.
+//! and resume. Every handler takes the [`Caller`] (401 before anything else)
+//! and answers `Result<Json<T>, ApiError>` with a typed body; errors are
+//! `{"error": "..."}`. A reconcile only queues a job; `?wait=` watches that
+//! job in the database, it never runs anything here.
 
 use std::time::{Duration, Instant};
 
+use axum::Json;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
-use serde_json::json;
+use axum::http::StatusCode;
+use serde::{Deserialize, Serialize};
 use tracing::info;
 
-use super::{AppState, error};
-use crate::auth::{self, AuthError, Verb};
-use crate::config::Token;
-use crate::queue::{Request, Trigger};
-use crate::status;
+use super::AppState;
+use super::caller::{ApiError, Caller};
+use crate::auth::Verb;
+use crate::model::Trigger;
+use crate::queue::{JobStatus, Request};
+use crate::status::{self, JobView, RunView, TargetStatus};
 
 /// The longest a reconcile may be asked to wait.
 const MAX_WAIT: Duration = Duration::from_secs(3600);
 const WAIT_POLL: Duration = Duration::from_millis(100);
 
-/// The `Authorization` header's value, if it is text.
-fn bearer(headers: &HeaderMap) -> Option<&str> {
-    headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-}
+type Answer<T> = Result<Json<T>, ApiError>;
 
-/// An API error: a status and the message for `{"error": ...}`.
-pub(super) struct ApiError(StatusCode, String);
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        error(self.0, self.1)
-    }
-}
-
-fn check<'a>(
-    s: &'a AppState,
-    headers: &HeaderMap,
-    verb: Verb,
-    target: &str,
-) -> Result<&'a Token, ApiError> {
-    let h = bearer(headers);
-    auth::authorize(&s.app.settings.tokens, h, verb, target).map_err(|e| match e {
-        AuthError::Unauthorized => ApiError(StatusCode::UNAUTHORIZED, e.to_string()),
-        AuthError::Forbidden { .. } => ApiError(StatusCode::FORBIDDEN, e.to_string()),
-    })
-}
-
-/// The token the request presents, or 401.
-fn authenticated<'a>(s: &'a AppState, headers: &HeaderMap) -> Result<&'a Token, ApiError> {
-    auth::authenticate(&s.app.settings.tokens, bearer(headers))
-        .map_err(|e| ApiError(StatusCode::UNAUTHORIZED, e.to_string()))
-}
-
-/// Deployment `id`, after authenticating (401 before saying whether it
-/// exists; 404 if it does not).
-async fn deployment_for(
-    s: &AppState,
-    headers: &HeaderMap,
-    id: i64,
-) -> Result<crate::store::nomad::Deployment, ApiError> {
-    authenticated(s, headers)?;
-    match s.app.store.nomad_deployment(id).await {
-        Ok(Some(d)) => Ok(d),
-        Ok(None) => Err(ApiError(
-            StatusCode::NOT_FOUND,
-            format!("no deployment {id}"),
-        )),
-        Err(e) => Err(internal(e)),
-    }
-}
-
+/// 404 unless `name` is a configured target.
 fn known(s: &AppState, name: &str) -> Result<(), ApiError> {
     match s.app.settings.target(name) {
         Some(_) => Ok(()),
-        None => Err(ApiError(
-            StatusCode::NOT_FOUND,
-            format!("no target named `{name}`"),
-        )),
+        None => Err(ApiError::not_found(format!("no target named `{name}`"))),
     }
 }
 
-fn internal(e: impl std::fmt::Display) -> ApiError {
-    ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+/// A manual reconcile of `target`, queued (the register or apply happens
+/// in a tick, never here).
+fn manual(target: &str) -> Request {
+    Request {
+        target: target.to_string(),
+        trigger: Trigger::Manual,
+        sha: None,
+        delivery_id: None,
+        receiver: None,
+    }
 }
 
 /// `GET /api/v1/targets`: the targets this token may read.
-pub(super) async fn list_targets(State(s): State<AppState>, headers: HeaderMap) -> Response {
-    let token = match authenticated(&s, &headers) {
-        Ok(t) => t,
-        Err(r) => return r.into_response(),
-    };
-    match status::targets(&s.app).await {
-        Ok(all) => {
-            let visible: Vec<_> = all
-                .into_iter()
-                .filter(|t| auth::allows(token, Verb::Read, &t.name))
-                .collect();
-            axum::Json(visible).into_response()
-        }
-        Err(e) => internal(e).into_response(),
-    }
+pub(super) async fn list_targets(
+    State(s): State<AppState>,
+    caller: Caller,
+) -> Answer<Vec<TargetStatus>> {
+    let all = status::targets(&s.app)
+        .await
+        .map_err(ApiError::unavailable)?;
+    Ok(Json(
+        all.into_iter()
+            .filter(|t| caller.may(Verb::Read, &t.name))
+            .collect(),
+    ))
 }
 
 /// `GET /api/v1/targets/{name}`
 pub(super) async fn get_target(
     State(s): State<AppState>,
+    caller: Caller,
     Path(name): Path<String>,
-    headers: HeaderMap,
-) -> Response {
-    if let Err(r) = check(&s, &headers, Verb::Read, &name) {
-        return r.into_response();
-    }
+) -> Answer<TargetStatus> {
+    caller.require(Verb::Read, &name)?;
     match status::target(&s.app, &name).await {
-        Ok(Some(t)) => axum::Json(t).into_response(),
-        Ok(None) => error(StatusCode::NOT_FOUND, format!("no target named `{name}`")),
-        Err(e) => internal(e).into_response(),
+        Ok(Some(t)) => Ok(Json(t)),
+        Ok(None) => Err(ApiError::not_found(format!("no target named `{name}`"))),
+        Err(e) => Err(ApiError::unavailable(e)),
     }
 }
 
@@ -131,98 +83,55 @@ pub(super) struct RunsQuery {
 /// `GET /api/v1/targets/{name}/runs?limit=N`
 pub(super) async fn runs(
     State(s): State<AppState>,
+    caller: Caller,
     Path(name): Path<String>,
     Query(q): Query<RunsQuery>,
-    headers: HeaderMap,
-) -> Response {
-    if let Err(r) = check(&s, &headers, Verb::Read, &name).and_then(|_| known(&s, &name)) {
-        return r.into_response();
-    }
-    match s
+) -> Answer<Vec<RunView>> {
+    caller.require(Verb::Read, &name)?;
+    known(&s, &name)?;
+    let runs = s
         .app
         .store
         .history(&name, q.limit.unwrap_or(20).clamp(1, 1000))
         .await
-    {
-        Ok(runs) => {
-            axum::Json(runs.iter().map(status::run_json).collect::<Vec<_>>()).into_response()
-        }
-        Err(e) => internal(e).into_response(),
-    }
-}
-
-async fn job_json(s: &AppState, id: i64) -> Result<Option<serde_json::Value>, ApiError> {
-    let Some(job) = s.app.queue.job(id).await.map_err(internal)? else {
-        return Ok(None);
-    };
-    let run = match job.run_id {
-        Some(r) => s
-            .app
-            .store
-            .run(r)
-            .await
-            .map_err(internal)?
-            .map(|r| status::run_json(&r)),
-        None => None,
-    };
-    Ok(Some(json!({
-        "id": job.id,
-        "target": job.target,
-        "state": job.state,
-        "triggers": job.trigger_list(),
-        "requested_sha": job.requested_sha,
-        "delivery_ids": job.delivery_list(),
-        "receiver": job.receiver,
-        "attempts": job.attempts,
-        "outcome": job.outcome,
-        "merged_into": job.merged_into(),
-        "run": run,
-    })))
+        .map_err(ApiError::unavailable)?;
+    Ok(Json(runs.iter().map(RunView::from).collect()))
 }
 
 /// `GET /api/v1/runs/{id}`
 pub(super) async fn run(
     State(s): State<AppState>,
+    caller: Caller,
     Path(id): Path<i64>,
-    headers: HeaderMap,
-) -> Response {
-    if let Err(r) = authenticated(&s, &headers) {
-        return r.into_response();
-    }
-    let run = match s.app.store.run(id).await {
-        Ok(Some(r)) => r,
-        Ok(None) => return error(StatusCode::NOT_FOUND, format!("no run {id}")),
-        Err(e) => return internal(e).into_response(),
-    };
-    if let Err(r) = check(&s, &headers, Verb::Read, &run.target) {
-        return r.into_response();
-    }
-    axum::Json(status::run_json(&run)).into_response()
+) -> Answer<RunView> {
+    let run = s
+        .app
+        .store
+        .run(id)
+        .await
+        .map_err(ApiError::unavailable)?
+        .ok_or_else(|| ApiError::not_found(format!("no run {id}")))?;
+    caller.require(Verb::Read, &run.target)?;
+    Ok(Json(RunView::from(&run)))
+}
+
+/// Job `id` for a caller who may read its target.
+async fn readable_job(s: &AppState, caller: &Caller, id: i64) -> Result<JobView, ApiError> {
+    let job = status::job(&s.app, id)
+        .await
+        .map_err(ApiError::unavailable)?
+        .ok_or_else(|| ApiError::not_found(format!("no job {id}")))?;
+    caller.require(Verb::Read, &job.target)?;
+    Ok(job)
 }
 
 /// `GET /api/v1/jobs/{id}`
 pub(super) async fn job(
     State(s): State<AppState>,
+    caller: Caller,
     Path(id): Path<i64>,
-    headers: HeaderMap,
-) -> Response {
-    // Authenticate before saying whether the job exists.
-    if let Err(r) = authenticated(&s, &headers) {
-        return r.into_response();
-    }
-    let target = match s.app.queue.job(id).await {
-        Ok(Some(j)) => j.target,
-        Ok(None) => return error(StatusCode::NOT_FOUND, format!("no job {id}")),
-        Err(e) => return internal(e).into_response(),
-    };
-    if let Err(r) = check(&s, &headers, Verb::Read, &target) {
-        return r.into_response();
-    }
-    match job_json(&s, id).await {
-        Ok(Some(j)) => axum::Json(j).into_response(),
-        Ok(None) => error(StatusCode::NOT_FOUND, format!("no job {id}")),
-        Err(r) => r.into_response(),
-    }
+) -> Answer<JobView> {
+    readable_job(&s, &caller, id).await.map(Json)
 }
 
 #[derive(Deserialize)]
@@ -230,20 +139,31 @@ pub(super) struct ReconcileQuery {
     wait: Option<String>,
 }
 
+/// What `POST .../reconcile` answers.
+#[derive(Serialize)]
+#[serde(untagged)]
+pub(super) enum Reconciled {
+    /// 202: queued; follow it at `/api/v1/jobs/{job}`.
+    Queued { job: i64 },
+    /// 200: the job is done (`?wait=` and it finished in time).
+    Done(Box<JobView>),
+    /// 202: waited `waited` and the job is not done yet.
+    StillWaiting {
+        job: i64,
+        state: JobStatus,
+        waited: String,
+    },
+}
+
 /// `POST /api/v1/targets/{name}/reconcile[?wait=60s]`
 pub(super) async fn reconcile(
     State(s): State<AppState>,
+    caller: Caller,
     Path(name): Path<String>,
     Query(q): Query<ReconcileQuery>,
-    headers: HeaderMap,
-) -> Response {
-    let token = match check(&s, &headers, Verb::Reconcile, &name) {
-        Ok(t) => t.name.clone(),
-        Err(r) => return r.into_response(),
-    };
-    if let Err(r) = known(&s, &name) {
-        return r.into_response();
-    }
+) -> Result<(StatusCode, Json<Reconciled>), ApiError> {
+    caller.require(Verb::Reconcile, &name)?;
+    known(&s, &name)?;
     let wait = match q
         .wait
         .as_deref()
@@ -251,94 +171,97 @@ pub(super) async fn reconcile(
     {
         None => None,
         Some(Ok(d)) if d <= MAX_WAIT => Some(d),
-        Some(Ok(_)) => return error(StatusCode::BAD_REQUEST, "`wait` may be at most 1h"),
+        Some(Ok(_)) => return Err(ApiError::bad_request("`wait` may be at most 1h")),
         Some(Err(e)) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                format!("`wait` must be a duration such as 60s or 5m ({e})"),
-            );
+            return Err(ApiError::bad_request(format!(
+                "`wait` must be a duration such as 60s or 5m ({e})"
+            )));
         }
     };
-    match s.app.store.target_state(&name).await {
-        Ok(Some(st)) if st.paused_at.is_some() => {
-            return error(
-                StatusCode::CONFLICT,
-                format!(
-                    "target `{name}` is paused (by {}); resume it first",
-                    st.paused_by.as_deref().unwrap_or("?")
-                ),
-            );
-        }
-        Ok(_) => {}
-        Err(e) => return internal(e).into_response(),
+    let state = s
+        .app
+        .store
+        .target_state(&name)
+        .await
+        .map_err(ApiError::unavailable)?;
+    if let Some(st) = state.filter(|st| st.paused_at.is_some()) {
+        return Err(ApiError::conflict(format!(
+            "target `{name}` is paused (by {}); resume it first",
+            st.paused_by.as_deref().unwrap_or("?")
+        )));
     }
-    let job = match s
+    let job = s
         .app
         .queue
-        .enqueue(&Request {
-            target: name.clone(),
-            trigger: Trigger::Manual,
-            sha: None,
-            delivery_id: None,
-            receiver: None,
-        })
+        .enqueue(&manual(&name))
         .await
-    {
-        Ok(j) => j,
-        Err(e) => return internal(e).into_response(),
-    };
-    info!(target = %name, job, token = %token, "manual reconcile queued");
+        .map_err(ApiError::unavailable)?;
+    info!(target = %name, job, token = %caller.name(), "manual reconcile queued");
     s.wake.notify_waiters();
     let Some(wait) = wait else {
-        return (StatusCode::ACCEPTED, axum::Json(json!({ "job": job }))).into_response();
+        return Ok((StatusCode::ACCEPTED, Json(Reconciled::Queued { job })));
     };
     // Watch the job (following it if it is folded into another) until done.
     let deadline = Instant::now() + wait;
     let mut id = job;
     loop {
-        let state = match s.app.queue.job(id).await {
-            Ok(Some(j)) => j,
-            Ok(None) => return error(StatusCode::NOT_FOUND, format!("job {id} disappeared")),
-            Err(e) => return internal(e).into_response(),
-        };
+        let state = s
+            .app
+            .queue
+            .job(id)
+            .await
+            .map_err(ApiError::unavailable)?
+            .ok_or_else(|| ApiError::not_found(format!("job {id} disappeared")))?;
         if let Some(next) = state.merged_into() {
             id = next;
             continue;
         }
-        if state.state == "done" {
-            return match job_json(&s, id).await {
-                Ok(Some(j)) => (StatusCode::OK, axum::Json(j)).into_response(),
-                Ok(None) => error(StatusCode::NOT_FOUND, format!("no job {id}")),
-                Err(r) => r.into_response(),
-            };
+        if state.state == JobStatus::Done {
+            // Its reconciler may see the result without a read scope.
+            let done = status::job(&s.app, id)
+                .await
+                .map_err(ApiError::unavailable)?
+                .ok_or_else(|| ApiError::not_found(format!("no job {id}")))?;
+            return Ok((StatusCode::OK, Json(Reconciled::Done(Box::new(done)))));
         }
         if Instant::now() >= deadline {
-            return (
+            let waited = humantime::format_duration(wait).to_string();
+            return Ok((
                 StatusCode::ACCEPTED,
-                axum::Json(json!({ "job": id, "state": state.state, "waited": humantime::format_duration(wait).to_string() })),
-            )
-                .into_response();
+                Json(Reconciled::StillWaiting {
+                    job: id,
+                    state: state.state,
+                    waited,
+                }),
+            ));
         }
         tokio::time::sleep(WAIT_POLL).await;
     }
 }
 
+/// What pause and resume answer.
+#[derive(Serialize)]
+pub(super) struct Paused {
+    target: String,
+    /// The Nomad job, when one job of the target was paused or resumed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    job: Option<String>,
+    paused: bool,
+    /// False when it already was in that state.
+    changed: bool,
+}
+
 /// Pause or resume a target, or one Nomad job of it (`job`).
 async fn set_paused(
-    s: AppState,
+    s: &AppState,
+    caller: &Caller,
     name: String,
     job: Option<String>,
-    headers: HeaderMap,
     pause: bool,
-) -> Response {
-    let token = match check(&s, &headers, Verb::Pause, &name) {
-        Ok(t) => t.name.clone(),
-        Err(r) => return r.into_response(),
-    };
-    if let Err(r) = known(&s, &name) {
-        return r.into_response();
-    }
-    let by = format!("token:{token}");
+) -> Answer<Paused> {
+    caller.require(Verb::Pause, &name)?;
+    known(s, &name)?;
+    let by = format!("token:{}", caller.name());
     let by = pause.then_some(by.as_str());
     let changed = match &job {
         None => match s.app.store.set_paused(&name, by).await {
@@ -347,39 +270,55 @@ async fn set_paused(
             other => other,
         },
         Some(j) => s.app.store.set_job_paused(&name, j, by).await,
-    };
-    match changed {
-        Ok(changed) => {
-            info!(target = %name, job = ?job, token = %token, paused = pause, changed, "pause state set");
-            let mut body = json!({ "target": name, "paused": pause, "changed": changed });
-            if let Some(j) = job {
-                body["job"] = json!(j);
-            }
-            axum::Json(body).into_response()
-        }
-        Err(e) => internal(e).into_response(),
     }
+    .map_err(ApiError::unavailable)?;
+    info!(target = %name, job = ?job, token = %caller.name(), paused = pause, changed, "pause state set");
+    if !pause {
+        // Jobs held while paused may run now.
+        s.wake.notify_waiters();
+    }
+    Ok(Json(Paused {
+        target: name,
+        job,
+        paused: pause,
+        changed,
+    }))
 }
 
 /// `POST /api/v1/targets/{name}/pause`
 pub(super) async fn pause(
     State(s): State<AppState>,
+    caller: Caller,
     Path(name): Path<String>,
-    headers: HeaderMap,
-) -> Response {
-    set_paused(s, name, None, headers, true).await
+) -> Answer<Paused> {
+    set_paused(&s, &caller, name, None, true).await
 }
 
 /// `POST /api/v1/targets/{name}/resume`
 pub(super) async fn resume(
     State(s): State<AppState>,
+    caller: Caller,
     Path(name): Path<String>,
-    headers: HeaderMap,
-) -> Response {
-    let r = set_paused(s.clone(), name, None, headers, false).await;
-    // Jobs held while paused may run now.
-    s.wake.notify_waiters();
-    r
+) -> Answer<Paused> {
+    set_paused(&s, &caller, name, None, false).await
+}
+
+/// `POST /api/v1/targets/{name}/jobs/{job}/pause` (scope `pause:<target>`).
+pub(super) async fn pause_job(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path((name, job)): Path<(String, String)>,
+) -> Answer<Paused> {
+    set_paused(&s, &caller, name, Some(job), true).await
+}
+
+/// `POST /api/v1/targets/{name}/jobs/{job}/resume`
+pub(super) async fn resume_job(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path((name, job)): Path<(String, String)>,
+) -> Answer<Paused> {
+    set_paused(&s, &caller, name, Some(job), false).await
 }
 
 // ------------------------------------------------------ Nomad deployments
@@ -394,144 +333,111 @@ pub(super) struct DeploymentsQuery {
 /// targets this token may read, newest first.
 pub(super) async fn deployments(
     State(s): State<AppState>,
+    caller: Caller,
     Query(q): Query<DeploymentsQuery>,
-    headers: HeaderMap,
-) -> Response {
-    let token = match authenticated(&s, &headers) {
-        Ok(t) => t,
-        Err(r) => return r.into_response(),
-    };
-    let all = match s
+) -> Answer<Vec<serde_json::Value>> {
+    let all = s
         .app
         .store
         .nomad_deployments(false, q.limit.unwrap_or(200).clamp(1, 1000))
         .await
-    {
-        Ok(d) => d,
-        Err(e) => return internal(e).into_response(),
-    };
-    let list: Vec<serde_json::Value> = all
-        .iter()
-        .filter(|d| q.state.as_deref().is_none_or(|st| d.state == st))
-        .filter(|d| auth::allows(token, Verb::Read, &d.target))
-        .map(crate::store::nomad::deployment_json)
-        .collect();
-    axum::Json(list).into_response()
+        .map_err(ApiError::unavailable)?;
+    Ok(Json(
+        all.iter()
+            .filter(|d| q.state.as_deref().is_none_or(|st| d.state == st))
+            .filter(|d| caller.may(Verb::Read, &d.target))
+            .map(crate::store::nomad::deployment_json)
+            .collect(),
+    ))
+}
+
+/// Deployment `id` (404 if there is none; the caller is authenticated
+/// before anyone learns whether it exists).
+async fn deployment_by_id(
+    s: &AppState,
+    id: i64,
+) -> Result<crate::store::nomad::Deployment, ApiError> {
+    s.app
+        .store
+        .nomad_deployment(id)
+        .await
+        .map_err(ApiError::unavailable)?
+        .ok_or_else(|| ApiError::not_found(format!("no deployment {id}")))
 }
 
 /// `GET /api/v1/deployments/{id}` (the diff included, redacted).
 pub(super) async fn deployment(
     State(s): State<AppState>,
+    caller: Caller,
     Path(id): Path<i64>,
-    headers: HeaderMap,
-) -> Response {
-    let d = match deployment_for(&s, &headers, id).await {
-        Ok(d) => d,
-        Err(r) => return r.into_response(),
-    };
-    if let Err(r) = check(&s, &headers, Verb::Read, &d.target) {
-        return r.into_response();
-    }
-    axum::Json(crate::store::nomad::deployment_json(&d)).into_response()
+) -> Answer<serde_json::Value> {
+    let d = deployment_by_id(&s, id).await?;
+    caller.require(Verb::Read, &d.target)?;
+    Ok(Json(crate::store::nomad::deployment_json(&d)))
 }
 
-async fn decide(
+#[derive(Deserialize)]
+struct Approval {
+    spec_hash: String,
+}
+
+/// Approve (with the body's `spec_hash`) or reject deployment `id`.
+async fn approve_or_reject(
     s: AppState,
+    caller: Caller,
     id: i64,
-    headers: HeaderMap,
     body: axum::body::Bytes,
     approve: bool,
-) -> Response {
-    let d = match deployment_for(&s, &headers, id).await {
-        Ok(d) => d,
-        Err(r) => return r.into_response(),
-    };
-    let token = match check(&s, &headers, Verb::Approve, &d.target) {
-        Ok(t) => t.name.clone(),
-        Err(r) => return r.into_response(),
-    };
-    let actor = format!("token:{token}");
+) -> Answer<serde_json::Value> {
+    let d = deployment_by_id(&s, id).await?;
+    caller.require(Verb::Approve, &d.target)?;
+    let actor = format!("token:{}", caller.name());
     let result = if approve {
-        let hash = serde_json::from_slice::<serde_json::Value>(&body)
-            .ok()
-            .and_then(|v| v["spec_hash"].as_str().map(str::to_string));
-        let Some(hash) = hash else {
-            return error(
-                StatusCode::BAD_REQUEST,
+        let Ok(Approval { spec_hash }) = serde_json::from_slice::<Approval>(&body) else {
+            return Err(ApiError::bad_request(
                 "the body must be JSON with the `spec_hash` of the deployment you looked at",
-            );
+            ));
         };
-        s.app.store.approve_nomad(id, &hash, &actor).await
+        s.app.store.approve_nomad(id, &spec_hash, &actor).await
     } else {
         s.app.store.reject_nomad(id, &actor).await
     };
     use crate::store::nomad::DecisionError;
-    match result {
-        Ok(d) => {
-            info!(deployment = id, target = %d.target, job = %d.key.job, token = %token, approved = approve, "deployment decided");
-            if approve {
-                // The register happens in a tick, never here.
-                if let Err(e) = s
-                    .app
-                    .queue
-                    .enqueue(&Request {
-                        target: d.target.clone(),
-                        trigger: Trigger::Manual,
-                        sha: None,
-                        delivery_id: None,
-                        receiver: None,
-                    })
-                    .await
-                {
-                    return internal(e).into_response();
-                }
-                s.wake.notify_waiters();
-            }
-            axum::Json(crate::store::nomad::deployment_json(&d)).into_response()
-        }
-        Err(DecisionError::NotFound(_)) => {
-            error(StatusCode::NOT_FOUND, format!("no deployment {id}"))
-        }
-        Err(DecisionError::Conflict(why)) => error(StatusCode::CONFLICT, why),
-        Err(DecisionError::Store(e)) => internal(e).into_response(),
+    let d = result.map_err(|e| match e {
+        DecisionError::NotFound(_) => ApiError::not_found(format!("no deployment {id}")),
+        DecisionError::Conflict(why) => ApiError::conflict(why),
+        DecisionError::Store(e) => ApiError::unavailable(e),
+    })?;
+    info!(deployment = id, target = %d.target, job = %d.key.job, token = %caller.name(), approved = approve, "deployment decided");
+    if approve {
+        // The register happens in a tick, never here.
+        s.app
+            .queue
+            .enqueue(&manual(&d.target))
+            .await
+            .map_err(ApiError::unavailable)?;
+        s.wake.notify_waiters();
     }
+    Ok(Json(crate::store::nomad::deployment_json(&d)))
 }
 
 /// `POST /api/v1/deployments/{id}/approve` with `{"spec_hash": "..."}`
 /// (scope `approve:<target>`).
 pub(super) async fn approve(
     State(s): State<AppState>,
+    caller: Caller,
     Path(id): Path<i64>,
-    headers: HeaderMap,
     body: axum::body::Bytes,
-) -> Response {
-    decide(s, id, headers, body, true).await
+) -> Answer<serde_json::Value> {
+    approve_or_reject(s, caller, id, body, true).await
 }
 
 /// `POST /api/v1/deployments/{id}/reject` (scope `approve:<target>`).
 pub(super) async fn reject(
     State(s): State<AppState>,
+    caller: Caller,
     Path(id): Path<i64>,
-    headers: HeaderMap,
     body: axum::body::Bytes,
-) -> Response {
-    decide(s, id, headers, body, false).await
-}
-
-/// `POST /api/v1/targets/{name}/jobs/{job}/pause` (scope `pause:<target>`).
-pub(super) async fn pause_job(
-    State(s): State<AppState>,
-    Path((name, job)): Path<(String, String)>,
-    headers: HeaderMap,
-) -> Response {
-    set_paused(s, name, Some(job), headers, true).await
-}
-
-/// `POST /api/v1/targets/{name}/jobs/{job}/resume`
-pub(super) async fn resume_job(
-    State(s): State<AppState>,
-    Path((name, job)): Path<(String, String)>,
-    headers: HeaderMap,
-) -> Response {
-    set_paused(s, name, Some(job), headers, false).await
+) -> Answer<serde_json::Value> {
+    approve_or_reject(s, caller, id, body, false).await
 }

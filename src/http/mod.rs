@@ -7,6 +7,7 @@
 //! (`?wait=`), and then only by watching the job in the database.
 
 mod api;
+mod caller;
 mod page;
 mod webhook;
 
@@ -22,10 +23,11 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing::{debug, warn};
+
+use caller::{ApiError, Caller};
 
 use crate::app::{App, Health};
 use crate::config::{ConfigError, ForgeKind, Problem};
@@ -40,6 +42,9 @@ pub struct ReceiverKey {
 #[derive(Clone)]
 pub struct AppState {
     pub app: App,
+    /// Where this server listens (the page's links when `public_url` is
+    /// not set).
+    pub addr: std::net::SocketAddr,
     pub health: Arc<Health>,
     pub receivers: Arc<HashMap<String, ReceiverKey>>,
     /// Wakes idle workers when something was queued.
@@ -51,6 +56,7 @@ impl AppState {
     /// stops start-up rather than accepting unsigned deliveries.
     pub fn new(
         app: App,
+        addr: std::net::SocketAddr,
         health: Arc<Health>,
         wake: Arc<tokio::sync::Notify>,
     ) -> Result<AppState, ConfigError> {
@@ -82,16 +88,12 @@ impl AppState {
         }
         Ok(AppState {
             app,
+            addr,
             health,
             receivers: Arc::new(receivers),
             wake,
         })
     }
-}
-
-/// A JSON error body: `{"error": "..."}`.
-pub(crate) fn error(status: StatusCode, message: impl Into<String>) -> Response {
-    (status, axum::Json(json!({ "error": message.into() }))).into_response()
 }
 
 pub fn router(state: AppState) -> Router {
@@ -127,7 +129,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/api/v1/targets/{name}/reconcile", post(api::reconcile))
         .merge(bounded)
-        .fallback(|| async { error(StatusCode::NOT_FOUND, "no such endpoint") })
+        .fallback(|| async { ApiError::not_found("no such endpoint") })
         .layer(DefaultBodyLimit::max(server.max_body_bytes))
         .layer(middleware::from_fn_with_state(
             server.max_body_bytes,
@@ -146,10 +148,11 @@ async fn body_cap(State(max): State<usize>, req: Request, next: Next) -> Respons
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
     match announced {
-        Some(n) if n > max as u64 => error(
+        Some(n) if n > max as u64 => ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             format!("the body is larger than {max} bytes"),
-        ),
+        )
+        .into_response(),
         _ => next.run(req).await,
     }
 }
@@ -157,7 +160,7 @@ async fn body_cap(State(max): State<usize>, req: Request, next: Next) -> Respons
 async fn request_timeout(State(limit): State<Duration>, req: Request, next: Next) -> Response {
     match tokio::time::timeout(limit, next.run(req)).await {
         Ok(r) => r,
-        Err(_) => error(StatusCode::SERVICE_UNAVAILABLE, "request timed out"),
+        Err(_) => ApiError::unavailable("request timed out").into_response(),
     }
 }
 
@@ -180,22 +183,29 @@ async fn readyz(State(s): State<AppState>) -> Response {
     (StatusCode::OK, "ready\n").into_response()
 }
 
-async fn metrics(State(s): State<AppState>, headers: axum::http::HeaderMap) -> Response {
+async fn metrics(
+    State(s): State<AppState>,
+    caller: Result<Caller, ApiError>,
+) -> Result<Response, ApiError> {
     let settings = &s.app.settings;
     if settings.server.metrics == crate::config::PageAccess::Token {
-        let presented = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok());
-        match crate::auth::authenticate(&settings.tokens, presented) {
-            Ok(t) if crate::auth::reads_anything(t) => {}
-            Ok(_) => return error(StatusCode::FORBIDDEN, "this token has no read scope"),
-            Err(_) => return error(StatusCode::UNAUTHORIZED, "unauthorized"),
+        match caller {
+            Ok(c) if c.reads_anything() => {}
+            Ok(_) => {
+                return Err(ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    "this token has no read scope",
+                ));
+            }
+            Err(_) => return Err(ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized")),
         }
     }
-    let activity = match s.app.queue.activity().await {
-        Ok(a) => a,
-        Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
-    };
+    let activity = s
+        .app
+        .queue
+        .activity()
+        .await
+        .map_err(ApiError::unavailable)?;
     // Every configured target, 0 when nothing waits for it.
     let queued: Vec<(String, i64)> = settings
         .targets
@@ -208,11 +218,13 @@ async fn metrics(State(s): State<AppState>, headers: axum::http::HeaderMap) -> R
             (t.name.clone(), n)
         })
         .collect();
-    let last = match s.app.store.last_successes().await {
-        Ok(l) => l,
-        Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
-    };
-    (
+    let last = s
+        .app
+        .store
+        .last_successes()
+        .await
+        .map_err(ApiError::unavailable)?;
+    Ok((
         // prometheus-client writes the OpenMetrics text format.
         [(
             header::CONTENT_TYPE,
@@ -220,7 +232,7 @@ async fn metrics(State(s): State<AppState>, headers: axum::http::HeaderMap) -> R
         )],
         s.app.metrics.render(&queued, &last),
     )
-        .into_response()
+        .into_response())
 }
 
 async fn stopped(rx: &mut watch::Receiver<bool>) {

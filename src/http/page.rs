@@ -11,12 +11,13 @@
 use std::fmt::Write as _;
 
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use super::AppState;
-use crate::auth::{self, Verb};
-use crate::config::{PageAccess, Token};
+use super::caller::{ApiError, Caller};
+use crate::auth::Verb;
+use crate::config::PageAccess;
 use crate::status;
 
 /// Escape text for HTML element content and attribute values.
@@ -67,10 +68,10 @@ fn refusal(status: StatusCode, text: &str) -> Response {
 }
 
 /// `GET /`
-pub(super) async fn index(State(s): State<AppState>, headers: HeaderMap) -> Response {
+pub(super) async fn index(State(s): State<AppState>, caller: Result<Caller, ApiError>) -> Response {
     let settings = &s.app.settings;
     // Who is looking: `None` when the page is open to anyone.
-    let viewer: Option<&Token> = match settings.server.page {
+    let viewer: Option<Caller> = match settings.server.page {
         PageAccess::Off => {
             return refusal(
                 StatusCode::NOT_FOUND,
@@ -78,32 +79,27 @@ pub(super) async fn index(State(s): State<AppState>, headers: HeaderMap) -> Resp
             );
         }
         PageAccess::Open => None,
-        PageAccess::Token => {
-            let presented = headers
-                .get(header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok());
-            match auth::authenticate(&settings.tokens, presented) {
-                Ok(t) if auth::reads_anything(t) => Some(t),
-                Ok(t) => {
-                    return refusal(
-                        StatusCode::FORBIDDEN,
-                        &format!(
-                            "Token `{}` has no read scope; this page needs `read` or `read:<glob>`.",
-                            t.name
-                        ),
-                    );
-                }
-                Err(_) => {
-                    return refusal(
-                        StatusCode::UNAUTHORIZED,
-                        "Sign in with any user name and, as the password, a driftless token \
-                         with a read scope (`driftless token new NAME` makes one).",
-                    );
-                }
+        PageAccess::Token => match caller {
+            Ok(c) if c.reads_anything() => Some(c),
+            Ok(c) => {
+                return refusal(
+                    StatusCode::FORBIDDEN,
+                    &format!(
+                        "Token `{}` has no read scope; this page needs `read` or `read:<glob>`.",
+                        c.name()
+                    ),
+                );
             }
-        }
+            Err(_) => {
+                return refusal(
+                    StatusCode::UNAUTHORIZED,
+                    "Sign in with any user name and, as the password, a driftless token \
+                         with a read scope (`driftless token new NAME` makes one).",
+                );
+            }
+        },
     };
-    let may_read = |target: &str| viewer.is_none_or(|t| auth::allows(t, Verb::Read, target));
+    let may_read = |target: &str| viewer.as_ref().is_none_or(|c| c.may(Verb::Read, target));
     let targets = match status::targets(&s.app).await {
         Ok(t) => t,
         Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
@@ -115,7 +111,7 @@ pub(super) async fn index(State(s): State<AppState>, headers: HeaderMap) -> Resp
     };
     let base = match &settings.server.public_url {
         Some(u) => u.trim_end_matches('/').to_string(),
-        None => format!("http://{}", settings.server.listen),
+        None => format!("http://{}", s.addr),
     };
     let mut h = String::new();
     let _ = write!(

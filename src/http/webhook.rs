@@ -4,26 +4,54 @@
 //! before the 2xx goes out; a delivery id seen before queues nothing. A
 //! failure to record is a 503, never a 2xx. No git, no backend, no waiting.
 
+use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use serde::Serialize;
 use tracing::{error, info, warn};
 
-use super::{AppState, error};
+use super::AppState;
+use super::caller::ApiError;
 use crate::forge::{self, Event, HookError};
-use crate::queue::{Accepted, Request, Trigger};
+use crate::model::Trigger;
+use crate::queue::{Accepted, Request};
 use crate::route;
+
+/// What a delivery is answered with.
+#[derive(Serialize)]
+#[serde(untagged)]
+pub(super) enum Delivered {
+    /// 200: this delivery id was seen before; nothing was queued.
+    Duplicate { duplicate: bool },
+    /// 200: the forge's ping.
+    Pong { pong: bool },
+    /// 202: recorded, with the jobs it queued (none when it was ignored,
+    /// and then why).
+    Accepted {
+        queued: Vec<QueuedJob>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        ignored: Option<String>,
+        /// Targets among `queued` that are paused: their jobs wait.
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        paused: Vec<String>,
+    },
+}
+
+#[derive(Serialize)]
+pub(super) struct QueuedJob {
+    target: String,
+    job: i64,
+}
 
 pub(super) async fn receive(
     State(s): State<AppState>,
     Path(name): Path<String>,
     headers: HeaderMap,
     body: Bytes,
-) -> Response {
+) -> Result<(StatusCode, Json<Delivered>), ApiError> {
     let Some(key) = s.receivers.get(&name) else {
-        return error(StatusCode::NOT_FOUND, format!("no receiver named `{name}`"));
+        return Err(ApiError::not_found(format!("no receiver named `{name}`")));
     };
     let metrics = &s.app.metrics;
     let delivery = match forge::receive(key.forge, &key.secret, &headers, &body) {
@@ -31,12 +59,12 @@ pub(super) async fn receive(
         Err(HookError::Unauthorized) => {
             metrics.delivery(&name, "unauthorized");
             warn!(receiver = %name, "webhook delivery refused: bad or missing signature");
-            return error(StatusCode::UNAUTHORIZED, "unauthorized");
+            return Err(ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized"));
         }
         Err(HookError::BadPayload(why)) => {
             metrics.delivery(&name, "bad_request");
             warn!(receiver = %name, reason = %why, "webhook delivery refused: bad payload");
-            return error(StatusCode::BAD_REQUEST, why);
+            return Err(ApiError::bad_request(why));
         }
     };
     let id = delivery.id.as_deref();
@@ -60,7 +88,7 @@ pub(super) async fn receive(
             } else {
                 let paused_now = match app.store.paused().await {
                     Ok(p) => p,
-                    Err(e) => return unavailable(&s, &name, &e.to_string()),
+                    Err(e) => return Err(unavailable(&s, &name, &e.to_string())),
                 };
                 // Every target tracking the branch gets a job; git decides
                 // after the fetch whether the push changed its path. A
@@ -92,44 +120,44 @@ pub(super) async fn receive(
     };
 
     match app.queue.accept(&name, id, &outcome, &requests).await {
-        Err(e) => unavailable(&s, &name, &e.to_string()),
+        Err(e) => Err(unavailable(&s, &name, &e.to_string())),
         Ok(Accepted::Duplicate) => {
             metrics.delivery(&name, "duplicate");
             info!(receiver = %name, delivery = id.unwrap_or("-"), "duplicate delivery ignored");
-            (StatusCode::OK, axum::Json(json!({ "duplicate": true }))).into_response()
+            Ok((
+                StatusCode::OK,
+                Json(Delivered::Duplicate { duplicate: true }),
+            ))
         }
         Ok(Accepted::Queued(jobs)) => {
             if matches!(delivery.event, Event::Ping) {
                 metrics.delivery(&name, "ping");
-                return (StatusCode::OK, axum::Json(json!({ "pong": true }))).into_response();
-            }
-            let queued: Vec<_> = jobs
-                .iter()
-                .map(|(t, j)| json!({ "target": t, "job": j }))
-                .collect();
-            let mut body = json!({ "queued": queued });
-            if let Some(why) = &ignored {
-                body["ignored"] = json!(why);
-            }
-            if !paused.is_empty() {
-                body["paused"] = json!(paused);
+                return Ok((StatusCode::OK, Json(Delivered::Pong { pong: true })));
             }
             metrics.delivery(&name, if jobs.is_empty() { "ignored" } else { "queued" });
             info!(receiver = %name, delivery = id.unwrap_or("-"), %outcome, "webhook delivery accepted");
             // Wake the workers now rather than at their next poll.
             s.wake.notify_waiters();
-            (StatusCode::ACCEPTED, axum::Json(body)).into_response()
+            let queued = jobs
+                .into_iter()
+                .map(|(target, job)| QueuedJob { target, job })
+                .collect();
+            Ok((
+                StatusCode::ACCEPTED,
+                Json(Delivered::Accepted {
+                    queued,
+                    ignored,
+                    paused,
+                }),
+            ))
         }
     }
 }
 
 /// The delivery could not be recorded: say so with a 503 so the forge
 /// retries, and never claim it was accepted.
-fn unavailable(s: &AppState, receiver: &str, why: &str) -> Response {
+fn unavailable(s: &AppState, receiver: &str, why: &str) -> ApiError {
     s.app.metrics.delivery(receiver, "unavailable");
     error!(receiver = %receiver, error = %why, "cannot record a webhook delivery");
-    error(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "the delivery could not be recorded; please retry",
-    )
+    ApiError::unavailable("the delivery could not be recorded; please retry")
 }

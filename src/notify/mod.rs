@@ -1,6 +1,6 @@
 //! Notifications: who is told what, when, and the outbox that delivers it.
 //!
-//! [`decide`] turns a finished run and the target's failure history into at
+//! [`notification_for`] turns a finished run and the target's failure history into at
 //! most one event (`failed`, `still_failing`, `recovered`, `changed`); the
 //! tick writes the event into the outbox in the same transaction as the run.
 //! The [`outbox::Sender`] delivers pending notifications with retries and
@@ -188,7 +188,7 @@ pub struct FailureState {
     pub last_notified_message: Option<String>,
 }
 
-/// The outcome of [`decide`]: the event to send, if any, and the new state.
+/// The outcome of [`notification_for`]: the event to send, if any, and the new state.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {
     pub event: Option<Event>,
@@ -205,7 +205,7 @@ pub struct Decision {
 ///   `repeat_after` passed since the last notification (`still_failing`);
 /// - first success after failures: `recovered`;
 /// - a success that changed something: `changed` (only notifiers that opt in).
-pub fn decide(
+pub fn notification_for(
     prev: &FailureState,
     result: ApplyResult,
     message: &str,
@@ -630,30 +630,33 @@ mod tests {
     fn the_transitions() {
         let ok = FailureState::default();
         // success → fail: failed
-        let d = decide(&ok, ApplyResult::Failed, "boom", 1_000, 6 * H);
+        let d = notification_for(&ok, ApplyResult::Failed, "boom", 1_000, 6 * H);
         assert_eq!(d.event, Some(Event::Failed));
         // fail → fail, same message: nothing
-        let d2 = decide(&d.state, ApplyResult::Failed, "boom", 2_000, 6 * H);
+        let d2 = notification_for(&d.state, ApplyResult::Failed, "boom", 2_000, 6 * H);
         assert_eq!(d2.event, None);
         assert_eq!(d2.state.consecutive_failures, 2);
         // fail → fail, new message: failed again
-        let d3 = decide(&d2.state, ApplyResult::Failed, "bang", 3_000, 6 * H);
+        let d3 = notification_for(&d2.state, ApplyResult::Failed, "bang", 3_000, 6 * H);
         assert_eq!(d3.event, Some(Event::Failed));
         // the same message after repeat_after: still_failing
         let later = 3_000 + (6 * H).as_millis() as i64;
-        let d4 = decide(&d3.state, ApplyResult::Failed, "bang", later, 6 * H);
+        let d4 = notification_for(&d3.state, ApplyResult::Failed, "bang", later, 6 * H);
         assert_eq!(d4.event, Some(Event::StillFailing));
-        let d5 = decide(&d4.state, ApplyResult::Failed, "bang", later + 1, 6 * H);
+        let d5 = notification_for(&d4.state, ApplyResult::Failed, "bang", later + 1, 6 * H);
         assert_eq!(d5.event, None);
         // → success: recovered, with how long
-        let d6 = decide(&d5.state, ApplyResult::NoChange, "", later + 10, 6 * H);
+        let d6 = notification_for(&d5.state, ApplyResult::NoChange, "", later + 10, 6 * H);
         assert_eq!(d6.event, Some(Event::Recovered));
         assert_eq!(d6.failing_for_ms, Some(later + 10 - 1_000));
         assert_eq!(d6.state, FailureState::default());
         // success → success: nothing, or `changed`
-        assert_eq!(decide(&ok, ApplyResult::NoChange, "", 1, H).event, None);
         assert_eq!(
-            decide(&ok, ApplyResult::Changed, "", 1, H).event,
+            notification_for(&ok, ApplyResult::NoChange, "", 1, H).event,
+            None
+        );
+        assert_eq!(
+            notification_for(&ok, ApplyResult::Changed, "", 1, H).event,
             Some(Event::Changed)
         );
     }

@@ -144,15 +144,16 @@ impl Store {
         spec_hash: &str,
         actor: &str,
     ) -> Result<Deployment, DecisionError> {
-        self.decide(id, Some(spec_hash), actor, "approve").await
+        self.record_decision(id, Some(spec_hash), actor, "approve")
+            .await
     }
 
     /// Reject deployment `id`: `pending_approval` → `rejected`.
     pub async fn reject_nomad(&self, id: i64, actor: &str) -> Result<Deployment, DecisionError> {
-        self.decide(id, None, actor, "rejected").await
+        self.record_decision(id, None, actor, "rejected").await
     }
 
-    async fn decide(
+    async fn record_decision(
         &self,
         id: i64,
         spec_hash: Option<&str>,

@@ -250,20 +250,14 @@ env = {{ TF_CLI_CONFIG_FILE = "/dev/null", TF_VAR_db_password = "env:CANARY_TF_V
         repo = remote.url(),
     );
     let s = Setup::new(&cfg);
-    let port: u16 = std::fs::read_to_string(&s.config)
-        .expect("config")
-        .split("127.0.0.1:")
-        .nth(1)
-        .and_then(|x| x.split('"').next())
-        .and_then(|x| x.parse().ok())
-        .expect("port");
     let env = [
         ("RUST_LOG", "debug"),
         ("CANARY_BACKEND_ENV", ENV),
         ("CANARY_TF_VAR", TF_VAR),
         ("CANARY_QUOTED", QUOTED),
     ];
-    let daemon = Daemon::start_with_env(&s.config, s.path(), port, &env);
+    let daemon = Daemon::start_with_env(&s.config, s.path(), &env);
+    let port = daemon.port;
     let mut seen = String::new();
 
     // Every target runs once at start-up: app fails (notifications),

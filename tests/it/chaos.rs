@@ -50,6 +50,16 @@ fn no_accepted_push_is_lost_across_kill_9() {
     let s = Setup::new(&cfg);
     let daemon = Arc::new(Mutex::new(Some(s.serve())));
     let port = daemon.lock().expect("lock").as_ref().expect("daemon").port;
+    // A forge sends to one address: every restart listens where the first
+    // daemon did.
+    let fixed = std::fs::read_to_string(&s.config)
+        .expect("config")
+        .replacen(
+            "listen = \"127.0.0.1:0\"",
+            &format!("listen = \"127.0.0.1:{port}\""),
+            1,
+        );
+    std::fs::write(&s.config, fixed).expect("config");
 
     // The killer: kill -9 and restart at random moments while pushes flow.
     let stop = Arc::new(AtomicBool::new(false));
@@ -84,7 +94,7 @@ fn no_accepted_push_is_lost_across_kill_9() {
                     kill_times.lock().expect("lock").push(now_ms());
                 }
                 std::thread::sleep(Duration::from_millis(fastrand::u64(0..300)));
-                *d = Some(Daemon::start_with(&config, &setup_dir, port));
+                *d = Some(Daemon::start_with(&config, &setup_dir));
             }
         })
     };
@@ -122,7 +132,7 @@ fn no_accepted_push_is_lost_across_kill_9() {
         if let Some(old) = d.take() {
             old.kill9();
         }
-        *d = Some(Daemon::start_with(&s.config, s.path(), port));
+        *d = Some(Daemon::start_with(&s.config, s.path()));
     }
     wait_for(Duration::from_secs(120), "every target idle", || {
         s.status()

@@ -6,7 +6,8 @@
 use std::time::Duration;
 
 use crate::common::*;
-use driftless::queue::{Queue, Request, Trigger};
+use driftless::model::Trigger;
+use driftless::queue::{Queue, Request};
 use driftless::store::Store;
 
 fn idle(s: &Setup, name: &str) -> bool {
@@ -350,4 +351,105 @@ fn no_two_applies_of_one_target_ever_overlap() {
             "{name}: every recorded run is one apply"
         );
     }
+}
+
+/// The daemon as a library: built on a listener bound to port 0, it serves
+/// on the port the kernel chose, applies, and returns from `run_until` when
+/// told to stop; while it lives a second daemon on the same state
+/// directory is refused, and after it stopped one may start again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_built_on_port_0_serves_applies_and_stops_when_told() {
+    use driftless::daemon::Daemon as Served;
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    let head = remote.commit(&[("app/v", "0")], "first");
+    let marker = root.path().join("applied");
+    let s = Setup::new(&exec_target(
+        "app",
+        &remote.url(),
+        "path = \"app\"\ninterval = \"1h\"",
+        &format!(
+            "apply = [\"sh\", \"-c\", \"git rev-parse HEAD > {}\"]",
+            marker.display()
+        ),
+    ));
+    let settings = driftless::config::load(&s.config).expect("config");
+    assert_eq!(settings.server.listen.port(), 0);
+    let app = driftless::app::App::open(settings).await.expect("app");
+    let rec = driftless::tick::Reconciler::new(app);
+    let bind = || async {
+        tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind")
+    };
+    let daemon = Served::build(rec.clone(), bind().await)
+        .await
+        .expect("build");
+    let port = daemon.port();
+    assert_ne!(port, 0);
+    match Served::build(rec.clone(), bind().await).await {
+        Err(e) => assert!(e.to_string().contains("another `driftless serve`"), "{e}"),
+        Ok(_) => panic!("a second daemon was built on the same state directory"),
+    }
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let running = tokio::spawn(daemon.run_until(stopped));
+    let get = move |path: &'static str| tokio::task::spawn_blocking(move || http_get(port, path));
+    assert_eq!(
+        get("/healthz").await.expect("join").map(|(c, _)| c),
+        Some(200)
+    );
+    // A never-run target's first interval tick starts at once.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while std::fs::read_to_string(&marker)
+        .map(|m| m.trim().to_string())
+        .ok()
+        != Some(head.clone())
+    {
+        assert!(std::time::Instant::now() < deadline, "no apply within 30 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The CLI finds a daemon whose `listen` asked for port 0 through the
+    // address it noted in serve.lock (an unknown token: 401 from the API).
+    let approve = {
+        let config = s.config.clone();
+        move || {
+            let out = output_within(
+                std::process::Command::new(bin())
+                    .arg("--config")
+                    .arg(&config)
+                    .args(["approve", "424242"])
+                    .env("DRIFTLESS_TOKEN", "dl_no_such_token")
+                    .stdin(std::process::Stdio::null()),
+                Duration::from_secs(60),
+            );
+            text(&out.stdout)
+        }
+    };
+    let said = tokio::task::spawn_blocking(approve.clone())
+        .await
+        .expect("join");
+    assert_eq!(
+        said.trim(),
+        "error: 401 Unauthorized: a valid bearer token is required"
+    );
+    assert_eq!(
+        driftless::lock::serving_addr(&s.state).map(|a| a.port()),
+        Some(port)
+    );
+    stop.send(true).expect("the daemon listens for the stop");
+    tokio::time::timeout(Duration::from_secs(30), running)
+        .await
+        .expect("run_until returned within 30 s")
+        .expect("join")
+        .expect("a clean stop");
+    assert_eq!(get("/healthz").await.expect("join"), None, "still serving");
+    assert_eq!(driftless::lock::serving_addr(&s.state), None);
+    let said = tokio::task::spawn_blocking(approve).await.expect("join");
+    assert!(
+        said.contains("[server] listen asks for port 0 and no `driftless serve` is running"),
+        "{said}"
+    );
+    Served::build(rec, bind().await)
+        .await
+        .expect("a new daemon once the first stopped");
 }

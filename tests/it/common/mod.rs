@@ -132,7 +132,8 @@ pub struct Setup {
 
 impl Setup {
     /// `targets` is TOML for the `[[targets]]` tables; the server listens on
-    /// a free loopback port.
+    /// loopback port 0: the kernel picks a free port when the daemon binds,
+    /// and [`Daemon`] reads it from the daemon's "driftless serving" line.
     pub fn new(targets: &str) -> Setup {
         Self::with_workers(targets, 4)
     }
@@ -141,11 +142,10 @@ impl Setup {
         let dir = tempfile::tempdir().expect("tempdir");
         let state = dir.path().join("state");
         let config = dir.path().join("driftless.toml");
-        let port = free_port();
         std::fs::write(
             &config,
             format!(
-                "state_dir = \"{}\"\n[server]\nlisten = \"127.0.0.1:{port}\"\nworkers = {workers}\n\n{targets}",
+                "state_dir = \"{}\"\n[server]\nlisten = \"127.0.0.1:0\"\nworkers = {workers}\n\n{targets}",
                 state.display()
             ),
         )
@@ -273,61 +273,22 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    /// Start `driftless serve` on the setup's config. The port was free
-    /// when the setup chose it, but another process may have taken it
-    /// since (any outgoing connection can): then a new port is written into
-    /// the config and the daemon is started again.
+    /// Start `driftless serve` on the setup's config.
     pub fn start(setup: &Setup) -> Daemon {
-        for _ in 0..5 {
-            let config = std::fs::read_to_string(&setup.config).expect("config");
-            let port: u16 = config
-                .split("127.0.0.1:")
-                .nth(1)
-                .and_then(|s| s.split('"').next())
-                .and_then(|p| p.parse().ok())
-                .expect("port in config");
-            match Self::try_start(&setup.config, setup.path(), port, &[("RUST_LOG", "info")]) {
-                Ok(d) => return d,
-                Err(log) if log.contains("Address already in use") => {
-                    let fresh = free_port();
-                    std::fs::write(
-                        &setup.config,
-                        config.replacen(
-                            &format!("127.0.0.1:{port}\""),
-                            &format!("127.0.0.1:{fresh}\""),
-                            1,
-                        ),
-                    )
-                    .expect("config");
-                }
-                Err(log) => panic!("driftless serve exited before it was serving:\n{log}"),
-            }
-        }
-        panic!("no free port for driftless serve after five tries");
+        Self::start_with(&setup.config, setup.path())
     }
 
-    /// Start `driftless serve` with `config` (listening on `port`), its log
-    /// in a new file in `dir`.
-    pub fn start_with(config: &Path, dir: &Path, port: u16) -> Daemon {
-        Self::start_with_env(config, dir, port, &[("RUST_LOG", "info")])
+    /// Start `driftless serve` with `config`, its log in a new file in
+    /// `dir`.
+    pub fn start_with(config: &Path, dir: &Path) -> Daemon {
+        Self::start_with_env(config, dir, &[("RUST_LOG", "info")])
     }
 
     /// As [`Daemon::start_with`], with extra environment (`RUST_LOG`
-    /// among it, if wanted).
-    pub fn start_with_env(config: &Path, dir: &Path, port: u16, env: &[(&str, &str)]) -> Daemon {
-        Self::try_start(config, dir, port, env)
-            .unwrap_or_else(|log| panic!("driftless serve exited before it was serving:\n{log}"))
-    }
-
-    /// Spawn `serve` and wait until this child (not whatever else may
-    /// answer on the port) logged that it serves and `/healthz` answers; a
-    /// child that exits first gives its log as the error.
-    fn try_start(
-        config: &Path,
-        dir: &Path,
-        port: u16,
-        env: &[(&str, &str)],
-    ) -> Result<Daemon, String> {
+    /// among it, if wanted). Spawns `serve` and waits until this child
+    /// (not whatever else may answer on a port) logged the address it
+    /// serves on and `/healthz` answers there.
+    pub fn start_with_env(config: &Path, dir: &Path, env: &[(&str, &str)]) -> Daemon {
         let n = std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0);
         let log = dir.join(format!("serve-{n}-{}.log", fastrand::u32(..)));
         let file = std::fs::File::create(&log).expect("log file");
@@ -342,16 +303,24 @@ impl Daemon {
             .stderr(file)
             .spawn()
             .expect("spawn serve");
-        let mut d = Daemon { child, log, port };
+        let mut d = Daemon {
+            child,
+            log,
+            port: 0,
+        };
         let start = Instant::now();
         while start.elapsed() < Duration::from_secs(30) {
             if let Ok(Some(status)) = d.child.try_wait() {
-                return Err(format!("({status})\n{}", d.log_text()));
+                panic!(
+                    "driftless serve exited before it was serving ({status}):\n{}",
+                    d.log_text()
+                );
             }
-            if d.log_text().contains("driftless serving")
-                && http_get(d.port, "/healthz").is_some_and(|(code, _)| code == 200)
-            {
-                return Ok(d);
+            if let Some(port) = serving_port(&d.log_text()) {
+                d.port = port;
+                if http_get(port, "/healthz").is_some_and(|(code, _)| code == 200) {
+                    return d;
+                }
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -406,6 +375,15 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     let code = buf.split_whitespace().nth(1)?.parse().ok()?;
     let body = buf.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
     Some((code, body))
+}
+
+/// The port in a daemon log's `driftless serving addr=127.0.0.1:PORT` line.
+fn serving_port(log: &str) -> Option<u16> {
+    let line = log.lines().find(|l| l.contains("driftless serving"))?;
+    let addr = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("addr="))?;
+    addr.rsplit(':').next()?.parse().ok()
 }
 
 pub fn free_port() -> u16 {
@@ -940,8 +918,8 @@ impl Intake {
         Self::start_inner(setup, false)
     }
 
-    /// Listen on the configured `server.listen` (for CLI commands that go
-    /// through the API).
+    /// Listen on a free port and write it into the config's `listen` (for
+    /// CLI commands that go through the API, and notification links).
     pub fn start_at_listen(setup: &Setup) -> Intake {
         Self::start_inner(setup, true)
     }
@@ -961,18 +939,18 @@ impl Intake {
                 let server = settings.server.clone();
                 // HTTP gets an App: settings, store and queue, and no git.
                 let app = driftless::app::App::open(settings).await.expect("app");
-                let state =
-                    driftless::http::AppState::new(app, Default::default(), Default::default())
-                        .expect("receivers");
-                let addr = if at_listen {
-                    server.listen
-                } else {
-                    std::net::SocketAddr::from(([127, 0, 0, 1], 0))
-                };
-                let listener = tokio::net::TcpListener::bind(addr).await.expect("bind");
-                port_tx
-                    .send(listener.local_addr().expect("addr").port())
-                    .expect("send port");
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                    .await
+                    .expect("bind");
+                let addr = listener.local_addr().expect("addr");
+                let state = driftless::http::AppState::new(
+                    app,
+                    addr,
+                    Default::default(),
+                    Default::default(),
+                )
+                .expect("receivers");
+                port_tx.send(addr.port()).expect("send port");
                 driftless::http::serve(listener, driftless::http::router(state), &server, stop_rx)
                     .await;
             });
@@ -980,6 +958,17 @@ impl Intake {
         let port = port_rx
             .recv_timeout(Duration::from_secs(30))
             .expect("intake started");
+        if at_listen {
+            // The CLI and notification links find the server by `listen`.
+            let cfg = std::fs::read_to_string(&setup.config).expect("config");
+            let pinned = cfg.replacen(
+                "listen = \"127.0.0.1:0\"",
+                &format!("listen = \"127.0.0.1:{port}\""),
+                1,
+            );
+            assert_ne!(cfg, pinned, "the setup's config listens on port 0");
+            std::fs::write(&setup.config, pinned).expect("config");
+        }
         Intake {
             port,
             db,

@@ -1,0 +1,114 @@
+//! Who is asking, and how a refusal is answered: the [`Caller`] extractor
+//! is the one place a request's `Authorization` header is read (the API,
+//! the page and `/metrics` all take it), and [`ApiError`] is every JSON
+//! error (`{"error": "..."}`). Deciding what a token may do is `auth`'s job;
+//! this module only turns its answers into HTTP.
+
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use super::AppState;
+use crate::auth::{self, AuthError, Verb};
+use crate::config::Token;
+
+/// An error answer: a status and the message for `{"error": ...}`.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    error: &'a str,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            message: message.into(),
+        }
+    }
+
+    pub fn not_found(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, message)
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, message)
+    }
+
+    pub fn conflict(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::CONFLICT, message)
+    }
+
+    /// The state database failed: 503, so a client retries later.
+    pub fn unavailable(e: impl std::fmt::Display) -> ApiError {
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+    }
+}
+
+impl From<AuthError> for ApiError {
+    fn from(e: AuthError) -> ApiError {
+        let status = match e {
+            AuthError::Unauthorized => StatusCode::UNAUTHORIZED,
+            AuthError::Forbidden { .. } => StatusCode::FORBIDDEN,
+        };
+        ApiError::new(status, e.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = ErrorBody {
+            error: &self.message,
+        };
+        (self.status, axum::Json(body)).into_response()
+    }
+}
+
+/// The token a request presents (`Bearer <token>`, or HTTP Basic with the
+/// token as the password so a browser can ask for it). Extracting it
+/// answers 401 when there is none or it is unknown; what it may do is
+/// asked of [`Caller::require`] and [`Caller::may`].
+#[derive(Debug, Clone)]
+pub struct Caller(Token);
+
+impl FromRequestParts<AppState> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, s: &AppState) -> Result<Caller, ApiError> {
+        let presented = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        let token = auth::authenticate(&s.app.settings.tokens, presented)?;
+        Ok(Caller(token.clone()))
+    }
+}
+
+impl Caller {
+    /// The token's name from the config, for logs and `paused_by`.
+    pub fn name(&self) -> &str {
+        &self.0.name
+    }
+
+    /// May this token do `verb` on `target`?
+    pub fn may(&self, verb: Verb, target: &str) -> bool {
+        auth::allows(&self.0, verb, target)
+    }
+
+    /// 403 unless this token may do `verb` on `target`.
+    pub fn require(&self, verb: Verb, target: &str) -> Result<(), ApiError> {
+        Ok(auth::require(&self.0, verb, target)?)
+    }
+
+    /// Does this token read any target at all (the page and `/metrics`)?
+    pub fn reads_anything(&self) -> bool {
+        auth::reads_anything(&self.0)
+    }
+}
