@@ -24,18 +24,18 @@ targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
     targets=(webhook_github webhook_gitea webhook_gitlab webhook_generic repo_url config)
 fi
-triple=$(rustc -vV | sed -n 's/^host: //p')
 # The instrumentation goes only to driftless and the targets (see
-# fuzz/rustc-wrapper.sh); --target keeps it out of build scripts and proc
-# macros.
+# fuzz/rustc-wrapper.sh); everything else is the dev-profile build the tests
+# already made, shared through the workspace's target directory.
 export DRIFTLESS_FUZZ_FLAGS="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \
 -Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table \
--Cllvm-args=-sanitizer-coverage-trace-compares --cfg fuzzing -Cdebug-assertions -Coverflow-checks"
+-Cllvm-args=-sanitizer-coverage-trace-compares --cfg fuzzing -Cdebug-assertions -Coverflow-checks \
+-Copt-level=1"
 export RUSTC_WRAPPER="$PWD/fuzz/rustc-wrapper.sh"
 start=$(date +%s)
-cargo build --release --manifest-path fuzz/Cargo.toml --target "$triple" --bins
+cargo build --locked -p driftless-fuzz --bins
 echo "fuzz build: $(( $(date +%s) - start )) s"
-bindir="fuzz/target/$triple/release"
+bindir="target/debug"
 
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
