@@ -67,6 +67,17 @@ if ! command -v terraform >/dev/null 2>&1; then
 fi
 export TF_CLI_CONFIG_FILE=/dev/null
 
+# A cold target directory (a fresh clone, CI) has no incremental state to
+# reuse: building without it is faster. Warm ones keep cargo's default.
+if [ ! -d target/debug ]; then
+  export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
+fi
+# Most integration tests wait on a real tool (terraform, dockerd, sshd,
+# Synapse) rather than compute: four at once keep two cores busy. The soak
+# and the kill -9 chaos never run beside each other (tests/it/common's
+# heavy()).
+export RUST_TEST_THREADS=${RUST_TEST_THREADS:-4}
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
