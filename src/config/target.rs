@@ -1,0 +1,311 @@
+//! One `[[targets]]` table: its repository (a URL or a path, with no
+//! credentials in it), branch, path inside the checkout, interval and
+//! timeout, git credentials, notifiers, the commit-page URL derived from the
+//! repository's, and its backend table (validated by the backend's own
+//! `Kind`). Every problem is collected with the target's label.
+
+use super::*;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTarget {
+    name: String,
+    repo: String,
+    branch: Option<String>,
+    path: Option<String>,
+    interval: Option<String>,
+    timeout: Option<String>,
+    git: Option<RawGit>,
+    notify: Option<Vec<String>>,
+    web_url: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGit {
+    token_file: Option<String>,
+    username: Option<String>,
+    identity_file: Option<String>,
+    known_hosts_file: Option<String>,
+    ca_file: Option<String>,
+}
+
+pub(super) fn validate_target(
+    mut raw: Value,
+    label: &str,
+    base: &Path,
+    machine: bool,
+    problems: &mut Vec<Problem>,
+) -> Option<Target> {
+    // The backend table is checked on its own so its problems name `backend.*`.
+    let backend_raw = raw.as_object_mut().and_then(|o| o.remove("backend"));
+    let backend = match backend_raw {
+        None => {
+            problems.push(problem(label, "backend", "missing table [targets.backend]"));
+            None
+        }
+        Some(b) => match BackendConfig::from_value(b, base) {
+            Ok(b) => Some(b),
+            Err(errs) => {
+                for (key, msg) in errs {
+                    problems.push(problem(label, &format!("backend.{key}"), msg));
+                }
+                None
+            }
+        },
+    };
+    let raw: RawTarget = match serde_json::from_value(raw) {
+        Ok(r) => r,
+        Err(e) => {
+            problems.push(serde_problem(label, "", &e));
+            return None;
+        }
+    };
+    if !valid_name(&raw.name) {
+        problems.push(problem(
+            label,
+            "name",
+            format!(
+                "`{}` is not a safe target name: use 1-63 characters from a-z, 0-9, '_', '.', '-', starting with a letter or digit",
+                raw.name
+            ),
+        ));
+    }
+    let repo = raw.repo.trim().to_string();
+    let repo = if repo.is_empty() {
+        problems.push(problem(label, "repo", "must not be empty"));
+        repo
+    } else if is_url(&repo) {
+        if let Some(why) = url_credentials(&repo) {
+            // Never echo the URL: it holds the secret.
+            problems.push(problem(
+                label,
+                "repo",
+                format!(
+                    "the repository URL carries {why}, which would show in status, logs and the page: \
+                     remove it and put the token in a file named by [targets.git] token_file \
+                     (and the user, if any, in [targets.git] username)"
+                ),
+            ));
+        }
+        repo
+    } else {
+        resolve(base, &repo).to_string_lossy().into_owned()
+    };
+    let branch = raw.branch.unwrap_or_else(|| "main".into());
+    if !valid_branch(&branch) {
+        problems.push(problem(
+            label,
+            "branch",
+            format!("`{branch}` is not a valid branch name"),
+        ));
+    }
+    let path = raw.path.unwrap_or_default();
+    if Path::new(&path).is_absolute()
+        || Path::new(&path)
+            .components()
+            .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
+    {
+        problems.push(problem(
+            label,
+            "path",
+            format!("`{path}` must be a subdirectory of the repository (relative, no `..`)"),
+        ));
+    }
+    // Normalised once, here: `./sub//dir/` is `sub/dir`, `.` the root. Git
+    // (routing, checkouts) and every message see only this spelling.
+    let rel: PathBuf = Path::new(&path)
+        .components()
+        .filter_map(|c| match c {
+            Component::Normal(n) => Some(n),
+            _ => None,
+        })
+        .collect();
+    let interval = duration(
+        label,
+        "interval",
+        raw.interval.as_deref(),
+        DEFAULT_INTERVAL,
+        MAX_INTERVAL,
+        problems,
+    );
+    let timeout = duration(
+        label,
+        "timeout",
+        raw.timeout.as_deref(),
+        DEFAULT_TIMEOUT,
+        MAX_TIMEOUT,
+        problems,
+    );
+    let git = match raw.git {
+        None => GitAuth::default(),
+        Some(g) => {
+            let empty = |key: &str, v: &Option<String>, problems: &mut Vec<Problem>| {
+                if v.as_deref() == Some("") {
+                    problems.push(problem(label, key, "must not be empty"));
+                }
+            };
+            empty("git.token_file", &g.token_file, problems);
+            empty("git.identity_file", &g.identity_file, problems);
+            empty("git.known_hosts_file", &g.known_hosts_file, problems);
+            empty("git.ca_file", &g.ca_file, problems);
+            if g.token_file.is_some() && g.identity_file.is_some() {
+                problems.push(problem(
+                    label,
+                    "git.token_file",
+                    "set either token_file (https) or identity_file (ssh), not both",
+                ));
+            }
+            if g.known_hosts_file.is_some() && g.identity_file.is_none() {
+                problems.push(problem(
+                    label,
+                    "git.known_hosts_file",
+                    "only used with identity_file (ssh)",
+                ));
+            }
+            GitAuth {
+                token: g.token_file.as_deref().map(|s| SecretRef::parse(s, base)),
+                username: g.username,
+                identity_file: g.identity_file.as_deref().map(|s| resolve(base, s)),
+                known_hosts_file: g.known_hosts_file.as_deref().map(|s| resolve(base, s)),
+                ca_file: g.ca_file.as_deref().map(|s| resolve(base, s)),
+            }
+        }
+    };
+    let web_url = match raw.web_url {
+        Some(u) if u.starts_with("http://") || u.starts_with("https://") => {
+            Some(u.trim_end_matches('/').to_string())
+        }
+        Some(u) => {
+            problems.push(problem(
+                label,
+                "web_url",
+                format!("`{u}` must be an http:// or https:// URL"),
+            ));
+            None
+        }
+        None => derive_web_url(&repo),
+    };
+    // What only this machine can tell, for `check`: looked at whatever else
+    // is wrong with the target.
+    if machine {
+        if let Some(token) = &git.token
+            && let Err(e) = token.load()
+        {
+            problems.push(problem(label, "git.token_file", e.to_string()));
+        }
+        for (key, file) in [
+            ("git.identity_file", &git.identity_file),
+            ("git.known_hosts_file", &git.known_hosts_file),
+            ("git.ca_file", &git.ca_file),
+        ] {
+            if let Some(f) = file
+                && !f.is_file()
+            {
+                problems.push(problem(
+                    label,
+                    key,
+                    format!("{} is not a readable file", f.display()),
+                ));
+            }
+        }
+        let local = repo.strip_prefix("file://").unwrap_or(&repo).to_string();
+        if Path::new(&local).is_absolute() {
+            let p = Path::new(&local);
+            if !p.exists() {
+                problems.push(problem(
+                    label,
+                    "repo",
+                    format!("local repository {local} does not exist"),
+                ));
+            } else {
+                let bare = p.join("HEAD").is_file() && p.join("objects").is_dir();
+                if !bare && !p.join(".git").exists() {
+                    problems.push(problem(
+                        label,
+                        "repo",
+                        format!("{local} is not a git repository (no HEAD and objects, no .git)"),
+                    ));
+                }
+            }
+        }
+    }
+    // With problems, the target is still returned, for `check` to look at
+    // what it can (its files, its binary); `load` refuses the whole file.
+    let backend = backend?;
+    Some(Target {
+        name: raw.name,
+        repo,
+        branch,
+        path: rel,
+        interval,
+        timeout,
+        git,
+        backend,
+        notify: raw.notify.unwrap_or_else(|| vec![INHERIT.to_string()]),
+        web_url,
+    })
+}
+
+/// `https://host/o/r.git` and `git@host:o/r.git` → `https://host/o/r`.
+fn derive_web_url(repo: &str) -> Option<String> {
+    let (host, path) = if let Some(rest) = repo.strip_prefix("https://") {
+        let (authority, path) = rest.split_once('/')?;
+        (authority.rsplit('@').next()?.to_string(), path.to_string())
+    } else if let Some(rest) = repo.strip_prefix("ssh://") {
+        let (authority, path) = rest.split_once('/')?;
+        let host = authority.rsplit('@').next()?;
+        (host.split(':').next()?.to_string(), path.to_string())
+    } else if !repo.contains("://") && repo.contains('@') && repo.contains(':') {
+        let (authority, path) = repo.split_once(':')?;
+        (authority.rsplit('@').next()?.to_string(), path.to_string())
+    } else {
+        return None;
+    };
+    let path = path.trim_end_matches('/');
+    let path = path.strip_suffix(".git").unwrap_or(path);
+    (!host.is_empty() && !path.is_empty()).then(|| format!("https://{host}/{path}"))
+}
+
+fn valid_branch(b: &str) -> bool {
+    !b.is_empty()
+        && !b.starts_with('-')
+        && !b.starts_with('/')
+        && !b.ends_with('/')
+        && !b.ends_with(".lock")
+        && !b.contains("..")
+        && !b.contains("@{")
+        && !b
+            .chars()
+            .any(|c| c.is_control() || c.is_whitespace() || "~^:?*[\\".contains(c))
+}
+
+/// What credentials a repository URL carries, if any: any user information
+/// over http(s) and other schemes (`https://TOKEN@host` is GitHub's
+/// token-clone form), a password over ssh (a bare `git@` user is not a
+/// secret).
+pub(super) fn url_credentials(url: &str) -> Option<&'static str> {
+    let (scheme, rest) = match url.split_once("://") {
+        Some((s, r)) => (s.to_ascii_lowercase(), r),
+        None => ("scp".to_string(), url),
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or(rest);
+    let authority = if scheme == "scp" {
+        authority
+            .split_once(':')
+            .map(|(a, _)| a)
+            .unwrap_or(authority)
+    } else {
+        authority
+    };
+    let (userinfo, _) = authority.rsplit_once('@')?;
+    if userinfo.contains(':') {
+        return Some("a user name and password");
+    }
+    let ssh = matches!(scheme.as_str(), "ssh" | "git+ssh" | "ssh+git" | "scp");
+    (!ssh).then_some("user information (a token, as in https://TOKEN@host)")
+}
+
+fn is_url(s: &str) -> bool {
+    s.contains("://") || (s.contains('@') && s.contains(':') && !s.starts_with('/'))
+}
