@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use sha2::{Digest, Sha256};
 
 use crate::error::chain;
+use crate::model::CommitId;
 use crate::process::{self, Spec};
 use crate::redact::Redactor;
 use crate::secret::SecretRef;
@@ -90,7 +91,7 @@ pub struct Source<'a> {
 #[derive(Debug, Clone)]
 pub struct Synced {
     /// The full commit id now checked out.
-    pub sha: String,
+    pub sha: CommitId,
     /// The checkout's root.
     pub checkout: PathBuf,
     /// `checkout/<target path>`: where the backend works.
@@ -261,7 +262,7 @@ impl Git {
             });
         }
         Ok(Synced {
-            sha: sha.to_string(),
+            sha: CommitId::new(sha),
             checkout: dir,
             workdir,
             source_digest: tree.trim().to_string(),

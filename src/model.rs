@@ -80,6 +80,33 @@ impl Trigger {
 /// A boxed, sendable future: what trait methods with async bodies return.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// A full commit id, as git names the commit a tick checked out (never
+/// empty: where there is no commit, there is no `CommitId`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct CommitId(String);
+
+impl CommitId {
+    pub fn new(id: impl Into<String>) -> CommitId {
+        CommitId(id.into())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Its first 12 characters, as people read it.
+    pub fn short(&self) -> &str {
+        short_sha(&self.0)
+    }
+}
+
+impl std::fmt::Display for CommitId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// A commit id as people read it: its first 12 characters (all of it when
 /// shorter). Safe on any string: it never splits a character.
 pub fn short_sha(sha: &str) -> &str {

@@ -347,13 +347,16 @@ impl Reconciler {
             }
         };
         if let Some(req) = &requested
-            && !synced.sha.starts_with(req.as_str())
+            && !synced.sha.as_str().starts_with(req.as_str())
         {
             info!(target = %target.name, requested = %req, tip = %synced.sha,
                       "the branch tip differs from the requested commit; applying the tip");
         }
         // The commit is on record before the backend is called.
-        self.app.store.set_run_sha(run_id, &synced.sha).await?;
+        self.app
+            .store
+            .set_run_sha(run_id, synced.sha.as_str())
+            .await?;
 
         let ctx = Context {
             name: target.name.clone(),
@@ -363,7 +366,7 @@ impl Reconciler {
             last_digest: state.and_then(|s| s.backend_digest),
             timeout: target.timeout,
             redactor: Git::redactor(&target.git),
-            commit: synced.sha.clone(),
+            commit: Some(synced.sha.clone()),
             ledger: Some(std::sync::Arc::new(self.app.store.clone())),
         };
         let status = match backend::build(&target.backend, ctx) {
@@ -382,7 +385,8 @@ impl Reconciler {
                 }
             }
         };
-        self.finish(target, &run, Some(&synced.sha), status).await
+        self.finish(target, &run, Some(synced.sha.as_str()), status)
+            .await
     }
 
     async fn finish(
@@ -623,7 +627,7 @@ impl Reconciler {
             last_digest: state.and_then(|s| s.backend_digest),
             timeout: target.timeout,
             redactor: Git::redactor(&target.git),
-            commit: String::new(),
+            commit: None,
             ledger: Some(std::sync::Arc::new(self.app.store.clone())),
         };
         let err = |e: backend::BackendError| TickError::Backend {

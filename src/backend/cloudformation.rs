@@ -289,6 +289,7 @@ mod aws {
     use std::collections::BTreeMap;
     use std::time::{Duration, Instant, SystemTime};
 
+    use crate::model::CommitId;
     use aws_config::BehaviorVersion;
     use aws_sdk_cloudformation::Client;
     use aws_sdk_cloudformation::error::{DisplayErrorContext, ProvideErrorMetadata};
@@ -629,7 +630,7 @@ mod aws {
                 .unwrap_or(0);
             let name = format!(
                 "driftless-{}-{stamp}",
-                self.ctx.commit.get(..12).unwrap_or("manual")
+                self.ctx.commit.as_ref().map_or("manual", CommitId::short)
             );
             let parameters: Vec<Parameter> = params
                 .iter()
@@ -662,7 +663,10 @@ mod aws {
                 .set_parameters(Some(parameters))
                 .set_capabilities(Some(caps))
                 .set_tags(Some(tags))
-                .description(format!("driftless: commit {}", self.ctx.commit))
+                .description(format!(
+                    "driftless: commit {}",
+                    self.ctx.commit.as_ref().map_or("(none)", CommitId::as_str)
+                ))
                 .send()
                 .await;
             let created = match created {
@@ -747,7 +751,7 @@ mod aws {
                 .and_then(|e| e.event_id().map(str::to_string));
             let token = format!(
                 "driftless-{}-{stamp}",
-                self.ctx.commit.get(..12).unwrap_or("manual")
+                self.ctx.commit.as_ref().map_or("manual", CommitId::short)
             );
             c.execute_change_set()
                 .change_set_name(&cs_id)
@@ -926,7 +930,7 @@ mod without_feature {
             last_digest: None,
             timeout: std::time::Duration::from_secs(1),
             redactor: crate::redact::Redactor::new(),
-            commit: String::new(),
+            commit: None,
             ledger: None,
         };
         let Err(e) = build(cfg, ctx) else {

@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::model::CommitId;
 use crate::redact::Redactor;
 
 pub use crate::model::{ApplyResult, BoxFuture, Status};
@@ -70,8 +71,8 @@ pub struct Context {
     pub timeout: Duration,
     /// Masks secrets in everything the backend reports.
     pub redactor: Redactor,
-    /// The commit being applied (empty for `outputs`).
-    pub commit: String,
+    /// The commit being applied (none for `outputs`).
+    pub commit: Option<CommitId>,
     /// Durable records for backends that keep their own (nomad's
     /// deployments); `None` where there is no state database.
     pub ledger: Option<Arc<dyn nomad::Ledger>>,

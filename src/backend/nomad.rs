@@ -29,7 +29,7 @@ use sha2::{Digest, Sha256};
 
 use super::{ApplyResult, Backend, BackendError, BoxFuture, Context, Outputs, Status};
 pub use crate::ledger::{Change, Deployment, JobKey, Ledger, LedgerError, NewDeployment, Policy};
-use crate::model::short_sha as short;
+use crate::model::CommitId;
 use crate::secret::SecretRef;
 
 /// Meta keys driftless reads; any other `driftless_*` key is an error.
@@ -444,6 +444,16 @@ struct HookRun<'a> {
 }
 
 impl Nomad {
+    /// The commit this apply converges to (empty when there is none, as
+    /// for `outputs`, which records no deployment).
+    fn commit(&self) -> &str {
+        self.ctx.commit.as_ref().map_or("", CommitId::as_str)
+    }
+
+    fn commit_short(&self) -> &str {
+        self.ctx.commit.as_ref().map_or("", CommitId::short)
+    }
+
     pub fn new(cfg: Config, mut ctx: Context) -> Result<Self, BackendError> {
         let ledger = ctx.ledger.clone().ok_or_else(|| {
             BackendError::Config("the nomad backend needs the state database".into())
@@ -856,7 +866,7 @@ impl Nomad {
                             Change {
                                 message: Some(format!(
                                     "superseded by commit {}",
-                                    short(&self.ctx.commit)
+                                    self.commit_short()
                                 )),
                                 ..Change::default()
                             },
@@ -976,7 +986,7 @@ impl Nomad {
                     target: self.ctx.name.clone(),
                     key: key.clone(),
                     file: p.file.clone(),
-                    commit_sha: self.ctx.commit.clone(),
+                    commit_sha: self.commit().to_string(),
                     spec_hash: hash.to_string(),
                     policy: p.policy,
                     state: if p.policy == Policy::Approval {
@@ -1394,7 +1404,7 @@ impl Nomad {
         let values = [
             ("driftless_deployment", run.id.to_string()),
             ("driftless_job", p.key.job.clone()),
-            ("driftless_commit", self.ctx.commit.clone()),
+            ("driftless_commit", self.commit().to_string()),
             ("driftless_phase", phase.to_string()),
         ];
         let meta: serde_json::Map<String, Value> = values
@@ -1564,7 +1574,7 @@ impl Nomad {
         newer: bool,
     ) -> Result<Followed, JobReport> {
         let key = &p.key;
-        let commit = short(&self.ctx.commit);
+        let commit = self.commit_short();
         if newer && (d.state != "applying" || d.registered_index.is_none()) {
             let why = match d.state.as_str() {
                 "pre_hook" => {

@@ -324,14 +324,37 @@ pub struct WebhookConfig {
     pub secret_file: Option<String>,
 }
 
-/// The kind-specific part of a `[[notifiers]]` table.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(tag = "kind", rename_all = "lowercase")]
+/// The kind-specific part of a `[[notifiers]]` table, with each secret it
+/// names as a typed reference (resolved against the config file's
+/// directory, read only when sending): the compiler, not a key lookup,
+/// says which secret each kind has.
+#[derive(Debug, Clone)]
 pub enum NotifierKind {
-    Email(EmailConfig),
-    Slack(SlackConfig),
-    Matrix(MatrixConfig),
-    Webhook(WebhookConfig),
+    Email {
+        config: EmailConfig,
+        password: Option<SecretRef>,
+    },
+    Slack {
+        /// The incoming-webhook URL (it is the credential).
+        url: SecretRef,
+    },
+    Matrix {
+        config: MatrixConfig,
+        access_token: SecretRef,
+    },
+    Webhook {
+        config: WebhookConfig,
+        url: WebhookUrl,
+        /// Signs each body (`X-Driftless-Signature`).
+        signing_secret: Option<SecretRef>,
+    },
+}
+
+/// Where a webhook notifier posts: a plain `url`, or a `url_file` secret.
+#[derive(Debug, Clone)]
+pub enum WebhookUrl {
+    Plain(String),
+    Secret(SecretRef),
 }
 
 /// A configured notifier. Secret fields stay references, read when sending.
@@ -346,8 +369,6 @@ pub struct NotifierConfig {
     /// failure, up to ten minutes.
     pub retry_after: std::time::Duration,
     pub kind: NotifierKind,
-    /// Secret references resolved against the config file's directory.
-    secrets: BTreeMap<&'static str, SecretRef>,
 }
 
 impl NotifierConfig {
@@ -435,11 +456,36 @@ impl NotifierConfig {
             }
         };
         use crate::schema::read;
+        let secret = |f: &str| SecretRef::parse(f, base);
         let parsed = match kind_name.as_str() {
-            "email" => read(v).map(NotifierKind::Email),
-            "slack" => read(v).map(NotifierKind::Slack),
-            "matrix" => read(v).map(NotifierKind::Matrix),
-            "webhook" => read(v).map(NotifierKind::Webhook),
+            "email" => read::<EmailConfig>(v).map(|c| NotifierKind::Email {
+                password: c.password_file.as_deref().map(secret),
+                config: c,
+            }),
+            "slack" => read::<SlackConfig>(v).map(|c| NotifierKind::Slack {
+                url: secret(&c.url_file),
+            }),
+            "matrix" => read::<MatrixConfig>(v).map(|c| NotifierKind::Matrix {
+                access_token: secret(&c.access_token_file),
+                config: c,
+            }),
+            "webhook" => read::<WebhookConfig>(v).and_then(|c| {
+                let url = match (&c.url, &c.url_file) {
+                    (Some(u), None) => WebhookUrl::Plain(u.clone()),
+                    (None, Some(f)) => WebhookUrl::Secret(secret(f)),
+                    _ => {
+                        return Err(vec![(
+                            "url".to_string(),
+                            "set exactly one of url and url_file".to_string(),
+                        )]);
+                    }
+                };
+                Ok(NotifierKind::Webhook {
+                    signing_secret: c.secret_file.as_deref().map(secret),
+                    url,
+                    config: c,
+                })
+            }),
             other => Err(vec![(
                 "kind".to_string(),
                 format!("unknown variant `{other}`, expected one of {KINDS}"),
@@ -452,9 +498,8 @@ impl NotifierConfig {
                 return Err(errs);
             }
         };
-        let mut secrets = BTreeMap::new();
         match &kind {
-            NotifierKind::Email(c) => {
+            NotifierKind::Email { config: c, .. } => {
                 if c.to.is_empty() {
                     errs.push(("to".into(), "must list at least one address".into()));
                 }
@@ -478,14 +523,9 @@ impl NotifierConfig {
                         "username and password_file go together".into(),
                     ));
                 }
-                if let Some(p) = &c.password_file {
-                    secrets.insert("password_file", SecretRef::parse(p, base));
-                }
             }
-            NotifierKind::Slack(c) => {
-                secrets.insert("url_file", SecretRef::parse(&c.url_file, base));
-            }
-            NotifierKind::Matrix(c) => {
+            NotifierKind::Slack { .. } => {}
+            NotifierKind::Matrix { config: c, .. } => {
                 if !(c.homeserver.starts_with("https://") || c.homeserver.starts_with("http://")) {
                     errs.push(("homeserver".into(), "must be an http(s):// URL".into()));
                 }
@@ -495,25 +535,12 @@ impl NotifierConfig {
                         format!("`{}` is not a room id (they start with `!`)", c.room_id),
                     ));
                 }
-                secrets.insert(
-                    "access_token_file",
-                    SecretRef::parse(&c.access_token_file, base),
-                );
             }
-            NotifierKind::Webhook(c) => {
-                match (&c.url, &c.url_file) {
-                    (Some(u), None) => {
-                        if !(u.starts_with("https://") || u.starts_with("http://")) {
-                            errs.push(("url".into(), "must be an http(s):// URL".into()));
-                        }
-                    }
-                    (None, Some(f)) => {
-                        secrets.insert("url_file", SecretRef::parse(f, base));
-                    }
-                    _ => errs.push(("url".into(), "set exactly one of url and url_file".into())),
-                }
-                if let Some(f) = &c.secret_file {
-                    secrets.insert("secret_file", SecretRef::parse(f, base));
+            NotifierKind::Webhook { url, .. } => {
+                if let WebhookUrl::Plain(u) = url
+                    && !(u.starts_with("https://") || u.starts_with("http://"))
+                {
+                    errs.push(("url".into(), "must be an http(s):// URL".into()));
                 }
             }
         }
@@ -524,7 +551,6 @@ impl NotifierConfig {
                 attempts,
                 retry_after,
                 kind,
-                secrets,
             })
         } else {
             Err(errs)
@@ -533,25 +559,36 @@ impl NotifierConfig {
 
     pub fn kind_name(&self) -> &'static str {
         match self.kind {
-            NotifierKind::Email(_) => "email",
-            NotifierKind::Slack(_) => "slack",
-            NotifierKind::Matrix(_) => "matrix",
-            NotifierKind::Webhook(_) => "webhook",
+            NotifierKind::Email { .. } => "email",
+            NotifierKind::Slack { .. } => "slack",
+            NotifierKind::Matrix { .. } => "matrix",
+            NotifierKind::Webhook { .. } => "webhook",
         }
     }
 
-    /// The secret references, by key, for `driftless check`.
-    pub fn secrets(&self) -> impl Iterator<Item = (&'static str, &SecretRef)> {
-        self.secrets.iter().map(|(k, v)| (*k, v))
-    }
-
-    fn secret(&self, key: &'static str) -> Result<Option<String>, SendError> {
-        match self.secrets.get(key) {
-            None => Ok(None),
-            Some(r) => r
-                .load()
-                .map(Some)
-                .map_err(|e| SendError(format!("cannot read `{key}`: {}", e.reason))),
+    /// The secret references, each with the key that names it, for
+    /// `driftless check`.
+    pub fn secrets(&self) -> Vec<(&'static str, &SecretRef)> {
+        match &self.kind {
+            NotifierKind::Email { password, .. } => {
+                password.iter().map(|p| ("password_file", p)).collect()
+            }
+            NotifierKind::Slack { url } => vec![("url_file", url)],
+            NotifierKind::Matrix { access_token, .. } => vec![("access_token_file", access_token)],
+            NotifierKind::Webhook {
+                url,
+                signing_secret,
+                ..
+            } => {
+                let mut v = Vec::new();
+                if let WebhookUrl::Secret(u) = url {
+                    v.push(("url_file", u));
+                }
+                if let Some(s) = signing_secret {
+                    v.push(("secret_file", s));
+                }
+                v
+            }
         }
     }
 
@@ -562,30 +599,46 @@ impl NotifierConfig {
     /// Deliver one event. The error never contains a secret.
     pub async fn send(&self, http: &reqwest::Client, doc: &EventDoc) -> Result<(), SendError> {
         match &self.kind {
-            NotifierKind::Email(c) => email::send(c, self.secret("password_file")?, doc).await,
-            NotifierKind::Slack(_) => {
-                let url = self
-                    .secret("url_file")?
-                    .ok_or_else(|| SendError("no url_file".into()))?;
-                slack::send(http, &url, doc).await
+            NotifierKind::Email { config, password } => {
+                let password = password
+                    .as_ref()
+                    .map(|p| read_secret("password_file", p))
+                    .transpose()?;
+                email::send(config, password, doc).await
             }
-            NotifierKind::Matrix(c) => {
-                let token = self
-                    .secret("access_token_file")?
-                    .ok_or_else(|| SendError("no access_token_file".into()))?;
-                matrix::send(http, c, &token, doc).await
+            NotifierKind::Slack { url } => {
+                slack::send(http, &read_secret("url_file", url)?, doc).await
             }
-            NotifierKind::Webhook(c) => {
-                let url = match &c.url {
-                    Some(u) => u.clone(),
-                    None => self
-                        .secret("url_file")?
-                        .ok_or_else(|| SendError("no url".into()))?,
+            NotifierKind::Matrix {
+                config,
+                access_token,
+            } => {
+                let token = read_secret("access_token_file", access_token)?;
+                matrix::send(http, config, &token, doc).await
+            }
+            NotifierKind::Webhook {
+                config,
+                url,
+                signing_secret,
+            } => {
+                let url = match url {
+                    WebhookUrl::Plain(u) => u.clone(),
+                    WebhookUrl::Secret(r) => read_secret("url_file", r)?,
                 };
-                webhook::send(http, &url, &c.headers, self.secret("secret_file")?, doc).await
+                let signing = signing_secret
+                    .as_ref()
+                    .map(|s| read_secret("secret_file", s))
+                    .transpose()?;
+                webhook::send(http, &url, &config.headers, signing, doc).await
             }
         }
     }
+}
+
+/// Read a notifier's secret `r` (its config key is `key`) for one send.
+fn read_secret(key: &str, r: &SecretRef) -> Result<String, SendError> {
+    r.load()
+        .map_err(|e| SendError(format!("cannot read `{key}`: {}", e.reason)))
 }
 
 fn is_loopback(host: &str) -> bool {
