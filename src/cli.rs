@@ -11,7 +11,7 @@ use crate::app::App;
 use crate::config;
 use crate::model::ApplyResult;
 use crate::store::{Operation, format_ms};
-use crate::tick::{Reconciler, TickError, Ticked};
+use crate::tick::{Planned, Reconciler, TickError, Ticked};
 
 /// `tick` exit code when a target's lock is held elsewhere (EX_TEMPFAIL).
 pub const EXIT_BUSY: u8 = 75;
@@ -350,6 +350,57 @@ pub fn token_new(name: &str) -> Report {
 }
 
 /// `driftless outputs <target> [--json]`
+/// Exit code of `plan` when applying would change something.
+pub const EXIT_CHANGES: u8 = 2;
+
+/// `driftless plan <target>`: what applying the branch tip would change.
+pub async fn plan(rec: &Reconciler, target: &str, as_json: bool) -> Result<Report, TickError> {
+    known(rec.app(), target)?;
+    let (commit, plan) = match rec.plan_now(target).await? {
+        Planned::Plan { commit, plan } => (commit, plan),
+        Planned::CannotPlan { backend } => {
+            return Ok(failed(format!(
+                "target `{target}` ({backend}) cannot plan: only terraform targets can so far"
+            )));
+        }
+        Planned::Busy => {
+            return Ok(Report {
+                stdout: format!("{target}: busy: another tick holds the target's lock\n"),
+                code: EXIT_BUSY,
+            });
+        }
+    };
+    let code = if plan.changes { EXIT_CHANGES } else { 0 };
+    let stdout = if as_json {
+        let v = serde_json::json!({
+            "target": target,
+            "commit": commit,
+            "changes": plan.changes,
+            "destructive": plan.destructive,
+            "plan_hash": plan.hash,
+            "summary": plan.summary,
+            "diff": plan.diff,
+        });
+        format!("{v:#}\n")
+    } else if plan.changes {
+        format!(
+            "{target} at {}: {}{}\n{}\nplan {}\n",
+            commit.short(),
+            plan.summary,
+            if plan.destructive {
+                " (destructive: deletes or replaces)"
+            } else {
+                ""
+            },
+            plan.diff,
+            plan.hash
+        )
+    } else {
+        format!("{target} at {}: no changes\n", commit.short())
+    };
+    Ok(Report { stdout, code })
+}
+
 pub async fn outputs(rec: &Reconciler, target: &str, as_json: bool) -> Result<Report, TickError> {
     let outs = rec.outputs(target).await?;
     let stdout = if as_json {

@@ -58,6 +58,16 @@ enum Command {
         #[arg(long, default_value_t = 20)]
         limit: i64,
     },
+    /// What applying a target's branch tip now would change, changing
+    /// nothing (terraform). Exit 0: no changes; 2: changes; 1: failed or the
+    /// backend cannot plan; 75: a tick holds the target's lock.
+    Plan {
+        /// The target's name.
+        target: String,
+        /// Print JSON: commit, changes, destructive, plan_hash, summary, diff.
+        #[arg(long)]
+        json: bool,
+    },
     /// What a target exposes (terraform outputs, the exec command's JSON).
     Outputs {
         /// The target's name.
@@ -227,6 +237,7 @@ async fn run(args: Args) -> anyhow::Result<u8> {
             json,
             limit,
         } => cli::history(&app, &target, json, limit).await?,
+        Command::Plan { target, json } => cli::plan(&rec(), &target, json).await?,
         Command::Outputs { target, json } => cli::outputs(&rec(), &target, json).await?,
         Command::Destroy { target, yes } => {
             if !yes {

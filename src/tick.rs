@@ -12,12 +12,12 @@ use std::time::Duration;
 use tracing::{error, info, warn};
 
 use crate::app::App;
-use crate::backend::{self, ApplyResult, Context, Outputs, Status};
+use crate::backend::{self, ApplyResult, Context, Outputs, Plan, Status};
 use crate::config::Target;
 use crate::git::Git;
 use crate::lock::{LockError, TargetLock};
-use crate::model::Trigger;
 use crate::model::short_sha;
+use crate::model::{CommitId, Trigger};
 use crate::notify::{self, EventDoc, FailureState};
 use crate::queue::Job;
 use crate::store::{NewNotification, NewRun, Notice, Operation, StoreError, TargetState};
@@ -69,6 +69,17 @@ pub enum Ticked {
     /// A push that changed nothing under the target's path: the job was
     /// closed without a run, saying why.
     Unaffected { reason: String },
+}
+
+/// What [`Reconciler::plan_now`] found.
+#[derive(Debug)]
+pub enum Planned {
+    /// What applying the branch tip, `commit`, would change.
+    Plan { commit: CommitId, plan: Plan },
+    /// This target's backend cannot plan.
+    CannotPlan { backend: &'static str },
+    /// Another tick holds the target's lock.
+    Busy,
 }
 
 /// The one thing that converges targets: the [`App`] plus the git caches
@@ -368,6 +379,7 @@ impl Reconciler {
             redactor: Git::redactor(&target.git),
             commit: Some(synced.sha.clone()),
             ledger: Some(std::sync::Arc::new(self.app.store.clone())),
+            plans_dir: self.app.settings.plans_dir(&target.name),
         };
         let status = match backend::build(&target.backend, ctx) {
             Err(e) => Status::failed(e.to_string()),
@@ -609,6 +621,68 @@ impl Reconciler {
         Ok(())
     }
 
+    /// Plan a target now (`driftless plan`): under its lock, at its branch
+    /// tip; nothing is applied and no run is recorded. The plan's artifact
+    /// is removed before this returns (nothing can apply it later yet).
+    pub async fn plan_now(&self, name: &str) -> Result<Planned, TickError> {
+        let target = self.target(name)?.clone();
+        let _lock = match TargetLock::try_acquire(&self.app.settings.locks_dir(), name) {
+            Ok(l) => l,
+            Err(LockError::Busy { .. }) => return Ok(Planned::Busy),
+            Err(e) => return Err(TickError::Lock(e)),
+        };
+        let err = |message: String| TickError::Backend {
+            target: name.to_string(),
+            message,
+        };
+        let synced = self
+            .git
+            .sync(target.source())
+            .await
+            .map_err(|e| err(e.to_string()))?;
+        let state = self.app.store.target_state(name).await?;
+        let ctx = Context {
+            name: target.name.clone(),
+            workdir: synced.workdir.clone(),
+            checkout: synced.checkout.clone(),
+            source_digest: synced.source_digest.clone(),
+            last_digest: state.and_then(|s| s.backend_digest),
+            timeout: target.timeout,
+            redactor: Git::redactor(&target.git),
+            commit: Some(synced.sha.clone()),
+            ledger: Some(std::sync::Arc::new(self.app.store.clone())),
+            plans_dir: self.app.settings.plans_dir(&target.name),
+        };
+        let b = backend::build(&target.backend, ctx).map_err(|e| err(e.to_string()))?;
+        let Some(fut) = b.plan() else {
+            return Ok(Planned::CannotPlan {
+                backend: target.backend.kind(),
+            });
+        };
+        let plan = match tokio::time::timeout(target.timeout + BACKSTOP, fut).await {
+            Ok(p) => p.map_err(err)?,
+            Err(_) => {
+                return Err(err(format!(
+                    "the backend did not finish planning within the target's timeout ({})",
+                    humantime::format_duration(target.timeout)
+                )));
+            }
+        };
+        if let Some(a) = &plan.artifact
+            && let Err(e) = std::fs::remove_file(a)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            return Err(err(format!(
+                "cannot remove the plan file {}: {e}",
+                a.display()
+            )));
+        }
+        Ok(Planned::Plan {
+            commit: synced.sha,
+            plan,
+        })
+    }
+
     /// The target's outputs, read from its current checkout.
     pub async fn outputs(&self, name: &str) -> Result<Outputs, TickError> {
         let target = self.target(name)?;
@@ -629,6 +703,7 @@ impl Reconciler {
             redactor: Git::redactor(&target.git),
             commit: None,
             ledger: Some(std::sync::Arc::new(self.app.store.clone())),
+            plans_dir: self.app.settings.plans_dir(&target.name),
         };
         let err = |e: backend::BackendError| TickError::Backend {
             target: name.to_string(),

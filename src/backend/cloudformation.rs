@@ -932,6 +932,7 @@ mod without_feature {
             redactor: crate::redact::Redactor::new(),
             commit: None,
             ledger: None,
+            plans_dir: std::path::PathBuf::from("/nonexistent"),
         };
         let Err(e) = build(cfg, ctx) else {
             panic!("built without the SDK")

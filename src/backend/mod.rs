@@ -50,6 +50,33 @@ pub trait Backend: Send + Sync {
     fn destroy(&self) -> BoxFuture<'_, Status>;
     /// What the target exposes (terraform outputs, the command's JSON, …).
     fn outputs(&self) -> BoxFuture<'_, Result<Outputs, BackendError>>;
+    /// What applying now would change, changing nothing; `None` for a
+    /// backend that cannot plan. The error is a message for people
+    /// (redacted).
+    fn plan(&self) -> Option<BoxFuture<'_, Result<Plan, String>>> {
+        None
+    }
+}
+
+/// What applying now would change, as a backend that can plan reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// Whether applying would change anything at all.
+    pub changes: bool,
+    /// One line for people: "1 to add, 0 to change, 1 to destroy".
+    pub summary: String,
+    /// One line per change: what and how (`+` create, `~` update, `-`
+    /// delete, `-/+` replace), never a value (redacted all the same).
+    pub diff: String,
+    /// It deletes or replaces something.
+    pub destructive: bool,
+    /// A SHA-256 over everything applying it would do (the tool's own
+    /// machine-readable plan, volatile fields left out): two plans with the
+    /// same hash change the same things the same way.
+    pub hash: String,
+    /// What applying exactly this plan needs (terraform: the saved plan
+    /// file, under [`Context::plans_dir`]).
+    pub artifact: Option<PathBuf>,
 }
 
 /// What a backend is bound to when it is built.
@@ -76,6 +103,9 @@ pub struct Context {
     /// Durable records for backends that keep their own (nomad's
     /// deployments); `None` where there is no state database.
     pub ledger: Option<Arc<dyn nomad::Ledger>>,
+    /// Where this target's plan artifacts are written
+    /// (`<state_dir>/plans/<target>`; it may not exist yet).
+    pub plans_dir: PathBuf,
 }
 
 impl Context {

@@ -5,7 +5,9 @@
 //! (or when terraform itself says init is required), then
 //! `apply -auto-approve -input=false -json`, and reads the result from the
 //! machine-readable `change_summary` (and planned output changes). Refresh is
-//! part of terraform's apply; there is no separate plan step. `outputs` is
+//! part of terraform's apply. `plan` (for `driftless plan`) is `plan -out`
+//! into the target's plans directory and `show -json` of that file,
+//! summarised by address and action, never by value. `outputs` is
 //! `output -json` with sensitive values masked. This module knows nothing
 //! about git, triggers or the queue.
 
@@ -18,7 +20,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::tool::{self, Tool};
-use super::{ApplyResult, Backend, BackendError, BoxFuture, Context, Outputs, Status};
+use super::{ApplyResult, Backend, BackendError, BoxFuture, Context, Outputs, Plan, Status};
 use crate::process::{self, Spec};
 
 /// Written into `.terraform/` after a successful init: what init saw.
@@ -145,7 +147,7 @@ impl Report {
                 Some("change_summary") => {
                     let changes = &v["changes"];
                     let op = changes["operation"].as_str().unwrap_or("");
-                    if op == "apply" || op == "destroy" {
+                    if op == "apply" || op == "destroy" || op == "plan" {
                         let n: u64 = ["add", "change", "remove", "import"]
                             .iter()
                             .map(|k| changes[*k].as_u64().unwrap_or(0))
@@ -363,6 +365,82 @@ impl Terraform {
         }
     }
 
+    /// init if needed and select the workspace.
+    async fn prepare(&self, deadline: Instant, tail: &mut String) -> Result<(), String> {
+        if self.needs_init() {
+            self.init(deadline, tail)
+                .await
+                .map_err(|e| format!("terraform init failed: {e}"))?;
+        }
+        self.select_workspace(deadline, tail)
+            .await
+            .map_err(|e| format!("cannot select workspace: {e}"))
+    }
+
+    /// Run terraform with `args` (a `-json` command), running init again
+    /// once if terraform says it is needed; its report, or why it failed
+    /// (redacted, the state lock explained).
+    async fn run_json(
+        &self,
+        args: &[String],
+        deadline: Instant,
+        tail: &mut String,
+    ) -> Result<(process::Output, Report), String> {
+        let arg_refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut retried_init = false;
+        loop {
+            let spec = self.spec(&arg_refs, deadline);
+            let out = self.run(&spec).await?;
+            tail.push_str(&out.tail);
+            let report = Report::parse(&out.stdout);
+            if out.timed_out {
+                return Err(process::describe_exit(&spec, &out, Some(self.ctx.timeout)));
+            }
+            if out.success() {
+                return Ok((out, report));
+            }
+            if report.wants_init() && !retried_init {
+                retried_init = true;
+                self.init(deadline, tail)
+                    .await
+                    .map_err(|e| format!("terraform init failed: {e}"))?;
+                continue;
+            }
+            if let Some(msg) =
+                report.state_lock_message(&out.stdout, &self.ctx.workdir, &self.cfg.binary)
+            {
+                return Err(self.ctx.redactor.redact(&msg));
+            }
+            let why = if report.errors.is_empty() {
+                out.stderr.trim().to_string()
+            } else {
+                report.errors.join("; ")
+            };
+            return Err(format!(
+                "{}: {}",
+                process::describe_exit(&spec, &out, None),
+                self.ctx.redactor.redact(&why)
+            ));
+        }
+    }
+
+    /// `op` (`apply`/`destroy`, or `plan` with `extra` such as `-out=FILE`)
+    /// with the lock timeout and variables.
+    fn op_args(&self, op: &str, extra: &[String]) -> Vec<String> {
+        let mut args = vec![op.to_string()];
+        if op != "plan" {
+            args.push("-auto-approve".into());
+        }
+        args.push("-input=false".into());
+        args.push("-json".into());
+        if let Some(t) = &self.cfg.lock_timeout {
+            args.push(format!("-lock-timeout={t}"));
+        }
+        args.extend(extra.iter().cloned());
+        args.extend(self.var_args());
+        args
+    }
+
     /// init if needed, select the workspace, then run `op` (`apply`/`destroy`).
     async fn converge(&self, op: &str) -> Status {
         let deadline = Instant::now() + self.ctx.timeout;
@@ -373,88 +451,155 @@ impl Terraform {
             output_tail: crate::redact::tail(tail, process::TAIL_BYTES),
             digest: None,
         };
-        if self.needs_init()
-            && let Err(e) = self.init(deadline, &mut tail).await
+        if let Err(e) = self.prepare(deadline, &mut tail).await {
+            return failed(e, &tail);
+        }
+        let report = match self
+            .run_json(&self.op_args(op, &[]), deadline, &mut tail)
+            .await
         {
-            return failed(format!("terraform init failed: {e}"), &tail);
-        }
-        if let Err(e) = self.select_workspace(deadline, &mut tail).await {
-            return failed(format!("cannot select workspace: {e}"), &tail);
-        }
-        let mut args = vec![
-            op.to_string(),
-            "-auto-approve".into(),
-            "-input=false".into(),
-            "-json".into(),
-        ];
-        if let Some(t) = &self.cfg.lock_timeout {
-            args.push(format!("-lock-timeout={t}"));
-        }
-        args.extend(self.var_args());
-        let arg_refs: Vec<&str> = args.iter().map(String::as_str).collect();
-        let mut retried_init = false;
-        loop {
-            let spec = self.spec(&arg_refs, deadline);
-            let out = match self.run(&spec).await {
-                Ok(o) => o,
-                Err(e) => return failed(e, &tail),
-            };
-            tail.push_str(&out.tail);
-            let report = Report::parse(&out.stdout);
-            if out.timed_out {
-                return failed(
-                    process::describe_exit(&spec, &out, Some(self.ctx.timeout)),
-                    &tail,
-                );
-            }
-            if !out.success() {
-                if report.wants_init() && !retried_init {
-                    retried_init = true;
-                    if let Err(e) = self.init(deadline, &mut tail).await {
-                        return failed(format!("terraform init failed: {e}"), &tail);
-                    }
-                    continue;
-                }
-                if let Some(msg) =
-                    report.state_lock_message(&out.stdout, &self.ctx.workdir, &self.cfg.binary)
-                {
-                    return failed(self.ctx.redactor.redact(&msg), &tail);
-                }
-                let why = if report.errors.is_empty() {
-                    out.stderr.trim().to_string()
-                } else {
-                    report.errors.join("; ")
-                };
-                return failed(
-                    format!(
-                        "{}: {}",
-                        process::describe_exit(&spec, &out, None),
-                        self.ctx.redactor.redact(&why)
-                    ),
-                    &tail,
-                );
-            }
-            let (changes, msg) = report
-                .summary
-                .clone()
-                .unwrap_or((0, format!("{op} finished (no change summary reported)")));
-            let changed = changes > 0 || (op == "apply" && report.output_changes > 0);
-            let message = if changes == 0 && report.output_changes > 0 && op == "apply" {
-                format!("{msg} {} output(s) changed.", report.output_changes)
+            Ok((_, r)) => r,
+            Err(e) => return failed(e, &tail),
+        };
+        let (changes, msg) = report
+            .summary
+            .clone()
+            .unwrap_or((0, format!("{op} finished (no change summary reported)")));
+        let changed = changes > 0 || (op == "apply" && report.output_changes > 0);
+        let message = if changes == 0 && report.output_changes > 0 && op == "apply" {
+            format!("{msg} {} output(s) changed.", report.output_changes)
+        } else {
+            msg
+        };
+        Status {
+            result: if changed {
+                ApplyResult::Changed
             } else {
-                msg
-            };
-            return Status {
-                result: if changed {
-                    ApplyResult::Changed
-                } else {
-                    ApplyResult::NoChange
-                },
-                message,
-                output_tail: crate::redact::tail(&tail, process::TAIL_BYTES),
-                digest: None,
-            };
+                ApplyResult::NoChange
+            },
+            message,
+            output_tail: crate::redact::tail(&tail, process::TAIL_BYTES),
+            digest: None,
         }
+    }
+
+    /// `plan -out` into the plans directory, then `show -json` of that
+    /// file: what would change, summarised without a single value (so no
+    /// sensitive one can show), and hashed.
+    async fn plan(&self) -> Result<Plan, String> {
+        let deadline = Instant::now() + self.ctx.timeout;
+        let mut tail = String::new();
+        self.prepare(deadline, &mut tail).await?;
+        let dir = &self.ctx.plans_dir;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create the plans directory {}: {e}", dir.display()))?;
+        let mut nonce = [0u8; 8];
+        getrandom::fill(&mut nonce)
+            .map_err(|e| format!("no randomness for a plan file name: {e}"))?;
+        let file = dir.join(format!("{}.tfplan", hex::encode(nonce)));
+        let out_arg = format!("-out={}", file.display());
+        let planned = self
+            .run_json(&self.op_args("plan", &[out_arg]), deadline, &mut tail)
+            .await;
+        let shown = match planned {
+            Ok(_) => {
+                let args = [
+                    "show".to_string(),
+                    "-json".into(),
+                    file.display().to_string(),
+                ];
+                self.run_json(&args, deadline, &mut tail).await
+            }
+            Err(e) => Err(e),
+        };
+        let out = match shown {
+            Ok((out, _)) => out,
+            Err(e) => {
+                let _ = std::fs::remove_file(&file);
+                return Err(e);
+            }
+        };
+        let json: Value = serde_json::from_str(out.stdout.trim()).map_err(|e| {
+            let _ = std::fs::remove_file(&file);
+            format!(
+                "`{} show -json` printed something that is not JSON: {e}",
+                self.cfg.binary
+            )
+        })?;
+        let mut plan = summarise_plan(&json);
+        plan.diff = self.ctx.redactor.redact(&plan.diff);
+        plan.artifact = Some(file);
+        Ok(plan)
+    }
+}
+
+/// Terraform's JSON plan (`show -json`, see terraform's
+/// internal/command/jsonplan) as a [`Plan`]: `resource_changes[].change.actions`
+/// and `output_changes`, addresses only. The hash covers the whole document
+/// but its `timestamp`.
+fn summarise_plan(json: &Value) -> Plan {
+    let (mut add, mut change, mut destroy) = (0u64, 0u64, 0u64);
+    let mut lines = Vec::new();
+    let mut destructive = false;
+    let acts = |v: &Value| -> Vec<String> {
+        v["change"]["actions"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|x| x.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    for rc in json["resource_changes"].as_array().into_iter().flatten() {
+        let actions = acts(rc);
+        let address = rc["address"].as_str().unwrap_or("?");
+        let has = |a: &str| actions.iter().any(|x| x == a);
+        let sign = match (has("create"), has("delete"), has("update")) {
+            (true, true, _) => "-/+",
+            (true, false, _) => "+",
+            (false, true, _) => "-",
+            (false, false, true) => "~",
+            _ => continue, // no-op, read
+        };
+        if has("create") {
+            add += 1;
+        }
+        if has("delete") {
+            destroy += 1;
+            destructive = true;
+        }
+        if has("update") {
+            change += 1;
+        }
+        lines.push(format!("{sign} {address} ({})", actions.join(", ")));
+    }
+    let mut outputs = 0;
+    if let Some(oc) = json["output_changes"].as_object() {
+        for (name, c) in oc {
+            let actions = acts(&serde_json::json!({ "change": c }));
+            if actions.iter().all(|a| a == "no-op") {
+                continue;
+            }
+            outputs += 1;
+            lines.push(format!("~ output.{name} ({})", actions.join(", ")));
+        }
+    }
+    let mut summary = format!("{add} to add, {change} to change, {destroy} to destroy");
+    if outputs > 0 {
+        summary.push_str(&format!(", {outputs} output(s) to change"));
+    }
+    let mut doc = json.clone();
+    if let Some(o) = doc.as_object_mut() {
+        o.remove("timestamp");
+    }
+    Plan {
+        changes: !lines.is_empty(),
+        summary,
+        diff: lines.join("\n"),
+        destructive,
+        hash: hex::encode(Sha256::digest(doc.to_string().as_bytes())),
+        artifact: None,
     }
 }
 
@@ -465,6 +610,10 @@ impl Backend for Terraform {
 
     fn destroy(&self) -> BoxFuture<'_, Status> {
         Box::pin(self.converge("destroy"))
+    }
+
+    fn plan(&self) -> Option<BoxFuture<'_, Result<Plan, String>>> {
+        Some(Box::pin(Terraform::plan(self)))
     }
 
     fn outputs(&self) -> BoxFuture<'_, Result<Outputs, BackendError>> {

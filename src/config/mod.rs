@@ -233,6 +233,11 @@ impl Settings {
     pub fn database_path(&self) -> PathBuf {
         self.state_dir.join("driftless.db")
     }
+
+    /// Where target `name`'s plan artifacts are kept.
+    pub fn plans_dir(&self, name: &str) -> PathBuf {
+        self.state_dir.join("plans").join(name)
+    }
 }
 
 // ---------------------------------------------------------------------------

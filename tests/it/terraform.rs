@@ -505,3 +505,164 @@ fn committed_symlinks_never_take_terraform_out_of_the_checkout() {
         "terraform ran in it"
     );
 }
+
+const PLANNED_TF: &str = r#"
+variable "greeting" {
+  type = string
+}
+
+variable "secret" {
+  type      = string
+  sensitive = true
+}
+
+resource "terraform_data" "greeting" {
+  input = var.greeting
+}
+
+resource "terraform_data" "pinned" {
+  input            = "same"
+  triggers_replace = [var.greeting]
+}
+
+resource "terraform_data" "secret" {
+  input = var.secret
+}
+"#;
+
+/// `driftless plan` against real terraform: what applying the branch tip
+/// would change, by address and action, without changing anything (no
+/// state written, no run recorded, the plan file removed), the same hash
+/// for the same plan, a replacement called destructive, and no value shown
+/// (a sensitive variable's canary never appears).
+#[test]
+fn plan_shows_what_apply_would_change_and_changes_nothing() {
+    terraform_available();
+    const CANARY: &str = "plan-canary-4f1d9e";
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    let first = remote.commit(
+        &[
+            ("network/main.tf", PLANNED_TF),
+            ("network/prod.tfvars", "greeting = \"hello\"\n"),
+        ],
+        "network",
+    );
+    let s = Setup::new(&format!(
+        "[[targets]]\nname = \"net\"\nrepo = \"{}\"\npath = \"network\"\ntimeout = \"2m\"\n\
+         [targets.backend]\nkind = \"terraform\"\nvar_files = [\"prod.tfvars\"]\n\
+         vars = {{ secret = \"{CANARY}\" }}\nenv = {{ TF_CLI_CONFIG_FILE = \"/dev/null\" }}\n\n\
+         {}",
+        remote.url(),
+        exec_target("sh", &remote.url(), "", "apply = [\"true\"]")
+    ));
+    let plan = |args: &[&str]| {
+        let mut all = vec!["plan"];
+        all.extend_from_slice(args);
+        let out = s.run(&all);
+        let said = text(&out.stdout) + &text(&out.stderr);
+        assert!(
+            !said.contains(CANARY),
+            "the sensitive value was shown:\n{said}"
+        );
+        (out.status.code(), text(&out.stdout))
+    };
+    let plans_dir = s.state.join("plans").join("net");
+    let state_file = || {
+        s.state
+            .join("checkouts")
+            .join("net")
+            .join("network/terraform.tfstate")
+    };
+
+    let (code, out) = plan(&["net"]);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(
+        out.starts_with(&format!(
+            "net at {}: 3 to add, 0 to change, 0 to destroy\n",
+            &first[..12]
+        )),
+        "{out}"
+    );
+    for line in [
+        "+ terraform_data.greeting (create)",
+        "+ terraform_data.pinned (create)",
+        "+ terraform_data.secret (create)",
+    ] {
+        assert!(out.lines().any(|l| l == line), "no `{line}` in:\n{out}");
+    }
+    assert!(!out.contains("destructive"), "{out}");
+    // Nothing was applied or recorded, and the plan file is gone.
+    assert!(s.history("net").is_empty(), "a plan recorded a run");
+    assert!(!state_file().exists(), "a plan wrote terraform state");
+    let left: Vec<_> = std::fs::read_dir(&plans_dir)
+        .expect("the plans directory")
+        .collect();
+    assert!(left.is_empty(), "plan files left behind: {left:?}");
+
+    // The same plan twice: the same hash.
+    let hash = |out: &str| -> String {
+        let v: serde_json::Value = serde_json::from_str(out).expect("plan --json");
+        v["plan_hash"].as_str().expect("plan_hash").to_string()
+    };
+    let (_, a) = plan(&["net", "--json"]);
+    // terraform stamps each plan to the second: the hash must not see it.
+    std::thread::sleep(Duration::from_millis(1100));
+    let (_, b) = plan(&["net", "--json"]);
+    let first_hash = hash(&a);
+    assert_eq!(first_hash.len(), 64, "{a}");
+    assert_eq!(first_hash, hash(&b));
+    let v: serde_json::Value = serde_json::from_str(&a).expect("json");
+    assert_eq!(
+        (v["changes"].clone(), v["destructive"].clone()),
+        (true.into(), false.into())
+    );
+    assert_eq!(v["commit"], first.as_str());
+
+    // Applied: nothing left to plan.
+    let (code, out) = tick(&s);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(state_file().exists());
+    let (code, out) = plan(&["net"]);
+    assert_eq!(
+        (code, out.trim()),
+        (
+            Some(0),
+            format!("net at {}: no changes", &first[..12]).as_str()
+        )
+    );
+
+    // A new greeting updates one resource and replaces another.
+    let second = remote.commit(&[("network/prod.tfvars", "greeting = \"bye\"\n")], "bye");
+    let (code, out) = plan(&["net"]);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(
+        out.starts_with(&format!(
+            "net at {}: 1 to add, 1 to change, 1 to destroy (destructive: deletes or replaces)\n",
+            &second[..12]
+        )),
+        "{out}"
+    );
+    assert!(
+        out.lines()
+            .any(|l| l == "~ terraform_data.greeting (update)"),
+        "{out}"
+    );
+    assert!(
+        out.lines()
+            .any(|l| l == "-/+ terraform_data.pinned (delete, create)"),
+        "{out}"
+    );
+    let (_, j) = plan(&["net", "--json"]);
+    assert_ne!(hash(&j), first_hash);
+    // Still nothing applied: the last run is the first commit's.
+    assert_eq!(s.target_status("net")["last_applied_sha"], first);
+
+    // A backend that cannot plan says so.
+    let (code, out) = plan(&["sh"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert_eq!(
+        out.trim(),
+        "error: target `sh` (exec) cannot plan: only terraform targets can so far"
+    );
+}
