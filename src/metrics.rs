@@ -1,6 +1,6 @@
 //! Prometheus metrics: webhook deliveries by receiver and outcome, ticks by
 //! target and result, tick duration, and — read from the database at scrape
-//! time — jobs queued and the last successful run per target.
+//! time — jobs queued, the last successful run and drift per target.
 //!
 //! Counting never fails and never blocks; this module only counts and
 //! renders, it decides nothing.
@@ -44,6 +44,7 @@ pub struct Metrics {
     tick_seconds: Family<TargetLabels, Histogram, fn() -> Histogram>,
     queued: Family<TargetLabels, Gauge>,
     last_success: Family<TargetLabels, Gauge>,
+    drift: Family<TargetLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -63,6 +64,7 @@ impl Metrics {
             );
         let queued = Family::<TargetLabels, Gauge>::default();
         let last_success = Family::<TargetLabels, Gauge>::default();
+        let drift = Family::<TargetLabels, Gauge>::default();
         registry.register(
             "webhook_deliveries",
             "Webhook deliveries by receiver and outcome",
@@ -84,6 +86,11 @@ impl Metrics {
             "When the target last converged successfully (Unix time)",
             last_success.clone(),
         );
+        registry.register(
+            "drift",
+            "1 while a `detect` target's last plan found the real world differs from git",
+            drift.clone(),
+        );
         Metrics {
             registry,
             deliveries,
@@ -91,6 +98,7 @@ impl Metrics {
             tick_seconds,
             queued,
             last_success,
+            drift,
         }
     }
 
@@ -119,7 +127,17 @@ impl Metrics {
 
     /// Set the gauges read from the database, then render everything in
     /// the Prometheus text format.
-    pub fn render(&self, queued: &[(String, i64)], last_success_ms: &[(String, i64)]) -> String {
+    pub fn render(
+        &self,
+        queued: &[(String, i64)],
+        last_success_ms: &[(String, i64)],
+        drifting: &[(String, bool)],
+    ) -> String {
+        for (t, d) in drifting {
+            self.drift
+                .get_or_create(&TargetLabels { target: t.clone() })
+                .set(i64::from(*d));
+        }
         self.queued.clear();
         for (t, n) in queued {
             self.queued
@@ -149,7 +167,13 @@ mod tests {
         m.delivery("github", "queued");
         m.delivery("github", "queued");
         m.tick("web", "changed", 0.3);
-        let text = m.render(&[("web".into(), 1)], &[("web".into(), 1_700_000_000_000)]);
+        let text = m.render(
+            &[("web".into(), 1)],
+            &[("web".into(), 1_700_000_000_000)],
+            &[("web".into(), true), ("db".into(), false)],
+        );
+        assert!(text.contains("driftless_drift{target=\"web\"} 1"), "{text}");
+        assert!(text.contains("driftless_drift{target=\"db\"} 0"), "{text}");
         assert!(
             text.contains(
                 "driftless_webhook_deliveries_total{receiver=\"github\",outcome=\"queued\"} 2"

@@ -26,6 +26,12 @@ pub struct TargetStatus {
     pub running: bool,
     pub paused: bool,
     pub paused_by: Option<String>,
+    /// `auto` or `detect`.
+    pub policy: &'static str,
+    /// What a `detect` target's last plan found different from git (its
+    /// summary and address-and-action lines), if anything.
+    pub drift: Option<String>,
+    pub drift_since: Option<String>,
 }
 
 /// Every configured target, in configuration order.
@@ -56,6 +62,9 @@ pub async fn targets(app: &App) -> Result<Vec<TargetStatus>, StoreError> {
                 running: a.is_some_and(|a| a.running > 0),
                 paused: s.is_some_and(|s| s.paused_at.is_some()),
                 paused_by: s.and_then(|s| s.paused_by.clone()),
+                policy: t.policy.as_str(),
+                drift: s.and_then(|s| s.drift_summary.clone()),
+                drift_since: s.and_then(|s| s.drift_since).map(format_ms),
             }
         })
         .collect())

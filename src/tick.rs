@@ -13,14 +13,16 @@ use tracing::{error, info, warn};
 
 use crate::app::App;
 use crate::backend::{self, ApplyResult, Context, Outputs, Plan, Status};
-use crate::config::Target;
+use crate::config::{Policy, Target};
 use crate::git::Git;
 use crate::lock::{LockError, TargetLock};
 use crate::model::short_sha;
 use crate::model::{CommitId, Trigger};
 use crate::notify::{self, EventDoc, FailureState};
 use crate::queue::Job;
-use crate::store::{NewNotification, NewRun, Notice, Operation, StoreError, TargetState};
+use crate::store::{
+    DriftUpdate, NewNotification, NewRun, Notice, Operation, StoreError, TargetState,
+};
 
 /// What a tick knows about the run it records.
 struct RunInfo {
@@ -381,6 +383,15 @@ impl Reconciler {
             ledger: Some(std::sync::Arc::new(self.app.store.clone())),
             plans_dir: self.app.settings.plans_dir(&target.name),
         };
+        if op == Operation::Apply && target.policy == Policy::Detect {
+            return match backend::build(&target.backend, ctx) {
+                Err(e) => {
+                    self.finish(target, &run, None, Status::failed(e.to_string()))
+                        .await
+                }
+                Ok(b) => self.detect(target, &run, &synced.sha, b).await,
+            };
+        }
         let status = match backend::build(&target.backend, ctx) {
             Err(e) => Status::failed(e.to_string()),
             Ok(b) => {
@@ -408,11 +419,36 @@ impl Reconciler {
         sha: Option<&str>,
         status: Status,
     ) -> Result<Ticked, TickError> {
+        self.finish_with(target, run, sha, sha, status, None).await
+    }
+
+    /// Record the run: `applied` is the commit the real world now matches
+    /// (the target's last applied SHA), `seen` the one the run looked at
+    /// (in the log and the owners' events); a `detect` run sees a commit
+    /// and applies nothing. `drift` is what it found, if anything changed.
+    async fn finish_with(
+        &self,
+        target: &Target,
+        run: &RunInfo,
+        applied: Option<&str>,
+        seen: Option<&str>,
+        status: Status,
+        drift: Option<DriftUpdate>,
+    ) -> Result<Ticked, TickError> {
+        let sha = applied;
+        let drift_event = match &drift {
+            Some(DriftUpdate::Set { .. }) => Some(notify::Event::DriftDetected),
+            Some(DriftUpdate::Clear) => Some(notify::Event::DriftResolved),
+            None => None,
+        };
         let mut notice = match run.op {
-            Operation::Apply => Some(self.notice(target, run, sha, &status)),
+            Operation::Apply => Some(self.notice(target, run, seen, &status, drift_event)),
             // Tearing down is an operator's act, not news for the owners.
             Operation::Destroy => None,
         };
+        if let Some(n) = notice.as_mut() {
+            n.drift = drift;
+        }
         if let Some(n) = notice.as_mut() {
             self.approval_notices(target, run, n).await?;
         }
@@ -445,7 +481,7 @@ impl Reconciler {
             status.result.as_str(),
             run.started.elapsed().as_secs_f64(),
         );
-        let short = sha.map(short_sha).unwrap_or("-");
+        let short = seen.map(short_sha).unwrap_or("-");
         match status.result {
             ApplyResult::Failed => warn!(target = %target.name, run = run.id, sha = short,
                 operation = run.op.as_str(), message = %status.message, "run failed"),
@@ -455,13 +491,97 @@ impl Reconciler {
         Ok(Ticked::Ran {
             run_id: run.id,
             result: status.result,
-            sha: sha.map(str::to_string),
+            sha: seen.map(str::to_string),
             message: status.message,
         })
     }
 
+    /// A `detect` target's tick: plan, never apply. A difference is drift,
+    /// recorded with its summary; the owners hear of a new or different
+    /// drift once (`drift_detected`) and of its end once
+    /// (`drift_resolved`). The last applied commit does not move.
+    async fn detect(
+        &self,
+        target: &Target,
+        run: &RunInfo,
+        seen: &CommitId,
+        backend: Box<dyn backend::Backend>,
+    ) -> Result<Ticked, TickError> {
+        let prev = run.prev.as_ref();
+        let applied = prev.and_then(|s| s.last_applied_sha.clone());
+        let prev_hash = prev.and_then(|s| s.drift_hash.clone());
+        let planned = match backend.plan() {
+            None => Err(format!("the {} backend cannot plan", target.backend.kind())),
+            Some(fut) => match tokio::time::timeout(target.timeout + BACKSTOP, fut).await {
+                Ok(p) => p,
+                Err(_) => Err(format!(
+                    "the backend did not finish planning within the target's timeout ({})",
+                    humantime::format_duration(target.timeout)
+                )),
+            },
+        };
+        let plan = planned.and_then(|p| {
+            match &p.artifact {
+                Some(a) => std::fs::remove_file(a)
+                    .map_err(|e| format!("cannot remove the plan file {}: {e}", a.display())),
+                None => Ok(()),
+            }
+            .map(|()| p)
+        });
+        let (status, drift) = match plan {
+            Err(e) => (Status::failed(format!("cannot plan: {e}")), None),
+            Ok(p) if p.changes => {
+                let status = Status {
+                    result: ApplyResult::NoChange,
+                    message: format!(
+                        "drift at {}: {}{} (policy detect: nothing applied)",
+                        seen.short(),
+                        p.summary,
+                        if p.destructive { ", destructive" } else { "" }
+                    ),
+                    output_tail: p.diff.clone(),
+                    digest: None,
+                };
+                let drift =
+                    (prev_hash.as_deref() != Some(p.hash.as_str())).then(|| DriftUpdate::Set {
+                        hash: p.hash.clone(),
+                        summary: format!("{}\n{}", p.summary, p.diff),
+                        since: prev
+                            .and_then(|s| s.drift_since)
+                            .unwrap_or_else(crate::store::now_ms),
+                    });
+                (status, drift)
+            }
+            Ok(_) => {
+                let status = Status {
+                    result: ApplyResult::NoChange,
+                    message: format!("no drift: the real world matches {}", seen.short()),
+                    output_tail: String::new(),
+                    digest: None,
+                };
+                (status, prev_hash.is_some().then_some(DriftUpdate::Clear))
+            }
+        };
+        self.finish_with(
+            target,
+            run,
+            applied.as_deref(),
+            Some(seen.as_str()),
+            status,
+            drift,
+        )
+        .await
+    }
+
     /// Decide who hears about this run, and build their event documents.
-    fn notice(&self, target: &Target, run: &RunInfo, sha: Option<&str>, status: &Status) -> Notice {
+    fn notice(
+        &self,
+        target: &Target,
+        run: &RunInfo,
+        sha: Option<&str>,
+        status: &Status,
+        drift_event: Option<notify::Event>,
+    ) -> Notice {
         let prev = run
             .prev
             .as_ref()
@@ -482,7 +602,7 @@ impl Reconciler {
             self.app.settings.defaults.repeat_after,
         );
         let mut outbox = Vec::new();
-        if let Some(event) = d.event {
+        for event in d.event.into_iter().chain(drift_event) {
             for name in &target.notify {
                 let Some(cfg) = self.app.settings.notifiers.iter().find(|n| &n.name == name) else {
                     continue;
@@ -539,6 +659,7 @@ impl Reconciler {
             last_notified_message: d.state.last_notified_message,
             outbox,
             approvals_notified: Vec::new(),
+            drift: None,
         }
     }
 

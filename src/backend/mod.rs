@@ -150,6 +150,11 @@ pub trait Kind: std::fmt::Debug + Send + Sync {
     }
     /// The backend for one operation.
     fn build(&self, ctx: Context) -> Result<Box<dyn Backend>, BackendError>;
+    /// Whether the backend it builds answers [`Backend::plan`] (a policy
+    /// other than `auto` needs it).
+    fn can_plan(&self) -> bool {
+        false
+    }
 }
 
 /// The registry: one line per backend, `Variant(module) = "kind"`. It
@@ -260,6 +265,11 @@ impl BackendConfig {
     /// See [`Kind::check_environment`].
     pub fn check_environment(&self) -> Vec<(String, String)> {
         self.inner().check_environment()
+    }
+
+    /// See [`Kind::can_plan`].
+    pub fn can_plan(&self) -> bool {
+        self.inner().can_plan()
     }
 }
 

@@ -117,6 +117,10 @@ impl super::Kind for Config {
     fn build(&self, ctx: Context) -> Result<Box<dyn super::Backend>, BackendError> {
         Ok(Box::new(Terraform::new(self.clone(), ctx)?))
     }
+
+    fn can_plan(&self) -> bool {
+        true
+    }
 }
 
 pub struct Terraform {

@@ -206,6 +206,28 @@ pub struct Target {
     /// The repository's web page, for commit links (derived from `repo` for
     /// https and ssh URLs unless set).
     pub web_url: Option<String>,
+    /// What a tick may do with it (`policy`).
+    pub policy: Policy,
+}
+
+/// What a tick may do with a target (`policy`, default `auto`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Policy {
+    /// Apply what git says.
+    Auto,
+    /// Plan on every tick and never apply: a difference is drift, recorded
+    /// and told to the owners once.
+    Detect,
+}
+
+impl Policy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Policy::Auto => "auto",
+            Policy::Detect => "detect",
+        }
+    }
 }
 
 impl Target {

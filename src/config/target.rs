@@ -18,6 +18,7 @@ struct RawTarget {
     git: Option<RawGit>,
     notify: Option<Vec<String>>,
     web_url: Option<String>,
+    policy: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -230,10 +231,56 @@ pub(super) fn validate_target(
             }
         }
     }
+    let policy = match (raw.policy.as_deref(), &backend) {
+        (None | Some("auto"), _) => Policy::Auto,
+        (
+            Some(p @ ("detect" | "approval" | "approve_destructive")),
+            Some(BackendConfig::Nomad(_)),
+        ) => {
+            problems.push(problem(
+                label,
+                "policy",
+                format!(
+                    "`{p}` on a nomad target: Nomad chooses per job, with the backend's \
+                     `default_policy` (\"none\" reports drift) or a job's `meta {{ driftless_policy }}`"
+                ),
+            ));
+            Policy::Auto
+        }
+        (Some("detect"), Some(b)) if !b.can_plan() => {
+            problems.push(problem(
+                label,
+                "policy",
+                format!(
+                    "`detect` needs a backend that can plan; `{}` cannot (terraform can)",
+                    b.kind()
+                ),
+            ));
+            Policy::Auto
+        }
+        (Some("detect"), _) => Policy::Detect,
+        (Some(p @ ("approval" | "approve_destructive")), _) => {
+            problems.push(problem(
+                label,
+                "policy",
+                format!("`{p}` is not available yet: use \"auto\" or \"detect\""),
+            ));
+            Policy::Auto
+        }
+        (Some(other), _) => {
+            problems.push(problem(
+                label,
+                "policy",
+                format!("`{other}` is not one of \"auto\", \"detect\""),
+            ));
+            Policy::Auto
+        }
+    };
     // With problems, the target is still returned, for `check` to look at
     // what it can (its files, its binary); `load` refuses the whole file.
     let backend = backend?;
     Some(Target {
+        policy,
         name: raw.name,
         repo,
         branch,

@@ -224,13 +224,29 @@ async fn metrics(
         .last_successes()
         .await
         .map_err(ApiError::unavailable)?;
+    let states = s
+        .app
+        .store
+        .target_states()
+        .await
+        .map_err(ApiError::unavailable)?;
+    let drifting: Vec<(String, bool)> = settings
+        .targets
+        .iter()
+        .map(|t| {
+            let d = states
+                .iter()
+                .any(|st| st.name == t.name && st.drift_hash.is_some());
+            (t.name.clone(), d)
+        })
+        .collect();
     Ok((
         // prometheus-client writes the OpenMetrics text format.
         [(
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        s.app.metrics.render(&queued, &last),
+        s.app.metrics.render(&queued, &last, &drifting),
     )
         .into_response())
 }

@@ -35,6 +35,11 @@ pub enum Event {
     Changed,
     /// A Nomad deployment waits for a person's approval.
     PendingApproval,
+    /// A `detect` target's plan found the real world differs from git (a
+    /// new or a different difference).
+    DriftDetected,
+    /// A `detect` target's plan found no difference any more.
+    DriftResolved,
     /// Sent by `driftless notify test`.
     Test,
 }
@@ -47,6 +52,8 @@ impl Event {
             Event::Recovered => "recovered",
             Event::Changed => "changed",
             Event::PendingApproval => "pending_approval",
+            Event::DriftDetected => "drift_detected",
+            Event::DriftResolved => "drift_resolved",
             Event::Test => "test",
         }
     }
@@ -58,6 +65,8 @@ impl Event {
             "recovered" => Event::Recovered,
             "changed" => Event::Changed,
             "pending_approval" => Event::PendingApproval,
+            "drift_detected" => Event::DriftDetected,
+            "drift_resolved" => Event::DriftResolved,
             _ => return None,
         })
     }
@@ -139,6 +148,8 @@ impl EventDoc {
             Event::PendingApproval => {
                 format!("{}: a deployment waits for approval{at}", self.target)
             }
+            Event::DriftDetected => format!("{}: drift detected{at}", self.target),
+            Event::DriftResolved => format!("{}: drift resolved{at}", self.target),
             Event::Test => format!("{}: test notification", self.target),
         }
     }
@@ -391,6 +402,8 @@ impl NotifierConfig {
                 Event::StillFailing,
                 Event::Recovered,
                 Event::PendingApproval,
+                Event::DriftDetected,
+                Event::DriftResolved,
             ],
             Some(Value::Array(a)) => {
                 let mut out = Vec::new();
@@ -400,7 +413,7 @@ impl NotifierConfig {
                         None => errs.push((
                             "events".into(),
                             format!(
-                                "`{e}` is not one of failed, still_failing, recovered, changed, pending_approval"
+                                "`{e}` is not one of failed, still_failing, recovered, changed, pending_approval, drift_detected, drift_resolved"
                             ),
                         )),
                     }

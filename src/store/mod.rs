@@ -187,6 +187,23 @@ pub struct TargetState {
     pub failing_since: Option<i64>,
     pub last_notified_at: Option<i64>,
     pub last_notified_message: Option<String>,
+    /// What a `detect` plan last found different (see [`DriftUpdate`]).
+    pub drift_hash: Option<String>,
+    pub drift_summary: Option<String>,
+    pub drift_since: Option<i64>,
+}
+
+/// A change to a target's recorded drift, written with its run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DriftUpdate {
+    /// A plan found this difference (a new one, or a different one).
+    Set {
+        hash: String,
+        summary: String,
+        since: i64,
+    },
+    /// A plan found none: the drift is over.
+    Clear,
 }
 
 /// A notification to put in the outbox with a run's result.
@@ -210,6 +227,8 @@ pub struct Notice {
     /// Nomad deployments whose `pending_approval` notification is in
     /// `outbox`: marked notified in the same transaction.
     pub approvals_notified: Vec<i64>,
+    /// The target's drift, when this run changed it.
+    pub drift: Option<DriftUpdate>,
 }
 
 impl Store {
@@ -480,6 +499,27 @@ impl Store {
             .execute(&mut *tx)
             .await
             .map_err(self.err(what))?;
+        if let Some(d) = notice.and_then(|n| n.drift.as_ref()) {
+            let (hash, summary, since) = match d {
+                DriftUpdate::Set {
+                    hash,
+                    summary,
+                    since,
+                } => (Some(hash.as_str()), Some(summary.as_str()), Some(*since)),
+                DriftUpdate::Clear => (None, None, None),
+            };
+            sqlx::query(
+                "UPDATE targets SET drift_hash = ?2, drift_summary = ?3, drift_since = ?4
+                 WHERE name = ?1",
+            )
+            .bind(target)
+            .bind(hash)
+            .bind(summary)
+            .bind(since)
+            .execute(&mut *tx)
+            .await
+            .map_err(self.err(what))?;
+        }
         if let Some(n) = notice {
             sqlx::query(
                 "UPDATE targets SET failing_since = ?2, last_notified_at = ?3,
@@ -526,7 +566,8 @@ impl Store {
         sqlx::query_as::<_, TargetState>(
             "SELECT name, backend, last_applied_sha, last_result, last_message, last_run_id,
                     last_run_at, consecutive_failures, backend_digest, paused_at, paused_by,
-                    failing_since, last_notified_at, last_notified_message
+                    failing_since, last_notified_at, last_notified_message, drift_hash,
+                    drift_summary, drift_since
              FROM targets WHERE name = ?1",
         )
         .bind(name)
@@ -539,7 +580,8 @@ impl Store {
         sqlx::query_as::<_, TargetState>(
             "SELECT name, backend, last_applied_sha, last_result, last_message, last_run_id,
                     last_run_at, consecutive_failures, backend_digest, paused_at, paused_by,
-                    failing_since, last_notified_at, last_notified_message
+                    failing_since, last_notified_at, last_notified_message, drift_hash,
+                    drift_summary, drift_since
              FROM targets ORDER BY name",
         )
         .fetch_all(&self.pool)

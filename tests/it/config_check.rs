@@ -506,3 +506,51 @@ fn every_command_flag_and_argument_has_a_help_line() {
         }
     }
 }
+
+/// A `policy` other than `auto` needs a backend that can plan; `check`
+/// says which and why, each naming the key (and approvals, not built yet,
+/// are refused rather than ignored).
+#[test]
+fn a_policy_needs_a_backend_that_can_plan() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let target = |name: &str, policy: &str, backend: &str| {
+        format!(
+            "[[targets]]\nname = \"{name}\"\nrepo = \"https://example.net/r.git\"\npolicy = \"{policy}\"\n\
+             [targets.backend]\n{backend}\n"
+        )
+    };
+    let config = write(
+        dir.path(),
+        &format!(
+            "state_dir = \"state\"\n{}{}{}{}{}",
+            target("tf", "detect", "kind = \"terraform\""),
+            target("sh", "detect", "kind = \"exec\"\napply = [\"true\"]"),
+            target("gated", "approval", "kind = \"terraform\""),
+            target("odd", "sometimes", "kind = \"terraform\""),
+            target(
+                "jobs",
+                "detect",
+                "kind = \"nomad\"\naddress = \"http://127.0.0.1:4646\"\njobs = \"*.nomad.hcl\""
+            ),
+        ),
+    );
+    let out = output_within(
+        Command::new(bin()).args(["--config", config.to_str().expect("utf8"), "check"]),
+        std::time::Duration::from_secs(300),
+    );
+    let said = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    for line in [
+        "targets[sh]: key `policy`: `detect` needs a backend that can plan; `exec` cannot (terraform can)",
+        "targets[gated]: key `policy`: `approval` is not available yet: use \"auto\" or \"detect\"",
+        "targets[odd]: key `policy`: `sometimes` is not one of \"auto\", \"detect\"",
+        "targets[jobs]: key `policy`: `detect` on a nomad target: Nomad chooses per job, with the backend's `default_policy` (\"none\" reports drift) or a job's `meta { driftless_policy }`",
+    ] {
+        assert!(
+            said.lines()
+                .any(|l| l.trim().trim_start_matches("- ") == line),
+            "no `{line}` in:\n{said}"
+        );
+    }
+    assert!(!said.contains("targets[tf]: key `policy`"), "{said}");
+}

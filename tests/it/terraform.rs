@@ -666,3 +666,111 @@ fn plan_shows_what_apply_would_change_and_changes_nothing() {
         "error: target `sh` (exec) cannot plan: only terraform targets can so far"
     );
 }
+
+/// `policy = "detect"` against real terraform: every tick plans and applies
+/// nothing; a difference is drift (in `status`, `/metrics` and one
+/// `drift_detected` event however many ticks see it), and once the real
+/// world matches git (here: someone applied by hand) it is over, told once
+/// (`drift_resolved`). The last applied commit never moves.
+#[test]
+fn a_detect_target_reports_drift_once_and_its_end_once_and_applies_nothing() {
+    terraform_available();
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    let sha = remote.commit(
+        &[
+            ("network/main.tf", MAIN_TF),
+            ("network/prod.tfvars", "greeting = \"hello\"\n"),
+        ],
+        "network",
+    );
+    let sink = Service::http_sink(root.path(), 0);
+    let s = Setup::new(&format!(
+        "[[notifiers]]\nname = \"hook\"\nkind = \"webhook\"\nurl = \"http://127.0.0.1:{}/hook\"\n\n\
+         [[targets]]\nname = \"net\"\nrepo = \"{}\"\npath = \"network\"\ntimeout = \"2m\"\n\
+         policy = \"detect\"\nnotify = [\"hook\"]\n\
+         [targets.backend]\nkind = \"terraform\"\nvar_files = [\"prod.tfvars\"]\n\
+         env = {{ TF_CLI_CONFIG_FILE = \"/dev/null\" }}\n",
+        sink.port,
+        remote.url()
+    ));
+    let workdir = s.state.join("checkouts/net/network");
+    let events = || -> Vec<String> {
+        sink.requests()
+            .iter()
+            .map(|r| {
+                let doc: serde_json::Value =
+                    serde_json::from_str(r["body"].as_str().expect("body")).expect("json");
+                doc["event"].as_str().unwrap_or("?").to_string()
+            })
+            .collect()
+    };
+
+    for round in 0..2 {
+        let (code, out) = tick(&s);
+        assert_eq!(code, Some(0), "{out}");
+        assert!(
+            out.contains(&format!(
+                "no_change at {} (run {}): drift at {}: 1 to add, 0 to change, 0 to destroy, 2 output(s) to change (policy detect: nothing applied)",
+                &sha[..12],
+                round + 1,
+                &sha[..12]
+            )),
+            "{out}"
+        );
+        assert!(
+            !workdir.join("terraform.tfstate").exists(),
+            "detect applied something"
+        );
+        let st = s.target_status("net");
+        assert_eq!(st["policy"], "detect");
+        assert!(st["last_applied_sha"].is_null(), "{st}");
+        assert!(
+            st["drift"]
+                .as_str()
+                .is_some_and(|d| d.lines().any(|l| l == "+ terraform_data.greeting (create)")),
+            "{st}"
+        );
+    }
+    assert_eq!(events(), ["drift_detected"], "one event for one drift");
+    let intake = Intake::start(&s);
+    let metrics = intake.get("/metrics");
+    assert!(
+        metrics.body.contains("driftless_drift{target=\"net\"} 1"),
+        "{}",
+        metrics.body
+    );
+    drop(intake);
+
+    // Someone applies by hand: the real world now matches git.
+    let by_hand = std::process::Command::new("terraform")
+        .args([
+            "apply",
+            "-auto-approve",
+            "-input=false",
+            "-var-file=prod.tfvars",
+        ])
+        .current_dir(&workdir)
+        .env("TF_CLI_CONFIG_FILE", "/dev/null")
+        .output()
+        .expect("terraform apply");
+    assert!(by_hand.status.success(), "{}", text(&by_hand.stderr));
+    for _ in 0..2 {
+        let (code, out) = tick(&s);
+        assert_eq!(code, Some(0), "{out}");
+        assert!(
+            out.contains(&format!("no drift: the real world matches {}", &sha[..12])),
+            "{out}"
+        );
+    }
+    let st = s.target_status("net");
+    assert!(st["drift"].is_null(), "{st}");
+    assert_eq!(events(), ["drift_detected", "drift_resolved"]);
+    let intake = Intake::start(&s);
+    assert!(
+        intake
+            .get("/metrics")
+            .body
+            .contains("driftless_drift{target=\"net\"} 0")
+    );
+}
