@@ -12,16 +12,18 @@
 //!    [`lock`] the per-target file lock, [`git`] the caches and checkouts,
 //!    [`store`] SQLite, [`metrics`].
 //! 2. [`backend`] (terraform, pulumi, cloudformation, compose, ansible,
-//!    pi, nomad, exec) and [`notify`] (email, Slack, Matrix, webhook).
+//!    pi, nomad, exec; apply, destroy, outputs, and a plan for those that
+//!    can) and [`notify`] (email, Slack, Matrix, webhook).
 //! 3. [`config`]: the settings file, validated with every problem named.
 //! 4. Reconcile: the durable [`queue`], the [`scheduler`]'s intervals,
 //!    [`app`] (shared state without git) and [`tick`] (the `Reconciler`,
-//!    the one path to a backend).
+//!    the one path to a backend: apply, or plan and record drift for a
+//!    `detect` target).
 //! 5. The HTTP surface: [`http`] (webhooks, the API, the page, health,
 //!    metrics), [`forge`] (verify and parse a delivery), [`route`] (which
 //!    targets a push concerns), [`auth`] (tokens and scopes), [`status`].
-//! 6. The application: [`daemon`] (workers, scheduler, reaper and HTTP)
-//!    and [`cli`] (the commands).
+//! 6. The application: [`daemon`] (built on a bound listener: workers,
+//!    scheduler, reaper and HTTP) and [`cli`] (the commands).
 
 pub mod app;
 pub mod auth;

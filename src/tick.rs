@@ -14,7 +14,7 @@ use tracing::{error, info, warn};
 use crate::app::App;
 use crate::backend::{self, ApplyResult, Context, Outputs, Plan, Status};
 use crate::config::{Policy, Target};
-use crate::git::Git;
+use crate::git::{Git, Synced};
 use crate::lock::{LockError, TargetLock};
 use crate::model::short_sha;
 use crate::model::{CommitId, Trigger};
@@ -371,18 +371,7 @@ impl Reconciler {
             .set_run_sha(run_id, synced.sha.as_str())
             .await?;
 
-        let ctx = Context {
-            name: target.name.clone(),
-            workdir: synced.workdir.clone(),
-            checkout: synced.checkout.clone(),
-            source_digest: synced.source_digest.clone(),
-            last_digest: state.and_then(|s| s.backend_digest),
-            timeout: target.timeout,
-            redactor: Git::redactor(&target.git),
-            commit: Some(synced.sha.clone()),
-            ledger: Some(std::sync::Arc::new(self.app.store.clone())),
-            plans_dir: self.app.settings.plans_dir(&target.name),
-        };
+        let ctx = self.context(target, &synced, state.and_then(|s| s.backend_digest));
         if op == Operation::Apply && target.policy == Policy::Detect {
             return match backend::build(&target.backend, ctx) {
                 Err(e) => {
@@ -742,6 +731,22 @@ impl Reconciler {
         Ok(())
     }
 
+    /// What the backend is bound to for one operation on `synced`.
+    fn context(&self, target: &Target, synced: &Synced, last_digest: Option<String>) -> Context {
+        Context {
+            name: target.name.clone(),
+            workdir: synced.workdir.clone(),
+            checkout: synced.checkout.clone(),
+            source_digest: synced.source_digest.clone(),
+            last_digest,
+            timeout: target.timeout,
+            redactor: Git::redactor(&target.git),
+            commit: Some(synced.sha.clone()),
+            ledger: Some(std::sync::Arc::new(self.app.store.clone())),
+            plans_dir: self.app.settings.plans_dir(&target.name),
+        }
+    }
+
     /// Plan a target now (`driftless plan`): under its lock, at its branch
     /// tip; nothing is applied and no run is recorded. The plan's artifact
     /// is removed before this returns (nothing can apply it later yet).
@@ -762,18 +767,7 @@ impl Reconciler {
             .await
             .map_err(|e| err(e.to_string()))?;
         let state = self.app.store.target_state(name).await?;
-        let ctx = Context {
-            name: target.name.clone(),
-            workdir: synced.workdir.clone(),
-            checkout: synced.checkout.clone(),
-            source_digest: synced.source_digest.clone(),
-            last_digest: state.and_then(|s| s.backend_digest),
-            timeout: target.timeout,
-            redactor: Git::redactor(&target.git),
-            commit: Some(synced.sha.clone()),
-            ledger: Some(std::sync::Arc::new(self.app.store.clone())),
-            plans_dir: self.app.settings.plans_dir(&target.name),
-        };
+        let ctx = self.context(&target, &synced, state.and_then(|s| s.backend_digest));
         let b = backend::build(&target.backend, ctx).map_err(|e| err(e.to_string()))?;
         let Some(fut) = b.plan() else {
             return Ok(Planned::CannotPlan {
