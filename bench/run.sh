@@ -3,8 +3,11 @@
 # measured in the same run, because these machines are noisy):
 #  1. a no-op `driftless tick` on a terraform target vs the bare
 #     `git fetch` + `terraform apply` it wraps (ratio);
-#  2. a no-op exec tick whose digest is unchanged;
-#  3. the daemon's idle RSS with 100 targets configured.
+#  2. what a plan adds: a no-op tick of a `policy = "detect"` terraform
+#     target (plan, never apply) and `driftless plan` against the no-op
+#     `auto` tick (ratios), and the peak RSS of each;
+#  3. a no-op exec tick whose digest is unchanged;
+#  4. the daemon's idle RSS with 100 targets configured.
 #
 #   bench/run.sh [ROUNDS]      (default 10)
 set -euo pipefail
@@ -41,6 +44,13 @@ path = "tf"
 [targets.backend]
 kind = "terraform"
 [[targets]]
+name = "tfd"
+repo = "$work/remote.git"
+path = "tf"
+policy = "detect"
+[targets.backend]
+kind = "terraform"
+[[targets]]
 name = "app"
 repo = "$work/remote.git"
 path = "app"
@@ -70,6 +80,16 @@ bare() {
   (cd "$work/clone/tf" && terraform apply -auto-approve -input=false -json >/dev/null)
 }
 base_tf=$(time_it bare)
+
+# What a plan adds. The detect target's own checkout holds its (local)
+# state: applied once by hand there, so its plans find no drift.
+"$bin" --config "$work/driftless.toml" tick tfd >/dev/null 2>&1
+(cd "$work/state/checkouts/tfd/tf" && terraform apply -auto-approve -input=false >/dev/null)
+tick_detect=$(time_it "$bin" --config "$work/driftless.toml" tick tfd)
+plan_tf=$(time_it "$bin" --config "$work/driftless.toml" plan tf)
+peak_kib() { /usr/bin/time -f %M "$@" 2>&1 >/dev/null | tail -1; }
+rss_auto=$(peak_kib "$bin" --config "$work/driftless.toml" tick tf)
+rss_detect=$(peak_kib "$bin" --config "$work/driftless.toml" tick tfd)
 tick_app=$(time_it "$bin" --config "$work/driftless.toml" tick app)
 base_git=$(time_it git -C "$work/clone" fetch -q origin main)
 
@@ -77,6 +97,11 @@ echo "== driftless bench ($rounds rounds each, mean wall time)"
 printf '%-52s %6s ms\n' "no-op tick, terraform target" "$tick_tf"
 printf '%-52s %6s ms\n' "git fetch + terraform apply (baseline)" "$base_tf"
 awk -v a="$tick_tf" -v b="$base_tf" 'BEGIN { printf "%-52s %6.2f x\n", "  ratio tick / baseline", a / b }'
+printf '%-52s %6s ms\n' "no-op tick, terraform target, policy detect (plan)" "$tick_detect"
+awk -v a="$tick_detect" -v b="$tick_tf" 'BEGIN { printf "%-52s %6.2f x\n", "  ratio detect / auto tick", a / b }'
+printf '%-52s %6s ms\n' "driftless plan, terraform target, no changes" "$plan_tf"
+awk -v a="$plan_tf" -v b="$tick_tf" 'BEGIN { printf "%-52s %6.2f x\n", "  ratio plan / auto tick", a / b }'
+printf '%-52s %6s KiB / %s KiB\n' "peak RSS (largest process), auto / detect tick" "$rss_auto" "$rss_detect"
 printf '%-52s %6s ms\n' "no-op tick, exec target (digest unchanged)" "$tick_app"
 printf '%-52s %6s ms\n' "git fetch alone (for scale)" "$base_git"
 
