@@ -206,18 +206,6 @@ async fn metrics(
         .activity()
         .await
         .map_err(ApiError::unavailable)?;
-    // Every configured target, 0 when nothing waits for it.
-    let queued: Vec<(String, i64)> = settings
-        .targets
-        .iter()
-        .map(|t| {
-            let n = activity
-                .iter()
-                .find(|a| a.target == t.name)
-                .map_or(0, |a| a.queued);
-            (t.name.clone(), n)
-        })
-        .collect();
     let last = s
         .app
         .store
@@ -230,16 +218,22 @@ async fn metrics(
         .target_states()
         .await
         .map_err(ApiError::unavailable)?;
-    let drifting: Vec<(String, bool)> = settings
+    // Every configured target: 0 when nothing waits for it, drift 0 unless
+    // its last `detect` plan found some.
+    let (queued, drifting): (Vec<_>, Vec<_>) = settings
         .targets
         .iter()
         .map(|t| {
+            let n = activity
+                .iter()
+                .find(|a| a.target == t.name)
+                .map_or(0, |a| a.queued);
             let d = states
                 .iter()
                 .any(|st| st.name == t.name && st.drift_hash.is_some());
-            (t.name.clone(), d)
+            ((t.name.clone(), n), (t.name.clone(), d))
         })
-        .collect();
+        .unzip();
     Ok((
         // prometheus-client writes the OpenMetrics text format.
         [(
