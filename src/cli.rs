@@ -9,7 +9,7 @@ use std::path::Path;
 
 use crate::app::App;
 use crate::config;
-use crate::model::ApplyResult;
+use crate::model::{ApplyResult, Trigger};
 use crate::store::{Operation, format_ms};
 use crate::tick::{Planned, Reconciler, TickError, Ticked};
 
@@ -36,12 +36,14 @@ fn known<'a>(app: &'a App, name: &str) -> Result<&'a crate::config::Target, Tick
         .ok_or_else(|| TickError::UnknownTarget(name.to_string()))
 }
 
-/// `driftless tick <target>... | --all`
+/// `driftless tick <target>... | --all` (and `driftless retry <target>`:
+/// the same one-shot tick, asked for with the `retry` trigger).
 pub async fn tick(
     rec: &Reconciler,
     targets: &[String],
     all: bool,
     op: Operation,
+    trigger: Trigger,
 ) -> Result<Report, TickError> {
     let app = rec.app();
     let names: Vec<String> = if all {
@@ -59,7 +61,7 @@ pub async fn tick(
     let mut out = String::new();
     let (mut failed, mut busy) = (false, false);
     for name in &names {
-        match rec.tick_now(name, op).await? {
+        match rec.tick_now_as(name, op, trigger).await? {
             Ticked::Ran {
                 run_id,
                 result,
@@ -360,7 +362,7 @@ pub async fn plan(rec: &Reconciler, target: &str, as_json: bool) -> Result<Repor
         Planned::Plan { commit, plan } => (commit, plan),
         Planned::CannotPlan { backend } => {
             return Ok(failed(format!(
-                "target `{target}` ({backend}) cannot plan: only terraform targets can so far"
+                "target `{target}` ({backend}) cannot plan: terraform targets can, and exec targets with a `plan` command"
             )));
         }
         Planned::Busy => {
@@ -561,23 +563,32 @@ pub async fn deployments(app: &App, pending: bool, as_json: bool) -> Report {
         };
     }
     let mut out = format!(
-        "{:<6} {:<16} {:<24} {:<17} {:<12} {}\n",
-        "ID", "TARGET", "JOB", "STATE", "COMMIT", "SUMMARY"
+        "{:<6} {:<16} {:<14} {:<24} {:<17} {:<12} {}\n",
+        "ID", "TARGET", "BACKEND", "JOB", "STATE", "COMMIT", "SUMMARY"
     );
     for d in list.as_array().into_iter().flatten() {
         let s = |k: &str| d[k].as_str().unwrap_or("-").to_string();
         let _ = writeln!(
             out,
-            "{:<6} {:<16} {:<24} {:<17} {:<12} {}",
+            "{:<6} {:<16} {:<14} {:<24} {:<17} {:<12} {}{}",
             d["id"],
             s("target"),
-            format!("{}/{}", s("namespace"), s("job")),
+            s("backend"),
+            match d["job"].as_str() {
+                Some(job) => format!("{}/{job}", s("namespace")),
+                None => "-".into(),
+            },
             s("state"),
             match s("commit").as_str() {
                 "" => "-".to_string(),
                 c => crate::model::short_sha(c).to_string(),
             },
-            s("summary")
+            s("summary"),
+            if d["destructive"] == true {
+                " (destructive)"
+            } else {
+                ""
+            }
         );
     }
     Report {
@@ -586,7 +597,9 @@ pub async fn deployments(app: &App, pending: bool, as_json: bool) -> Report {
     }
 }
 
-/// `driftless approve|reject <id>`: show what is decided, then decide it.
+/// `driftless approve|reject <id>`: show what is decided, then decide it
+/// (an approval names the plan shown: a plan that changed meanwhile is
+/// refused by the API).
 pub async fn approve_or_reject(app: &App, id: i64, approve: bool) -> Report {
     let d = match api(
         app,
@@ -599,18 +612,37 @@ pub async fn approve_or_reject(app: &App, id: i64, approve: bool) -> Report {
         Ok(v) => v,
         Err(e) => return failed(e),
     };
+    let what = match d["job"].as_str() {
+        Some(job) => format!(
+            "{}/{job} of target {}",
+            d["namespace"].as_str().unwrap_or("?"),
+            d["target"].as_str().unwrap_or("?")
+        ),
+        None => format!(
+            "target {} ({})",
+            d["target"].as_str().unwrap_or("?"),
+            d["backend"].as_str().unwrap_or("?")
+        ),
+    };
     let mut out = format!(
-        "deployment {id}: {}/{} of target {} at commit {}\n  {}\n",
-        d["namespace"].as_str().unwrap_or("?"),
-        d["job"].as_str().unwrap_or("?"),
-        d["target"].as_str().unwrap_or("?"),
+        "deployment {id}: {what} at commit {}\n  {}{}\n",
         d["commit"].as_str().unwrap_or("?"),
-        d["summary"].as_str().unwrap_or("")
+        d["summary"].as_str().unwrap_or(""),
+        if d["destructive"] == true {
+            " (destructive: deletes or replaces)"
+        } else {
+            ""
+        }
     );
+    if let Some(diff) = d["diff"].as_str() {
+        for line in diff.lines() {
+            let _ = writeln!(out, "  {line}");
+        }
+    }
     let (verb, body) = if approve {
         (
             "approve",
-            Some(serde_json::json!({ "spec_hash": d["spec_hash"] })),
+            Some(serde_json::json!({ "plan_hash": d["plan_hash"] })),
         )
     } else {
         ("reject", None)

@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 use driftless::app::App;
 use driftless::cli;
 use driftless::config::{self, DEFAULT_CONFIG_PATH};
+use driftless::model::Trigger;
 use driftless::store::Operation;
 use driftless::tick::Reconciler;
 
@@ -104,8 +105,9 @@ enum Command {
         #[arg(long)]
         job: Option<String>,
     },
-    /// Nomad deployments, newest first (through the API: the daemon must be
-    /// running; token from DRIFTLESS_TOKEN).
+    /// Deployments of every backend (Nomad's, and the plans of targets
+    /// whose policy waits for approval), newest first (through the API: the
+    /// daemon must be running; token from DRIFTLESS_TOKEN).
     Deployments {
         /// Only the ones waiting for approval.
         #[arg(long)]
@@ -114,16 +116,23 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Approve a pending Nomad deployment: shows its diff, then approves
-    /// exactly that spec (through the API; token from DRIFTLESS_TOKEN).
+    /// Approve a pending deployment: shows its plan, then approves exactly
+    /// that plan (through the API; token from DRIFTLESS_TOKEN).
     Approve {
         /// The deployment's id (from `driftless deployments --pending`).
         id: i64,
     },
-    /// Reject a pending Nomad deployment (through the API).
+    /// Reject a pending deployment (through the API).
     Reject {
         /// The deployment's id.
         id: i64,
+    },
+    /// Try again what failed or was rejected at a target's branch tip (a
+    /// plan, a Nomad spec) without a new push: a one-shot tick, as `tick`;
+    /// under an approval policy its new plan waits for approval.
+    Retry {
+        /// The target's name.
+        target: String,
     },
     /// The append-only record of a target's Nomad deployment state changes:
     /// who, what, when, from which state.
@@ -173,7 +182,9 @@ enum TokenCommand {
 fn main() -> ExitCode {
     let args = Args::parse();
     let default_level = match args.command {
-        Command::Serve | Command::Tick { .. } | Command::Destroy { .. } => "info",
+        Command::Serve | Command::Tick { .. } | Command::Retry { .. } | Command::Destroy { .. } => {
+            "info"
+        }
         _ => "warn",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("RUST_LOG")
@@ -229,7 +240,7 @@ async fn run(args: Args) -> anyhow::Result<u8> {
             return Ok(0);
         }
         Command::Tick { targets, all } => {
-            cli::tick(&rec(), &targets, all, Operation::Apply).await?
+            cli::tick(&rec(), &targets, all, Operation::Apply, Trigger::Cli).await?
         }
         Command::Status { json } => cli::status(&app, json).await?,
         Command::History {
@@ -248,7 +259,7 @@ async fn run(args: Args) -> anyhow::Result<u8> {
             eprintln!(
                 "note: a running daemon will apply `{target}` again at its next tick unless you remove it from the configuration"
             );
-            cli::tick(&rec(), &[target], false, Operation::Destroy).await?
+            cli::tick(&rec(), &[target], false, Operation::Destroy, Trigger::Cli).await?
         }
         Command::Check => cli::check(&args.config),
         Command::Token {
@@ -265,6 +276,9 @@ async fn run(args: Args) -> anyhow::Result<u8> {
         Command::Deployments { pending, json } => cli::deployments(&app, pending, json).await,
         Command::Approve { id } => cli::approve_or_reject(&app, id, true).await,
         Command::Reject { id } => cli::approve_or_reject(&app, id, false).await,
+        Command::Retry { target } => {
+            cli::tick(&rec(), &[target], false, Operation::Apply, Trigger::Retry).await?
+        }
         Command::Events { target, json } => cli::events(&app, &target, json).await?,
     };
     print!("{}", report.stdout);

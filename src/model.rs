@@ -63,6 +63,9 @@ pub enum Trigger {
     Cli,
     /// A paused target was resumed: it runs if its branch moved meanwhile.
     Resume,
+    /// A person asked to try again what failed or was rejected at this
+    /// commit (`driftless retry`), without a new push.
+    Retry,
 }
 
 impl Trigger {
@@ -73,6 +76,7 @@ impl Trigger {
             Trigger::Webhook => "webhook",
             Trigger::Cli => "cli",
             Trigger::Resume => "resume",
+            Trigger::Retry => "retry",
         }
     }
 }

@@ -28,8 +28,14 @@ need_apt /usr/sbin/sshd openssh-server   # an ssh remote on 127.0.0.1
 need_apt dockerd docker.io
 need_apt docker-compose docker-compose
 dpkg -s busybox-static >/dev/null 2>&1 || need_apt /nonexistent/busybox-static busybox-static
-# The HTML page (GET /) is checked in headless Chromium.
+# The HTML page (GET /) is checked in headless Chromium, driven over the
+# DevTools protocol (tests/cdp.py, with PyPI's websocket-client) to press
+# its buttons.
 need_apt chromium chromium
+if ! python3 -c 'import websocket' >/dev/null 2>&1; then
+  echo "== installing websocket-client (pip)"
+  python3 -m pip install -q --disable-pip-version-check 'websocket-client>=1.6,<2'
+fi
 
 # Real servers for the notification tests, from PyPI: an SMTP server and a
 # Matrix homeserver (Synapse, on SQLite; it starts in a couple of seconds).

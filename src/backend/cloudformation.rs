@@ -933,6 +933,7 @@ mod without_feature {
             commit: None,
             ledger: None,
             plans_dir: std::path::PathBuf::from("/nonexistent"),
+            retry: false,
         };
         let Err(e) = build(cfg, ctx) else {
             panic!("built without the SDK")

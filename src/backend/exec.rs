@@ -11,6 +11,15 @@
 //! | 3         | `no_change` |
 //! | other     | `failed`    |
 //!
+//! With a `plan` argv the target can plan (and so run under `approval`,
+//! `approve_destructive` or `detect`): its stdout is the plan, one line per
+//! change (`+` create, `~` update, `-` delete, `-/+` replace; any other line
+//! is a change that may be destructive), nothing on stdout (or exit 3)
+//! meaning nothing to do.
+//! The plan's hash covers the inputs' digest and that output; applying an
+//! approved plan plans again first and applies only if the hash is the
+//! same, else fails, changing nothing.
+//!
 //! Commands are argv vectors run in the target's directory; this module does
 //! not know about git, triggers or the queue.
 
@@ -21,7 +30,9 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use super::tool;
-use super::{ApplyResult, Backend, BackendError, BoxFuture, Context, Outputs, Status};
+use super::{
+    ApplyResult, Backend, BackendError, BoxFuture, Context, Outputs, Plan, PlanToApply, Status,
+};
 use crate::process::{self, Spec};
 
 /// The exit code with which an `exec` command says "nothing to do".
@@ -36,6 +47,9 @@ pub struct Config {
     pub destroy: Option<Vec<String>>,
     /// argv whose stdout is a JSON object: the target's outputs.
     pub outputs: Option<Vec<String>>,
+    /// argv whose stdout is what `apply` would change, changing nothing
+    /// (see the module doc).
+    pub plan: Option<Vec<String>>,
     /// Extra environment; values `env:NAME` are read from driftless's own
     /// environment and masked in output.
     #[serde(default)]
@@ -52,6 +66,7 @@ impl super::Kind for Config {
             ("apply", Some(&self.apply)),
             ("destroy", self.destroy.as_ref()),
             ("outputs", self.outputs.as_ref()),
+            ("plan", self.plan.as_ref()),
         ] {
             if let Some(argv) = argv
                 && argv.first().is_none_or(|a| a.trim().is_empty())
@@ -68,7 +83,14 @@ impl super::Kind for Config {
     fn build(&self, ctx: Context) -> Result<Box<dyn super::Backend>, BackendError> {
         Ok(Box::new(Exec::new(self.clone(), ctx)?))
     }
+
+    fn can_plan(&self) -> bool {
+        self.plan.is_some()
+    }
 }
+
+/// The most of a plan's output kept as its diff.
+const PLAN_MAX_BYTES: usize = 64 * 1024;
 
 pub struct Exec {
     /// The `env` table, resolved at build.
@@ -108,6 +130,82 @@ impl Exec {
         spec.deadline = Some(Instant::now() + self.ctx.timeout);
         let out = tool::run(&spec, &self.ctx.redactor).await?;
         Ok((spec, out))
+    }
+
+    /// Run the `plan` argv: what applying now would change.
+    async fn plan(&self) -> Result<Plan, String> {
+        let Some(argv) = &self.cfg.plan else {
+            return Err("this exec target has no `plan` command configured".into());
+        };
+        let (spec, out) = self.run(argv).await?;
+        let stdout = match out.code {
+            _ if out.timed_out => {
+                return Err(process::describe_exit(&spec, &out, Some(self.ctx.timeout)));
+            }
+            Some(0) => out.stdout.trim_end().to_string(),
+            Some(NO_CHANGE_EXIT_CODE) => String::new(),
+            _ => {
+                let last = out.stderr_summary(1);
+                let exit = process::describe_exit(&spec, &out, None);
+                return Err(if last.is_empty() {
+                    exit
+                } else {
+                    format!("{exit}: {last}")
+                });
+            }
+        };
+        let diff = self
+            .ctx
+            .redactor
+            .redact(&crate::redact::tail(&stdout, PLAN_MAX_BYTES));
+        let lines: Vec<&str> = diff.lines().filter(|l| !l.trim().is_empty()).collect();
+        let (mut add, mut change, mut destroy, mut other) = (0, 0, 0, 0);
+        for l in &lines {
+            match l.split_whitespace().next() {
+                Some("+") => add += 1,
+                Some("~") => change += 1,
+                Some("-") => destroy += 1,
+                Some("-/+") => {
+                    add += 1;
+                    destroy += 1;
+                }
+                _ => other += 1,
+            }
+        }
+        let mut summary = format!("{add} to add, {change} to change, {destroy} to destroy");
+        if other > 0 {
+            summary.push_str(&format!(", {other} other line(s)"));
+        }
+        let mut h = Sha256::new();
+        h.update(b"driftless-exec-plan-v1\0");
+        h.update(self.digest().as_bytes());
+        h.update(b"\0");
+        h.update(stdout.as_bytes());
+        Ok(Plan {
+            changes: !lines.is_empty(),
+            summary,
+            diff: lines.join("\n"),
+            // A line that names no action might delete something: under
+            // `approve_destructive` it waits for a person.
+            destructive: destroy > 0 || other > 0,
+            hash: hex::encode(h.finalize()),
+            artifact: None,
+        })
+    }
+
+    /// Plan again; apply only if it is the plan that was approved.
+    async fn apply_approved(&self, approved: &PlanToApply) -> Status {
+        match self.plan().await {
+            Err(e) => Status::failed(format!("cannot plan again before applying: {e}")),
+            Ok(now) if now.hash != approved.hash => Status::failed(format!(
+                "the plan changed since it was approved (now: {}); nothing applied",
+                now.summary
+            )),
+            Ok(_) => {
+                self.run_for_status(&self.cfg.apply, Some(self.digest()))
+                    .await
+            }
+        }
     }
 
     async fn run_for_status(&self, argv: &[String], digest: Option<String>) -> Status {
@@ -166,6 +264,20 @@ impl Backend for Exec {
             }
             self.run_for_status(&self.cfg.apply, Some(digest)).await
         })
+    }
+
+    fn plan(&self) -> Option<BoxFuture<'_, Result<Plan, String>>> {
+        self.cfg
+            .plan
+            .is_some()
+            .then(|| Box::pin(Exec::plan(self)) as BoxFuture<'_, Result<Plan, String>>)
+    }
+
+    fn apply_plan<'a>(&'a self, plan: &'a PlanToApply) -> Option<BoxFuture<'a, Status>> {
+        self.cfg
+            .plan
+            .is_some()
+            .then(|| Box::pin(self.apply_approved(plan)) as BoxFuture<'a, Status>)
     }
 
     fn destroy(&self) -> BoxFuture<'_, Status> {

@@ -1,8 +1,11 @@
 //! Backends: how one kind of target is converged.
 //!
-//! The trait has three operations — `apply`, `destroy`, `outputs` — and
-//! nothing else: no plan, no refresh, no dry-run (see ARCHITECTURE.md for
-//! why). Everything a backend needs is bound when [`build`] makes it from its
+//! The trait has three operations every backend has — `apply`, `destroy`,
+//! `outputs` — the contract of an unattended target (see ARCHITECTURE.md for
+//! why), and one optional capability for the policies that review before
+//! applying: `plan` (what applying would change, changing nothing) with
+//! `apply_plan` (exactly that plan, or a refusal when the world moved since).
+//! Everything a backend needs is bound when [`build`] makes it from its
 //! config and a [`Context`]. A backend never sees a trigger, a queue, git or a
 //! notifier; it must not import `queue`, `tick`, `git` or `http`.
 //!
@@ -56,6 +59,21 @@ pub trait Backend: Send + Sync {
     fn plan(&self) -> Option<BoxFuture<'_, Result<Plan, String>>> {
         None
     }
+    /// Apply exactly `plan` (one this backend's `plan` made at this
+    /// commit), or fail, changing nothing, when the world moved since it
+    /// was made; `None` for a backend that cannot plan.
+    fn apply_plan<'a>(&'a self, _plan: &'a PlanToApply) -> Option<BoxFuture<'a, Status>> {
+        None
+    }
+}
+
+/// An approved plan, as [`Backend::apply_plan`] gets it back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlanToApply {
+    /// The [`Plan::hash`] that was approved.
+    pub hash: String,
+    /// The [`Plan::artifact`] it was made with.
+    pub artifact: Option<PathBuf>,
 }
 
 /// What applying now would change, as a backend that can plan reports it.
@@ -106,6 +124,10 @@ pub struct Context {
     /// Where this target's plan artifacts are written
     /// (`<state_dir>/plans/<target>`; it may not exist yet).
     pub plans_dir: PathBuf,
+    /// A person asked to try again what failed at this commit
+    /// (`driftless retry`): a backend that holds back a spec that failed
+    /// (nomad) tries it once more.
+    pub retry: bool,
 }
 
 impl Context {

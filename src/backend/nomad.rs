@@ -968,12 +968,14 @@ impl Nomad {
             && last.state == "failed"
             && last.spec_hash == hash
             && last.failed_at_index.unwrap_or(last.job_modify_index) == plan.index
+            && !self.ctx.retry
         {
             return fail(format!(
-                "not retried: this spec failed at JobModifyIndex {} (deployment {}: {}); push a new commit or change the live job to try again",
+                "not retried: this spec failed at JobModifyIndex {} (deployment {}: {}); push a new commit, change the live job or run `driftless retry {}` to try again",
                 plan.index,
                 last.id,
-                last.message.as_deref().unwrap_or("failed")
+                last.message.as_deref().unwrap_or("failed"),
+                self.ctx.name
             ));
         }
 

@@ -20,7 +20,9 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::tool::{self, Tool};
-use super::{ApplyResult, Backend, BackendError, BoxFuture, Context, Outputs, Plan, Status};
+use super::{
+    ApplyResult, Backend, BackendError, BoxFuture, Context, Outputs, Plan, PlanToApply, Status,
+};
 use crate::process::{self, Spec};
 
 /// Written into `.terraform/` after a successful init: what init saw.
@@ -447,6 +449,40 @@ impl Terraform {
 
     /// init if needed, select the workspace, then run `op` (`apply`/`destroy`).
     async fn converge(&self, op: &str) -> Status {
+        self.converge_with(op, self.op_args(op, &[])).await
+    }
+
+    /// `apply` of a saved plan file: exactly what it says, without
+    /// variables (they are in the plan); terraform itself refuses a plan
+    /// made against a state that has moved since.
+    async fn apply_saved(&self, plan: &PlanToApply) -> Status {
+        let Some(file) = &plan.artifact else {
+            return Status::failed("the approved plan has no plan file to apply");
+        };
+        if !file.exists() {
+            return Status::failed(format!(
+                "the approved plan's file {} is gone; nothing applied (a new plan is needed)",
+                file.display()
+            ));
+        }
+        let mut args: Vec<String> = vec!["apply".into(), "-input=false".into(), "-json".into()];
+        if let Some(t) = &self.cfg.lock_timeout {
+            args.push(format!("-lock-timeout={t}"));
+        }
+        args.push(file.display().to_string());
+        let mut status = self.converge_with("apply", args).await;
+        if status.result == ApplyResult::Failed && status.message.contains("Saved plan is stale") {
+            status.message = format!(
+                "the approved plan is stale: terraform's state changed since it was made, so \
+                 terraform refused it and nothing was applied; a new plan waits for approval \
+                 after `driftless retry` or the next push ({})",
+                status.message
+            );
+        }
+        status
+    }
+
+    async fn converge_with(&self, op: &str, args: Vec<String>) -> Status {
         let deadline = Instant::now() + self.ctx.timeout;
         let mut tail = String::new();
         let failed = |msg: String, tail: &str| Status {
@@ -458,10 +494,7 @@ impl Terraform {
         if let Err(e) = self.prepare(deadline, &mut tail).await {
             return failed(e, &tail);
         }
-        let report = match self
-            .run_json(&self.op_args(op, &[]), deadline, &mut tail)
-            .await
-        {
+        let report = match self.run_json(&args, deadline, &mut tail).await {
             Ok((_, r)) => r,
             Err(e) => return failed(e, &tail),
         };
@@ -618,6 +651,10 @@ impl Backend for Terraform {
 
     fn plan(&self) -> Option<BoxFuture<'_, Result<Plan, String>>> {
         Some(Box::pin(Terraform::plan(self)))
+    }
+
+    fn apply_plan<'a>(&'a self, plan: &'a PlanToApply) -> Option<BoxFuture<'a, Status>> {
+        Some(Box::pin(self.apply_saved(plan)))
     }
 
     fn outputs(&self) -> BoxFuture<'_, Result<Outputs, BackendError>> {

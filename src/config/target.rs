@@ -231,12 +231,13 @@ pub(super) fn validate_target(
             }
         }
     }
-    let policy = match (raw.policy.as_deref(), &backend) {
-        (None | Some("auto"), _) => Policy::Auto,
-        (
-            Some(p @ ("detect" | "approval" | "approve_destructive")),
-            Some(BackendConfig::Nomad(_)),
-        ) => {
+    let policy = match (
+        raw.policy.as_deref().map(|p| (p, Policy::parse(p))),
+        &backend,
+    ) {
+        (None, _) => Policy::Auto,
+        (Some((_, Some(Policy::Auto))), _) => Policy::Auto,
+        (Some((p, Some(_))), Some(BackendConfig::Nomad(_))) => {
             problems.push(problem(
                 label,
                 "policy",
@@ -247,31 +248,30 @@ pub(super) fn validate_target(
             ));
             Policy::Auto
         }
-        (Some("detect"), Some(b)) if !b.can_plan() => {
+        (Some((p, Some(_))), Some(b)) if !b.can_plan() => {
             problems.push(problem(
                 label,
                 "policy",
                 format!(
-                    "`detect` needs a backend that can plan; `{}` cannot (terraform can)",
+                    "`{p}` needs a backend that can plan; this `{}` target cannot (terraform can, and exec with a `plan` command)",
                     b.kind()
                 ),
             ));
             Policy::Auto
         }
-        (Some("detect"), _) => Policy::Detect,
-        (Some(p @ ("approval" | "approve_destructive")), _) => {
+        (Some((_, Some(p))), _) => p,
+        (Some((other, None)), _) => {
             problems.push(problem(
                 label,
                 "policy",
-                format!("`{p}` is not available yet: use \"auto\" or \"detect\""),
-            ));
-            Policy::Auto
-        }
-        (Some(other), _) => {
-            problems.push(problem(
-                label,
-                "policy",
-                format!("`{other}` is not one of \"auto\", \"detect\""),
+                format!(
+                    "`{other}` is not one of {}",
+                    Policy::NAMES
+                        .iter()
+                        .map(|n| format!("\"{n}\""))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
             ));
             Policy::Auto
         }

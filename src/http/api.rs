@@ -19,6 +19,7 @@ use crate::auth::Verb;
 use crate::model::Trigger;
 use crate::queue::{JobStatus, Request};
 use crate::status::{self, JobView, RunView, TargetStatus};
+use crate::store::plans::StoredPlan;
 
 /// The longest a reconcile may be asked to wait.
 const MAX_WAIT: Duration = Duration::from_secs(3600);
@@ -34,12 +35,12 @@ fn known(s: &AppState, name: &str) -> Result<(), ApiError> {
     }
 }
 
-/// A manual reconcile of `target`, queued (the register or apply happens
-/// in a tick, never here).
-fn manual(target: &str) -> Request {
+/// A reconcile of `target` asked for by a person, queued (the register or
+/// apply happens in a tick, never here).
+fn request(target: &str, trigger: Trigger) -> Request {
     Request {
         target: target.to_string(),
-        trigger: Trigger::Manual,
+        trigger,
         sha: None,
         delivery_id: None,
         receiver: None,
@@ -162,6 +163,29 @@ pub(super) async fn reconcile(
     Path(name): Path<String>,
     Query(q): Query<ReconcileQuery>,
 ) -> Result<(StatusCode, Json<Reconciled>), ApiError> {
+    queue_and_watch(s, caller, name, q, Trigger::Manual).await
+}
+
+/// `POST /api/v1/targets/{name}/retry[?wait=60s]`: a reconcile that tries
+/// again what failed or was rejected at the branch tip (a plan, a Nomad
+/// spec) without a new push. Under an approval policy its new plan waits
+/// for approval like any other.
+pub(super) async fn retry(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+    Query(q): Query<ReconcileQuery>,
+) -> Result<(StatusCode, Json<Reconciled>), ApiError> {
+    queue_and_watch(s, caller, name, q, Trigger::Retry).await
+}
+
+async fn queue_and_watch(
+    s: AppState,
+    caller: Caller,
+    name: String,
+    q: ReconcileQuery,
+    trigger: Trigger,
+) -> Result<(StatusCode, Json<Reconciled>), ApiError> {
     caller.require(Verb::Reconcile, &name)?;
     known(&s, &name)?;
     let wait = match q
@@ -193,10 +217,10 @@ pub(super) async fn reconcile(
     let job = s
         .app
         .queue
-        .enqueue(&manual(&name))
+        .enqueue(&request(&name, trigger))
         .await
         .map_err(ApiError::unavailable)?;
-    info!(target = %name, job, token = %caller.name(), "manual reconcile queued");
+    info!(target = %name, job, token = %caller.name(), trigger = trigger.as_str(), "reconcile queued");
     s.wake.notify_waiters();
     let Some(wait) = wait else {
         return Ok((StatusCode::ACCEPTED, Json(Reconciled::Queued { job })));
@@ -321,7 +345,11 @@ pub(super) async fn resume_job(
     set_paused(&s, &caller, name, Some(job), false).await
 }
 
-// ------------------------------------------------------ Nomad deployments
+// ------------------------------------------------------------ deployments
+//
+// Every backend's deployments in one list: Nomad's (`store::nomad`, one per
+// job) and the plans of the other backends that wait for a person
+// (`store::plans`). They share one id space, so `{id}` names one of them.
 
 #[derive(Deserialize)]
 pub(super) struct DeploymentsQuery {
@@ -329,39 +357,115 @@ pub(super) struct DeploymentsQuery {
     limit: Option<i64>,
 }
 
+/// A Nomad deployment in the shape every deployment has (`backend`,
+/// `plan_hash`, `summary`, `destructive`, `diff`, `created_at`) plus Nomad's
+/// own fields.
+fn nomad_json(d: &crate::store::nomad::Deployment) -> serde_json::Value {
+    let mut v = crate::store::nomad::deployment_json(d);
+    if let Some(o) = v.as_object_mut() {
+        o.insert("backend".into(), "nomad".into());
+        o.insert("plan_hash".into(), d.spec_hash.clone().into());
+    }
+    v
+}
+
+fn plan_json(p: &StoredPlan) -> serde_json::Value {
+    let mut v = serde_json::to_value(p).unwrap_or_default();
+    if let Some(o) = v.as_object_mut() {
+        o.insert(
+            "created_at".into(),
+            crate::store::format_ms(p.created_at).into(),
+        );
+        o.insert(
+            "updated_at".into(),
+            crate::store::format_ms(p.updated_at).into(),
+        );
+        if let Some(at) = p.decided_at {
+            o.insert("decided_at".into(), crate::store::format_ms(at).into());
+        }
+    }
+    v
+}
+
 /// `GET /api/v1/deployments[?state=pending_approval]`: the deployments of
-/// targets this token may read, newest first.
+/// targets this token may read, every backend's, newest first.
 pub(super) async fn deployments(
     State(s): State<AppState>,
     caller: Caller,
     Query(q): Query<DeploymentsQuery>,
 ) -> Answer<Vec<serde_json::Value>> {
-    let all = s
+    let limit = q.limit.unwrap_or(200).clamp(1, 1000);
+    let nomad = s
         .app
         .store
-        .nomad_deployments(false, q.limit.unwrap_or(200).clamp(1, 1000))
+        .nomad_deployments(false, limit)
         .await
         .map_err(ApiError::unavailable)?;
-    Ok(Json(
-        all.iter()
-            .filter(|d| q.state.as_deref().is_none_or(|st| d.state == st))
-            .filter(|d| caller.may(Verb::Read, &d.target))
-            .map(crate::store::nomad::deployment_json)
-            .collect(),
-    ))
+    let plans = s
+        .app
+        .store
+        .plans(limit)
+        .await
+        .map_err(ApiError::unavailable)?;
+    let wanted = |target: &str, state: &str| {
+        q.state.as_deref().is_none_or(|st| state == st) && caller.may(Verb::Read, target)
+    };
+    let mut all: Vec<(i64, serde_json::Value)> = nomad
+        .iter()
+        .filter(|d| wanted(&d.target, &d.state))
+        .map(|d| (d.id, nomad_json(d)))
+        .chain(
+            plans
+                .iter()
+                .filter(|p| wanted(&p.target, p.state.as_str()))
+                .map(|p| (p.id, plan_json(p))),
+        )
+        .collect();
+    all.sort_by_key(|a| std::cmp::Reverse(a.0));
+    all.truncate(limit as usize);
+    Ok(Json(all.into_iter().map(|(_, v)| v).collect()))
+}
+
+/// One deployment, whichever backend's.
+enum Found {
+    Nomad(Box<crate::store::nomad::Deployment>),
+    Plan(Box<StoredPlan>),
+}
+
+impl Found {
+    fn target(&self) -> &str {
+        match self {
+            Found::Nomad(d) => &d.target,
+            Found::Plan(p) => &p.target,
+        }
+    }
+
+    fn json(&self) -> serde_json::Value {
+        match self {
+            Found::Nomad(d) => nomad_json(d),
+            Found::Plan(p) => plan_json(p),
+        }
+    }
 }
 
 /// Deployment `id` (404 if there is none; the caller is authenticated
 /// before anyone learns whether it exists).
-async fn deployment_by_id(
-    s: &AppState,
-    id: i64,
-) -> Result<crate::store::nomad::Deployment, ApiError> {
+async fn deployment_by_id(s: &AppState, id: i64) -> Result<Found, ApiError> {
+    if let Some(p) = s
+        .app
+        .store
+        .plan_record(id)
+        .await
+        .map_err(ApiError::unavailable)?
+    {
+        return Ok(Found::Plan(Box::new(p)));
+    }
     s.app
         .store
         .nomad_deployment(id)
         .await
         .map_err(ApiError::unavailable)?
+        .map(|d| Found::Nomad(Box::new(d)))
         .ok_or_else(|| ApiError::not_found(format!("no deployment {id}")))
 }
 
@@ -372,16 +476,19 @@ pub(super) async fn deployment(
     Path(id): Path<i64>,
 ) -> Answer<serde_json::Value> {
     let d = deployment_by_id(&s, id).await?;
-    caller.require(Verb::Read, &d.target)?;
-    Ok(Json(crate::store::nomad::deployment_json(&d)))
+    caller.require(Verb::Read, d.target())?;
+    Ok(Json(d.json()))
 }
 
+/// What an approval names: the plan looked at (`spec_hash` is the name
+/// Nomad deployments had first; either is accepted for either).
 #[derive(Deserialize)]
 struct Approval {
-    spec_hash: String,
+    plan_hash: Option<String>,
+    spec_hash: Option<String>,
 }
 
-/// Approve (with the body's `spec_hash`) or reject deployment `id`.
+/// Approve (for the body's `plan_hash`) or reject deployment `id`.
 async fn approve_or_reject(
     s: AppState,
     caller: Caller,
@@ -389,39 +496,101 @@ async fn approve_or_reject(
     body: axum::body::Bytes,
     approve: bool,
 ) -> Answer<serde_json::Value> {
-    let d = deployment_by_id(&s, id).await?;
-    caller.require(Verb::Approve, &d.target)?;
-    let actor = format!("token:{}", caller.name());
-    let result = if approve {
-        let Ok(Approval { spec_hash }) = serde_json::from_slice::<Approval>(&body) else {
-            return Err(ApiError::bad_request(
-                "the body must be JSON with the `spec_hash` of the deployment you looked at",
-            ));
-        };
-        s.app.store.approve_nomad(id, &spec_hash, &actor).await
+    let hash = if approve {
+        match serde_json::from_slice::<Approval>(&body) {
+            Ok(Approval {
+                plan_hash: Some(h), ..
+            })
+            | Ok(Approval {
+                plan_hash: None,
+                spec_hash: Some(h),
+            }) => Some(h),
+            _ => {
+                return Err(ApiError::bad_request(
+                    "the body must be JSON with the `plan_hash` of the deployment you looked at",
+                ));
+            }
+        }
     } else {
-        s.app.store.reject_nomad(id, &actor).await
+        None
+    };
+    Ok(Json(decide(&s, &caller, id, hash, approve).await?.json))
+}
+
+/// A decision recorded: the deployment's target, new state and JSON.
+pub(super) struct Decided {
+    pub target: String,
+    pub state: String,
+    pub json: serde_json::Value,
+}
+
+/// A person's decision on deployment `id` (the API's and the page's):
+/// approve it for exactly the plan `hash` names, or reject it (`hash`
+/// `None`). Nothing is applied here: the decision is recorded and the
+/// target's tick queued.
+pub(super) async fn decide(
+    s: &AppState,
+    caller: &Caller,
+    id: i64,
+    hash: Option<String>,
+    approve: bool,
+) -> Result<Decided, ApiError> {
+    let found = deployment_by_id(s, id).await?;
+    caller.require(Verb::Approve, found.target())?;
+    let actor = format!("token:{}", caller.name());
+    let hash = if approve {
+        Some(hash.ok_or_else(|| {
+            ApiError::bad_request("an approval names the `plan_hash` of the plan looked at")
+        })?)
+    } else {
+        None
     };
     use crate::store::nomad::DecisionError;
-    let d = result.map_err(|e| match e {
+    let refused = |e: DecisionError| match e {
         DecisionError::NotFound(_) => ApiError::not_found(format!("no deployment {id}")),
         DecisionError::Conflict(why) => ApiError::conflict(why),
         DecisionError::Store(e) => ApiError::unavailable(e),
-    })?;
-    info!(deployment = id, target = %d.target, job = %d.key.job, token = %caller.name(), approved = approve, "deployment decided");
-    if approve {
-        // The register happens in a tick, never here.
+    };
+    let decided = match found {
+        Found::Plan(_) => Found::Plan(Box::new(
+            s.app
+                .store
+                .decide_plan(id, hash.as_deref(), &actor, approve)
+                .await
+                .map_err(refused)?,
+        )),
+        Found::Nomad(_) => Found::Nomad(Box::new(
+            match &hash {
+                Some(h) => s.app.store.approve_nomad(id, h, &actor).await,
+                None => s.app.store.reject_nomad(id, &actor).await,
+            }
+            .map_err(refused)?,
+        )),
+    };
+    let target = decided.target().to_string();
+    info!(deployment = id, target = %target, token = %caller.name(), approved = approve, "deployment decided");
+    // The apply (or, for a rejected plan, the removal of its plan file)
+    // happens in a tick, never here.
+    if approve || matches!(decided, Found::Plan(_)) {
         s.app
             .queue
-            .enqueue(&manual(&d.target))
+            .enqueue(&request(&target, Trigger::Manual))
             .await
             .map_err(ApiError::unavailable)?;
         s.wake.notify_waiters();
     }
-    Ok(Json(crate::store::nomad::deployment_json(&d)))
+    let state = match &decided {
+        Found::Plan(p) => p.state.as_str().to_string(),
+        Found::Nomad(d) => d.state.clone(),
+    };
+    Ok(Decided {
+        target,
+        state,
+        json: decided.json(),
+    })
 }
 
-/// `POST /api/v1/deployments/{id}/approve` with `{"spec_hash": "..."}`
+/// `POST /api/v1/deployments/{id}/approve` with `{"plan_hash": "..."}`
 /// (scope `approve:<target>`).
 pub(super) async fn approve(
     State(s): State<AppState>,

@@ -87,6 +87,21 @@ impl FromRequestParts<AppState> for Caller {
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok());
         let token = auth::authenticate(&s.app.settings.tokens, presented)?;
+        // A browser resends HTTP Basic credentials by itself, so a page on
+        // another site could make it POST to the API: the API changes
+        // nothing for Basic credentials (the page's own forms carry a CSRF
+        // token instead).
+        let basic = presented.is_some_and(|p| {
+            p.get(..6)
+                .is_some_and(|scheme| scheme.eq_ignore_ascii_case("basic "))
+        });
+        if basic && !parts.method.is_safe() && parts.uri.path().starts_with("/api/") {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "the API changes nothing for HTTP Basic credentials (a browser sends them by \
+                 itself); send the token as `Authorization: Bearer <token>`",
+            ));
+        }
         Ok(Caller(token.clone()))
     }
 }

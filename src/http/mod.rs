@@ -49,6 +49,9 @@ pub struct AppState {
     pub receivers: Arc<HashMap<String, ReceiverKey>>,
     /// Wakes idle workers when something was queued.
     pub wake: Arc<tokio::sync::Notify>,
+    /// Signs the page's forms (CSRF tokens); random per process, so a
+    /// form from before a restart is refused and the page reloaded.
+    pub(crate) csrf_key: Arc<[u8; 32]>,
 }
 
 impl AppState {
@@ -80,6 +83,14 @@ impl AppState {
                 }),
             }
         }
+        let mut csrf_key = [0u8; 32];
+        if let Err(e) = getrandom::fill(&mut csrf_key) {
+            problems.push(Problem {
+                section: "server".into(),
+                key: "page".into(),
+                message: format!("no randomness for the page's CSRF key: {e}"),
+            });
+        }
         if !problems.is_empty() {
             return Err(ConfigError::Invalid {
                 path: app.settings.source.clone(),
@@ -92,6 +103,7 @@ impl AppState {
             health,
             receivers: Arc::new(receivers),
             wake,
+            csrf_key: Arc::new(csrf_key),
         })
     }
 }
@@ -102,6 +114,7 @@ pub fn router(state: AppState) -> Router {
     // Everything but a reconcile that may wait is bounded by request_timeout.
     let bounded = Router::new()
         .route("/", get(page::index))
+        .route("/deployments/{id}/{verb}", post(page::decide))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -128,6 +141,7 @@ pub fn router(state: AppState) -> Router {
         .layer(middleware::from_fn_with_state(timeout, request_timeout));
     Router::new()
         .route("/api/v1/targets/{name}/reconcile", post(api::reconcile))
+        .route("/api/v1/targets/{name}/retry", post(api::retry))
         .merge(bounded)
         .fallback(|| async { ApiError::not_found("no such endpoint") })
         .layer(DefaultBodyLimit::max(server.max_body_bytes))

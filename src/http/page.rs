@@ -1,20 +1,30 @@
-//! `GET /`: a read-only HTML page for people, rendered on the server (no
+//! `GET /`: an HTML page for people, rendered on the server (no
 //! JavaScript): every target with its last result and commit, and every
-//! Nomad deployment waiting for approval with its redacted diff and the
-//! `curl` line that approves exactly that spec. By default (`[server] page =
-//! "token"`) it asks for a token with a `read` scope (HTTP Basic, the token
-//! as the password, so a browser can ask) and shows only what that token may
-//! read; `"open"` shows every target to anyone, `"off"` answers 404. It never
-//! shows a secret (diffs are redacted before they are stored) and changes
-//! nothing.
+//! deployment waiting for approval (Nomad's and every other backend's
+//! plans) with its redacted diff and the `curl` line that approves exactly
+//! that plan. By default (`[server] page = "token"`) it asks for a token
+//! with a `read` scope (HTTP Basic, the token as the password, so a browser
+//! can ask) and shows only what that token may read; `"open"` shows every
+//! target to anyone, `"off"` answers 404. It never shows a secret (diffs are
+//! redacted before they are stored).
+//!
+//! A viewer whose token may approve a target also gets an Approve and a
+//! Reject button per waiting deployment: `POST /deployments/{id}/{verb}`, a
+//! form whose CSRF token is an HMAC (a per-process key) over the viewer's
+//! token name, the deployment, the verb and the plan hash; a request that
+//! a browser marks as coming from another site is refused as well. The
+//! decision is the API's (`api::decide`): nothing is applied here.
 
 use std::fmt::Write as _;
 
-use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use hmac::{Hmac, Mac};
+use serde::Deserialize;
 
 use super::AppState;
+use super::api;
 use super::caller::{ApiError, Caller};
 use crate::auth::Verb;
 use crate::config::PageAccess;
@@ -40,7 +50,9 @@ const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:2em;color:#222
 table{border-collapse:collapse;width:100%}th,td{text-align:left;padding:.35em .6em;border-bottom:1px solid #ddd;vertical-align:top}\
 code,pre{font-family:ui-monospace,monospace;font-size:.9em}pre{background:#f6f6f6;padding:.6em;overflow-x:auto}pre.approve{white-space:pre-wrap;word-break:break-all}\
 .failed{color:#b00020;font-weight:600}.changed{color:#0b6e4f}.no_change{color:#555}\
-.card{border:1px solid #ccc;border-radius:6px;padding:1em;margin:1em 0}h1{font-size:1.4em}";
+.card{border:1px solid #ccc;border-radius:6px;padding:1em;margin:1em 0}h1{font-size:1.4em}\
+form.decide{display:inline-block;margin-right:.6em}form.decide button{font-size:1em;padding:.3em .9em}\
+.destructive{color:#b00020;font-weight:600}";
 
 /// A short HTML answer that is not the page: 401, 403 or 404.
 fn refusal(status: StatusCode, text: &str) -> Response {
@@ -109,6 +121,29 @@ pub(super) async fn index(State(s): State<AppState>, caller: Result<Caller, ApiE
         Ok(d) => d,
         Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
     };
+    let plans = match s.app.store.plans(200).await {
+        Ok(p) => p,
+        Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
+    };
+    // The Approve and Reject buttons, for a viewer who may approve.
+    let buttons = |target: &str, id: i64, hash: &str| -> String {
+        let Some(c) = viewer.as_ref().filter(|c| c.may(Verb::Approve, target)) else {
+            return String::new();
+        };
+        let mut f = String::new();
+        for (verb, label) in [("approve", "Approve this plan"), ("reject", "Reject")] {
+            let _ = write!(
+                f,
+                "<form class=\"decide\" method=\"post\" action=\"/deployments/{id}/{verb}\">\
+                 <input type=\"hidden\" name=\"plan_hash\" value=\"{}\">\
+                 <input type=\"hidden\" name=\"csrf\" value=\"{}\">\
+                 <button type=\"submit\" class=\"{verb}\">{label}</button></form>",
+                escape(hash),
+                csrf_token(&s.csrf_key, c.name(), id, verb, hash),
+            );
+        }
+        format!("<p>As <code>{}</code>: {f}</p>", escape(c.name()))
+    };
     let base = match &settings.server.public_url {
         Some(u) => u.trim_end_matches('/').to_string(),
         None => format!("http://{}", s.addr),
@@ -155,8 +190,45 @@ pub(super) async fn index(State(s): State<AppState>, caller: Result<Caller, ApiE
         .iter()
         .filter(|d| d.state == "pending_approval" && may_read(&d.target))
         .collect();
-    if waiting.is_empty() {
+    let waiting_plans: Vec<_> = plans
+        .iter()
+        .filter(|p| {
+            p.state == crate::store::plans::PlanState::PendingApproval && may_read(&p.target)
+        })
+        .collect();
+    if waiting.is_empty() && waiting_plans.is_empty() {
         h.push_str("<p>Nothing waits for approval.</p>");
+    }
+    for p in waiting_plans {
+        let curl = format!(
+            "curl -X POST -H \"Authorization: Bearer $TOKEN\" -d '{{\"plan_hash\":\"{}\"}}' {base}/api/v1/deployments/{}/approve",
+            p.plan_hash, p.id
+        );
+        let _ = write!(
+            h,
+            "<div class=\"card\" id=\"deployment-{}\"><h3>Deployment {}: {} plan of <strong>{}</strong></h3>\
+             <p>commit <code>{}</code>, policy <code>{}</code>, planned {}</p>\
+             <p><strong>{}</strong>{}</p><pre class=\"diff\">{}</pre>{}\
+             <p>Or approve exactly this plan with:</p><pre class=\"approve\">{}</pre>\
+             <p>or <code>driftless approve {}</code></p></div>",
+            p.id,
+            p.id,
+            escape(&p.backend),
+            escape(&p.target),
+            escape(crate::model::short_sha(&p.commit_sha)),
+            escape(&p.policy),
+            escape(&crate::store::format_ms(p.created_at)),
+            escape(&p.summary),
+            if p.destructive {
+                " <span class=\"destructive\">destructive: deletes or replaces</span>"
+            } else {
+                ""
+            },
+            escape(&p.diff),
+            buttons(&p.target, p.id, &p.plan_hash),
+            escape(&curl),
+            p.id,
+        );
     }
     for d in waiting {
         let diff = serde_json::from_str::<serde_json::Value>(&d.diff)
@@ -170,7 +242,7 @@ pub(super) async fn index(State(s): State<AppState>, caller: Result<Caller, ApiE
             h,
             "<div class=\"card\" id=\"deployment-{}\"><h3>Deployment {}: {}/{} of <strong>{}</strong></h3>\
              <p>commit <code>{}</code>, file <code>{}</code>, planned at JobModifyIndex {}</p>\
-             <p><strong>{}</strong></p><pre class=\"diff\">{}</pre>\
+             <p><strong>{}</strong></p><pre class=\"diff\">{}</pre>{}\
              <p>Approve exactly this spec:</p><pre class=\"approve\">{}</pre>\
              <p>or <code>driftless approve {}</code></p></div>",
             d.id,
@@ -183,6 +255,7 @@ pub(super) async fn index(State(s): State<AppState>, caller: Result<Caller, ApiE
             d.job_modify_index,
             escape(&d.diff_summary),
             escape(&diff),
+            buttons(&d.target, d.id, &d.spec_hash),
             escape(&curl),
             d.id,
         );
@@ -194,6 +267,120 @@ pub(super) async fn index(State(s): State<AppState>, caller: Result<Caller, ApiE
             (header::CACHE_CONTROL, "no-store"),
         ],
         h,
+    )
+        .into_response()
+}
+
+/// The CSRF token of one form: HMAC-SHA256 under the process's key over
+/// who may submit it, for which deployment, verb and plan.
+fn csrf_token(key: &[u8; 32], name: &str, id: i64, verb: &str, hash: &str) -> String {
+    hex::encode(csrf_mac(key, name, id, verb, hash).finalize().into_bytes())
+}
+
+fn csrf_mac(key: &[u8; 32], name: &str, id: i64, verb: &str, hash: &str) -> Hmac<sha2::Sha256> {
+    let mut mac = <Hmac<sha2::Sha256> as Mac>::new_from_slice(key)
+        .unwrap_or_else(|_| unreachable!("HMAC takes a key of any length"));
+    mac.update(format!("driftless page form\n{name}\n{id}\n{verb}\n{hash}").as_bytes());
+    mac
+}
+
+/// What an Approve or Reject form sends.
+#[derive(Deserialize)]
+pub(super) struct DecideForm {
+    plan_hash: String,
+    csrf: String,
+}
+
+/// `POST /deployments/{id}/{approve|reject}`: a form from the page. Checks
+/// the viewer's token, that the browser does not call it cross-site, and
+/// the form's CSRF token, then records the decision as the API would
+/// (scope `approve:<target>`; a stale plan is 409 with the reason).
+pub(super) async fn decide(
+    State(s): State<AppState>,
+    caller: Result<Caller, ApiError>,
+    Path((id, verb)): Path<(i64, String)>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    if s.app.settings.server.page == PageAccess::Off {
+        return refusal(StatusCode::NOT_FOUND, "This page is off.");
+    }
+    let approve = match verb.as_str() {
+        "approve" => true,
+        "reject" => false,
+        _ => return refusal(StatusCode::NOT_FOUND, "No such form."),
+    };
+    let caller = match caller {
+        Ok(c) => c,
+        Err(_) => {
+            return refusal(
+                StatusCode::UNAUTHORIZED,
+                "Sign in with a driftless token that may approve this target.",
+            );
+        }
+    };
+    // Sent by every current browser: a form posted from another site.
+    if let Some(site) = headers.get("sec-fetch-site").and_then(|v| v.to_str().ok())
+        && !matches!(site, "same-origin" | "none")
+    {
+        return refusal(
+            StatusCode::FORBIDDEN,
+            "Refused: this form was sent from another site.",
+        );
+    }
+    let Ok(form) = serde_urlencoded::from_bytes::<DecideForm>(&body) else {
+        return refusal(
+            StatusCode::BAD_REQUEST,
+            "The form must carry `plan_hash` and `csrf`; reload the page.",
+        );
+    };
+    let valid = hex::decode(form.csrf.trim()).is_ok_and(|tag| {
+        csrf_mac(&s.csrf_key, caller.name(), id, &verb, &form.plan_hash)
+            .verify_slice(&tag)
+            .is_ok()
+    });
+    if !valid {
+        return refusal(
+            StatusCode::FORBIDDEN,
+            "Refused: the form's CSRF token does not match (it was made for another token, \
+             deployment or plan, or before driftless restarted); reload the page.",
+        );
+    }
+    let hash = approve.then(|| form.plan_hash.clone());
+    match api::decide(&s, &caller, id, hash, approve).await {
+        Ok(d) => {
+            let what = if approve {
+                "the next tick applies exactly this plan, if git still gives its commit"
+            } else {
+                "it will not be applied"
+            };
+            page_answer(
+                StatusCode::OK,
+                &format!("Deployment {id} of {} is {}: {what}.", d.target, d.state),
+            )
+        }
+        Err(e) => page_answer(
+            e.status,
+            &format!("Deployment {id} was not changed: {}", e.message),
+        ),
+    }
+}
+
+/// A short page after a form: the outcome and the way back.
+fn page_answer(status: StatusCode, text: &str) -> Response {
+    let body = format!(
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>driftless</title>\
+         <style>{STYLE}</style></head><body><h1>driftless</h1><p id=\"outcome\">{}</p>\
+         <p><a href=\"/\">Back to the page</a></p></body></html>\n",
+        escape(text)
+    );
+    (
+        status,
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        body,
     )
         .into_response()
 }

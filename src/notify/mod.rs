@@ -40,6 +40,9 @@ pub enum Event {
     DriftDetected,
     /// A `detect` target's plan found no difference any more.
     DriftResolved,
+    /// A plan that waited for approval will never be applied: a newer
+    /// commit came first.
+    Superseded,
     /// Sent by `driftless notify test`.
     Test,
 }
@@ -54,6 +57,7 @@ impl Event {
             Event::PendingApproval => "pending_approval",
             Event::DriftDetected => "drift_detected",
             Event::DriftResolved => "drift_resolved",
+            Event::Superseded => "superseded",
             Event::Test => "test",
         }
     }
@@ -67,6 +71,7 @@ impl Event {
             "pending_approval" => Event::PendingApproval,
             "drift_detected" => Event::DriftDetected,
             "drift_resolved" => Event::DriftResolved,
+            "superseded" => Event::Superseded,
             _ => return None,
         })
     }
@@ -150,6 +155,10 @@ impl EventDoc {
             }
             Event::DriftDetected => format!("{}: drift detected{at}", self.target),
             Event::DriftResolved => format!("{}: drift resolved{at}", self.target),
+            Event::Superseded => format!(
+                "{}: a deployment that waited for approval was superseded{at}",
+                self.target
+            ),
             Event::Test => format!("{}: test notification", self.target),
         }
     }
@@ -404,6 +413,7 @@ impl NotifierConfig {
                 Event::PendingApproval,
                 Event::DriftDetected,
                 Event::DriftResolved,
+                Event::Superseded,
             ],
             Some(Value::Array(a)) => {
                 let mut out = Vec::new();
@@ -413,7 +423,7 @@ impl NotifierConfig {
                         None => errs.push((
                             "events".into(),
                             format!(
-                                "`{e}` is not one of failed, still_failing, recovered, changed, pending_approval, drift_detected, drift_resolved"
+                                "`{e}` is not one of failed, still_failing, recovered, changed, pending_approval, drift_detected, drift_resolved, superseded"
                             ),
                         )),
                     }

@@ -19,6 +19,7 @@ use sqlx::sqlite::{
 use crate::model::{ApplyResult, Status};
 
 pub mod nomad;
+pub mod plans;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
@@ -227,6 +228,12 @@ pub struct Notice {
     /// Nomad deployments whose `pending_approval` notification is in
     /// `outbox`: marked notified in the same transaction.
     pub approvals_notified: Vec<i64>,
+    /// Plans whose `pending_approval` (state `PendingApproval`) or
+    /// `superseded` notification is in `outbox`.
+    pub plans_told: Vec<(i64, plans::PlanState)>,
+    /// A plan this run applied: it leaves `applying` for this state, with
+    /// this message, in the run's transaction.
+    pub plan_done: Option<(i64, plans::PlanState, String)>,
     /// The target's drift, when this run changed it.
     pub drift: Option<DriftUpdate>,
 }
@@ -556,6 +563,33 @@ impl Store {
                     .execute(&mut *tx)
                     .await
                     .map_err(self.err(what))?;
+            }
+            for (id, state) in &n.plans_told {
+                let column = match state {
+                    plans::PlanState::Superseded => {
+                        "UPDATE plans SET superseded_notified_at = ?2 WHERE id = ?1"
+                    }
+                    _ => "UPDATE plans SET notified_at = ?2 WHERE id = ?1",
+                };
+                sqlx::query(column)
+                    .bind(id)
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(self.err(what))?;
+            }
+            if let Some((id, state, message)) = &n.plan_done {
+                sqlx::query(
+                    "UPDATE plans SET state = ?2, message = ?3, artifact = NULL, updated_at = ?4
+                     WHERE id = ?1 AND state = 'applying'",
+                )
+                .bind(id)
+                .bind(state)
+                .bind(message)
+                .bind(now)
+                .execute(&mut *tx)
+                .await
+                .map_err(self.err(what))?;
             }
         }
         tx.commit().await.map_err(self.err(what))?;

@@ -508,8 +508,7 @@ fn every_command_flag_and_argument_has_a_help_line() {
 }
 
 /// A `policy` other than `auto` needs a backend that can plan; `check`
-/// says which and why, each naming the key (and approvals, not built yet,
-/// are refused rather than ignored).
+/// says which and why, each naming the key.
 #[test]
 fn a_policy_needs_a_backend_that_can_plan() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -522,10 +521,15 @@ fn a_policy_needs_a_backend_that_can_plan() {
     let config = write(
         dir.path(),
         &format!(
-            "state_dir = \"state\"\n{}{}{}{}{}",
+            "state_dir = \"state\"\n{}{}{}{}{}{}",
             target("tf", "detect", "kind = \"terraform\""),
             target("sh", "detect", "kind = \"exec\"\napply = [\"true\"]"),
             target("gated", "approval", "kind = \"terraform\""),
+            target(
+                "gated-sh",
+                "approve_destructive",
+                "kind = \"exec\"\napply = [\"true\"]"
+            ),
             target("odd", "sometimes", "kind = \"terraform\""),
             target(
                 "jobs",
@@ -541,9 +545,9 @@ fn a_policy_needs_a_backend_that_can_plan() {
     let said = text(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{said}");
     for line in [
-        "targets[sh]: key `policy`: `detect` needs a backend that can plan; `exec` cannot (terraform can)",
-        "targets[gated]: key `policy`: `approval` is not available yet: use \"auto\" or \"detect\"",
-        "targets[odd]: key `policy`: `sometimes` is not one of \"auto\", \"detect\"",
+        "targets[sh]: key `policy`: `detect` needs a backend that can plan; this `exec` target cannot (terraform can, and exec with a `plan` command)",
+        "targets[gated-sh]: key `policy`: `approve_destructive` needs a backend that can plan; this `exec` target cannot (terraform can, and exec with a `plan` command)",
+        "targets[odd]: key `policy`: `sometimes` is not one of \"auto\", \"approval\", \"approve_destructive\", \"detect\"",
         "targets[jobs]: key `policy`: `detect` on a nomad target: Nomad chooses per job, with the backend's `default_policy` (\"none\" reports drift) or a job's `meta { driftless_policy }`",
     ] {
         assert!(
@@ -552,5 +556,10 @@ fn a_policy_needs_a_backend_that_can_plan() {
             "no `{line}` in:\n{said}"
         );
     }
-    assert!(!said.contains("targets[tf]: key `policy`"), "{said}");
+    for ok in ["tf", "gated"] {
+        assert!(
+            !said.contains(&format!("targets[{ok}]: key `policy`")),
+            "{said}"
+        );
+    }
 }

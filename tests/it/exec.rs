@@ -251,3 +251,116 @@ fn secrets_from_env_references_are_masked_in_records() {
         );
     }
 }
+
+/// An exec target with a `plan` command under `policy = "approval"`: the
+/// plan waits and nothing runs until it is approved; an approved plan is
+/// planned again before `apply` and applied only if it is still the same
+/// (someone changed the world meanwhile: refused, nothing applied, held
+/// until `driftless retry`, whose new plan waits for its own approval).
+#[test]
+fn an_exec_plan_waits_for_approval_and_a_plan_that_changed_is_not_applied() {
+    const OPS: &str = "ops-token-exec-77d1";
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(&[("app/desired.txt", "v1\n")], "first");
+    let world = root.path().join("world.txt");
+    let plan = "if [ -f \\\"$WORLD\\\" ] && cmp -s desired.txt \\\"$WORLD\\\"; then exit 0; fi; \
+                if [ -f \\\"$WORLD\\\" ]; then echo \\\"~ file world.txt (update from $(cat \\\"$WORLD\\\"))\\\"; \
+                else echo '+ file world.txt (create)'; fi";
+    let s = Setup::new(&format!(
+        "{}{}",
+        token_table("ops", OPS, &["approve:app", "read"]),
+        exec_target(
+            "app",
+            &remote.url(),
+            "path = \"app\"\npolicy = \"approval\"",
+            &format!(
+                "apply = [\"sh\", \"-c\", \"cp desired.txt \\\"$WORLD\\\"\"]\n\
+                 plan = [\"sh\", \"-c\", \"{plan}\"]\nenv = {{ WORLD = {} }}",
+                toml_str(&world.display().to_string())
+            ),
+        )
+    ));
+    let tick = |args: &[&str]| {
+        let out = s.run(args);
+        (out.status.code(), text(&out.stdout) + &text(&out.stderr))
+    };
+    let intake = Intake::start(&s);
+    let pending = || {
+        let r = api_call(
+            intake.port,
+            "GET",
+            "/api/v1/deployments?state=pending_approval",
+            OPS,
+            &serde_json::Value::Null,
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json().as_array().cloned().expect("list")
+    };
+    let approve = |p: &serde_json::Value| {
+        let id = p["id"].as_i64().expect("id");
+        let r = api_call(
+            intake.port,
+            "POST",
+            &format!("/api/v1/deployments/{id}/approve"),
+            OPS,
+            &serde_json::json!({ "plan_hash": p["plan_hash"] }),
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+    };
+    let read = || std::fs::read_to_string(&world).ok();
+
+    let (code, out) = tick(&["tick", "app"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains("waits for approval: 1 to add, 0 to change, 0 to destroy"),
+        "{out}"
+    );
+    assert_eq!(read(), None, "applied before approval");
+    let p1 = pending();
+    assert_eq!(
+        (&p1[0]["backend"], &p1[0]["diff"]),
+        (&"exec".into(), &"+ file world.txt (create)".into()),
+        "{p1:?}"
+    );
+    approve(&p1[0]);
+    let (code, out) = tick(&["tick", "app"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("app: changed"), "{out}");
+    assert_eq!(read().as_deref(), Some("v1\n"));
+
+    remote.commit(&[("app/desired.txt", "v2\n")], "v2");
+    tick(&["tick", "app"]);
+    let p2 = pending();
+    assert_eq!(p2[0]["diff"], "~ file world.txt (update from v1)", "{p2:?}");
+    // Someone changes the world after the plan was made.
+    std::fs::write(&world, "by hand\n").expect("write");
+    approve(&p2[0]);
+    let (code, out) = tick(&["tick", "app"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("the plan changed since it was approved"),
+        "{out}"
+    );
+    assert_eq!(
+        read().as_deref(),
+        Some("by hand\n"),
+        "a changed plan was applied"
+    );
+    let (code, out) = tick(&["tick", "app"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("`driftless retry app`"), "{out}");
+    assert!(pending().is_empty());
+
+    let (code, out) = tick(&["retry", "app"]);
+    assert_eq!(code, Some(0), "{out}");
+    let p3 = pending();
+    assert_eq!(
+        p3[0]["diff"], "~ file world.txt (update from by hand)",
+        "{p3:?}"
+    );
+    approve(&p3[0]);
+    let (code, out) = tick(&["tick", "app"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(read().as_deref(), Some("v2\n"));
+}

@@ -300,7 +300,23 @@ fn a_failed_spec_is_not_retried_at_the_same_index_but_a_new_commit_is() {
         assert_eq!(code, Some(1));
         assert!(registers(&j).is_empty(), "re-applied a failed spec: {j:#?}");
         assert!(f.message().contains("not retried"), "{}", f.message());
+        assert!(
+            f.message().contains("`driftless retry cluster`"),
+            "{}",
+            f.message()
+        );
     }
+    // A person asks for one more try: registered again, at the same index.
+    let before = f.nomad.journal().len();
+    let out = f.s.run(&["retry", "cluster"]);
+    let said = text(&out.stdout) + &text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    assert!(said.contains("cluster: changed"), "{said}");
+    assert_eq!(registers(&f.nomad.journal()[before..]).len(), 1);
+    assert_eq!(f.s.history("cluster")[0]["trigger"], "retry");
+    f.nomad
+        .control("deployment", json!({ "ID": "web", "Status": "successful" }));
+    assert_eq!(f.tick().0, Some(0));
     f.remote.commit(
         &[("jobs/web.nomad.hcl", &web_job("nginx:1.26", AUTO))],
         "fix",
@@ -911,13 +927,16 @@ fn approval_fixture(policy: &str) -> (Fixture, Intake) {
         )],
         "no policy in meta",
     );
-    let digest = |t: &str| hex::encode(<sha2::Sha256 as sha2::Digest>::digest(t.as_bytes()));
     let mut cfg = std::fs::read_to_string(&f.s.config).expect("config");
-    cfg.push_str(&format!(
-        "\n[[tokens]]\nname = \"ops\"\nsha256 = \"{}\"\nscopes = [\"approve:clus*\", \"pause:cluster\", \"read\"]\n\
-         \n[[tokens]]\nname = \"viewer\"\nsha256 = \"{}\"\nscopes = [\"reconcile:cluster\", \"read\"]\n",
-        digest(APPROVER),
-        digest(READER)
+    cfg.push_str(&token_table(
+        "ops",
+        APPROVER,
+        &["approve:clus*", "pause:cluster", "read"],
+    ));
+    cfg.push_str(&token_table(
+        "viewer",
+        READER,
+        &["reconcile:cluster", "read"],
     ));
     std::fs::write(&f.s.config, cfg).expect("config");
     let intake = Intake::start_at_listen(&f.s);
@@ -925,22 +944,7 @@ fn approval_fixture(policy: &str) -> (Fixture, Intake) {
 }
 
 fn api(intake: &Intake, method: &str, path: &str, token: &str, body: Value) -> HttpResponse {
-    let auth = format!("Bearer {token}");
-    let b = if body.is_null() {
-        Vec::new()
-    } else {
-        body.to_string().into_bytes()
-    };
-    http(
-        intake.port,
-        method,
-        path,
-        &[
-            ("Authorization", &auth),
-            ("Content-Type", "application/json"),
-        ],
-        &b,
-    )
+    api_call(intake.port, method, path, token, &body)
 }
 
 fn pending(intake: &Intake) -> Vec<Value> {

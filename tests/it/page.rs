@@ -234,3 +234,222 @@ fn an_open_page_needs_no_token_and_an_off_page_is_not_there() {
         "{err}"
     );
 }
+
+/// Run `tests/cdp.py` (headless Chromium over the DevTools protocol) with
+/// `steps`; its output lines.
+fn cdp(profile: &std::path::Path, steps: &serde_json::Value) -> Vec<String> {
+    let out = output_within(
+        std::process::Command::new("python3")
+            .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cdp.py"))
+            .arg(profile)
+            .arg(steps.to_string()),
+        std::time::Duration::from_secs(120),
+    );
+    assert!(
+        out.status.success(),
+        "cdp.py: {}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    text(&out.stdout).lines().map(str::to_string).collect()
+}
+
+/// A terraform plan waiting under `policy = "approval"` is approved from
+/// the page in headless Chromium: the viewer whose token may approve gets
+/// the buttons (a read-only one does not), pressing Approve records the
+/// decision for exactly that plan and applies nothing, and the next tick
+/// applies it. Refused: a form posted from another site (even with a valid
+/// CSRF token), a form without or with a wrong CSRF token, and any API
+/// change made with HTTP Basic credentials. Screenshots before and after
+/// are kept in target/tmp/.
+#[test]
+fn a_person_approves_a_plan_from_the_page_and_other_sites_cannot() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(
+        &[(
+            "network/main.tf",
+            "resource \"terraform_data\" \"greeting\" {\n  input = \"hello\"\n}\n",
+        )],
+        "network",
+    );
+    let (ops, ops_digest) = driftless::auth::new_token().expect("token");
+    let (viewer, viewer_digest) = driftless::auth::new_token().expect("token");
+    let s = Setup::new(&format!(
+        "[[tokens]]\nname = \"ops\"\nsha256 = \"{ops_digest}\"\nscopes = [\"read\", \"approve:net\"]\n\n\
+         [[tokens]]\nname = \"viewer\"\nsha256 = \"{viewer_digest}\"\nscopes = [\"read\"]\n\n\
+         [[targets]]\nname = \"net\"\nrepo = \"{}\"\npath = \"network\"\ninterval = \"1h\"\n\
+         policy = \"approval\"\n[targets.backend]\nkind = \"terraform\"\n\
+         env = {{ TF_CLI_CONFIG_FILE = \"/dev/null\" }}\n",
+        remote.url()
+    ));
+    let out = s.run(&["tick", "net"]);
+    let said = text(&out.stdout);
+    assert!(
+        said.contains("waits for approval"),
+        "{said}{}",
+        text(&out.stderr)
+    );
+    let state_file = s.state.join("checkouts/net/network/terraform.tfstate");
+    let intake = Intake::start(&s);
+    let list = api_call(
+        intake.port,
+        "GET",
+        "/api/v1/deployments?state=pending_approval",
+        &ops,
+        &serde_json::Value::Null,
+    )
+    .json();
+    let id = list[0]["id"].as_i64().expect("a pending plan");
+    let hash = list[0]["plan_hash"].as_str().expect("hash").to_string();
+    let basic = |token: &str| {
+        use base64::Engine as _;
+        format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(format!("me:{token}"))
+        )
+    };
+
+    // The API changes nothing for Basic credentials (a browser sends them
+    // by itself).
+    let r = http(
+        intake.port,
+        "POST",
+        &format!("/api/v1/deployments/{id}/reject"),
+        &[("Authorization", &basic(&ops))],
+        b"",
+    );
+    assert_eq!(r.status, 403, "{}", r.body);
+    assert!(r.body.contains("HTTP Basic"), "{}", r.body);
+    // The page's forms need their CSRF token.
+    let form = |body: &str| {
+        http(
+            intake.port,
+            "POST",
+            &format!("/deployments/{id}/approve"),
+            &[
+                ("Authorization", &basic(&ops)),
+                ("Content-Type", "application/x-www-form-urlencoded"),
+            ],
+            body.as_bytes(),
+        )
+    };
+    let r = form(&format!("plan_hash={hash}&csrf={}", "ab".repeat(32)));
+    assert_eq!(r.status, 403, "{}", r.body);
+    assert!(r.body.contains("CSRF token does not match"), "{}", r.body);
+    assert_eq!(form(&format!("plan_hash={hash}")).status, 400);
+    // A read-only viewer sees the plan, not the buttons.
+    let r = http(
+        intake.port,
+        "GET",
+        "/",
+        &[("Authorization", &basic(&viewer))],
+        b"",
+    );
+    assert!(
+        r.body.contains(&format!(
+            "Deployment {id}: terraform plan of <strong>net</strong>"
+        )) && r.body.contains("+ terraform_data.greeting (create)")
+            && !r.body.contains("Approve this plan"),
+        "{}",
+        r.body
+    );
+
+    let tmp = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let profile = root.path().join("chromium-profile");
+    let page = format!("http://127.0.0.1:{}/", intake.port);
+    let auth = serde_json::json!({ "headers": { "Authorization": basic(&ops) } });
+    let before_html = root.path().join("before.html");
+    let shot_before = tmp.join("page-plan-waiting.png");
+    cdp(
+        &profile,
+        &serde_json::json!([auth, { "goto": page }, { "screenshot": shot_before }, { "html": before_html }]),
+    );
+    let before = std::fs::read_to_string(&before_html).expect("html");
+    assert!(before.contains("Approve this plan"), "{before}");
+    // The form's own CSRF token, as an attacker who learnt it would use it
+    // from a page of theirs: the browser says it comes from another site.
+    let csrf = before
+        .split(&format!("action=\"/deployments/{id}/approve\""))
+        .nth(1)
+        .and_then(|rest| rest.split("name=\"csrf\" value=\"").nth(1))
+        .and_then(|rest| rest.split('"').next())
+        .expect("the approve form's csrf field")
+        .to_string();
+    let evil = format!(
+        "data:text/html,<form method=post action=\"{page}deployments/{id}/approve\">\
+         <input name=plan_hash value={hash}><input name=csrf value={csrf}></form>\
+         <script>document.forms[0].submit()</script>"
+    );
+    let evil_html = root.path().join("evil.html");
+    cdp(
+        &profile,
+        &serde_json::json!([auth, { "goto": evil }, { "wait_url": format!("/deployments/{id}/approve") }, { "html": evil_html }]),
+    );
+    let refused = std::fs::read_to_string(&evil_html).expect("html");
+    assert!(
+        refused.contains("Refused: this form was sent from another site."),
+        "{refused}"
+    );
+    let pending = |token: &str| {
+        api_call(
+            intake.port,
+            "GET",
+            &format!("/api/v1/deployments/{id}"),
+            token,
+            &serde_json::Value::Null,
+        )
+        .json()
+    };
+    assert_eq!(pending(&ops)["state"], "pending_approval");
+
+    // The person presses Approve.
+    let after_html = root.path().join("after.html");
+    let shot_after = tmp.join("page-plan-approved.png");
+    let lines = cdp(
+        &profile,
+        &serde_json::json!([
+            auth,
+            { "goto": page },
+            { "click": format!("#deployment-{id} button.approve") },
+            { "html": after_html },
+            { "screenshot": shot_after },
+        ]),
+    );
+    let after = std::fs::read_to_string(&after_html).expect("html");
+    assert!(
+        after.contains(&format!(
+            "Deployment {id} of net is approved: the next tick applies"
+        )),
+        "{after}\n{lines:?}"
+    );
+    let d = pending(&ops);
+    assert_eq!(
+        (&d["state"], &d["decided_by"]),
+        (&"approved".into(), &"token:ops".into()),
+        "{d}"
+    );
+    assert!(!state_file.exists(), "the page applied something");
+    for shot in [&shot_before, &shot_after] {
+        let png = std::fs::read(shot).expect("screenshot");
+        assert!(
+            png.starts_with(b"\x89PNG") && png.len() > 5_000,
+            "{}",
+            shot.display()
+        );
+    }
+    report(&format!(
+        "page: screenshots of a waiting plan and of its approval at {} and {}",
+        shot_before.display(),
+        shot_after.display()
+    ));
+    drop(intake);
+    let out = s.run(&["tick", "net"]);
+    assert!(
+        text(&out.stdout).contains("net: changed"),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    assert!(state_file.exists());
+}

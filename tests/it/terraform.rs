@@ -663,7 +663,7 @@ fn plan_shows_what_apply_would_change_and_changes_nothing() {
     assert_eq!(code, Some(1), "{out}");
     assert_eq!(
         out.trim(),
-        "error: target `sh` (exec) cannot plan: only terraform targets can so far"
+        "error: target `sh` (exec) cannot plan: terraform targets can, and exec targets with a `plan` command"
     );
 }
 
@@ -773,4 +773,461 @@ fn a_detect_target_reports_drift_once_and_its_end_once_and_applies_nothing() {
             .body
             .contains("driftless_drift{target=\"net\"} 0")
     );
+}
+
+// ------------------------------------------------------------ approvals
+
+const OPS: &str = "ops-token-5e0a7c";
+const VIEWER: &str = "viewer-token-a91f3d";
+
+/// A terraform target `net` with `policy`, the sensitive variable set to
+/// `canary`, a webhook notifier into `sink`, an approver token (`ops`) and
+/// a read-only one (`viewer`); a long interval, so the daemon ticks when
+/// asked.
+fn review_setup(remote: &Remote, sink: &Service, policy: &str, canary: &str) -> Setup {
+    Setup::new(&format!(
+        "[[notifiers]]\nname = \"hook\"\nkind = \"webhook\"\nurl = \"http://127.0.0.1:{}/hook\"\n\n\
+         [[targets]]\nname = \"net\"\nrepo = \"{}\"\npath = \"network\"\ntimeout = \"2m\"\n\
+         interval = \"1h\"\npolicy = \"{policy}\"\nnotify = [\"hook\"]\n\
+         [targets.backend]\nkind = \"terraform\"\nvar_files = [\"prod.tfvars\"]\n\
+         vars = {{ secret = \"{canary}\" }}\nenv = {{ TF_CLI_CONFIG_FILE = \"/dev/null\" }}\n{}{}",
+        sink.port,
+        remote.url(),
+        token_table("ops", OPS, &["approve:net", "reconcile:net", "read"]),
+        token_table("viewer", VIEWER, &["read"]),
+    ))
+}
+
+/// The daemon's API, as the tests of approvals use it.
+struct Api<'a> {
+    d: &'a Daemon,
+}
+
+impl Api<'_> {
+    fn call(&self, method: &str, path: &str, token: &str, body: serde_json::Value) -> HttpResponse {
+        api_call(self.d.port, method, path, token, &body)
+    }
+
+    fn deployment(&self, id: i64) -> serde_json::Value {
+        let r = self.call(
+            "GET",
+            &format!("/api/v1/deployments/{id}"),
+            VIEWER,
+            serde_json::Value::Null,
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()
+    }
+
+    fn pending(&self) -> Vec<serde_json::Value> {
+        let r = self.call(
+            "GET",
+            "/api/v1/deployments?state=pending_approval",
+            VIEWER,
+            serde_json::Value::Null,
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json().as_array().cloned().expect("a list")
+    }
+
+    /// The one pending deployment, once there is one other than `not`.
+    fn wait_pending(&self, not: &[i64]) -> serde_json::Value {
+        let mut found = None;
+        wait_for(
+            Duration::from_secs(120),
+            "a plan waiting for approval",
+            || {
+                let p = self.pending();
+                found = p
+                    .into_iter()
+                    .find(|d| !not.contains(&d["id"].as_i64().unwrap_or(0)));
+                found.is_some()
+            },
+        );
+        found.expect("pending")
+    }
+
+    fn approve(&self, id: i64, token: &str, hash: &str) -> HttpResponse {
+        self.call(
+            "POST",
+            &format!("/api/v1/deployments/{id}/approve"),
+            token,
+            serde_json::json!({ "plan_hash": hash }),
+        )
+    }
+
+    /// A reconcile that waits for its job; the job's run.
+    fn reconcile(&self) -> serde_json::Value {
+        let r = self.call(
+            "POST",
+            "/api/v1/targets/net/reconcile?wait=120s",
+            OPS,
+            serde_json::Value::Null,
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()["run"].clone()
+    }
+
+    fn wait_state(&self, id: i64, state: &str) -> serde_json::Value {
+        let mut last = serde_json::Value::Null;
+        wait_for(
+            Duration::from_secs(120),
+            &format!("deployment {id} {state}"),
+            || {
+                last = self.deployment(id);
+                last["state"] == state
+            },
+        );
+        last
+    }
+}
+
+/// What the terraform state says `terraform_data.greeting` holds.
+fn greeting_in_state(workdir: &std::path::Path) -> Option<String> {
+    let state = std::fs::read_to_string(workdir.join("terraform.tfstate")).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&state).ok()?;
+    v["resources"]
+        .as_array()?
+        .iter()
+        .find(|r| r["name"] == "greeting")
+        .and_then(|r| r["instances"][0]["attributes"]["input"]["value"].as_str())
+        .map(str::to_string)
+}
+
+fn plan_files(s: &Setup) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(s.state.join("plans/net"))
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default()
+}
+
+/// `policy = "approval"` against real terraform, through the daemon, its
+/// API and the CLI: a push waits and changes nothing until a person with
+/// the approve scope approves exactly the plan shown (a stale hash is 409);
+/// the approved plan is terraform's saved plan file, applied as is; a newer
+/// push supersedes a waiting plan (told once, its approval refused); a plan
+/// whose state moved after it was made is refused by terraform and applies
+/// nothing, and holds the target until `driftless retry`; the sensitive
+/// value never shows.
+#[test]
+fn an_approval_target_applies_exactly_the_approved_plan_and_nothing_else() {
+    terraform_available();
+    const CANARY: &str = "approval-canary-93be1c";
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    let first = remote.commit(
+        &[
+            ("network/main.tf", PLANNED_TF),
+            ("network/prod.tfvars", "greeting = \"hello\"\n"),
+        ],
+        "network",
+    );
+    let sink = Service::http_sink(root.path(), 0);
+    let s = review_setup(&remote, &sink, "approval", CANARY);
+    let workdir = s.state.join("checkouts/net/network");
+    let d = Daemon::start(&s);
+    let api = Api { d: &d };
+
+    // The daemon's first tick plans; nothing is applied.
+    let p1 = api.wait_pending(&[]);
+    let id1 = p1["id"].as_i64().expect("id");
+    let hash1 = p1["plan_hash"].as_str().expect("plan_hash").to_string();
+    assert_eq!(
+        (
+            &p1["backend"],
+            &p1["commit"],
+            &p1["destructive"],
+            &p1["summary"]
+        ),
+        (
+            &"terraform".into(),
+            &first.as_str().into(),
+            &false.into(),
+            &"3 to add, 0 to change, 0 to destroy".into()
+        ),
+        "{p1}"
+    );
+    assert_eq!(hash1.len(), 64, "{p1}");
+    assert!(
+        p1["diff"]
+            .as_str()
+            .is_some_and(|d| d.lines().any(|l| l == "+ terraform_data.secret (create)")),
+        "{p1}"
+    );
+    assert!(
+        !workdir.join("terraform.tfstate").exists(),
+        "applied before approval"
+    );
+    assert_eq!(
+        plan_files(&s).len(),
+        1,
+        "the plan file is kept for its approval"
+    );
+    // Ticking again keeps the same plan waiting.
+    let run = api.reconcile();
+    assert_eq!(run["result"], "no_change", "{run}");
+    assert!(
+        run["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with(&format!("deployment {id1} waits for approval"))),
+        "{run}"
+    );
+    assert_eq!(api.pending().len(), 1);
+
+    // Refused: another's hash, a reader, no hash; nothing applied.
+    let stale = api.approve(id1, OPS, &"0".repeat(64));
+    assert_eq!(stale.status, 409, "{}", stale.body);
+    assert!(stale.body.contains("stale plan"), "{}", stale.body);
+    assert_eq!(api.approve(id1, VIEWER, &hash1).status, 403);
+    let none = api.call(
+        "POST",
+        &format!("/api/v1/deployments/{id1}/approve"),
+        OPS,
+        serde_json::json!({}),
+    );
+    assert_eq!(none.status, 400, "{}", none.body);
+    assert!(!workdir.join("terraform.tfstate").exists());
+
+    // The CLI shows the plan and approves exactly it; the daemon applies it.
+    let out = output_within(
+        std::process::Command::new(bin())
+            .args(["--config", s.config.to_str().expect("utf8")])
+            .args(["approve", &id1.to_string()])
+            .env("DRIFTLESS_TOKEN", OPS),
+        Duration::from_secs(60),
+    );
+    let said = text(&out.stdout) + &text(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains("+ terraform_data.greeting (create)")
+            && said.contains("approved: now approved"),
+        "{said}"
+    );
+    let applied = api.wait_state(id1, "applied");
+    assert_eq!(applied["decided_by"], "token:ops", "{applied}");
+    assert_eq!(greeting_in_state(&workdir).as_deref(), Some("hello"));
+    assert_eq!(s.target_status("net")["last_applied_sha"], first);
+    assert!(plan_files(&s).is_empty(), "{:?}", plan_files(&s));
+    let last = &s.history("net")[0];
+    assert_eq!(last["result"], "changed", "{last}");
+    assert!(
+        last["message"].as_str().is_some_and(|m| m.starts_with(&format!(
+            "deployment {id1} (3 to add, 0 to change, 0 to destroy at {}, approved by token:ops): Apply complete!",
+            &first[..12]
+        ))),
+        "{last}"
+    );
+    let again = api.approve(id1, OPS, &hash1);
+    assert_eq!(again.status, 409, "{}", again.body);
+
+    // A newer push supersedes the waiting plan; its approval is refused.
+    let second = remote.commit(&[("network/prod.tfvars", "greeting = \"bye\"\n")], "bye");
+    api.reconcile();
+    let p2 = api.wait_pending(&[id1]);
+    let id2 = p2["id"].as_i64().expect("id");
+    assert_eq!(
+        (&p2["commit"], &p2["destructive"]),
+        (&second.as_str().into(), &true.into())
+    );
+    let third = remote.commit(&[("network/prod.tfvars", "greeting = \"ciao\"\n")], "ciao");
+    api.reconcile();
+    let p3 = api.wait_pending(&[id1, id2]);
+    let id3 = p3["id"].as_i64().expect("id");
+    assert_eq!(p3["commit"], third.as_str());
+    let superseded = api.deployment(id2);
+    assert_eq!(superseded["state"], "superseded", "{superseded}");
+    let late = api.approve(id2, OPS, p2["plan_hash"].as_str().expect("hash"));
+    assert_eq!(late.status, 409, "{}", late.body);
+    assert!(late.body.contains("superseded"), "{}", late.body);
+    assert_eq!(plan_files(&s).len(), 1, "{:?}", plan_files(&s));
+    assert_eq!(greeting_in_state(&workdir).as_deref(), Some("hello"));
+
+    // Someone changes the state after the plan was made: terraform refuses
+    // the approved plan file, nothing is applied.
+    let by_hand = std::process::Command::new("terraform")
+        .args([
+            "apply",
+            "-auto-approve",
+            "-input=false",
+            "-var=greeting=by-hand",
+            "-var=secret=x",
+        ])
+        .current_dir(&workdir)
+        .env("TF_CLI_CONFIG_FILE", "/dev/null")
+        .output()
+        .expect("terraform apply");
+    assert!(by_hand.status.success(), "{}", text(&by_hand.stderr));
+    let ok = api.approve(id3, OPS, p3["plan_hash"].as_str().expect("hash"));
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    let failed = api.wait_state(id3, "failed");
+    assert!(
+        failed["message"].as_str().is_some_and(
+            |m| m.contains("the approved plan is stale") && m.contains("Saved plan is stale")
+        ),
+        "{failed}"
+    );
+    assert_eq!(greeting_in_state(&workdir).as_deref(), Some("by-hand"));
+    assert_eq!(s.target_status("net")["last_applied_sha"], first);
+    // It holds the target: no new plan until a retry.
+    let run = api.reconcile();
+    assert_eq!(run["result"], "failed", "{run}");
+    assert!(
+        run["message"].as_str().is_some_and(|m| m
+            .contains(&format!("deployment {id3} at {} was failed", &third[..12]))
+            && m.ends_with("nothing is applied until a new commit or `driftless retry net`")),
+        "{run}"
+    );
+    assert!(api.pending().is_empty());
+    let out = output_within(
+        std::process::Command::new(bin())
+            .args(["--config", s.config.to_str().expect("utf8")])
+            .args(["retry", "net"])
+            .env("DRIFTLESS_TOKEN", OPS),
+        Duration::from_secs(60),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        text(&out.stdout) + &text(&out.stderr)
+    );
+    let p4 = api.wait_pending(&[id1, id2, id3]);
+    let id4 = p4["id"].as_i64().expect("id");
+    assert_eq!(p4["commit"], third.as_str());
+    assert_eq!(
+        api.approve(id4, OPS, p4["plan_hash"].as_str().expect("hash"))
+            .status,
+        200
+    );
+    api.wait_state(id4, "applied");
+    assert_eq!(greeting_in_state(&workdir).as_deref(), Some("ciao"));
+    assert_eq!(s.target_status("net")["last_applied_sha"], third);
+
+    // Told once per plan that waited, once of the superseded one; the
+    // sensitive value nowhere.
+    let told = || -> Vec<(String, i64)> {
+        sink.requests()
+            .iter()
+            .filter_map(|r| {
+                let doc: serde_json::Value = serde_json::from_str(r["body"].as_str()?).ok()?;
+                let event = doc["event"].as_str()?.to_string();
+                let id = doc["run_url"].as_str()?.rsplit('/').next()?.parse().ok()?;
+                matches!(event.as_str(), "pending_approval" | "superseded").then_some((event, id))
+            })
+            .collect()
+    };
+    let want: Vec<(String, i64)> = [
+        ("pending_approval", id1),
+        ("pending_approval", id2),
+        ("superseded", id2),
+        ("pending_approval", id3),
+        ("pending_approval", id4),
+    ]
+    .iter()
+    .map(|(e, i)| (e.to_string(), *i))
+    .collect();
+    wait_for(Duration::from_secs(30), "the notifications", || {
+        told().len() >= want.len()
+    });
+    assert_eq!(told(), want);
+    let bodies: String = sink.requests().iter().map(|r| r.to_string()).collect();
+    assert!(
+        bodies.contains(&format!("driftless approve {id1}")),
+        "{bodies}"
+    );
+    assert!(
+        bodies.contains(&hash1),
+        "the approval command names the plan"
+    );
+    let listed = api.call(
+        "GET",
+        "/api/v1/deployments",
+        VIEWER,
+        serde_json::Value::Null,
+    );
+    for seen in [bodies, listed.body, d.log_text()] {
+        assert!(
+            !seen.contains(CANARY),
+            "the sensitive value leaked:\n{seen}"
+        );
+    }
+}
+
+/// `policy = "approve_destructive"`: a plan that only creates is applied
+/// unattended (and recorded as decided by driftless); one that replaces
+/// something waits, and a rejected plan holds the target, applies nothing
+/// and leaves no plan file.
+#[test]
+fn approve_destructive_applies_creations_and_waits_on_replacements() {
+    terraform_available();
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    let first = remote.commit(
+        &[
+            ("network/main.tf", PLANNED_TF),
+            ("network/prod.tfvars", "greeting = \"hello\"\n"),
+        ],
+        "network",
+    );
+    let sink = Service::http_sink(root.path(), 0);
+    let s = review_setup(&remote, &sink, "approve_destructive", "x");
+    let workdir = s.state.join("checkouts/net/network");
+    let d = Daemon::start(&s);
+    let api = Api { d: &d };
+    wait_for(Duration::from_secs(120), "the first apply recorded", || {
+        s.target_status("net")["last_applied_sha"] == first
+    });
+    assert_eq!(greeting_in_state(&workdir).as_deref(), Some("hello"));
+    let all = api.call(
+        "GET",
+        "/api/v1/deployments",
+        VIEWER,
+        serde_json::Value::Null,
+    );
+    let list = all.json();
+    let only = &list[0];
+    assert_eq!(
+        (
+            &only["state"],
+            &only["decided_by"],
+            &only["destructive"],
+            &only["commit"]
+        ),
+        (
+            &"applied".into(),
+            &"driftless".into(),
+            &false.into(),
+            &first.as_str().into()
+        ),
+        "{list}"
+    );
+
+    remote.commit(&[("network/prod.tfvars", "greeting = \"bye\"\n")], "bye");
+    api.reconcile();
+    let p = api.wait_pending(&[]);
+    let id = p["id"].as_i64().expect("id");
+    assert_eq!(p["destructive"], true, "{p}");
+    assert_eq!(greeting_in_state(&workdir).as_deref(), Some("hello"));
+    let r = api.call(
+        "POST",
+        &format!("/api/v1/deployments/{id}/reject"),
+        OPS,
+        serde_json::Value::Null,
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["state"], "rejected");
+    wait_for(
+        Duration::from_secs(60),
+        "the rejected plan's file removed",
+        || plan_files(&s).is_empty(),
+    );
+    let run = api.reconcile();
+    assert_eq!(run["result"], "no_change", "{run}");
+    assert!(
+        run["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("was rejected by token:ops")),
+        "{run}"
+    );
+    assert!(api.pending().is_empty());
+    assert_eq!(greeting_in_state(&workdir).as_deref(), Some("hello"));
+    assert_eq!(s.target_status("net")["last_applied_sha"], first);
 }

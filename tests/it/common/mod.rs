@@ -845,6 +845,38 @@ fn dechunk(mut s: &str) -> String {
 }
 
 /// Lowercase hex HMAC-SHA256, as forges sign.
+/// An API call with a bearer token and a JSON body (none when `body` is
+/// null).
+pub fn api_call(port: u16, method: &str, path: &str, token: &str, body: &Value) -> HttpResponse {
+    let auth = format!("Bearer {token}");
+    let b = if body.is_null() {
+        Vec::new()
+    } else {
+        body.to_string().into_bytes()
+    };
+    http(
+        port,
+        method,
+        path,
+        &[
+            ("Authorization", &auth),
+            ("Content-Type", "application/json"),
+        ],
+        &b,
+    )
+}
+
+/// A `[[tokens]]` table for the configuration: `token`, by its SHA-256,
+/// with `scopes`.
+pub fn token_table(name: &str, token: &str, scopes: &[&str]) -> String {
+    let digest = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(token.as_bytes()));
+    let scopes: Vec<String> = scopes.iter().map(|s| format!("\"{s}\"")).collect();
+    format!(
+        "\n[[tokens]]\nname = \"{name}\"\nsha256 = \"{digest}\"\nscopes = [{}]\n",
+        scopes.join(", ")
+    )
+}
+
 pub fn hmac_hex(secret: &str, body: &[u8]) -> String {
     use hmac::{Hmac, Mac};
     let mut mac = Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).expect("hmac key");

@@ -1,11 +1,16 @@
 //! One tick: lock → record → git sync → backend → record.
 //!
 //! Every way of starting work (interval, webhook, API, one-shot CLI) ends up
-//! in [`Reconciler::run_job`]; nothing else calls a backend's `apply` or
-//! `destroy`. The order is the contract: the target's lock is held for the
-//! whole tick; the run row (target, trigger, delivery) is written before git
-//! is touched and its commit before the backend is called — if either write
-//! fails the tick stops there; a failed run never moves the last applied SHA.
+//! in [`Reconciler::run_job`]; nothing else calls a backend's `apply`,
+//! `apply_plan` or `destroy`. The order is the contract: the target's lock
+//! is held for the whole tick; the run row (target, trigger, delivery) is
+//! written before git is touched and its commit before the backend is
+//! called — if either write fails the tick stops there; a failed run never
+//! moves the last applied SHA. `review` holds the steps of the ticks that
+//! plan (detect, approvals, `driftless plan`), `notices` who hears of a run.
+
+mod notices;
+mod review;
 
 use std::time::Duration;
 
@@ -18,11 +23,10 @@ use crate::git::{Git, Synced};
 use crate::lock::{LockError, TargetLock};
 use crate::model::short_sha;
 use crate::model::{CommitId, Trigger};
-use crate::notify::{self, EventDoc, FailureState};
+use crate::notify;
 use crate::queue::Job;
-use crate::store::{
-    DriftUpdate, NewNotification, NewRun, Notice, Operation, StoreError, TargetState,
-};
+use crate::store::plans::PlanState;
+use crate::store::{DriftUpdate, NewRun, Operation, StoreError, TargetState};
 
 /// What a tick knows about the run it records.
 struct RunInfo {
@@ -34,6 +38,15 @@ struct RunInfo {
     started_ms: i64,
     /// The target's state before this run (read under the target's lock).
     prev: Option<TargetState>,
+}
+
+/// What a run found besides its status, written with it.
+#[derive(Debug, Default)]
+struct Findings {
+    /// The target's drift, when a `detect` run changed it.
+    drift: Option<DriftUpdate>,
+    /// The plan the run applied and the state it leaves `applying` for.
+    plan_done: Option<(i64, PlanState, String)>,
 }
 
 /// Slack on top of a target's `timeout` before the tick gives up on a
@@ -180,6 +193,17 @@ impl Reconciler {
 
     /// A one-shot tick (CLI): take the lock, record a running `cli` job, run.
     pub async fn tick_now(&self, name: &str, op: Operation) -> Result<Ticked, TickError> {
+        self.tick_now_as(name, op, Trigger::Cli).await
+    }
+
+    /// A one-shot tick asked for by `trigger` (`cli`, or `retry`: try again
+    /// what failed or was rejected at the branch tip).
+    pub async fn tick_now_as(
+        &self,
+        name: &str,
+        op: Operation,
+        trigger: Trigger,
+    ) -> Result<Ticked, TickError> {
         let target = self.target(name)?.clone();
         // A paused target is not applied; destroying it is a deliberate act.
         if op == Operation::Apply
@@ -204,7 +228,7 @@ impl Reconciler {
         // is marked interrupted and the job folded into ours.
         let mut job = None;
         for attempt in 0..30 {
-            job = self.app.queue.start_now(name, Trigger::Cli).await?;
+            job = self.app.queue.start_now(name, trigger).await?;
             if job.is_some() {
                 break;
             }
@@ -371,7 +395,17 @@ impl Reconciler {
             .set_run_sha(run_id, synced.sha.as_str())
             .await?;
 
-        let ctx = self.context(target, &synced, state.and_then(|s| s.backend_digest));
+        let retry = job.is_some_and(|j| j.triggers.contains(&Trigger::Retry));
+        let ctx = self.context(target, &synced, state.and_then(|s| s.backend_digest), retry);
+        if op == Operation::Apply && target.policy.reviews() {
+            return match backend::build(&target.backend, ctx) {
+                Err(e) => {
+                    self.finish(target, &run, None, Status::failed(e.to_string()))
+                        .await
+                }
+                Ok(b) => self.review(target, &run, &synced.sha, b, retry).await,
+            };
+        }
         if op == Operation::Apply && target.policy == Policy::Detect {
             return match backend::build(&target.backend, ctx) {
                 Err(e) => {
@@ -408,13 +442,14 @@ impl Reconciler {
         sha: Option<&str>,
         status: Status,
     ) -> Result<Ticked, TickError> {
-        self.finish_with(target, run, sha, sha, status, None).await
+        self.finish_with(target, run, sha, sha, status, Findings::default())
+            .await
     }
 
     /// Record the run: `applied` is the commit the real world now matches
     /// (the target's last applied SHA), `seen` the one the run looked at
     /// (in the log and the owners' events); a `detect` run sees a commit
-    /// and applies nothing. `drift` is what it found, if anything changed.
+    /// and applies nothing, nor does one whose plan waits for a person.
     async fn finish_with(
         &self,
         target: &Target,
@@ -422,9 +457,10 @@ impl Reconciler {
         applied: Option<&str>,
         seen: Option<&str>,
         status: Status,
-        drift: Option<DriftUpdate>,
+        findings: Findings,
     ) -> Result<Ticked, TickError> {
         let sha = applied;
+        let Findings { drift, plan_done } = findings;
         let drift_event = match &drift {
             Some(DriftUpdate::Set { .. }) => Some(notify::Event::DriftDetected),
             Some(DriftUpdate::Clear) => Some(notify::Event::DriftResolved),
@@ -437,9 +473,9 @@ impl Reconciler {
         };
         if let Some(n) = notice.as_mut() {
             n.drift = drift;
-        }
-        if let Some(n) = notice.as_mut() {
+            n.plan_done = plan_done;
             self.approval_notices(target, run, n).await?;
+            self.plan_notices(target, run, n).await?;
         }
         // The backend is done: its result is not thrown away because the
         // disk is full right now. Keep it, hold the job (and the target's
@@ -485,254 +521,14 @@ impl Reconciler {
         })
     }
 
-    /// A `detect` target's tick: plan, never apply. A difference is drift,
-    /// recorded with its summary; the owners hear of a new or different
-    /// drift once (`drift_detected`) and of its end once
-    /// (`drift_resolved`). The last applied commit does not move.
-    async fn detect(
-        &self,
-        target: &Target,
-        run: &RunInfo,
-        seen: &CommitId,
-        backend: Box<dyn backend::Backend>,
-    ) -> Result<Ticked, TickError> {
-        let prev = run.prev.as_ref();
-        let applied = prev.and_then(|s| s.last_applied_sha.clone());
-        let prev_hash = prev.and_then(|s| s.drift_hash.clone());
-        let planned = match backend.plan() {
-            None => Err(format!("the {} backend cannot plan", target.backend.kind())),
-            Some(fut) => match tokio::time::timeout(target.timeout + BACKSTOP, fut).await {
-                Ok(p) => p,
-                Err(_) => Err(format!(
-                    "the backend did not finish planning within the target's timeout ({})",
-                    humantime::format_duration(target.timeout)
-                )),
-            },
-        };
-        let plan = planned.and_then(|p| {
-            match &p.artifact {
-                Some(a) => std::fs::remove_file(a)
-                    .map_err(|e| format!("cannot remove the plan file {}: {e}", a.display())),
-                None => Ok(()),
-            }
-            .map(|()| p)
-        });
-        let (status, drift) = match plan {
-            Err(e) => (Status::failed(format!("cannot plan: {e}")), None),
-            Ok(p) if p.changes => {
-                let status = Status {
-                    result: ApplyResult::NoChange,
-                    message: format!(
-                        "drift at {}: {}{} (policy detect: nothing applied)",
-                        seen.short(),
-                        p.summary,
-                        if p.destructive { ", destructive" } else { "" }
-                    ),
-                    output_tail: p.diff.clone(),
-                    digest: None,
-                };
-                let drift =
-                    (prev_hash.as_deref() != Some(p.hash.as_str())).then(|| DriftUpdate::Set {
-                        hash: p.hash.clone(),
-                        summary: format!("{}\n{}", p.summary, p.diff),
-                        since: prev
-                            .and_then(|s| s.drift_since)
-                            .unwrap_or_else(crate::store::now_ms),
-                    });
-                (status, drift)
-            }
-            Ok(_) => {
-                let status = Status {
-                    result: ApplyResult::NoChange,
-                    message: format!("no drift: the real world matches {}", seen.short()),
-                    output_tail: String::new(),
-                    digest: None,
-                };
-                (status, prev_hash.is_some().then_some(DriftUpdate::Clear))
-            }
-        };
-        self.finish_with(
-            target,
-            run,
-            applied.as_deref(),
-            Some(seen.as_str()),
-            status,
-            drift,
-        )
-        .await
-    }
-
-    /// Decide who hears about this run, and build their event documents.
-    fn notice(
-        &self,
-        target: &Target,
-        run: &RunInfo,
-        sha: Option<&str>,
-        status: &Status,
-        drift_event: Option<notify::Event>,
-    ) -> Notice {
-        let prev = run
-            .prev
-            .as_ref()
-            .map(|s| FailureState {
-                consecutive_failures: s.consecutive_failures,
-                failing_since: s.failing_since,
-                last_notified_at: s.last_notified_at,
-                last_notified_message: s.last_notified_message.clone(),
-            })
-            .unwrap_or_default();
-        let message = notify::bounded(&status.message, notify::MESSAGE_MAX);
-        let now = crate::store::now_ms();
-        let d = notify::notification_for(
-            &prev,
-            status.result,
-            &message,
-            now,
-            self.app.settings.defaults.repeat_after,
-        );
-        let mut outbox = Vec::new();
-        for event in d.event.into_iter().chain(drift_event) {
-            for name in &target.notify {
-                let Some(cfg) = self.app.settings.notifiers.iter().find(|n| &n.name == name) else {
-                    continue;
-                };
-                if !cfg.wants(event) {
-                    continue;
-                }
-                let uid = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
-                let doc = EventDoc {
-                    id: uid.clone(),
-                    event,
-                    target: target.name.clone(),
-                    backend: target.backend.kind().to_string(),
-                    sha: sha.map(str::to_string),
-                    short_sha: sha.map(|s| short_sha(s).to_string()),
-                    commit_url: match (&target.web_url, sha) {
-                        (Some(w), Some(s)) => Some(format!("{w}/commit/{s}")),
-                        _ => None,
-                    },
-                    trigger: run.trigger.clone(),
-                    delivery_id: run.delivery_id.clone(),
-                    started_at: crate::store::format_ms(run.started_ms),
-                    duration_ms: run.started.elapsed().as_millis() as i64,
-                    message: message.clone(),
-                    consecutive_failures: if event == notify::Event::Recovered {
-                        prev.consecutive_failures
-                    } else {
-                        d.state.consecutive_failures
-                    },
-                    failing_for_ms: d.failing_for_ms,
-                    run_id: Some(run.id),
-                    run_url: self
-                        .app
-                        .settings
-                        .server
-                        .public_url
-                        .as_ref()
-                        .map(|u| format!("{u}/api/v1/runs/{}", run.id)),
-                };
-                match serde_json::to_string(&doc) {
-                    Ok(document) => outbox.push(NewNotification {
-                        uid,
-                        notifier: name.clone(),
-                        event: event.as_str().to_string(),
-                        document,
-                    }),
-                    Err(e) => error!(notifier = %name, error = %e, "cannot encode a notification"),
-                }
-            }
-        }
-        Notice {
-            failing_since: d.state.failing_since,
-            last_notified_at: d.state.last_notified_at,
-            last_notified_message: d.state.last_notified_message,
-            outbox,
-            approvals_notified: Vec::new(),
-            drift: None,
-        }
-    }
-
-    /// A `pending_approval` event for every deployment of this target that
-    /// waits for a person and whose owners were not told yet: what changes
-    /// and how to approve it.
-    async fn approval_notices(
-        &self,
-        target: &Target,
-        run: &RunInfo,
-        notice: &mut Notice,
-    ) -> Result<(), TickError> {
-        // Only Nomad targets have deployments that wait for a person.
-        if !matches!(target.backend, backend::BackendConfig::Nomad(_)) {
-            return Ok(());
-        }
-        let waiting = self.app.store.unnotified_approvals(&target.name).await?;
-        let base = self.app.base_url();
-        for d in waiting {
-            let message = notify::bounded(
-                &format!(
-                    "Nomad job {}/{} ({}) at commit {} waits for approval (deployment {}): {}\n\n\
-                     Approve exactly this spec: driftless approve {}\n\
-                     or: curl -X POST -H \"Authorization: Bearer $TOKEN\" -d '{{\"spec_hash\":\"{}\"}}' {base}/api/v1/deployments/{}/approve\n\
-                     See the diff: {base}/api/v1/deployments/{}",
-                    d.key.namespace,
-                    d.key.job,
-                    d.file,
-                    short_sha(&d.commit_sha),
-                    d.id,
-                    d.diff_summary,
-                    d.id,
-                    d.spec_hash,
-                    d.id,
-                    d.id
-                ),
-                notify::MESSAGE_MAX,
-            );
-            for name in &target.notify {
-                let Some(cfg) = self.app.settings.notifiers.iter().find(|n| &n.name == name) else {
-                    continue;
-                };
-                if !cfg.wants(notify::Event::PendingApproval) {
-                    continue;
-                }
-                let uid = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
-                let doc = EventDoc {
-                    id: uid.clone(),
-                    event: notify::Event::PendingApproval,
-                    target: target.name.clone(),
-                    backend: target.backend.kind().to_string(),
-                    sha: Some(d.commit_sha.clone()),
-                    short_sha: Some(short_sha(&d.commit_sha).to_string()),
-                    commit_url: target
-                        .web_url
-                        .as_ref()
-                        .map(|w| format!("{w}/commit/{}", d.commit_sha)),
-                    trigger: run.trigger.clone(),
-                    delivery_id: run.delivery_id.clone(),
-                    started_at: crate::store::format_ms(run.started_ms),
-                    duration_ms: run.started.elapsed().as_millis() as i64,
-                    message: message.clone(),
-                    consecutive_failures: 0,
-                    failing_for_ms: None,
-                    run_id: Some(run.id),
-                    run_url: Some(format!("{base}/api/v1/deployments/{}", d.id)),
-                };
-                match serde_json::to_string(&doc) {
-                    Ok(document) => notice.outbox.push(NewNotification {
-                        uid,
-                        notifier: name.clone(),
-                        event: notify::Event::PendingApproval.as_str().to_string(),
-                        document,
-                    }),
-                    Err(e) => error!(notifier = %name, error = %e, "cannot encode a notification"),
-                }
-            }
-            notice.approvals_notified.push(d.id);
-        }
-        Ok(())
-    }
-
     /// What the backend is bound to for one operation on `synced`.
-    fn context(&self, target: &Target, synced: &Synced, last_digest: Option<String>) -> Context {
+    fn context(
+        &self,
+        target: &Target,
+        synced: &Synced,
+        last_digest: Option<String>,
+        retry: bool,
+    ) -> Context {
         Context {
             name: target.name.clone(),
             workdir: synced.workdir.clone(),
@@ -744,58 +540,8 @@ impl Reconciler {
             commit: Some(synced.sha.clone()),
             ledger: Some(std::sync::Arc::new(self.app.store.clone())),
             plans_dir: self.app.settings.plans_dir(&target.name),
+            retry,
         }
-    }
-
-    /// Plan a target now (`driftless plan`): under its lock, at its branch
-    /// tip; nothing is applied and no run is recorded. The plan's artifact
-    /// is removed before this returns (nothing can apply it later yet).
-    pub async fn plan_now(&self, name: &str) -> Result<Planned, TickError> {
-        let target = self.target(name)?.clone();
-        let _lock = match TargetLock::try_acquire(&self.app.settings.locks_dir(), name) {
-            Ok(l) => l,
-            Err(LockError::Busy { .. }) => return Ok(Planned::Busy),
-            Err(e) => return Err(TickError::Lock(e)),
-        };
-        let err = |message: String| TickError::Backend {
-            target: name.to_string(),
-            message,
-        };
-        let synced = self
-            .git
-            .sync(target.source())
-            .await
-            .map_err(|e| err(e.to_string()))?;
-        let state = self.app.store.target_state(name).await?;
-        let ctx = self.context(&target, &synced, state.and_then(|s| s.backend_digest));
-        let b = backend::build(&target.backend, ctx).map_err(|e| err(e.to_string()))?;
-        let Some(fut) = b.plan() else {
-            return Ok(Planned::CannotPlan {
-                backend: target.backend.kind(),
-            });
-        };
-        let plan = match tokio::time::timeout(target.timeout + BACKSTOP, fut).await {
-            Ok(p) => p.map_err(err)?,
-            Err(_) => {
-                return Err(err(format!(
-                    "the backend did not finish planning within the target's timeout ({})",
-                    humantime::format_duration(target.timeout)
-                )));
-            }
-        };
-        if let Some(a) = &plan.artifact
-            && let Err(e) = std::fs::remove_file(a)
-            && e.kind() != std::io::ErrorKind::NotFound
-        {
-            return Err(err(format!(
-                "cannot remove the plan file {}: {e}",
-                a.display()
-            )));
-        }
-        Ok(Planned::Plan {
-            commit: synced.sha,
-            plan,
-        })
     }
 
     /// The target's outputs, read from its current checkout.
@@ -819,6 +565,7 @@ impl Reconciler {
             commit: None,
             ledger: Some(std::sync::Arc::new(self.app.store.clone())),
             plans_dir: self.app.settings.plans_dir(&target.name),
+            retry: false,
         };
         let err = |e: backend::BackendError| TickError::Backend {
             target: name.to_string(),

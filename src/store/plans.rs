@@ -1,0 +1,404 @@
+//! Plans that wait for a person, for every backend that can plan but
+//! Nomad (whose deployments are `store::nomad`'s): the `plans` table of
+//! migration 0008. One open plan per target is its unique partial index,
+//! not a lock; every state change names the state it leaves, so two writers
+//! can never both move one plan. This module decides nothing about a plan:
+//! the tick says what happens to it, a person (through the API) approves or
+//! rejects it.
+
+use serde::Serialize;
+use sqlx::FromRow;
+
+use super::{Store, StoreError, WriteTx, now_ms};
+use crate::store::nomad::DecisionError;
+
+/// Where a plan is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, sqlx::Type)]
+#[serde(rename_all = "snake_case")]
+#[sqlx(rename_all = "snake_case")]
+pub enum PlanState {
+    /// Shown; waits for a person to approve exactly it.
+    PendingApproval,
+    /// Approved; the next tick of the target applies it, if git still
+    /// gives its commit.
+    Approved,
+    /// Being applied (written before the backend is called).
+    Applying,
+    Applied,
+    Failed,
+    Rejected,
+    /// A newer commit came first; it will never be applied.
+    Superseded,
+}
+
+impl PlanState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PlanState::PendingApproval => "pending_approval",
+            PlanState::Approved => "approved",
+            PlanState::Applying => "applying",
+            PlanState::Applied => "applied",
+            PlanState::Failed => "failed",
+            PlanState::Rejected => "rejected",
+            PlanState::Superseded => "superseded",
+        }
+    }
+
+    /// Not finished yet: the target's one open plan.
+    pub fn is_open(self) -> bool {
+        matches!(
+            self,
+            PlanState::PendingApproval | PlanState::Approved | PlanState::Applying
+        )
+    }
+}
+
+/// A plan as the store keeps it (its diff already redacted).
+#[derive(Debug, Clone, FromRow, Serialize)]
+pub struct StoredPlan {
+    pub id: i64,
+    pub target: String,
+    pub backend: String,
+    #[serde(rename = "commit")]
+    pub commit_sha: String,
+    pub plan_hash: String,
+    pub policy: String,
+    pub summary: String,
+    pub diff: String,
+    pub destructive: bool,
+    /// The file applying exactly this plan needs (never shown).
+    #[serde(skip)]
+    pub artifact: Option<String>,
+    pub state: PlanState,
+    pub decided_by: Option<String>,
+    pub decided_at: Option<i64>,
+    pub message: Option<String>,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+/// A plan about to be recorded.
+#[derive(Debug, Clone)]
+pub struct NewPlan<'a> {
+    pub target: &'a str,
+    pub backend: &'a str,
+    pub commit_sha: &'a str,
+    pub plan_hash: &'a str,
+    pub policy: &'a str,
+    pub summary: &'a str,
+    pub diff: &'a str,
+    pub destructive: bool,
+    pub artifact: Option<&'a str>,
+    /// `PendingApproval`, or `Applying` with `decided_by` when a policy
+    /// applies it unattended.
+    pub state: PlanState,
+    pub decided_by: Option<&'a str>,
+    pub message: &'a str,
+}
+
+const COLUMNS: &str = "id, target, backend, commit_sha, plan_hash, policy, summary, diff, \
+     destructive, artifact, state, decided_by, decided_at, message, created_at, updated_at";
+
+impl Store {
+    /// Record a plan before it is shown or applied. Fails when the target
+    /// already has an open plan (the unique index), which the tick closes
+    /// first.
+    pub async fn insert_plan(&self, p: &NewPlan<'_>) -> Result<StoredPlan, StoreError> {
+        let what = "recording a plan";
+        let WriteTx { mut tx, _turn } = self.begin_write(what).await?;
+        // Plans and Nomad deployments share one id sequence (migration
+        // 0008): "deployment N" names one thing whichever table holds it.
+        let id: i64 = sqlx::query_scalar(
+            "UPDATE sqlite_sequence SET seq = seq + 1 WHERE name = 'nomad_deployments'
+             RETURNING seq",
+        )
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(self.err(what))?;
+        let now = now_ms();
+        let decided_at = p.decided_by.map(|_| now);
+        let q = format!(
+            "INSERT INTO plans (id, target, backend, commit_sha, plan_hash, policy, summary,
+                                diff, destructive, artifact, state, decided_by, decided_at,
+                                message, created_at, updated_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?15)
+             RETURNING {COLUMNS}"
+        );
+        let plan = sqlx::query_as::<_, StoredPlan>(sqlx::AssertSqlSafe(q))
+            .bind(id)
+            .bind(p.target)
+            .bind(p.backend)
+            .bind(p.commit_sha)
+            .bind(p.plan_hash)
+            .bind(p.policy)
+            .bind(p.summary)
+            .bind(p.diff)
+            .bind(p.destructive)
+            .bind(p.artifact)
+            .bind(p.state)
+            .bind(p.decided_by)
+            .bind(decided_at)
+            .bind(p.message)
+            .bind(now)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(self.err(what))?;
+        tx.commit().await.map_err(self.err(what))?;
+        Ok(plan)
+    }
+
+    async fn plan_where(
+        &self,
+        filter: &'static str,
+        target: &str,
+    ) -> Result<Option<StoredPlan>, StoreError> {
+        let q = format!("SELECT {COLUMNS} FROM plans WHERE {filter} ORDER BY id DESC LIMIT 1");
+        sqlx::query_as::<_, StoredPlan>(sqlx::AssertSqlSafe(q))
+            .bind(target)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(self.err("reading a plan"))
+    }
+
+    /// The target's open plan (pending, approved or being applied).
+    pub async fn open_plan(&self, target: &str) -> Result<Option<StoredPlan>, StoreError> {
+        self.plan_where(
+            "target = ?1 AND state IN ('pending_approval', 'approved', 'applying')",
+            target,
+        )
+        .await
+    }
+
+    /// The target's newest plan in any state.
+    pub async fn latest_plan(&self, target: &str) -> Result<Option<StoredPlan>, StoreError> {
+        self.plan_where("target = ?1", target).await
+    }
+
+    /// Plan `id`, if there is one.
+    pub async fn plan_record(&self, id: i64) -> Result<Option<StoredPlan>, StoreError> {
+        let q = format!("SELECT {COLUMNS} FROM plans WHERE id = ?1");
+        sqlx::query_as::<_, StoredPlan>(sqlx::AssertSqlSafe(q))
+            .bind(id)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(self.err("reading a plan"))
+    }
+
+    /// The newest plans, newest first.
+    pub async fn plans(&self, limit: i64) -> Result<Vec<StoredPlan>, StoreError> {
+        let q = format!("SELECT {COLUMNS} FROM plans ORDER BY id DESC LIMIT ?1");
+        sqlx::query_as::<_, StoredPlan>(sqlx::AssertSqlSafe(q))
+            .bind(limit)
+            .fetch_all(self.pool())
+            .await
+            .map_err(self.err("reading plans"))
+    }
+
+    /// Move plan `id` from `from` to `to` with a message; `false` when it
+    /// was no longer in `from` (someone else moved it).
+    pub async fn move_plan(
+        &self,
+        id: i64,
+        from: PlanState,
+        to: PlanState,
+        message: &str,
+    ) -> Result<bool, StoreError> {
+        let what = "changing a plan's state";
+        let WriteTx { mut tx, _turn } = self.begin_write(what).await?;
+        let done = sqlx::query(
+            "UPDATE plans SET state = ?3, message = ?4, updated_at = ?5,
+                    artifact = CASE WHEN ?3 IN ('pending_approval', 'approved', 'applying')
+                                    THEN artifact END
+             WHERE id = ?1 AND state = ?2",
+        )
+        .bind(id)
+        .bind(from)
+        .bind(to)
+        .bind(message)
+        .bind(now_ms())
+        .execute(&mut *tx)
+        .await
+        .map_err(self.err(what))?
+        .rows_affected()
+            == 1;
+        tx.commit().await.map_err(self.err(what))?;
+        Ok(done)
+    }
+
+    /// A person's decision on plan `id`: approve it (for exactly the plan
+    /// `plan_hash` names) or reject it. Only a pending plan can be decided;
+    /// anything else, or another hash, is a `Conflict` saying why. Nothing
+    /// is applied here: the target's next tick does that.
+    pub async fn decide_plan(
+        &self,
+        id: i64,
+        plan_hash: Option<&str>,
+        actor: &str,
+        approve: bool,
+    ) -> Result<StoredPlan, DecisionError> {
+        let what = "recording a decision on a plan";
+        let WriteTx { mut tx, _turn } = self.begin_write(what).await?;
+        let q = format!("SELECT {COLUMNS} FROM plans WHERE id = ?1");
+        let p = sqlx::query_as::<_, StoredPlan>(sqlx::AssertSqlSafe(q))
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(self.err(what))?
+            .ok_or(DecisionError::NotFound(id))?;
+        if p.state != PlanState::PendingApproval {
+            let why = match p.state {
+                PlanState::Superseded => format!(
+                    "deployment {id} was superseded by a newer commit of target `{}`; look at its new plan",
+                    p.target
+                ),
+                s => format!("deployment {id} is `{}`, not pending approval", s.as_str()),
+            };
+            return Err(DecisionError::Conflict(why));
+        }
+        if let Some(h) = plan_hash
+            && h != p.plan_hash
+        {
+            return Err(DecisionError::Conflict(format!(
+                "stale plan: deployment {id} is for plan {}, not {h}; look at it again",
+                p.plan_hash
+            )));
+        }
+        let (to, message) = if approve {
+            (
+                PlanState::Approved,
+                "approved; the next tick applies exactly this plan if git still gives its commit",
+            )
+        } else {
+            (PlanState::Rejected, "rejected")
+        };
+        let now = now_ms();
+        let q = format!(
+            "UPDATE plans SET state = ?2, message = ?3, decided_by = ?4, decided_at = ?5,
+                              updated_at = ?5
+             WHERE id = ?1 AND state = 'pending_approval' RETURNING {COLUMNS}"
+        );
+        let p = sqlx::query_as::<_, StoredPlan>(sqlx::AssertSqlSafe(q))
+            .bind(id)
+            .bind(to)
+            .bind(message)
+            .bind(actor)
+            .bind(now)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(self.err(what))?;
+        tx.commit().await.map_err(self.err(what))?;
+        Ok(p)
+    }
+
+    /// A target's plans whose owners were not told yet that they wait
+    /// (`pending_approval`) or were superseded, oldest first.
+    pub async fn untold_plans(&self, target: &str) -> Result<Vec<StoredPlan>, StoreError> {
+        let q = format!(
+            "SELECT {COLUMNS} FROM plans
+             WHERE target = ?1 AND ((state = 'pending_approval' AND notified_at IS NULL)
+                OR (state = 'superseded' AND notified_at IS NOT NULL
+                    AND superseded_notified_at IS NULL))
+             ORDER BY id"
+        );
+        sqlx::query_as::<_, StoredPlan>(sqlx::AssertSqlSafe(q))
+            .bind(target)
+            .fetch_all(self.pool())
+            .await
+            .map_err(self.err("reading plans to tell the owners of"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::{JobKey, Ledger, NewDeployment, Policy};
+
+    fn new_plan<'a>(target: &'a str, commit: &'a str) -> NewPlan<'a> {
+        NewPlan {
+            target,
+            backend: "terraform",
+            commit_sha: commit,
+            plan_hash: "h",
+            policy: "approval",
+            summary: "1 to add",
+            diff: "+ a",
+            destructive: false,
+            artifact: None,
+            state: PlanState::PendingApproval,
+            decided_by: None,
+            message: "waits",
+        }
+    }
+
+    /// "deployment N" names one thing: plans and Nomad deployments take
+    /// their ids from one sequence, interleaved; and a target has at most
+    /// one open plan, whatever the caller does.
+    #[tokio::test]
+    async fn plans_and_nomad_deployments_share_ids_and_a_target_has_one_open_plan() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(&dir.path().join("state/driftless.db"))
+            .await
+            .expect("open");
+        let nomad = |job: &str| NewDeployment {
+            target: "jobs".into(),
+            key: JobKey {
+                cluster: "c".into(),
+                namespace: "default".into(),
+                job: job.into(),
+            },
+            file: "j.nomad.hcl".into(),
+            commit_sha: "c1".into(),
+            spec_hash: "s".into(),
+            policy: Policy::Auto,
+            state: "detected",
+            job_modify_index: 1,
+            diff: "{}".into(),
+            diff_summary: "".into(),
+            pre_hook: None,
+            post_hook: None,
+            hook_timeout_ms: None,
+            hook_nonce: "n".into(),
+        };
+        let a = store.insert(&nomad("web")).await.expect("nomad");
+        let b = store
+            .insert_plan(&new_plan("net", "c1"))
+            .await
+            .expect("plan")
+            .id;
+        let c = store.insert(&nomad("api")).await.expect("nomad");
+        store
+            .move_plan(
+                b,
+                PlanState::PendingApproval,
+                PlanState::Superseded,
+                "newer",
+            )
+            .await
+            .expect("move");
+        let d = store
+            .insert_plan(&new_plan("net", "c2"))
+            .await
+            .expect("plan")
+            .id;
+        assert!(a < b && b < c && c < d, "{a} {b} {c} {d}");
+        assert!(store.nomad_deployment(b).await.expect("read").is_none());
+        assert!(store.plan_record(c).await.expect("read").is_none());
+
+        let second = store.insert_plan(&new_plan("net", "c3")).await;
+        assert!(second.is_err(), "two open plans for one target");
+        assert_eq!(
+            store.open_plan("net").await.expect("open").map(|p| p.id),
+            Some(d)
+        );
+        // A decision names the state it leaves: only once.
+        store
+            .decide_plan(d, Some("h"), "token:ops", true)
+            .await
+            .expect("approve");
+        let twice = store.decide_plan(d, Some("h"), "token:ops", true).await;
+        assert!(
+            matches!(twice, Err(DecisionError::Conflict(ref m)) if m.contains("is `approved`")),
+            "{twice:?}"
+        );
+    }
+}

@@ -1,0 +1,285 @@
+//! Who hears about a run: the owners' event documents for a run's result
+//! (failed, still failing, recovered, changed, drift), for a Nomad
+//! deployment or a plan that waits for approval, and for a plan a newer
+//! commit superseded. They go into the outbox in the run's transaction
+//! (`store::Notice`); this module sends nothing itself.
+
+use tracing::error;
+
+use super::{Reconciler, RunInfo, TickError};
+use crate::backend::{self, Status};
+use crate::config::Target;
+use crate::model::short_sha;
+use crate::notify::{self, EventDoc, FailureState};
+use crate::store::plans::PlanState;
+use crate::store::{NewNotification, Notice};
+
+impl Reconciler {
+    /// A `pending_approval` event for every plan of this target that waits
+    /// and whose owners were not told yet (what changes and how to approve
+    /// exactly it), and a `superseded` one for every plan they were told
+    /// of that a newer commit replaced.
+    pub(super) async fn plan_notices(
+        &self,
+        target: &Target,
+        run: &RunInfo,
+        notice: &mut Notice,
+    ) -> Result<(), TickError> {
+        if !target.policy.reviews() {
+            return Ok(());
+        }
+        let base = self.app.base_url();
+        for p in self.app.store.untold_plans(&target.name).await? {
+            let (event, message) = if p.state == PlanState::Superseded {
+                (
+                    notify::Event::Superseded,
+                    format!(
+                        "Deployment {} ({} at commit {}) will not be applied: {}.",
+                        p.id,
+                        p.summary,
+                        short_sha(&p.commit_sha),
+                        p.message.as_deref().unwrap_or("superseded")
+                    ),
+                )
+            } else {
+                (
+                    notify::Event::PendingApproval,
+                    format!(
+                        "{} at commit {} waits for approval (deployment {}, policy {}): {}{}\n\n{}\n\n\
+                         Approve exactly this plan: driftless approve {}\n\
+                         or: curl -X POST -H \"Authorization: Bearer $TOKEN\" -d '{{\"plan_hash\":\"{}\"}}' {base}/api/v1/deployments/{}/approve\n\
+                         See it: {base}/api/v1/deployments/{}",
+                        target.name,
+                        short_sha(&p.commit_sha),
+                        p.id,
+                        p.policy,
+                        p.summary,
+                        if p.destructive {
+                            " (destructive: deletes or replaces)"
+                        } else {
+                            ""
+                        },
+                        p.diff,
+                        p.id,
+                        p.plan_hash,
+                        p.id,
+                        p.id
+                    ),
+                )
+            };
+            let message = notify::bounded(&message, notify::MESSAGE_MAX);
+            for name in &target.notify {
+                let Some(cfg) = self.app.settings.notifiers.iter().find(|n| &n.name == name) else {
+                    continue;
+                };
+                if !cfg.wants(event) {
+                    continue;
+                }
+                let uid = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
+                let doc = EventDoc {
+                    id: uid.clone(),
+                    event,
+                    target: target.name.clone(),
+                    backend: target.backend.kind().to_string(),
+                    sha: Some(p.commit_sha.clone()),
+                    short_sha: Some(short_sha(&p.commit_sha).to_string()),
+                    commit_url: target
+                        .web_url
+                        .as_ref()
+                        .map(|w| format!("{w}/commit/{}", p.commit_sha)),
+                    trigger: run.trigger.clone(),
+                    delivery_id: run.delivery_id.clone(),
+                    started_at: crate::store::format_ms(run.started_ms),
+                    duration_ms: run.started.elapsed().as_millis() as i64,
+                    message: message.clone(),
+                    consecutive_failures: 0,
+                    failing_for_ms: None,
+                    run_id: Some(run.id),
+                    run_url: Some(format!("{base}/api/v1/deployments/{}", p.id)),
+                };
+                match serde_json::to_string(&doc) {
+                    Ok(document) => notice.outbox.push(NewNotification {
+                        uid,
+                        notifier: name.clone(),
+                        event: event.as_str().to_string(),
+                        document,
+                    }),
+                    Err(e) => error!(notifier = %name, error = %e, "cannot encode a notification"),
+                }
+            }
+            notice.plans_told.push((p.id, p.state));
+        }
+        Ok(())
+    }
+
+    /// Decide who hears about this run, and build their event documents.
+    pub(super) fn notice(
+        &self,
+        target: &Target,
+        run: &RunInfo,
+        sha: Option<&str>,
+        status: &Status,
+        drift_event: Option<notify::Event>,
+    ) -> Notice {
+        let prev = run
+            .prev
+            .as_ref()
+            .map(|s| FailureState {
+                consecutive_failures: s.consecutive_failures,
+                failing_since: s.failing_since,
+                last_notified_at: s.last_notified_at,
+                last_notified_message: s.last_notified_message.clone(),
+            })
+            .unwrap_or_default();
+        let message = notify::bounded(&status.message, notify::MESSAGE_MAX);
+        let now = crate::store::now_ms();
+        let d = notify::notification_for(
+            &prev,
+            status.result,
+            &message,
+            now,
+            self.app.settings.defaults.repeat_after,
+        );
+        let mut outbox = Vec::new();
+        for event in d.event.into_iter().chain(drift_event) {
+            for name in &target.notify {
+                let Some(cfg) = self.app.settings.notifiers.iter().find(|n| &n.name == name) else {
+                    continue;
+                };
+                if !cfg.wants(event) {
+                    continue;
+                }
+                let uid = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
+                let doc = EventDoc {
+                    id: uid.clone(),
+                    event,
+                    target: target.name.clone(),
+                    backend: target.backend.kind().to_string(),
+                    sha: sha.map(str::to_string),
+                    short_sha: sha.map(|s| short_sha(s).to_string()),
+                    commit_url: match (&target.web_url, sha) {
+                        (Some(w), Some(s)) => Some(format!("{w}/commit/{s}")),
+                        _ => None,
+                    },
+                    trigger: run.trigger.clone(),
+                    delivery_id: run.delivery_id.clone(),
+                    started_at: crate::store::format_ms(run.started_ms),
+                    duration_ms: run.started.elapsed().as_millis() as i64,
+                    message: message.clone(),
+                    consecutive_failures: if event == notify::Event::Recovered {
+                        prev.consecutive_failures
+                    } else {
+                        d.state.consecutive_failures
+                    },
+                    failing_for_ms: d.failing_for_ms,
+                    run_id: Some(run.id),
+                    run_url: self
+                        .app
+                        .settings
+                        .server
+                        .public_url
+                        .as_ref()
+                        .map(|u| format!("{u}/api/v1/runs/{}", run.id)),
+                };
+                match serde_json::to_string(&doc) {
+                    Ok(document) => outbox.push(NewNotification {
+                        uid,
+                        notifier: name.clone(),
+                        event: event.as_str().to_string(),
+                        document,
+                    }),
+                    Err(e) => error!(notifier = %name, error = %e, "cannot encode a notification"),
+                }
+            }
+        }
+        Notice {
+            failing_since: d.state.failing_since,
+            last_notified_at: d.state.last_notified_at,
+            last_notified_message: d.state.last_notified_message,
+            outbox,
+            approvals_notified: Vec::new(),
+            plans_told: Vec::new(),
+            plan_done: None,
+            drift: None,
+        }
+    }
+
+    /// A `pending_approval` event for every deployment of this target that
+    /// waits for a person and whose owners were not told yet: what changes
+    /// and how to approve it.
+    pub(super) async fn approval_notices(
+        &self,
+        target: &Target,
+        run: &RunInfo,
+        notice: &mut Notice,
+    ) -> Result<(), TickError> {
+        // Only Nomad targets have deployments that wait for a person.
+        if !matches!(target.backend, backend::BackendConfig::Nomad(_)) {
+            return Ok(());
+        }
+        let waiting = self.app.store.unnotified_approvals(&target.name).await?;
+        let base = self.app.base_url();
+        for d in waiting {
+            let message = notify::bounded(
+                &format!(
+                    "Nomad job {}/{} ({}) at commit {} waits for approval (deployment {}): {}\n\n\
+                     Approve exactly this spec: driftless approve {}\n\
+                     or: curl -X POST -H \"Authorization: Bearer $TOKEN\" -d '{{\"spec_hash\":\"{}\"}}' {base}/api/v1/deployments/{}/approve\n\
+                     See the diff: {base}/api/v1/deployments/{}",
+                    d.key.namespace,
+                    d.key.job,
+                    d.file,
+                    short_sha(&d.commit_sha),
+                    d.id,
+                    d.diff_summary,
+                    d.id,
+                    d.spec_hash,
+                    d.id,
+                    d.id
+                ),
+                notify::MESSAGE_MAX,
+            );
+            for name in &target.notify {
+                let Some(cfg) = self.app.settings.notifiers.iter().find(|n| &n.name == name) else {
+                    continue;
+                };
+                if !cfg.wants(notify::Event::PendingApproval) {
+                    continue;
+                }
+                let uid = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
+                let doc = EventDoc {
+                    id: uid.clone(),
+                    event: notify::Event::PendingApproval,
+                    target: target.name.clone(),
+                    backend: target.backend.kind().to_string(),
+                    sha: Some(d.commit_sha.clone()),
+                    short_sha: Some(short_sha(&d.commit_sha).to_string()),
+                    commit_url: target
+                        .web_url
+                        .as_ref()
+                        .map(|w| format!("{w}/commit/{}", d.commit_sha)),
+                    trigger: run.trigger.clone(),
+                    delivery_id: run.delivery_id.clone(),
+                    started_at: crate::store::format_ms(run.started_ms),
+                    duration_ms: run.started.elapsed().as_millis() as i64,
+                    message: message.clone(),
+                    consecutive_failures: 0,
+                    failing_for_ms: None,
+                    run_id: Some(run.id),
+                    run_url: Some(format!("{base}/api/v1/deployments/{}", d.id)),
+                };
+                match serde_json::to_string(&doc) {
+                    Ok(document) => notice.outbox.push(NewNotification {
+                        uid,
+                        notifier: name.clone(),
+                        event: notify::Event::PendingApproval.as_str().to_string(),
+                        document,
+                    }),
+                    Err(e) => error!(notifier = %name, error = %e, "cannot encode a notification"),
+                }
+            }
+            notice.approvals_notified.push(d.id);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,483 @@
+//! The ticks that plan: `driftless plan` (`plan_now`), a `detect`
+//! target's tick (plan, record drift, apply nothing) and an `approval` /
+//! `approve_destructive` target's tick (`review`: a plan recorded before it
+//! is shown, applied — exactly it, through `Backend::apply_plan` — only
+//! once a person approved it and git still gives its commit). These are
+//! steps of the one tick in `tick`; they never bypass its lock, run row or
+//! result recording, and never apply a plan nobody approved (but a plan
+//! that deletes or replaces nothing under `approve_destructive`).
+
+use tracing::{info, warn};
+
+use super::{BACKSTOP, Findings, Planned, Reconciler, RunInfo, TickError, Ticked};
+use crate::backend::{self, ApplyResult, Plan, PlanToApply, Status};
+use crate::config::{Policy, Target};
+use crate::lock::{LockError, TargetLock};
+use crate::model::{CommitId, short_sha};
+use crate::notify;
+use crate::store::DriftUpdate;
+use crate::store::plans::{NewPlan, PlanState, StoredPlan};
+
+impl Reconciler {
+    /// A `detect` target's tick: plan, never apply. A difference is drift,
+    /// recorded with its summary; the owners hear of a new or different
+    /// drift once (`drift_detected`) and of its end once
+    /// (`drift_resolved`). The last applied commit does not move.
+    pub(super) async fn detect(
+        &self,
+        target: &Target,
+        run: &RunInfo,
+        seen: &CommitId,
+        backend: Box<dyn backend::Backend>,
+    ) -> Result<Ticked, TickError> {
+        let prev = run.prev.as_ref();
+        let applied = prev.and_then(|s| s.last_applied_sha.clone());
+        let prev_hash = prev.and_then(|s| s.drift_hash.clone());
+        let planned = self.plan_with(target, backend.as_ref()).await;
+        let plan = planned.and_then(|p| {
+            match &p.artifact {
+                Some(a) => std::fs::remove_file(a)
+                    .map_err(|e| format!("cannot remove the plan file {}: {e}", a.display())),
+                None => Ok(()),
+            }
+            .map(|()| p)
+        });
+        let (status, drift) = match plan {
+            Err(e) => (Status::failed(format!("cannot plan: {e}")), None),
+            Ok(p) if p.changes => {
+                let status = Status {
+                    result: ApplyResult::NoChange,
+                    message: format!(
+                        "drift at {}: {}{} (policy detect: nothing applied)",
+                        seen.short(),
+                        p.summary,
+                        if p.destructive { ", destructive" } else { "" }
+                    ),
+                    output_tail: p.diff.clone(),
+                    digest: None,
+                };
+                let drift =
+                    (prev_hash.as_deref() != Some(p.hash.as_str())).then(|| DriftUpdate::Set {
+                        hash: p.hash.clone(),
+                        summary: format!("{}\n{}", p.summary, p.diff),
+                        since: prev
+                            .and_then(|s| s.drift_since)
+                            .unwrap_or_else(crate::store::now_ms),
+                    });
+                (status, drift)
+            }
+            Ok(_) => {
+                let status = Status {
+                    result: ApplyResult::NoChange,
+                    message: format!("no drift: the real world matches {}", seen.short()),
+                    output_tail: String::new(),
+                    digest: None,
+                };
+                (status, prev_hash.is_some().then_some(DriftUpdate::Clear))
+            }
+        };
+        self.finish_with(
+            target,
+            run,
+            applied.as_deref(),
+            Some(seen.as_str()),
+            status,
+            Findings {
+                drift,
+                plan_done: None,
+            },
+        )
+        .await
+    }
+
+    /// The backend's plan, bounded by the target's timeout.
+    async fn plan_with(
+        &self,
+        target: &Target,
+        backend: &dyn backend::Backend,
+    ) -> Result<Plan, String> {
+        match backend.plan() {
+            None => Err(format!("the {} backend cannot plan", target.backend.kind())),
+            Some(fut) => match tokio::time::timeout(target.timeout + BACKSTOP, fut).await {
+                Ok(p) => p,
+                Err(_) => Err(format!(
+                    "the backend did not finish planning within the target's timeout ({})",
+                    humantime::format_duration(target.timeout)
+                )),
+            },
+        }
+    }
+
+    /// An `approval` or `approve_destructive` target's tick. The target's
+    /// open plan decides: one made at an older commit is superseded (and
+    /// a new plan made); one still waiting keeps waiting; an approved one
+    /// is applied — exactly it, by the backend's `apply_plan` — because
+    /// git still gives its commit. Without an open plan, a plan is made and
+    /// recorded before anyone sees it: with changes it waits for a person
+    /// (or, under `approve_destructive`, is applied at once when it neither
+    /// deletes nor replaces anything). A plan rejected or failed at this
+    /// commit holds the target until a new commit or `driftless retry`.
+    /// Waiting never moves the last applied commit.
+    pub(super) async fn review(
+        &self,
+        target: &Target,
+        run: &RunInfo,
+        seen: &CommitId,
+        backend: Box<dyn backend::Backend>,
+        retry: bool,
+    ) -> Result<Ticked, TickError> {
+        let store = &self.app.store;
+        let applied = run.prev.as_ref().and_then(|s| s.last_applied_sha.clone());
+        let applied = applied.as_deref();
+        let quiet = |message: String| Status {
+            result: ApplyResult::NoChange,
+            message,
+            output_tail: String::new(),
+            digest: None,
+        };
+        let none = Findings::default;
+        if let Some(open) = store.open_plan(&target.name).await? {
+            if open.state == PlanState::Applying {
+                // A tick died while the backend applied it.
+                let msg = format!(
+                    "deployment {} (plan at {}) was being applied when driftless stopped; what it \
+                     changed is unknown: look at the target, then `driftless retry {}`",
+                    open.id,
+                    short_sha(&open.commit_sha),
+                    target.name
+                );
+                store
+                    .move_plan(open.id, PlanState::Applying, PlanState::Failed, &msg)
+                    .await?;
+                self.prune_plans(target, None);
+                return self
+                    .finish_with(
+                        target,
+                        run,
+                        applied,
+                        Some(seen.as_str()),
+                        Status::failed(msg),
+                        none(),
+                    )
+                    .await;
+            }
+            if open.commit_sha != seen.as_str() {
+                let msg = format!("superseded by commit {}", seen.short());
+                store
+                    .move_plan(open.id, open.state, PlanState::Superseded, &msg)
+                    .await?;
+                info!(target = %target.name, deployment = open.id, commit = %seen.short(),
+                      "a newer commit supersedes the plan that waited");
+                self.prune_plans(target, None);
+            } else if open.state == PlanState::PendingApproval {
+                self.prune_plans(target, open.artifact.as_deref());
+                let msg = format!(
+                    "deployment {} waits for approval: {} at {}",
+                    open.id,
+                    open.summary,
+                    seen.short()
+                );
+                return self
+                    .finish_with(
+                        target,
+                        run,
+                        applied,
+                        Some(seen.as_str()),
+                        quiet(msg),
+                        none(),
+                    )
+                    .await;
+            } else {
+                // Approved: applied now, if nobody moved it meanwhile.
+                let msg = format!(
+                    "applying exactly the plan approved by {}",
+                    open.decided_by.as_deref().unwrap_or("?")
+                );
+                if !store
+                    .move_plan(open.id, PlanState::Approved, PlanState::Applying, &msg)
+                    .await?
+                {
+                    let msg = format!(
+                        "deployment {} changed state meanwhile; nothing applied",
+                        open.id
+                    );
+                    return self
+                        .finish_with(
+                            target,
+                            run,
+                            applied,
+                            Some(seen.as_str()),
+                            quiet(msg),
+                            none(),
+                        )
+                        .await;
+                }
+                return self.apply_recorded(target, run, seen, backend, open).await;
+            }
+        } else if !retry
+            && let Some(last) = store.latest_plan(&target.name).await?
+            && last.commit_sha == seen.as_str()
+            && matches!(last.state, PlanState::Rejected | PlanState::Failed)
+        {
+            let msg = format!(
+                "deployment {} at {} was {}{}: nothing is applied until a new commit or `driftless retry {}`",
+                last.id,
+                seen.short(),
+                last.state.as_str(),
+                match (last.state, &last.decided_by, &last.message) {
+                    (PlanState::Rejected, Some(by), _) => format!(" by {by}"),
+                    (PlanState::Failed, _, Some(m)) => format!(" ({m})"),
+                    _ => String::new(),
+                },
+                target.name
+            );
+            self.prune_plans(target, None);
+            let status = if last.state == PlanState::Failed {
+                Status::failed(msg)
+            } else {
+                quiet(msg)
+            };
+            return self
+                .finish_with(target, run, applied, Some(seen.as_str()), status, none())
+                .await;
+        }
+
+        let plan = match self.plan_with(target, backend.as_ref()).await {
+            Ok(p) => p,
+            Err(e) => {
+                self.prune_plans(target, None);
+                return self
+                    .finish_with(
+                        target,
+                        run,
+                        applied,
+                        Some(seen.as_str()),
+                        Status::failed(format!("cannot plan: {e}")),
+                        none(),
+                    )
+                    .await;
+            }
+        };
+        if !plan.changes {
+            self.prune_plans(target, None);
+            let msg = format!("no changes: the real world matches {}", seen.short());
+            return self
+                .finish_with(
+                    target,
+                    run,
+                    Some(seen.as_str()),
+                    Some(seen.as_str()),
+                    quiet(msg),
+                    none(),
+                )
+                .await;
+        }
+        let unattended = target.policy == Policy::ApproveDestructive && !plan.destructive;
+        let artifact = plan.artifact.as_ref().map(|a| a.display().to_string());
+        let new = NewPlan {
+            target: &target.name,
+            backend: target.backend.kind(),
+            commit_sha: seen.as_str(),
+            plan_hash: &plan.hash,
+            policy: target.policy.as_str(),
+            summary: &plan.summary,
+            diff: &plan.diff,
+            destructive: plan.destructive,
+            artifact: artifact.as_deref(),
+            state: if unattended {
+                PlanState::Applying
+            } else {
+                PlanState::PendingApproval
+            },
+            decided_by: unattended.then_some("driftless"),
+            message: if unattended {
+                "neither deletes nor replaces anything: applied unattended (policy approve_destructive)"
+            } else {
+                "waits for approval"
+            },
+        };
+        let stored = match store.insert_plan(&new).await {
+            Ok(p) => p,
+            Err(e) => {
+                self.prune_plans(target, None);
+                return Err(e.into());
+            }
+        };
+        if unattended {
+            return self
+                .apply_recorded(target, run, seen, backend, stored)
+                .await;
+        }
+        info!(target = %target.name, deployment = stored.id, commit = %seen.short(),
+              summary = %stored.summary, destructive = stored.destructive, "a plan waits for approval");
+        let msg = format!(
+            "deployment {} waits for approval: {}{} at {}",
+            stored.id,
+            stored.summary,
+            if stored.destructive {
+                " (destructive)"
+            } else {
+                ""
+            },
+            seen.short()
+        );
+        self.finish_with(
+            target,
+            run,
+            applied,
+            Some(seen.as_str()),
+            quiet(msg),
+            none(),
+        )
+        .await
+    }
+
+    /// Apply a recorded plan now in state `applying`; the run's result
+    /// moves it to `applied` or `failed` in the run's transaction.
+    async fn apply_recorded(
+        &self,
+        target: &Target,
+        run: &RunInfo,
+        seen: &CommitId,
+        backend: Box<dyn backend::Backend>,
+        plan: StoredPlan,
+    ) -> Result<Ticked, TickError> {
+        let to_apply = PlanToApply {
+            hash: plan.plan_hash.clone(),
+            artifact: plan.artifact.as_ref().map(std::path::PathBuf::from),
+        };
+        let mut status = match backend.apply_plan(&to_apply) {
+            None => Status::failed(format!(
+                "the {} backend cannot apply a plan",
+                target.backend.kind()
+            )),
+            Some(fut) => match tokio::time::timeout(target.timeout + BACKSTOP, fut).await {
+                Ok(s) => s,
+                Err(_) => Status::failed(format!(
+                    "the backend did not return within the target's timeout ({})",
+                    humantime::format_duration(target.timeout)
+                )),
+            },
+        };
+        self.prune_plans(target, None);
+        let by = plan.decided_by.as_deref().unwrap_or("?");
+        let state = if status.result == ApplyResult::Failed {
+            PlanState::Failed
+        } else {
+            PlanState::Applied
+        };
+        status.message = format!(
+            "deployment {} ({} at {}, approved by {by}): {}",
+            plan.id,
+            plan.summary,
+            seen.short(),
+            status.message
+        );
+        let done = (
+            plan.id,
+            state,
+            notify::bounded(&status.message, notify::MESSAGE_MAX),
+        );
+        let applied = match state {
+            PlanState::Applied => Some(seen.as_str()),
+            _ => run
+                .prev
+                .as_ref()
+                .and_then(|s| s.last_applied_sha.as_deref()),
+        };
+        self.finish_with(
+            target,
+            run,
+            applied,
+            Some(seen.as_str()),
+            status,
+            Findings {
+                drift: None,
+                plan_done: Some(done),
+            },
+        )
+        .await
+    }
+
+    /// Remove every plan file of the target but `keep` (the open plan's):
+    /// applied, rejected, superseded and abandoned plans leave nothing
+    /// that could be applied later.
+    fn prune_plans(&self, target: &Target, keep: Option<&str>) {
+        let dir = self.app.settings.plans_dir(&target.name);
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+            Err(e) => {
+                warn!(target = %target.name, dir = %dir.display(), error = %e, "cannot list plan files");
+                return;
+            }
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if keep.is_some_and(|k| std::path::Path::new(k) == path) {
+                continue;
+            }
+            if let Err(e) = std::fs::remove_file(&path)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                warn!(target = %target.name, file = %path.display(), error = %e, "cannot remove a plan file");
+            }
+        }
+    }
+
+    /// Plan a target now (`driftless plan`): under its lock, at its branch
+    /// tip; nothing is applied and no run is recorded. The plan's artifact
+    /// is removed before this returns (nothing can apply it later yet).
+    pub async fn plan_now(&self, name: &str) -> Result<Planned, TickError> {
+        let target = self.target(name)?.clone();
+        let _lock = match TargetLock::try_acquire(&self.app.settings.locks_dir(), name) {
+            Ok(l) => l,
+            Err(LockError::Busy { .. }) => return Ok(Planned::Busy),
+            Err(e) => return Err(TickError::Lock(e)),
+        };
+        let err = |message: String| TickError::Backend {
+            target: name.to_string(),
+            message,
+        };
+        let synced = self
+            .git
+            .sync(target.source())
+            .await
+            .map_err(|e| err(e.to_string()))?;
+        let state = self.app.store.target_state(name).await?;
+        let ctx = self.context(
+            &target,
+            &synced,
+            state.and_then(|s| s.backend_digest),
+            false,
+        );
+        let b = backend::build(&target.backend, ctx).map_err(|e| err(e.to_string()))?;
+        let Some(fut) = b.plan() else {
+            return Ok(Planned::CannotPlan {
+                backend: target.backend.kind(),
+            });
+        };
+        let plan = match tokio::time::timeout(target.timeout + BACKSTOP, fut).await {
+            Ok(p) => p.map_err(err)?,
+            Err(_) => {
+                return Err(err(format!(
+                    "the backend did not finish planning within the target's timeout ({})",
+                    humantime::format_duration(target.timeout)
+                )));
+            }
+        };
+        if let Some(a) = &plan.artifact
+            && let Err(e) = std::fs::remove_file(a)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            return Err(err(format!(
+                "cannot remove the plan file {}: {e}",
+                a.display()
+            )));
+        }
+        Ok(Planned::Plan {
+            commit: synced.sha,
+            plan,
+        })
+    }
+}
