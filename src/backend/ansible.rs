@@ -6,8 +6,16 @@
 //! one stored at the last success; `check_drift = true` then runs `--check`
 //! and applies only if it reports changes. The result comes from the PLAY
 //! RECAP: any host failed or unreachable → `failed`, naming host and task;
-//! any host changed → `changed`. This module knows nothing about git,
-//! triggers or the queue.
+//! any host changed → `changed`.
+//!
+//! It can plan: `--check` (never `--diff`, which prints file contents and
+//! so values), one line per task that would change a host (`~ host: task`,
+//! loop items counted, never shown), hashed with the inputs' digest.
+//! Ansible cannot say whether a change deletes something, so every planned
+//! change counts as destructive (under `approve_destructive` it waits). An
+//! approved plan is checked again right before the real run and applied
+//! only if the check finds the same changes. This module knows nothing
+//! about git, triggers or the queue.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -17,7 +25,9 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::tool;
-use super::{ApplyResult, Backend, BackendError, BoxFuture, Context, Outputs, Status};
+use super::{
+    ApplyResult, Backend, BackendError, BoxFuture, Context, Outputs, Plan, PlanToApply, Status,
+};
 use crate::process::{self, Spec};
 use crate::secret::SecretRef;
 
@@ -116,6 +126,10 @@ impl super::Kind for Config {
     fn build(&self, ctx: Context) -> Result<Box<dyn super::Backend>, BackendError> {
         Ok(Box::new(Ansible::new(self.clone(), ctx)?))
     }
+
+    fn can_plan(&self) -> bool {
+        true
+    }
 }
 
 /// One host's line of the PLAY RECAP.
@@ -136,6 +150,9 @@ struct Report {
     recap: BTreeMap<String, HostStats>,
     /// (host, task, message) for every failed or unreachable task.
     failures: Vec<(String, String, String)>,
+    /// (host, task) for every `changed:` line, in order (a loop's items
+    /// each give one).
+    changes: Vec<(String, String)>,
 }
 
 impl Report {
@@ -146,6 +163,9 @@ impl Report {
         for line in stdout.lines() {
             if let Some(rest) = line.strip_prefix("TASK [") {
                 task = rest.split(']').next().unwrap_or("").to_string();
+            } else if let Some(rest) = line.strip_prefix("changed: [") {
+                let host = rest.split(']').next().unwrap_or("").to_string();
+                r.changes.push((host, task.clone()));
             } else if line.starts_with("PLAY RECAP") {
                 in_recap = true;
             } else if let Some(rest) = line
@@ -388,6 +408,71 @@ impl Ansible {
         )
     }
 
+    /// `--check`: what the playbook would change, by host and task.
+    async fn plan(&self) -> Result<Plan, String> {
+        let deadline = Instant::now() + self.ctx.timeout;
+        let (status, report) = self.run(&self.cfg.playbook, true, deadline).await;
+        if status.result == ApplyResult::Failed {
+            return Err(format!("--check failed: {}", status.message));
+        }
+        // One line per (host, task), in the order ansible ran them.
+        let mut grouped: Vec<((String, String), usize)> = Vec::new();
+        for c in report.changes {
+            match grouped.iter_mut().find(|(k, _)| *k == c) {
+                Some((_, n)) => *n += 1,
+                None => grouped.push((c, 1)),
+            }
+        }
+        let lines: Vec<String> = grouped
+            .iter()
+            .map(|((host, task), n)| match n {
+                1 => format!("~ {host}: {task}"),
+                n => format!("~ {host}: {task} ({n} items)"),
+            })
+            .collect();
+        let diff = self.ctx.redactor.redact(&lines.join("\n"));
+        let hosts: std::collections::BTreeSet<&String> =
+            grouped.iter().map(|((h, _), _)| h).collect();
+        let mut h = Sha256::new();
+        h.update(b"driftless-ansible-plan-v1\0");
+        h.update(self.digest().as_bytes());
+        h.update(b"\0");
+        h.update(diff.as_bytes());
+        Ok(Plan {
+            changes: !lines.is_empty(),
+            summary: format!(
+                "{} task(s) would change {} host(s)",
+                lines.len(),
+                hosts.len()
+            ),
+            diff,
+            // Ansible cannot tell a deletion from any other change.
+            destructive: !lines.is_empty(),
+            hash: hex::encode(h.finalize()),
+            artifact: None,
+        })
+    }
+
+    /// Check again; run for real only if the check finds what was approved.
+    async fn apply_approved(&self, approved: &PlanToApply) -> Status {
+        match self.plan().await {
+            Err(e) => Status::failed(format!("cannot check again before applying: {e}")),
+            Ok(now) if now.hash != approved.hash => Status::failed(format!(
+                "the plan changed since it was approved (now: {}); nothing applied",
+                now.summary
+            )),
+            Ok(_) => {
+                let deadline = Instant::now() + self.ctx.timeout;
+                let (mut status, report) = self.run(&self.cfg.playbook, false, deadline).await;
+                self.save_recap(&report);
+                if status.result != ApplyResult::Failed {
+                    status.digest = Some(self.digest());
+                }
+                status
+            }
+        }
+    }
+
     fn save_recap(&self, report: &Report) {
         if let Ok(json) = serde_json::to_string(&report.recap) {
             let _ = std::fs::write(self.path(RECAP_FILE), json);
@@ -474,6 +559,14 @@ impl Backend for Ansible {
         })
     }
 
+    fn plan(&self) -> Option<BoxFuture<'_, Result<Plan, String>>> {
+        Some(Box::pin(Ansible::plan(self)))
+    }
+
+    fn apply_plan<'a>(&'a self, plan: &'a PlanToApply) -> Option<BoxFuture<'a, Status>> {
+        Some(Box::pin(self.apply_approved(plan)))
+    }
+
     fn destroy(&self) -> BoxFuture<'_, Status> {
         Box::pin(async move {
             match &self.cfg.destroy_playbook {
@@ -524,6 +617,7 @@ web2                       : ok=1    changed=0    unreachable=0    failed=1    s
 db                         : ok=0    changed=0    unreachable=1    failed=0    skipped=0    rescued=0    ignored=0
 ";
         let r = Report::parse(out);
+        assert_eq!(r.changes, vec![("web1".into(), "write the file".into())]);
         assert_eq!(r.recap["web1"].changed, 1);
         assert_eq!(r.recap["web2"].failed, 1);
         assert_eq!(r.recap["db"].unreachable, 1);

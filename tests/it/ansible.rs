@@ -40,6 +40,11 @@ struct World {
 }
 
 fn world(mode: &str, extra: &str) -> World {
+    world_with(mode, "", extra)
+}
+
+/// `target_extra` goes into the target's table, `extra` into its backend's.
+fn world_with(mode: &str, target_extra: &str, extra: &str) -> World {
     ansible_available();
     let root = tempfile::tempdir().expect("tempdir");
     let remote = Remote::new(root.path(), "infra");
@@ -63,7 +68,7 @@ fn world(mode: &str, extra: &str) -> World {
         "playbook",
     );
     let setup = Setup::new(&format!(
-        "[[targets]]\nname = \"box\"\nrepo = \"{}\"\npath = \"play\"\n\
+        "[[targets]]\nname = \"box\"\nrepo = \"{}\"\npath = \"play\"\n{target_extra}\n\
          [targets.backend]\nkind = \"ansible\"\nplaybook = \"site.yml\"\ninventory = \"inventory.ini\"\n\
          extra_vars_files = [\"vars.yml\"]\nmode = \"{mode}\"\n{extra}\n",
         remote.url()
@@ -212,4 +217,87 @@ fn a_failing_task_names_the_task_and_the_host() {
             .unwrap_or("")
             .contains("PLAY RECAP")
     );
+}
+
+/// `policy = "approval"` on an ansible target: the plan is `--check`, one
+/// line per task that would change a host and never a value; nothing runs
+/// for real until it is approved; after the approved run a check finds
+/// nothing to do; a hand edit is a new plan that waits, and rejecting it
+/// leaves the edit alone.
+#[test]
+fn an_ansible_plan_is_a_check_and_only_an_approved_one_runs() {
+    const OPS: &str = "ops-token-ansible-2b4e";
+    let w = world_with(
+        "digest",
+        "policy = \"approval\"\ninterval = \"1h\"",
+        &token_table("ops", OPS, &["approve:box", "read"]),
+    );
+    let intake = Intake::start(&w.setup);
+    let call = |method: &str, path: &str, body: serde_json::Value| {
+        let r = api_call(intake.port, method, path, OPS, &body);
+        assert_eq!(r.status, 200, "{method} {path}: {}", r.body);
+        r.json()
+    };
+    let pending = || {
+        call(
+            "GET",
+            "/api/v1/deployments?state=pending_approval",
+            serde_json::Value::Null,
+        )
+        .as_array()
+        .cloned()
+        .expect("list")
+    };
+    let (code, run) = tick(&w);
+    assert_eq!(code, 0, "{run}");
+    assert!(
+        run["message"]
+            .as_str()
+            .is_some_and(|m| m
+                .contains("waits for approval: 1 task(s) would change 1 host(s) (destructive)")),
+        "{run}"
+    );
+    assert_eq!(greeting(&w), "", "ran before approval");
+    let p = pending();
+    assert_eq!(
+        (&p[0]["backend"], &p[0]["diff"]),
+        (&"ansible".into(), &"~ box: write the greeting".into()),
+        "{p:?}"
+    );
+    let id = p[0]["id"].as_i64().expect("id");
+    call(
+        "POST",
+        &format!("/api/v1/deployments/{id}/approve"),
+        serde_json::json!({ "plan_hash": p[0]["plan_hash"] }),
+    );
+    let (code, run) = tick(&w);
+    assert_eq!((code, &run["result"]), (0, &"changed".into()), "{run}");
+    assert_eq!(greeting(&w), "hello\n");
+    let (_, run) = tick(&w);
+    assert!(
+        run["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("no changes: the real world matches")),
+        "{run}"
+    );
+    assert!(pending().is_empty());
+
+    std::fs::write(w.root.path().join("greeting.txt"), "edited by hand\n").expect("write");
+    tick(&w);
+    let p = pending();
+    assert_eq!(p.len(), 1, "{p:?}");
+    let id = p[0]["id"].as_i64().expect("id");
+    call(
+        "POST",
+        &format!("/api/v1/deployments/{id}/reject"),
+        serde_json::Value::Null,
+    );
+    let (_, run) = tick(&w);
+    assert!(
+        run["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("was rejected by token:ops")),
+        "{run}"
+    );
+    assert_eq!(greeting(&w), "edited by hand\n");
 }
