@@ -155,7 +155,8 @@ class Handler(BaseHTTPRequestHandler):
                         "decoded_length": int(self.headers.get("x-amz-decoded-content-length") or len(body)),
                         "stack": stack, "has_template_body": "TemplateBody" in params,
                         "template_url": params.get("TemplateURL"),
-                        "client_request_token": params.get("ClientRequestToken")})
+                        "client_request_token": params.get("ClientRequestToken"),
+                        "change_set_name": params.get("ChangeSetName")})
         refused = self.refuse(action, params)
         if refused:
             return self.answer(*refused)

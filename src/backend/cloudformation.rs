@@ -11,8 +11,14 @@
 //! `*_COMPLETE` is `changed`; `ROLLBACK_*`/`*_FAILED` is `failed` with the
 //! failing resources' reasons from the stack events. A stack left in
 //! `ROLLBACK_COMPLETE` by a failed create is deleted first (and the message
-//! says so). Every wait is bounded by the target's timeout. This module
-//! knows nothing about git, triggers or the queue.
+//! says so). Every wait is bounded by the target's timeout.
+//!
+//! It can plan: the change set is the plan, described by logical id, type
+//! and action (a removal, or a modify AWS says replaces, is destructive),
+//! kept — its id in a file under the plans directory — and executed by its
+//! id once approved if AWS still offers it (`AVAILABLE`); deleted when it
+//! will not be applied (`discard_plan`). This module knows nothing about
+//! git, triggers or the queue.
 
 use std::collections::BTreeMap;
 
@@ -220,6 +226,10 @@ impl super::Kind for Config {
     fn build(&self, ctx: Context) -> Result<Box<dyn super::Backend>, super::BackendError> {
         build(self.clone(), ctx)
     }
+
+    fn can_plan(&self) -> bool {
+        cfg!(feature = "cloudformation")
+    }
 }
 
 /// How a stack status reads.
@@ -327,11 +337,58 @@ mod aws {
     }
 
     use super::{Config, Settled, capabilities_message, means_no_change, settled};
-    use crate::backend::{ApplyResult, Backend, BackendError, BoxFuture, Context, Outputs, Status};
+    use crate::backend::{
+        ApplyResult, Backend, BackendError, BoxFuture, Context, Outputs, Plan, PlanToApply, Status,
+    };
+    use sha2::{Digest, Sha256};
 
     pub struct CloudFormation {
         cfg: Config,
         ctx: Context,
+    }
+
+    /// A change set made and waited on.
+    enum Staged {
+        /// Nothing to change (the change set was deleted).
+        NoChange(Status),
+        /// Ready to execute.
+        Ready {
+            id: String,
+            kind: ChangeSetType,
+            stamp: u128,
+        },
+    }
+
+    /// A plan's artifact: the change set kept for it, in a file under the
+    /// plans directory (so it is pruned like any plan file).
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct KeptChangeSet {
+        id: String,
+        kind: String,
+        stamp: u128,
+    }
+
+    /// One change of a change set, as a plan line: `+` add, `~` modify,
+    /// `-/+` a modify that replaces (AWS's `Replacement` True or
+    /// Conditional), `-` remove; and whether it destroys something.
+    fn change_line(rc: &aws_sdk_cloudformation::types::ResourceChange) -> (String, bool) {
+        use aws_sdk_cloudformation::types::{ChangeAction, Replacement};
+        let id = rc.logical_resource_id().unwrap_or("?");
+        let ty = rc.resource_type().unwrap_or("?");
+        let replaces = matches!(
+            rc.replacement(),
+            Some(Replacement::True) | Some(Replacement::Conditional)
+        );
+        match rc.action() {
+            Some(ChangeAction::Add) => (format!("+ {id} ({ty})"), false),
+            Some(ChangeAction::Remove) => (format!("- {id} ({ty})"), true),
+            Some(ChangeAction::Modify) if replaces => {
+                (format!("-/+ {id} ({ty}, replacement)"), true)
+            }
+            Some(ChangeAction::Modify) => (format!("~ {id} ({ty})"), false),
+            Some(other) => (format!("~ {id} ({ty}, {})", other.as_str()), replaces),
+            None => (format!("~ {id} ({ty})"), replaces),
+        }
     }
 
     /// A failed SDK call, in words, with a hint when credentials are the
@@ -576,19 +633,38 @@ mod aws {
 
         async fn apply_inner(&self) -> Result<Status, String> {
             let deadline = Instant::now() + self.ctx.timeout;
+            let c = self.client().await;
+            let mut notes = Vec::new();
+            match self.change_set(&c, deadline, &mut notes, true).await? {
+                Staged::NoChange(status) => Ok(status),
+                Staged::Ready { id, kind, stamp } => {
+                    self.execute(&c, &id, &kind, stamp, notes, deadline).await
+                }
+            }
+        }
+
+        /// Make a change set for the template at this commit and wait for
+        /// it: `NoChange` (the change set deleted) or `Ready` to execute.
+        /// With `recreate`, a stack left in ROLLBACK_COMPLETE is deleted
+        /// first; without (a plan, which changes nothing), that is refused.
+        async fn change_set(
+            &self,
+            c: &Client,
+            deadline: Instant,
+            notes: &mut Vec<String>,
+            recreate: bool,
+        ) -> Result<Staged, String> {
             let template_path = self.ctx.workdir.join(&self.cfg.template);
             let body = std::fs::read_to_string(&template_path)
                 .map_err(|e| format!("template {}: {e}", self.cfg.template))?;
             self.cfg.check_template_size(body.len())?;
             let params = self.cfg.parameters(&self.ctx)?;
-            let c = self.client().await;
-            let mut notes = Vec::new();
             let template_url = match &self.cfg.template_bucket {
                 Some(bucket) => Some(self.upload_template(bucket, &body).await?),
                 None => None,
             };
 
-            let existing = self.describe(&c).await?;
+            let existing = self.describe(c).await?;
             let mut status = existing
                 .as_ref()
                 .and_then(|s| s.stack_status().map(|s| s.as_str().to_string()));
@@ -596,7 +672,15 @@ mod aws {
                 && settled(s) == Settled::InProgress
                 && s != "REVIEW_IN_PROGRESS"
             {
-                status = self.wait_stack(&c, deadline).await?;
+                status = self.wait_stack(c, deadline).await?;
+            }
+            if status.as_deref() == Some("ROLLBACK_COMPLETE") && !recreate {
+                return Err(format!(
+                    "stack `{}` is in ROLLBACK_COMPLETE (a failed create): applying deletes and \
+                     re-creates it, which a plan cannot show; delete the stack, or apply it once \
+                     with policy \"auto\"",
+                    self.stack()
+                ));
             }
             if status.as_deref() == Some("ROLLBACK_COMPLETE") {
                 c.delete_stack()
@@ -604,7 +688,7 @@ mod aws {
                     .send()
                     .await
                     .map_err(|e| sdk_err("DeleteStack", self.stack(), &e))?;
-                if let Some(s) = self.wait_stack(&c, deadline).await?
+                if let Some(s) = self.wait_stack(c, deadline).await?
                     && s != "DELETE_COMPLETE"
                 {
                     return Err(format!(
@@ -673,7 +757,9 @@ mod aws {
                 Ok(c) => c,
                 // Real AWS may refuse an unchanged update right here.
                 Err(e) if e.message().is_some_and(means_no_change) => {
-                    return Ok(self.no_change(&notes, "no changes (refused at CreateChangeSet)"));
+                    return Ok(Staged::NoChange(
+                        self.no_change(notes, "no changes (refused at CreateChangeSet)"),
+                    ));
                 }
                 Err(e) => {
                     return Err(e
@@ -713,7 +799,7 @@ mod aws {
                                 )
                             });
                         if means_no_change(&reason) {
-                            return Ok(self.no_change(&notes, "no changes"));
+                            return Ok(Staged::NoChange(self.no_change(notes, "no changes")));
                         }
                         if let Some(m) = capabilities_message(&reason) {
                             return Err(m);
@@ -737,7 +823,23 @@ mod aws {
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(5));
             }
+            Ok(Staged::Ready {
+                id: cs_id,
+                kind,
+                stamp,
+            })
+        }
 
+        /// Execute change set `cs_id` and wait for the stack.
+        async fn execute(
+            &self,
+            c: &Client,
+            cs_id: &str,
+            kind: &ChangeSetType,
+            stamp: u128,
+            mut notes: Vec<String>,
+            deadline: Instant,
+        ) -> Result<Status, String> {
             // The newest event before the execute: this operation's events
             // are the ones after it.
             let mark = c
@@ -754,20 +856,20 @@ mod aws {
                 self.ctx.commit.as_ref().map_or("manual", CommitId::short)
             );
             c.execute_change_set()
-                .change_set_name(&cs_id)
+                .change_set_name(cs_id)
                 .stack_name(self.stack())
                 .client_request_token(&token)
                 .send()
                 .await
                 .map_err(|e| sdk_err("ExecuteChangeSet", self.stack(), &e))?;
             let (final_status, events) = self
-                .wait_operation(&c, mark.as_deref(), &token, deadline)
+                .wait_operation(c, mark.as_deref(), &token, deadline)
                 .await?;
             match settled(&final_status) {
                 Settled::Succeeded => {
                     notes.push(format!(
                         "{} {}",
-                        if kind == ChangeSetType::Create {
+                        if *kind == ChangeSetType::Create {
                             "created"
                         } else {
                             "updated"
@@ -789,6 +891,165 @@ mod aws {
                     ));
                     Err(notes.join("; "))
                 }
+            }
+        }
+
+        /// A change set kept as the plan: its changes by logical id, type
+        /// and action (never a property value), hashed with the template.
+        async fn plan_inner(&self) -> Result<Plan, String> {
+            let deadline = Instant::now() + self.ctx.timeout;
+            let c = self.client().await;
+            let mut notes = Vec::new();
+            let (id, kind, stamp) = match self.change_set(&c, deadline, &mut notes, false).await? {
+                Staged::NoChange(_) => {
+                    return Ok(Plan {
+                        changes: false,
+                        summary: "no changes".into(),
+                        diff: String::new(),
+                        destructive: false,
+                        hash: String::new(),
+                        artifact: None,
+                    });
+                }
+                Staged::Ready { id, kind, stamp } => (id, kind, stamp),
+            };
+            let mut lines = Vec::new();
+            let mut destructive = false;
+            let (mut add, mut change, mut destroy) = (0, 0, 0);
+            let mut next: Option<String> = None;
+            loop {
+                let d = c
+                    .describe_change_set()
+                    .change_set_name(&id)
+                    .stack_name(self.stack())
+                    .set_next_token(next.take())
+                    .send()
+                    .await
+                    .map_err(|e| sdk_err("DescribeChangeSet", self.stack(), &e))?;
+                for ch in d.changes() {
+                    let Some(rc) = ch.resource_change() else {
+                        continue;
+                    };
+                    let (line, destroys) = change_line(rc);
+                    destructive |= destroys;
+                    match line.split_whitespace().next() {
+                        Some("+") => add += 1,
+                        Some("-") => destroy += 1,
+                        Some("-/+") => {
+                            add += 1;
+                            destroy += 1;
+                        }
+                        _ => change += 1,
+                    }
+                    lines.push(line);
+                }
+                match d.next_token() {
+                    Some(t) => next = Some(t.to_string()),
+                    None => break,
+                }
+            }
+            if lines.is_empty() {
+                // The change set was made, so something changes: what AWS
+                // does not list per resource (outputs, say).
+                lines.push("~ the stack (CloudFormation lists no resource change)".into());
+                change += 1;
+            }
+            let template = std::fs::read_to_string(self.ctx.workdir.join(&self.cfg.template))
+                .map_err(|e| format!("template {}: {e}", self.cfg.template))?;
+            let mut h = Sha256::new();
+            h.update(b"driftless-cloudformation-plan-v1\0");
+            h.update(template.as_bytes());
+            for l in &lines {
+                h.update(b"\0");
+                h.update(l.as_bytes());
+            }
+            let dir = &self.ctx.plans_dir;
+            std::fs::create_dir_all(dir)
+                .map_err(|e| format!("cannot create the plans directory {}: {e}", dir.display()))?;
+            let file = dir.join(format!("{stamp}.changeset.json"));
+            let kept = KeptChangeSet {
+                id: id.clone(),
+                kind: kind.as_str().to_string(),
+                stamp,
+            };
+            let json = serde_json::to_string(&kept).map_err(|e| e.to_string())?;
+            std::fs::write(&file, json)
+                .map_err(|e| format!("cannot write the plan file {}: {e}", file.display()))?;
+            Ok(Plan {
+                changes: true,
+                summary: format!("{add} to add, {change} to change, {destroy} to destroy"),
+                diff: self.ctx.redactor.redact(&lines.join("\n")),
+                destructive,
+                hash: hex::encode(h.finalize()),
+                artifact: Some(file),
+            })
+        }
+
+        fn kept(plan: &PlanToApply) -> Result<KeptChangeSet, String> {
+            let file = plan
+                .artifact
+                .as_ref()
+                .ok_or("the approved plan names no change set")?;
+            let text = std::fs::read_to_string(file).map_err(|e| {
+                format!(
+                    "the approved plan's change set record {} cannot be read ({e}); nothing applied",
+                    file.display()
+                )
+            })?;
+            serde_json::from_str(&text).map_err(|e| {
+                format!(
+                    "the approved plan's change set record {} is not valid: {e}",
+                    file.display()
+                )
+            })
+        }
+
+        /// Execute exactly the approved change set, by its id, if AWS still
+        /// offers it for execution (after the stack changed it is not).
+        async fn apply_plan_inner(&self, plan: &PlanToApply) -> Result<Status, String> {
+            let deadline = Instant::now() + self.ctx.timeout;
+            let kept = Self::kept(plan)?;
+            let c = self.client().await;
+            let d = c
+                .describe_change_set()
+                .change_set_name(&kept.id)
+                .stack_name(self.stack())
+                .send()
+                .await
+                .map_err(|e| sdk_err("DescribeChangeSet", self.stack(), &e))?;
+            let status = d.status().map(|s| s.as_str().to_string());
+            let exec = d.execution_status().map(|s| s.as_str().to_string());
+            if status.as_deref() != Some("CREATE_COMPLETE") || exec.as_deref() != Some("AVAILABLE")
+            {
+                return Err(format!(
+                    "the approved change set can no longer be executed (status {}, execution \
+                     status {}{}): nothing applied; a new plan is needed",
+                    status.as_deref().unwrap_or("?"),
+                    exec.as_deref().unwrap_or("?"),
+                    d.status_reason()
+                        .map(|r| format!(": {r}"))
+                        .unwrap_or_default()
+                ));
+            }
+            let kind = ChangeSetType::from(kept.kind.as_str());
+            self.execute(&c, &kept.id, &kind, kept.stamp, Vec::new(), deadline)
+                .await
+        }
+
+        /// Delete a kept change set nobody will execute.
+        async fn discard_inner(&self, plan: &PlanToApply) -> Result<(), String> {
+            let kept = Self::kept(plan)?;
+            let c = self.client().await;
+            match c
+                .delete_change_set()
+                .change_set_name(&kept.id)
+                .stack_name(self.stack())
+                .send()
+                .await
+            {
+                Ok(_) => Ok(()),
+                Err(e) if e.code() == Some("ChangeSetNotFound") => Ok(()),
+                Err(e) => Err(sdk_err("DeleteChangeSet", self.stack(), &e)),
             }
         }
 
@@ -846,6 +1107,33 @@ mod aws {
                     .await
                     .unwrap_or_else(|e| Status::failed(self.ctx.redactor.redact(&e)))
             })
+        }
+
+        fn plan(&self) -> Option<BoxFuture<'_, Result<Plan, String>>> {
+            Some(Box::pin(async move {
+                self.plan_inner()
+                    .await
+                    .map_err(|e| self.ctx.redactor.redact(&e))
+            }))
+        }
+
+        fn apply_plan<'a>(&'a self, plan: &'a PlanToApply) -> Option<BoxFuture<'a, Status>> {
+            Some(Box::pin(async move {
+                self.apply_plan_inner(plan)
+                    .await
+                    .unwrap_or_else(|e| Status::failed(self.ctx.redactor.redact(&e)))
+            }))
+        }
+
+        fn discard_plan<'a>(
+            &'a self,
+            plan: &'a PlanToApply,
+        ) -> Option<BoxFuture<'a, Result<(), String>>> {
+            Some(Box::pin(async move {
+                self.discard_inner(plan)
+                    .await
+                    .map_err(|e| self.ctx.redactor.redact(&e))
+            }))
         }
 
         fn destroy(&self) -> BoxFuture<'_, Status> {

@@ -65,6 +65,16 @@ pub trait Backend: Send + Sync {
     fn apply_plan<'a>(&'a self, _plan: &'a PlanToApply) -> Option<BoxFuture<'a, Status>> {
         None
     }
+    /// Let go of a plan that will never be applied (superseded, rejected,
+    /// or shown by `driftless plan` / `detect`): what it holds outside
+    /// driftless (a CloudFormation change set) is deleted. `None`: nothing
+    /// to let go of but its file, which the tick removes.
+    fn discard_plan<'a>(
+        &'a self,
+        _plan: &'a PlanToApply,
+    ) -> Option<BoxFuture<'a, Result<(), String>>> {
+        None
+    }
 }
 
 /// An approved plan, as [`Backend::apply_plan`] gets it back.

@@ -34,6 +34,10 @@ impl Reconciler {
         let applied = prev.and_then(|s| s.last_applied_sha.clone());
         let prev_hash = prev.and_then(|s| s.drift_hash.clone());
         let planned = self.plan_with(target, backend.as_ref()).await;
+        if let Ok(p) = &planned {
+            self.discard(target, backend.as_ref(), &p.hash, p.artifact.as_deref())
+                .await;
+        }
         let plan = planned.and_then(|p| {
             match &p.artifact {
                 Some(a) => std::fs::remove_file(a)
@@ -168,6 +172,7 @@ impl Reconciler {
                     .await?;
                 info!(target = %target.name, deployment = open.id, commit = %seen.short(),
                       "a newer commit supersedes the plan that waited");
+                self.discard_stored(target, backend.as_ref(), &open).await;
                 self.prune_plans(target, None);
             } else if open.state == PlanState::PendingApproval {
                 self.prune_plans(target, open.artifact.as_deref());
@@ -231,6 +236,7 @@ impl Reconciler {
                 },
                 target.name
             );
+            self.discard_stored(target, backend.as_ref(), &last).await;
             self.prune_plans(target, None);
             let status = if last.state == PlanState::Failed {
                 Status::failed(msg)
@@ -359,6 +365,9 @@ impl Reconciler {
                 )),
             },
         };
+        if status.result == ApplyResult::Failed {
+            self.discard_stored(target, backend.as_ref(), &plan).await;
+        }
         self.prune_plans(target, None);
         let by = plan.decided_by.as_deref().unwrap_or("?");
         let state = if status.result == ApplyResult::Failed {
@@ -397,6 +406,49 @@ impl Reconciler {
             },
         )
         .await
+    }
+
+    /// Let go of a plan that will not be applied: what the backend holds
+    /// for it elsewhere (a CloudFormation change set) is deleted, while its
+    /// file says it is still held. A failure is a WARN naming the target:
+    /// the plan is never applied either way.
+    async fn discard(
+        &self,
+        target: &Target,
+        backend: &dyn backend::Backend,
+        hash: &str,
+        artifact: Option<&std::path::Path>,
+    ) {
+        let Some(file) = artifact.filter(|a| a.exists()) else {
+            return;
+        };
+        let plan = PlanToApply {
+            hash: hash.to_string(),
+            artifact: Some(file.to_path_buf()),
+        };
+        let Some(fut) = backend.discard_plan(&plan) else {
+            return;
+        };
+        match tokio::time::timeout(target.timeout + BACKSTOP, fut).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                warn!(target = %target.name, error = %e, "cannot let go of a plan that will not be applied")
+            }
+            Err(_) => {
+                warn!(target = %target.name, "letting go of a plan that will not be applied timed out")
+            }
+        }
+    }
+
+    async fn discard_stored(
+        &self,
+        target: &Target,
+        backend: &dyn backend::Backend,
+        plan: &StoredPlan,
+    ) {
+        let artifact = plan.artifact.as_ref().map(std::path::PathBuf::from);
+        self.discard(target, backend, &plan.plan_hash, artifact.as_deref())
+            .await;
     }
 
     /// Remove every plan file of the target but `keep` (the open plan's):
@@ -466,6 +518,8 @@ impl Reconciler {
                 )));
             }
         };
+        self.discard(&target, b.as_ref(), &plan.hash, plan.artifact.as_deref())
+            .await;
         if let Some(a) = &plan.artifact
             && let Err(e) = std::fs::remove_file(a)
             && e.kind() != std::io::ErrorKind::NotFound

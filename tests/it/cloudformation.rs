@@ -528,3 +528,124 @@ fn iam_resources_without_capabilities_name_the_key_and_the_capability() {
     assert_eq!(code, Some(0), "{out}");
     assert_eq!(f.status().1, "created CREATE_COMPLETE");
 }
+
+/// `policy = "approval"` on a CloudFormation target: the change set is the
+/// plan (its changes by logical id, type and action), kept and executed by
+/// its id only after a person approves it; nothing is executed before; a
+/// newer commit supersedes a waiting plan and its change set is deleted,
+/// as is a rejected one's. (moto reports Add/Modify/Remove without AWS's
+/// `Replacement`, so a replacement is not exercised here.)
+#[test]
+fn an_approved_change_set_is_executed_by_its_id_and_others_are_deleted() {
+    const OPS: &str = "ops-token-cfn-41c9";
+    let f = fixture("parameters_file = \"params.json\"", "2m");
+    let cfg = std::fs::read_to_string(&f.s.config).expect("config");
+    let cfg = cfg.replacen(
+        "[targets.backend]",
+        "policy = \"approval\"\ninterval = \"1h\"\n[targets.backend]",
+        1,
+    ) + &token_table("ops", OPS, &["approve:site", "read"]);
+    std::fs::write(&f.s.config, cfg).expect("config");
+    let intake = Intake::start(&f.s);
+    let call = |method: &str, path: &str, body: Value| {
+        let r = api_call(intake.port, method, path, OPS, &body);
+        assert_eq!(r.status, 200, "{method} {path}: {}", r.body);
+        r.json()
+    };
+    let pending = || {
+        call(
+            "GET",
+            "/api/v1/deployments?state=pending_approval",
+            Value::Null,
+        )
+        .as_array()
+        .cloned()
+        .expect("list")
+    };
+    let calls = |action: &str| -> Vec<String> {
+        f.moto
+            .log()
+            .into_iter()
+            .filter(|r| r["action"] == action)
+            .map(|r| r["change_set_name"].as_str().unwrap_or("").to_string())
+            .collect()
+    };
+    let plan_files = || {
+        std::fs::read_dir(f.s.state.join("plans/site"))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+
+    let (code, out) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains("waits for approval: 1 to add, 0 to change, 0 to destroy"),
+        "{out}"
+    );
+    assert!(
+        calls("ExecuteChangeSet").is_empty(),
+        "executed before approval"
+    );
+    let p1 = pending();
+    assert_eq!(
+        (&p1[0]["backend"], &p1[0]["diff"]),
+        (
+            &"cloudformation".into(),
+            &"+ Greeting (AWS::SSM::Parameter)".into()
+        ),
+        "{p1:?}"
+    );
+    assert_eq!(plan_files(), 1);
+    let id = p1[0]["id"].as_i64().expect("id");
+    call(
+        "POST",
+        &format!("/api/v1/deployments/{id}/approve"),
+        json!({ "plan_hash": p1[0]["plan_hash"] }),
+    );
+    let (code, out) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("created CREATE_COMPLETE"), "{out}");
+    let created = calls("CreateChangeSet");
+    let executed = calls("ExecuteChangeSet");
+    assert_eq!(executed.len(), 1, "{executed:?}");
+    assert!(
+        executed[0].starts_with("arn:") && executed[0].contains(&format!("/{}/", created[0])),
+        "executed {executed:?}, created {created:?}"
+    );
+    assert_eq!(plan_files(), 0);
+
+    // A plan superseded by a newer commit, then a rejected one: both
+    // change sets deleted, neither executed.
+    // (A template change: moto finds changes in resources only, where AWS
+    // would also list a parameter's effect as a Modify.)
+    let renamed = |to: &str| template(true).replace("/site/greeting", to);
+    f.remote
+        .commit(&[("cfn/stack.json", &renamed("/site/fr"))], "fr");
+    f.tick();
+    let p2 = pending();
+    assert_eq!(p2[0]["diff"], "~ Greeting (AWS::SSM::Parameter)", "{p2:?}");
+    f.remote
+        .commit(&[("cfn/stack.json", &renamed("/site/es"))], "es");
+    f.tick();
+    let p3 = pending();
+    assert_ne!(p3[0]["id"], p2[0]["id"]);
+    assert_eq!(
+        calls("DeleteChangeSet").len(),
+        1,
+        "the superseded change set"
+    );
+    let id3 = p3[0]["id"].as_i64().expect("id");
+    call(
+        "POST",
+        &format!("/api/v1/deployments/{id3}/reject"),
+        Value::Null,
+    );
+    let (code, out) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("was rejected by token:ops"), "{out}");
+    assert_eq!(calls("DeleteChangeSet").len(), 2, "the rejected change set");
+    assert_eq!(calls("ExecuteChangeSet").len(), 1);
+    assert_eq!(plan_files(), 0);
+    let out = f.run(&["outputs", "site", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
