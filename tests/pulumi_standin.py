@@ -9,6 +9,7 @@ written from the file cited beside it:
   pulumi stack select --create [--secrets-provider P] [--non-interactive] --stack S
   pulumi up --yes --skip-preview [--refresh] --non-interactive --json --stack S
             [--config-file F]
+  pulumi preview [--refresh] --non-interactive --json --stack S [--config-file F]
   pulumi stack output --json --show-secrets=false --stack S
   pulumi destroy --yes --non-interactive [--skip-preview] --stack S
   pulumi cancel --yes --non-interactive --stack S
@@ -52,6 +53,22 @@ written from the file cited beside it:
   pkg/backend/display/events.go, ConvertEngineEvent strips only ANSI
   codes). Without --refresh, changes made in the cloud are not noticed (as
   with the real CLI).
+- `preview --json` prints one JSON document, not an event stream, unless
+  PULUMI_ENABLE_STREAMING_JSON_PREVIEW is set (pkg/backend/display/
+  display.go; ShowPreviewDigest in pkg/backend/display/json.go): the
+  PreviewDigest of pkg/display/json.go — `config` (secrets blinded),
+  `steps` [{op, urn, provider, oldState, newState, diffReasons,
+  replaceReasons, detailedDiff}], `changeSummary` (count per op),
+  `duration` (nanoseconds). Secret values show as "[secret]". It changes
+  nothing and takes no lock.
+- A resource's `options: {replaceOnChanges: [prop, ...]}` (Pulumi YAML's
+  resource option) makes a change to one of those properties a `replace`
+  (a delete and a create) instead of an `update`, in preview and up alike.
+- `preview --save-plan` and `up --plan` (update plans) are not modelled:
+  in v3.259 `--save-plan` is marked [PREVIEW] and `up --plan`
+  [EXPERIMENTAL], hidden unless PULUMI_EXPERIMENTAL is set
+  (pkg/cmd/pulumi/operations/preview.go, up.go), so driftless does not
+  use them.
 
 Every invocation is appended to $PULUMI_STANDIN_LOG (argv, cwd) if set.
 """
@@ -271,18 +288,13 @@ def cmd_up(o):
     for k, v in cfg.items():
         if isinstance(v, dict) and "secure" in v:
             env[k] = v["secure"]
-    desired = {}
-    for name, r in (proj.get("resources") or {}).items():
-        props = interpolate(r.get("properties") or {}, env)
-        desired[name] = {"type": r.get("type", "test:index:Thing"), "properties": props}
-        for k, v in props.items():
-            env[f"{name}.{k}"] = v
-    changes = {"same": 0, "create": 0, "update": 0, "delete": 0}
+    desired = desired_resources(proj, env)
+    changes = {"same": 0, "create": 0, "update": 0, "delete": 0, "replace": 0}
     failed = False
     for name, d in desired.items():
         u = urn(stack, proj, name, d["type"])
         old = res.get(name)
-        op = "create" if old is None else "same" if old["properties"] == d["properties"] else "update"
+        op = step_op(proj, name, old, d)
         event("resourcePreEvent", {"metadata": {"op": op, "urn": u, "type": d["type"]}})
         if op != "same" and "sleep" in d["properties"]:
             time.sleep(float(d["properties"]["sleep"]))
@@ -318,6 +330,94 @@ def cmd_up(o):
     os.remove(lock)
     if failed:
         sys.exit(EXIT_ERROR)
+
+
+def desired_resources(proj, env):
+    desired = {}
+    for name, r in (proj.get("resources") or {}).items():
+        props = interpolate(r.get("properties") or {}, env)
+        desired[name] = {"type": r.get("type", "test:index:Thing"), "properties": props}
+        for k, v in props.items():
+            env[f"{name}.{k}"] = v
+    return desired
+
+
+def changed_keys(old, new):
+    return sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+
+
+def step_op(proj, name, old, d):
+    if old is None:
+        return "create"
+    if old["properties"] == d["properties"]:
+        return "same"
+    opts_ = ((proj.get("resources") or {}).get(name) or {}).get("options") or {}
+    forcing = set(opts_.get("replaceOnChanges") or [])
+    if forcing & set(changed_keys(old["properties"], d["properties"])):
+        return "replace"
+    return "update"
+
+
+def cmd_preview(o):
+    for need in ("--non-interactive", "--json"):
+        if need not in o:
+            fail(f"the stand-in expects {need} (driftless always sends it)", EXIT_CONFIG)
+    proj = project()
+    stack = stack_name(o)
+    state_path, cloud_path = paths(proj, stack)
+    if not os.path.exists(state_path):
+        fail(f"no stack named '{stack}' found", EXIT_NO_STACK)
+    state = load(state_path, {})
+    passphrase(state)
+    cloud = load(cloud_path, {})
+    cfg = config(proj, stack, o)
+    res = json.loads(json.dumps(state.get("resources", {})))
+    if o.get("--refresh") in (True, "true"):
+        for name in list(res):
+            u = urn(stack, proj, name, res[name]["type"])
+            if u not in cloud:
+                del res[name]
+            else:
+                res[name]["properties"] = cloud[u]
+    env = {"pulumi.stack": stack, "pulumi.project": proj["name"]}
+    env.update({k: v for k, v in cfg.items() if not isinstance(v, dict)})
+    secrets = []
+    for k, v in cfg.items():
+        if isinstance(v, dict) and "secure" in v:
+            env[k] = v["secure"]
+            secrets.append(str(v["secure"]))
+    desired = desired_resources(proj, env)
+    steps, summary = [], {}
+
+    def resource_v3(u, typ, props):
+        return {"urn": u, "custom": True, "type": typ, "inputs": props, "outputs": props}
+
+    for name, d in desired.items():
+        u = urn(stack, proj, name, d["type"])
+        old = res.get(name)
+        op = step_op(proj, name, old, d)
+        summary[op] = summary.get(op, 0) + 1
+        step = {"op": op, "urn": u, "provider": "", "detailedDiff": None,
+                "newState": resource_v3(u, d["type"], d["properties"])}
+        if old is not None:
+            step["oldState"] = resource_v3(u, old["type"], old["properties"])
+        if op == "update":
+            step["diffReasons"] = changed_keys(old["properties"], d["properties"])
+        if op == "replace":
+            step["replaceReasons"] = changed_keys(old["properties"], d["properties"])
+        steps.append(step)
+    for name in [n for n in res if n not in desired]:
+        u = urn(stack, proj, name, res[name]["type"])
+        summary["delete"] = summary.get("delete", 0) + 1
+        steps.append({"op": "delete", "urn": u, "provider": "", "detailedDiff": None,
+                      "oldState": resource_v3(u, res[name]["type"], res[name]["properties"])})
+    digest = {"config": {k: "[secret]" if isinstance(v, dict) else str(v) for k, v in cfg.items()},
+              "steps": steps, "duration": int(time.time() * 1e9) % 1000000007,
+              "changeSummary": summary}
+    text = json.dumps(digest, indent=4)
+    for secret in secrets:
+        text = text.replace(secret, "[secret]")
+    print(text)
 
 
 def cmd_output(o):
@@ -388,6 +488,8 @@ def main():
         return cmd_output(o)
     if pos[:1] == ["up"]:
         return cmd_up(o)
+    if pos[:1] == ["preview"]:
+        return cmd_preview(o)
     if pos[:1] == ["destroy"]:
         return cmd_destroy(o)
     if pos[:1] == ["cancel"]:

@@ -7,17 +7,29 @@
 //! line): the `summaryEvent`'s resource-change counts decide `changed` or
 //! `no_change`, and error `diagnosticEvent`s become the failure message.
 //! `outputs` is `stack output --json --show-secrets=false`; `destroy` is
-//! `destroy --yes`. This module knows nothing about git, triggers or the
-//! queue.
+//! `destroy --yes`.
+//!
+//! It can plan: `preview --json` (with `--refresh` as `up` has it), whose
+//! document's steps become one line per resource and operation (name and
+//! type, never a value; deletes and replaces are destructive), hashed over
+//! the whole document but its duration. Pulumi's update plans (`preview
+//! --save-plan`, `up --plan`) are [PREVIEW]/[EXPERIMENTAL] and hidden in
+//! the CLI (pulumi/pulumi v3.259 pkg/cmd/pulumi/operations/up.go), so an
+//! approved plan is applied by previewing again and running `up` only if
+//! the hash is the same. This module knows nothing about git, triggers or
+//! the queue.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
 
 use serde::Deserialize;
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 
 use super::tool::{self, Tool};
-use super::{ApplyResult, Backend, BackendError, BoxFuture, Context, Outputs, Status};
+use super::{
+    ApplyResult, Backend, BackendError, BoxFuture, Context, Outputs, Plan, PlanToApply, Status,
+};
 use crate::process::{self, Spec};
 
 #[derive(Debug, Clone, Deserialize)]
@@ -111,6 +123,10 @@ impl super::Kind for Config {
 
     fn check_environment(&self) -> Vec<(String, String)> {
         super::binary_on_path(&self.binary)
+    }
+
+    fn can_plan(&self) -> bool {
+        true
     }
 
     fn build(&self, ctx: Context) -> Result<Box<dyn super::Backend>, BackendError> {
@@ -355,6 +371,118 @@ impl Pulumi {
         }
     }
 
+    /// `pulumi preview --json`: what `up` would do, by resource.
+    async fn preview(&self) -> Result<Plan, String> {
+        let deadline = Instant::now() + self.ctx.timeout;
+        let mut tail = String::new();
+        self.select_stack(deadline, &mut tail).await?;
+        let mut args = vec![
+            "preview",
+            "--non-interactive",
+            "--json",
+            "--stack",
+            &self.cfg.stack,
+        ];
+        if self.cfg.refresh {
+            args.push("--refresh");
+        }
+        if let Some(c) = &self.cfg.config_file {
+            args.push("--config-file");
+            args.push(c);
+        }
+        let mut spec = self.spec(&args, deadline);
+        // One document, not an event stream (display.go).
+        spec.env.insert(
+            "PULUMI_ENABLE_STREAMING_JSON_PREVIEW".into(),
+            "false".into(),
+        );
+        let out = self.run(&spec).await?;
+        let doc: Option<Value> = serde_json::from_str(out.stdout.trim()).ok();
+        if !out.success() {
+            let errors: Vec<String> = doc
+                .as_ref()
+                .and_then(|d| d["diagnostics"].as_array())
+                .into_iter()
+                .flatten()
+                .filter(|d| d["severity"] == "error")
+                .filter_map(|d| d["message"].as_str())
+                .map(|m| strip_colors(m).trim().to_string())
+                .collect();
+            return Err(self.why(&spec, &out, &errors));
+        }
+        let Some(mut doc) = doc else {
+            return Err(format!(
+                "`{}` printed something that is not a JSON document; is `{}` the Pulumi CLI (3.x)?",
+                spec.display(),
+                self.cfg.binary
+            ));
+        };
+        Ok(self.summarise_preview(&mut doc))
+    }
+
+    fn summarise_preview(&self, doc: &mut Value) -> Plan {
+        let (mut add, mut change, mut destroy) = (0u64, 0u64, 0u64);
+        let mut lines: Vec<String> = Vec::new();
+        let mut seen = std::collections::BTreeSet::new();
+        for step in doc["steps"].as_array().into_iter().flatten() {
+            let op = step["op"].as_str().unwrap_or("?");
+            let urn = step["urn"].as_str().unwrap_or("?");
+            let ty = step["newState"]["type"]
+                .as_str()
+                .or_else(|| step["oldState"]["type"].as_str())
+                .unwrap_or("?");
+            let name = urn.rsplit("::").next().unwrap_or(urn);
+            let sign = match op {
+                "create" | "import" => "+",
+                "update" => "~",
+                "delete" | "discard" => "-",
+                "replace" | "create-replacement" | "delete-replaced" | "import-replacement"
+                | "discard-replaced" => "-/+",
+                _ => continue, // same, read, refresh
+            };
+            // A replacement is several steps of one resource: one line.
+            if !seen.insert((sign, urn.to_string())) {
+                continue;
+            }
+            match sign {
+                "+" => add += 1,
+                "~" => change += 1,
+                "-" => destroy += 1,
+                _ => {
+                    add += 1;
+                    destroy += 1;
+                }
+            }
+            lines.push(format!("{sign} {name} ({ty}, {op})"));
+        }
+        if let Some(o) = doc.as_object_mut() {
+            o.remove("duration");
+        }
+        let mut h = Sha256::new();
+        h.update(b"driftless-pulumi-plan-v1\0");
+        h.update(doc.to_string().as_bytes());
+        Plan {
+            changes: !lines.is_empty(),
+            summary: format!("{add} to add, {change} to change, {destroy} to destroy"),
+            diff: self.ctx.redactor.redact(&lines.join("\n")),
+            destructive: destroy > 0,
+            hash: hex::encode(h.finalize()),
+            artifact: None,
+        }
+    }
+
+    /// Preview again; `up` only if it is the preview that was approved.
+    async fn up_approved(&self, approved: &PlanToApply) -> Status {
+        match self.preview().await {
+            Err(e) => Status::failed(format!("cannot preview again before applying: {e}")),
+            Ok(now) if now.hash != approved.hash => Status::failed(format!(
+                "the plan changed since it was approved (now: {}); nothing applied",
+                now.summary
+            )),
+            Ok(_) => self.up().await,
+        }
+    }
+
     async fn destroy_inner(&self) -> Status {
         let deadline = Instant::now() + self.ctx.timeout;
         let mut tail = String::new();
@@ -484,6 +612,14 @@ fn lock_message(stderr: &str, stack: &str) -> Option<String> {
 impl Backend for Pulumi {
     fn apply(&self) -> BoxFuture<'_, Status> {
         Box::pin(self.up())
+    }
+
+    fn plan(&self) -> Option<BoxFuture<'_, Result<Plan, String>>> {
+        Some(Box::pin(self.preview()))
+    }
+
+    fn apply_plan<'a>(&'a self, plan: &'a PlanToApply) -> Option<BoxFuture<'a, Status>> {
+        Some(Box::pin(self.up_approved(plan)))
     }
 
     fn destroy(&self) -> BoxFuture<'_, Status> {

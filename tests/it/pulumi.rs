@@ -412,3 +412,114 @@ fn missing_login_or_binary_is_named() {
             || text(&out.stderr).contains("no-such-pulumi")
     );
 }
+
+/// `policy = "approve_destructive"` on a Pulumi stack: the plan is `preview
+/// --json`; creates and updates are applied unattended (after a second
+/// preview to the same hash), a replacement waits for a person, a preview
+/// that changed since it was approved (the cloud edited behind Pulumi's
+/// back, seen through --refresh) runs no `up`, and `driftless retry` makes
+/// a new plan that is applied once approved.
+#[test]
+fn a_pulumi_replacement_waits_and_a_changed_preview_is_not_applied() {
+    const OPS: &str = "ops-token-pulumi-8f02";
+    let f = fixture("");
+    let cfg = std::fs::read_to_string(&f.s.config).expect("config");
+    let cfg = cfg.replacen(
+        "[targets.backend]",
+        "policy = \"approve_destructive\"\ninterval = \"1h\"\n[targets.backend]",
+        1,
+    ) + &token_table("ops", OPS, &["approve:site", "read"]);
+    std::fs::write(&f.s.config, cfg).expect("config");
+    let replace_on_name = "    options:\n      replaceOnChanges: [name]\n";
+    f.remote.commit(
+        &[("stack/Pulumi.yaml", &program(1, replace_on_name))],
+        "replace on name",
+    );
+    let intake = Intake::start(&f.s);
+    let call = |method: &str, path: &str, body: Value| {
+        let r = api_call(intake.port, method, path, OPS, &body);
+        assert_eq!(r.status, 200, "{method} {path}: {}", r.body);
+        r.json()
+    };
+    let pending = || {
+        call(
+            "GET",
+            "/api/v1/deployments?state=pending_approval",
+            Value::Null,
+        )
+        .as_array()
+        .cloned()
+        .expect("list")
+    };
+    let approve = |p: &Value| {
+        let id = p["id"].as_i64().expect("id");
+        call(
+            "POST",
+            &format!("/api/v1/deployments/{id}/approve"),
+            serde_json::json!({ "plan_hash": p["plan_hash"] }),
+        );
+    };
+    let ups = || f.calls().iter().filter(|c| c[0] == "up").count();
+
+    // A create: applied unattended, after previewing twice.
+    let (code, out) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("pulumi up: 1 create"), "{out}");
+    let previews = f.calls().iter().filter(|c| c[0] == "preview").count();
+    assert_eq!((previews, ups()), (2, 1), "{:?}", f.calls());
+    // An update: unattended too.
+    f.remote.commit(
+        &[("stack/Pulumi.yaml", &program(2, replace_on_name))],
+        "size 2",
+    );
+    let (code, out) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(f.cloud()[URN]["size"], 2);
+
+    // A rename replaces the bucket: it waits.
+    let renamed =
+        program(2, replace_on_name).replace("site-${pulumi.stack}", "www-${pulumi.stack}");
+    f.remote
+        .commit(&[("stack/Pulumi.yaml", &renamed)], "rename");
+    let (code, out) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    let p = pending();
+    assert_eq!(
+        (&p[0]["backend"], &p[0]["destructive"], &p[0]["diff"]),
+        (
+            &"pulumi".into(),
+            &true.into(),
+            &"-/+ bucket (test:index:Bucket, replace)".into()
+        ),
+        "{p:?}"
+    );
+    assert_eq!(ups(), 2, "a replacement ran unattended");
+    assert_eq!(f.cloud()[URN]["name"], "site-prod");
+
+    // The cloud is edited by hand before the approval is acted on.
+    let mut cloud = f.cloud();
+    cloud[URN]["size"] = 9.into();
+    std::fs::write(f.backend.join("cloud.json"), cloud.to_string()).expect("write");
+    approve(&p[0]);
+    let (code, out) = f.tick();
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("the plan changed since it was approved"),
+        "{out}"
+    );
+    assert_eq!(ups(), 2, "an up ran for a plan nobody approved");
+    assert_eq!(f.cloud()[URN]["size"], 9);
+
+    let out = f.run(&["retry", "site"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let p = pending();
+    assert_eq!(p.len(), 1, "{p:?}");
+    approve(&p[0]);
+    let (code, out) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(
+        (&f.cloud()[URN]["name"], &f.cloud()[URN]["size"]),
+        (&"www-prod".into(), &2.into())
+    );
+    assert!(!out.contains(PASSPHRASE));
+}
