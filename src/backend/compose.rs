@@ -11,8 +11,16 @@
 //! builds), then the services whose bind-mounted inputs changed are
 //! recreated — compose never notices a file's new content — or all of them
 //! when that cannot be told. A service stopped or removed by hand is drift,
-//! brought back and reported. This module knows nothing about git, triggers
-//! or the queue.
+//! brought back and reported.
+//!
+//! It can plan, by compose's own measure of what `up` would recreate: each
+//! service's config hash (`config --hash '*'`) against the
+//! `com.docker.compose.config-hash` label of its container, plus the
+//! bind-mounted files that changed since the last apply, services without
+//! a container (created), stopped ones (started) and containers of services
+//! no longer in the model (removed). A recreation or a removal is
+//! destructive. An approved plan is planned again and applied only if it is
+//! the same. This module knows nothing about git, triggers or the queue.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -22,7 +30,8 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use super::{
-    ApplyResult, Backend, BackendError, BoxFuture, Context, Outputs, Status, find_on_path,
+    ApplyResult, Backend, BackendError, BoxFuture, Context, Outputs, Plan, PlanToApply, Status,
+    find_on_path,
 };
 use crate::process::{self, Spec};
 
@@ -126,6 +135,10 @@ impl super::Kind for Config {
 
     fn build(&self, ctx: Context) -> Result<Box<dyn super::Backend>, BackendError> {
         Ok(Box::new(Compose::new(self.clone(), ctx)?))
+    }
+
+    fn can_plan(&self) -> bool {
+        true
     }
 }
 
@@ -263,6 +276,138 @@ impl Compose {
             }
         }
         Ok(out)
+    }
+
+    /// Per service, compose's hash of its configuration (`config --hash`),
+    /// the value compose labels its containers with.
+    async fn config_hashes(&self, deadline: Instant) -> Result<BTreeMap<String, String>, String> {
+        let out = self
+            .run(&self.spec(&["config", "--hash", "*"], deadline))
+            .await?;
+        Ok(out
+            .stdout
+            .lines()
+            .filter_map(|l| {
+                let (svc, hash) = l.trim().split_once(char::is_whitespace)?;
+                Some((svc.to_string(), hash.trim().to_string()))
+            })
+            .collect())
+    }
+
+    /// Per service with a container, the config hash its container carries.
+    async fn container_hashes(
+        &self,
+        deadline: Instant,
+    ) -> Result<BTreeMap<String, String>, String> {
+        let ids = self.run(&self.spec(&["ps", "-a", "-q"], deadline)).await?;
+        let ids: Vec<String> = ids.stdout.split_whitespace().map(str::to_string).collect();
+        let mut out = BTreeMap::new();
+        if ids.is_empty() {
+            return Ok(out);
+        }
+        let mut argv = vec!["docker".to_string(), "inspect".to_string()];
+        argv.extend(ids);
+        let inspected = self.run(&self.raw(argv, deadline)).await?;
+        let all: Vec<serde_json::Value> = serde_json::from_str(&inspected.stdout)
+            .map_err(|e| format!("docker inspect printed no JSON: {e}"))?;
+        for c in all {
+            let labels = &c["Config"]["Labels"];
+            if let Some(svc) = labels["com.docker.compose.service"].as_str() {
+                let hash = labels["com.docker.compose.config-hash"]
+                    .as_str()
+                    .unwrap_or("");
+                out.insert(svc.to_string(), hash.to_string());
+            }
+        }
+        Ok(out)
+    }
+
+    /// What `up` would do now, by service.
+    async fn plan_inner(&self) -> Result<Plan, String> {
+        let deadline = Instant::now() + self.ctx.timeout;
+        let (model, services, builds) = self
+            .digest(deadline)
+            .await
+            .map_err(|e| format!("compose config failed: {e}"))?;
+        let wanted = self.config_hashes(deadline).await?;
+        let have = self.container_hashes(deadline).await?;
+        let running = self.running(deadline).await?;
+        let inputs = self.inputs(deadline).await?;
+        let prev: Option<Applied> = self
+            .ctx
+            .last_digest
+            .as_deref()
+            .and_then(|d| serde_json::from_str(d).ok());
+        let tree_changed = prev
+            .as_ref()
+            .is_none_or(|p| p.tree != self.ctx.source_digest);
+        let mut lines = Vec::new();
+        let (mut add, mut change, mut destroy) = (0, 0, 0);
+        for svc in &services {
+            let files_changed: Vec<&String> = match &prev {
+                Some(p) => inputs
+                    .get(svc)
+                    .into_iter()
+                    .flatten()
+                    .filter(|(f, h)| p.inputs.get(svc).and_then(|w| w.get(*f)) != Some(h))
+                    .map(|(f, _)| f)
+                    .collect(),
+                None => Vec::new(),
+            };
+            let line = match (have.get(svc), wanted.get(svc)) {
+                (None, _) => {
+                    add += 1;
+                    format!("+ {svc} (create)")
+                }
+                (Some(h), Some(w)) if h != w => {
+                    add += 1;
+                    destroy += 1;
+                    format!("-/+ {svc} (recreate: its configuration changed)")
+                }
+                _ if !files_changed.is_empty() => {
+                    add += 1;
+                    destroy += 1;
+                    let files: Vec<&str> = files_changed.iter().map(|f| f.as_str()).collect();
+                    format!("-/+ {svc} (recreate: {} changed)", files.join(", "))
+                }
+                _ if !running.contains(svc) => {
+                    change += 1;
+                    format!("~ {svc} (start: not running)")
+                }
+                _ => continue,
+            };
+            lines.push(line);
+        }
+        if builds && tree_changed && have.keys().any(|s| services.contains(s)) {
+            change += 1;
+            lines.push(
+                "-/+ services built from the checkout (rebuilt, recreated if their image changed)"
+                    .into(),
+            );
+            destroy += 1;
+        }
+        for svc in have.keys().filter(|s| !services.contains(*s)) {
+            destroy += 1;
+            lines.push(format!("- {svc} (remove: no longer in the model)"));
+        }
+        let mut h = Sha256::new();
+        h.update(b"driftless-compose-plan-v1\0");
+        h.update(model.as_bytes());
+        for (svc, hash) in &wanted {
+            h.update(format!("\0{svc}={hash}").as_bytes());
+        }
+        for l in &lines {
+            h.update(b"\0");
+            h.update(l.as_bytes());
+        }
+        Ok(Plan {
+            changes: !lines.is_empty(),
+            summary: format!("{add} to add, {change} to change, {destroy} to destroy"),
+            diff: self.ctx.redactor.redact(&lines.join("\n")),
+            destructive: destroy > 0,
+            hash: hex::encode(h.finalize()),
+            artifact: None,
+        })
     }
 
     /// Services with at least one running container.
@@ -508,6 +653,23 @@ impl Backend for Compose {
                 ),
             }
         })
+    }
+
+    fn plan(&self) -> Option<BoxFuture<'_, Result<Plan, String>>> {
+        Some(Box::pin(self.plan_inner()))
+    }
+
+    fn apply_plan<'a>(&'a self, plan: &'a PlanToApply) -> Option<BoxFuture<'a, Status>> {
+        Some(Box::pin(async move {
+            match self.plan_inner().await {
+                Err(e) => Status::failed(format!("cannot plan again before applying: {e}")),
+                Ok(now) if now.hash != plan.hash => Status::failed(format!(
+                    "the plan changed since it was approved (now: {}); nothing applied",
+                    now.summary
+                )),
+                Ok(_) => self.apply().await,
+            }
+        }))
     }
 
     fn destroy(&self) -> BoxFuture<'_, Status> {

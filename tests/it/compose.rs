@@ -226,3 +226,105 @@ fn compose_projects_converge_locally_and_over_ssh() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(v["web"]["state"], "running", "{v}");
 }
+
+/// `policy = "approve_destructive"` on a compose project, against the real
+/// dockerd and docker-compose: creating a service is applied unattended, a
+/// change that makes compose recreate a container (its config hash against
+/// the container's label) waits for a person and leaves the container
+/// alone until approved, and a service stopped by hand is started again
+/// unattended.
+#[test]
+fn a_compose_recreation_waits_for_approval_and_a_start_does_not() {
+    const OPS: &str = "ops-token-compose-e61a";
+    let root = tempfile::tempdir().expect("tempdir");
+    let docker = Dockerd::start(root.path());
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(
+        &[
+            ("app/compose.yaml", COMPOSE),
+            ("app/.env", "GREETING=hello\n"),
+        ],
+        "first",
+    );
+    let s = Setup::new(&format!(
+        "[[targets]]\nname = \"gated\"\nrepo = \"{}\"\npath = \"app\"\npolicy = \"approve_destructive\"\n\
+         interval = \"1h\"\n\
+         [targets.backend]\nkind = \"compose\"\ncommand = \"docker-compose\"\nhost = \"{}\"\nenv_files = [\".env\"]\n{}",
+        remote.url(),
+        docker.host,
+        token_table("ops", OPS, &["approve:gated", "read"]),
+    ));
+    let tick = || {
+        let out = s.run(&["tick", "gated"]);
+        let said = text(&out.stdout) + &text(&out.stderr);
+        assert!(out.status.success(), "{said}");
+        said
+    };
+    let intake = Intake::start(&s);
+    let pending = || {
+        api_call(
+            intake.port,
+            "GET",
+            "/api/v1/deployments?state=pending_approval",
+            OPS,
+            &serde_json::Value::Null,
+        )
+        .json()
+        .as_array()
+        .cloned()
+        .expect("list")
+    };
+
+    let said = tick();
+    assert!(said.contains("gated: changed"), "{said}");
+    let first = container_id(&docker, "gated_web_1");
+    assert!(!first.is_empty(), "{said}");
+    assert!(inspect_env(&docker, "gated_web_1").contains("GREETING=hello"));
+    // Nothing changed: no plan, nothing waits.
+    let said = tick();
+    assert!(said.contains("no changes"), "{said}");
+
+    remote.commit(&[("app/.env", "GREETING=bonjour\n")], "french");
+    let said = tick();
+    assert!(said.contains("waits for approval"), "{said}");
+    let p = pending();
+    assert_eq!(
+        (&p[0]["backend"], &p[0]["destructive"], &p[0]["diff"]),
+        (
+            &"compose".into(),
+            &true.into(),
+            &"-/+ web (recreate: its configuration changed)".into()
+        ),
+        "{p:?}"
+    );
+    assert_eq!(
+        container_id(&docker, "gated_web_1"),
+        first,
+        "recreated before approval"
+    );
+    let id = p[0]["id"].as_i64().expect("id");
+    let r = api_call(
+        intake.port,
+        "POST",
+        &format!("/api/v1/deployments/{id}/approve"),
+        OPS,
+        &serde_json::json!({ "plan_hash": p[0]["plan_hash"] }),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let said = tick();
+    assert!(said.contains("gated: changed"), "{said}");
+    assert_ne!(container_id(&docker, "gated_web_1"), first);
+    assert!(inspect_env(&docker, "gated_web_1").contains("GREETING=bonjour"));
+
+    // Stopped by hand: started again without waiting.
+    let out = docker.docker(&["stop", "-t", "0", "gated_web_1"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let said = tick();
+    assert!(said.contains("gated: changed"), "{said}");
+    assert!(pending().is_empty());
+    assert!(
+        docker.running().iter().any(|n| n == "gated_web_1"),
+        "{:?}",
+        docker.running()
+    );
+}
