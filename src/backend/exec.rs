@@ -89,9 +89,6 @@ impl super::Kind for Config {
     }
 }
 
-/// The most of a plan's output kept as its diff.
-const PLAN_MAX_BYTES: usize = 64 * 1024;
-
 pub struct Exec {
     /// The `env` table, resolved at build.
     env: std::collections::BTreeMap<String, String>,
@@ -154,43 +151,12 @@ impl Exec {
                 });
             }
         };
-        let diff = self
-            .ctx
-            .redactor
-            .redact(&crate::redact::tail(&stdout, PLAN_MAX_BYTES));
-        let lines: Vec<&str> = diff.lines().filter(|l| !l.trim().is_empty()).collect();
-        let (mut add, mut change, mut destroy, mut other) = (0, 0, 0, 0);
-        for l in &lines {
-            match l.split_whitespace().next() {
-                Some("+") => add += 1,
-                Some("~") => change += 1,
-                Some("-") => destroy += 1,
-                Some("-/+") => {
-                    add += 1;
-                    destroy += 1;
-                }
-                _ => other += 1,
-            }
-        }
-        let mut summary = format!("{add} to add, {change} to change, {destroy} to destroy");
-        if other > 0 {
-            summary.push_str(&format!(", {other} other line(s)"));
-        }
-        let mut h = Sha256::new();
-        h.update(b"driftless-exec-plan-v1\0");
-        h.update(self.digest().as_bytes());
-        h.update(b"\0");
-        h.update(stdout.as_bytes());
-        Ok(Plan {
-            changes: !lines.is_empty(),
-            summary,
-            diff: lines.join("\n"),
-            // A line that names no action might delete something: under
-            // `approve_destructive` it waits for a person.
-            destructive: destroy > 0 || other > 0,
-            hash: hex::encode(h.finalize()),
-            artifact: None,
-        })
+        Ok(tool::line_plan(
+            "exec",
+            &self.digest(),
+            &stdout,
+            &self.ctx.redactor,
+        ))
     }
 
     /// Plan again; apply only if it is the plan that was approved.

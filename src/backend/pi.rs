@@ -7,7 +7,14 @@
 //! --remove-orphans` in `remote_dir`, `systemctl restart` of `units`, or
 //! `command`. Host keys are always checked (`StrictHostKeyChecking=yes`,
 //! `BatchMode=yes`). Every part of a remote shell command is quoted; nothing
-//! from a payload reaches it. This module knows nothing about git or triggers.
+//! from a payload reaches it.
+//!
+//! With a `plan` argv it can plan: the new tree is shipped beside the live
+//! one (`<remote_dir>.driftless-plan`, removed afterwards) and the argv runs
+//! there on the host with `DRIFTLESS_LIVE_DIR` naming `remote_dir`; its
+//! stdout is the plan, as exec's (`tool::line_plan`). An approved plan is
+//! planned again and deployed only if it is the same. This module knows
+//! nothing about git or triggers.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -16,7 +23,9 @@ use std::time::Instant;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use super::{ApplyResult, Backend, BackendError, BoxFuture, Context, Outputs, Status};
+use super::{
+    ApplyResult, Backend, BackendError, BoxFuture, Context, Outputs, Plan, PlanToApply, Status,
+};
 use crate::process::{self, Spec};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -49,6 +58,9 @@ pub struct Config {
     pub outputs: Option<Vec<String>>,
     /// `command`: argv run by `destroy`.
     pub destroy: Option<Vec<String>>,
+    /// Any action: argv run on the host in a copy of the new tree, printing
+    /// what deploying it would change (see the module doc).
+    pub plan: Option<Vec<String>>,
     /// Prefix `systemctl` and `docker compose` with `sudo -n`.
     #[serde(default)]
     pub sudo: bool,
@@ -77,6 +89,16 @@ impl super::Kind for Config {
                     "`remote_dir` `{}` must be an absolute directory other than /",
                     self.remote_dir
                 ),
+            ));
+        }
+        if self
+            .plan
+            .as_ref()
+            .is_some_and(|a| a.first().is_none_or(|x| x.trim().is_empty()))
+        {
+            p.push((
+                "plan".into(),
+                "`plan` must be a non-empty argv list such as [\"./plan.sh\"]".into(),
             ));
         }
         match self.action {
@@ -111,6 +133,10 @@ impl super::Kind for Config {
             }
         }
         p
+    }
+
+    fn can_plan(&self) -> bool {
+        self.plan.is_some()
     }
 
     fn build(&self, ctx: Context) -> Result<Box<dyn super::Backend>, BackendError> {
@@ -284,6 +310,122 @@ fn argv_string(argv: &[String]) -> String {
     argv.iter().map(|a| q(a)).collect::<Vec<_>>().join(" ")
 }
 
+impl Pi {
+    /// Ship the tree and run the action (no digest check).
+    async fn deploy(&self) -> Status {
+        let digest = self.digest();
+        let deadline = Instant::now() + self.ctx.timeout;
+        let tar = match self.archive() {
+            Ok(t) => t,
+            Err(e) => return Status::failed(e),
+        };
+        // Unpack beside the directory, then swap it in whole.
+        let ship = format!(
+            "set -e; d={d}; rm -rf \"$d.driftless-new\"; mkdir -p \"$d.driftless-new\"; \
+             tar -x -f - -C \"$d.driftless-new\"; \
+             if [ -e \"$d\" ]; then rm -rf \"$d.driftless-old\"; mv \"$d\" \"$d.driftless-old\"; fi; \
+             mv \"$d.driftless-new\" \"$d\"; rm -rf \"$d.driftless-old\"",
+            d = q(self.cfg.remote_dir.trim_end_matches('/'))
+        );
+        let mut tail = String::new();
+        match self
+            .run(&self.ssh(&ship, deadline, Some(Arc::new(tar))))
+            .await
+        {
+            Ok(out) => tail.push_str(&out.tail),
+            Err(e) => {
+                return Status::failed(format!(
+                    "shipping the tree to {}: {e}",
+                    self.cfg.remote_dir
+                ));
+            }
+        }
+        match self
+            .run(&self.ssh(&self.action_command(), deadline, None))
+            .await
+        {
+            Ok(out) => {
+                tail.push_str(&out.tail);
+                Status {
+                    result: ApplyResult::Changed,
+                    message: format!(
+                        "shipped to {}:{} and ran the {:?} action",
+                        self.cfg.host, self.cfg.remote_dir, self.cfg.action
+                    )
+                    .to_lowercase(),
+                    output_tail: crate::redact::tail(&tail, process::TAIL_BYTES),
+                    digest: Some(digest),
+                }
+            }
+            Err(e) => Status {
+                result: ApplyResult::Failed,
+                message: e,
+                output_tail: crate::redact::tail(&tail, process::TAIL_BYTES),
+                digest: None,
+            },
+        }
+    }
+
+    /// Ship the new tree beside the live one and run the `plan` argv there.
+    async fn plan_inner(&self) -> Result<Plan, String> {
+        let Some(argv) = &self.cfg.plan else {
+            return Err("this pi target has no `plan` command configured".into());
+        };
+        let deadline = Instant::now() + self.ctx.timeout;
+        let tar = self.archive()?;
+        let live = self.cfg.remote_dir.trim_end_matches('/');
+        let staging = format!("{live}.driftless-plan");
+        let ship = format!(
+            "set -e; d={d}; rm -rf \"$d\"; mkdir -p \"$d\"; tar -x -f - -C \"$d\"",
+            d = q(&staging)
+        );
+        self.run(&self.ssh(&ship, deadline, Some(Arc::new(tar))))
+            .await
+            .map_err(|e| format!("shipping the tree to {staging} for the plan: {e}"))?;
+        let remote = format!(
+            "cd {s} && DRIFTLESS_LIVE_DIR={l} {argv}; rc=$?; rm -rf {s}; exit $rc",
+            s = q(&staging),
+            l = q(live),
+            argv = argv_string(argv)
+        );
+        let spec = self.ssh(&remote, deadline, None);
+        let out = super::tool::run(&spec, &self.ctx.redactor).await?;
+        let stdout = match out.code {
+            _ if out.timed_out => {
+                return Err(format!(
+                    "the plan command on {} timed out after {}",
+                    self.dest(),
+                    humantime::format_duration(self.ctx.timeout)
+                ));
+            }
+            Some(0) => out.stdout.trim_end().to_string(),
+            Some(super::exec::NO_CHANGE_EXIT_CODE) => String::new(),
+            Some(255) => {
+                return Err(format!(
+                    "ssh to {} failed: {}",
+                    self.dest(),
+                    out.stderr_summary(5)
+                ));
+            }
+            code => {
+                return Err(format!(
+                    "the plan command on {} exited with {}: {}",
+                    self.dest(),
+                    code.map(|c| c.to_string())
+                        .unwrap_or_else(|| "a signal".into()),
+                    out.stderr_summary(5)
+                ));
+            }
+        };
+        Ok(super::tool::line_plan(
+            "pi",
+            &self.digest(),
+            &stdout,
+            &self.ctx.redactor,
+        ))
+    }
+}
+
 impl Backend for Pi {
     fn apply(&self) -> BoxFuture<'_, Status> {
         Box::pin(async move {
@@ -291,56 +433,29 @@ impl Backend for Pi {
             if let Some(same) = super::tool::unchanged(&self.ctx, &digest) {
                 return same;
             }
-            let deadline = Instant::now() + self.ctx.timeout;
-            let tar = match self.archive() {
-                Ok(t) => t,
-                Err(e) => return Status::failed(e),
-            };
-            // Unpack beside the directory, then swap it in whole.
-            let ship = format!(
-                "set -e; d={d}; rm -rf \"$d.driftless-new\"; mkdir -p \"$d.driftless-new\"; \
-                 tar -x -f - -C \"$d.driftless-new\"; \
-                 if [ -e \"$d\" ]; then rm -rf \"$d.driftless-old\"; mv \"$d\" \"$d.driftless-old\"; fi; \
-                 mv \"$d.driftless-new\" \"$d\"; rm -rf \"$d.driftless-old\"",
-                d = q(self.cfg.remote_dir.trim_end_matches('/'))
-            );
-            let mut tail = String::new();
-            match self
-                .run(&self.ssh(&ship, deadline, Some(Arc::new(tar))))
-                .await
-            {
-                Ok(out) => tail.push_str(&out.tail),
-                Err(e) => {
-                    return Status::failed(format!(
-                        "shipping the tree to {}: {e}",
-                        self.cfg.remote_dir
-                    ));
+            self.deploy().await
+        })
+    }
+
+    fn plan(&self) -> Option<BoxFuture<'_, Result<Plan, String>>> {
+        self.cfg
+            .plan
+            .is_some()
+            .then(|| Box::pin(self.plan_inner()) as BoxFuture<'_, Result<Plan, String>>)
+    }
+
+    fn apply_plan<'a>(&'a self, plan: &'a PlanToApply) -> Option<BoxFuture<'a, Status>> {
+        self.cfg.plan.is_some().then(|| {
+            Box::pin(async move {
+                match self.plan_inner().await {
+                    Err(e) => Status::failed(format!("cannot plan again before deploying: {e}")),
+                    Ok(now) if now.hash != plan.hash => Status::failed(format!(
+                        "the plan changed since it was approved (now: {}); nothing deployed",
+                        now.summary
+                    )),
+                    Ok(_) => self.deploy().await,
                 }
-            }
-            match self
-                .run(&self.ssh(&self.action_command(), deadline, None))
-                .await
-            {
-                Ok(out) => {
-                    tail.push_str(&out.tail);
-                    Status {
-                        result: ApplyResult::Changed,
-                        message: format!(
-                            "shipped to {}:{} and ran the {:?} action",
-                            self.cfg.host, self.cfg.remote_dir, self.cfg.action
-                        )
-                        .to_lowercase(),
-                        output_tail: crate::redact::tail(&tail, process::TAIL_BYTES),
-                        digest: Some(digest),
-                    }
-                }
-                Err(e) => Status {
-                    result: ApplyResult::Failed,
-                    message: e,
-                    output_tail: crate::redact::tail(&tail, process::TAIL_BYTES),
-                    digest: None,
-                },
-            }
+            }) as BoxFuture<'a, Status>
         })
     }
 

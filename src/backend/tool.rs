@@ -1,9 +1,10 @@
 //! What the command-line backends share: their `env` table resolved once,
 //! with every value read from a reference registered as a secret; command
 //! specs in the target's directory, bounded by a deadline; runs whose errors
-//! pass through the redactor; and the "inputs unchanged" answer of the
-//! digest-mode backends. It never decides what a tool's output means: that
-//! is each backend's own file.
+//! pass through the redactor; the "inputs unchanged" answer of the
+//! digest-mode backends; and [`line_plan`], the one-line-per-change
+//! convention of the users' own `plan` commands (exec, pi). It never decides
+//! what a tool's output means: that is each backend's own file.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -71,4 +72,47 @@ pub fn unchanged(ctx: &Context, digest: &str) -> Option<Status> {
         output_tail: String::new(),
         digest: Some(digest.to_string()),
     })
+}
+
+/// The most of a plan command's output kept as its diff.
+const PLAN_MAX_BYTES: usize = 64 * 1024;
+
+/// A plan from a user's `plan` command (exec, pi): its stdout, one line per
+/// change — `+` create, `~` update, `-` delete, `-/+` replace; a line
+/// without one of these might delete something, so it counts as
+/// destructive — hashed with the inputs' `digest` under `kind`'s tag.
+pub fn line_plan(kind: &str, digest: &str, stdout: &str, redactor: &Redactor) -> super::Plan {
+    use sha2::{Digest as _, Sha256};
+    let diff = redactor.redact(&crate::redact::tail(stdout, PLAN_MAX_BYTES));
+    let lines: Vec<&str> = diff.lines().filter(|l| !l.trim().is_empty()).collect();
+    let (mut add, mut change, mut destroy, mut other) = (0, 0, 0, 0);
+    for l in &lines {
+        match l.split_whitespace().next() {
+            Some("+") => add += 1,
+            Some("~") => change += 1,
+            Some("-") => destroy += 1,
+            Some("-/+") => {
+                add += 1;
+                destroy += 1;
+            }
+            _ => other += 1,
+        }
+    }
+    let mut summary = format!("{add} to add, {change} to change, {destroy} to destroy");
+    if other > 0 {
+        summary.push_str(&format!(", {other} other line(s)"));
+    }
+    let mut h = Sha256::new();
+    h.update(format!("driftless-{kind}-plan-v1\0").as_bytes());
+    h.update(digest.as_bytes());
+    h.update(b"\0");
+    h.update(stdout.as_bytes());
+    super::Plan {
+        changes: !lines.is_empty(),
+        summary,
+        diff: lines.join("\n"),
+        destructive: destroy > 0 || other > 0,
+        hash: hex::encode(h.finalize()),
+        artifact: None,
+    }
 }

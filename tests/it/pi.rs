@@ -190,3 +190,74 @@ fn a_failing_remote_command_reports_its_stderr() {
         serde_json::Value::Null
     );
 }
+
+/// A pi target with a `plan` command under `policy = "approval"`, against
+/// the real sshd: the plan runs on the host in a copy of the new tree
+/// beside the live one (which it can read through `DRIFTLESS_LIVE_DIR`)
+/// and leaves neither changed; nothing is deployed until the plan is
+/// approved; after the deploy the plan finds nothing to do.
+#[test]
+fn a_pi_plan_runs_on_the_host_beside_the_live_tree_and_waits_for_approval() {
+    const OPS: &str = "ops-token-pi-9a3c";
+    let w = world();
+    let plan = "plan = [\"sh\", \"-c\", \"if cmp -s marker \\\"$DRIFTLESS_LIVE_DIR/marker\\\"; then exit 0; fi; \
+                echo \\\"~ marker (live: $(cat \\\"$DRIFTLESS_LIVE_DIR/marker\\\" 2>/dev/null || echo none))\\\"\"]\n";
+    let config = target(&w, "pi", &w.sshd.known_hosts).replacen(
+        "path = \"pi\"\n",
+        "path = \"pi\"\npolicy = \"approval\"\ninterval = \"1h\"\n",
+        1,
+    ) + plan
+        + &token_table("ops", OPS, &["approve:pi", "read"]);
+    let s = Setup::new(&config);
+    let staging = format!("{}.driftless-plan", w.remote_dir.display());
+    let tick = || {
+        let out = s.run(&["tick", "pi"]);
+        let said = text(&out.stdout) + &text(&out.stderr);
+        assert!(out.status.success(), "{said}");
+        said
+    };
+    let said = tick();
+    assert!(
+        said.contains("waits for approval: 0 to add, 1 to change, 0 to destroy"),
+        "{said}"
+    );
+    assert!(!w.remote_dir.exists(), "deployed before approval");
+    assert!(
+        !Path::new(&staging).exists(),
+        "the plan's copy was left on the host"
+    );
+    assert!(!w.result.exists());
+
+    let intake = Intake::start(&s);
+    let list = api_call(
+        intake.port,
+        "GET",
+        "/api/v1/deployments?state=pending_approval",
+        OPS,
+        &serde_json::Value::Null,
+    )
+    .json();
+    assert_eq!(
+        (&list[0]["backend"], &list[0]["diff"]),
+        (&"pi".into(), &"~ marker (live: none)".into()),
+        "{list}"
+    );
+    let id = list[0]["id"].as_i64().expect("id");
+    let r = api_call(
+        intake.port,
+        "POST",
+        &format!("/api/v1/deployments/{id}/approve"),
+        OPS,
+        &serde_json::json!({ "plan_hash": list[0]["plan_hash"] }),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let said = tick();
+    assert!(said.contains("pi: changed"), "{said}");
+    assert_eq!(std::fs::read_to_string(&w.result).expect("result"), "v1\n");
+    let said = tick();
+    assert!(
+        said.contains("no changes: the real world matches"),
+        "{said}"
+    );
+    assert!(!Path::new(&staging).exists());
+}
