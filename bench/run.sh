@@ -7,7 +7,12 @@
 #     target (plan, never apply) and `driftless plan` against the no-op
 #     `auto` tick (ratios), and the peak RSS of each;
 #  3. a no-op exec tick whose digest is unchanged;
-#  4. the daemon's idle RSS with 100 targets configured.
+#  4. per backend that can plan here (exec with a `plan` argv, ansible-core,
+#     the pulumi stand-in): a no-op tick under `policy = "approval"` (a
+#     plan that finds nothing) against the same target's no-op `auto` tick
+#     (ratio), and its peak RSS; compose, cloudformation and pi need a
+#     dockerd, moto or sshd and are not measured here;
+#  5. the daemon's idle RSS with 100 targets configured.
 #
 #   bench/run.sh [ROUNDS]      (default 10)
 set -euo pipefail
@@ -17,6 +22,9 @@ export TF_CLI_CONFIG_FILE=/dev/null GIT_CONFIG_GLOBAL=/dev/null GIT_CONFIG_NOSYS
 export GIT_AUTHOR_NAME=bench GIT_AUTHOR_EMAIL=bench@example.net
 export GIT_COMMITTER_NAME=bench GIT_COMMITTER_EMAIL=bench@example.net
 
+for tool in terraform ansible-playbook sqlite3 python3; do
+  command -v "$tool" >/dev/null || { echo "bench/run.sh needs $tool (tests/run.sh installs the rest; apt-get install sqlite3)" >&2; exit 1; }
+done
 cargo build --release --locked -q
 bin=$PWD/target/release/driftless
 work=$(mktemp -d)
@@ -32,6 +40,26 @@ resource "terraform_data" "x" {
 }
 TF
 echo "v1" > "$work/src/app/config"
+mkdir -p "$work/src/ans" "$work/src/pul"
+cat > "$work/src/ans/site.yml" <<YML
+- hosts: all
+  gather_facts: false
+  tasks:
+    - name: write the file
+      ansible.builtin.copy:
+        content: "bench\n"
+        dest: "$work/ansible-out.txt"
+YML
+echo "box ansible_connection=local ansible_python_interpreter=$(command -v python3)" > "$work/src/ans/inventory.ini"
+cat > "$work/src/pul/Pulumi.yaml" <<'YML'
+name: bench
+runtime: yaml
+resources:
+  bucket:
+    type: test:index:Bucket
+    properties:
+      name: bench
+YML
 git -C "$work/src" add -A && git -C "$work/src" commit -qm bench
 git -C "$work/src" push -q "$work/remote.git" main
 
@@ -58,6 +86,40 @@ path = "app"
 kind = "exec"
 apply = ["true"]
 TOML
+# The same backends twice: policy auto, and policy approval (plan first).
+for policy in auto approval; do
+  cat >> "$work/driftless.toml" <<TOML
+[[targets]]
+name = "exec-$policy"
+repo = "$work/remote.git"
+path = "app"
+policy = "$policy"
+[targets.backend]
+kind = "exec"
+apply = ["true"]
+plan = ["true"]
+[[targets]]
+name = "ansible-$policy"
+repo = "$work/remote.git"
+path = "ans"
+policy = "$policy"
+[targets.backend]
+kind = "ansible"
+playbook = "site.yml"
+inventory = "inventory.ini"
+[[targets]]
+name = "pulumi-$policy"
+repo = "$work/remote.git"
+path = "pul"
+policy = "$policy"
+[targets.backend]
+kind = "pulumi"
+stack = "prod"
+binary = "$PWD/tests/pulumi_standin.py"
+env = { PULUMI_BACKEND_URL = "file://$work/pulumi-$policy", PULUMI_CONFIG_PASSPHRASE = "bench", HOME = "$work" }
+TOML
+  mkdir -p "$work/pulumi-$policy"
+done
 
 now_ms() { date +%s%3N; }
 # mean wall time in ms of running "$@" $rounds times
@@ -91,6 +153,21 @@ peak_kib() { /usr/bin/time -f %M "$@" 2>&1 >/dev/null | tail -1; }
 rss_auto=$(peak_kib "$bin" --config "$work/driftless.toml" tick tf)
 rss_detect=$(peak_kib "$bin" --config "$work/driftless.toml" tick tfd)
 tick_app=$(time_it "$bin" --config "$work/driftless.toml" tick app)
+# Per backend: converge both once (the approval one through its plan,
+# approved in the database as a person would through the API), then time
+# the no-op ticks.
+declare -A plan_auto plan_review plan_rss_auto plan_rss_review
+for b in exec ansible pulumi; do
+  "$bin" --config "$work/driftless.toml" tick "$b-auto" >/dev/null 2>&1
+  "$bin" --config "$work/driftless.toml" tick "$b-approval" >/dev/null 2>&1
+  sqlite3 "$work/state/driftless.db" \
+    "UPDATE plans SET state = 'approved', decided_by = 'token:bench' WHERE target = '$b-approval' AND state = 'pending_approval'" 2>/dev/null || true
+  "$bin" --config "$work/driftless.toml" tick "$b-approval" >/dev/null 2>&1
+  plan_auto[$b]=$(time_it "$bin" --config "$work/driftless.toml" tick "$b-auto")
+  plan_review[$b]=$(time_it "$bin" --config "$work/driftless.toml" tick "$b-approval")
+  plan_rss_auto[$b]=$(peak_kib "$bin" --config "$work/driftless.toml" tick "$b-auto")
+  plan_rss_review[$b]=$(peak_kib "$bin" --config "$work/driftless.toml" tick "$b-approval")
+done
 base_git=$(time_it git -C "$work/clone" fetch -q origin main)
 
 echo "== driftless bench ($rounds rounds each, mean wall time)"
@@ -104,6 +181,12 @@ awk -v a="$plan_tf" -v b="$tick_tf" 'BEGIN { printf "%-52s %6.2f x\n", "  ratio 
 printf '%-52s %6s KiB / %s KiB\n' "peak RSS (largest process), auto / detect tick" "$rss_auto" "$rss_detect"
 printf '%-52s %6s ms\n' "no-op tick, exec target (digest unchanged)" "$tick_app"
 printf '%-52s %6s ms\n' "git fetch alone (for scale)" "$base_git"
+for b in exec ansible pulumi; do
+  printf '%-52s %6s ms\n' "no-op tick, $b, policy auto" "${plan_auto[$b]}"
+  printf '%-52s %6s ms\n' "no-op tick, $b, policy approval (plan, no changes)" "${plan_review[$b]}"
+  awk -v a="${plan_review[$b]}" -v b="${plan_auto[$b]}" -v n="$b" 'BEGIN { printf "%-52s %6.2f x\n", "  ratio approval / auto tick", a / b }'
+  printf '%-52s %6s KiB / %s KiB\n' "  peak RSS, auto / approval tick" "${plan_rss_auto[$b]}" "${plan_rss_review[$b]}"
+done
 
 # Idle RSS with 100 targets (exec, one repo, 1h interval).
 {
