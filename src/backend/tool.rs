@@ -80,7 +80,8 @@ const PLAN_MAX_BYTES: usize = 64 * 1024;
 /// A plan from a user's `plan` command (exec, pi): its stdout, one line per
 /// change — `+` create, `~` update, `-` delete, `-/+` replace; a line
 /// without one of these might delete something, so it counts as
-/// destructive — hashed with the inputs' `digest` under `kind`'s tag.
+/// destructive — hashed (redacted) with the inputs' `digest` under `kind`'s
+/// tag.
 pub fn line_plan(kind: &str, digest: &str, stdout: &str, redactor: &Redactor) -> super::Plan {
     use sha2::{Digest as _, Sha256};
     let diff = redactor.redact(&crate::redact::tail(stdout, PLAN_MAX_BYTES));
@@ -106,7 +107,9 @@ pub fn line_plan(kind: &str, digest: &str, stdout: &str, redactor: &Redactor) ->
     h.update(format!("driftless-{kind}-plan-v1\0").as_bytes());
     h.update(digest.as_bytes());
     h.update(b"\0");
-    h.update(stdout.as_bytes());
+    // The redacted text: a hash over a secret would let anyone who sees
+    // it test guesses of that secret.
+    h.update(diff.as_bytes());
     super::Plan {
         changes: !lines.is_empty(),
         summary,

@@ -364,3 +364,77 @@ fn an_exec_plan_waits_for_approval_and_a_plan_that_changed_is_not_applied() {
     assert_eq!(code, Some(0), "{out}");
     assert_eq!(read().as_deref(), Some("v2\n"));
 }
+
+/// A secret a `plan` command prints (an `env:` value) is masked wherever
+/// the plan goes: the stored plan and the API, the page, the owners'
+/// `pending_approval` notification, the log and the state database.
+#[test]
+fn a_secret_in_a_plan_reaches_no_one() {
+    const CANARY: &str = "plan-canary-secret-0c5e7d";
+    const OPS: &str = "ops-token-exec-canary-41";
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(&[("app/x", "1")], "first");
+    let sink = Service::http_sink(root.path(), 0);
+    let s = Setup::new(&format!(
+        "[[notifiers]]\nname = \"hook\"\nkind = \"webhook\"\nurl = \"http://127.0.0.1:{}/hook\"\n{}{}",
+        sink.port,
+        token_table("ops", OPS, &["approve:app", "read"]),
+        exec_target(
+            "app",
+            &remote.url(),
+            "path = \"app\"\npolicy = \"approval\"\nnotify = [\"hook\"]",
+            "apply = [\"true\"]\nplan = [\"sh\", \"-c\", \"echo \\\"~ token (now $API_TOKEN)\\\"\"]\n\
+             env = { API_TOKEN = \"env:TEST_PLAN_CANARY\" }",
+        )
+    ));
+    let out = output_within(
+        std::process::Command::new(bin())
+            .args(["--config", s.config.to_str().expect("utf8"), "tick", "app"])
+            .env("TEST_PLAN_CANARY", CANARY)
+            .env("RUST_LOG", "debug"),
+        Duration::from_secs(120),
+    );
+    let said = text(&out.stdout) + &text(&out.stderr);
+    assert!(said.contains("waits for approval"), "{said}");
+    wait_for(Duration::from_secs(30), "the notification", || {
+        !sink.requests().is_empty()
+    });
+    let intake = Intake::start(&s);
+    let api = api_call(
+        intake.port,
+        "GET",
+        "/api/v1/deployments",
+        OPS,
+        &serde_json::Value::Null,
+    );
+    assert!(
+        api.body.contains("~ token (now [REDACTED])"),
+        "{}",
+        api.body
+    );
+    let page = http(
+        intake.port,
+        "GET",
+        "/",
+        &[("Authorization", &format!("Bearer {OPS}"))],
+        b"",
+    );
+    assert!(page.body.contains("[REDACTED]"), "{}", page.body);
+    let db = std::fs::read(s.db()).expect("db");
+    let wal = std::fs::read(s.state.join("driftless.db-wal")).unwrap_or_default();
+    let notified: String = sink.requests().iter().map(|r| r.to_string()).collect();
+    for (what, seen) in [
+        ("the CLI and the log", said),
+        ("the API", api.body),
+        ("the page", page.body),
+        ("the notification", notified),
+        ("the database", String::from_utf8_lossy(&db).into_owned()),
+        (
+            "the database's WAL",
+            String::from_utf8_lossy(&wal).into_owned(),
+        ),
+    ] {
+        assert!(!seen.contains(CANARY), "the secret reached {what}");
+    }
+}

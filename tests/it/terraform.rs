@@ -1231,3 +1231,66 @@ fn approve_destructive_applies_creations_and_waits_on_replacements() {
     assert_eq!(greeting_in_state(&workdir).as_deref(), Some("hello"));
     assert_eq!(s.target_status("net")["last_applied_sha"], first);
 }
+
+/// kill -9 while an approved plan is being applied: the restarted daemon
+/// waits for the orphaned terraform (it holds the target's lock), then
+/// marks the plan failed — what it changed is not known to driftless —
+/// and never applies it a second time; `driftless retry` plans again and
+/// finds what the orphan finished.
+#[test]
+fn kill_9_mid_apply_of_an_approved_plan_fails_it_and_never_applies_it_twice() {
+    terraform_available();
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    let log = root.path().join("provisioner.log");
+    let state = root.path().join("net.tfstate");
+    let sha = remote.commit(&[("network/main.tf", &slow_tf(&log, &state))], "slow");
+    let s = Setup::new(&format!(
+        "[[targets]]\nname = \"net\"\nrepo = \"{}\"\npath = \"network\"\ntimeout = \"2m\"\n\
+         interval = \"1h\"\npolicy = \"approval\"\n\
+         [targets.backend]\nkind = \"terraform\"\n\
+         env = {{ TF_CLI_CONFIG_FILE = \"/dev/null\" }}\n{}{}",
+        remote.url(),
+        token_table("ops", OPS, &["approve:net", "reconcile:net", "read"]),
+        token_table("viewer", VIEWER, &["read"]),
+    ));
+    let daemon = s.serve();
+    let api = Api { d: &daemon };
+    let p = api.wait_pending(&[]);
+    let id = p["id"].as_i64().expect("id");
+    let r = api.approve(id, OPS, p["plan_hash"].as_str().expect("hash"));
+    assert_eq!(r.status, 200, "{}", r.body);
+    wait_for(
+        Duration::from_secs(60),
+        "terraform's apply of the approved plan to start",
+        || log_lines(&log) == ["started"],
+    );
+    daemon.kill9();
+    let daemon = s.serve();
+    let api = Api { d: &daemon };
+    let failed = api.wait_state(id, "failed");
+    assert!(
+        failed["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("was being applied when driftless stopped")),
+        "{failed}"
+    );
+    wait_for(Duration::from_secs(30), "the orphan to finish", || {
+        log_lines(&log) == ["started", "finished"]
+    });
+    let runs = s.history("net");
+    assert_eq!(runs[0]["result"], "failed", "{runs:?}");
+    drop(daemon);
+    let out = s.run(&["retry", "net"]);
+    let said = text(&out.stdout) + &text(&out.stderr);
+    assert!(
+        said.contains("no changes: the real world matches"),
+        "{said}"
+    );
+    assert_eq!(s.target_status("net")["last_applied_sha"], sha);
+    assert_eq!(
+        log_lines(&log),
+        ["started", "finished"],
+        "the approved plan was applied twice"
+    );
+}
