@@ -362,7 +362,7 @@ pub async fn plan(rec: &Reconciler, target: &str, as_json: bool) -> Result<Repor
         Planned::Plan { commit, plan } => (commit, plan),
         Planned::CannotPlan { backend } => {
             return Ok(failed(format!(
-                "target `{target}` ({backend}) cannot plan: every backend but nomad can, exec and pi with a `plan` command"
+                "target `{target}` ({backend}) cannot plan: give it a `plan` command"
             )));
         }
         Planned::Busy => {

@@ -138,6 +138,11 @@ impl super::Kind for Config {
         p
     }
 
+    /// It answers `plan` (for `driftless plan`); its policies are per job.
+    fn can_plan(&self) -> bool {
+        true
+    }
+
     fn build(&self, ctx: Context) -> Result<Box<dyn super::Backend>, BackendError> {
         Ok(Box::new(Nomad::new(self.clone(), ctx)?))
     }
@@ -1998,6 +2003,77 @@ impl Nomad {
         .await
     }
 
+    /// What registering git's jobs now would change, changing nothing
+    /// (`driftless plan`): Nomad's parse and its plan dry-run with `Diff`
+    /// per job file, against the live job's scaled counts, as `converge`
+    /// plans before every register. Nothing is recorded in the ledger.
+    async fn preview(&self) -> Result<super::Plan, String> {
+        let files = self.job_files()?;
+        if files.is_empty() {
+            return Err(format!(
+                "no job files matching `{}` in {}",
+                self.cfg.jobs,
+                self.ctx.workdir.display()
+            ));
+        }
+        let mut lines = Vec::new();
+        let mut destructive = false;
+        let (mut add, mut change) = (0, 0);
+        let mut h = Sha256::new();
+        h.update(b"driftless-nomad-plan-v1");
+        for file in &files {
+            let p = self.parse(file).await.map_err(|e| format!("{file}: {e}"))?;
+            let key = &p.key;
+            let live = self
+                .live(key)
+                .await
+                .map_err(|e| format!("{file} (job {}): {e}", key.job))?;
+            let spec = Self::with_live_counts(&p.job, live.as_ref());
+            let plan = self
+                .plan(key, &spec)
+                .await
+                .map_err(|e| format!("{file} (job {}): {e}", key.job))?;
+            if plan.kind == "None" {
+                continue;
+            }
+            let diff = redact_diff(&plan.diff, &self.ctx.redactor);
+            // A task group removed from the job stops its allocations.
+            let drops_group = diff["TaskGroups"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|g| g["Type"] == "Deleted");
+            destructive |= drops_group;
+            let sign = match plan.kind.as_str() {
+                "Added" => {
+                    add += 1;
+                    "+"
+                }
+                _ => {
+                    change += 1;
+                    if drops_group { "-/+" } else { "~" }
+                }
+            };
+            lines.push(format!(
+                "{sign} job {}/{} ({file}, policy {}): {}",
+                key.namespace,
+                key.job,
+                p.policy.as_str(),
+                diff_summary(&plan.diff)
+            ));
+            h.update(format!("\0{}/{}\0{}\0", key.namespace, key.job, spec_hash(&spec)).as_bytes());
+            h.update(diff.to_string().as_bytes());
+        }
+        Ok(super::Plan {
+            changes: !lines.is_empty(),
+            summary: format!("{add} job(s) to add, {change} to change"),
+            diff: self.ctx.redactor.redact(&lines.join("\n")),
+            destructive,
+            hash: hex::encode(h.finalize()),
+            artifact: None,
+        })
+    }
+
     async fn converge(&self) -> Status {
         let deadline = Instant::now() + self.ctx.timeout;
         let files = match self.job_files() {
@@ -2239,6 +2315,13 @@ impl Nomad {
 }
 
 impl Backend for Nomad {
+    /// Read-only, for `driftless plan`: Nomad's policies and approvals are
+    /// per job (`meta { driftless_policy }`) and stay in its own ledger, so
+    /// there is no `apply_plan`.
+    fn plan(&self) -> Option<BoxFuture<'_, Result<super::Plan, String>>> {
+        Some(Box::pin(self.preview()))
+    }
+
     fn apply(&self) -> BoxFuture<'_, Status> {
         Box::pin(self.converge())
     }

@@ -253,7 +253,7 @@ pub(super) fn validate_target(
                 label,
                 "policy",
                 format!(
-                    "`{p}` needs a backend that can plan; this `{}` target cannot (every backend but nomad can; exec and pi with a `plan` command)",
+                    "`{p}` needs a backend that can plan; this `{}` target cannot (exec and pi can with a `plan` command)",
                     b.kind()
                 ),
             ));

@@ -545,8 +545,8 @@ fn a_policy_needs_a_backend_that_can_plan() {
     let said = text(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{said}");
     for line in [
-        "targets[sh]: key `policy`: `detect` needs a backend that can plan; this `exec` target cannot (every backend but nomad can; exec and pi with a `plan` command)",
-        "targets[gated-sh]: key `policy`: `approve_destructive` needs a backend that can plan; this `exec` target cannot (every backend but nomad can; exec and pi with a `plan` command)",
+        "targets[sh]: key `policy`: `detect` needs a backend that can plan; this `exec` target cannot (exec and pi can with a `plan` command)",
+        "targets[gated-sh]: key `policy`: `approve_destructive` needs a backend that can plan; this `exec` target cannot (exec and pi can with a `plan` command)",
         "targets[odd]: key `policy`: `sometimes` is not one of \"auto\", \"approval\", \"approve_destructive\", \"detect\"",
         "targets[jobs]: key `policy`: `detect` on a nomad target: Nomad chooses per job, with the backend's `default_policy` (\"none\" reports drift) or a job's `meta { driftless_policy }`",
     ] {

@@ -2170,3 +2170,46 @@ fn a_job_file_or_its_variables_linked_out_of_the_checkout_are_refused() {
         "the controller's file went to Nomad"
     );
 }
+
+/// `driftless plan` on a Nomad target: Nomad's own parse and plan dry-run
+/// per job, one line per job that would change, and nothing registered or
+/// recorded (no deployment row, no register in the journal).
+#[test]
+fn plan_shows_the_jobs_that_would_change_and_registers_nothing() {
+    let f = fixture("");
+    assert_eq!(f.tick().0, Some(0));
+    f.nomad
+        .control("deployment", json!({ "ID": "web", "Status": "successful" }));
+    assert_eq!(f.tick().0, Some(0));
+    let out = f.s.run(&["plan", "cluster"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("no changes"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    f.remote.commit(
+        &[("jobs/web.nomad.hcl", &web_job("nginx:1.27", AUTO))],
+        "1.27",
+    );
+    let rows = || sql_rows(&f.s.db(), "SELECT COUNT(*) AS n FROM nomad_deployments");
+    let (before_rows, before) = (rows(), f.nomad.journal().len());
+    let out = f.s.run(&["plan", "cluster"]);
+    let said = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(2), "{said}{}", text(&out.stderr));
+    assert!(
+        said.lines()
+            .any(|l| l.starts_with("~ job default/web (web.nomad.hcl, policy auto): ")),
+        "{said}"
+    );
+    let j = f.nomad.journal();
+    assert!(registers(&j[before..]).is_empty(), "a plan registered");
+    assert!(
+        j[before..].iter().any(|r| r["path"] == "/v1/job/web/plan"),
+        "no Nomad plan call: {:?}",
+        &j[before..]
+    );
+    assert_eq!(rows(), before_rows, "a plan recorded a deployment");
+    assert!(!said.contains(CANARY), "{said}");
+}

@@ -663,7 +663,7 @@ fn plan_shows_what_apply_would_change_and_changes_nothing() {
     assert_eq!(code, Some(1), "{out}");
     assert_eq!(
         out.trim(),
-        "error: target `sh` (exec) cannot plan: every backend but nomad can, exec and pi with a `plan` command"
+        "error: target `sh` (exec) cannot plan: give it a `plan` command"
     );
 }
 
