@@ -277,17 +277,8 @@ def cmd_up(o):
                                       for k, v in cfg.items()}})
     res = state.get("resources", {})
     if o.get("--refresh") in (True, "true"):
-        for name in list(res):
-            u = urn(stack, proj, name, res[name]["type"])
-            if u not in cloud:
-                del res[name]
-            else:
-                res[name]["properties"] = cloud[u]
-    env = {"pulumi.stack": stack, "pulumi.project": proj["name"]}
-    env.update({k: v for k, v in cfg.items() if not isinstance(v, dict)})
-    for k, v in cfg.items():
-        if isinstance(v, dict) and "secure" in v:
-            env[k] = v["secure"]
+        refresh(res, cloud, stack, proj)
+    env, _ = program_env(stack, proj, cfg)
     desired = desired_resources(proj, env)
     changes = {"same": 0, "create": 0, "update": 0, "delete": 0, "replace": 0}
     failed = False
@@ -332,6 +323,28 @@ def cmd_up(o):
         sys.exit(EXIT_ERROR)
 
 
+def refresh(res, cloud, stack, proj):
+    """What the cloud has now replaces the state's view (`--refresh`)."""
+    for name in list(res):
+        u = urn(stack, proj, name, res[name]["type"])
+        if u not in cloud:
+            del res[name]
+        else:
+            res[name]["properties"] = cloud[u]
+
+
+def program_env(stack, proj, cfg):
+    """The values a program's `${...}` see, and the secret ones among them."""
+    env = {"pulumi.stack": stack, "pulumi.project": proj["name"]}
+    env.update({k: v for k, v in cfg.items() if not isinstance(v, dict)})
+    secrets = []
+    for k, v in cfg.items():
+        if isinstance(v, dict) and "secure" in v:
+            env[k] = v["secure"]
+            secrets.append(str(v["secure"]))
+    return env, secrets
+
+
 def desired_resources(proj, env):
     desired = {}
     for name, r in (proj.get("resources") or {}).items():
@@ -373,19 +386,8 @@ def cmd_preview(o):
     cfg = config(proj, stack, o)
     res = json.loads(json.dumps(state.get("resources", {})))
     if o.get("--refresh") in (True, "true"):
-        for name in list(res):
-            u = urn(stack, proj, name, res[name]["type"])
-            if u not in cloud:
-                del res[name]
-            else:
-                res[name]["properties"] = cloud[u]
-    env = {"pulumi.stack": stack, "pulumi.project": proj["name"]}
-    env.update({k: v for k, v in cfg.items() if not isinstance(v, dict)})
-    secrets = []
-    for k, v in cfg.items():
-        if isinstance(v, dict) and "secure" in v:
-            env[k] = v["secure"]
-            secrets.append(str(v["secure"]))
+        refresh(res, cloud, stack, proj)
+    env, secrets = program_env(stack, proj, cfg)
     desired = desired_resources(proj, env)
     steps, summary = [], {}
 

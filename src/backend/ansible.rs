@@ -453,24 +453,15 @@ impl Ansible {
         })
     }
 
-    /// Check again; run for real only if the check finds what was approved.
-    async fn apply_approved(&self, approved: &PlanToApply) -> Status {
-        match self.plan().await {
-            Err(e) => Status::failed(format!("cannot check again before applying: {e}")),
-            Ok(now) if now.hash != approved.hash => Status::failed(format!(
-                "the plan changed since it was approved (now: {}); nothing applied",
-                now.summary
-            )),
-            Ok(_) => {
-                let deadline = Instant::now() + self.ctx.timeout;
-                let (mut status, report) = self.run(&self.cfg.playbook, false, deadline).await;
-                self.save_recap(&report);
-                if status.result != ApplyResult::Failed {
-                    status.digest = Some(self.digest());
-                }
-                status
-            }
+    /// The real run (no digest check), its recap kept.
+    async fn run_for_real(&self) -> Status {
+        let deadline = Instant::now() + self.ctx.timeout;
+        let (mut status, report) = self.run(&self.cfg.playbook, false, deadline).await;
+        self.save_recap(&report);
+        if status.result != ApplyResult::Failed {
+            status.digest = Some(self.digest());
         }
+        status
     }
 
     fn save_recap(&self, report: &Report) {
@@ -564,7 +555,10 @@ impl Backend for Ansible {
     }
 
     fn apply_plan<'a>(&'a self, plan: &'a PlanToApply) -> Option<BoxFuture<'a, Status>> {
-        Some(Box::pin(self.apply_approved(plan)))
+        Some(Box::pin(async move {
+            let replanned = Ansible::plan(self).await;
+            super::apply_if_unchanged(plan, replanned, self.run_for_real()).await
+        }))
     }
 
     fn destroy(&self) -> BoxFuture<'_, Status> {

@@ -237,17 +237,8 @@ impl Compose {
     /// files that way too), read from the project's containers: the paths
     /// relative to the checkout.
     async fn inputs(&self, deadline: Instant) -> Result<Inputs, String> {
-        let ids = self.run(&self.spec(&["ps", "-a", "-q"], deadline)).await?;
-        let ids: Vec<String> = ids.stdout.split_whitespace().map(str::to_string).collect();
+        let all = self.containers(deadline).await?;
         let mut out = Inputs::new();
-        if ids.is_empty() {
-            return Ok(out);
-        }
-        let mut argv = vec!["docker".to_string(), "inspect".to_string()];
-        argv.extend(ids);
-        let inspected = self.run(&self.raw(argv, deadline)).await?;
-        let all: Vec<serde_json::Value> = serde_json::from_str(&inspected.stdout)
-            .map_err(|e| format!("docker inspect printed no JSON: {e}"))?;
         let root = self
             .ctx
             .checkout
@@ -278,6 +269,20 @@ impl Compose {
         Ok(out)
     }
 
+    /// `docker inspect` of every container of the project (none: empty).
+    async fn containers(&self, deadline: Instant) -> Result<Vec<serde_json::Value>, String> {
+        let ids = self.run(&self.spec(&["ps", "-a", "-q"], deadline)).await?;
+        let ids: Vec<String> = ids.stdout.split_whitespace().map(str::to_string).collect();
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut argv = vec!["docker".to_string(), "inspect".to_string()];
+        argv.extend(ids);
+        let inspected = self.run(&self.raw(argv, deadline)).await?;
+        serde_json::from_str(&inspected.stdout)
+            .map_err(|e| format!("docker inspect printed no JSON: {e}"))
+    }
+
     /// Per service, compose's hash of its configuration (`config --hash`),
     /// the value compose labels its containers with.
     async fn config_hashes(&self, deadline: Instant) -> Result<BTreeMap<String, String>, String> {
@@ -299,18 +304,8 @@ impl Compose {
         &self,
         deadline: Instant,
     ) -> Result<BTreeMap<String, String>, String> {
-        let ids = self.run(&self.spec(&["ps", "-a", "-q"], deadline)).await?;
-        let ids: Vec<String> = ids.stdout.split_whitespace().map(str::to_string).collect();
         let mut out = BTreeMap::new();
-        if ids.is_empty() {
-            return Ok(out);
-        }
-        let mut argv = vec!["docker".to_string(), "inspect".to_string()];
-        argv.extend(ids);
-        let inspected = self.run(&self.raw(argv, deadline)).await?;
-        let all: Vec<serde_json::Value> = serde_json::from_str(&inspected.stdout)
-            .map_err(|e| format!("docker inspect printed no JSON: {e}"))?;
-        for c in all {
+        for c in self.containers(deadline).await? {
             let labels = &c["Config"]["Labels"];
             if let Some(svc) = labels["com.docker.compose.service"].as_str() {
                 let hash = labels["com.docker.compose.config-hash"]
@@ -661,14 +656,7 @@ impl Backend for Compose {
 
     fn apply_plan<'a>(&'a self, plan: &'a PlanToApply) -> Option<BoxFuture<'a, Status>> {
         Some(Box::pin(async move {
-            match self.plan_inner().await {
-                Err(e) => Status::failed(format!("cannot plan again before applying: {e}")),
-                Ok(now) if now.hash != plan.hash => Status::failed(format!(
-                    "the plan changed since it was approved (now: {}); nothing applied",
-                    now.summary
-                )),
-                Ok(_) => self.apply().await,
-            }
+            super::apply_if_unchanged(plan, self.plan_inner().await, self.apply()).await
         }))
     }
 
@@ -700,22 +688,10 @@ impl Backend for Compose {
     fn outputs(&self) -> BoxFuture<'_, Result<Outputs, BackendError>> {
         Box::pin(async move {
             let deadline = Instant::now() + self.ctx.timeout;
-            let ids = self
-                .run(&self.spec(&["ps", "-a", "-q"], deadline))
+            let all = self
+                .containers(deadline)
                 .await
                 .map_err(BackendError::Command)?;
-            let ids: Vec<String> = ids.stdout.split_whitespace().map(str::to_string).collect();
-            if ids.is_empty() {
-                return Ok(Outputs::new());
-            }
-            let mut argv = vec!["docker".to_string(), "inspect".to_string()];
-            argv.extend(ids);
-            let out = self
-                .run(&self.raw(argv, deadline))
-                .await
-                .map_err(BackendError::Command)?;
-            let all: Vec<serde_json::Value> = serde_json::from_str(&out.stdout)
-                .map_err(|e| BackendError::Command(format!("docker inspect: {e}")))?;
             let mut o = Outputs::new();
             for c in all {
                 let service = c["Config"]["Labels"]["com.docker.compose.service"]

@@ -159,21 +159,6 @@ impl Exec {
         ))
     }
 
-    /// Plan again; apply only if it is the plan that was approved.
-    async fn apply_approved(&self, approved: &PlanToApply) -> Status {
-        match self.plan().await {
-            Err(e) => Status::failed(format!("cannot plan again before applying: {e}")),
-            Ok(now) if now.hash != approved.hash => Status::failed(format!(
-                "the plan changed since it was approved (now: {}); nothing applied",
-                now.summary
-            )),
-            Ok(_) => {
-                self.run_for_status(&self.cfg.apply, Some(self.digest()))
-                    .await
-            }
-        }
-    }
-
     async fn run_for_status(&self, argv: &[String], digest: Option<String>) -> Status {
         let (spec, out) = match self.run(argv).await {
             Ok(x) => x,
@@ -240,10 +225,13 @@ impl Backend for Exec {
     }
 
     fn apply_plan<'a>(&'a self, plan: &'a PlanToApply) -> Option<BoxFuture<'a, Status>> {
-        self.cfg
-            .plan
-            .is_some()
-            .then(|| Box::pin(self.apply_approved(plan)) as BoxFuture<'a, Status>)
+        self.cfg.plan.is_some().then(|| {
+            Box::pin(async move {
+                let replanned = Exec::plan(self).await;
+                let apply = self.run_for_status(&self.cfg.apply, Some(self.digest()));
+                super::apply_if_unchanged(plan, replanned, apply).await
+            }) as BoxFuture<'a, Status>
+        })
     }
 
     fn destroy(&self) -> BoxFuture<'_, Status> {

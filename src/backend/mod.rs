@@ -77,6 +77,24 @@ pub trait Backend: Send + Sync {
     }
 }
 
+/// How a backend without a saved plan applies an approved one: it planned
+/// again (`replanned`), and `apply` runs only if that plan has the hash that
+/// was approved; otherwise nothing is applied and the run fails saying so.
+pub async fn apply_if_unchanged(
+    approved: &PlanToApply,
+    replanned: Result<Plan, String>,
+    apply: impl std::future::Future<Output = Status>,
+) -> Status {
+    match replanned {
+        Err(e) => Status::failed(format!("cannot plan again before applying: {e}")),
+        Ok(now) if now.hash != approved.hash => Status::failed(format!(
+            "the plan changed since it was approved (now: {}); nothing applied",
+            now.summary
+        )),
+        Ok(_) => apply.await,
+    }
+}
+
 /// An approved plan, as [`Backend::apply_plan`] gets it back.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlanToApply {

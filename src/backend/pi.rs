@@ -447,14 +447,7 @@ impl Backend for Pi {
     fn apply_plan<'a>(&'a self, plan: &'a PlanToApply) -> Option<BoxFuture<'a, Status>> {
         self.cfg.plan.is_some().then(|| {
             Box::pin(async move {
-                match self.plan_inner().await {
-                    Err(e) => Status::failed(format!("cannot plan again before deploying: {e}")),
-                    Ok(now) if now.hash != plan.hash => Status::failed(format!(
-                        "the plan changed since it was approved (now: {}); nothing deployed",
-                        now.summary
-                    )),
-                    Ok(_) => self.deploy().await,
-                }
+                super::apply_if_unchanged(plan, self.plan_inner().await, self.deploy()).await
             }) as BoxFuture<'a, Status>
         })
     }

@@ -322,22 +322,7 @@ impl Pulumi {
         if let Err(e) = self.select_stack(deadline, &mut tail).await {
             return failed(e, &tail);
         }
-        let mut args = vec![
-            "up",
-            "--yes",
-            "--skip-preview",
-            "--non-interactive",
-            "--json",
-            "--stack",
-            &self.cfg.stack,
-        ];
-        if self.cfg.refresh {
-            args.push("--refresh");
-        }
-        if let Some(c) = &self.cfg.config_file {
-            args.push("--config-file");
-            args.push(c);
-        }
+        let args = self.update_args(&["up", "--yes", "--skip-preview"]);
         let spec = self.spec(&args, deadline);
         let out = match self.run(&spec).await {
             Ok(o) => o,
@@ -371,18 +356,11 @@ impl Pulumi {
         }
     }
 
-    /// `pulumi preview --json`: what `up` would do, by resource.
-    async fn preview(&self) -> Result<Plan, String> {
-        let deadline = Instant::now() + self.ctx.timeout;
-        let mut tail = String::new();
-        self.select_stack(deadline, &mut tail).await?;
-        let mut args = vec![
-            "preview",
-            "--non-interactive",
-            "--json",
-            "--stack",
-            &self.cfg.stack,
-        ];
+    /// `first` (`up …` or `preview`) with what both share: non-interactive
+    /// JSON for the stack, `--refresh` if configured, the config file.
+    fn update_args<'a>(&'a self, first: &[&'a str]) -> Vec<&'a str> {
+        let mut args = first.to_vec();
+        args.extend(["--non-interactive", "--json", "--stack", &self.cfg.stack]);
         if self.cfg.refresh {
             args.push("--refresh");
         }
@@ -390,6 +368,15 @@ impl Pulumi {
             args.push("--config-file");
             args.push(c);
         }
+        args
+    }
+
+    /// `pulumi preview --json`: what `up` would do, by resource.
+    async fn preview(&self) -> Result<Plan, String> {
+        let deadline = Instant::now() + self.ctx.timeout;
+        let mut tail = String::new();
+        self.select_stack(deadline, &mut tail).await?;
+        let args = self.update_args(&["preview"]);
         let mut spec = self.spec(&args, deadline);
         // One document, not an event stream (display.go).
         spec.env.insert(
@@ -468,18 +455,6 @@ impl Pulumi {
             destructive: destroy > 0,
             hash: hex::encode(h.finalize()),
             artifact: None,
-        }
-    }
-
-    /// Preview again; `up` only if it is the preview that was approved.
-    async fn up_approved(&self, approved: &PlanToApply) -> Status {
-        match self.preview().await {
-            Err(e) => Status::failed(format!("cannot preview again before applying: {e}")),
-            Ok(now) if now.hash != approved.hash => Status::failed(format!(
-                "the plan changed since it was approved (now: {}); nothing applied",
-                now.summary
-            )),
-            Ok(_) => self.up().await,
         }
     }
 
@@ -619,7 +594,9 @@ impl Backend for Pulumi {
     }
 
     fn apply_plan<'a>(&'a self, plan: &'a PlanToApply) -> Option<BoxFuture<'a, Status>> {
-        Some(Box::pin(self.up_approved(plan)))
+        Some(Box::pin(async move {
+            super::apply_if_unchanged(plan, self.preview().await, self.up()).await
+        }))
     }
 
     fn destroy(&self) -> BoxFuture<'_, Status> {

@@ -1,8 +1,8 @@
 //! Who hears about a run: the owners' event documents for a run's result
-//! (failed, still failing, recovered, changed, drift), for a Nomad
-//! deployment or a plan that waits for approval, and for a plan a newer
-//! commit superseded. They go into the outbox in the run's transaction
-//! (`store::Notice`); this module sends nothing itself.
+//! (failed, still failing, recovered, changed, drift), for a deployment —
+//! Nomad's or any backend's plan — that waits for approval, and for a plan
+//! a newer commit superseded. They go into the outbox in the run's
+//! transaction (`store::Notice`); this module sends nothing itself.
 
 use tracing::error;
 
@@ -14,7 +14,68 @@ use crate::notify::{self, EventDoc, FailureState};
 use crate::store::plans::PlanState;
 use crate::store::{NewNotification, Notice};
 
+/// What one event says, besides the target and the run it comes from.
+struct Told<'a> {
+    event: notify::Event,
+    sha: Option<&'a str>,
+    /// Already bounded to `notify::MESSAGE_MAX`.
+    message: &'a str,
+    consecutive_failures: i64,
+    failing_for_ms: Option<i64>,
+    run_url: Option<String>,
+}
+
 impl Reconciler {
+    /// One event for every notifier of the target that wants it, into
+    /// `outbox`.
+    fn tell(
+        &self,
+        target: &Target,
+        run: &RunInfo,
+        told: &Told<'_>,
+        outbox: &mut Vec<NewNotification>,
+    ) {
+        for name in &target.notify {
+            let Some(cfg) = self.app.settings.notifiers.iter().find(|n| &n.name == name) else {
+                continue;
+            };
+            if !cfg.wants(told.event) {
+                continue;
+            }
+            let uid = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
+            let doc = EventDoc {
+                id: uid.clone(),
+                event: told.event,
+                target: target.name.clone(),
+                backend: target.backend.kind().to_string(),
+                sha: told.sha.map(str::to_string),
+                short_sha: told.sha.map(|s| short_sha(s).to_string()),
+                commit_url: match (&target.web_url, told.sha) {
+                    (Some(w), Some(s)) => Some(format!("{w}/commit/{s}")),
+                    _ => None,
+                },
+                trigger: run.trigger.clone(),
+                delivery_id: run.delivery_id.clone(),
+                started_at: crate::store::format_ms(run.started_ms),
+                duration_ms: run.started.elapsed().as_millis() as i64,
+                message: told.message.to_string(),
+                consecutive_failures: told.consecutive_failures,
+                failing_for_ms: told.failing_for_ms,
+                run_id: Some(run.id),
+                run_url: told.run_url.clone(),
+            };
+            match serde_json::to_string(&doc) {
+                Ok(document) => outbox.push(NewNotification {
+                    uid,
+                    notifier: name.clone(),
+                    event: told.event.as_str().to_string(),
+                    document,
+                }),
+                Err(e) => error!(notifier = %name, error = %e, "cannot encode a notification"),
+            }
+        }
+    }
+
     /// A `pending_approval` event for every plan of this target that waits
     /// and whose owners were not told yet (what changes and how to approve
     /// exactly it), and a `superseded` one for every plan they were told
@@ -68,45 +129,15 @@ impl Reconciler {
                 )
             };
             let message = notify::bounded(&message, notify::MESSAGE_MAX);
-            for name in &target.notify {
-                let Some(cfg) = self.app.settings.notifiers.iter().find(|n| &n.name == name) else {
-                    continue;
-                };
-                if !cfg.wants(event) {
-                    continue;
-                }
-                let uid = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
-                let doc = EventDoc {
-                    id: uid.clone(),
-                    event,
-                    target: target.name.clone(),
-                    backend: target.backend.kind().to_string(),
-                    sha: Some(p.commit_sha.clone()),
-                    short_sha: Some(short_sha(&p.commit_sha).to_string()),
-                    commit_url: target
-                        .web_url
-                        .as_ref()
-                        .map(|w| format!("{w}/commit/{}", p.commit_sha)),
-                    trigger: run.trigger.clone(),
-                    delivery_id: run.delivery_id.clone(),
-                    started_at: crate::store::format_ms(run.started_ms),
-                    duration_ms: run.started.elapsed().as_millis() as i64,
-                    message: message.clone(),
-                    consecutive_failures: 0,
-                    failing_for_ms: None,
-                    run_id: Some(run.id),
-                    run_url: Some(format!("{base}/api/v1/deployments/{}", p.id)),
-                };
-                match serde_json::to_string(&doc) {
-                    Ok(document) => notice.outbox.push(NewNotification {
-                        uid,
-                        notifier: name.clone(),
-                        event: event.as_str().to_string(),
-                        document,
-                    }),
-                    Err(e) => error!(notifier = %name, error = %e, "cannot encode a notification"),
-                }
-            }
+            let told = Told {
+                event,
+                sha: Some(&p.commit_sha),
+                message: &message,
+                consecutive_failures: 0,
+                failing_for_ms: None,
+                run_url: Some(format!("{base}/api/v1/deployments/{}", p.id)),
+            };
+            self.tell(target, run, &told, &mut notice.outbox);
             notice.plans_told.push((p.id, p.state));
         }
         Ok(())
@@ -140,57 +171,28 @@ impl Reconciler {
             now,
             self.app.settings.defaults.repeat_after,
         );
+        let run_url = self
+            .app
+            .settings
+            .server
+            .public_url
+            .as_ref()
+            .map(|u| format!("{u}/api/v1/runs/{}", run.id));
         let mut outbox = Vec::new();
         for event in d.event.into_iter().chain(drift_event) {
-            for name in &target.notify {
-                let Some(cfg) = self.app.settings.notifiers.iter().find(|n| &n.name == name) else {
-                    continue;
-                };
-                if !cfg.wants(event) {
-                    continue;
-                }
-                let uid = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
-                let doc = EventDoc {
-                    id: uid.clone(),
-                    event,
-                    target: target.name.clone(),
-                    backend: target.backend.kind().to_string(),
-                    sha: sha.map(str::to_string),
-                    short_sha: sha.map(|s| short_sha(s).to_string()),
-                    commit_url: match (&target.web_url, sha) {
-                        (Some(w), Some(s)) => Some(format!("{w}/commit/{s}")),
-                        _ => None,
-                    },
-                    trigger: run.trigger.clone(),
-                    delivery_id: run.delivery_id.clone(),
-                    started_at: crate::store::format_ms(run.started_ms),
-                    duration_ms: run.started.elapsed().as_millis() as i64,
-                    message: message.clone(),
-                    consecutive_failures: if event == notify::Event::Recovered {
-                        prev.consecutive_failures
-                    } else {
-                        d.state.consecutive_failures
-                    },
-                    failing_for_ms: d.failing_for_ms,
-                    run_id: Some(run.id),
-                    run_url: self
-                        .app
-                        .settings
-                        .server
-                        .public_url
-                        .as_ref()
-                        .map(|u| format!("{u}/api/v1/runs/{}", run.id)),
-                };
-                match serde_json::to_string(&doc) {
-                    Ok(document) => outbox.push(NewNotification {
-                        uid,
-                        notifier: name.clone(),
-                        event: event.as_str().to_string(),
-                        document,
-                    }),
-                    Err(e) => error!(notifier = %name, error = %e, "cannot encode a notification"),
-                }
-            }
+            let told = Told {
+                event,
+                sha,
+                message: &message,
+                consecutive_failures: if event == notify::Event::Recovered {
+                    prev.consecutive_failures
+                } else {
+                    d.state.consecutive_failures
+                },
+                failing_for_ms: d.failing_for_ms,
+                run_url: run_url.clone(),
+            };
+            self.tell(target, run, &told, &mut outbox);
         }
         Notice {
             failing_since: d.state.failing_since,
@@ -204,16 +206,16 @@ impl Reconciler {
         }
     }
 
-    /// A `pending_approval` event for every deployment of this target that
-    /// waits for a person and whose owners were not told yet: what changes
-    /// and how to approve it.
+    /// A `pending_approval` event for every Nomad deployment of this target
+    /// that waits for a person and whose owners were not told yet: what
+    /// changes and how to approve it.
     pub(super) async fn approval_notices(
         &self,
         target: &Target,
         run: &RunInfo,
         notice: &mut Notice,
     ) -> Result<(), TickError> {
-        // Only Nomad targets have deployments that wait for a person.
+        // Nomad keeps its deployments in its own ledger.
         if !matches!(target.backend, backend::BackendConfig::Nomad(_)) {
             return Ok(());
         }
@@ -224,7 +226,7 @@ impl Reconciler {
                 &format!(
                     "Nomad job {}/{} ({}) at commit {} waits for approval (deployment {}): {}\n\n\
                      Approve exactly this spec: driftless approve {}\n\
-                     or: curl -X POST -H \"Authorization: Bearer $TOKEN\" -d '{{\"spec_hash\":\"{}\"}}' {base}/api/v1/deployments/{}/approve\n\
+                     or: curl -X POST -H \"Authorization: Bearer $TOKEN\" -d '{{\"plan_hash\":\"{}\"}}' {base}/api/v1/deployments/{}/approve\n\
                      See the diff: {base}/api/v1/deployments/{}",
                     d.key.namespace,
                     d.key.job,
@@ -239,45 +241,15 @@ impl Reconciler {
                 ),
                 notify::MESSAGE_MAX,
             );
-            for name in &target.notify {
-                let Some(cfg) = self.app.settings.notifiers.iter().find(|n| &n.name == name) else {
-                    continue;
-                };
-                if !cfg.wants(notify::Event::PendingApproval) {
-                    continue;
-                }
-                let uid = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
-                let doc = EventDoc {
-                    id: uid.clone(),
-                    event: notify::Event::PendingApproval,
-                    target: target.name.clone(),
-                    backend: target.backend.kind().to_string(),
-                    sha: Some(d.commit_sha.clone()),
-                    short_sha: Some(short_sha(&d.commit_sha).to_string()),
-                    commit_url: target
-                        .web_url
-                        .as_ref()
-                        .map(|w| format!("{w}/commit/{}", d.commit_sha)),
-                    trigger: run.trigger.clone(),
-                    delivery_id: run.delivery_id.clone(),
-                    started_at: crate::store::format_ms(run.started_ms),
-                    duration_ms: run.started.elapsed().as_millis() as i64,
-                    message: message.clone(),
-                    consecutive_failures: 0,
-                    failing_for_ms: None,
-                    run_id: Some(run.id),
-                    run_url: Some(format!("{base}/api/v1/deployments/{}", d.id)),
-                };
-                match serde_json::to_string(&doc) {
-                    Ok(document) => notice.outbox.push(NewNotification {
-                        uid,
-                        notifier: name.clone(),
-                        event: notify::Event::PendingApproval.as_str().to_string(),
-                        document,
-                    }),
-                    Err(e) => error!(notifier = %name, error = %e, "cannot encode a notification"),
-                }
-            }
+            let told = Told {
+                event: notify::Event::PendingApproval,
+                sha: Some(&d.commit_sha),
+                message: &message,
+                consecutive_failures: 0,
+                failing_for_ms: None,
+                run_url: Some(format!("{base}/api/v1/deployments/{}", d.id)),
+            };
+            self.tell(target, run, &told, &mut notice.outbox);
             notice.approvals_notified.push(d.id);
         }
         Ok(())

@@ -233,20 +233,9 @@ fn an_ansible_plan_is_a_check_and_only_an_approved_one_runs() {
         &token_table("ops", OPS, &["approve:box", "read"]),
     );
     let intake = Intake::start(&w.setup);
-    let call = |method: &str, path: &str, body: serde_json::Value| {
-        let r = api_call(intake.port, method, path, OPS, &body);
-        assert_eq!(r.status, 200, "{method} {path}: {}", r.body);
-        r.json()
-    };
-    let pending = || {
-        call(
-            "GET",
-            "/api/v1/deployments?state=pending_approval",
-            serde_json::Value::Null,
-        )
-        .as_array()
-        .cloned()
-        .expect("list")
+    let who = Approver {
+        port: intake.port,
+        token: OPS,
     };
     let (code, run) = tick(&w);
     assert_eq!(code, 0, "{run}");
@@ -258,18 +247,13 @@ fn an_ansible_plan_is_a_check_and_only_an_approved_one_runs() {
         "{run}"
     );
     assert_eq!(greeting(&w), "", "ran before approval");
-    let p = pending();
+    let p = who.pending();
     assert_eq!(
         (&p[0]["backend"], &p[0]["diff"]),
         (&"ansible".into(), &"~ box: write the greeting".into()),
         "{p:?}"
     );
-    let id = p[0]["id"].as_i64().expect("id");
-    call(
-        "POST",
-        &format!("/api/v1/deployments/{id}/approve"),
-        serde_json::json!({ "plan_hash": p[0]["plan_hash"] }),
-    );
+    who.approve(&p[0]);
     let (code, run) = tick(&w);
     assert_eq!((code, &run["result"]), (0, &"changed".into()), "{run}");
     assert_eq!(greeting(&w), "hello\n");
@@ -280,18 +264,13 @@ fn an_ansible_plan_is_a_check_and_only_an_approved_one_runs() {
             .is_some_and(|m| m.starts_with("no changes: the real world matches")),
         "{run}"
     );
-    assert!(pending().is_empty());
+    assert!(who.pending().is_empty());
 
     std::fs::write(w.root.path().join("greeting.txt"), "edited by hand\n").expect("write");
     tick(&w);
-    let p = pending();
+    let p = who.pending();
     assert_eq!(p.len(), 1, "{p:?}");
-    let id = p[0]["id"].as_i64().expect("id");
-    call(
-        "POST",
-        &format!("/api/v1/deployments/{id}/reject"),
-        serde_json::Value::Null,
-    );
+    who.reject(p[0]["id"].as_i64().expect("id"));
     let (_, run) = tick(&w);
     assert!(
         run["message"]

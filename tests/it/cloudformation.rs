@@ -547,20 +547,9 @@ fn an_approved_change_set_is_executed_by_its_id_and_others_are_deleted() {
     ) + &token_table("ops", OPS, &["approve:site", "read"]);
     std::fs::write(&f.s.config, cfg).expect("config");
     let intake = Intake::start(&f.s);
-    let call = |method: &str, path: &str, body: Value| {
-        let r = api_call(intake.port, method, path, OPS, &body);
-        assert_eq!(r.status, 200, "{method} {path}: {}", r.body);
-        r.json()
-    };
-    let pending = || {
-        call(
-            "GET",
-            "/api/v1/deployments?state=pending_approval",
-            Value::Null,
-        )
-        .as_array()
-        .cloned()
-        .expect("list")
+    let who = Approver {
+        port: intake.port,
+        token: OPS,
     };
     let calls = |action: &str| -> Vec<String> {
         f.moto
@@ -586,7 +575,7 @@ fn an_approved_change_set_is_executed_by_its_id_and_others_are_deleted() {
         calls("ExecuteChangeSet").is_empty(),
         "executed before approval"
     );
-    let p1 = pending();
+    let p1 = who.pending();
     assert_eq!(
         (&p1[0]["backend"], &p1[0]["diff"]),
         (
@@ -596,12 +585,7 @@ fn an_approved_change_set_is_executed_by_its_id_and_others_are_deleted() {
         "{p1:?}"
     );
     assert_eq!(plan_files(), 1);
-    let id = p1[0]["id"].as_i64().expect("id");
-    call(
-        "POST",
-        &format!("/api/v1/deployments/{id}/approve"),
-        json!({ "plan_hash": p1[0]["plan_hash"] }),
-    );
+    who.approve(&p1[0]);
     let (code, out) = f.tick();
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains("created CREATE_COMPLETE"), "{out}");
@@ -622,24 +606,19 @@ fn an_approved_change_set_is_executed_by_its_id_and_others_are_deleted() {
     f.remote
         .commit(&[("cfn/stack.json", &renamed("/site/fr"))], "fr");
     f.tick();
-    let p2 = pending();
+    let p2 = who.pending();
     assert_eq!(p2[0]["diff"], "~ Greeting (AWS::SSM::Parameter)", "{p2:?}");
     f.remote
         .commit(&[("cfn/stack.json", &renamed("/site/es"))], "es");
     f.tick();
-    let p3 = pending();
+    let p3 = who.pending();
     assert_ne!(p3[0]["id"], p2[0]["id"]);
     assert_eq!(
         calls("DeleteChangeSet").len(),
         1,
         "the superseded change set"
     );
-    let id3 = p3[0]["id"].as_i64().expect("id");
-    call(
-        "POST",
-        &format!("/api/v1/deployments/{id3}/reject"),
-        Value::Null,
-    );
+    who.reject(p3[0]["id"].as_i64().expect("id"));
     let (code, out) = f.tick();
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains("was rejected by token:ops"), "{out}");

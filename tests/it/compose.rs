@@ -261,18 +261,9 @@ fn a_compose_recreation_waits_for_approval_and_a_start_does_not() {
         said
     };
     let intake = Intake::start(&s);
-    let pending = || {
-        api_call(
-            intake.port,
-            "GET",
-            "/api/v1/deployments?state=pending_approval",
-            OPS,
-            &serde_json::Value::Null,
-        )
-        .json()
-        .as_array()
-        .cloned()
-        .expect("list")
+    let who = Approver {
+        port: intake.port,
+        token: OPS,
     };
 
     let said = tick();
@@ -287,7 +278,7 @@ fn a_compose_recreation_waits_for_approval_and_a_start_does_not() {
     remote.commit(&[("app/.env", "GREETING=bonjour\n")], "french");
     let said = tick();
     assert!(said.contains("waits for approval"), "{said}");
-    let p = pending();
+    let p = who.pending();
     assert_eq!(
         (&p[0]["backend"], &p[0]["destructive"], &p[0]["diff"]),
         (
@@ -302,15 +293,7 @@ fn a_compose_recreation_waits_for_approval_and_a_start_does_not() {
         first,
         "recreated before approval"
     );
-    let id = p[0]["id"].as_i64().expect("id");
-    let r = api_call(
-        intake.port,
-        "POST",
-        &format!("/api/v1/deployments/{id}/approve"),
-        OPS,
-        &serde_json::json!({ "plan_hash": p[0]["plan_hash"] }),
-    );
-    assert_eq!(r.status, 200, "{}", r.body);
+    who.approve(&p[0]);
     let said = tick();
     assert!(said.contains("gated: changed"), "{said}");
     assert_ne!(container_id(&docker, "gated_web_1"), first);
@@ -321,7 +304,7 @@ fn a_compose_recreation_waits_for_approval_and_a_start_does_not() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let said = tick();
     assert!(said.contains("gated: changed"), "{said}");
-    assert!(pending().is_empty());
+    assert!(who.pending().is_empty());
     assert!(
         docker.running().iter().any(|n| n == "gated_web_1"),
         "{:?}",

@@ -286,27 +286,13 @@ fn an_exec_plan_waits_for_approval_and_a_plan_that_changed_is_not_applied() {
         (out.status.code(), text(&out.stdout) + &text(&out.stderr))
     };
     let intake = Intake::start(&s);
-    let pending = || {
-        let r = api_call(
-            intake.port,
-            "GET",
-            "/api/v1/deployments?state=pending_approval",
-            OPS,
-            &serde_json::Value::Null,
-        );
-        assert_eq!(r.status, 200, "{}", r.body);
-        r.json().as_array().cloned().expect("list")
+    let who = Approver {
+        port: intake.port,
+        token: OPS,
     };
+    let pending = || who.pending();
     let approve = |p: &serde_json::Value| {
-        let id = p["id"].as_i64().expect("id");
-        let r = api_call(
-            intake.port,
-            "POST",
-            &format!("/api/v1/deployments/{id}/approve"),
-            OPS,
-            &serde_json::json!({ "plan_hash": p["plan_hash"] }),
-        );
-        assert_eq!(r.status, 200, "{}", r.body);
+        who.approve(p);
     };
     let read = || std::fs::read_to_string(&world).ok();
 

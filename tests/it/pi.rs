@@ -229,28 +229,17 @@ fn a_pi_plan_runs_on_the_host_beside_the_live_tree_and_waits_for_approval() {
     assert!(!w.result.exists());
 
     let intake = Intake::start(&s);
-    let list = api_call(
-        intake.port,
-        "GET",
-        "/api/v1/deployments?state=pending_approval",
-        OPS,
-        &serde_json::Value::Null,
-    )
-    .json();
+    let who = Approver {
+        port: intake.port,
+        token: OPS,
+    };
+    let list = who.pending();
     assert_eq!(
         (&list[0]["backend"], &list[0]["diff"]),
         (&"pi".into(), &"~ marker (live: none)".into()),
-        "{list}"
+        "{list:?}"
     );
-    let id = list[0]["id"].as_i64().expect("id");
-    let r = api_call(
-        intake.port,
-        "POST",
-        &format!("/api/v1/deployments/{id}/approve"),
-        OPS,
-        &serde_json::json!({ "plan_hash": list[0]["plan_hash"] }),
-    );
-    assert_eq!(r.status, 200, "{}", r.body);
+    who.approve(&list[0]);
     let said = tick();
     assert!(said.contains("pi: changed"), "{said}");
     assert_eq!(std::fs::read_to_string(&w.result).expect("result"), "v1\n");

@@ -436,28 +436,13 @@ fn a_pulumi_replacement_waits_and_a_changed_preview_is_not_applied() {
         "replace on name",
     );
     let intake = Intake::start(&f.s);
-    let call = |method: &str, path: &str, body: Value| {
-        let r = api_call(intake.port, method, path, OPS, &body);
-        assert_eq!(r.status, 200, "{method} {path}: {}", r.body);
-        r.json()
+    let who = Approver {
+        port: intake.port,
+        token: OPS,
     };
-    let pending = || {
-        call(
-            "GET",
-            "/api/v1/deployments?state=pending_approval",
-            Value::Null,
-        )
-        .as_array()
-        .cloned()
-        .expect("list")
-    };
+    let pending = || who.pending();
     let approve = |p: &Value| {
-        let id = p["id"].as_i64().expect("id");
-        call(
-            "POST",
-            &format!("/api/v1/deployments/{id}/approve"),
-            serde_json::json!({ "plan_hash": p["plan_hash"] }),
-        );
+        who.approve(p);
     };
     let ups = || f.calls().iter().filter(|c| c[0] == "up").count();
 

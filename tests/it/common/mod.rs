@@ -866,6 +866,51 @@ pub fn api_call(port: u16, method: &str, path: &str, token: &str, body: &Value) 
     )
 }
 
+/// A person deciding deployments through the API with `token`, on `port`
+/// (every call must answer 200).
+pub struct Approver<'a> {
+    pub port: u16,
+    pub token: &'a str,
+}
+
+impl Approver<'_> {
+    pub fn call(&self, method: &str, path: &str, body: Value) -> Value {
+        let r = api_call(self.port, method, path, self.token, &body);
+        assert_eq!(r.status, 200, "{method} {path}: {}", r.body);
+        r.json()
+    }
+
+    /// The deployments waiting for approval, newest first.
+    pub fn pending(&self) -> Vec<Value> {
+        self.call(
+            "GET",
+            "/api/v1/deployments?state=pending_approval",
+            Value::Null,
+        )
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+    }
+
+    /// Approve deployment `d` for the plan it shows.
+    pub fn approve(&self, d: &Value) -> Value {
+        let id = d["id"].as_i64().expect("a deployment id");
+        self.call(
+            "POST",
+            &format!("/api/v1/deployments/{id}/approve"),
+            serde_json::json!({ "plan_hash": d["plan_hash"] }),
+        )
+    }
+
+    pub fn reject(&self, id: i64) -> Value {
+        self.call(
+            "POST",
+            &format!("/api/v1/deployments/{id}/reject"),
+            Value::Null,
+        )
+    }
+}
+
 /// A `[[tokens]]` table for the configuration: `token`, by its SHA-256,
 /// with `scopes`.
 pub fn token_table(name: &str, token: &str, scopes: &[&str]) -> String {
