@@ -23,6 +23,20 @@ output "token" {
 }
 "#;
 
+/// A remote whose `network/` holds `tf` and a `prod.tfvars` saying hello;
+/// the commit.
+fn network(root: &std::path::Path, tf: &str) -> (Remote, String) {
+    let remote = Remote::new(root, "infra");
+    let sha = remote.commit(
+        &[
+            ("network/main.tf", tf),
+            ("network/prod.tfvars", "greeting = \"hello\"\n"),
+        ],
+        "network",
+    );
+    (remote, sha)
+}
+
 fn terraform_available() {
     let ok = std::process::Command::new("terraform")
         .arg("version")
@@ -49,14 +63,7 @@ fn tick(s: &Setup) -> (Option<i32>, String) {
 fn terraform_lifecycle() {
     terraform_available();
     let root = tempfile::tempdir().expect("tempdir");
-    let remote = Remote::new(root.path(), "infra");
-    let first = remote.commit(
-        &[
-            ("network/main.tf", MAIN_TF),
-            ("network/prod.tfvars", "greeting = \"hello\"\n"),
-        ],
-        "network",
-    );
+    let (remote, first) = network(root.path(), MAIN_TF);
     let s = setup(&remote);
 
     // First tick creates the resource.
@@ -540,14 +547,7 @@ fn plan_shows_what_apply_would_change_and_changes_nothing() {
     terraform_available();
     const CANARY: &str = "plan-canary-4f1d9e";
     let root = tempfile::tempdir().expect("tempdir");
-    let remote = Remote::new(root.path(), "infra");
-    let first = remote.commit(
-        &[
-            ("network/main.tf", PLANNED_TF),
-            ("network/prod.tfvars", "greeting = \"hello\"\n"),
-        ],
-        "network",
-    );
+    let (remote, first) = network(root.path(), PLANNED_TF);
     let s = Setup::new(&format!(
         "[[targets]]\nname = \"net\"\nrepo = \"{}\"\npath = \"network\"\ntimeout = \"2m\"\n\
          [targets.backend]\nkind = \"terraform\"\nvar_files = [\"prod.tfvars\"]\n\
@@ -676,14 +676,7 @@ fn plan_shows_what_apply_would_change_and_changes_nothing() {
 fn a_detect_target_reports_drift_once_and_its_end_once_and_applies_nothing() {
     terraform_available();
     let root = tempfile::tempdir().expect("tempdir");
-    let remote = Remote::new(root.path(), "infra");
-    let sha = remote.commit(
-        &[
-            ("network/main.tf", MAIN_TF),
-            ("network/prod.tfvars", "greeting = \"hello\"\n"),
-        ],
-        "network",
-    );
+    let (remote, sha) = network(root.path(), MAIN_TF);
     let sink = Service::http_sink(root.path(), 0);
     let s = Setup::new(&format!(
         "[[notifiers]]\nname = \"hook\"\nkind = \"webhook\"\nurl = \"http://127.0.0.1:{}/hook\"\n\n\
@@ -913,14 +906,7 @@ fn an_approval_target_applies_exactly_the_approved_plan_and_nothing_else() {
     terraform_available();
     const CANARY: &str = "approval-canary-93be1c";
     let root = tempfile::tempdir().expect("tempdir");
-    let remote = Remote::new(root.path(), "infra");
-    let first = remote.commit(
-        &[
-            ("network/main.tf", PLANNED_TF),
-            ("network/prod.tfvars", "greeting = \"hello\"\n"),
-        ],
-        "network",
-    );
+    let (remote, first) = network(root.path(), PLANNED_TF);
     let sink = Service::http_sink(root.path(), 0);
     let s = review_setup(&remote, &sink, "approval", CANARY);
     let workdir = s.state.join("checkouts/net/network");
@@ -1159,14 +1145,7 @@ fn an_approval_target_applies_exactly_the_approved_plan_and_nothing_else() {
 fn approve_destructive_applies_creations_and_waits_on_replacements() {
     terraform_available();
     let root = tempfile::tempdir().expect("tempdir");
-    let remote = Remote::new(root.path(), "infra");
-    let first = remote.commit(
-        &[
-            ("network/main.tf", PLANNED_TF),
-            ("network/prod.tfvars", "greeting = \"hello\"\n"),
-        ],
-        "network",
-    );
+    let (remote, first) = network(root.path(), PLANNED_TF);
     let sink = Service::http_sink(root.path(), 0);
     let s = review_setup(&remote, &sink, "approve_destructive", "x");
     let workdir = s.state.join("checkouts/net/network");
