@@ -139,7 +139,17 @@ impl Reconciler {
             output_tail: String::new(),
             digest: None,
         };
-        let none = Findings::default;
+        // The run ends here, the last applied commit unchanged.
+        let stay = |status: Status| {
+            self.finish_with(
+                target,
+                run,
+                applied,
+                Some(seen.as_str()),
+                status,
+                Findings::default(),
+            )
+        };
         if let Some(open) = store.open_plan(&target.name).await? {
             if open.state == PlanState::Applying {
                 // A tick died while the backend applied it.
@@ -154,16 +164,7 @@ impl Reconciler {
                     .move_plan(open.id, PlanState::Applying, PlanState::Failed, &msg)
                     .await?;
                 self.prune_plans(target, None);
-                return self
-                    .finish_with(
-                        target,
-                        run,
-                        applied,
-                        Some(seen.as_str()),
-                        Status::failed(msg),
-                        none(),
-                    )
-                    .await;
+                return stay(Status::failed(msg)).await;
             }
             if open.commit_sha != seen.as_str() {
                 let msg = format!("superseded by commit {}", seen.short());
@@ -182,16 +183,7 @@ impl Reconciler {
                     open.summary,
                     seen.short()
                 );
-                return self
-                    .finish_with(
-                        target,
-                        run,
-                        applied,
-                        Some(seen.as_str()),
-                        quiet(msg),
-                        none(),
-                    )
-                    .await;
+                return stay(quiet(msg)).await;
             } else {
                 // Approved: applied now, if nobody moved it meanwhile.
                 let msg = format!(
@@ -206,16 +198,7 @@ impl Reconciler {
                         "deployment {} changed state meanwhile; nothing applied",
                         open.id
                     );
-                    return self
-                        .finish_with(
-                            target,
-                            run,
-                            applied,
-                            Some(seen.as_str()),
-                            quiet(msg),
-                            none(),
-                        )
-                        .await;
+                    return stay(quiet(msg)).await;
                 }
                 return self.apply_recorded(target, run, seen, backend, open).await;
             }
@@ -243,38 +226,28 @@ impl Reconciler {
             } else {
                 quiet(msg)
             };
-            return self
-                .finish_with(target, run, applied, Some(seen.as_str()), status, none())
-                .await;
+            return stay(status).await;
         }
 
         let plan = match self.plan_with(target, backend.as_ref()).await {
             Ok(p) => p,
             Err(e) => {
                 self.prune_plans(target, None);
-                return self
-                    .finish_with(
-                        target,
-                        run,
-                        applied,
-                        Some(seen.as_str()),
-                        Status::failed(format!("cannot plan: {e}")),
-                        none(),
-                    )
-                    .await;
+                return stay(Status::failed(format!("cannot plan: {e}"))).await;
             }
         };
         if !plan.changes {
             self.prune_plans(target, None);
             let msg = format!("no changes: the real world matches {}", seen.short());
+            let matches = Some(seen.as_str());
             return self
                 .finish_with(
                     target,
                     run,
-                    Some(seen.as_str()),
-                    Some(seen.as_str()),
+                    matches,
+                    matches,
                     quiet(msg),
-                    none(),
+                    Findings::default(),
                 )
                 .await;
         }
@@ -327,15 +300,7 @@ impl Reconciler {
             },
             seen.short()
         );
-        self.finish_with(
-            target,
-            run,
-            applied,
-            Some(seen.as_str()),
-            quiet(msg),
-            none(),
-        )
-        .await
+        stay(quiet(msg)).await
     }
 
     /// Apply a recorded plan now in state `applying`; the run's result
