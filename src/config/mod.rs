@@ -256,6 +256,16 @@ impl Policy {
 }
 
 impl Target {
+    /// The policy the tick itself follows. A Nomad target's `policy` is its
+    /// jobs' default, which the nomad backend applies job by job (a job's
+    /// meta may override it), so its tick always goes through `apply`.
+    pub fn tick_policy(&self) -> Policy {
+        match self.backend {
+            crate::backend::BackendConfig::Nomad(_) => Policy::Auto,
+            _ => self.policy,
+        }
+    }
+
     /// What git needs of this target.
     pub fn source(&self) -> crate::git::Source<'_> {
         crate::git::Source {

@@ -231,22 +231,50 @@ pub(super) fn validate_target(
             }
         }
     }
+    let mut backend = backend;
     let policy = match (
         raw.policy.as_deref().map(|p| (p, Policy::parse(p))),
-        &backend,
+        backend.as_mut(),
     ) {
         (None, _) => Policy::Auto,
         (Some((_, Some(Policy::Auto))), _) => Policy::Auto,
-        (Some((p, Some(_))), Some(BackendConfig::Nomad(_))) => {
-            problems.push(problem(
-                label,
-                "policy",
-                format!(
-                    "`{p}` on a nomad target: Nomad chooses per job, with the backend's \
-                     `default_policy` (\"none\" reports drift) or a job's `meta {{ driftless_policy }}`"
-                ),
-            ));
-            Policy::Auto
+        // A Nomad target's policy is its jobs' default (a job's `meta {
+        // driftless_policy }` still overrides it), applied by the backend
+        // per job: `detect` is Nomad's `none`.
+        (Some((p, Some(policy))), Some(BackendConfig::Nomad(n))) => {
+            let per_job = match policy {
+                Policy::Approval => Some("approval"),
+                Policy::Detect => Some("none"),
+                _ => None,
+            };
+            match per_job {
+                None => {
+                    problems.push(problem(
+                        label,
+                        "policy",
+                        format!(
+                            "`{p}` on a nomad target: Nomad's plan does not say whether a change \
+                             deletes something; use \"approval\", or a job's `meta {{ driftless_policy }}`"
+                        ),
+                    ));
+                    Policy::Auto
+                }
+                Some(j) if n.default_policy == "auto" || n.default_policy == j => {
+                    n.default_policy = j.to_string();
+                    policy
+                }
+                Some(_) => {
+                    problems.push(problem(
+                        label,
+                        "policy",
+                        format!(
+                            "`{p}` says one thing and the backend's `default_policy` `{}` another: set one of them",
+                            n.default_policy
+                        ),
+                    ));
+                    Policy::Auto
+                }
+            }
         }
         (Some((p, Some(_))), Some(b)) if !b.can_plan() => {
             problems.push(problem(

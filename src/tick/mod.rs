@@ -397,7 +397,7 @@ impl Reconciler {
 
         let retry = job.is_some_and(|j| j.triggers.contains(&Trigger::Retry));
         let ctx = self.context(target, &synced, state.and_then(|s| s.backend_digest), retry);
-        if op == Operation::Apply && target.policy.reviews() {
+        if op == Operation::Apply && target.tick_policy().reviews() {
             return match backend::build(&target.backend, ctx) {
                 Err(e) => {
                     self.finish(target, &run, None, Status::failed(e.to_string()))
@@ -406,7 +406,7 @@ impl Reconciler {
                 Ok(b) => self.review(target, &run, &synced.sha, b, retry).await,
             };
         }
-        if op == Operation::Apply && target.policy == Policy::Detect {
+        if op == Operation::Apply && target.tick_policy() == Policy::Detect {
             return match backend::build(&target.backend, ctx) {
                 Err(e) => {
                     self.finish(target, &run, None, Status::failed(e.to_string()))

@@ -86,7 +86,7 @@ impl Reconciler {
         run: &RunInfo,
         notice: &mut Notice,
     ) -> Result<(), TickError> {
-        if !target.policy.reviews() {
+        if !target.tick_policy().reviews() {
             return Ok(());
         }
         let base = self.app.base_url();

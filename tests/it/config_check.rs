@@ -521,7 +521,7 @@ fn a_policy_needs_a_backend_that_can_plan() {
     let config = write(
         dir.path(),
         &format!(
-            "state_dir = \"state\"\n{}{}{}{}{}{}",
+            "state_dir = \"state\"\n{}{}{}{}{}{}{}{}",
             target("tf", "detect", "kind = \"terraform\""),
             target("sh", "detect", "kind = \"exec\"\napply = [\"true\"]"),
             target("gated", "approval", "kind = \"terraform\""),
@@ -533,8 +533,18 @@ fn a_policy_needs_a_backend_that_can_plan() {
             target("odd", "sometimes", "kind = \"terraform\""),
             target(
                 "jobs",
-                "detect",
+                "approve_destructive",
                 "kind = \"nomad\"\naddress = \"http://127.0.0.1:4646\"\njobs = \"*.nomad.hcl\""
+            ),
+            target(
+                "jobs-two",
+                "approval",
+                "kind = \"nomad\"\naddress = \"http://127.0.0.1:4646\"\ndefault_policy = \"none\""
+            ),
+            target(
+                "jobs-ok",
+                "detect",
+                "kind = \"nomad\"\naddress = \"http://127.0.0.1:4646\""
             ),
         ),
     );
@@ -548,7 +558,8 @@ fn a_policy_needs_a_backend_that_can_plan() {
         "targets[sh]: key `policy`: `detect` needs a backend that can plan; this `exec` target cannot (exec and pi can with a `plan` command)",
         "targets[gated-sh]: key `policy`: `approve_destructive` needs a backend that can plan; this `exec` target cannot (exec and pi can with a `plan` command)",
         "targets[odd]: key `policy`: `sometimes` is not one of \"auto\", \"approval\", \"approve_destructive\", \"detect\"",
-        "targets[jobs]: key `policy`: `detect` on a nomad target: Nomad chooses per job, with the backend's `default_policy` (\"none\" reports drift) or a job's `meta { driftless_policy }`",
+        "targets[jobs]: key `policy`: `approve_destructive` on a nomad target: Nomad's plan does not say whether a change deletes something; use \"approval\", or a job's `meta { driftless_policy }`",
+        "targets[jobs-two]: key `policy`: `approval` says one thing and the backend's `default_policy` `none` another: set one of them",
     ] {
         assert!(
             said.lines()
@@ -556,7 +567,7 @@ fn a_policy_needs_a_backend_that_can_plan() {
             "no `{line}` in:\n{said}"
         );
     }
-    for ok in ["tf", "gated"] {
+    for ok in ["tf", "gated", "jobs-ok"] {
         assert!(
             !said.contains(&format!("targets[{ok}]: key `policy`")),
             "{said}"

@@ -2213,3 +2213,45 @@ fn plan_shows_the_jobs_that_would_change_and_registers_nothing() {
     assert_eq!(rows(), before_rows, "a plan recorded a deployment");
     assert!(!said.contains(CANARY), "{said}");
 }
+
+/// A Nomad target's `policy` is its jobs' default: under `policy =
+/// "approval"` a job that names no policy waits for approval, and a job
+/// whose meta says `auto` is still registered at once.
+#[test]
+fn a_targets_policy_is_its_jobs_default_and_a_jobs_meta_still_overrides_it() {
+    let f = fixture("");
+    let cfg = std::fs::read_to_string(&f.s.config).expect("config");
+    let cfg = cfg.replacen(
+        "[targets.backend]",
+        "policy = \"approval\"\n[targets.backend]",
+        1,
+    );
+    std::fs::write(&f.s.config, cfg).expect("config");
+    f.remote.commit(
+        &[
+            (
+                "jobs/web.nomad.hcl",
+                &web_job("nginx:1.25", "    team = \"web\""),
+            ),
+            (
+                "jobs/api.nomad.hcl",
+                &web_job("nginx:1.25", AUTO).replacen("job \"web\"", "job \"api\"", 1),
+            ),
+        ],
+        "two jobs",
+    );
+    let (code, out, j) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    let registered: Vec<String> = registers(&j)
+        .iter()
+        .map(|r| r["body"]["Job"]["ID"].as_str().unwrap_or("?").to_string())
+        .collect();
+    assert_eq!(registered, ["api"], "{out}");
+    let waiting = sql_rows(
+        &f.s.db(),
+        "SELECT job FROM nomad_deployments WHERE state = 'pending_approval'",
+    );
+    assert_eq!(waiting.len(), 1, "{waiting:?}");
+    assert_eq!(waiting[0]["job"], "web");
+    assert_eq!(f.s.target_status("cluster")["policy"], "approval");
+}
