@@ -424,3 +424,85 @@ fn a_secret_in_a_plan_reaches_no_one() {
         assert!(!seen.contains(CANARY), "the secret reached {what}");
     }
 }
+
+/// The same plan mechanism under the other policies, on exec: `detect`
+/// reports what the plan says and never runs `apply`, and under `approval`
+/// a newer commit supersedes the plan that waited (its approval refused
+/// with 409), whose successor waits in its place.
+#[test]
+fn an_exec_detect_target_never_applies_and_a_newer_commit_supersedes_a_waiting_plan() {
+    const OPS: &str = "ops-token-exec-supersede-5";
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(&[("app/v", "1\n")], "first");
+    let applied = root.path().join("applied.log");
+    let backend = format!(
+        "apply = [\"sh\", \"-c\", \"cat v >> {}\"]\nplan = [\"sh\", \"-c\", \"echo \\\"~ v (to $(cat v))\\\"\"]",
+        applied.display()
+    );
+    let s = Setup::new(&format!(
+        "{}{}{}",
+        token_table("ops", OPS, &["approve:gated", "read"]),
+        exec_target(
+            "watch",
+            &remote.url(),
+            "path = \"app\"\npolicy = \"detect\"",
+            &backend
+        ),
+        exec_target(
+            "gated",
+            &remote.url(),
+            "path = \"app\"\npolicy = \"approval\"",
+            &backend
+        ),
+    ));
+    let tick = |t: &str| {
+        let out = s.run(&["tick", t]);
+        let said = text(&out.stdout) + &text(&out.stderr);
+        assert!(out.status.success(), "{said}");
+        said
+    };
+    for _ in 0..2 {
+        let said = tick("watch");
+        assert!(said.contains("drift at"), "{said}");
+    }
+    assert!(
+        s.target_status("watch")["drift"]
+            .as_str()
+            .is_some_and(|d| d.contains("~ v (to 1)")),
+        "{}",
+        s.target_status("watch")
+    );
+    assert!(!applied.exists(), "detect applied");
+
+    tick("gated");
+    let intake = Intake::start(&s);
+    let who = Approver {
+        port: intake.port,
+        token: OPS,
+    };
+    let first = who.pending();
+    assert_eq!(first[0]["diff"], "~ v (to 1)", "{first:?}");
+    remote.commit(&[("app/v", "2\n")], "second");
+    tick("gated");
+    let second = who.pending();
+    assert_eq!(second.len(), 1, "{second:?}");
+    assert_eq!(second[0]["diff"], "~ v (to 2)");
+    let id = first[0]["id"].as_i64().expect("id");
+    let late = api_call(
+        intake.port,
+        "POST",
+        &format!("/api/v1/deployments/{id}/approve"),
+        OPS,
+        &serde_json::json!({ "plan_hash": first[0]["plan_hash"] }),
+    );
+    assert_eq!(late.status, 409, "{}", late.body);
+    assert!(late.body.contains("superseded"), "{}", late.body);
+    who.approve(&second[0]);
+    tick("gated");
+    assert_eq!(
+        log_lines(&applied),
+        ["2"],
+        "only the newer commit's plan is applied"
+    );
+}
