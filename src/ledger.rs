@@ -74,6 +74,8 @@ pub struct Deployment {
     pub registered_at: Option<i64>,
     /// A failed deployment: the live JobModifyIndex when it failed.
     pub failed_at_index: Option<i64>,
+    /// When it was recorded (Unix ms).
+    pub created_at: i64,
 }
 
 /// A deployment about to be recorded.

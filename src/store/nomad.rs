@@ -14,7 +14,7 @@ use crate::model::BoxFuture;
 const COLUMNS: &str = "id, target, cluster, namespace, job, file, commit_sha, spec_hash, policy, \
      state, job_modify_index, diff, diff_summary, registered_index, eval_id, \
      nomad_deployment_id, message, pre_hook, post_hook, hook_timeout_ms, hook_nonce, \
-     pre_hook_child, post_hook_child, registered_at, failed_at_index";
+     pre_hook_child, post_hook_child, registered_at, failed_at_index, created_at";
 
 fn row(r: &SqliteRow) -> Result<Deployment, sqlx::Error> {
     Ok(Deployment {
@@ -45,6 +45,7 @@ fn row(r: &SqliteRow) -> Result<Deployment, sqlx::Error> {
         post_hook_child: r.try_get("post_hook_child")?,
         registered_at: r.try_get("registered_at")?,
         failed_at_index: r.try_get("failed_at_index")?,
+        created_at: r.try_get("created_at")?,
     })
 }
 
@@ -116,6 +117,12 @@ pub fn deployment_json(d: &Deployment) -> serde_json::Value {
         "message": d.message,
         "pre_hook": d.pre_hook,
         "post_hook": d.post_hook,
+        "created_at": super::format_ms(d.created_at),
+        // A task group removed from the job stops its allocations.
+        "destructive": serde_json::from_str::<serde_json::Value>(&d.diff)
+            .ok()
+            .and_then(|v| v["TaskGroups"].as_array().cloned())
+            .is_some_and(|groups| groups.iter().any(|g| g["Type"] == "Deleted")),
     })
 }
 

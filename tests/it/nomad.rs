@@ -972,6 +972,18 @@ fn approval_with_the_right_scope_registers_exactly_the_approved_spec() {
     assert_eq!(p.len(), 1, "{p:#?}");
     let id = p[0]["id"].as_i64().expect("id");
     let hash = p[0]["spec_hash"].as_str().expect("hash").to_string();
+    // The fields every backend's deployments have.
+    assert_eq!(
+        (&p[0]["backend"], &p[0]["plan_hash"], &p[0]["destructive"]),
+        (&"nomad".into(), &hash.clone().into(), &false.into()),
+        "{p:#?}"
+    );
+    assert!(
+        p[0]["created_at"]
+            .as_str()
+            .is_some_and(|t| t.ends_with('Z')),
+        "{p:#?}"
+    );
     // The diff is there for a person, redacted.
     let shown = api(
         &intake,
