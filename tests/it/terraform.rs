@@ -948,6 +948,23 @@ fn an_approval_target_applies_exactly_the_approved_plan_and_nothing_else() {
         1,
         "the plan file is kept for its approval"
     );
+    // `driftless deployments --pending` lists it with its backend.
+    let out = output_within(
+        std::process::Command::new(bin())
+            .args(["--config", s.config.to_str().expect("utf8")])
+            .args(["deployments", "--pending"])
+            .env("DRIFTLESS_TOKEN", VIEWER),
+        Duration::from_secs(60),
+    );
+    let listed = text(&out.stdout);
+    assert!(
+        listed.lines().any(|l| l.starts_with(&format!("{id1} "))
+            && l.contains(" terraform ")
+            && l.contains("pending_approval")
+            && l.contains("3 to add, 0 to change, 0 to destroy")),
+        "{listed}{}",
+        text(&out.stderr)
+    );
     // Ticking again keeps the same plan waiting.
     let run = api.reconcile();
     assert_eq!(run["result"], "no_change", "{run}");
