@@ -245,6 +245,22 @@ def urn(stack, proj, name, typ):
     return f"urn:pulumi:{stack}::{proj['name']}::{typ}::{name}"
 
 
+def open_stack(o, needs=(), why=" (driftless always sends it)"):
+    """The flags a command insists on, then the stack's state, unlocked by
+    its passphrase: (project, stack, state path, cloud path, state)."""
+    for need in needs:
+        if need not in o:
+            fail(f"the stand-in expects {need}{why}", EXIT_CONFIG)
+    proj = project()
+    stack = stack_name(o)
+    state_path, cloud_path = paths(proj, stack)
+    if not os.path.exists(state_path):
+        fail(f"no stack named '{stack}' found", EXIT_NO_STACK)
+    state = load(state_path, {})
+    passphrase(state)
+    return proj, stack, state_path, cloud_path, state
+
+
 def cmd_stack_select(o):
     proj = project()
     stack = stack_name(o)
@@ -260,16 +276,8 @@ def cmd_stack_select(o):
 
 
 def cmd_up(o):
-    for need in ("--yes", "--skip-preview", "--non-interactive", "--json"):
-        if need not in o:
-            fail(f"the stand-in expects {need} (driftless always sends it)", EXIT_CONFIG)
-    proj = project()
-    stack = stack_name(o)
-    state_path, cloud_path = paths(proj, stack)
-    if not os.path.exists(state_path):
-        fail(f"no stack named '{stack}' found", EXIT_NO_STACK)
-    state = load(state_path, {})
-    passphrase(state)
+    proj, stack, state_path, cloud_path, state = open_stack(
+        o, ("--yes", "--skip-preview", "--non-interactive", "--json"))
     lock = take_lock(proj, stack)
     cloud = load(cloud_path, {})
     cfg = config(proj, stack, o)
@@ -372,16 +380,7 @@ def step_op(proj, name, old, d):
 
 
 def cmd_preview(o):
-    for need in ("--non-interactive", "--json"):
-        if need not in o:
-            fail(f"the stand-in expects {need} (driftless always sends it)", EXIT_CONFIG)
-    proj = project()
-    stack = stack_name(o)
-    state_path, cloud_path = paths(proj, stack)
-    if not os.path.exists(state_path):
-        fail(f"no stack named '{stack}' found", EXIT_NO_STACK)
-    state = load(state_path, {})
-    passphrase(state)
+    proj, stack, state_path, cloud_path, state = open_stack(o, ("--non-interactive", "--json"))
     cloud = load(cloud_path, {})
     cfg = config(proj, stack, o)
     res = json.loads(json.dumps(state.get("resources", {})))
@@ -425,13 +424,7 @@ def cmd_preview(o):
 def cmd_output(o):
     if "--json" not in o:
         fail("the stand-in only implements `stack output --json`", EXIT_CONFIG)
-    proj = project()
-    stack = stack_name(o)
-    state_path, _ = paths(proj, stack)
-    if not os.path.exists(state_path):
-        fail(f"no stack named '{stack}' found", EXIT_NO_STACK)
-    state = load(state_path, {})
-    passphrase(state)
+    _, _, _, _, state = open_stack(o)
     show = o.get("--show-secrets") in (True, "true")
     out = {k: (v if show or k not in state.get("secretOutputs", []) else "[secret]")
            for k, v in state.get("outputs", {}).items()}
@@ -439,16 +432,7 @@ def cmd_output(o):
 
 
 def cmd_destroy(o):
-    for need in ("--yes", "--non-interactive"):
-        if need not in o:
-            fail(f"the stand-in expects {need}", EXIT_CONFIG)
-    proj = project()
-    stack = stack_name(o)
-    state_path, cloud_path = paths(proj, stack)
-    if not os.path.exists(state_path):
-        fail(f"no stack named '{stack}' found", EXIT_NO_STACK)
-    state = load(state_path, {})
-    passphrase(state)
+    proj, stack, state_path, cloud_path, state = open_stack(o, ("--yes", "--non-interactive"), "")
     lock = take_lock(proj, stack)
     cloud = load(cloud_path, {})
     n = 0
