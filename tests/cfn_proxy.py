@@ -39,7 +39,10 @@ Test controls:
         this machine's clock plus clock_skew seconds; each DescribeStacks
         reports the next of `statuses` (the last one repeats)
     GET  /_proxy/log     the actions seen so far, with a few of their
-                         parameters
+                         parameters (StackName, ChangeSetName — the name or
+                         the ARN, as the CloudFormation API reference allows
+                         for Describe/Execute/DeleteChangeSet —,
+                         ClientRequestToken, TemplateURL)
 """
 
 import json

@@ -62,8 +62,10 @@ written from the file cited beside it:
   `duration` (nanoseconds). Secret values show as "[secret]". It changes
   nothing and takes no lock.
 - A resource's `options: {replaceOnChanges: [prop, ...]}` (Pulumi YAML's
-  resource option) makes a change to one of those properties a `replace`
-  (a delete and a create) instead of an `update`, in preview and up alike.
+  resource option; the engine's applyReplaceOnChanges in
+  pkg/resource/deploy/step_generator.go turns a diff of one of those
+  properties into a replacement) makes that change a `replace` (a delete
+  and a create) instead of an `update`, in preview and up alike.
 - `preview --save-plan` and `up --plan` (update plans) are not modelled:
   in v3.259 `--save-plan` is marked [PREVIEW] and `up --plan`
   [EXPERIMENTAL], hidden unless PULUMI_EXPERIMENTAL is set
