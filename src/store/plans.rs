@@ -69,6 +69,10 @@ pub struct StoredPlan {
     /// The file applying exactly this plan needs (never shown).
     #[serde(skip)]
     pub artifact: Option<String>,
+    /// The backend's own hash of the plan (never shown: `plan_hash` is it
+    /// keyed, see migration 0009); `None` for plans recorded before it.
+    #[serde(skip)]
+    pub backend_hash: Option<String>,
     pub state: PlanState,
     pub decided_by: Option<String>,
     pub decided_at: Option<i64>,
@@ -83,7 +87,9 @@ pub struct NewPlan<'a> {
     pub target: &'a str,
     pub backend: &'a str,
     pub commit_sha: &'a str,
+    /// What people see and approve: `backend_hash` keyed.
     pub plan_hash: &'a str,
+    pub backend_hash: &'a str,
     pub policy: &'a str,
     pub summary: &'a str,
     pub diff: &'a str,
@@ -97,7 +103,8 @@ pub struct NewPlan<'a> {
 }
 
 const COLUMNS: &str = "id, target, backend, commit_sha, plan_hash, policy, summary, diff, \
-     destructive, artifact, state, decided_by, decided_at, message, created_at, updated_at";
+     destructive, artifact, state, decided_by, decided_at, message, created_at, updated_at, \
+     backend_hash";
 
 impl Store {
     /// Record a plan before it is shown or applied. Fails when the target
@@ -120,8 +127,8 @@ impl Store {
         let q = format!(
             "INSERT INTO plans (id, target, backend, commit_sha, plan_hash, policy, summary,
                                 diff, destructive, artifact, state, decided_by, decided_at,
-                                message, created_at, updated_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?15)
+                                message, created_at, updated_at, backend_hash)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?15, ?16)
              RETURNING {COLUMNS}"
         );
         let plan = sqlx::query_as::<_, StoredPlan>(sqlx::AssertSqlSafe(q))
@@ -140,6 +147,7 @@ impl Store {
             .bind(decided_at)
             .bind(p.message)
             .bind(now)
+            .bind(p.backend_hash)
             .fetch_one(&mut *tx)
             .await
             .map_err(self.err(what))?;
@@ -290,6 +298,40 @@ impl Store {
         Ok(p)
     }
 
+    /// The installation's key `name` (32 random bytes, made on first use,
+    /// kept only in this database).
+    pub async fn key(&self, name: &str) -> Result<Vec<u8>, StoreError> {
+        let what = "reading a key";
+        if let Some(k) = sqlx::query_scalar::<_, Vec<u8>>("SELECT value FROM keys WHERE name = ?1")
+            .bind(name)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(self.err(what))?
+        {
+            return Ok(k);
+        }
+        let mut fresh = [0u8; 32];
+        getrandom::fill(&mut fresh).map_err(|e| StoreError {
+            path: self.path().to_path_buf(),
+            what: "making a key",
+            source: sqlx::Error::Io(std::io::Error::other(e.to_string())),
+        })?;
+        let WriteTx { mut tx, _turn } = self.begin_write("making a key").await?;
+        sqlx::query("INSERT OR IGNORE INTO keys (name, value) VALUES (?1, ?2)")
+            .bind(name)
+            .bind(&fresh[..])
+            .execute(&mut *tx)
+            .await
+            .map_err(self.err("making a key"))?;
+        let k = sqlx::query_scalar::<_, Vec<u8>>("SELECT value FROM keys WHERE name = ?1")
+            .bind(name)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(self.err(what))?;
+        tx.commit().await.map_err(self.err("making a key"))?;
+        Ok(k)
+    }
+
     /// A target's plans whose owners were not told yet that they wait
     /// (`pending_approval`) or were superseded, oldest first.
     pub async fn untold_plans(&self, target: &str) -> Result<Vec<StoredPlan>, StoreError> {
@@ -319,6 +361,7 @@ mod tests {
             backend: "terraform",
             commit_sha: commit,
             plan_hash: "h",
+            backend_hash: "b",
             policy: "approval",
             summary: "1 to add",
             diff: "+ a",

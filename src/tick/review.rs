@@ -94,6 +94,18 @@ impl Reconciler {
         .await
     }
 
+    /// The plan hash people see: the backend's hash, keyed with this
+    /// installation's key (migration 0009), so it tells nothing about the
+    /// plan document it was made from.
+    pub(super) async fn shown_hash(&self, backend_hash: &str) -> Result<String, TickError> {
+        use hmac::{Hmac, Mac};
+        let key = self.app.store.key("plan_hash").await?;
+        let mut mac = <Hmac<sha2::Sha256> as Mac>::new_from_slice(&key)
+            .unwrap_or_else(|_| unreachable!("HMAC takes a key of any length"));
+        mac.update(backend_hash.as_bytes());
+        Ok(hex::encode(mac.finalize().into_bytes()))
+    }
+
     /// The backend's plan, bounded by the target's timeout.
     async fn plan_with(
         &self,
@@ -253,11 +265,13 @@ impl Reconciler {
         }
         let unattended = target.policy == Policy::ApproveDestructive && !plan.destructive;
         let artifact = plan.artifact.as_ref().map(|a| a.display().to_string());
+        let shown = self.shown_hash(&plan.hash).await?;
         let new = NewPlan {
             target: &target.name,
             backend: target.backend.kind(),
             commit_sha: seen.as_str(),
-            plan_hash: &plan.hash,
+            plan_hash: &shown,
+            backend_hash: &plan.hash,
             policy: target.policy.as_str(),
             summary: &plan.summary,
             diff: &plan.diff,
@@ -314,7 +328,10 @@ impl Reconciler {
         plan: StoredPlan,
     ) -> Result<Ticked, TickError> {
         let to_apply = PlanToApply {
-            hash: plan.plan_hash.clone(),
+            hash: plan
+                .backend_hash
+                .clone()
+                .unwrap_or_else(|| plan.plan_hash.clone()),
             artifact: plan.artifact.as_ref().map(std::path::PathBuf::from),
         };
         let mut status = match backend.apply_plan(&to_apply) {
@@ -494,6 +511,8 @@ impl Reconciler {
                 a.display()
             )));
         }
+        let mut plan = plan;
+        plan.hash = self.shown_hash(&plan.hash).await?;
         Ok(Planned::Plan {
             commit: synced.sha,
             plan,

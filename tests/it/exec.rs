@@ -407,6 +407,32 @@ fn a_secret_in_a_plan_reaches_no_one() {
         b"",
     );
     assert!(page.body.contains("[REDACTED]"), "{}", page.body);
+    // The hash people see is keyed per installation: the same plan in
+    // another state directory has another plan_hash, so a hash says nothing
+    // about the plan text (or a secret in it) that it was made from.
+    let listed = api.json();
+    let other = Setup::new(&exec_target(
+        "app",
+        &remote.url(),
+        "path = \"app\"\npolicy = \"approval\"",
+        "apply = [\"true\"]\nplan = [\"sh\", \"-c\", \"echo \\\"~ token (now $API_TOKEN)\\\"\"]\n\
+         env = { API_TOKEN = \"env:TEST_PLAN_CANARY\" }",
+    ));
+    let out = output_within(
+        std::process::Command::new(bin())
+            .args([
+                "--config",
+                other.config.to_str().expect("utf8"),
+                "plan",
+                "app",
+                "--json",
+            ])
+            .env("TEST_PLAN_CANARY", CANARY),
+        Duration::from_secs(120),
+    );
+    let there: serde_json::Value = serde_json::from_slice(&out.stdout).expect("plan --json");
+    assert_eq!(there["diff"], listed[0]["diff"], "{there}");
+    assert_ne!(there["plan_hash"], listed[0]["plan_hash"], "{there}");
     let db = std::fs::read(s.db()).expect("db");
     let wal = std::fs::read(s.state.join("driftless.db-wal")).unwrap_or_default();
     let notified: String = sink.requests().iter().map(|r| r.to_string()).collect();
