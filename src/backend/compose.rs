@@ -405,6 +405,164 @@ impl Compose {
         })
     }
 
+    /// Converge the project. `force` (an approved plan said something
+    /// changes): `up` runs even when the stored digest says nothing did —
+    /// the plan read the containers, the digest only remembers them.
+    async fn converge(&self, force: bool) -> Status {
+        let deadline = Instant::now() + self.ctx.timeout;
+        let (model, services, builds) = match self.digest(deadline).await {
+            Ok(d) => d,
+            Err(e) => return Status::failed(format!("compose config failed: {e}")),
+        };
+        let running = match self.running(deadline).await {
+            Ok(r) => r,
+            Err(e) => return Status::failed(format!("compose ps failed: {e}")),
+        };
+        let before = match self.inputs(deadline).await {
+            Ok(i) => i,
+            Err(e) => {
+                return Status::failed(format!("reading the containers' mounts failed: {e}"));
+            }
+        };
+        let missing: Vec<&String> = services.iter().filter(|s| !running.contains(*s)).collect();
+        let last = self.ctx.last_digest.as_deref();
+        let prev: Option<Applied> = last.and_then(|d| serde_json::from_str(d).ok());
+        let tree = self.ctx.source_digest.clone();
+        let now = Applied {
+            model: model.clone(),
+            tree: tree.clone(),
+            inputs: before.clone(),
+        };
+        if !force && prev.as_ref() == Some(&now) && missing.is_empty() {
+            return Status {
+                result: ApplyResult::NoChange,
+                message: format!(
+                    "model and files unchanged and all {} service(s) running",
+                    services.len()
+                ),
+                output_tail: String::new(),
+                digest: Some(now.to_digest()),
+            };
+        }
+        // Which services' bind-mounted inputs changed since the last
+        // apply; all of those with inputs when the last apply's are not
+        // known (a digest from an older driftless).
+        let (recreate, why): (Vec<String>, String) = match (&prev, last) {
+            (Some(p), _) => {
+                let mut names = Vec::new();
+                let mut files = BTreeSet::new();
+                for (svc, now_files) in &before {
+                    let was = p.inputs.get(svc);
+                    let changed: Vec<&String> = now_files
+                        .iter()
+                        .filter(|(f, h)| was.and_then(|w| w.get(*f)) != Some(h))
+                        .map(|(f, _)| f)
+                        .collect();
+                    if !changed.is_empty() {
+                        names.push(svc.clone());
+                        files.extend(changed.into_iter().cloned());
+                    }
+                }
+                let why = files.into_iter().collect::<Vec<_>>().join(", ");
+                (names, format!("{why} changed"))
+            }
+            // A digest stored by an older driftless (not this JSON).
+            (None, Some(_)) => (
+                before
+                    .iter()
+                    .filter(|(_, f)| !f.is_empty())
+                    .map(|(s, _)| s.clone())
+                    .collect(),
+                "the files of the previous apply are not known".to_string(),
+            ),
+            _ => (Vec::new(), String::new()),
+        };
+        let tree_changed = prev.as_ref().is_none_or(|p| p.tree != tree);
+        // Only files no service mounts or builds from changed.
+        if !force
+            && prev.as_ref().is_some_and(|p| p.model == model)
+            && recreate.is_empty()
+            && missing.is_empty()
+            && !builds
+        {
+            return Status {
+                result: ApplyResult::NoChange,
+                message: format!(
+                    "model unchanged, no file a service mounts changed, all {} service(s) running",
+                    services.len()
+                ),
+                output_tail: String::new(),
+                digest: Some(now.to_digest()),
+            };
+        }
+        let mut args = vec!["up", "-d", "--remove-orphans"];
+        if builds && tree_changed {
+            args.push("--build");
+        }
+        if let Some(p) = &self.cfg.pull {
+            args.extend(["--pull", p.as_str()]);
+        }
+        let mut tail = String::new();
+        match self.run(&self.spec(&args, deadline)).await {
+            Ok(out) => tail.push_str(&out.tail),
+            Err(e) => return Status::failed(format!("compose up failed: {e}")),
+        }
+        if !recreate.is_empty() {
+            let mut args = vec!["up", "-d", "--no-deps", "--force-recreate"];
+            args.extend(recreate.iter().map(String::as_str));
+            match self.run(&self.spec(&args, deadline)).await {
+                Ok(out) => tail.push_str(&out.tail),
+                Err(e) => {
+                    return Status::failed(format!(
+                        "compose up --force-recreate {} failed: {e}",
+                        recreate.join(" ")
+                    ));
+                }
+            }
+        }
+        // What the containers mount now (a new service has new ones).
+        let after = match self.inputs(deadline).await {
+            Ok(i) => i,
+            Err(e) => {
+                return Status::failed(format!("reading the containers' mounts failed: {e}"));
+            }
+        };
+        let mut message = if prev
+            .as_ref()
+            .is_some_and(|p| p.model == model && p.tree == tree)
+        {
+            format!(
+                "drift: service(s) {} were not running; brought back",
+                missing
+                    .iter()
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        } else {
+            format!("up -d: {} service(s) converged", services.len())
+        };
+        if builds && tree_changed {
+            message.push_str("; images rebuilt where their context changed");
+        }
+        if !recreate.is_empty() {
+            message.push_str(&format!("; recreated {}: {why}", recreate.join(", ")));
+        }
+        Status {
+            result: ApplyResult::Changed,
+            message,
+            output_tail: crate::redact::tail(&tail, process::TAIL_BYTES),
+            digest: Some(
+                Applied {
+                    model,
+                    tree,
+                    inputs: after,
+                }
+                .to_digest(),
+            ),
+        }
+    }
+
     /// Services with at least one running container.
     async fn running(&self, deadline: Instant) -> Result<BTreeSet<String>, String> {
         let out = self
@@ -495,159 +653,7 @@ fn content_hash(path: &Path) -> String {
 
 impl Backend for Compose {
     fn apply(&self) -> BoxFuture<'_, Status> {
-        Box::pin(async move {
-            let deadline = Instant::now() + self.ctx.timeout;
-            let (model, services, builds) = match self.digest(deadline).await {
-                Ok(d) => d,
-                Err(e) => return Status::failed(format!("compose config failed: {e}")),
-            };
-            let running = match self.running(deadline).await {
-                Ok(r) => r,
-                Err(e) => return Status::failed(format!("compose ps failed: {e}")),
-            };
-            let before = match self.inputs(deadline).await {
-                Ok(i) => i,
-                Err(e) => {
-                    return Status::failed(format!("reading the containers' mounts failed: {e}"));
-                }
-            };
-            let missing: Vec<&String> = services.iter().filter(|s| !running.contains(*s)).collect();
-            let last = self.ctx.last_digest.as_deref();
-            let prev: Option<Applied> = last.and_then(|d| serde_json::from_str(d).ok());
-            let tree = self.ctx.source_digest.clone();
-            let now = Applied {
-                model: model.clone(),
-                tree: tree.clone(),
-                inputs: before.clone(),
-            };
-            if prev.as_ref() == Some(&now) && missing.is_empty() {
-                return Status {
-                    result: ApplyResult::NoChange,
-                    message: format!(
-                        "model and files unchanged and all {} service(s) running",
-                        services.len()
-                    ),
-                    output_tail: String::new(),
-                    digest: Some(now.to_digest()),
-                };
-            }
-            // Which services' bind-mounted inputs changed since the last
-            // apply; all of those with inputs when the last apply's are not
-            // known (a digest from an older driftless).
-            let (recreate, why): (Vec<String>, String) = match (&prev, last) {
-                (Some(p), _) => {
-                    let mut names = Vec::new();
-                    let mut files = BTreeSet::new();
-                    for (svc, now_files) in &before {
-                        let was = p.inputs.get(svc);
-                        let changed: Vec<&String> = now_files
-                            .iter()
-                            .filter(|(f, h)| was.and_then(|w| w.get(*f)) != Some(h))
-                            .map(|(f, _)| f)
-                            .collect();
-                        if !changed.is_empty() {
-                            names.push(svc.clone());
-                            files.extend(changed.into_iter().cloned());
-                        }
-                    }
-                    let why = files.into_iter().collect::<Vec<_>>().join(", ");
-                    (names, format!("{why} changed"))
-                }
-                // A digest stored by an older driftless (not this JSON).
-                (None, Some(_)) => (
-                    before
-                        .iter()
-                        .filter(|(_, f)| !f.is_empty())
-                        .map(|(s, _)| s.clone())
-                        .collect(),
-                    "the files of the previous apply are not known".to_string(),
-                ),
-                _ => (Vec::new(), String::new()),
-            };
-            let tree_changed = prev.as_ref().is_none_or(|p| p.tree != tree);
-            // Only files no service mounts or builds from changed.
-            if prev.as_ref().is_some_and(|p| p.model == model)
-                && recreate.is_empty()
-                && missing.is_empty()
-                && !builds
-            {
-                return Status {
-                    result: ApplyResult::NoChange,
-                    message: format!(
-                        "model unchanged, no file a service mounts changed, all {} service(s) running",
-                        services.len()
-                    ),
-                    output_tail: String::new(),
-                    digest: Some(now.to_digest()),
-                };
-            }
-            let mut args = vec!["up", "-d", "--remove-orphans"];
-            if builds && tree_changed {
-                args.push("--build");
-            }
-            if let Some(p) = &self.cfg.pull {
-                args.extend(["--pull", p.as_str()]);
-            }
-            let mut tail = String::new();
-            match self.run(&self.spec(&args, deadline)).await {
-                Ok(out) => tail.push_str(&out.tail),
-                Err(e) => return Status::failed(format!("compose up failed: {e}")),
-            }
-            if !recreate.is_empty() {
-                let mut args = vec!["up", "-d", "--no-deps", "--force-recreate"];
-                args.extend(recreate.iter().map(String::as_str));
-                match self.run(&self.spec(&args, deadline)).await {
-                    Ok(out) => tail.push_str(&out.tail),
-                    Err(e) => {
-                        return Status::failed(format!(
-                            "compose up --force-recreate {} failed: {e}",
-                            recreate.join(" ")
-                        ));
-                    }
-                }
-            }
-            // What the containers mount now (a new service has new ones).
-            let after = match self.inputs(deadline).await {
-                Ok(i) => i,
-                Err(e) => {
-                    return Status::failed(format!("reading the containers' mounts failed: {e}"));
-                }
-            };
-            let mut message = if prev
-                .as_ref()
-                .is_some_and(|p| p.model == model && p.tree == tree)
-            {
-                format!(
-                    "drift: service(s) {} were not running; brought back",
-                    missing
-                        .iter()
-                        .map(|s| s.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )
-            } else {
-                format!("up -d: {} service(s) converged", services.len())
-            };
-            if builds && tree_changed {
-                message.push_str("; images rebuilt where their context changed");
-            }
-            if !recreate.is_empty() {
-                message.push_str(&format!("; recreated {}: {why}", recreate.join(", ")));
-            }
-            Status {
-                result: ApplyResult::Changed,
-                message,
-                output_tail: crate::redact::tail(&tail, process::TAIL_BYTES),
-                digest: Some(
-                    Applied {
-                        model,
-                        tree,
-                        inputs: after,
-                    }
-                    .to_digest(),
-                ),
-            }
-        })
+        Box::pin(self.converge(false))
     }
 
     fn plan(&self) -> Option<BoxFuture<'_, Result<Plan, String>>> {
@@ -656,7 +662,7 @@ impl Backend for Compose {
 
     fn apply_plan<'a>(&'a self, plan: &'a PlanToApply) -> Option<BoxFuture<'a, Status>> {
         Some(Box::pin(async move {
-            super::apply_if_unchanged(plan, self.plan_inner().await, self.apply()).await
+            super::apply_if_unchanged(plan, self.plan_inner().await, self.converge(true)).await
         }))
     }
 

@@ -310,4 +310,25 @@ fn a_compose_recreation_waits_for_approval_and_a_start_does_not() {
         "{:?}",
         docker.running()
     );
+
+    // Someone recreates the container by hand with other settings: its
+    // config hash differs from git's, while driftless's stored digest does
+    // not. The plan sees it; the approved plan puts git's config back.
+    let out = std::process::Command::new("docker-compose")
+        .args(["-p", "gated", "--env-file", ".env", "up", "-d"])
+        .current_dir(s.checkout("gated").join("app"))
+        .env("DOCKER_HOST", &docker.host)
+        .env("GREETING", "by-hand")
+        .output()
+        .expect("docker-compose");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(inspect_env(&docker, "gated_web_1").contains("GREETING=by-hand"));
+    let said = tick();
+    assert!(said.contains("waits for approval"), "{said}");
+    let p = who.pending();
+    assert_eq!(p[0]["diff"], "-/+ web (recreate: its configuration changed)", "{p:?}");
+    who.approve(&p[0]);
+    let said = tick();
+    assert!(said.contains("gated: changed"), "{said}");
+    assert!(inspect_env(&docker, "gated_web_1").contains("GREETING=bonjour"));
 }
