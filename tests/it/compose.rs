@@ -326,7 +326,10 @@ fn a_compose_recreation_waits_for_approval_and_a_start_does_not() {
     let said = tick();
     assert!(said.contains("waits for approval"), "{said}");
     let p = who.pending();
-    assert_eq!(p[0]["diff"], "-/+ web (recreate: its configuration changed)", "{p:?}");
+    assert_eq!(
+        p[0]["diff"], "-/+ web (recreate: its configuration changed)",
+        "{p:?}"
+    );
     who.approve(&p[0]);
     let said = tick();
     assert!(said.contains("gated: changed"), "{said}");
