@@ -975,13 +975,16 @@ mod aws {
             let json = serde_json::to_string(&kept).map_err(|e| e.to_string())?;
             std::fs::write(&file, json)
                 .map_err(|e| format!("cannot write the plan file {}: {e}", file.display()))?;
+            // `lines` is never empty here: a made change set changes something.
             Ok(Plan {
-                changes: true,
-                summary: format!("{add} to add, {change} to change, {destroy} to destroy"),
-                diff: self.ctx.redactor.redact(&lines.join("\n")),
-                destructive,
-                hash: hex::encode(h.finalize()),
                 artifact: Some(file),
+                ..Plan::of_lines(
+                    &lines,
+                    (add, change, destroy),
+                    destructive,
+                    hex::encode(h.finalize()),
+                    &self.ctx.redactor,
+                )
             })
         }
 

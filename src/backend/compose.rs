@@ -395,14 +395,13 @@ impl Compose {
             h.update(b"\0");
             h.update(l.as_bytes());
         }
-        Ok(Plan {
-            changes: !lines.is_empty(),
-            summary: format!("{add} to add, {change} to change, {destroy} to destroy"),
-            diff: self.ctx.redactor.redact(&lines.join("\n")),
-            destructive: destroy > 0,
-            hash: hex::encode(h.finalize()),
-            artifact: None,
-        })
+        Ok(Plan::of_lines(
+            &lines,
+            (add, change, destroy),
+            destroy > 0,
+            hex::encode(h.finalize()),
+            &self.ctx.redactor,
+        ))
     }
 
     /// Converge the project. `force` (an approved plan said something

@@ -125,6 +125,27 @@ pub struct Plan {
     pub artifact: Option<PathBuf>,
 }
 
+impl Plan {
+    /// A plan of `lines` (one per change, not yet redacted) counted as
+    /// `(add, change, destroy)`: the summary every backend words alike.
+    pub fn of_lines(
+        lines: &[String],
+        (add, change, destroy): (u64, u64, u64),
+        destructive: bool,
+        hash: String,
+        redactor: &Redactor,
+    ) -> Plan {
+        Plan {
+            changes: !lines.is_empty(),
+            summary: format!("{add} to add, {change} to change, {destroy} to destroy"),
+            diff: redactor.redact(&lines.join("\n")),
+            destructive,
+            hash,
+            artifact: None,
+        }
+    }
+}
+
 /// What a backend is bound to when it is built.
 #[derive(Debug, Clone)]
 pub struct Context {

@@ -448,14 +448,13 @@ impl Pulumi {
         let mut h = Sha256::new();
         h.update(b"driftless-pulumi-plan-v1\0");
         h.update(doc.to_string().as_bytes());
-        Plan {
-            changes: !lines.is_empty(),
-            summary: format!("{add} to add, {change} to change, {destroy} to destroy"),
-            diff: self.ctx.redactor.redact(&lines.join("\n")),
-            destructive: destroy > 0,
-            hash: hex::encode(h.finalize()),
-            artifact: None,
-        }
+        Plan::of_lines(
+            &lines,
+            (add, change, destroy),
+            destroy > 0,
+            hex::encode(h.finalize()),
+            &self.ctx.redactor,
+        )
     }
 
     async fn destroy_inner(&self) -> Status {
