@@ -455,7 +455,7 @@ pub fn check(path: &Path) -> Report {
 /// `driftless events <target>`
 pub async fn events(app: &App, target: &str, as_json: bool) -> Result<Report, TickError> {
     known(app, target)?;
-    let rows = app.store.nomad_events(target).await?;
+    let rows = app.store.deployment_events(target).await?;
     if as_json {
         return Ok(Report {
             stdout: serde_json::to_string_pretty(&rows).unwrap_or_else(|_| "[]".into()) + "\n",

@@ -1,7 +1,8 @@
-//! The Nomad deployment ledger's contract: what a deployment record holds
-//! and the [`Ledger`] trait the nomad backend writes through. The backend
-//! owns the deployment machinery, `store::nomad` owns the SQL; this module
-//! is only the types between them, so neither imports the other. No I/O.
+//! The Nomad deployment ledger's contract: what a job's deployment record
+//! holds and the [`Ledger`] trait the nomad backend writes through. The
+//! backend owns the deployment machinery, `store::nomad` owns the SQL (over
+//! the `deployments` table every backend shares); this module is only the
+//! types between them, so neither imports the other. No I/O.
 
 use crate::model::BoxFuture;
 
@@ -97,6 +98,18 @@ pub struct NewDeployment {
     pub hook_nonce: String,
 }
 
+impl NewDeployment {
+    /// Whether registering it stops something: a task group removed from
+    /// the job (Nomad's plan diff says `"Type": "Deleted"`) stops its
+    /// allocations.
+    pub fn destructive(&self) -> bool {
+        serde_json::from_str::<serde_json::Value>(&self.diff)
+            .ok()
+            .and_then(|v| v["TaskGroups"].as_array().cloned())
+            .is_some_and(|groups| groups.iter().any(|g| g["Type"] == "Deleted"))
+    }
+}
+
 /// Fields a state change may set along with the state. Every change is
 /// also an append-only event row, attributed to `actor` (default
 /// `driftless`).
@@ -159,4 +172,71 @@ pub trait Ledger: Send + Sync + std::fmt::Debug {
         &'a self,
         target: &'a str,
     ) -> BoxFuture<'a, Result<Vec<Deployment>, LedgerError>>;
+}
+
+/// A plan diff as one line per changed field: `group web › task server ›
+/// Config › image: "nginx:1.25" → "nginx:1.27"` (values already redacted).
+pub fn diff_lines(diff: &serde_json::Value) -> String {
+    fn walk(v: &serde_json::Value, path: &str, out: &mut Vec<String>) {
+        let Some(m) = v.as_object() else { return };
+        for f in m
+            .get("Fields")
+            .and_then(|f| f.as_array())
+            .into_iter()
+            .flatten()
+        {
+            let t = f["Type"].as_str().unwrap_or("");
+            if t == "None" {
+                continue;
+            }
+            let name = f["Name"].as_str().unwrap_or("?");
+            let old = f["Old"].as_str().unwrap_or("");
+            let new = f["New"].as_str().unwrap_or("");
+            out.push(match t {
+                "Added" => format!("+ {path}{name}: {new:?}"),
+                "Deleted" => format!("- {path}{name}: {old:?}"),
+                _ => format!("~ {path}{name}: {old:?} → {new:?}"),
+            });
+        }
+        for (key, label) in [
+            ("Objects", ""),
+            ("TaskGroups", "group "),
+            ("Tasks", "task "),
+        ] {
+            for o in m.get(key).and_then(|o| o.as_array()).into_iter().flatten() {
+                let name = o["Name"].as_str().unwrap_or("?");
+                walk(o, &format!("{path}{label}{name} › "), out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(diff, "", &mut out);
+    if out.len() > 300 {
+        let more = out.len() - 300;
+        out.truncate(300);
+        out.push(format!(
+            "… and {more} more (GET /api/v1/deployments/<id> has all of it)"
+        ));
+    }
+    out.join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::diff_lines;
+
+    #[test]
+    fn diffs_are_one_line_per_field() {
+        let d = serde_json::json!({ "Type": "Edited", "Fields": [], "TaskGroups": [{ "Name": "web",
+        "Fields": [{ "Type": "Edited", "Name": "Count", "Old": "2", "New": "3" }],
+        "Tasks": [{ "Name": "server", "Fields": [
+            { "Type": "Added", "Name": "Env[X]", "Old": "", "New": "[REDACTED]" }
+        ], "Objects": [{ "Name": "Config", "Fields": [
+            { "Type": "Edited", "Name": "image", "Old": "a:1", "New": "a:2" }
+        ]}]}]}]});
+        assert_eq!(
+            diff_lines(&d),
+            "~ group web › Count: \"2\" → \"3\"\n+ group web › task server › Env[X]: \"[REDACTED]\"\n~ group web › task server › Config › image: \"a:1\" → \"a:2\""
+        );
+    }
 }

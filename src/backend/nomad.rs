@@ -1228,7 +1228,7 @@ impl Nomad {
     }
 
     /// A registered deployment that Nomad finished (or runs none for):
-    /// `completed`, after its post hook if it has one (state `post_hook` is
+    /// `applied`, after its post hook if it has one (state `post_hook` is
     /// on disk before the hook is dispatched).
     async fn succeed(
         &self,
@@ -1241,7 +1241,7 @@ impl Nomad {
         let to = if d.post_hook.is_some() {
             "post_hook"
         } else {
-            "completed"
+            "applied"
         };
         self.ledger
             .transition(
@@ -1272,7 +1272,7 @@ impl Nomad {
     }
 
     /// Run the post hook of a registered, deployed job (state `post_hook`
-    /// is on disk): `completed`, or `failed` (the run fails and notifies).
+    /// is on disk): `applied`, or `failed` (the run fails and notifies).
     async fn finish_post_hook(
         &self,
         p: &Parsed,
@@ -1295,7 +1295,7 @@ impl Nomad {
                     p,
                     d.id,
                     "post_hook",
-                    "completed",
+                    "applied",
                     Some(format!("post hook `{hook}` {how}")),
                 )
                 .await?;
@@ -1948,7 +1948,7 @@ impl Nomad {
                     p,
                     d.id,
                     "applying",
-                    "completed",
+                    "applied",
                     Some("the live job already matches".into()),
                 )
                 .await?;

@@ -347,9 +347,9 @@ pub(super) async fn resume_job(
 
 // ------------------------------------------------------------ deployments
 //
-// Every backend's deployments in one list: Nomad's (`store::nomad`, one per
-// job) and the plans of the other backends that wait for a person
-// (`store::plans`). They share one id space, so `{id}` names one of them.
+// Every backend's deployments in one list, from one table
+// (`store::plans`): a Nomad deployment is one job's, any other the
+// target's plan. `{id}` names one of them.
 
 #[derive(Deserialize)]
 pub(super) struct DeploymentsQuery {
@@ -357,18 +357,10 @@ pub(super) struct DeploymentsQuery {
     limit: Option<i64>,
 }
 
-/// A Nomad deployment in the shape every deployment has (`backend`,
-/// `plan_hash`, `summary`, `destructive`, `diff`, `created_at`) plus Nomad's
-/// own fields.
-fn nomad_json(d: &crate::store::nomad::Deployment) -> serde_json::Value {
-    let mut v = crate::store::nomad::deployment_json(d);
-    if let Some(o) = v.as_object_mut() {
-        o.insert("backend".into(), "nomad".into());
-        o.insert("plan_hash".into(), d.spec_hash.clone().into());
-    }
-    v
-}
-
+/// A deployment as the API shows it: the fields every backend's has
+/// (`backend`, `plan_hash`, `summary`, `destructive`, `diff`,
+/// `created_at`, ...), and for a Nomad job's its job fields, its diff as
+/// Nomad's JSON and `spec_hash` (the name its `plan_hash` had first).
 fn plan_json(p: &StoredPlan) -> serde_json::Value {
     let mut v = serde_json::to_value(p).unwrap_or_default();
     if let Some(o) = v.as_object_mut() {
@@ -383,6 +375,12 @@ fn plan_json(p: &StoredPlan) -> serde_json::Value {
         if let Some(at) = p.decided_at {
             o.insert("decided_at".into(), crate::store::format_ms(at).into());
         }
+        if p.job.is_some() {
+            o.insert("spec_hash".into(), p.plan_hash.clone().into());
+            if let Ok(diff) = serde_json::from_str::<serde_json::Value>(&p.diff) {
+                o.insert("diff".into(), diff);
+            }
+        }
     }
     v
 }
@@ -395,77 +393,28 @@ pub(super) async fn deployments(
     Query(q): Query<DeploymentsQuery>,
 ) -> Answer<Vec<serde_json::Value>> {
     let limit = q.limit.unwrap_or(200).clamp(1, 1000);
-    let nomad = s
+    let all = s
         .app
         .store
-        .nomad_deployments(false, limit)
+        .plans(q.state.as_deref(), limit)
         .await
         .map_err(ApiError::unavailable)?;
-    let plans = s
-        .app
-        .store
-        .plans(limit)
-        .await
-        .map_err(ApiError::unavailable)?;
-    let wanted = |target: &str, state: &str| {
-        q.state.as_deref().is_none_or(|st| state == st) && caller.may(Verb::Read, target)
-    };
-    let mut all: Vec<(i64, serde_json::Value)> = nomad
-        .iter()
-        .filter(|d| wanted(&d.target, &d.state))
-        .map(|d| (d.id, nomad_json(d)))
-        .chain(
-            plans
-                .iter()
-                .filter(|p| wanted(&p.target, p.state.as_str()))
-                .map(|p| (p.id, plan_json(p))),
-        )
-        .collect();
-    all.sort_by_key(|a| std::cmp::Reverse(a.0));
-    all.truncate(limit as usize);
-    Ok(Json(all.into_iter().map(|(_, v)| v).collect()))
-}
-
-/// One deployment, whichever backend's.
-enum Found {
-    Nomad(Box<crate::store::nomad::Deployment>),
-    Plan(Box<StoredPlan>),
-}
-
-impl Found {
-    fn target(&self) -> &str {
-        match self {
-            Found::Nomad(d) => &d.target,
-            Found::Plan(p) => &p.target,
-        }
-    }
-
-    fn json(&self) -> serde_json::Value {
-        match self {
-            Found::Nomad(d) => nomad_json(d),
-            Found::Plan(p) => plan_json(p),
-        }
-    }
+    Ok(Json(
+        all.iter()
+            .filter(|p| caller.may(Verb::Read, &p.target))
+            .map(plan_json)
+            .collect(),
+    ))
 }
 
 /// Deployment `id` (404 if there is none; the caller is authenticated
 /// before anyone learns whether it exists).
-async fn deployment_by_id(s: &AppState, id: i64) -> Result<Found, ApiError> {
-    if let Some(p) = s
-        .app
+async fn deployment_by_id(s: &AppState, id: i64) -> Result<StoredPlan, ApiError> {
+    s.app
         .store
         .plan_record(id)
         .await
         .map_err(ApiError::unavailable)?
-    {
-        return Ok(Found::Plan(Box::new(p)));
-    }
-    s.app
-        .store
-        .nomad_deployment(id)
-        .await
-        .map_err(ApiError::unavailable)?
-        .map(|d| Found::Nomad(Box::new(d)))
         .ok_or_else(|| ApiError::not_found(format!("no deployment {id}")))
 }
 
@@ -476,8 +425,8 @@ pub(super) async fn deployment(
     Path(id): Path<i64>,
 ) -> Answer<serde_json::Value> {
     let d = deployment_by_id(&s, id).await?;
-    caller.require(Verb::Read, d.target())?;
-    Ok(Json(d.json()))
+    caller.require(Verb::Read, &d.target)?;
+    Ok(Json(plan_json(&d)))
 }
 
 /// What an approval names: the plan looked at (`spec_hash` is the name
@@ -536,7 +485,7 @@ pub(super) async fn decide(
     approve: bool,
 ) -> Result<Decided, ApiError> {
     let found = deployment_by_id(s, id).await?;
-    caller.require(Verb::Approve, found.target())?;
+    caller.require(Verb::Approve, &found.target)?;
     let actor = format!("token:{}", caller.name());
     let hash = if approve {
         Some(hash.ok_or_else(|| {
@@ -545,48 +494,30 @@ pub(super) async fn decide(
     } else {
         None
     };
-    use crate::store::nomad::DecisionError;
-    let refused = |e: DecisionError| match e {
-        DecisionError::NotFound(_) => ApiError::not_found(format!("no deployment {id}")),
-        DecisionError::Conflict(why) => ApiError::conflict(why),
-        DecisionError::Store(e) => ApiError::unavailable(e),
-    };
-    let decided = match found {
-        Found::Plan(_) => Found::Plan(Box::new(
-            s.app
-                .store
-                .decide_plan(id, hash.as_deref(), &actor, approve)
-                .await
-                .map_err(refused)?,
-        )),
-        Found::Nomad(_) => Found::Nomad(Box::new(
-            match &hash {
-                Some(h) => s.app.store.approve_nomad(id, h, &actor).await,
-                None => s.app.store.reject_nomad(id, &actor).await,
-            }
-            .map_err(refused)?,
-        )),
-    };
-    let target = decided.target().to_string();
-    info!(deployment = id, target = %target, token = %caller.name(), approved = approve, "deployment decided");
+    use crate::store::plans::DecisionError;
+    let decided = s
+        .app
+        .store
+        .decide_plan(id, hash.as_deref(), &actor, approve)
+        .await
+        .map_err(|e| match e {
+            DecisionError::NotFound(_) => ApiError::not_found(format!("no deployment {id}")),
+            DecisionError::Conflict(why) => ApiError::conflict(why),
+            DecisionError::Store(e) => ApiError::unavailable(e),
+        })?;
+    info!(deployment = id, target = %decided.target, token = %caller.name(), approved = approve, "deployment decided");
     // The apply (or, for a rejected plan, the removal of its plan file)
     // happens in a tick, never here.
-    if approve || matches!(decided, Found::Plan(_)) {
-        s.app
-            .queue
-            .enqueue(&request(&target, Trigger::Manual))
-            .await
-            .map_err(ApiError::unavailable)?;
-        s.wake.notify_waiters();
-    }
-    let state = match &decided {
-        Found::Plan(p) => p.state.as_str().to_string(),
-        Found::Nomad(d) => d.state.clone(),
-    };
+    s.app
+        .queue
+        .enqueue(&request(&decided.target, Trigger::Manual))
+        .await
+        .map_err(ApiError::unavailable)?;
+    s.wake.notify_waiters();
     Ok(Decided {
-        target,
-        state,
-        json: decided.json(),
+        target: decided.target.clone(),
+        state: decided.state.as_str().to_string(),
+        json: plan_json(&decided),
     })
 }
 

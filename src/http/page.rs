@@ -117,11 +117,7 @@ pub(super) async fn index(State(s): State<AppState>, caller: Result<Caller, ApiE
         Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
     };
     let targets: Vec<_> = targets.into_iter().filter(|t| may_read(&t.name)).collect();
-    let pending = match s.app.store.nomad_deployments(true, 200).await {
-        Ok(d) => d,
-        Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
-    };
-    let plans = match s.app.store.plans(200).await {
+    let waiting = match s.app.store.plans(Some("pending_approval"), 200).await {
         Ok(p) => p,
         Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
     };
@@ -186,28 +182,30 @@ pub(super) async fn index(State(s): State<AppState>, caller: Result<Caller, ApiE
         );
     }
     h.push_str("</tbody></table><h2>Waiting for approval</h2>");
-    let waiting: Vec<_> = pending
-        .iter()
-        .filter(|d| d.state == "pending_approval" && may_read(&d.target))
-        .collect();
-    let waiting_plans: Vec<_> = plans
-        .iter()
-        .filter(|p| {
-            p.state == crate::store::plans::PlanState::PendingApproval && may_read(&p.target)
-        })
-        .collect();
-    if waiting.is_empty() && waiting_plans.is_empty() {
+    let waiting: Vec<_> = waiting.iter().filter(|p| may_read(&p.target)).collect();
+    if waiting.is_empty() {
         h.push_str("<p>Nothing waits for approval.</p>");
     }
-    for p in waiting_plans {
+    for p in waiting {
         let curl = format!(
             "curl -X POST -H \"Authorization: Bearer $TOKEN\" -d '{{\"plan_hash\":\"{}\"}}' {base}/api/v1/deployments/{}/approve",
             p.plan_hash, p.id
         );
+        // A Nomad target's deployments are one job's each.
+        let (of, at) = match (&p.namespace, &p.job, &p.file, p.job_modify_index) {
+            (Some(ns), Some(job), Some(file), Some(index)) => (
+                format!("job {}/{} of ", escape(ns), escape(job)),
+                format!(
+                    ", file <code>{}</code>, at JobModifyIndex {index}",
+                    escape(file)
+                ),
+            ),
+            _ => (String::new(), String::new()),
+        };
         let _ = write!(
             h,
-            "<div class=\"card\" id=\"deployment-{}\"><h3>Deployment {}: {} plan of <strong>{}</strong></h3>\
-             <p>commit <code>{}</code>, policy <code>{}</code>, planned {}</p>\
+            "<div class=\"card\" id=\"deployment-{}\"><h3>Deployment {}: {} plan of {of}<strong>{}</strong></h3>\
+             <p>commit <code>{}</code>, policy <code>{}</code>, planned {}{at}</p>\
              <p><strong>{}</strong>{}</p><pre class=\"diff\">{}</pre>{}\
              <p>Or approve exactly this plan with:</p><pre class=\"approve\">{}</pre>\
              <p>or <code>driftless approve {}</code></p></div>",
@@ -224,40 +222,10 @@ pub(super) async fn index(State(s): State<AppState>, caller: Result<Caller, ApiE
             } else {
                 ""
             },
-            escape(&p.diff),
+            escape(&p.shown_diff()),
             buttons(&p.target, p.id, &p.plan_hash),
             escape(&curl),
             p.id,
-        );
-    }
-    for d in waiting {
-        let diff = serde_json::from_str::<serde_json::Value>(&d.diff)
-            .map(|v| diff_lines(&v))
-            .unwrap_or_else(|_| d.diff.clone());
-        let curl = format!(
-            "curl -X POST -H \"Authorization: Bearer $TOKEN\" -d '{{\"spec_hash\":\"{}\"}}' {base}/api/v1/deployments/{}/approve",
-            d.spec_hash, d.id
-        );
-        let _ = write!(
-            h,
-            "<div class=\"card\" id=\"deployment-{}\"><h3>Deployment {}: {}/{} of <strong>{}</strong></h3>\
-             <p>commit <code>{}</code>, file <code>{}</code>, planned at JobModifyIndex {}</p>\
-             <p><strong>{}</strong></p><pre class=\"diff\">{}</pre>{}\
-             <p>Approve exactly this spec:</p><pre class=\"approve\">{}</pre>\
-             <p>or <code>driftless approve {}</code></p></div>",
-            d.id,
-            d.id,
-            escape(&d.key.namespace),
-            escape(&d.key.job),
-            escape(&d.target),
-            escape(crate::model::short_sha(&d.commit_sha)),
-            escape(&d.file),
-            d.job_modify_index,
-            escape(&d.diff_summary),
-            escape(&diff),
-            buttons(&d.target, d.id, &d.spec_hash),
-            escape(&curl),
-            d.id,
         );
     }
     h.push_str("</body></html>\n");
@@ -385,71 +353,9 @@ fn page_answer(status: StatusCode, text: &str) -> Response {
         .into_response()
 }
 
-/// A plan diff as one line per changed field: `group web › task server ›
-/// Config › image: "nginx:1.25" → "nginx:1.27"` (values already redacted).
-fn diff_lines(diff: &serde_json::Value) -> String {
-    fn walk(v: &serde_json::Value, path: &str, out: &mut Vec<String>) {
-        let Some(m) = v.as_object() else { return };
-        for f in m
-            .get("Fields")
-            .and_then(|f| f.as_array())
-            .into_iter()
-            .flatten()
-        {
-            let t = f["Type"].as_str().unwrap_or("");
-            if t == "None" {
-                continue;
-            }
-            let name = f["Name"].as_str().unwrap_or("?");
-            let old = f["Old"].as_str().unwrap_or("");
-            let new = f["New"].as_str().unwrap_or("");
-            out.push(match t {
-                "Added" => format!("+ {path}{name}: {new:?}"),
-                "Deleted" => format!("- {path}{name}: {old:?}"),
-                _ => format!("~ {path}{name}: {old:?} → {new:?}"),
-            });
-        }
-        for (key, label) in [
-            ("Objects", ""),
-            ("TaskGroups", "group "),
-            ("Tasks", "task "),
-        ] {
-            for o in m.get(key).and_then(|o| o.as_array()).into_iter().flatten() {
-                let name = o["Name"].as_str().unwrap_or("?");
-                walk(o, &format!("{path}{label}{name} › "), out);
-            }
-        }
-    }
-    let mut out = Vec::new();
-    walk(diff, "", &mut out);
-    if out.len() > 300 {
-        let more = out.len() - 300;
-        out.truncate(300);
-        out.push(format!(
-            "… and {more} more (GET /api/v1/deployments/<id> has all of it)"
-        ));
-    }
-    out.join("\n")
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{diff_lines, escape};
-
-    #[test]
-    fn diffs_are_one_line_per_field() {
-        let d = serde_json::json!({ "Type": "Edited", "Fields": [], "TaskGroups": [{ "Name": "web",
-        "Fields": [{ "Type": "Edited", "Name": "Count", "Old": "2", "New": "3" }],
-        "Tasks": [{ "Name": "server", "Fields": [
-            { "Type": "Added", "Name": "Env[X]", "Old": "", "New": "[REDACTED]" }
-        ], "Objects": [{ "Name": "Config", "Fields": [
-            { "Type": "Edited", "Name": "image", "Old": "a:1", "New": "a:2" }
-        ]}]}]}]});
-        assert_eq!(
-            diff_lines(&d),
-            "~ group web › Count: \"2\" → \"3\"\n+ group web › task server › Env[X]: \"[REDACTED]\"\n~ group web › task server › Config › image: \"a:1\" → \"a:2\""
-        );
-    }
+    use super::escape;
 
     #[test]
     fn markup_is_escaped() {

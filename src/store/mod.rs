@@ -225,10 +225,7 @@ pub struct Notice {
     pub last_notified_at: Option<i64>,
     pub last_notified_message: Option<String>,
     pub outbox: Vec<NewNotification>,
-    /// Nomad deployments whose `pending_approval` notification is in
-    /// `outbox`: marked notified in the same transaction.
-    pub approvals_notified: Vec<i64>,
-    /// Plans whose `pending_approval` (state `PendingApproval`) or
+    /// Deployments (any backend's) whose `pending_approval` (state `PendingApproval`) or
     /// `superseded` notification is in `outbox`.
     pub plans_told: Vec<(i64, plans::PlanState)>,
     /// A plan this run applied: it leaves `applying` for this state, with
@@ -556,20 +553,12 @@ impl Store {
                 .await
                 .map_err(self.err(what))?;
             }
-            for id in &n.approvals_notified {
-                sqlx::query("UPDATE nomad_deployments SET notified_at = ?2 WHERE id = ?1")
-                    .bind(id)
-                    .bind(now)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(self.err(what))?;
-            }
             for (id, state) in &n.plans_told {
                 let column = match state {
                     plans::PlanState::Superseded => {
-                        "UPDATE plans SET superseded_notified_at = ?2 WHERE id = ?1"
+                        "UPDATE deployments SET superseded_notified_at = ?2 WHERE id = ?1"
                     }
-                    _ => "UPDATE plans SET notified_at = ?2 WHERE id = ?1",
+                    _ => "UPDATE deployments SET notified_at = ?2 WHERE id = ?1",
                 };
                 sqlx::query(column)
                     .bind(id)
@@ -579,8 +568,9 @@ impl Store {
                     .map_err(self.err(what))?;
             }
             if let Some((id, state, message)) = &n.plan_done {
-                sqlx::query(
-                    "UPDATE plans SET state = ?2, message = ?3, artifact = NULL, updated_at = ?4
+                let moved = sqlx::query(
+                    "UPDATE deployments SET state = ?2, message = ?3, artifact = NULL,
+                            updated_at = ?4
                      WHERE id = ?1 AND state = 'applying'",
                 )
                 .bind(id)
@@ -589,7 +579,21 @@ impl Store {
                 .bind(now)
                 .execute(&mut *tx)
                 .await
-                .map_err(self.err(what))?;
+                .map_err(self.err(what))?
+                .rows_affected();
+                if moved == 1 {
+                    plans::event(
+                        &mut tx,
+                        *id,
+                        target,
+                        "driftless",
+                        Some("applying"),
+                        state.as_str(),
+                        Some(message),
+                    )
+                    .await
+                    .map_err(self.err(what))?;
+                }
             }
         }
         tx.commit().await.map_err(self.err(what))?;
@@ -726,6 +730,124 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A database from before the one deployments table (migration 0010)
+    /// keeps every deployment: Nomad's and the plans, their ids, events
+    /// and decisions; Nomad's `completed` reads `applied`; and new ids go
+    /// on after the old shared sequence, so "deployment N" never names two.
+    #[tokio::test]
+    async fn two_deployment_tables_become_one_and_lose_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("driftless.db");
+        let old = SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true)
+            .foreign_keys(true);
+        let pool = SqlitePool::connect_with(old).await.expect("old database");
+        let before: Vec<_> = MIGRATOR
+            .iter()
+            .filter(|m| m.version < 10)
+            .cloned()
+            .collect();
+        assert_eq!(before.len(), 9);
+        sqlx::migrate::Migrator::with_migrations(before)
+            .run(&pool)
+            .await
+            .expect("migrations 1-9");
+        sqlx::raw_sql(
+            "INSERT INTO nomad_deployments (id, target, cluster, namespace, job, file, commit_sha,
+                 spec_hash, policy, state, job_modify_index, diff, diff_summary, created_at,
+                 updated_at, notified_at)
+             VALUES (1, 'jobs', 'c', 'default', 'web', 'web.nomad.hcl', 'c1', 's1', 'approval',
+                 'completed', 7, '{\"TaskGroups\":[{\"Name\":\"old\",\"Type\":\"Deleted\"}]}',
+                 'group old removed', 10, 20, 15);
+             INSERT INTO nomad_events (deployment_id, target, actor, from_state, to_state, at)
+             VALUES (1, 'jobs', 'driftless', NULL, 'pending_approval', 10),
+                    (1, 'jobs', 'token:ops', 'pending_approval', 'applying', 12),
+                    (1, 'jobs', 'driftless', 'applying', 'completed', 20);
+             UPDATE sqlite_sequence SET seq = 5 WHERE name = 'nomad_deployments';
+             INSERT INTO plans (id, target, backend, commit_sha, plan_hash, policy, summary, diff,
+                 destructive, state, created_at, updated_at, backend_hash)
+             VALUES (3, 'net', 'terraform', 'c2', 'h', 'approval', '1 to add', '+ a', 0,
+                 'pending_approval', 30, 30, 'b');",
+        )
+        .execute(&pool)
+        .await
+        .expect("old rows");
+        pool.close().await;
+
+        let store = Store::open(&path).await.expect("migrated");
+        let all = store.plans(None, 10).await.expect("list");
+        let rows: Vec<_> = all
+            .iter()
+            .map(|p| {
+                (
+                    p.id,
+                    p.backend.as_str(),
+                    p.state,
+                    p.destructive,
+                    p.decided_by.as_deref(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                (
+                    3,
+                    "terraform",
+                    plans::PlanState::PendingApproval,
+                    false,
+                    None
+                ),
+                (
+                    1,
+                    "nomad",
+                    plans::PlanState::Applied,
+                    true,
+                    Some("token:ops")
+                ),
+            ]
+        );
+        assert_eq!(all[1].plan_hash, "s1");
+        assert_eq!(all[1].job.as_deref(), Some("web"));
+        let to: Vec<String> = store
+            .deployment_events("jobs")
+            .await
+            .expect("events")
+            .iter()
+            .map(|e| e["to"].as_str().unwrap_or("").to_string())
+            .collect();
+        assert_eq!(to, ["pending_approval", "applying", "applied"]);
+        // The plan is still the target's open one, and decidable.
+        assert_eq!(
+            store.open_plan("net").await.expect("open").map(|p| p.id),
+            Some(3)
+        );
+        store
+            .decide_plan(3, Some("h"), "token:ops", false)
+            .await
+            .expect("reject");
+        let next = store
+            .insert_plan(&plans::NewPlan {
+                target: "net",
+                backend: "terraform",
+                commit_sha: "c3",
+                plan_hash: "h2",
+                backend_hash: "b2",
+                policy: "approval",
+                summary: "1 to add",
+                diff: "+ b",
+                destructive: false,
+                artifact: None,
+                state: plans::PlanState::PendingApproval,
+                decided_by: None,
+                message: "waits",
+            })
+            .await
+            .expect("a new plan");
+        assert_eq!(next.id, 6, "ids go on after the shared sequence");
+    }
 
     /// kill -9 cannot tell FULL from NORMAL (the OS still has the data);
     /// a power cut can. Every connection the pool hands out, not just the

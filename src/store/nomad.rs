@@ -1,7 +1,11 @@
 //! Nomad deployments in SQLite: the [`Ledger`] the nomad backend writes
-//! through. One active deployment per job is the unique partial index of
-//! migration 0004, not a lock; a state change names the state it expects to
-//! leave, so two writers can never both move one deployment.
+//! through, over the `deployments` table every backend's deployments live
+//! in (`store::plans` lists, decides and tells them, Nomad's included).
+//! Here are only the job-level reads and writes of Nomad's deployment
+//! machinery, and the job pauses. One active deployment per job is the
+//! unique partial index of migration 0010, not a lock; a state change
+//! names the state it expects to leave, so two writers can never both move
+//! one deployment.
 
 use sqlx::Row;
 use sqlx::sqlite::SqliteRow;
@@ -11,8 +15,9 @@ pub use crate::ledger::Deployment;
 use crate::ledger::{Change, JobKey, Ledger, LedgerError, NewDeployment};
 use crate::model::BoxFuture;
 
-const COLUMNS: &str = "id, target, cluster, namespace, job, file, commit_sha, spec_hash, policy, \
-     state, job_modify_index, diff, diff_summary, registered_index, eval_id, \
+const COLUMNS: &str = "id, target, cluster, namespace, job, file, commit_sha, \
+     plan_hash AS spec_hash, policy, state, job_modify_index, diff, summary AS diff_summary, \
+     registered_index, eval_id, \
      nomad_deployment_id, message, pre_hook, post_hook, hook_timeout_ms, hook_nonce, \
      pre_hook_child, post_hook_child, registered_at, failed_at_index, created_at";
 
@@ -49,227 +54,7 @@ fn row(r: &SqliteRow) -> Result<Deployment, sqlx::Error> {
     })
 }
 
-/// Append an event row (in the caller's transaction).
-async fn event(
-    tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
-    deployment: i64,
-    target: &str,
-    actor: &str,
-    from: Option<&str>,
-    to: &str,
-    message: Option<&str>,
-) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "INSERT INTO nomad_events (deployment_id, target, actor, from_state, to_state, message, at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-    )
-    .bind(deployment)
-    .bind(target)
-    .bind(actor)
-    .bind(from)
-    .bind(to)
-    .bind(message)
-    .bind(now_ms())
-    .execute(&mut **tx)
-    .await
-    .map(|_| ())
-}
-
-/// id, deployment, actor, from, to, message, at
-type EventRow = (
-    i64,
-    i64,
-    String,
-    Option<String>,
-    String,
-    Option<String>,
-    i64,
-);
-
-/// Why an approval or rejection was refused (the API answers 409/404).
-#[derive(Debug, thiserror::Error)]
-pub enum DecisionError {
-    #[error("no deployment {0}")]
-    NotFound(i64),
-    #[error("{0}")]
-    Conflict(String),
-    #[error(transparent)]
-    Store(#[from] super::StoreError),
-}
-
-/// A deployment as the API and CLI show it (its diff is already redacted).
-pub fn deployment_json(d: &Deployment) -> serde_json::Value {
-    serde_json::json!({
-        "id": d.id,
-        "target": d.target,
-        "cluster": d.key.cluster,
-        "namespace": d.key.namespace,
-        "job": d.key.job,
-        "file": d.file,
-        "commit": d.commit_sha,
-        "spec_hash": d.spec_hash,
-        "policy": d.policy,
-        "state": d.state,
-        "job_modify_index": d.job_modify_index,
-        "summary": d.diff_summary,
-        "diff": serde_json::from_str::<serde_json::Value>(&d.diff).unwrap_or(serde_json::Value::Null),
-        "registered_index": d.registered_index,
-        "message": d.message,
-        "pre_hook": d.pre_hook,
-        "post_hook": d.post_hook,
-        "created_at": super::format_ms(d.created_at),
-        // A task group removed from the job stops its allocations.
-        "destructive": serde_json::from_str::<serde_json::Value>(&d.diff)
-            .ok()
-            .and_then(|v| v["TaskGroups"].as_array().cloned())
-            .is_some_and(|groups| groups.iter().any(|g| g["Type"] == "Deleted")),
-    })
-}
-
 impl Store {
-    /// One deployment, for the API.
-    pub async fn nomad_deployment(&self, id: i64) -> Result<Option<Deployment>, StoreError> {
-        let q = format!("SELECT {COLUMNS} FROM nomad_deployments WHERE id = ?1");
-        let r = sqlx::query(sqlx::AssertSqlSafe(q))
-            .bind(id)
-            .fetch_optional(self.pool())
-            .await
-            .map_err(self.err("reading a Nomad deployment"))?;
-        r.as_ref()
-            .map(row)
-            .transpose()
-            .map_err(self.err("reading a Nomad deployment"))
-    }
-
-    /// Approve deployment `id` for exactly the spec `spec_hash` names: it
-    /// moves `pending_approval` → `applying` (the next tick registers it,
-    /// with CAS, after checking git still gives that spec). Refused when
-    /// the hash is stale, the job is paused, or it is not pending.
-    pub async fn approve_nomad(
-        &self,
-        id: i64,
-        spec_hash: &str,
-        actor: &str,
-    ) -> Result<Deployment, DecisionError> {
-        self.record_decision(id, Some(spec_hash), actor, "approve")
-            .await
-    }
-
-    /// Reject deployment `id`: `pending_approval` → `rejected`.
-    pub async fn reject_nomad(&self, id: i64, actor: &str) -> Result<Deployment, DecisionError> {
-        self.record_decision(id, None, actor, "rejected").await
-    }
-
-    async fn record_decision(
-        &self,
-        id: i64,
-        spec_hash: Option<&str>,
-        actor: &str,
-        to: &str,
-    ) -> Result<Deployment, DecisionError> {
-        let what = "recording a decision on a Nomad deployment";
-        let WriteTx { mut tx, _turn } = self.begin_write(what).await?;
-        let q = format!("SELECT {COLUMNS} FROM nomad_deployments WHERE id = ?1");
-        let d = sqlx::query(sqlx::AssertSqlSafe(q))
-            .bind(id)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(self.err(what))?;
-        let d = d
-            .as_ref()
-            .map(row)
-            .transpose()
-            .map_err(self.err(what))?
-            .ok_or(DecisionError::NotFound(id))?;
-        if d.state != "pending_approval" {
-            return Err(DecisionError::Conflict(format!(
-                "deployment {id} is `{}`, not pending approval",
-                d.state
-            )));
-        }
-        if let Some(h) = spec_hash
-            && h != d.spec_hash
-        {
-            return Err(DecisionError::Conflict(format!(
-                "stale spec: deployment {id} is for spec {}, not {h}; look at it again",
-                d.spec_hash
-            )));
-        }
-        let to = match to {
-            "approve" if d.pre_hook.is_some() => "pre_hook",
-            "approve" => "applying",
-            other => other,
-        };
-        if to != "rejected" {
-            let paused: i64 = sqlx::query_scalar(
-                "SELECT COUNT(*) FROM nomad_job_pauses WHERE target = ?1 AND job = ?2",
-            )
-            .bind(&d.target)
-            .bind(&d.key.job)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(self.err(what))?;
-            if paused > 0 {
-                return Err(DecisionError::Conflict(format!(
-                    "job `{}` of target `{}` is paused; resume it first",
-                    d.key.job, d.target
-                )));
-            }
-        }
-        let message = match to {
-            "pre_hook" => "approved; the next tick runs its pre hook, then registers it",
-            "applying" => "approved; the next tick registers it",
-            _ => "rejected",
-        };
-        sqlx::query(
-            "UPDATE nomad_deployments SET state = ?2, message = ?3, updated_at = ?4
-             WHERE id = ?1 AND state = 'pending_approval'",
-        )
-        .bind(id)
-        .bind(to)
-        .bind(message)
-        .bind(now_ms())
-        .execute(&mut *tx)
-        .await
-        .map_err(self.err(what))?;
-        event(
-            &mut tx,
-            id,
-            &d.target,
-            actor,
-            Some("pending_approval"),
-            to,
-            Some(message),
-        )
-        .await
-        .map_err(self.err(what))?;
-        tx.commit().await.map_err(self.err(what))?;
-        Ok(Deployment {
-            state: to.to_string(),
-            message: Some(message.to_string()),
-            ..d
-        })
-    }
-
-    /// A target's deployments waiting for approval whose owners have not
-    /// been told yet.
-    pub async fn unnotified_approvals(&self, target: &str) -> Result<Vec<Deployment>, StoreError> {
-        let q = format!(
-            "SELECT {COLUMNS} FROM nomad_deployments
-             WHERE target = ?1 AND state = 'pending_approval' AND notified_at IS NULL
-             ORDER BY id"
-        );
-        let rows = sqlx::query(sqlx::AssertSqlSafe(q))
-            .bind(target)
-            .fetch_all(self.pool())
-            .await
-            .map_err(self.err("reading deployments waiting for approval"))?;
-        rows.iter()
-            .map(row)
-            .collect::<Result<_, _>>()
-            .map_err(self.err("reading deployments waiting for approval"))
-    }
-
     /// Pause (`by` set) or resume a job of a target. Returns whether it
     /// changed anything.
     pub async fn set_job_paused(
@@ -303,27 +88,6 @@ impl Store {
         Ok(r.rows_affected() > 0)
     }
 
-    /// A target's deployment events, oldest first.
-    pub async fn nomad_events(&self, target: &str) -> Result<Vec<serde_json::Value>, StoreError> {
-        let rows: Vec<EventRow> = sqlx::query_as(
-            "SELECT id, deployment_id, actor, from_state, to_state, message, at
-                 FROM nomad_events WHERE target = ?1 ORDER BY id",
-        )
-        .bind(target)
-        .fetch_all(self.pool())
-        .await
-        .map_err(self.err("reading deployment events"))?;
-        Ok(rows
-            .into_iter()
-            .map(|(id, dep, actor, from, to, message, at)| {
-                serde_json::json!({
-                    "id": id, "deployment": dep, "actor": actor, "from": from,
-                    "to": to, "message": message, "at": super::format_ms(at),
-                })
-            })
-            .collect())
-    }
-
     fn ledger_err(&self, what: &'static str) -> impl FnOnce(sqlx::Error) -> LedgerError + '_ {
         move |e| LedgerError::Store(self.err(what)(e).to_string())
     }
@@ -339,8 +103,8 @@ impl Store {
             ""
         };
         let q = format!(
-            "SELECT {COLUMNS} FROM nomad_deployments
-             WHERE cluster = ?1 AND namespace = ?2 AND job = ?3 {active}
+            "SELECT {COLUMNS} FROM deployments
+             WHERE backend = 'nomad' AND cluster = ?1 AND namespace = ?2 AND job = ?3 {active}
              ORDER BY id DESC LIMIT 1"
         );
         let r = sqlx::query(sqlx::AssertSqlSafe(q))
@@ -354,30 +118,6 @@ impl Store {
             .map(row)
             .transpose()
             .map_err(self.ledger_err("reading a Nomad deployment"))
-    }
-
-    /// Deployments, newest first; only active ones with `active_only`.
-    pub async fn nomad_deployments(
-        &self,
-        active_only: bool,
-        limit: i64,
-    ) -> Result<Vec<Deployment>, LedgerError> {
-        let active = if active_only {
-            "WHERE state IN ('detected', 'pending_approval', 'pre_hook', 'applying', 'post_hook')"
-        } else {
-            ""
-        };
-        let q =
-            format!("SELECT {COLUMNS} FROM nomad_deployments {active} ORDER BY id DESC LIMIT ?1");
-        let rows = sqlx::query(sqlx::AssertSqlSafe(q))
-            .bind(limit)
-            .fetch_all(self.pool())
-            .await
-            .map_err(self.ledger_err("listing Nomad deployments"))?;
-        rows.iter()
-            .map(row)
-            .collect::<Result<_, _>>()
-            .map_err(self.ledger_err("listing Nomad deployments"))
     }
 }
 
@@ -405,10 +145,11 @@ impl Ledger for Store {
                 .map_err(|e| LedgerError::Store(e.to_string()))?;
             let now = now_ms();
             let r = sqlx::query_scalar::<_, i64>(
-                "INSERT INTO nomad_deployments (target, cluster, namespace, job, file, commit_sha,
-                     spec_hash, policy, state, job_modify_index, diff, diff_summary, created_at, updated_at,
-                     pre_hook, post_hook, hook_timeout_ms, hook_nonce)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?13, ?14, ?15, ?16, ?17)
+                "INSERT INTO deployments (backend, target, cluster, namespace, job, file, commit_sha,
+                     plan_hash, policy, state, job_modify_index, diff, summary, created_at, updated_at,
+                     pre_hook, post_hook, hook_timeout_ms, hook_nonce, destructive)
+                 VALUES ('nomad', ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?13, ?14,
+                         ?15, ?16, ?17, ?18)
                  RETURNING id",
             )
             .bind(&d.target)
@@ -428,6 +169,7 @@ impl Ledger for Store {
             .bind(&d.post_hook)
             .bind(d.hook_timeout_ms)
             .bind(&d.hook_nonce)
+            .bind(d.destructive())
             .fetch_one(&mut *tx)
             .await;
             let id = match r {
@@ -440,7 +182,7 @@ impl Ledger for Store {
                 }
                 Err(e) => return Err(self.ledger_err(what)(e)),
             };
-            event(
+            super::plans::event(
                 &mut tx,
                 id,
                 &d.target,
@@ -470,7 +212,7 @@ impl Ledger for Store {
                 .await
                 .map_err(|e| LedgerError::Store(e.to_string()))?;
             let r = sqlx::query(
-                "UPDATE nomad_deployments SET state = ?3,
+                "UPDATE deployments SET state = ?3,
                      message = COALESCE(?4, message),
                      job_modify_index = COALESCE(?5, job_modify_index),
                      registered_index = COALESCE(?6, registered_index),
@@ -481,7 +223,7 @@ impl Ledger for Store {
                      post_hook_child = COALESCE(?11, post_hook_child),
                      registered_at = CASE WHEN ?6 IS NULL THEN registered_at ELSE ?9 END,
                      failed_at_index = COALESCE(?12, failed_at_index)
-                 WHERE id = ?1 AND state = ?2",
+                 WHERE id = ?1 AND state = ?2 AND backend = 'nomad'",
             )
             .bind(id)
             .bind(from)
@@ -511,13 +253,12 @@ impl Ledger for Store {
                     "deployment {id} is no longer `{from}` (another process moved it)"
                 )));
             }
-            let target: String =
-                sqlx::query_scalar("SELECT target FROM nomad_deployments WHERE id = ?1")
-                    .bind(id)
-                    .fetch_one(&mut *tx)
-                    .await
-                    .map_err(self.ledger_err(what))?;
-            event(
+            let target: String = sqlx::query_scalar("SELECT target FROM deployments WHERE id = ?1")
+                .bind(id)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(self.ledger_err(what))?;
+            super::plans::event(
                 &mut tx,
                 id,
                 &target,
@@ -557,8 +298,8 @@ impl Ledger for Store {
     ) -> BoxFuture<'a, Result<Vec<Deployment>, LedgerError>> {
         Box::pin(async move {
             let q = format!(
-                "SELECT {COLUMNS} FROM nomad_deployments WHERE id IN (
-                     SELECT MAX(id) FROM nomad_deployments WHERE target = ?1
+                "SELECT {COLUMNS} FROM deployments WHERE id IN (
+                     SELECT MAX(id) FROM deployments WHERE backend = 'nomad' AND target = ?1
                      GROUP BY cluster, namespace, job)
                  ORDER BY namespace, job"
             );

@@ -1,29 +1,88 @@
-//! Plans that wait for a person, for every backend that can plan but
-//! Nomad (whose deployments are `store::nomad`'s): the `plans` table of
-//! migration 0008. One open plan per target is its unique partial index,
-//! not a lock; every state change names the state it leaves, so two writers
-//! can never both move one plan. This module decides nothing about a plan:
-//! the tick says what happens to it, a person (through the API) approves or
+//! Every backend's deployments: a plan and what became of it, in the
+//! `deployments` table (migration 0010), with its append-only
+//! `deployment_events`. A Nomad deployment is one job's (its job columns
+//! set; the nomad backend moves it through [`crate::ledger::Ledger`], see
+//! `store::nomad`); any other backend's is the target's plan. One open
+//! deployment per target (per job for Nomad) is a unique partial index, not
+//! a lock; every state change names the state it leaves, so two writers can
+//! never both move one. Listing, deciding and telling owners are one path
+//! for every backend here. This module decides nothing about a plan: the
+//! tick says what happens to it, a person (through the API) approves or
 //! rejects it.
 
 use serde::Serialize;
 use sqlx::FromRow;
 
 use super::{Store, StoreError, WriteTx, now_ms};
-use crate::store::nomad::DecisionError;
+
+/// Why an approval or rejection was refused (the API answers 409/404).
+#[derive(Debug, thiserror::Error)]
+pub enum DecisionError {
+    #[error("no deployment {0}")]
+    NotFound(i64),
+    #[error("{0}")]
+    Conflict(String),
+    #[error(transparent)]
+    Store(#[from] super::StoreError),
+}
+
+/// Append an event row (in the caller's transaction): every state a
+/// deployment of any backend enters, and who moved it there.
+pub(super) async fn event(
+    tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
+    deployment: i64,
+    target: &str,
+    actor: &str,
+    from: Option<&str>,
+    to: &str,
+    message: Option<&str>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO deployment_events (deployment_id, target, actor, from_state, to_state,
+                                        message, at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )
+    .bind(deployment)
+    .bind(target)
+    .bind(actor)
+    .bind(from)
+    .bind(to)
+    .bind(message)
+    .bind(now_ms())
+    .execute(&mut **tx)
+    .await
+    .map(|_| ())
+}
+
+/// id, deployment, actor, from, to, message, at
+type EventRow = (
+    i64,
+    i64,
+    String,
+    Option<String>,
+    String,
+    Option<String>,
+    i64,
+);
 
 /// Where a plan is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, sqlx::Type)]
 #[serde(rename_all = "snake_case")]
 #[sqlx(rename_all = "snake_case")]
 pub enum PlanState {
+    /// Nomad: planned, about to be registered unattended.
+    Detected,
     /// Shown; waits for a person to approve exactly it.
     PendingApproval,
     /// Approved; the next tick of the target applies it, if git still
     /// gives its commit.
     Approved,
+    /// Nomad: its pre hook (a dispatched batch job) runs.
+    PreHook,
     /// Being applied (written before the backend is called).
     Applying,
+    /// Nomad: registered and rolled out; its post hook runs.
+    PostHook,
     Applied,
     Failed,
     Rejected,
@@ -34,9 +93,12 @@ pub enum PlanState {
 impl PlanState {
     pub fn as_str(self) -> &'static str {
         match self {
+            PlanState::Detected => "detected",
             PlanState::PendingApproval => "pending_approval",
             PlanState::Approved => "approved",
+            PlanState::PreHook => "pre_hook",
             PlanState::Applying => "applying",
+            PlanState::PostHook => "post_hook",
             PlanState::Applied => "applied",
             PlanState::Failed => "failed",
             PlanState::Rejected => "rejected",
@@ -44,11 +106,12 @@ impl PlanState {
         }
     }
 
-    /// Not finished yet: the target's one open plan.
+    /// Not finished yet: the target's (the Nomad job's) one open
+    /// deployment.
     pub fn is_open(self) -> bool {
-        matches!(
+        !matches!(
             self,
-            PlanState::PendingApproval | PlanState::Approved | PlanState::Applying
+            PlanState::Applied | PlanState::Failed | PlanState::Rejected | PlanState::Superseded
         )
     }
 }
@@ -79,6 +142,47 @@ pub struct StoredPlan {
     pub message: Option<String>,
     pub created_at: i64,
     pub updated_at: i64,
+    /// Nomad's job columns (`None` for every other backend).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub job: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub job_modify_index: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub registered_index: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pre_hook: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub post_hook: Option<String>,
+}
+
+impl StoredPlan {
+    /// The diff as a person reads it: a Nomad deployment keeps Nomad's
+    /// plan diff as JSON, shown one line per changed field; every other
+    /// backend's is already text.
+    pub fn shown_diff(&self) -> String {
+        if self.job.is_some()
+            && let Ok(v) = serde_json::from_str::<serde_json::Value>(&self.diff)
+        {
+            return crate::ledger::diff_lines(&v);
+        }
+        self.diff.clone()
+    }
+
+    /// What the deployment is of: the target, or a Nomad target's job.
+    pub fn subject(&self) -> String {
+        match (&self.namespace, &self.job, &self.file) {
+            (Some(ns), Some(job), Some(file)) => {
+                format!("Nomad job {ns}/{job} ({file}) of {}", self.target)
+            }
+            _ => self.target.clone(),
+        }
+    }
 }
 
 /// A plan about to be recorded.
@@ -104,7 +208,8 @@ pub struct NewPlan<'a> {
 
 const COLUMNS: &str = "id, target, backend, commit_sha, plan_hash, policy, summary, diff, \
      destructive, artifact, state, decided_by, decided_at, message, created_at, updated_at, \
-     backend_hash";
+     backend_hash, cluster, namespace, job, file, job_modify_index, registered_index, pre_hook, \
+     post_hook";
 
 impl Store {
     /// Record a plan before it is shown or applied. Fails when the target
@@ -113,26 +218,16 @@ impl Store {
     pub async fn insert_plan(&self, p: &NewPlan<'_>) -> Result<StoredPlan, StoreError> {
         let what = "recording a plan";
         let WriteTx { mut tx, _turn } = self.begin_write(what).await?;
-        // Plans and Nomad deployments share one id sequence (migration
-        // 0008): "deployment N" names one thing whichever table holds it.
-        let id: i64 = sqlx::query_scalar(
-            "UPDATE sqlite_sequence SET seq = seq + 1 WHERE name = 'nomad_deployments'
-             RETURNING seq",
-        )
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(self.err(what))?;
         let now = now_ms();
         let decided_at = p.decided_by.map(|_| now);
         let q = format!(
-            "INSERT INTO plans (id, target, backend, commit_sha, plan_hash, policy, summary,
+            "INSERT INTO deployments (target, backend, commit_sha, plan_hash, policy, summary,
                                 diff, destructive, artifact, state, decided_by, decided_at,
                                 message, created_at, updated_at, backend_hash)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?15, ?16)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?14, ?15)
              RETURNING {COLUMNS}"
         );
         let plan = sqlx::query_as::<_, StoredPlan>(sqlx::AssertSqlSafe(q))
-            .bind(id)
             .bind(p.target)
             .bind(p.backend)
             .bind(p.commit_sha)
@@ -151,6 +246,17 @@ impl Store {
             .fetch_one(&mut *tx)
             .await
             .map_err(self.err(what))?;
+        event(
+            &mut tx,
+            plan.id,
+            p.target,
+            p.decided_by.unwrap_or("driftless"),
+            None,
+            p.state.as_str(),
+            Some(p.message),
+        )
+        .await
+        .map_err(self.err(what))?;
         tx.commit().await.map_err(self.err(what))?;
         Ok(plan)
     }
@@ -160,7 +266,10 @@ impl Store {
         filter: &'static str,
         target: &str,
     ) -> Result<Option<StoredPlan>, StoreError> {
-        let q = format!("SELECT {COLUMNS} FROM plans WHERE {filter} ORDER BY id DESC LIMIT 1");
+        let q = format!(
+            "SELECT {COLUMNS} FROM deployments WHERE backend <> 'nomad' AND {filter}
+             ORDER BY id DESC LIMIT 1"
+        );
         sqlx::query_as::<_, StoredPlan>(sqlx::AssertSqlSafe(q))
             .bind(target)
             .fetch_optional(self.pool())
@@ -168,7 +277,8 @@ impl Store {
             .map_err(self.err("reading a plan"))
     }
 
-    /// The target's open plan (pending, approved or being applied).
+    /// The target's open plan (pending, approved or being applied); never
+    /// a Nomad job's deployment, which the nomad backend keeps itself.
     pub async fn open_plan(&self, target: &str) -> Result<Option<StoredPlan>, StoreError> {
         self.plan_where(
             "target = ?1 AND state IN ('pending_approval', 'approved', 'applying')",
@@ -177,14 +287,14 @@ impl Store {
         .await
     }
 
-    /// The target's newest plan in any state.
+    /// The target's newest plan in any state (not Nomad's).
     pub async fn latest_plan(&self, target: &str) -> Result<Option<StoredPlan>, StoreError> {
         self.plan_where("target = ?1", target).await
     }
 
-    /// Plan `id`, if there is one.
+    /// Deployment `id` of any backend, if there is one.
     pub async fn plan_record(&self, id: i64) -> Result<Option<StoredPlan>, StoreError> {
-        let q = format!("SELECT {COLUMNS} FROM plans WHERE id = ?1");
+        let q = format!("SELECT {COLUMNS} FROM deployments WHERE id = ?1");
         sqlx::query_as::<_, StoredPlan>(sqlx::AssertSqlSafe(q))
             .bind(id)
             .fetch_optional(self.pool())
@@ -192,10 +302,19 @@ impl Store {
             .map_err(self.err("reading a plan"))
     }
 
-    /// The newest plans, newest first.
-    pub async fn plans(&self, limit: i64) -> Result<Vec<StoredPlan>, StoreError> {
-        let q = format!("SELECT {COLUMNS} FROM plans ORDER BY id DESC LIMIT ?1");
+    /// The newest deployments of every backend, newest first; only those
+    /// in `state` when it is given.
+    pub async fn plans(
+        &self,
+        state: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<StoredPlan>, StoreError> {
+        let q = format!(
+            "SELECT {COLUMNS} FROM deployments WHERE ?1 IS NULL OR state = ?1
+             ORDER BY id DESC LIMIT ?2"
+        );
         sqlx::query_as::<_, StoredPlan>(sqlx::AssertSqlSafe(q))
+            .bind(state)
             .bind(limit)
             .fetch_all(self.pool())
             .await
@@ -213,30 +332,45 @@ impl Store {
     ) -> Result<bool, StoreError> {
         let what = "changing a plan's state";
         let WriteTx { mut tx, _turn } = self.begin_write(what).await?;
-        let done = sqlx::query(
-            "UPDATE plans SET state = ?3, message = ?4, updated_at = ?5,
+        let target: Option<String> = sqlx::query_scalar(
+            "UPDATE deployments SET state = ?3, message = ?4, updated_at = ?5,
                     artifact = CASE WHEN ?3 IN ('pending_approval', 'approved', 'applying')
                                     THEN artifact END
-             WHERE id = ?1 AND state = ?2",
+             WHERE id = ?1 AND state = ?2 RETURNING target",
         )
         .bind(id)
         .bind(from)
         .bind(to)
         .bind(message)
         .bind(now_ms())
-        .execute(&mut *tx)
+        .fetch_optional(&mut *tx)
         .await
-        .map_err(self.err(what))?
-        .rows_affected()
-            == 1;
+        .map_err(self.err(what))?;
+        let Some(target) = target else {
+            return Ok(false);
+        };
+        event(
+            &mut tx,
+            id,
+            &target,
+            "driftless",
+            Some(from.as_str()),
+            to.as_str(),
+            Some(message),
+        )
+        .await
+        .map_err(self.err(what))?;
         tx.commit().await.map_err(self.err(what))?;
-        Ok(done)
+        Ok(true)
     }
 
-    /// A person's decision on plan `id`: approve it (for exactly the plan
-    /// `plan_hash` names) or reject it. Only a pending plan can be decided;
-    /// anything else, or another hash, is a `Conflict` saying why. Nothing
-    /// is applied here: the target's next tick does that.
+    /// A person's decision on deployment `id`, whichever backend's: approve
+    /// it (for exactly the plan `plan_hash` names) or reject it. Only a
+    /// pending deployment can be decided; anything else, or another hash,
+    /// is a `Conflict` saying why. Nothing is applied here: the target's
+    /// next tick does that. An approved plan becomes `approved`; an
+    /// approved Nomad deployment goes straight to the step its job takes
+    /// next (`pre_hook` or `applying`), unless a person paused the job.
     pub async fn decide_plan(
         &self,
         id: i64,
@@ -244,9 +378,9 @@ impl Store {
         actor: &str,
         approve: bool,
     ) -> Result<StoredPlan, DecisionError> {
-        let what = "recording a decision on a plan";
+        let what = "recording a decision on a deployment";
         let WriteTx { mut tx, _turn } = self.begin_write(what).await?;
-        let q = format!("SELECT {COLUMNS} FROM plans WHERE id = ?1");
+        let q = format!("SELECT {COLUMNS} FROM deployments WHERE id = ?1");
         let p = sqlx::query_as::<_, StoredPlan>(sqlx::AssertSqlSafe(q))
             .bind(id)
             .fetch_optional(&mut *tx)
@@ -271,17 +405,40 @@ impl Store {
                 p.plan_hash
             )));
         }
-        let (to, message) = if approve {
-            (
+        let (to, message) = match (&p.job, approve) {
+            (_, false) => (PlanState::Rejected, "rejected"),
+            (None, true) => (
                 PlanState::Approved,
                 "approved; the next tick applies exactly this plan if git still gives its commit",
-            )
-        } else {
-            (PlanState::Rejected, "rejected")
+            ),
+            (Some(job), true) => {
+                let paused: i64 = sqlx::query_scalar(
+                    "SELECT COUNT(*) FROM nomad_job_pauses WHERE target = ?1 AND job = ?2",
+                )
+                .bind(&p.target)
+                .bind(job)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(self.err(what))?;
+                if paused > 0 {
+                    return Err(DecisionError::Conflict(format!(
+                        "job `{job}` of target `{}` is paused; resume it first",
+                        p.target
+                    )));
+                }
+                if p.pre_hook.is_some() {
+                    (
+                        PlanState::PreHook,
+                        "approved; the next tick runs its pre hook, then registers it",
+                    )
+                } else {
+                    (PlanState::Applying, "approved; the next tick registers it")
+                }
+            }
         };
         let now = now_ms();
         let q = format!(
-            "UPDATE plans SET state = ?2, message = ?3, decided_by = ?4, decided_at = ?5,
+            "UPDATE deployments SET state = ?2, message = ?3, decided_by = ?4, decided_at = ?5,
                               updated_at = ?5
              WHERE id = ?1 AND state = 'pending_approval' RETURNING {COLUMNS}"
         );
@@ -294,8 +451,43 @@ impl Store {
             .fetch_one(&mut *tx)
             .await
             .map_err(self.err(what))?;
+        event(
+            &mut tx,
+            id,
+            &p.target,
+            actor,
+            Some("pending_approval"),
+            to.as_str(),
+            Some(message),
+        )
+        .await
+        .map_err(self.err(what))?;
         tx.commit().await.map_err(self.err(what))?;
         Ok(p)
+    }
+
+    /// A target's deployment events (every backend's), oldest first.
+    pub async fn deployment_events(
+        &self,
+        target: &str,
+    ) -> Result<Vec<serde_json::Value>, StoreError> {
+        let rows: Vec<EventRow> = sqlx::query_as(
+            "SELECT id, deployment_id, actor, from_state, to_state, message, at
+                 FROM deployment_events WHERE target = ?1 ORDER BY id",
+        )
+        .bind(target)
+        .fetch_all(self.pool())
+        .await
+        .map_err(self.err("reading deployment events"))?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, dep, actor, from, to, message, at)| {
+                serde_json::json!({
+                    "id": id, "deployment": dep, "actor": actor, "from": from,
+                    "to": to, "message": message, "at": super::format_ms(at),
+                })
+            })
+            .collect())
     }
 
     /// The installation's key `name` (32 random bytes, made on first use,
@@ -332,11 +524,12 @@ impl Store {
         Ok(k)
     }
 
-    /// A target's plans whose owners were not told yet that they wait
-    /// (`pending_approval`) or were superseded, oldest first.
+    /// A target's deployments (any backend's) whose owners were not told
+    /// yet that they wait (`pending_approval`) or were superseded, oldest
+    /// first.
     pub async fn untold_plans(&self, target: &str) -> Result<Vec<StoredPlan>, StoreError> {
         let q = format!(
-            "SELECT {COLUMNS} FROM plans
+            "SELECT {COLUMNS} FROM deployments
              WHERE target = ?1 AND ((state = 'pending_approval' AND notified_at IS NULL)
                 OR (state = 'superseded' AND notified_at IS NOT NULL
                     AND superseded_notified_at IS NULL))
@@ -373,11 +566,12 @@ mod tests {
         }
     }
 
-    /// "deployment N" names one thing: plans and Nomad deployments take
-    /// their ids from one sequence, interleaved; and a target has at most
-    /// one open plan, whatever the caller does.
+    /// "deployment N" names one thing: plans and Nomad deployments are rows
+    /// of one table, listed and decided one way; a target has at most one
+    /// open plan and a Nomad job one open deployment, whatever the caller
+    /// does; and every state change is an event.
     #[tokio::test]
-    async fn plans_and_nomad_deployments_share_ids_and_a_target_has_one_open_plan() {
+    async fn plans_and_nomad_deployments_are_one_ledger_and_a_target_has_one_open_plan() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Store::open(&dir.path().join("state/driftless.db"))
             .await
@@ -424,8 +618,37 @@ mod tests {
             .expect("plan")
             .id;
         assert!(a < b && b < c && c < d, "{a} {b} {c} {d}");
-        assert!(store.nomad_deployment(b).await.expect("read").is_none());
-        assert!(store.plan_record(c).await.expect("read").is_none());
+        let listed: Vec<(i64, String)> = store
+            .plans(None, 10)
+            .await
+            .expect("list")
+            .into_iter()
+            .map(|p| (p.id, p.backend))
+            .collect();
+        assert_eq!(
+            listed,
+            [
+                (d, "terraform"),
+                (c, "nomad"),
+                (b, "terraform"),
+                (a, "nomad")
+            ]
+            .map(|(i, b)| (i, b.to_string()))
+        );
+        let web = store
+            .plan_record(a)
+            .await
+            .expect("read")
+            .expect("nomad row");
+        assert_eq!(
+            (web.job.as_deref(), web.state, web.plan_hash.as_str()),
+            (Some("web"), PlanState::Detected, "s")
+        );
+        assert!(
+            store.insert(&nomad("web")).await.is_err(),
+            "two open for one job"
+        );
+        assert!(store.open_plan("jobs").await.expect("open").is_none());
 
         let second = store.insert_plan(&new_plan("net", "c3")).await;
         assert!(second.is_err(), "two open plans for one target");
@@ -442,6 +665,29 @@ mod tests {
         assert!(
             matches!(twice, Err(DecisionError::Conflict(ref m)) if m.contains("is `approved`")),
             "{twice:?}"
+        );
+        let said: Vec<(i64, String, String)> = store
+            .deployment_events("net")
+            .await
+            .expect("events")
+            .iter()
+            .map(|e| {
+                (
+                    e["deployment"].as_i64().unwrap_or(0),
+                    e["actor"].as_str().unwrap_or("").to_string(),
+                    e["to"].as_str().unwrap_or("").to_string(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            said,
+            [
+                (b, "driftless", "pending_approval"),
+                (b, "driftless", "superseded"),
+                (d, "driftless", "pending_approval"),
+                (d, "token:ops", "approved"),
+            ]
+            .map(|(i, a, t)| (i, a.to_string(), t.to_string()))
         );
     }
 }

@@ -474,7 +474,6 @@ impl Reconciler {
         if let Some(n) = notice.as_mut() {
             n.drift = drift;
             n.plan_done = plan_done;
-            self.approval_notices(target, run, n).await?;
             self.plan_notices(target, run, n).await?;
         }
         // The backend is done: its result is not thrown away because the

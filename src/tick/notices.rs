@@ -7,7 +7,7 @@
 use tracing::error;
 
 use super::{Reconciler, RunInfo, TickError};
-use crate::backend::{self, Status};
+use crate::backend::Status;
 use crate::config::Target;
 use crate::model::short_sha;
 use crate::notify::{self, EventDoc, FailureState};
@@ -76,27 +76,27 @@ impl Reconciler {
         }
     }
 
-    /// A `pending_approval` event for every plan of this target that waits
-    /// and whose owners were not told yet (what changes and how to approve
-    /// exactly it), and a `superseded` one for every plan they were told
-    /// of that a newer commit replaced.
+    /// A `pending_approval` event for every deployment of this target (a
+    /// plan; for Nomad, a job's) that waits and whose owners were not told
+    /// yet (what changes and how to approve exactly it), and a `superseded`
+    /// one for every deployment they were told of that a newer commit
+    /// replaced. One indexed read per tick, whatever the policy: a target
+    /// whose policy was `approval` may still have a plan waiting.
     pub(super) async fn plan_notices(
         &self,
         target: &Target,
         run: &RunInfo,
         notice: &mut Notice,
     ) -> Result<(), TickError> {
-        if !target.tick_policy().reviews() {
-            return Ok(());
-        }
         let base = self.app.base_url();
         for p in self.app.store.untold_plans(&target.name).await? {
             let (event, message) = if p.state == PlanState::Superseded {
                 (
                     notify::Event::Superseded,
                     format!(
-                        "Deployment {} ({} at commit {}) will not be applied: {}.",
+                        "Deployment {} of {} ({} at commit {}) will not be applied: {}.",
                         p.id,
+                        p.subject(),
                         p.summary,
                         short_sha(&p.commit_sha),
                         p.message.as_deref().unwrap_or("superseded")
@@ -110,7 +110,7 @@ impl Reconciler {
                          Approve exactly this plan: driftless approve {}\n\
                          or: curl -X POST -H \"Authorization: Bearer $TOKEN\" -d '{{\"plan_hash\":\"{}\"}}' {base}/api/v1/deployments/{}/approve\n\
                          See it: {base}/api/v1/deployments/{}",
-                        target.name,
+                        p.subject(),
                         short_sha(&p.commit_sha),
                         p.id,
                         p.policy,
@@ -120,7 +120,7 @@ impl Reconciler {
                         } else {
                             ""
                         },
-                        p.diff,
+                        p.shown_diff(),
                         p.id,
                         p.plan_hash,
                         p.id,
@@ -199,59 +199,9 @@ impl Reconciler {
             last_notified_at: d.state.last_notified_at,
             last_notified_message: d.state.last_notified_message,
             outbox,
-            approvals_notified: Vec::new(),
             plans_told: Vec::new(),
             plan_done: None,
             drift: None,
         }
-    }
-
-    /// A `pending_approval` event for every Nomad deployment of this target
-    /// that waits for a person and whose owners were not told yet: what
-    /// changes and how to approve it.
-    pub(super) async fn approval_notices(
-        &self,
-        target: &Target,
-        run: &RunInfo,
-        notice: &mut Notice,
-    ) -> Result<(), TickError> {
-        // Nomad keeps its deployments in its own ledger.
-        if !matches!(target.backend, backend::BackendConfig::Nomad(_)) {
-            return Ok(());
-        }
-        let waiting = self.app.store.unnotified_approvals(&target.name).await?;
-        let base = self.app.base_url();
-        for d in waiting {
-            let message = notify::bounded(
-                &format!(
-                    "Nomad job {}/{} ({}) at commit {} waits for approval (deployment {}): {}\n\n\
-                     Approve exactly this spec: driftless approve {}\n\
-                     or: curl -X POST -H \"Authorization: Bearer $TOKEN\" -d '{{\"plan_hash\":\"{}\"}}' {base}/api/v1/deployments/{}/approve\n\
-                     See the diff: {base}/api/v1/deployments/{}",
-                    d.key.namespace,
-                    d.key.job,
-                    d.file,
-                    short_sha(&d.commit_sha),
-                    d.id,
-                    d.diff_summary,
-                    d.id,
-                    d.spec_hash,
-                    d.id,
-                    d.id
-                ),
-                notify::MESSAGE_MAX,
-            );
-            let told = Told {
-                event: notify::Event::PendingApproval,
-                sha: Some(&d.commit_sha),
-                message: &message,
-                consecutive_failures: 0,
-                failing_for_ms: None,
-                run_url: Some(format!("{base}/api/v1/deployments/{}", d.id)),
-            };
-            self.tell(target, run, &told, &mut notice.outbox);
-            notice.approvals_notified.push(d.id);
-        }
-        Ok(())
     }
 }

@@ -119,7 +119,10 @@ impl Fixture {
     }
 
     fn deployments(&self) -> Vec<Value> {
-        sql_rows(&self.s.db(), "SELECT * FROM nomad_deployments ORDER BY id")
+        sql_rows(
+            &self.s.db(),
+            "SELECT *, plan_hash AS spec_hash, summary AS diff_summary FROM deployments WHERE backend = 'nomad' ORDER BY id",
+        )
     }
 
     fn sql(&self, statement: &str) {
@@ -216,7 +219,7 @@ fn plan_before_every_write_and_cas_on_every_register() {
         .control("deployment", json!({ "ID": "web", "Status": "successful" }));
     let (code, out, _) = f.tick();
     assert_eq!(code, Some(0), "{out}");
-    assert_eq!(f.deployments()[0]["state"], "completed");
+    assert_eq!(f.deployments()[0]["state"], "applied");
     let (_, _, j) = f.tick();
     assert_eq!(
         assert_plan_then_cas(&j, &f.nomad),
@@ -507,7 +510,7 @@ fn state_is_persisted_before_acting() {
     let f = fixture("");
     assert!(f.s.run(&["status"]).status.success()); // creates the database
     f.sql(
-        "CREATE TRIGGER no_deployments BEFORE INSERT ON nomad_deployments
+        "CREATE TRIGGER no_deployments BEFORE INSERT ON deployments
          BEGIN SELECT RAISE(ABORT, 'injected: disk says no'); END;",
     );
     let (code, out, j) = f.tick();
@@ -524,7 +527,7 @@ fn state_is_persisted_before_acting() {
     // The move to `applying` cannot be written: still nothing registered.
     f.sql(
         "DROP TRIGGER no_deployments;
-         CREATE TRIGGER no_applying BEFORE UPDATE ON nomad_deployments WHEN NEW.state = 'applying'
+         CREATE TRIGGER no_applying BEFORE UPDATE ON deployments WHEN NEW.state = 'applying'
          BEGIN SELECT RAISE(ABORT, 'injected: no applying'); END;",
     );
     let (code, _, j) = f.tick();
@@ -1073,7 +1076,7 @@ fn approval_with_the_right_scope_registers_exactly_the_approved_spec() {
     // Events are append-only, enforced by the database.
     let out = std::process::Command::new("python3")
         .arg("-c")
-        .arg("import sqlite3, sys\nc = sqlite3.connect(sys.argv[1])\ntry:\n    c.execute('DELETE FROM nomad_events')\n    c.commit()\n    print('deleted')\nexcept sqlite3.DatabaseError as e:\n    print(e)")
+        .arg("import sqlite3, sys\nc = sqlite3.connect(sys.argv[1])\ntry:\n    c.execute('DELETE FROM deployment_events')\n    c.commit()\n    print('deleted')\nexcept sqlite3.DatabaseError as e:\n    print(e)")
         .arg(f.s.db())
         .output()
         .expect("python3");
@@ -1494,7 +1497,7 @@ fn hooks_are_dispatched_once_around_the_register_with_their_meta() {
         .iter()
         .find(|r| r["job"] == "web")
         .expect("web deployment");
-    assert_eq!(web["state"], "completed", "{d:#?}");
+    assert_eq!(web["state"], "applied", "{d:#?}");
     let (_, _, j) = f.tick();
     assert!(dispatches(&j, "db-migrate").is_empty() && dispatches(&j, "smoke-test").is_empty());
 }
@@ -1590,7 +1593,7 @@ fn a_tick_killed_during_the_post_hook_resumes_without_a_second_instance() {
     assert!(registers(&j).is_empty(), "registered again: {j:#?}");
     let d = f.deployments();
     let web = d.iter().find(|r| r["job"] == "web").expect("web");
-    assert_eq!(web["state"], "completed", "{d:#?}");
+    assert_eq!(web["state"], "applied", "{d:#?}");
 }
 
 // ------------------------------------------------ as Nomad really behaves
@@ -1810,7 +1813,7 @@ fn registers_nomad_starts_no_deployment_for_settle_and_waiting_for_one_is_bounde
     assert_eq!(code, Some(0), "{out}");
     let d = f.deployments();
     let web = d.iter().rev().find(|r| r["job"] == "web").expect("web");
-    assert_eq!(web["state"], "completed", "{d:#?}");
+    assert_eq!(web["state"], "applied", "{d:#?}");
     assert!(
         f.message().contains("no group has an update strategy"),
         "{}",
@@ -1840,7 +1843,7 @@ fn registers_nomad_starts_no_deployment_for_settle_and_waiting_for_one_is_bounde
         .rev()
         .find(|r| r["job"] == "nightly")
         .expect("nightly");
-    assert_eq!(nightly["state"], "completed", "{d:#?}");
+    assert_eq!(nightly["state"], "applied", "{d:#?}");
     assert!(
         nightly["message"]
             .as_str()
@@ -1879,7 +1882,7 @@ fn a_deployment_nomad_has_not_started_yet_is_waited_for_within_the_timeout() {
     f.nomad
         .control("deployment", json!({ "ID": "web", "Status": "successful" }));
     assert_eq!(f.tick().0, Some(0));
-    assert_eq!(f.deployments()[0]["state"], "completed");
+    assert_eq!(f.deployments()[0]["state"], "applied");
 
     // An evaluation that never gets processed: bounded by the timeout.
     f.nomad.control("eval_delay", json!({ "Seconds": 3600 }));
@@ -1919,7 +1922,7 @@ fn a_push_after_a_deployment_is_applied_by_that_pushs_tick() {
         d.iter()
             .map(|r| r["state"].as_str().unwrap_or(""))
             .collect::<Vec<_>>(),
-        ["completed", "applying"]
+        ["applied", "applying"]
     );
     // A newer commit while Nomad still runs the deployment supersedes it.
     f.remote.commit(
@@ -2205,7 +2208,12 @@ fn plan_shows_the_jobs_that_would_change_and_registers_nothing() {
         &[("jobs/web.nomad.hcl", &web_job("nginx:1.27", AUTO))],
         "1.27",
     );
-    let rows = || sql_rows(&f.s.db(), "SELECT COUNT(*) AS n FROM nomad_deployments");
+    let rows = || {
+        sql_rows(
+            &f.s.db(),
+            "SELECT COUNT(*) AS n FROM deployments WHERE backend = 'nomad'",
+        )
+    };
     let (before_rows, before) = (rows(), f.nomad.journal().len());
     let out = f.s.run(&["plan", "cluster"]);
     let said = text(&out.stdout);
@@ -2261,7 +2269,7 @@ fn a_targets_policy_is_its_jobs_default_and_a_jobs_meta_still_overrides_it() {
     assert_eq!(registered, ["api"], "{out}");
     let waiting = sql_rows(
         &f.s.db(),
-        "SELECT job FROM nomad_deployments WHERE state = 'pending_approval'",
+        "SELECT job FROM deployments WHERE state = 'pending_approval'",
     );
     assert_eq!(waiting.len(), 1, "{waiting:?}");
     assert_eq!(waiting[0]["job"], "web");

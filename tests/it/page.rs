@@ -141,11 +141,11 @@ fn the_page_shows_targets_and_pending_approvals_in_a_browser() {
         "failed",
         "cluster",
         "Waiting for approval",
-        "Deployment 1: default/web of <strong>cluster</strong>",
+        "Deployment 1: nomad plan of job default/web of <strong>cluster</strong>",
         "new job",
         "[REDACTED]",
         "/api/v1/deployments/1/approve",
-        "spec_hash",
+        "plan_hash",
         "driftless approve 1",
     ] {
         assert!(dom.contains(want), "the page lacks {want:?}:\n{dom}");
