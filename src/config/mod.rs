@@ -256,13 +256,17 @@ impl Policy {
 }
 
 impl Target {
-    /// The policy the tick itself follows. A Nomad target's `policy` is its
-    /// jobs' default, which the nomad backend applies job by job (a job's
-    /// meta may override it), so its tick always goes through `apply`.
+    /// The policy the tick itself follows. A Nomad target's `approval` is
+    /// its jobs' default, which the nomad backend applies job by job (a
+    /// job's meta may override it), so that tick goes through `apply`; its
+    /// `detect` is the target's own, as on every backend: every tick plans
+    /// (Nomad's plan dry-run per job) and nothing is registered, whatever a
+    /// job's meta says.
     pub fn tick_policy(&self) -> Policy {
-        match self.backend {
-            crate::backend::BackendConfig::Nomad(_) => Policy::Auto,
-            _ => self.policy,
+        match (&self.backend, self.policy) {
+            (_, Policy::Detect) => Policy::Detect,
+            (crate::backend::BackendConfig::Nomad(_), _) => Policy::Auto,
+            (_, p) => p,
         }
     }
 

@@ -238,9 +238,11 @@ pub(super) fn validate_target(
     ) {
         (None, _) => Policy::Auto,
         (Some((_, Some(Policy::Auto))), _) => Policy::Auto,
-        // A Nomad target's policy is its jobs' default (a job's `meta {
+        // A Nomad target's `approval` is its jobs' default (a job's `meta {
         // driftless_policy }` still overrides it), applied by the backend
-        // per job: `detect` is Nomad's `none`.
+        // per job. Its `detect` is the tick's (`Target::tick_policy`): the
+        // backend only plans; `none` is the default should it be asked to
+        // apply anyway.
         (Some((p, Some(policy))), Some(BackendConfig::Nomad(n))) => {
             let per_job = match policy {
                 Policy::Approval => Some("approval"),

@@ -221,7 +221,8 @@ fn a_failing_task_names_the_task_and_the_host() {
 
 /// `policy = "approval"` on an ansible target: the plan is `--check`, one
 /// line per task that would change a host and never a value; nothing runs
-/// for real until it is approved; after the approved run a check finds
+/// for real until it is approved; a stale approval is refused and a newer
+/// commit supersedes the waiting plan; after the approved run a check finds
 /// nothing to do; a hand edit is a new plan that waits, and rejecting it
 /// leaves the edit alone.
 #[test]
@@ -253,10 +254,26 @@ fn an_ansible_plan_is_a_check_and_only_an_approved_one_runs() {
         (&"ansible".into(), &"~ box: write the greeting".into()),
         "{p:?}"
     );
-    who.approve(&p[0]);
+    let dest = w.root.path().join("greeting.txt");
+    let newer = who.refuses_stale_and_supersedes(
+        || {
+            w.remote.commit(
+                &[(
+                    "play/vars.yml",
+                    &format!("greeting: hi\ndest: {}\n", dest.display()),
+                )],
+                "hi",
+            );
+        },
+        || {
+            tick(&w);
+        },
+    );
+    assert_eq!(greeting(&w), "", "ran before approval");
+    who.approve(&newer);
     let (code, run) = tick(&w);
     assert_eq!((code, &run["result"]), (0, &"changed".into()), "{run}");
-    assert_eq!(greeting(&w), "hello\n");
+    assert_eq!(greeting(&w), "hi\n", "the newer commit's plan ran");
     let (_, run) = tick(&w);
     assert!(
         run["message"]
@@ -279,4 +296,18 @@ fn an_ansible_plan_is_a_check_and_only_an_approved_one_runs() {
         "{run}"
     );
     assert_eq!(greeting(&w), "edited by hand\n");
+}
+
+/// `policy = "detect"` on an ansible target: every tick runs `--check`,
+/// records what a run would change as the target's drift, and never runs
+/// the playbook for real.
+#[test]
+fn an_ansible_detect_target_records_the_check_and_changes_nothing() {
+    let w = world_with("digest", "policy = \"detect\"\ninterval = \"1h\"", "");
+    for _ in 0..2 {
+        let (code, run) = tick(&w);
+        assert_eq!(code, 0, "{run}");
+    }
+    assert_detected(&w.setup, "box", "~ box: write the greeting");
+    assert_eq!(greeting(&w), "", "detect ran the playbook");
 }

@@ -608,17 +608,21 @@ fn an_approved_change_set_is_executed_by_its_id_and_others_are_deleted() {
     f.tick();
     let p2 = who.pending();
     assert_eq!(p2[0]["diff"], "~ Greeting (AWS::SSM::Parameter)", "{p2:?}");
-    f.remote
-        .commit(&[("cfn/stack.json", &renamed("/site/es"))], "es");
-    f.tick();
-    let p3 = who.pending();
-    assert_ne!(p3[0]["id"], p2[0]["id"]);
+    let p3 = who.refuses_stale_and_supersedes(
+        || {
+            f.remote
+                .commit(&[("cfn/stack.json", &renamed("/site/es"))], "es");
+        },
+        || {
+            f.tick();
+        },
+    );
     assert_eq!(
         calls("DeleteChangeSet").len(),
         1,
         "the superseded change set"
     );
-    who.reject(p3[0]["id"].as_i64().expect("id"));
+    who.reject(p3["id"].as_i64().expect("id"));
     let (code, out) = f.tick();
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains("was rejected by token:ops"), "{out}");
@@ -627,4 +631,37 @@ fn an_approved_change_set_is_executed_by_its_id_and_others_are_deleted() {
     assert_eq!(plan_files(), 0);
     let out = f.run(&["outputs", "site", "--json"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+/// `policy = "detect"` on a CloudFormation target: every tick makes a
+/// change set, records its changes as the target's drift and deletes it;
+/// none is ever executed.
+#[test]
+fn a_cloudformation_detect_target_records_its_change_set_and_executes_none() {
+    let f = fixture("parameters_file = \"params.json\"", "2m");
+    let cfg = std::fs::read_to_string(&f.s.config).expect("config");
+    let cfg = cfg.replacen(
+        "[targets.backend]",
+        "policy = \"detect\"\ninterval = \"1h\"\n[targets.backend]",
+        1,
+    );
+    std::fs::write(&f.s.config, cfg).expect("config");
+    for _ in 0..2 {
+        let (code, out) = f.tick();
+        assert_eq!(code, Some(0), "{out}");
+    }
+    assert_detected(&f.s, "site", "+ Greeting (AWS::SSM::Parameter)");
+    let count = |action: &str| {
+        f.moto
+            .log()
+            .into_iter()
+            .filter(|r| r["action"] == action)
+            .count()
+    };
+    assert_eq!(count("ExecuteChangeSet"), 0, "detect executed a change set");
+    assert_eq!(
+        (count("CreateChangeSet"), count("DeleteChangeSet")),
+        (2, 2),
+        "every change set made to look is deleted"
+    );
 }

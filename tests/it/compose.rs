@@ -231,8 +231,9 @@ fn compose_projects_converge_locally_and_over_ssh() {
 /// dockerd and docker-compose: creating a service is applied unattended, a
 /// change that makes compose recreate a container (its config hash against
 /// the container's label) waits for a person and leaves the container
-/// alone until approved, and a service stopped by hand is started again
-/// unattended.
+/// alone until approved (a stale approval refused, a newer commit
+/// superseding the waiting plan), and a service stopped by hand is started
+/// again unattended; under `detect` nothing is brought up.
 #[test]
 fn a_compose_recreation_waits_for_approval_and_a_start_does_not() {
     const OPS: &str = "ops-token-compose-e61a";
@@ -288,16 +289,24 @@ fn a_compose_recreation_waits_for_approval_and_a_start_does_not() {
         ),
         "{p:?}"
     );
+    let newer = who.refuses_stale_and_supersedes(
+        || {
+            remote.commit(&[("app/.env", "GREETING=hola\n")], "spanish");
+        },
+        || {
+            tick();
+        },
+    );
     assert_eq!(
         container_id(&docker, "gated_web_1"),
         first,
         "recreated before approval"
     );
-    who.approve(&p[0]);
+    who.approve(&newer);
     let said = tick();
     assert!(said.contains("gated: changed"), "{said}");
     assert_ne!(container_id(&docker, "gated_web_1"), first);
-    assert!(inspect_env(&docker, "gated_web_1").contains("GREETING=bonjour"));
+    assert!(inspect_env(&docker, "gated_web_1").contains("GREETING=hola"));
 
     // Stopped by hand: started again without waiting.
     let out = docker.docker(&["stop", "-t", "0", "gated_web_1"]);
@@ -333,5 +342,27 @@ fn a_compose_recreation_waits_for_approval_and_a_start_does_not() {
     who.approve(&p[0]);
     let said = tick();
     assert!(said.contains("gated: changed"), "{said}");
-    assert!(inspect_env(&docker, "gated_web_1").contains("GREETING=bonjour"));
+    assert!(inspect_env(&docker, "gated_web_1").contains("GREETING=hola"));
+
+    // `detect` on a project nobody brought up: the plan is recorded as
+    // drift, and no container is created.
+    let cfg = std::fs::read_to_string(&s.config).expect("config");
+    let watch = format!(
+        "[[targets]]\nname = \"watch\"\nrepo = \"{}\"\npath = \"app\"\npolicy = \"detect\"\n\
+         interval = \"1h\"\n\
+         [targets.backend]\nkind = \"compose\"\ncommand = \"docker-compose\"\nhost = \"{}\"\nenv_files = [\".env\"]\n",
+        remote.url(),
+        docker.host,
+    );
+    std::fs::write(&s.config, format!("{cfg}\n{watch}")).expect("config");
+    for _ in 0..2 {
+        let out = s.run(&["tick", "watch"]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+    assert_detected(&s, "watch", "+ web (create)");
+    assert!(
+        !docker.running().iter().any(|n| n.starts_with("watch_")),
+        "detect created a container: {:?}",
+        docker.running()
+    );
 }

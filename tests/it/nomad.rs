@@ -2275,3 +2275,31 @@ fn a_targets_policy_is_its_jobs_default_and_a_jobs_meta_still_overrides_it() {
     assert_eq!(waiting[0]["job"], "web");
     assert_eq!(f.s.target_status("cluster")["policy"], "approval");
 }
+
+/// `policy = "detect"` on a Nomad target is the target's, as on every
+/// backend: every tick runs Nomad's plan dry-run for each job, records what
+/// registering would change as the target's drift, and registers nothing,
+/// not even a job whose meta says `auto`; no deployment is recorded.
+#[test]
+fn a_nomad_detect_target_plans_every_job_and_registers_none() {
+    let f = fixture("");
+    let cfg = std::fs::read_to_string(&f.s.config).expect("config");
+    let cfg = cfg.replacen(
+        "[targets.backend]",
+        "policy = \"detect\"\n[targets.backend]",
+        1,
+    );
+    std::fs::write(&f.s.config, cfg).expect("config");
+    for _ in 0..2 {
+        let (code, out, j) = f.tick();
+        assert_eq!(code, Some(0), "{out}");
+        assert!(registers(&j).is_empty(), "detect registered: {out}");
+        assert!(
+            j.iter().any(|r| r["path"] == "/v1/job/web/plan"),
+            "no Nomad plan call: {j:?}"
+        );
+    }
+    assert_detected(&f.s, "cluster", "+ job default/web (");
+    assert!(f.deployments().is_empty(), "{:?}", f.deployments());
+    assert!(f.nomad.job("web").is_none(), "the job is live");
+}

@@ -417,7 +417,8 @@ fn missing_login_or_binary_is_named() {
 /// --json`; creates and updates are applied unattended (after a second
 /// preview to the same hash), a replacement waits for a person, a preview
 /// that changed since it was approved (the cloud edited behind Pulumi's
-/// back, seen through --refresh) runs no `up`, and `driftless retry` makes
+/// back, seen through --refresh) runs no `up`, a stale approval is refused
+/// and a newer commit supersedes the waiting plan, and `driftless retry` makes
 /// a new plan that is applied once approved.
 #[test]
 fn a_pulumi_replacement_waits_and_a_changed_preview_is_not_applied() {
@@ -480,12 +481,29 @@ fn a_pulumi_replacement_waits_and_a_changed_preview_is_not_applied() {
     );
     assert_eq!(ups(), 2, "a replacement ran unattended");
     assert_eq!(f.cloud()[URN]["name"], "site-prod");
+    let newer = who.refuses_stale_and_supersedes(
+        || {
+            f.remote.commit(
+                &[(
+                    "stack/Pulumi.yaml",
+                    &program(3, replace_on_name)
+                        .replace("site-${pulumi.stack}", "www-${pulumi.stack}"),
+                )],
+                "rename, size 3",
+            );
+        },
+        || {
+            let (code, out) = f.tick();
+            assert_eq!(code, Some(0), "{out}");
+        },
+    );
+    assert_eq!(ups(), 2, "an up ran before approval");
 
     // The cloud is edited by hand before the approval is acted on.
     let mut cloud = f.cloud();
     cloud[URN]["size"] = 9.into();
     std::fs::write(f.backend.join("cloud.json"), cloud.to_string()).expect("write");
-    approve(&p[0]);
+    approve(&newer);
     let (code, out) = f.tick();
     assert_eq!(code, Some(1), "{out}");
     assert!(
@@ -504,7 +522,32 @@ fn a_pulumi_replacement_waits_and_a_changed_preview_is_not_applied() {
     assert_eq!(code, Some(0), "{out}");
     assert_eq!(
         (&f.cloud()[URN]["name"], &f.cloud()[URN]["size"]),
-        (&"www-prod".into(), &2.into())
+        (&"www-prod".into(), &3.into())
     );
     assert!(!out.contains(PASSPHRASE));
+}
+
+/// `policy = "detect"` on a Pulumi stack: every tick previews, records what
+/// `up` would do as the target's drift, and never runs `up`.
+#[test]
+fn a_pulumi_detect_target_previews_and_never_runs_up() {
+    let f = fixture("");
+    let cfg = std::fs::read_to_string(&f.s.config).expect("config");
+    let cfg = cfg.replacen(
+        "[targets.backend]",
+        "policy = \"detect\"\ninterval = \"1h\"\n[targets.backend]",
+        1,
+    );
+    std::fs::write(&f.s.config, cfg).expect("config");
+    for _ in 0..2 {
+        let (code, out) = f.tick();
+        assert_eq!(code, Some(0), "{out}");
+    }
+    assert_detected(&f.s, "site", "+ bucket (test:index:Bucket, create)");
+    assert!(
+        !f.calls().iter().any(|c| c[0] == "up"),
+        "detect ran up: {:?}",
+        f.calls()
+    );
+    assert!(f.cloud()[URN].is_null(), "{}", f.cloud());
 }

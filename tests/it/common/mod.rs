@@ -909,6 +909,69 @@ impl Approver<'_> {
             Value::Null,
         )
     }
+
+    /// The review rules every backend keeps, on a target whose last tick
+    /// left one plan waiting: an approval naming another hash is 409 and
+    /// changes nothing; a newer commit (`push`, then `tick`) supersedes the
+    /// waiting plan, whose own approval is then 409 too; and the newer
+    /// commit's plan waits in its place. Returns that plan.
+    pub fn refuses_stale_and_supersedes(&self, push: impl FnOnce(), tick: impl FnOnce()) -> Value {
+        let first = self.pending();
+        assert_eq!(first.len(), 1, "one plan waits: {first:?}");
+        let first = first[0].clone();
+        let id = first["id"].as_i64().expect("a deployment id");
+        let approve = |hash: &Value| {
+            api_call(
+                self.port,
+                "POST",
+                &format!("/api/v1/deployments/{id}/approve"),
+                self.token,
+                &serde_json::json!({ "plan_hash": hash }),
+            )
+        };
+        let stale = approve(&"0".repeat(64).into());
+        assert_eq!(stale.status, 409, "{}", stale.body);
+        assert!(stale.body.contains("stale plan"), "{}", stale.body);
+        let still = self.call("GET", &format!("/api/v1/deployments/{id}"), Value::Null);
+        assert_eq!(still["state"], "pending_approval", "{still}");
+        push();
+        tick();
+        let newer = self.pending();
+        assert_eq!(newer.len(), 1, "one plan waits: {newer:?}");
+        assert_ne!(newer[0]["id"], first["id"], "{newer:?}");
+        assert_ne!(newer[0]["commit"], first["commit"], "{newer:?}");
+        let old = self.call("GET", &format!("/api/v1/deployments/{id}"), Value::Null);
+        assert_eq!(old["state"], "superseded", "{old}");
+        let late = approve(&first["plan_hash"]);
+        assert_eq!(late.status, 409, "{}", late.body);
+        assert!(late.body.contains("superseded"), "{}", late.body);
+        newer[0].clone()
+    }
+}
+
+/// A `policy = "detect"` target after ticks that found a difference from
+/// git: its newest run applied nothing (`no_change`, "policy detect:
+/// nothing applied"), and `status --json` says `detect`, no applied commit,
+/// and a drift with a line that starts with `line`. The caller checks the
+/// world.
+pub fn assert_detected(s: &Setup, target: &str, line: &str) {
+    let run = s.history(target).into_iter().next().expect("a run");
+    assert_eq!(run["result"], "no_change", "{run}");
+    assert!(
+        run["message"].as_str().is_some_and(
+            |m| m.contains("drift at") && m.contains("(policy detect: nothing applied)")
+        ),
+        "{run}"
+    );
+    let st = s.target_status(target);
+    assert_eq!(st["policy"], "detect", "{st}");
+    assert!(st["last_applied_sha"].is_null(), "{st}");
+    assert!(
+        st["drift"]
+            .as_str()
+            .is_some_and(|d| d.lines().any(|l| l.starts_with(line))),
+        "no drift line {line:?}: {st}"
+    );
 }
 
 /// A `[[tokens]]` table for the configuration: `token`, by its SHA-256,
