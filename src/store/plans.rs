@@ -364,6 +364,51 @@ impl Store {
         Ok(true)
     }
 
+    /// Carry open plan `id` from commit `from_commit` to `to_commit`, which
+    /// gives the target the same files (the tick checked the trees); `false`
+    /// when it was moved meanwhile. The plan, its hash and its approval
+    /// stay what they were: what is applied is still exactly what was
+    /// approved.
+    pub async fn carry_plan(
+        &self,
+        id: i64,
+        state: PlanState,
+        from_commit: &str,
+        to_commit: &str,
+        message: &str,
+    ) -> Result<bool, StoreError> {
+        let what = "carrying a plan to a newer commit";
+        let WriteTx { mut tx, _turn } = self.begin_write(what).await?;
+        let target: Option<String> = sqlx::query_scalar(
+            "UPDATE deployments SET commit_sha = ?4, updated_at = ?5
+             WHERE id = ?1 AND state = ?2 AND commit_sha = ?3 RETURNING target",
+        )
+        .bind(id)
+        .bind(state)
+        .bind(from_commit)
+        .bind(to_commit)
+        .bind(now_ms())
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(self.err(what))?;
+        let Some(target) = target else {
+            return Ok(false);
+        };
+        event(
+            &mut tx,
+            id,
+            &target,
+            "driftless",
+            Some(state.as_str()),
+            state.as_str(),
+            Some(message),
+        )
+        .await
+        .map_err(self.err(what))?;
+        tx.commit().await.map_err(self.err(what))?;
+        Ok(true)
+    }
+
     /// A person's decision on deployment `id`, whichever backend's: approve
     /// it (for exactly the plan `plan_hash` names) or reject it. Only a
     /// pending deployment can be decided; anything else, or another hash,

@@ -179,11 +179,7 @@ impl Reconciler {
         Ok(match (before, after) {
             (Some(a), Some(b)) if a == b => Some(format!(
                 "nothing under `{}` changed between {} and {}",
-                if target.path.as_os_str().is_empty() {
-                    ".".to_string()
-                } else {
-                    target.path.display().to_string()
-                },
+                review::shown_path(target),
                 short(&base),
                 short(&tip)
             )),

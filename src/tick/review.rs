@@ -124,6 +124,24 @@ impl Reconciler {
         }
     }
 
+    /// Whether git gives the target the same files at commit `planned` as
+    /// at `seen`: the same commit, or the same tree under the target's path
+    /// (what `unaffected` decides for a push). `false` when git cannot
+    /// tell (a commit gone from the cache after a force push).
+    async fn same_inputs(&self, target: &Target, planned: &str, seen: &CommitId) -> bool {
+        if planned == seen.as_str() {
+            return true;
+        }
+        let tree = |sha: &str| {
+            let sha = sha.to_string();
+            async move { self.git.tree_at(&target.repo, &sha, &target.path).await }
+        };
+        match (tree(planned).await, tree(seen.as_str()).await) {
+            (Some(a), Some(b)) => a == b,
+            _ => false,
+        }
+    }
+
     /// An `approval` or `approve_destructive` target's tick. The target's
     /// open plan decides: one made at an older commit is superseded (and
     /// a new plan made); one still waiting keeps waiting; an approved one
@@ -162,7 +180,7 @@ impl Reconciler {
                 Findings::default(),
             )
         };
-        if let Some(open) = store.open_plan(&target.name).await? {
+        if let Some(mut open) = store.open_plan(&target.name).await? {
             if open.state == PlanState::Applying {
                 // A tick died while the backend applied it.
                 let msg = format!(
@@ -177,6 +195,27 @@ impl Reconciler {
                     .await?;
                 self.prune_plans(target, None);
                 return stay(Status::failed(msg)).await;
+            }
+            // A newer commit that changes nothing under the target's path
+            // (another directory of a monorepo) gives the same files: the
+            // plan is carried to it, not made again and asked again.
+            if open.commit_sha != seen.as_str()
+                && self.same_inputs(target, &open.commit_sha, seen).await
+            {
+                let msg = format!(
+                    "carried to commit {}: nothing under `{}` changed since {}",
+                    seen.short(),
+                    shown_path(target),
+                    short_sha(&open.commit_sha)
+                );
+                if store
+                    .carry_plan(open.id, open.state, &open.commit_sha, seen.as_str(), &msg)
+                    .await?
+                {
+                    info!(target = %target.name, deployment = open.id, commit = %seen.short(),
+                          "a commit that leaves the target's files alone carries its plan");
+                    open.commit_sha = seen.as_str().to_string();
+                }
             }
             if open.commit_sha != seen.as_str() {
                 let msg = format!("superseded by commit {}", seen.short());
@@ -216,8 +255,8 @@ impl Reconciler {
             }
         } else if !retry
             && let Some(last) = store.latest_plan(&target.name).await?
-            && last.commit_sha == seen.as_str()
             && matches!(last.state, PlanState::Rejected | PlanState::Failed)
+            && self.same_inputs(target, &last.commit_sha, seen).await
         {
             let msg = format!(
                 "deployment {} at {} was {}{}: nothing is applied until a new commit or `driftless retry {}`",
@@ -517,5 +556,14 @@ impl Reconciler {
             commit: synced.sha,
             plan,
         })
+    }
+}
+
+/// The target's path as a person reads it (`.` for the repository root).
+pub(super) fn shown_path(target: &Target) -> String {
+    if target.path.as_os_str().is_empty() {
+        ".".to_string()
+    } else {
+        target.path.display().to_string()
     }
 }

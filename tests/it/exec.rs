@@ -453,8 +453,9 @@ fn a_secret_in_a_plan_reaches_no_one() {
 
 /// The same plan mechanism under the other policies, on exec: `detect`
 /// reports what the plan says and never runs `apply`, and under `approval`
-/// a newer commit supersedes the plan that waited (its approval refused
-/// with 409), whose successor waits in its place.
+/// a commit elsewhere in the repository carries the waiting plan along
+/// while a newer commit of the target's files supersedes it (its approval
+/// refused with 409), whose successor waits in its place.
 #[test]
 fn an_exec_detect_target_never_applies_and_a_newer_commit_supersedes_a_waiting_plan() {
     const OPS: &str = "ops-token-exec-supersede-5";
@@ -509,12 +510,48 @@ fn an_exec_detect_target_never_applies_and_a_newer_commit_supersedes_a_waiting_p
     };
     let first = who.pending();
     assert_eq!(first[0]["diff"], "~ v (to 1)", "{first:?}");
+    // A commit elsewhere in the repository leaves the target's files as
+    // they were: the waiting plan is carried to it, not superseded, and
+    // nobody is asked again.
+    let elsewhere = remote.commit(&[("docs/readme", "hello\n")], "docs");
+    tick("gated");
+    let carried = who.pending();
+    assert_eq!(carried.len(), 1, "{carried:?}");
+    assert_eq!(
+        (
+            &carried[0]["id"],
+            &carried[0]["plan_hash"],
+            &carried[0]["commit"]
+        ),
+        (
+            &first[0]["id"],
+            &first[0]["plan_hash"],
+            &elsewhere.clone().into()
+        ),
+        "{carried:?}"
+    );
+    let id = first[0]["id"].as_i64().expect("id");
+    let states = || -> Vec<String> {
+        sql_rows(
+            &s.db(),
+            &format!(
+                "SELECT to_state FROM deployment_events WHERE deployment_id = {id} ORDER BY id"
+            ),
+        )
+        .iter()
+        .map(|r| r["to_state"].as_str().unwrap_or("").to_string())
+        .collect()
+    };
+    assert_eq!(states(), ["pending_approval", "pending_approval"]);
     remote.commit(&[("app/v", "2\n")], "second");
     tick("gated");
     let second = who.pending();
     assert_eq!(second.len(), 1, "{second:?}");
     assert_eq!(second[0]["diff"], "~ v (to 2)");
-    let id = first[0]["id"].as_i64().expect("id");
+    assert_eq!(
+        states(),
+        ["pending_approval", "pending_approval", "superseded"]
+    );
     let late = api_call(
         intake.port,
         "POST",
