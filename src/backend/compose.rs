@@ -6,12 +6,14 @@
 //! (`compose config`) and the env files, *and the target's tree* (a
 //! bind-mounted file, a `configs:`/`secrets:` file or a build context can
 //! change while the model does not), are what they were at the last success
-//! *and* every service has a running container. Otherwise `up -d
+//! *and* every service has a running container whose config hash label is
+//! the one `config --hash` gives (not recreated by hand with other
+//! settings). Otherwise `up -d
 //! --remove-orphans` (with `--build` when the tree changed and a service
 //! builds), then the services whose bind-mounted inputs changed are
 //! recreated — compose never notices a file's new content — or all of them
-//! when that cannot be told. A service stopped or removed by hand is drift,
-//! brought back and reported.
+//! when that cannot be told. A service stopped, removed or recreated with
+//! other settings by hand is drift, brought back and reported.
 //!
 //! It can plan, by compose's own measure of what `up` would recreate: each
 //! service's config hash (`config --hash '*'`) against the
@@ -317,6 +319,20 @@ impl Compose {
         Ok(out)
     }
 
+    /// Services whose container carries another config hash than git's
+    /// model gives them (recreated by hand with other settings): `up`
+    /// recreates them, so a stored digest that says nothing changed must
+    /// not skip it.
+    async fn hand_changed(&self, deadline: Instant) -> Result<Vec<String>, String> {
+        let wanted = self.config_hashes(deadline).await?;
+        let have = self.container_hashes(deadline).await?;
+        Ok(have
+            .into_iter()
+            .filter(|(svc, h)| wanted.get(svc).is_some_and(|w| w != h))
+            .map(|(svc, _)| svc)
+            .collect())
+    }
+
     /// What `up` would do now, by service.
     async fn plan_inner(&self) -> Result<Plan, String> {
         let deadline = Instant::now() + self.ctx.timeout;
@@ -424,6 +440,14 @@ impl Compose {
             }
         };
         let missing: Vec<&String> = services.iter().filter(|s| !running.contains(*s)).collect();
+        let hand_changed = match self.hand_changed(deadline).await {
+            Ok(h) => h,
+            Err(e) => {
+                return Status::failed(format!(
+                    "reading the containers' configuration hashes failed: {e}"
+                ));
+            }
+        };
         let last = self.ctx.last_digest.as_deref();
         let prev: Option<Applied> = last.and_then(|d| serde_json::from_str(d).ok());
         let tree = self.ctx.source_digest.clone();
@@ -432,7 +456,7 @@ impl Compose {
             tree: tree.clone(),
             inputs: before.clone(),
         };
-        if !force && prev.as_ref() == Some(&now) && missing.is_empty() {
+        if !force && prev.as_ref() == Some(&now) && missing.is_empty() && hand_changed.is_empty() {
             return Status {
                 result: ApplyResult::NoChange,
                 message: format!(
@@ -482,6 +506,7 @@ impl Compose {
             && prev.as_ref().is_some_and(|p| p.model == model)
             && recreate.is_empty()
             && missing.is_empty()
+            && hand_changed.is_empty()
             && !builds
         {
             return Status {
@@ -526,18 +551,22 @@ impl Compose {
                 return Status::failed(format!("reading the containers' mounts failed: {e}"));
             }
         };
-        let mut message = if prev
+        let unchanged = prev
             .as_ref()
-            .is_some_and(|p| p.model == model && p.tree == tree)
-        {
-            format!(
-                "drift: service(s) {} were not running; brought back",
-                missing
-                    .iter()
-                    .map(|s| s.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
+            .is_some_and(|p| p.model == model && p.tree == tree);
+        let mut drift = Vec::new();
+        if !missing.is_empty() {
+            let names: Vec<&str> = missing.iter().map(|s| s.as_str()).collect();
+            drift.push(format!("service(s) {} were not running", names.join(", ")));
+        }
+        if !hand_changed.is_empty() {
+            drift.push(format!(
+                "service(s) {} had another configuration than git's",
+                hand_changed.join(", ")
+            ));
+        }
+        let mut message = if unchanged && !drift.is_empty() {
+            format!("drift: {}; brought back", drift.join(", "))
         } else {
             format!("up -d: {} service(s) converged", services.len())
         };

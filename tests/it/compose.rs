@@ -118,6 +118,31 @@ fn compose_projects_converge_locally_and_over_ssh() {
     );
     assert_eq!(docker.running(), ["app_web_1"]);
 
+    // Recreated by hand with other settings: running, and the stored
+    // digest says nothing changed, but the container's config hash is not
+    // git's. Drift: git's configuration is put back.
+    let out = std::process::Command::new("docker-compose")
+        .args(["-p", "app", "--env-file", ".env", "up", "-d"])
+        .current_dir(s.checkout("app").join("app"))
+        .env("DOCKER_HOST", &docker.host)
+        .env("GREETING", "by-hand")
+        .output()
+        .expect("docker-compose");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(inspect_env(&docker, "app_web_1").contains("GREETING=by-hand"));
+    let run = tick();
+    assert_eq!(run["result"], "changed", "{run}");
+    assert!(
+        run["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("drift: service(s) web had another configuration than git's"),
+        "{run}"
+    );
+    assert!(inspect_env(&docker, "app_web_1").contains("GREETING=bonjour"));
+    let run = tick();
+    assert_eq!(run["result"], "no_change", "{run}");
+
     // outputs: state and image per service.
     let out = s.run(&["outputs", "app", "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
