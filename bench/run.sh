@@ -10,8 +10,11 @@
 #  4. per backend that can plan here (exec with a `plan` argv, ansible-core,
 #     the pulumi stand-in): a no-op tick under `policy = "approval"` (a
 #     plan that finds nothing) against the same target's no-op `auto` tick
-#     (ratio), and its peak RSS; compose, cloudformation and pi need a
-#     dockerd, moto or sshd and are not measured here;
+#     (ratio), and its peak RSS; and a Nomad target on the stand-in
+#     (tests/nomad_standin.py): its auto tick, which plans every job
+#     before any register anyway, against a `policy = "detect"` tick;
+#     compose, cloudformation and pi need a dockerd, moto or sshd and are
+#     not measured here;
 #  5. the daemon's idle RSS with 100 targets configured.
 #
 #   bench/run.sh [ROUNDS]      (default 10)
@@ -40,7 +43,21 @@ resource "terraform_data" "x" {
 }
 TF
 echo "v1" > "$work/src/app/config"
-mkdir -p "$work/src/ans" "$work/src/pul"
+mkdir -p "$work/src/ans" "$work/src/pul" "$work/src/nomad"
+cat > "$work/src/nomad/bench.nomad.hcl" <<'HCL'
+job "bench" {
+  datacenters = ["dc1"]
+  type        = "batch"
+  group "run" {
+    task "once" {
+      driver = "docker"
+      config {
+        image = "busybox:1.36"
+      }
+    }
+  }
+}
+HCL
 cat > "$work/src/ans/site.yml" <<YML
 - hosts: all
   gather_facts: false
@@ -121,6 +138,25 @@ TOML
   mkdir -p "$work/pulumi-$policy"
 done
 
+# The Nomad stand-in, on a free loopback port.
+nport=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+echo bench-nomad-token > "$work/nomad-token"
+python3 tests/nomad_standin.py "$nport" "$work/nomad-journal.jsonl" bench-nomad-token 2>"$work/nomad.err" &
+for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$nport") 2>/dev/null && break; sleep 0.1; done
+for policy in auto detect; do
+  cat >> "$work/driftless.toml" <<TOML
+[[targets]]
+name = "nomad-$policy"
+repo = "$work/remote.git"
+path = "nomad"
+policy = "$policy"
+[targets.backend]
+kind = "nomad"
+address = "http://127.0.0.1:$nport"
+token_file = "$work/nomad-token"
+TOML
+done
+
 now_ms() { date +%s%3N; }
 # mean wall time in ms of running "$@" $rounds times
 time_it() {
@@ -161,13 +197,21 @@ for b in exec ansible pulumi; do
   "$bin" --config "$work/driftless.toml" tick "$b-auto" >/dev/null 2>&1
   "$bin" --config "$work/driftless.toml" tick "$b-approval" >/dev/null 2>&1
   sqlite3 "$work/state/driftless.db" \
-    "UPDATE plans SET state = 'approved', decided_by = 'token:bench' WHERE target = '$b-approval' AND state = 'pending_approval'" 2>/dev/null || true
+    "UPDATE deployments SET state = 'approved', decided_by = 'token:bench' WHERE target = '$b-approval' AND state = 'pending_approval'"
   "$bin" --config "$work/driftless.toml" tick "$b-approval" >/dev/null 2>&1
   plan_auto[$b]=$(time_it "$bin" --config "$work/driftless.toml" tick "$b-auto")
   plan_review[$b]=$(time_it "$bin" --config "$work/driftless.toml" tick "$b-approval")
   plan_rss_auto[$b]=$(peak_kib "$bin" --config "$work/driftless.toml" tick "$b-auto")
   plan_rss_review[$b]=$(peak_kib "$bin" --config "$work/driftless.toml" tick "$b-approval")
 done
+# Nomad: the auto target registers the job once; the detect target then
+# plans it (no drift) on every tick.
+"$bin" --config "$work/driftless.toml" tick nomad-auto >/dev/null
+"$bin" --config "$work/driftless.toml" tick nomad-detect >/dev/null
+nomad_auto=$(time_it "$bin" --config "$work/driftless.toml" tick nomad-auto)
+nomad_detect=$(time_it "$bin" --config "$work/driftless.toml" tick nomad-detect)
+nomad_rss_auto=$(peak_kib "$bin" --config "$work/driftless.toml" tick nomad-auto)
+nomad_rss_detect=$(peak_kib "$bin" --config "$work/driftless.toml" tick nomad-detect)
 base_git=$(time_it git -C "$work/clone" fetch -q origin main)
 
 echo "== driftless bench ($rounds rounds each, mean wall time)"
@@ -187,6 +231,11 @@ for b in exec ansible pulumi; do
   awk -v a="${plan_review[$b]}" -v b="${plan_auto[$b]}" -v n="$b" 'BEGIN { printf "%-52s %6.2f x\n", "  ratio approval / auto tick", a / b }'
   printf '%-52s %6s KiB / %s KiB\n' "  peak RSS, auto / approval tick" "${plan_rss_auto[$b]}" "${plan_rss_review[$b]}"
 done
+
+printf '%-52s %6s ms\n' "no-op tick, nomad (stand-in), policy auto" "$nomad_auto"
+printf '%-52s %6s ms\n' "no-op tick, nomad (stand-in), policy detect" "$nomad_detect"
+awk -v a="$nomad_detect" -v b="$nomad_auto" 'BEGIN { printf "%-52s %6.2f x\n", "  ratio detect / auto tick", a / b }'
+printf '%-52s %6s KiB / %s KiB\n' "  peak RSS, auto / detect tick" "$nomad_rss_auto" "$nomad_rss_detect"
 
 # Idle RSS with 100 targets (exec, one repo, 1h interval).
 {
