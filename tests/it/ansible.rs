@@ -228,6 +228,7 @@ fn a_failing_task_names_the_task_and_the_host() {
 #[test]
 fn an_ansible_plan_is_a_check_and_only_an_approved_one_runs() {
     const OPS: &str = "ops-token-ansible-2b4e";
+    const CANARY: &str = "canary-ansible-greeting-7d31";
     let w = world_with(
         "digest",
         "policy = \"approval\"\ninterval = \"1h\"",
@@ -260,7 +261,7 @@ fn an_ansible_plan_is_a_check_and_only_an_approved_one_runs() {
             w.remote.commit(
                 &[(
                     "play/vars.yml",
-                    &format!("greeting: hi\ndest: {}\n", dest.display()),
+                    &format!("greeting: hi {CANARY}\ndest: {}\n", dest.display()),
                 )],
                 "hi",
             );
@@ -273,7 +274,12 @@ fn an_ansible_plan_is_a_check_and_only_an_approved_one_runs() {
     who.approve(&newer);
     let (code, run) = tick(&w);
     assert_eq!((code, &run["result"]), (0, &"changed".into()), "{run}");
-    assert_eq!(greeting(&w), "hi\n", "the newer commit's plan ran");
+    assert_eq!(
+        greeting(&w),
+        format!("hi {CANARY}\n"),
+        "the newer commit's plan ran"
+    );
+    who.assert_plans_keep_out(&w.setup, CANARY);
     let (_, run) = tick(&w);
     assert!(
         run["message"]

@@ -631,6 +631,7 @@ fn an_approved_change_set_is_executed_by_its_id_and_others_are_deleted() {
     assert_eq!(plan_files(), 0);
     let out = f.run(&["outputs", "site", "--json"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
+    who.assert_plans_keep_out(&f.s, SECRET_KEY);
 }
 
 /// `policy = "detect"` on a CloudFormation target: every tick makes a

@@ -262,6 +262,7 @@ fn compose_projects_converge_locally_and_over_ssh() {
 #[test]
 fn a_compose_recreation_waits_for_approval_and_a_start_does_not() {
     const OPS: &str = "ops-token-compose-e61a";
+    const CANARY: &str = "canary-compose-env-0b9e";
     let root = tempfile::tempdir().expect("tempdir");
     let docker = Dockerd::start(root.path());
     let remote = Remote::new(root.path(), "infra");
@@ -316,7 +317,10 @@ fn a_compose_recreation_waits_for_approval_and_a_start_does_not() {
     );
     let newer = who.refuses_stale_and_supersedes(
         || {
-            remote.commit(&[("app/.env", "GREETING=hola\n")], "spanish");
+            remote.commit(
+                &[("app/.env", &format!("GREETING=hola-{CANARY}\n"))],
+                "spanish",
+            );
         },
         || {
             tick();
@@ -332,6 +336,7 @@ fn a_compose_recreation_waits_for_approval_and_a_start_does_not() {
     assert!(said.contains("gated: changed"), "{said}");
     assert_ne!(container_id(&docker, "gated_web_1"), first);
     assert!(inspect_env(&docker, "gated_web_1").contains("GREETING=hola"));
+    who.assert_plans_keep_out(&s, CANARY);
 
     // Stopped by hand: started again without waiting.
     let out = docker.docker(&["stop", "-t", "0", "gated_web_1"]);

@@ -525,6 +525,7 @@ fn a_pulumi_replacement_waits_and_a_changed_preview_is_not_applied() {
         (&"www-prod".into(), &3.into())
     );
     assert!(!out.contains(PASSPHRASE));
+    who.assert_plans_keep_out(&f.s, PASSPHRASE);
 }
 
 /// `policy = "detect"` on a Pulumi stack: every tick previews, records what

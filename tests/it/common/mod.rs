@@ -947,6 +947,47 @@ impl Approver<'_> {
         assert!(late.body.contains("superseded"), "{}", late.body);
         newer[0].clone()
     }
+
+    /// A secret canary is nowhere driftless keeps or shows a plan: not in
+    /// any deployment the API lists (every state, diffs included), their
+    /// events, or any file under the state directory but the checkouts
+    /// (git's own files, where a committed value is the user's): the
+    /// database and its WAL, plan files, change set descriptions.
+    pub fn assert_plans_keep_out(&self, s: &Setup, canary: &str) {
+        let all = self.call("GET", "/api/v1/deployments", Value::Null);
+        assert!(
+            all.as_array().is_some_and(|a| !a.is_empty()),
+            "no deployments to look at: {all}"
+        );
+        assert!(
+            !all.to_string().contains(canary),
+            "a secret in a plan: {all}"
+        );
+        // grep in another process: opening and closing the database file
+        // here would drop this process's SQLite locks on it (POSIX locks
+        // are per process), and the Intake's connections with them.
+        assert!(s.state.join("driftless.db").is_file());
+        let out = std::process::Command::new("grep")
+            .args([
+                "-r",
+                "-l",
+                "-F",
+                "-a",
+                "--exclude-dir=checkouts",
+                "--exclude-dir=git",
+            ])
+            .arg(canary)
+            .arg(&s.state)
+            .output()
+            .expect("grep");
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "a secret in {} (or grep failed: {})",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+    }
 }
 
 /// A `policy = "detect"` target after ticks that found a difference from
