@@ -13,8 +13,9 @@
 #     (ratio), and its peak RSS; and a Nomad target on the stand-in
 #     (tests/nomad_standin.py): its auto tick, which plans every job
 #     before any register anyway, against a `policy = "detect"` tick;
-#     compose, cloudformation and pi need a dockerd, moto or sshd and are
-#     not measured here;
+#     and, when moto's `moto_server` is on the PATH (tests/run.sh installs
+#     it), a CloudFormation stack on it, `auto` against `approval`;
+#     compose and pi need a dockerd or an sshd and are not measured here;
 #  5. the daemon's idle RSS with 100 targets configured.
 #
 #   bench/run.sh [ROUNDS]      (default 10)
@@ -44,6 +45,13 @@ resource "terraform_data" "x" {
 TF
 echo "v1" > "$work/src/app/config"
 mkdir -p "$work/src/ans" "$work/src/pul" "$work/src/nomad"
+for policy in auto approval; do
+  mkdir -p "$work/src/cfn-$policy"
+  cat > "$work/src/cfn-$policy/stack.json" <<JSON
+{"Resources": {"Greeting": {"Type": "AWS::SSM::Parameter",
+  "Properties": {"Name": "/bench/$policy", "Type": "String", "Value": "bench"}}}}
+JSON
+done
 cat > "$work/src/nomad/bench.nomad.hcl" <<'HCL'
 job "bench" {
   datacenters = ["dc1"]
@@ -157,6 +165,31 @@ token_file = "$work/nomad-token"
 TOML
 done
 
+# moto, when it is there: one stack per policy.
+cfn=""
+if command -v moto_server >/dev/null; then
+  cfn=yes
+  mport=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  moto_server -H 127.0.0.1 -p "$mport" >"$work/moto.log" 2>&1 &
+  for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$mport") 2>/dev/null && break; sleep 0.1; done
+  export AWS_ACCESS_KEY_ID=bench AWS_SECRET_ACCESS_KEY=bench AWS_EC2_METADATA_DISABLED=true
+  for policy in auto approval; do
+    cat >> "$work/driftless.toml" <<TOML
+[[targets]]
+name = "cfn-$policy"
+repo = "$work/remote.git"
+path = "cfn-$policy"
+policy = "$policy"
+[targets.backend]
+kind = "cloudformation"
+stack_name = "bench-$policy"
+template = "stack.json"
+region = "us-east-1"
+endpoint_url = "http://127.0.0.1:$mport"
+TOML
+  done
+fi
+
 now_ms() { date +%s%3N; }
 # mean wall time in ms of running "$@" $rounds times
 time_it() {
@@ -193,12 +226,18 @@ tick_app=$(time_it "$bin" --config "$work/driftless.toml" tick app)
 # approved in the database as a person would through the API), then time
 # the no-op ticks.
 declare -A plan_auto plan_review plan_rss_auto plan_rss_review
-for b in exec ansible pulumi; do
-  "$bin" --config "$work/driftless.toml" tick "$b-auto" >/dev/null 2>&1
-  "$bin" --config "$work/driftless.toml" tick "$b-approval" >/dev/null 2>&1
+backends="exec ansible pulumi${cfn:+ cfn}"
+# A setup tick whose failure stops the bench, saying why.
+setup_tick() {
+  "$bin" --config "$work/driftless.toml" tick "$1" >"$work/tick.log" 2>&1 ||
+    { echo "bench: the setup tick of $1 failed:" >&2; tail -20 "$work/tick.log" >&2; exit 1; }
+}
+for b in $backends; do
+  setup_tick "$b-auto"
+  setup_tick "$b-approval"
   sqlite3 "$work/state/driftless.db" \
     "UPDATE deployments SET state = 'approved', decided_by = 'token:bench' WHERE target = '$b-approval' AND state = 'pending_approval'"
-  "$bin" --config "$work/driftless.toml" tick "$b-approval" >/dev/null 2>&1
+  setup_tick "$b-approval"
   plan_auto[$b]=$(time_it "$bin" --config "$work/driftless.toml" tick "$b-auto")
   plan_review[$b]=$(time_it "$bin" --config "$work/driftless.toml" tick "$b-approval")
   plan_rss_auto[$b]=$(peak_kib "$bin" --config "$work/driftless.toml" tick "$b-auto")
@@ -225,7 +264,7 @@ awk -v a="$plan_tf" -v b="$tick_tf" 'BEGIN { printf "%-52s %6.2f x\n", "  ratio 
 printf '%-52s %6s KiB / %s KiB\n' "peak RSS (largest process), auto / detect tick" "$rss_auto" "$rss_detect"
 printf '%-52s %6s ms\n' "no-op tick, exec target (digest unchanged)" "$tick_app"
 printf '%-52s %6s ms\n' "git fetch alone (for scale)" "$base_git"
-for b in exec ansible pulumi; do
+for b in $backends; do
   printf '%-52s %6s ms\n' "no-op tick, $b, policy auto" "${plan_auto[$b]}"
   printf '%-52s %6s ms\n' "no-op tick, $b, policy approval (plan, no changes)" "${plan_review[$b]}"
   awk -v a="${plan_review[$b]}" -v b="${plan_auto[$b]}" -v n="$b" 'BEGIN { printf "%-52s %6.2f x\n", "  ratio approval / auto tick", a / b }'
