@@ -105,14 +105,17 @@ pub async fn tick(
 /// A one-shot tick has no sender running beside it: deliver what its runs
 /// put in the outbox now (bounded), leaving failures for the next attempt.
 async fn deliver_notifications(app: &App) {
-    let sender =
-        match crate::notify::outbox::Sender::new(&app.settings.notifiers, app.store.clone()) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::error!(error = %e, "notifications cannot be sent");
-                return;
-            }
-        };
+    let sender = match crate::notify::outbox::Sender::new(
+        &app.settings.notifiers,
+        &app.settings.forges,
+        app.store.clone(),
+    ) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "notifications cannot be sent");
+            return;
+        }
+    };
     match tokio::time::timeout(std::time::Duration::from_secs(60), sender.deliver_due()).await {
         Ok(Ok(_)) => {}
         Ok(Err(e)) => tracing::error!(error = %e, "cannot read the notification outbox"),
@@ -124,16 +127,19 @@ async fn deliver_notifications(app: &App) {
 
 /// `driftless notify test <notifier>`: send a test event now.
 pub async fn notify_test(app: &App, notifier: &str) -> Result<Report, TickError> {
-    let sender =
-        match crate::notify::outbox::Sender::new(&app.settings.notifiers, app.store.clone()) {
-            Ok(s) => s,
-            Err(e) => {
-                return Ok(Report {
-                    stdout: format!("{notifier}: {e}\n"),
-                    code: EXIT_FAILED,
-                });
-            }
-        };
+    let sender = match crate::notify::outbox::Sender::new(
+        &app.settings.notifiers,
+        &app.settings.forges,
+        app.store.clone(),
+    ) {
+        Ok(s) => s,
+        Err(e) => {
+            return Ok(Report {
+                stdout: format!("{notifier}: {e}\n"),
+                code: EXIT_FAILED,
+            });
+        }
+    };
     let target = app
         .settings
         .targets

@@ -174,7 +174,11 @@ impl Daemon {
                 .run(shutdown.clone()),
         );
         tokio::spawn(reaper(rec.clone(), wake.clone(), shutdown.clone()));
-        match crate::notify::outbox::Sender::new(&settings.notifiers, rec.app().store.clone()) {
+        match crate::notify::outbox::Sender::new(
+            &settings.notifiers,
+            &settings.forges,
+            rec.app().store.clone(),
+        ) {
             Ok(sender) => {
                 tokio::spawn(sender.run(rec.app().outbox_wake.clone(), shutdown.clone()));
             }

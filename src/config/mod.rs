@@ -112,6 +112,8 @@ pub struct Settings {
     pub tokens: Vec<Token>,
     pub defaults: Defaults,
     pub notifiers: Vec<crate::notify::NotifierConfig>,
+    /// `[[forges]]`: where commit statuses go.
+    pub forges: Vec<crate::notify::forge::ForgeConfig>,
 }
 
 /// `[defaults]`: what targets that say nothing get.
@@ -122,6 +124,8 @@ pub struct Defaults {
     /// While a target keeps failing with the same message, how often to say
     /// it again (`still_failing`).
     pub repeat_after: Duration,
+    /// The forge commit statuses go to for targets that name none.
+    pub forge: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -208,6 +212,20 @@ pub struct Target {
     pub web_url: Option<String>,
     /// What a tick may do with it (`policy`).
     pub policy: Policy,
+    /// Where its commit statuses go (`forge`, or `[defaults] forge`), with
+    /// the repository's path there.
+    pub statuses: Option<StatusTo>,
+    /// `forge_repo` as written (the repository path on the forge when the
+    /// repo URL does not say it).
+    pub forge_repo: Option<String>,
+}
+
+/// A forge and a repository on it, for a target's commit statuses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatusTo {
+    pub forge: String,
+    /// `owner/name` (GitLab: the project path).
+    pub repo: String,
 }
 
 /// What a tick may do with a target (`policy`, default `auto`).
@@ -319,6 +337,8 @@ struct RawTop {
     defaults: Option<RawDefaults>,
     #[serde(default)]
     notifiers: Vec<Value>,
+    #[serde(default)]
+    forges: Vec<Value>,
 }
 
 #[derive(Deserialize)]
@@ -326,6 +346,7 @@ struct RawTop {
 struct RawDefaults {
     notify: Option<Vec<String>>,
     repeat_after: Option<String>,
+    forge: Option<String>,
 }
 
 /// Load and validate the configuration at `path`, applying `DRIFTLESS__`
@@ -580,9 +601,11 @@ fn validate(
     let receivers = validate_receivers(top.receivers, base, problems);
     let tokens = validate_tokens(top.tokens, problems);
     let notifiers = validate_notifiers(top.notifiers, base, problems);
+    let forges = validate_forges(top.forges, base, problems);
     let raw_defaults = top.defaults.unwrap_or(RawDefaults {
         notify: None,
         repeat_after: None,
+        forge: None,
     });
     let defaults = Defaults {
         notify: raw_defaults.notify.unwrap_or_default(),
@@ -594,7 +617,9 @@ fn validate(
             MAX_REPEAT_AFTER,
             problems,
         ),
+        forge: raw_defaults.forge,
     };
+    settle_forges(&mut targets, &forges, &defaults, problems);
     let known = |n: &String| {
         notifiers
             .iter()
@@ -635,7 +660,100 @@ fn validate(
         tokens,
         defaults,
         notifiers,
+        forges,
     })
+}
+
+fn validate_forges(
+    raw: Vec<Value>,
+    base: &Path,
+    problems: &mut Vec<Problem>,
+) -> Vec<crate::notify::forge::ForgeConfig> {
+    let mut out: Vec<crate::notify::forge::ForgeConfig> = Vec::new();
+    for (i, raw) in raw.into_iter().enumerate() {
+        let label = raw
+            .get("name")
+            .and_then(Value::as_str)
+            .map(|n| format!("forges[{n}]"))
+            .unwrap_or_else(|| format!("forges[{i}]"));
+        match crate::notify::forge::ForgeConfig::from_value(raw, base) {
+            Ok(f) if !valid_name(&f.name) => problems.push(problem(
+                &label,
+                "name",
+                format!("`{}` is not a safe forge name", f.name),
+            )),
+            Ok(f) if out.iter().any(|o| o.name == f.name) => problems.push(problem(
+                &label,
+                "name",
+                format!("duplicate forge name `{}`", f.name),
+            )),
+            Ok(f) => out.push(f),
+            Err(errs) => {
+                for (key, msg) in errs {
+                    problems.push(problem(&label, &key, msg));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Each target's commit statuses: its `forge` (or `[defaults] forge`),
+/// which must be a `[[forges]]` entry, and the repository's path there,
+/// `forge_repo` or read from the repo URL.
+fn settle_forges(
+    targets: &mut [Target],
+    forges: &[crate::notify::forge::ForgeConfig],
+    defaults: &Defaults,
+    problems: &mut Vec<Problem>,
+) {
+    if let Some(f) = &defaults.forge
+        && !forges.iter().any(|x| &x.name == f)
+    {
+        problems.push(problem(
+            "defaults",
+            "forge",
+            format!("no [[forges]] entry named `{f}`"),
+        ));
+    }
+    for t in targets {
+        let label = format!("targets[{}]", t.name);
+        let forge = match t
+            .statuses
+            .take()
+            .map(|s| s.forge)
+            .or_else(|| defaults.forge.clone())
+        {
+            Some(f) => f,
+            None => continue,
+        };
+        if !forges.iter().any(|x| x.name == forge) {
+            problems.push(problem(
+                &label,
+                "forge",
+                format!("no [[forges]] entry named `{forge}`"),
+            ));
+            continue;
+        }
+        let repo = match t
+            .forge_repo
+            .clone()
+            .or_else(|| crate::notify::forge::repo_of(&t.repo))
+        {
+            Some(r) => r,
+            None => {
+                problems.push(problem(
+                    &label,
+                    "forge_repo",
+                    format!(
+                        "the repository's path on forge `{forge}` cannot be read from `repo`; set forge_repo = \"owner/name\""
+                    ),
+                ));
+                continue;
+            }
+        };
+        t.statuses = Some(StatusTo { forge, repo });
+    }
 }
 
 fn validate_notifiers(
@@ -693,6 +811,67 @@ mod tests {
         match load_str(s) {
             Err(ConfigError::Invalid { problems, .. }) => problems,
             other => panic!("expected problems, got {other:?}"),
+        }
+    }
+
+    /// A target's forge must be a `[[forges]]` entry, the repository's
+    /// path there must be known, and a forge entry names its bad keys.
+    #[test]
+    fn forges_and_the_targets_that_name_them() {
+        let target = |name: &str, repo: &str, extra: &str| {
+            format!(
+                "[[targets]]\nname = \"{name}\"\nrepo = \"{repo}\"\n{extra}\n\
+                 [targets.backend]\nkind = \"exec\"\napply = [\"true\"]\n"
+            )
+        };
+        let forge = "[[forges]]\nname = \"gh\"\nkind = \"github\"\n\
+                     api_url = \"https://api.github.com/\"\ntoken_file = \"env:GH\"\n";
+        let ok = load_str(&format!(
+            "{}{}{}{forge}",
+            target("a", "https://github.com/me/infra.git", "forge = \"gh\""),
+            target(
+                "b",
+                "/srv/git/infra",
+                "forge = \"gh\"\nforge_repo = \"me/other\""
+            ),
+            target("c", "/srv/git/infra", ""),
+        ))
+        .expect("valid");
+        let to = |n: usize| ok.targets[n].statuses.clone();
+        assert_eq!(
+            (to(0), to(1), to(2)),
+            (
+                Some(StatusTo {
+                    forge: "gh".into(),
+                    repo: "me/infra".into()
+                }),
+                Some(StatusTo {
+                    forge: "gh".into(),
+                    repo: "me/other".into()
+                }),
+                None
+            )
+        );
+        assert_eq!(ok.forges[0].api_url, "https://api.github.com");
+        let shown: Vec<String> = problems(&format!(
+            "[defaults]\nforge = \"nope\"\n{}{}{forge}\
+             [[forges]]\nname = \"bad\"\nkind = \"bitbucket\"\napi_url = \"x\"\ntoken_file = \"t\"\n",
+            target("a", "/srv/git/infra", "forge = \"gh\""),
+            target("b", "https://github.com/me/infra", "forge = \"gl\""),
+        ))
+        .iter()
+        .map(|p| p.to_string())
+        .collect();
+        for want in [
+            "defaults: key `forge`: no [[forges]] entry named `nope`",
+            "targets[a]: key `forge_repo`: the repository's path on forge `gh` cannot be read from `repo`; set forge_repo = \"owner/name\"",
+            "targets[b]: key `forge`: no [[forges]] entry named `gl`",
+            "forges[bad]: key `kind`: `bitbucket` is not one of github, gitea, forgejo, gitlab",
+        ] {
+            assert!(
+                shown.iter().any(|p| p == want),
+                "{want:?} not in {shown:#?}"
+            );
         }
     }
 

@@ -19,6 +19,8 @@ struct RawTarget {
     notify: Option<Vec<String>>,
     web_url: Option<String>,
     policy: Option<String>,
+    forge: Option<String>,
+    forge_repo: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -321,6 +323,13 @@ pub(super) fn validate_target(
         backend,
         notify: raw.notify.unwrap_or_else(|| vec![INHERIT.to_string()]),
         web_url,
+        // Settled against `[[forges]]` and `[defaults] forge` once every
+        // table is read (config::settle_forges).
+        statuses: raw.forge.map(|forge| StatusTo {
+            forge,
+            repo: raw.forge_repo.clone().unwrap_or_default(),
+        }),
+        forge_repo: raw.forge_repo,
     })
 }
 

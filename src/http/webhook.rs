@@ -135,6 +135,29 @@ pub(super) async fn receive(
                 return Ok((StatusCode::OK, Json(Delivered::Pong { pong: true })));
             }
             metrics.delivery(&name, if jobs.is_empty() { "ignored" } else { "queued" });
+            // The push is durable: its commit is `pending` on the forge of
+            // every target that sends statuses (unless it has a result
+            // there already: a delivery sent again).
+            let pending: Vec<_> = requests
+                .iter()
+                .filter_map(|r| {
+                    let t = app.target(&r.target)?;
+                    let to = t.statuses.as_ref()?;
+                    Some(crate::store::statuses::NewStatus {
+                        forge: to.forge.clone(),
+                        repo: to.repo.clone(),
+                        sha: r.sha.clone()?,
+                        context: format!("driftless/{}", t.name),
+                        target: t.name.clone(),
+                        state: crate::store::statuses::State::Pending,
+                        description: "queued".into(),
+                        target_url: None,
+                    })
+                })
+                .collect();
+            if let Err(e) = app.store.record_statuses(&pending, true).await {
+                error!(receiver = %name, error = %e, "the push is queued, but its pending commit statuses could not be recorded");
+            }
             info!(receiver = %name, delivery = id.unwrap_or("-"), %outcome, "webhook delivery accepted");
             // Wake the workers now rather than at their next poll.
             s.wake.notify_waiters();

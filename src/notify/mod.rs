@@ -10,6 +10,7 @@
 
 mod email;
 pub mod fingerprint;
+pub mod forge;
 mod matrix;
 pub mod outbox;
 mod slack;

@@ -6,6 +6,11 @@
 //! [`MAX_ATTEMPTS`] — given up with an ERROR. A process that dies mid-send
 //! leaves the claim to expire and the row is sent again (Matrix dedupes by
 //! transaction id; the webhook carries the same `X-Driftless-Delivery`).
+//!
+//! The same sender delivers commit statuses (`store::statuses`): a row is
+//! claimed, its newest state sent to its forge, and the version sent
+//! recorded; a failure is a WARN naming the forge and retried with the same
+//! backoff, and never changes a run.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -16,6 +21,7 @@ use sqlx::FromRow;
 use tokio::sync::{Notify, watch};
 use tracing::{error, info, warn};
 
+use super::forge::ForgeConfig;
 use super::{EventDoc, NotifierConfig, SendError};
 use crate::store::{Store, StoreError, format_ms, now_ms};
 
@@ -89,11 +95,16 @@ pub async fn for_target(store: &Store, target: &str) -> Result<Vec<Notification>
 pub struct Sender {
     store: Store,
     notifiers: Arc<HashMap<String, NotifierConfig>>,
+    forges: Arc<HashMap<String, ForgeConfig>>,
     http: reqwest::Client,
 }
 
 impl Sender {
-    pub fn new(notifiers: &[NotifierConfig], store: Store) -> Result<Sender, SendError> {
+    pub fn new(
+        notifiers: &[NotifierConfig],
+        forges: &[ForgeConfig],
+        store: Store,
+    ) -> Result<Sender, SendError> {
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(30))
             .connect_timeout(Duration::from_secs(10))
@@ -113,6 +124,7 @@ impl Sender {
                     .map(|n| (n.name.clone(), n.clone()))
                     .collect(),
             ),
+            forges: Arc::new(forges.iter().map(|f| (f.name.clone(), f.clone())).collect()),
             http,
         })
     }
@@ -173,7 +185,59 @@ impl Sender {
             };
             self.record(&n, result).await?;
         }
-        Ok(attempted)
+        Ok(attempted + self.deliver_statuses().await?)
+    }
+
+    /// One pass over the commit statuses whose newest state a forge does
+    /// not have yet. Returns how many were attempted.
+    pub async fn deliver_statuses(&self) -> Result<usize, StoreError> {
+        let rows = self.store.claim_statuses(CLAIM.as_millis() as i64).await?;
+        for r in &rows {
+            let result = match self.forges.get(&r.forge) {
+                None => Err(SendError(format!(
+                    "forge `{}` is no longer configured",
+                    r.forge
+                ))),
+                Some(f) => {
+                    let s = super::forge::Status {
+                        repo: &r.repo,
+                        sha: &r.sha,
+                        context: &r.context,
+                        state: r.state,
+                        description: &r.description,
+                        target_url: r.target_url.as_deref(),
+                    };
+                    f.send(&self.http, &s).await
+                }
+            };
+            match result {
+                Ok(()) => {
+                    info!(forge = %r.forge, target = %r.target, sha = %r.sha, state = ?r.state,
+                          "commit status sent");
+                    self.store.status_sent(r.id, r.version).await?;
+                }
+                Err(e) => {
+                    let attempts = r.attempts + 1;
+                    if attempts >= MAX_ATTEMPTS {
+                        error!(forge = %r.forge, target = %r.target, sha = %r.sha, attempts,
+                               error = %e, "commit status given up");
+                        self.store
+                            .status_failed(r.id, r.version, &e.0, None)
+                            .await?;
+                    } else {
+                        let wait = backoff(FIRST_RETRY, attempts);
+                        warn!(forge = %r.forge, target = %r.target, sha = %r.sha, attempts,
+                              retry_in = %humantime::format_duration(wait), error = %e,
+                              "commit status failed; will retry");
+                        let next = now_ms() + wait.as_millis() as i64;
+                        self.store
+                            .status_failed(r.id, r.version, &e.0, Some(next))
+                            .await?;
+                    }
+                }
+            }
+        }
+        Ok(rows.len())
     }
 
     async fn record(

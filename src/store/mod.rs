@@ -20,6 +20,7 @@ use crate::model::{ApplyResult, Status};
 
 pub mod nomad;
 pub mod plans;
+pub mod statuses;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
@@ -233,6 +234,8 @@ pub struct Notice {
     pub plan_done: Option<(i64, plans::PlanState, String)>,
     /// The target's drift, when this run changed it.
     pub drift: Option<DriftUpdate>,
+    /// The commit status this run leaves on its forge.
+    pub statuses: Vec<statuses::NewStatus>,
 }
 
 impl Store {
@@ -564,6 +567,11 @@ impl Store {
                     .bind(id)
                     .bind(now)
                     .execute(&mut *tx)
+                    .await
+                    .map_err(self.err(what))?;
+            }
+            for s in &n.statuses {
+                statuses::record(&mut tx, s, false)
                     .await
                     .map_err(self.err(what))?;
             }

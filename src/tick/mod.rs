@@ -47,6 +47,8 @@ struct Findings {
     drift: Option<DriftUpdate>,
     /// The plan the run applied and the state it leaves `applying` for.
     plan_done: Option<(i64, PlanState, String)>,
+    /// A plan waits for a person (the commit status stays `pending`).
+    waiting: bool,
 }
 
 /// Slack on top of a target's `timeout` before the tick gives up on a
@@ -139,6 +141,20 @@ impl Reconciler {
             && let Some(reason) = self.unaffected(&target).await?
         {
             info!(target = %target.name, job = job.id, %reason, "push does not affect the target");
+            // Its commit was `pending` on the forge since it was queued.
+            if let (Some(to), Some(sha)) = (&target.statuses, &job.requested_sha) {
+                let done = crate::store::statuses::NewStatus {
+                    forge: to.forge.clone(),
+                    repo: to.repo.clone(),
+                    sha: sha.clone(),
+                    context: format!("driftless/{}", target.name),
+                    target: target.name.clone(),
+                    state: crate::store::statuses::State::Success,
+                    description: format!("nothing to apply: {reason}"),
+                    target_url: None,
+                };
+                self.app.store.record_statuses(&[done], false).await?;
+            }
             self.app
                 .queue
                 .finish(job.id, None, &format!("unaffected: {reason}"))
@@ -456,7 +472,11 @@ impl Reconciler {
         findings: Findings,
     ) -> Result<Ticked, TickError> {
         let sha = applied;
-        let Findings { drift, plan_done } = findings;
+        let Findings {
+            drift,
+            plan_done,
+            waiting,
+        } = findings;
         let drift_event = match &drift {
             Some(DriftUpdate::Set { .. }) => Some(notify::Event::DriftDetected),
             Some(DriftUpdate::Clear) => Some(notify::Event::DriftResolved),
@@ -470,6 +490,8 @@ impl Reconciler {
         if let Some(n) = notice.as_mut() {
             n.drift = drift;
             n.plan_done = plan_done;
+            n.statuses
+                .extend(self.commit_status(target, run, seen, &status, waiting));
             self.plan_notices(target, run, n).await?;
         }
         // The backend is done: its result is not thrown away because the

@@ -202,6 +202,46 @@ impl Reconciler {
             plans_told: Vec::new(),
             plan_done: None,
             drift: None,
+            statuses: Vec::new(),
         }
+    }
+
+    /// The commit status a run leaves on the target's forge, for the
+    /// commit it applied or tried (`seen`): `success`, `failure`, or
+    /// `pending` while a plan waits for approval; linked to the run.
+    pub(super) fn commit_status(
+        &self,
+        target: &Target,
+        run: &RunInfo,
+        seen: Option<&str>,
+        status: &Status,
+        waiting: bool,
+    ) -> Option<crate::store::statuses::NewStatus> {
+        use crate::store::statuses::{NewStatus, State};
+        let to = target.statuses.as_ref()?;
+        let (state, description) = match (waiting, status.result) {
+            (true, _) => (
+                State::Pending,
+                format!("waiting for approval: {}", status.message),
+            ),
+            (false, crate::model::ApplyResult::Failed) => (State::Failure, status.message.clone()),
+            (false, _) => (State::Success, status.message.clone()),
+        };
+        Some(NewStatus {
+            forge: to.forge.clone(),
+            repo: to.repo.clone(),
+            sha: seen?.to_string(),
+            context: format!("driftless/{}", target.name),
+            target: target.name.clone(),
+            state,
+            description,
+            target_url: self
+                .app
+                .settings
+                .server
+                .public_url
+                .as_ref()
+                .map(|u| format!("{}/api/v1/runs/{}", u.trim_end_matches('/'), run.id)),
+        })
     }
 }

@@ -88,7 +88,7 @@ impl Reconciler {
             status,
             Findings {
                 drift,
-                plan_done: None,
+                ..Findings::default()
             },
         )
         .await
@@ -180,6 +180,20 @@ impl Reconciler {
                 Findings::default(),
             )
         };
+        // The run ends here because a plan waits for a person.
+        let wait = |message: String| {
+            self.finish_with(
+                target,
+                run,
+                applied,
+                Some(seen.as_str()),
+                quiet(message),
+                Findings {
+                    waiting: true,
+                    ..Findings::default()
+                },
+            )
+        };
         if let Some(mut open) = store.open_plan(&target.name).await? {
             if open.state == PlanState::Applying {
                 // A tick died while the backend applied it.
@@ -234,7 +248,7 @@ impl Reconciler {
                     open.summary,
                     seen.short()
                 );
-                return stay(quiet(msg)).await;
+                return wait(msg).await;
             } else {
                 // Approved: applied now, if nobody moved it meanwhile.
                 let msg = format!(
@@ -353,7 +367,7 @@ impl Reconciler {
             },
             seen.short()
         );
-        stay(quiet(msg)).await
+        wait(msg).await
     }
 
     /// Apply a recorded plan now in state `applying`; the run's result
@@ -422,8 +436,8 @@ impl Reconciler {
             Some(seen.as_str()),
             status,
             Findings {
-                drift: None,
                 plan_done: Some(done),
+                ..Findings::default()
             },
         )
         .await

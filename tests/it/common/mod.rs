@@ -1855,3 +1855,96 @@ pub fn report(line: &str) {
         let _ = writeln!(f, "{line}");
     }
 }
+
+/// `tests/forge_standin.py`: the commit-status endpoints of GitHub,
+/// Gitea/Forgejo and GitLab on a free loopback port, with `token` the only
+/// one it takes.
+pub struct ForgeStandin {
+    child: Child,
+    pub port: u16,
+    pub token: String,
+    pub token_file: PathBuf,
+}
+
+impl ForgeStandin {
+    pub fn start(root: &Path) -> ForgeStandin {
+        let token = format!("canary-forge-token-{:016x}", fastrand::u64(..));
+        let token_file = root.join(format!("forge-token-{}", fastrand::u32(..)));
+        std::fs::write(&token_file, format!("{token}\n")).expect("write");
+        let err = root.join(format!("forge-{}.err", fastrand::u32(..)));
+        let (child, port) = on_free_port(
+            "the forge stand-in",
+            Duration::from_secs(20),
+            Some(&err),
+            |port| {
+                Command::new("python3")
+                    .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/forge_standin.py"))
+                    .arg(port.to_string())
+                    .arg(&token)
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(std::fs::File::create(&err).expect("log"))
+                    .spawn()
+                    .expect("start python3 tests/forge_standin.py")
+            },
+            listening,
+        );
+        ForgeStandin {
+            child,
+            port,
+            token,
+            token_file,
+        }
+    }
+
+    /// A `[[forges]]` table for it.
+    pub fn table(&self, name: &str, kind: &str) -> String {
+        format!(
+            "\n[[forges]]\nname = \"{name}\"\nkind = \"{kind}\"\napi_url = \"http://127.0.0.1:{}\"\ntoken_file = {}\n",
+            self.port,
+            toml_str(&self.token_file.display().to_string())
+        )
+    }
+
+    fn get(&self, what: &str) -> Value {
+        let r = http(self.port, "GET", &format!("/_standin/{what}"), &[], b"");
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()
+    }
+
+    /// Every status request so far, in order.
+    pub fn journal(&self) -> Vec<Value> {
+        self.get("journal").as_array().cloned().unwrap_or_default()
+    }
+
+    /// The states a commit's context was set to, in order.
+    pub fn states(&self, sha: &str, context: &str) -> Vec<String> {
+        self.get("statuses")
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|s| s["sha"] == sha && s["context"] == context)
+            .flat_map(|s| s["states"].as_array().cloned().unwrap_or_default())
+            .map(|s| s.as_str().unwrap_or("").to_string())
+            .collect()
+    }
+
+    /// Answer every API request 503 (`true`) or serve again.
+    pub fn down(&self, down: bool) {
+        let r = http(
+            self.port,
+            "POST",
+            "/_standin/down",
+            &[("Content-Type", "application/json")],
+            serde_json::json!({ "down": down }).to_string().as_bytes(),
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+}
+
+impl Drop for ForgeStandin {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,201 @@
+//! The commit-status outbox (migration 0011): the newest state driftless
+//! has for each (forge, repository, commit, context), and whether the forge
+//! has it yet. A state is written with what caused it (a queued push, a
+//! run's result, in the run's transaction); the sender claims a row, sends
+//! its state and records the version it sent. Only the newest state of a
+//! row is ever sent, so an older state retried late cannot overwrite a
+//! newer one. This module sends nothing and decides no state.
+
+use serde::Serialize;
+use sqlx::FromRow;
+
+use super::{Store, StoreError, WriteTx, now_ms};
+
+/// The state of a status, in driftless's words (`notify::forge` gives
+/// each forge its own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, sqlx::Type)]
+#[serde(rename_all = "snake_case")]
+#[sqlx(rename_all = "snake_case")]
+pub enum State {
+    Pending,
+    Success,
+    Failure,
+    /// driftless could not finish (a timeout, an internal failure).
+    Error,
+}
+
+/// A state to record for a target's context on one commit.
+#[derive(Debug, Clone)]
+pub struct NewStatus {
+    pub forge: String,
+    pub repo: String,
+    pub sha: String,
+    pub context: String,
+    pub target: String,
+    pub state: State,
+    pub description: String,
+    pub target_url: Option<String>,
+}
+
+/// A row of the status outbox.
+#[derive(Debug, Clone, FromRow, Serialize)]
+pub struct StatusRow {
+    pub id: i64,
+    pub forge: String,
+    pub repo: String,
+    pub sha: String,
+    pub context: String,
+    pub target: String,
+    pub state: State,
+    pub description: String,
+    pub target_url: Option<String>,
+    pub version: i64,
+    pub sent_version: i64,
+    pub attempts: i64,
+    pub next_attempt_at: i64,
+    pub last_error: Option<String>,
+    pub given_up: bool,
+}
+
+const COLUMNS: &str = "id, forge, repo, sha, context, target, state, description, target_url, \
+     version, sent_version, attempts, next_attempt_at, last_error, given_up";
+
+/// Record `s` in the caller's transaction. `only_first`: only when the
+/// commit has no state for this context yet (a queued push says `pending`,
+/// but never over a result already there).
+pub(super) async fn record(
+    tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
+    s: &NewStatus,
+    only_first: bool,
+) -> Result<(), sqlx::Error> {
+    let now = now_ms();
+    let on_conflict = if only_first {
+        "DO NOTHING"
+    } else {
+        "DO UPDATE SET state = excluded.state, description = excluded.description,
+             target_url = excluded.target_url, target = excluded.target,
+             version = forge_statuses.version + 1, attempts = 0,
+             next_attempt_at = excluded.next_attempt_at, last_error = NULL, given_up = 0,
+             updated_at = excluded.updated_at"
+    };
+    let q = format!(
+        "INSERT INTO forge_statuses (forge, repo, sha, context, target, state, description,
+             target_url, version, next_attempt_at, created_at, updated_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 1, ?9, ?9, ?9)
+         ON CONFLICT (forge, repo, sha, context) {on_conflict}"
+    );
+    sqlx::query(sqlx::AssertSqlSafe(q))
+        .bind(&s.forge)
+        .bind(&s.repo)
+        .bind(&s.sha)
+        .bind(&s.context)
+        .bind(&s.target)
+        .bind(s.state)
+        .bind(&s.description)
+        .bind(&s.target_url)
+        .bind(now)
+        .execute(&mut **tx)
+        .await
+        .map(|_| ())
+}
+
+impl Store {
+    /// Record statuses on their own (a queued push): see [`record`].
+    pub async fn record_statuses(
+        &self,
+        statuses: &[NewStatus],
+        only_first: bool,
+    ) -> Result<(), StoreError> {
+        if statuses.is_empty() {
+            return Ok(());
+        }
+        let what = "recording commit statuses";
+        let WriteTx { mut tx, _turn } = self.begin_write(what).await?;
+        for s in statuses {
+            record(&mut tx, s, only_first)
+                .await
+                .map_err(self.err(what))?;
+        }
+        tx.commit().await.map_err(self.err(what))
+    }
+
+    /// Claim up to 100 rows whose newest state the forge does not have yet
+    /// and that are due: each is left alone by other senders for `claim_ms`.
+    pub async fn claim_statuses(&self, claim_ms: i64) -> Result<Vec<StatusRow>, StoreError> {
+        let what = "claiming commit statuses";
+        let now = now_ms();
+        let WriteTx { mut tx, _turn } = self.begin_write(what).await?;
+        let q = format!(
+            "UPDATE forge_statuses SET next_attempt_at = ?2
+             WHERE id IN (SELECT id FROM forge_statuses
+                          WHERE sent_version < version AND given_up = 0 AND next_attempt_at <= ?1
+                          ORDER BY id LIMIT 100)
+             RETURNING {COLUMNS}"
+        );
+        let rows = sqlx::query_as::<_, StatusRow>(sqlx::AssertSqlSafe(q))
+            .bind(now)
+            .bind(now + claim_ms)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(self.err(what))?;
+        tx.commit().await.map_err(self.err(what))?;
+        let mut rows = rows;
+        rows.sort_by_key(|r| r.id);
+        Ok(rows)
+    }
+
+    /// Row `id` was sent at `version`. A newer state recorded meanwhile
+    /// stays due.
+    pub async fn status_sent(&self, id: i64, version: i64) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE forge_statuses SET sent_version = MAX(sent_version, ?2), attempts = 0,
+                    last_error = NULL, next_attempt_at = ?3, updated_at = ?3
+             WHERE id = ?1",
+        )
+        .bind(id)
+        .bind(version)
+        .bind(now_ms())
+        .execute(self.pool())
+        .await
+        .map_err(self.err("recording a sent commit status"))
+        .map(|_| ())
+    }
+
+    /// Sending row `id` at `version` failed: try again at `next`, or give
+    /// up (`next` `None`). Only if no newer state came meanwhile (that one
+    /// starts its own attempts).
+    pub async fn status_failed(
+        &self,
+        id: i64,
+        version: i64,
+        error: &str,
+        next: Option<i64>,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE forge_statuses SET attempts = attempts + 1, last_error = ?3,
+                    next_attempt_at = COALESCE(?4, next_attempt_at),
+                    given_up = CASE WHEN ?4 IS NULL THEN 1 ELSE 0 END, updated_at = ?5
+             WHERE id = ?1 AND version = ?2",
+        )
+        .bind(id)
+        .bind(version)
+        .bind(error)
+        .bind(next)
+        .bind(now_ms())
+        .execute(self.pool())
+        .await
+        .map_err(self.err("recording a failed commit status"))
+        .map(|_| ())
+    }
+
+    /// A target's statuses, oldest first (for `driftless notify pending`
+    /// and tests).
+    pub async fn statuses_of(&self, target: &str) -> Result<Vec<StatusRow>, StoreError> {
+        let q = format!("SELECT {COLUMNS} FROM forge_statuses WHERE target = ?1 ORDER BY id");
+        sqlx::query_as::<_, StatusRow>(sqlx::AssertSqlSafe(q))
+            .bind(target)
+            .fetch_all(self.pool())
+            .await
+            .map_err(self.err("reading commit statuses"))
+    }
+}

@@ -1,0 +1,238 @@
+//! Commit statuses: every forge kind gets the run's state on the commit it
+//! applied, in its own dialect, from the persistent outbox; a forge that is
+//! down gets the newest state once it is back, and never changes a run; its
+//! token never leaves the file it is in. Against `tests/forge_standin.py`.
+
+use std::time::Duration;
+
+use crate::common::*;
+
+/// An exec target `app` that fails when the file `v` says `bad`, sending
+/// its statuses to forge `f` as `repo`.
+fn setup(
+    root: &std::path::Path,
+    forge: &ForgeStandin,
+    kind: &str,
+    repo: &str,
+) -> (Remote, Setup, String) {
+    let remote = Remote::new(root, "infra");
+    let first = remote.commit(&[("app/v", "1\n")], "first");
+    let s = Setup::new(&format!(
+        "{}{}",
+        exec_target(
+            "app",
+            &remote.url(),
+            &format!("path = \"app\"\nforge = \"f\"\nforge_repo = \"{repo}\""),
+            "apply = [\"sh\", \"-c\", \"test \\\"$(cat v)\\\" != bad\"]",
+        ),
+        forge.table("f", kind),
+    ));
+    let cfg = std::fs::read_to_string(&s.config).expect("config");
+    std::fs::write(
+        &s.config,
+        cfg.replacen(
+            "workers = 4\n",
+            "workers = 4\npublic_url = \"https://driftless.example.net/\"\n",
+            1,
+        ),
+    )
+    .expect("config");
+    (remote, s, first)
+}
+
+fn tick(s: &Setup) -> (Option<i32>, String) {
+    let out = s.run(&["tick", "app"]);
+    (out.status.code(), text(&out.stdout) + &text(&out.stderr))
+}
+
+/// GitHub, Gitea, Forgejo and GitLab: a success on the commit a run
+/// applied and a failure on the one it could not, each in the forge's own
+/// endpoint, auth header and state names, with the run's message and its
+/// link; GitLab's project path URL-encoded, and its refusal to set a state
+/// a status already has taken for what it is (the status is there).
+#[test]
+fn each_forge_gets_the_runs_state_on_the_commit_it_applied() {
+    for (kind, auth, failed, repo) in [
+        ("github", "Bearer", "failure", "me/infra"),
+        ("gitea", "token", "failure", "me/infra"),
+        ("forgejo", "token", "failure", "me/infra"),
+        ("gitlab", "PRIVATE-TOKEN", "failed", "group/sub/infra"),
+    ] {
+        let root = tempfile::tempdir().expect("tempdir");
+        let forge = ForgeStandin::start(root.path());
+        let (remote, s, sha) = setup(root.path(), &forge, kind, repo);
+        let (code, said) = tick(&s);
+        assert_eq!(code, Some(0), "{kind}: {said}");
+        assert_eq!(
+            forge.states(&sha, "driftless/app"),
+            ["success"],
+            "{kind}: {:#?}",
+            forge.journal()
+        );
+        let j = forge.journal();
+        let last = j.last().expect("a request");
+        assert_eq!(
+            (&last["repo"], &last["auth"], &last["auth_ok"]),
+            (&repo.into(), &auth.into(), &true.into()),
+            "{kind}: {last}"
+        );
+        assert!(
+            last["body"]["description"]
+                .as_str()
+                .is_some_and(|d| d.contains("succeeded")),
+            "{kind}: {last}"
+        );
+        assert!(
+            last["body"]["target_url"]
+                .as_str()
+                .is_some_and(|u| u == "https://driftless.example.net/api/v1/runs/1"),
+            "{kind}: {last}"
+        );
+        if kind == "gitlab" {
+            assert!(
+                last["path"]
+                    .as_str()
+                    .is_some_and(|p| p.starts_with("/api/v4/projects/group%2Fsub%2Finfra/")),
+                "{last}"
+            );
+        }
+
+        let bad = remote.commit(&[("app/v", "bad\n")], "bad");
+        let (code, said) = tick(&s);
+        assert_eq!(code, Some(1), "{kind}: {said}");
+        assert_eq!(forge.states(&bad, "driftless/app"), [failed], "{kind}");
+        // The same result again: recorded again, and GitLab's "Cannot
+        // transition" answer to the same state is not a failure.
+        tick(&s);
+        let rows = sql_rows(
+            &s.db(),
+            &format!("SELECT * FROM forge_statuses WHERE sha = '{bad}'"),
+        );
+        assert_eq!(rows.len(), 1, "{rows:?}");
+        assert_eq!(
+            (
+                &rows[0]["version"],
+                &rows[0]["sent_version"],
+                &rows[0]["last_error"]
+            ),
+            (&2.into(), &2.into(), &serde_json::Value::Null),
+            "{kind}: {rows:?}"
+        );
+        assert_eq!(forge.states(&sha, "driftless/app"), ["success"], "{kind}");
+    }
+}
+
+/// A forge that is down: the run is recorded as it happened, the status
+/// waits with a WARN that names the forge (never its token), and once the
+/// forge is back the newest state is sent, once; the token is in no output
+/// and in no file of the state directory.
+#[test]
+fn a_forge_that_is_down_gets_the_newest_state_later_and_runs_are_unaffected() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let forge = ForgeStandin::start(root.path());
+    let (_remote, s, sha) = setup(root.path(), &forge, "github", "me/infra");
+    forge.down(true);
+    let (code, mut said) = tick(&s);
+    assert_eq!(code, Some(0), "{said}");
+    assert_eq!(s.history("app")[0]["result"], "changed");
+    assert!(
+        said.contains("WARN") && said.contains("forge `f` answered 503"),
+        "{said}"
+    );
+    let rows = sql_rows(&s.db(), "SELECT * FROM forge_statuses");
+    assert_eq!(
+        (&rows[0]["state"], &rows[0]["sent_version"]),
+        (&"success".into(), &0.into()),
+        "{rows:?}"
+    );
+    assert!(forge.states(&sha, "driftless/app").is_empty());
+
+    forge.down(false);
+    // Past the first retry's wait (2 s): the next tick's sender sends it.
+    std::thread::sleep(std::time::Duration::from_millis(2200));
+    let (code, more) = tick(&s);
+    said += &more;
+    assert_eq!(code, Some(0), "{more}");
+    assert_eq!(forge.states(&sha, "driftless/app"), ["success"]);
+    let rows = sql_rows(&s.db(), "SELECT * FROM forge_statuses");
+    assert_eq!(rows[0]["sent_version"], rows[0]["version"], "{rows:?}");
+
+    assert!(
+        !said.contains(&forge.token),
+        "the forge token in the output"
+    );
+    let out = std::process::Command::new("grep")
+        .args([
+            "-r",
+            "-l",
+            "-F",
+            "-a",
+            "--exclude-dir=checkouts",
+            "--exclude-dir=git",
+        ])
+        .arg(&forge.token)
+        .arg(&s.state)
+        .output()
+        .expect("grep");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+}
+
+/// Through the daemon: a pushed commit is `pending` ("queued") on the forge
+/// as soon as the push is durable, then gets the run's result, in that
+/// order, and nothing after it.
+#[test]
+fn a_pushed_commit_is_pending_until_its_run_ends() {
+    const SECRET: &str = "forge-status-hook-secret";
+    let root = tempfile::tempdir().expect("tempdir");
+    let forge = ForgeStandin::start(root.path());
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(&[("app/v", "1\n")], "first");
+    let secret = root.path().join("hook-secret");
+    std::fs::write(&secret, SECRET).expect("write");
+    let s = Setup::new(&format!(
+        "[[receivers]]\nname = \"github\"\nforge = \"github\"\nsecret_file = {}\n\n{}{}",
+        toml_str(&secret.display().to_string()),
+        exec_target(
+            "app",
+            &remote.url(),
+            "path = \"app\"\nforge = \"f\"\nforge_repo = \"me/infra\"\ninterval = \"1h\"",
+            // Slow enough that the sender (every 2 s) sees the pending state.
+            "apply = [\"sh\", \"-c\", \"sleep 5\"]",
+        ),
+        forge.table("f", "github"),
+    ));
+    let daemon = s.serve();
+    wait_for(Duration::from_secs(60), "the first tick", || {
+        s.status()
+            .iter()
+            .all(|t| t["running"] == false && !t["last_result"].is_null())
+    });
+    let sha = remote.commit(&[("app/v", "2\n")], "second");
+    let body = github_push_body(&remote.url(), &sha, &["app/v"]);
+    let sig = format!("sha256={}", hmac_hex(SECRET, &body));
+    let r = http(
+        daemon.port,
+        "POST",
+        "/hooks/github",
+        &[
+            ("Content-Type", "application/json"),
+            ("X-GitHub-Event", "push"),
+            ("X-GitHub-Delivery", "forge-status-1"),
+            ("X-Hub-Signature-256", &sig),
+        ],
+        &body,
+    );
+    assert_eq!(r.status, 202, "{}", r.body);
+    wait_for(Duration::from_secs(60), "the run's status", || {
+        forge.states(&sha, "driftless/app").len() >= 2
+    });
+    assert_eq!(forge.states(&sha, "driftless/app"), ["pending", "success"]);
+    let first = forge
+        .journal()
+        .into_iter()
+        .find(|j| j["sha"] == sha.as_str())
+        .expect("a request");
+    assert_eq!(first["body"]["description"], "queued", "{first}");
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(forge.states(&sha, "driftless/app"), ["pending", "success"]);
+}
