@@ -207,8 +207,10 @@ impl Reconciler {
     }
 
     /// The commit status a run leaves on the target's forge, for the
-    /// commit it applied or tried (`seen`): `success`, `failure`, or
-    /// `pending` while a plan waits for approval; linked to the run.
+    /// commit it applied or tried (`seen`): `success`, `failure`, `error`
+    /// for a failure that took the whole of the target's `timeout` (the
+    /// backend was stopped, not refused), or `pending` while a plan waits
+    /// for approval; linked to the run.
     pub(super) fn commit_status(
         &self,
         target: &Target,
@@ -224,6 +226,11 @@ impl Reconciler {
                 State::Pending,
                 format!("waiting for approval: {}", status.message),
             ),
+            (false, crate::model::ApplyResult::Failed)
+                if run.started.elapsed() >= target.timeout =>
+            {
+                (State::Error, format!("timed out: {}", status.message))
+            }
             (false, crate::model::ApplyResult::Failed) => (State::Failure, status.message.clone()),
             (false, _) => (State::Success, status.message.clone()),
         };

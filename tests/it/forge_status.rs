@@ -236,3 +236,33 @@ fn a_pushed_commit_is_pending_until_its_run_ends() {
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(forge.states(&sha, "driftless/app"), ["pending", "success"]);
 }
+
+/// A run stopped at the target's timeout is `error` on the forge (driftless
+/// could not finish), not `failure` (the change was refused).
+#[test]
+fn a_run_stopped_at_its_timeout_is_an_error() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let forge = ForgeStandin::start(root.path());
+    let remote = Remote::new(root.path(), "infra");
+    let sha = remote.commit(&[("app/v", "1\n")], "first");
+    let s = Setup::new(&format!(
+        "{}{}",
+        exec_target(
+            "app",
+            &remote.url(),
+            "path = \"app\"\ntimeout = \"2s\"\nforge = \"f\"\nforge_repo = \"me/infra\"",
+            "apply = [\"sleep\", \"30\"]",
+        ),
+        forge.table("f", "github"),
+    ));
+    let (code, said) = tick(&s);
+    assert_eq!(code, Some(1), "{said}");
+    assert_eq!(forge.states(&sha, "driftless/app"), ["error"], "{said}");
+    let j = forge.journal();
+    assert!(
+        j[0]["body"]["description"]
+            .as_str()
+            .is_some_and(|d| d.starts_with("timed out: ")),
+        "{j:?}"
+    );
+}
