@@ -152,6 +152,7 @@ pub(super) async fn receive(
                         state: crate::store::statuses::State::Pending,
                         description: "queued".into(),
                         target_url: None,
+                        supersedes_queued_before: None,
                     })
                 })
                 .collect();

@@ -35,6 +35,11 @@ pub struct NewStatus {
     pub state: State,
     pub description: String,
     pub target_url: Option<String>,
+    /// A run's status: the commits of this context still `pending`
+    /// ("queued") since before this time (Unix ms) were pushed before the
+    /// run fetched, so the commit it ran includes them; they become
+    /// `success` "superseded by <sha>".
+    pub supersedes_queued_before: Option<i64>,
 }
 
 /// A row of the status outbox.
@@ -95,8 +100,29 @@ pub(super) async fn record(
         .bind(&s.target_url)
         .bind(now)
         .execute(&mut **tx)
-        .await
-        .map(|_| ())
+        .await?;
+    if let Some(before) = s.supersedes_queued_before {
+        let short: String = s.sha.chars().take(12).collect();
+        sqlx::query(
+            "UPDATE forge_statuses SET state = 'success', description = ?6,
+                    version = version + 1, attempts = 0, next_attempt_at = ?7,
+                    last_error = NULL, given_up = 0, updated_at = ?7
+             WHERE forge = ?1 AND repo = ?2 AND context = ?3 AND sha <> ?4
+               AND state = 'pending' AND description = 'queued' AND updated_at < ?5",
+        )
+        .bind(&s.forge)
+        .bind(&s.repo)
+        .bind(&s.context)
+        .bind(&s.sha)
+        .bind(before)
+        .bind(format!(
+            "superseded by {short}, whose run covers this commit"
+        ))
+        .bind(now)
+        .execute(&mut **tx)
+        .await?;
+    }
+    Ok(())
 }
 
 impl Store {

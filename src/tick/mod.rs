@@ -152,6 +152,7 @@ impl Reconciler {
                     state: crate::store::statuses::State::Success,
                     description: format!("nothing to apply: {reason}"),
                     target_url: None,
+                    supersedes_queued_before: None,
                 };
                 self.app.store.record_statuses(&[done], false).await?;
             }

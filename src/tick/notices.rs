@@ -242,6 +242,7 @@ impl Reconciler {
             target: target.name.clone(),
             state,
             description,
+            supersedes_queued_before: Some(run.started_ms),
             target_url: self
                 .app
                 .settings

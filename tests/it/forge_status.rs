@@ -266,3 +266,66 @@ fn a_run_stopped_at_its_timeout_is_an_error() {
         "{j:?}"
     );
 }
+
+/// Two pushes queued before a run: the newer commit gets the run's result,
+/// the older one "superseded by <newer>" (its changes are in the newer
+/// commit the run applied), and neither is left pending.
+#[test]
+fn a_commit_folded_into_a_newer_push_is_superseded() {
+    const SECRET: &str = "forge-status-fold-secret";
+    let root = tempfile::tempdir().expect("tempdir");
+    let forge = ForgeStandin::start(root.path());
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(&[("app/v", "1\n")], "first");
+    let secret = root.path().join("hook-secret");
+    std::fs::write(&secret, SECRET).expect("write");
+    let s = Setup::new(&format!(
+        "[[receivers]]\nname = \"github\"\nforge = \"github\"\nsecret_file = {}\n\n{}{}",
+        toml_str(&secret.display().to_string()),
+        exec_target(
+            "app",
+            &remote.url(),
+            "path = \"app\"\nforge = \"f\"\nforge_repo = \"me/infra\"\ninterval = \"1h\"",
+            "apply = [\"true\"]",
+        ),
+        forge.table("f", "github"),
+    ));
+    let intake = Intake::start(&s);
+    let mut shas = Vec::new();
+    for n in 2..4 {
+        let sha = remote.commit(&[("app/v", &format!("{n}\n"))], &format!("v{n}"));
+        let body = github_push_body(&remote.url(), &sha, &["app/v"]);
+        let sig = format!("sha256={}", hmac_hex(SECRET, &body));
+        let r = http(
+            intake.port,
+            "POST",
+            "/hooks/github",
+            &[
+                ("Content-Type", "application/json"),
+                ("X-GitHub-Event", "push"),
+                ("X-GitHub-Delivery", &format!("fold-{n}")),
+                ("X-Hub-Signature-256", &sig),
+            ],
+            &body,
+        );
+        assert_eq!(r.status, 202, "{}", r.body);
+        shas.push(sha);
+    }
+    let (code, said) = tick(&s);
+    assert_eq!(code, Some(0), "{said}");
+    assert_eq!(forge.states(&shas[1], "driftless/app"), ["success"]);
+    assert_eq!(forge.states(&shas[0], "driftless/app"), ["success"]);
+    let older = forge
+        .journal()
+        .into_iter()
+        .find(|j| j["sha"] == shas[0].as_str())
+        .expect("a request");
+    assert_eq!(
+        older["body"]["description"],
+        format!(
+            "superseded by {}, whose run covers this commit",
+            &shas[1][..12]
+        ),
+        "{older}"
+    );
+}
