@@ -8,10 +8,12 @@
 //! naming the notifier — never its URL, token or password — and never
 //! changes a run's result or delays a tick. One file per kind of notifier.
 
+mod discord;
 mod email;
 pub mod fingerprint;
 pub mod forge;
 mod matrix;
+mod ntfy;
 pub mod outbox;
 mod slack;
 mod webhook;
@@ -329,6 +331,31 @@ pub struct SlackConfig {
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
+pub struct NtfyConfig {
+    /// The topic URL (`https://ntfy.sh/my-topic`), or `url_file` when the
+    /// topic is a secret.
+    pub url: Option<String>,
+    pub url_file: Option<String>,
+    /// An access token (`tk_…`), sent as `Authorization: Bearer`.
+    pub token_file: Option<String>,
+    /// Per event name: `min`, `low`, `default`, `high`, `max`/`urgent` or
+    /// 1–5 (default: high for failures, approvals and drift).
+    #[serde(default)]
+    pub priority: BTreeMap<String, String>,
+    /// Per event name: ntfy tags (emoji short codes show as emoji).
+    #[serde(default)]
+    pub tags: BTreeMap<String, Vec<String>>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiscordConfig {
+    /// The webhook URL is a secret: a file or `env:NAME`.
+    pub url_file: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct MatrixConfig {
     pub homeserver: String,
     pub access_token_file: String,
@@ -368,6 +395,16 @@ pub enum NotifierKind {
         url: WebhookUrl,
         /// Signs each body (`X-Driftless-Signature`).
         signing_secret: Option<SecretRef>,
+    },
+    Ntfy {
+        config: NtfyConfig,
+        /// The topic URL (on a public server the topic is the password).
+        url: WebhookUrl,
+        token: Option<SecretRef>,
+    },
+    Discord {
+        /// The webhook URL (it is the credential).
+        url: SecretRef,
     },
 }
 
@@ -467,7 +504,7 @@ impl NotifierConfig {
             }
         };
         // `kind` picks the struct, read with every bad key named.
-        const KINDS: &str = "email, slack, matrix, webhook";
+        const KINDS: &str = "email, slack, matrix, webhook, ntfy, discord";
         let kind_name = match v.as_object_mut().and_then(|o| o.remove("kind")) {
             Some(Value::String(k)) => k,
             Some(other) => {
@@ -509,6 +546,26 @@ impl NotifierConfig {
                     url,
                     config: c,
                 })
+            }),
+            "ntfy" => read::<NtfyConfig>(v).and_then(|c| {
+                let url = match (&c.url, &c.url_file) {
+                    (Some(u), None) => WebhookUrl::Plain(u.clone()),
+                    (None, Some(f)) => WebhookUrl::Secret(secret(f)),
+                    _ => {
+                        return Err(vec![(
+                            "url".to_string(),
+                            "set exactly one of url and url_file".to_string(),
+                        )]);
+                    }
+                };
+                Ok(NotifierKind::Ntfy {
+                    token: c.token_file.as_deref().map(secret),
+                    url,
+                    config: c,
+                })
+            }),
+            "discord" => read::<DiscordConfig>(v).map(|c| NotifierKind::Discord {
+                url: secret(&c.url_file),
             }),
             other => Err(vec![(
                 "kind".to_string(),
@@ -567,6 +624,35 @@ impl NotifierConfig {
                     errs.push(("url".into(), "must be an http(s):// URL".into()));
                 }
             }
+            NotifierKind::Ntfy { config: c, url, .. } => {
+                if let WebhookUrl::Plain(u) = url
+                    && !((u.starts_with("https://") || u.starts_with("http://"))
+                        && ntfy::split_topic_url(u).is_some())
+                {
+                    errs.push((
+                        "url".into(),
+                        format!("`{u}` is not a topic URL (https://host/topic)"),
+                    ));
+                }
+                for (e, p) in &c.priority {
+                    if Event::parse(e).is_none() {
+                        errs.push(("priority".into(), format!("`{e}` is not an event")));
+                    } else if ntfy::priority(p).is_none() {
+                        errs.push((
+                            "priority".into(),
+                            format!(
+                                "`{p}` (for {e}) is not min, low, default, high, max, urgent or 1-5"
+                            ),
+                        ));
+                    }
+                }
+                for e in c.tags.keys() {
+                    if Event::parse(e).is_none() {
+                        errs.push(("tags".into(), format!("`{e}` is not an event")));
+                    }
+                }
+            }
+            NotifierKind::Discord { .. } => {}
         }
         if errs.is_empty() {
             Ok(NotifierConfig {
@@ -587,6 +673,8 @@ impl NotifierConfig {
             NotifierKind::Slack { .. } => "slack",
             NotifierKind::Matrix { .. } => "matrix",
             NotifierKind::Webhook { .. } => "webhook",
+            NotifierKind::Ntfy { .. } => "ntfy",
+            NotifierKind::Discord { .. } => "discord",
         }
     }
 
@@ -613,6 +701,17 @@ impl NotifierConfig {
                 }
                 v
             }
+            NotifierKind::Ntfy { url, token, .. } => {
+                let mut v = Vec::new();
+                if let WebhookUrl::Secret(u) = url {
+                    v.push(("url_file", u));
+                }
+                if let Some(t) = token {
+                    v.push(("token_file", t));
+                }
+                v
+            }
+            NotifierKind::Discord { url } => vec![("url_file", url)],
         }
     }
 
@@ -654,6 +753,31 @@ impl NotifierConfig {
                     .map(|s| read_secret("secret_file", s))
                     .transpose()?;
                 webhook::send(http, &url, &config.headers, signing, doc).await
+            }
+            NotifierKind::Ntfy { config, url, token } => {
+                let url = match url {
+                    WebhookUrl::Plain(u) => u.clone(),
+                    WebhookUrl::Secret(r) => read_secret("url_file", r)?,
+                };
+                let token = token
+                    .as_ref()
+                    .map(|t| read_secret("token_file", t))
+                    .transpose()?;
+                let event = doc.event.as_str();
+                let priority = config
+                    .priority
+                    .get(event)
+                    .and_then(|p| ntfy::priority(p))
+                    .unwrap_or_else(|| ntfy::default_priority(doc.event));
+                let tags = config
+                    .tags
+                    .get(event)
+                    .cloned()
+                    .unwrap_or_else(|| vec!["driftless".to_string(), event.to_string()]);
+                ntfy::send(http, &url, token.as_deref(), priority, &tags, doc).await
+            }
+            NotifierKind::Discord { url } => {
+                discord::send(http, &read_secret("url_file", url)?, doc).await
             }
         }
     }
@@ -702,6 +826,26 @@ mod tests {
     use super::*;
 
     const H: Duration = Duration::from_secs(3600);
+
+    /// An ntfy notifier names its bad keys: a URL that is not a topic, a
+    /// priority for no event or of no level, tags for no event.
+    #[test]
+    fn ntfy_settings_are_checked() {
+        let v = serde_json::json!({
+            "name": "phone", "kind": "ntfy", "url": "https://ntfy.sh/",
+            "priority": { "failed": "loud", "sometimes": "low" },
+            "tags": { "never": ["x"] },
+        });
+        let errs = NotifierConfig::from_value(v, Path::new("/")).expect_err("problems");
+        let keys: Vec<&str> = errs.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["url", "priority", "priority", "tags"], "{errs:?}");
+        assert!(errs[1].1.contains("`loud` (for failed)"), "{errs:?}");
+        let ok = serde_json::json!({
+            "name": "phone", "kind": "ntfy", "url": "https://ntfy.sh/ops",
+            "priority": { "failed": "urgent" },
+        });
+        assert!(NotifierConfig::from_value(ok, Path::new("/")).is_ok());
+    }
 
     #[test]
     fn the_transitions() {

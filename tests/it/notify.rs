@@ -585,3 +585,132 @@ fn attempts_and_retry_after_out_of_range_are_named() {
         "{err}"
     );
 }
+
+/// ntfy and Discord, against a stand-in of each written from their own
+/// source and API documentation: a failure is one ntfy message (JSON
+/// publish: topic, title, priority high, tags, click to the commit, the
+/// access token as a bearer) and one Discord embed that pings nobody; a
+/// 429 from either is retried until it goes through, never changing the
+/// run; the ntfy token and the Discord webhook token are in no output and
+/// no file of the state directory.
+#[test]
+fn ntfy_and_discord_get_each_event_and_a_rate_limit_is_retried() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let chat = ChatStandin::start(root.path());
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(&[("fail", "the disk is full\n")], "failing");
+    let token_file = root.path().join("ntfy-token");
+    std::fs::write(&token_file, format!("{}\n", chat.ntfy_token)).expect("write");
+    let discord_file = root.path().join("discord-url");
+    std::fs::write(
+        &discord_file,
+        format!("http://127.0.0.1:{}{}\n", chat.port, chat.discord_path),
+    )
+    .expect("write");
+    let s = Setup::new(&format!(
+        "{}\n[[notifiers]]\nname = \"phone\"\nkind = \"ntfy\"\nurl = \"http://127.0.0.1:{}/driftless-ops\"\n\
+         token_file = {}\ntags = {{ recovered = [\"white_check_mark\"] }}\n\
+         [[notifiers]]\nname = \"chat\"\nkind = \"discord\"\nurl_file = {}\n",
+        failing_target(&remote, "[\"phone\", \"chat\"]", ""),
+        chat.port,
+        toml_str(&token_file.display().to_string()),
+        toml_str(&discord_file.display().to_string()),
+    ));
+    let tick = |code: i32| -> String {
+        let out = s.run(&["tick", "app"]);
+        let said = text(&out.stdout) + &text(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{said}");
+        said
+    };
+    chat.rate_limit(2);
+    let mut said = tick(1);
+    let j = chat.journal();
+    assert_eq!(j.len(), 2, "{j:#?}");
+    assert!(j.iter().all(|r| r["answered"] == 429), "{j:#?}");
+    assert!(said.contains("WARN") && said.contains("429"), "{said}");
+    assert_eq!(s.history("app")[0]["result"], "failed");
+
+    // Past the first retry's wait: the next tick's sender sends both.
+    std::thread::sleep(Duration::from_millis(2200));
+    said += &tick(1);
+    let sent: Vec<Value> = chat
+        .journal()
+        .into_iter()
+        .filter(|r| {
+            r["answered"]
+                .as_u64()
+                .is_some_and(|c| (200..300).contains(&c))
+        })
+        .collect();
+    let ntfy: Vec<&Value> = sent.iter().filter(|r| r["route"] == "ntfy").collect();
+    let discord: Vec<&Value> = sent.iter().filter(|r| r["route"] == "discord").collect();
+    assert_eq!((ntfy.len(), discord.len()), (1, 1), "{sent:#?}");
+    let n = &ntfy[0]["body"];
+    assert_eq!(n["topic"], "driftless-ops");
+    assert_eq!(n["priority"], 4, "{n}");
+    assert_eq!(n["tags"], serde_json::json!(["driftless", "failed"]));
+    assert!(
+        n["title"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("driftless: app: failed at ")),
+        "{n}"
+    );
+    assert!(
+        n["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("the disk is full")),
+        "{n}"
+    );
+    assert!(
+        n["click"]
+            .as_str()
+            .is_some_and(|c| c.starts_with("https://git.example.net/ops/infra/commit/")),
+        "{n}"
+    );
+    assert_eq!(
+        ntfy[0]["authorization"],
+        format!("Bearer {}", chat.ntfy_token)
+    );
+    let d = &discord[0]["body"];
+    assert_eq!(d["allowed_mentions"], serde_json::json!({ "parse": [] }));
+    let embed = &d["embeds"][0];
+    assert!(
+        embed["title"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("app: failed at ")),
+        "{d}"
+    );
+    assert!(
+        embed["description"]
+            .as_str()
+            .is_some_and(|m| m.contains("the disk is full")),
+        "{d}"
+    );
+    assert_eq!(embed["color"], 0xd03030);
+    // The second failure has the same message: nothing new was told.
+    let rows = sql_rows(
+        &s.db(),
+        "SELECT notifier, state, attempts FROM notifications ORDER BY id",
+    );
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert!(rows.iter().all(|r| r["state"] == "sent"), "{rows:?}");
+
+    for secret in [chat.ntfy_token.as_str(), chat.discord_path.as_str()] {
+        let secret = secret.rsplit('/').next().unwrap_or(secret);
+        assert!(!said.contains(secret), "a secret in the output: {said}");
+        let out = std::process::Command::new("grep")
+            .args([
+                "-r",
+                "-l",
+                "-F",
+                "-a",
+                "--exclude-dir=checkouts",
+                "--exclude-dir=git",
+            ])
+            .arg(secret)
+            .arg(&s.state)
+            .output()
+            .expect("grep");
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    }
+}

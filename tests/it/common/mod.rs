@@ -1948,3 +1948,74 @@ impl Drop for ForgeStandin {
         let _ = self.child.wait();
     }
 }
+
+/// `tests/chat_standin.py`: an ntfy server's JSON publish and a Discord
+/// execute webhook on a free loopback port.
+pub struct ChatStandin {
+    child: Child,
+    pub port: u16,
+    pub ntfy_token: String,
+    /// `/api/webhooks/<id>/<token>`: its token is the secret.
+    pub discord_path: String,
+}
+
+impl ChatStandin {
+    pub fn start(root: &Path) -> ChatStandin {
+        let ntfy_token = format!("tk_canaryntfy{:016x}", fastrand::u64(..));
+        let discord_path = format!(
+            "/api/webhooks/1234567890/canary-discord-{:016x}",
+            fastrand::u64(..)
+        );
+        let err = root.join(format!("chat-{}.err", fastrand::u32(..)));
+        let (child, port) = on_free_port(
+            "the ntfy and Discord stand-in",
+            Duration::from_secs(20),
+            Some(&err),
+            |port| {
+                Command::new("python3")
+                    .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/chat_standin.py"))
+                    .arg(port.to_string())
+                    .arg(&ntfy_token)
+                    .arg(&discord_path)
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(std::fs::File::create(&err).expect("log"))
+                    .spawn()
+                    .expect("start python3 tests/chat_standin.py")
+            },
+            listening,
+        );
+        ChatStandin {
+            child,
+            port,
+            ntfy_token,
+            discord_path,
+        }
+    }
+
+    /// Every request so far, in order.
+    pub fn journal(&self) -> Vec<Value> {
+        let r = http(self.port, "GET", "/_standin/journal", &[], b"");
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json().as_array().cloned().unwrap_or_default()
+    }
+
+    /// The next `n` requests answer 429.
+    pub fn rate_limit(&self, n: u32) {
+        let r = http(
+            self.port,
+            "POST",
+            "/_standin/limit",
+            &[("Content-Type", "application/json")],
+            serde_json::json!({ "count": n }).to_string().as_bytes(),
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+}
+
+impl Drop for ChatStandin {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
