@@ -415,6 +415,32 @@ pub enum WebhookUrl {
     Secret(SecretRef),
 }
 
+impl WebhookUrl {
+    /// Exactly one of `url` and `url_file` (a secret reference).
+    fn one_of(
+        url: &Option<String>,
+        url_file: &Option<String>,
+        base: &Path,
+    ) -> Result<WebhookUrl, Vec<(String, String)>> {
+        match (url, url_file) {
+            (Some(u), None) => Ok(WebhookUrl::Plain(u.clone())),
+            (None, Some(f)) => Ok(WebhookUrl::Secret(SecretRef::parse(f, base))),
+            _ => Err(vec![(
+                "url".to_string(),
+                "set exactly one of url and url_file".to_string(),
+            )]),
+        }
+    }
+
+    /// The URL to send to, reading the secret file when it is one.
+    fn resolve(&self) -> Result<String, SendError> {
+        match self {
+            WebhookUrl::Plain(u) => Ok(u.clone()),
+            WebhookUrl::Secret(r) => read_secret("url_file", r),
+        }
+    }
+}
+
 /// A configured notifier. Secret fields stay references, read when sending.
 #[derive(Debug, Clone)]
 pub struct NotifierConfig {
@@ -531,16 +557,7 @@ impl NotifierConfig {
                 config: c,
             }),
             "webhook" => read::<WebhookConfig>(v).and_then(|c| {
-                let url = match (&c.url, &c.url_file) {
-                    (Some(u), None) => WebhookUrl::Plain(u.clone()),
-                    (None, Some(f)) => WebhookUrl::Secret(secret(f)),
-                    _ => {
-                        return Err(vec![(
-                            "url".to_string(),
-                            "set exactly one of url and url_file".to_string(),
-                        )]);
-                    }
-                };
+                let url = WebhookUrl::one_of(&c.url, &c.url_file, base)?;
                 Ok(NotifierKind::Webhook {
                     signing_secret: c.secret_file.as_deref().map(secret),
                     url,
@@ -548,16 +565,7 @@ impl NotifierConfig {
                 })
             }),
             "ntfy" => read::<NtfyConfig>(v).and_then(|c| {
-                let url = match (&c.url, &c.url_file) {
-                    (Some(u), None) => WebhookUrl::Plain(u.clone()),
-                    (None, Some(f)) => WebhookUrl::Secret(secret(f)),
-                    _ => {
-                        return Err(vec![(
-                            "url".to_string(),
-                            "set exactly one of url and url_file".to_string(),
-                        )]);
-                    }
-                };
+                let url = WebhookUrl::one_of(&c.url, &c.url_file, base)?;
                 Ok(NotifierKind::Ntfy {
                     token: c.token_file.as_deref().map(secret),
                     url,
@@ -744,10 +752,7 @@ impl NotifierConfig {
                 url,
                 signing_secret,
             } => {
-                let url = match url {
-                    WebhookUrl::Plain(u) => u.clone(),
-                    WebhookUrl::Secret(r) => read_secret("url_file", r)?,
-                };
+                let url = url.resolve()?;
                 let signing = signing_secret
                     .as_ref()
                     .map(|s| read_secret("secret_file", s))
@@ -755,10 +760,7 @@ impl NotifierConfig {
                 webhook::send(http, &url, &config.headers, signing, doc).await
             }
             NotifierKind::Ntfy { config, url, token } => {
-                let url = match url {
-                    WebhookUrl::Plain(u) => u.clone(),
-                    WebhookUrl::Secret(r) => read_secret("url_file", r)?,
-                };
+                let url = url.resolve()?;
                 let token = token
                     .as_ref()
                     .map(|t| read_secret("token_file", t))

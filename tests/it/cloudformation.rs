@@ -640,13 +640,7 @@ fn an_approved_change_set_is_executed_by_its_id_and_others_are_deleted() {
 #[test]
 fn a_cloudformation_detect_target_records_its_change_set_and_executes_none() {
     let f = fixture("parameters_file = \"params.json\"", "2m");
-    let cfg = std::fs::read_to_string(&f.s.config).expect("config");
-    let cfg = cfg.replacen(
-        "[targets.backend]",
-        "policy = \"detect\"\ninterval = \"1h\"\n[targets.backend]",
-        1,
-    );
-    std::fs::write(&f.s.config, cfg).expect("config");
+    f.s.target_keys("policy = \"detect\"\ninterval = \"1h\"");
     for _ in 0..2 {
         let (code, out) = f.tick();
         assert_eq!(code, Some(0), "{out}");

@@ -40,6 +40,20 @@ fn inspect_env(d: &Dockerd, name: &str) -> String {
     )
 }
 
+/// Someone runs `docker-compose up` by hand in target `project`'s checkout
+/// with `GREETING=by-hand`: the container is recreated with settings that
+/// are not git's.
+fn recreate_by_hand(d: &Dockerd, s: &Setup, project: &str) {
+    let out = std::process::Command::new("docker-compose")
+        .args(["-p", project, "--env-file", ".env", "up", "-d"])
+        .current_dir(s.checkout(project).join("app"))
+        .env("DOCKER_HOST", &d.host)
+        .env("GREETING", "by-hand")
+        .output()
+        .expect("docker-compose");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
 fn container_id(d: &Dockerd, name: &str) -> String {
     text(&d.docker(&["inspect", "--format", "{{.Id}}", name]).stdout)
         .trim()
@@ -121,14 +135,7 @@ fn compose_projects_converge_locally_and_over_ssh() {
     // Recreated by hand with other settings: running, and the stored
     // digest says nothing changed, but the container's config hash is not
     // git's. Drift: git's configuration is put back.
-    let out = std::process::Command::new("docker-compose")
-        .args(["-p", "app", "--env-file", ".env", "up", "-d"])
-        .current_dir(s.checkout("app").join("app"))
-        .env("DOCKER_HOST", &docker.host)
-        .env("GREETING", "by-hand")
-        .output()
-        .expect("docker-compose");
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    recreate_by_hand(&docker, &s, "app");
     assert!(inspect_env(&docker, "app_web_1").contains("GREETING=by-hand"));
     let run = tick();
     assert_eq!(run["result"], "changed", "{run}");
@@ -353,14 +360,7 @@ fn a_compose_recreation_waits_for_approval_and_a_start_does_not() {
     // Someone recreates the container by hand with other settings: its
     // config hash differs from git's, while driftless's stored digest does
     // not. The plan sees it; the approved plan puts git's config back.
-    let out = std::process::Command::new("docker-compose")
-        .args(["-p", "gated", "--env-file", ".env", "up", "-d"])
-        .current_dir(s.checkout("gated").join("app"))
-        .env("DOCKER_HOST", &docker.host)
-        .env("GREETING", "by-hand")
-        .output()
-        .expect("docker-compose");
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    recreate_by_hand(&docker, &s, "gated");
     assert!(inspect_env(&docker, "gated_web_1").contains("GREETING=by-hand"));
     let said = tick();
     assert!(said.contains("waits for approval"), "{said}");

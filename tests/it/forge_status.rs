@@ -27,16 +27,7 @@ fn setup(
         ),
         forge.table("f", kind),
     ));
-    let cfg = std::fs::read_to_string(&s.config).expect("config");
-    std::fs::write(
-        &s.config,
-        cfg.replacen(
-            "workers = 4\n",
-            "workers = 4\npublic_url = \"https://driftless.example.net/\"\n",
-            1,
-        ),
-    )
-    .expect("config");
+    s.set_public_url("https://driftless.example.net/");
     (remote, s, first)
 }
 
@@ -161,20 +152,7 @@ fn a_forge_that_is_down_gets_the_newest_state_later_and_runs_are_unaffected() {
         !said.contains(&forge.token),
         "the forge token in the output"
     );
-    let out = std::process::Command::new("grep")
-        .args([
-            "-r",
-            "-l",
-            "-F",
-            "-a",
-            "--exclude-dir=checkouts",
-            "--exclude-dir=git",
-        ])
-        .arg(&forge.token)
-        .arg(&s.state)
-        .output()
-        .expect("grep");
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    assert_state_keeps_out(&s.state, &forge.token);
 }
 
 /// Through the daemon: a pushed commit is `pending` ("queued") on the forge
@@ -209,19 +187,7 @@ fn a_pushed_commit_is_pending_until_its_run_ends() {
     });
     let sha = remote.commit(&[("app/v", "2\n")], "second");
     let body = github_push_body(&remote.url(), &sha, &["app/v"]);
-    let sig = format!("sha256={}", hmac_hex(SECRET, &body));
-    let r = http(
-        daemon.port,
-        "POST",
-        "/hooks/github",
-        &[
-            ("Content-Type", "application/json"),
-            ("X-GitHub-Event", "push"),
-            ("X-GitHub-Delivery", "forge-status-1"),
-            ("X-Hub-Signature-256", &sig),
-        ],
-        &body,
-    );
+    let r = deliver_github_push(daemon.port, SECRET, &body, "forge-status-1");
     assert_eq!(r.status, 202, "{}", r.body);
     wait_for(Duration::from_secs(60), "the run's status", || {
         forge.states(&sha, "driftless/app").len() >= 2
@@ -295,19 +261,7 @@ fn a_commit_folded_into_a_newer_push_is_superseded() {
     for n in 2..4 {
         let sha = remote.commit(&[("app/v", &format!("{n}\n"))], &format!("v{n}"));
         let body = github_push_body(&remote.url(), &sha, &["app/v"]);
-        let sig = format!("sha256={}", hmac_hex(SECRET, &body));
-        let r = http(
-            intake.port,
-            "POST",
-            "/hooks/github",
-            &[
-                ("Content-Type", "application/json"),
-                ("X-GitHub-Event", "push"),
-                ("X-GitHub-Delivery", &format!("fold-{n}")),
-                ("X-Hub-Signature-256", &sig),
-            ],
-            &body,
-        );
+        let r = deliver_github_push(intake.port, SECRET, &body, &format!("fold-{n}"));
         assert_eq!(r.status, 202, "{}", r.body);
         shas.push(sha);
     }

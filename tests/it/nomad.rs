@@ -2283,13 +2283,7 @@ fn a_targets_policy_is_its_jobs_default_and_a_jobs_meta_still_overrides_it() {
 #[test]
 fn a_nomad_detect_target_plans_every_job_and_registers_none() {
     let f = fixture("");
-    let cfg = std::fs::read_to_string(&f.s.config).expect("config");
-    let cfg = cfg.replacen(
-        "[targets.backend]",
-        "policy = \"detect\"\n[targets.backend]",
-        1,
-    );
-    std::fs::write(&f.s.config, cfg).expect("config");
+    f.s.target_keys("policy = \"detect\"");
     for _ in 0..2 {
         let (code, out, j) = f.tick();
         assert_eq!(code, Some(0), "{out}");

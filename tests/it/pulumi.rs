@@ -533,13 +533,7 @@ fn a_pulumi_replacement_waits_and_a_changed_preview_is_not_applied() {
 #[test]
 fn a_pulumi_detect_target_previews_and_never_runs_up() {
     let f = fixture("");
-    let cfg = std::fs::read_to_string(&f.s.config).expect("config");
-    let cfg = cfg.replacen(
-        "[targets.backend]",
-        "policy = \"detect\"\ninterval = \"1h\"\n[targets.backend]",
-        1,
-    );
-    std::fs::write(&f.s.config, cfg).expect("config");
+    f.s.target_keys("policy = \"detect\"\ninterval = \"1h\"");
     for _ in 0..2 {
         let (code, out) = f.tick();
         assert_eq!(code, Some(0), "{out}");

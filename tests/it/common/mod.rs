@@ -963,30 +963,7 @@ impl Approver<'_> {
             !all.to_string().contains(canary),
             "a secret in a plan: {all}"
         );
-        // grep in another process: opening and closing the database file
-        // here would drop this process's SQLite locks on it (POSIX locks
-        // are per process), and the Intake's connections with them.
-        assert!(s.state.join("driftless.db").is_file());
-        let out = std::process::Command::new("grep")
-            .args([
-                "-r",
-                "-l",
-                "-F",
-                "-a",
-                "--exclude-dir=checkouts",
-                "--exclude-dir=git",
-            ])
-            .arg(canary)
-            .arg(&s.state)
-            .output()
-            .expect("grep");
-        assert_eq!(
-            out.status.code(),
-            Some(1),
-            "a secret in {} (or grep failed: {})",
-            text(&out.stdout),
-            text(&out.stderr)
-        );
+        assert_state_keeps_out(&s.state, canary);
     }
 }
 
@@ -2017,5 +1994,81 @@ impl Drop for ChatStandin {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// `secret` is in no file under `state` but git's own (`checkouts/`,
+/// `git/`, where a committed value is the user's). grep runs in another
+/// process: opening and closing the database file in this one would drop
+/// this process's SQLite locks on it (POSIX locks are per process), and an
+/// in-process Intake's connections would read stale pages.
+pub fn assert_state_keeps_out(state: &Path, secret: &str) {
+    assert!(state.join("driftless.db").is_file(), "{}", state.display());
+    let out = Command::new("grep")
+        .args([
+            "-r",
+            "-l",
+            "-F",
+            "-a",
+            "--exclude-dir=checkouts",
+            "--exclude-dir=git",
+        ])
+        .arg(secret)
+        .arg(state)
+        .output()
+        .expect("grep");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "a secret in {} (or grep failed: {})",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+}
+
+/// POST a GitHub `push` delivery, signed with `secret`, to `/hooks/github`.
+pub fn deliver_github_push(port: u16, secret: &str, body: &[u8], delivery: &str) -> HttpResponse {
+    let sig = format!("sha256={}", hmac_hex(secret, body));
+    http(
+        port,
+        "POST",
+        "/hooks/github",
+        &[
+            ("Content-Type", "application/json"),
+            ("X-GitHub-Event", "push"),
+            ("X-GitHub-Delivery", delivery),
+            ("X-Hub-Signature-256", &sig),
+        ],
+        body,
+    )
+}
+
+impl Setup {
+    /// Edit the configuration file: `f` gets its text and returns the new one.
+    pub fn edit_config(&self, f: impl FnOnce(String) -> String) {
+        let cfg = std::fs::read_to_string(&self.config).expect("config");
+        std::fs::write(&self.config, f(cfg)).expect("config");
+    }
+
+    /// `server.public_url`, for links in notifications and statuses.
+    pub fn set_public_url(&self, url: &str) {
+        self.edit_config(|c| {
+            c.replacen(
+                "workers = 4\n",
+                &format!("workers = 4\npublic_url = \"{url}\"\n"),
+                1,
+            )
+        });
+    }
+
+    /// Keys for the first target's table (before its `[targets.backend]`).
+    pub fn target_keys(&self, keys: &str) {
+        self.edit_config(|c| {
+            c.replacen(
+                "[targets.backend]",
+                &format!("{keys}\n[targets.backend]"),
+                1,
+            )
+        });
     }
 }
