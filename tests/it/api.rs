@@ -103,19 +103,7 @@ fn github_push(w: &World, sha: &str, changed: &[&str]) -> Vec<u8> {
 }
 
 fn deliver(port: u16, body: &[u8], delivery: &str) -> HttpResponse {
-    let sig = format!("sha256={}", hmac_hex(SECRET, body));
-    http(
-        port,
-        "POST",
-        "/hooks/github",
-        &[
-            ("Content-Type", "application/json"),
-            ("X-GitHub-Event", "push"),
-            ("X-GitHub-Delivery", delivery),
-            ("X-Hub-Signature-256", &sig),
-        ],
-        body,
-    )
+    deliver_github_push(port, SECRET, body, delivery)
 }
 
 #[test]

@@ -31,6 +31,32 @@ fn setup(
     (remote, s, first)
 }
 
+/// An exec target `app` (path `app`, 1h interval) with `apply`, its
+/// statuses on forge `f`, behind a GitHub receiver signed with `secret`.
+fn pushed_target(
+    root: &std::path::Path,
+    forge: &ForgeStandin,
+    secret: &str,
+    apply: &str,
+) -> (Remote, Setup) {
+    let remote = Remote::new(root, "infra");
+    remote.commit(&[("app/v", "1\n")], "first");
+    let secret_file = root.join("hook-secret");
+    std::fs::write(&secret_file, secret).expect("write");
+    let s = Setup::new(&format!(
+        "[[receivers]]\nname = \"github\"\nforge = \"github\"\nsecret_file = {}\n\n{}{}",
+        toml_str(&secret_file.display().to_string()),
+        exec_target(
+            "app",
+            &remote.url(),
+            "path = \"app\"\nforge = \"f\"\nforge_repo = \"me/infra\"\ninterval = \"1h\"",
+            apply,
+        ),
+        forge.table("f", "github"),
+    ));
+    (remote, s)
+}
+
 fn tick(s: &Setup) -> (Option<i32>, String) {
     let out = s.run(&["tick", "app"]);
     (out.status.code(), text(&out.stdout) + &text(&out.stderr))
@@ -163,22 +189,13 @@ fn a_pushed_commit_is_pending_until_its_run_ends() {
     const SECRET: &str = "forge-status-hook-secret";
     let root = tempfile::tempdir().expect("tempdir");
     let forge = ForgeStandin::start(root.path());
-    let remote = Remote::new(root.path(), "infra");
-    remote.commit(&[("app/v", "1\n")], "first");
-    let secret = root.path().join("hook-secret");
-    std::fs::write(&secret, SECRET).expect("write");
-    let s = Setup::new(&format!(
-        "[[receivers]]\nname = \"github\"\nforge = \"github\"\nsecret_file = {}\n\n{}{}",
-        toml_str(&secret.display().to_string()),
-        exec_target(
-            "app",
-            &remote.url(),
-            "path = \"app\"\nforge = \"f\"\nforge_repo = \"me/infra\"\ninterval = \"1h\"",
-            // Slow enough that the sender (every 2 s) sees the pending state.
-            "apply = [\"sh\", \"-c\", \"sleep 5\"]",
-        ),
-        forge.table("f", "github"),
-    ));
+    // Slow enough that the sender (every 2 s) sees the pending state.
+    let (remote, s) = pushed_target(
+        root.path(),
+        &forge,
+        SECRET,
+        "apply = [\"sh\", \"-c\", \"sleep 5\"]",
+    );
     let daemon = s.serve();
     wait_for(Duration::from_secs(60), "the first tick", || {
         s.status()
@@ -241,21 +258,7 @@ fn a_commit_folded_into_a_newer_push_is_superseded() {
     const SECRET: &str = "forge-status-fold-secret";
     let root = tempfile::tempdir().expect("tempdir");
     let forge = ForgeStandin::start(root.path());
-    let remote = Remote::new(root.path(), "infra");
-    remote.commit(&[("app/v", "1\n")], "first");
-    let secret = root.path().join("hook-secret");
-    std::fs::write(&secret, SECRET).expect("write");
-    let s = Setup::new(&format!(
-        "[[receivers]]\nname = \"github\"\nforge = \"github\"\nsecret_file = {}\n\n{}{}",
-        toml_str(&secret.display().to_string()),
-        exec_target(
-            "app",
-            &remote.url(),
-            "path = \"app\"\nforge = \"f\"\nforge_repo = \"me/infra\"\ninterval = \"1h\"",
-            "apply = [\"true\"]",
-        ),
-        forge.table("f", "github"),
-    ));
+    let (remote, s) = pushed_target(root.path(), &forge, SECRET, "apply = [\"true\"]");
     let intake = Intake::start(&s);
     let mut shas = Vec::new();
     for n in 2..4 {
