@@ -194,6 +194,58 @@ pub async fn notify_pending(app: &App, all: bool) -> Result<Report, TickError> {
     if rows.is_empty() {
         out = "no notifications pending\n".into();
     }
+    let statuses = app.store.unsent_statuses(all).await?;
+    if !statuses.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n{:<6} {:<10} {:<20} {:<12} {:<28} {:<8} {:>3}  LAST ERROR",
+            "STATUS", "FORGE", "REPO", "COMMIT", "CONTEXT", "STATE", "TRY"
+        );
+        for r in &statuses {
+            let state = format!("{:?}", r.state).to_lowercase();
+            let _ = writeln!(
+                out,
+                "{:<6} {:<10} {:<20} {:<12} {:<28} {:<8} {:>3}  {}",
+                r.id,
+                r.forge,
+                r.repo,
+                crate::model::short_sha(&r.sha),
+                r.context,
+                if r.given_up {
+                    "given up"
+                } else {
+                    state.as_str()
+                },
+                r.attempts,
+                r.last_error.as_deref().unwrap_or("-")
+            );
+        }
+    }
+    let comments = app.store.unsent_comments(all).await?;
+    if !comments.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n{:<6} {:<10} {:<20} {:<8} {:<12} {:>3}  LAST ERROR",
+            "PR", "FORGE", "REPO", "NUMBER", "HEAD", "TRY"
+        );
+        for r in &comments {
+            let _ = writeln!(
+                out,
+                "{:<6} {:<10} {:<20} {:<8} {:<12} {:>3}  {}",
+                r.id,
+                r.forge,
+                r.repo,
+                format!("#{}", r.number),
+                crate::model::short_sha(&r.head_sha),
+                r.attempts,
+                if r.given_up {
+                    format!("given up: {}", r.last_error.as_deref().unwrap_or("-"))
+                } else {
+                    r.last_error.as_deref().unwrap_or("-").to_string()
+                }
+            );
+        }
+    }
     Ok(Report {
         stdout: out,
         code: 0,

@@ -19,7 +19,7 @@ use crate::app::Health;
 use crate::http;
 use crate::queue::Job;
 use crate::scheduler::Scheduler;
-use crate::tick::{Reconciler, Ticked};
+use crate::tick::{Previewed, Reconciler, Ticked};
 
 /// When the queue is empty, how often a worker looks again (a notification
 /// usually wakes it sooner).
@@ -113,6 +113,15 @@ impl Daemon {
             );
         }
         recover_dead_jobs(&rec, Duration::ZERO).await?;
+        // Only a serving daemon plans previews, and only one serves this
+        // state directory: a preview left running is a dead process's.
+        let previews = rec.app().store.requeue_previews().await?;
+        if previews > 0 {
+            warn!(
+                previews,
+                "requeued pull request previews a stopped daemon left unfinished"
+            );
+        }
         let health = Arc::new(Health::default());
         let wake = Arc::new(Notify::new());
         let state = http::AppState::new(rec.app().clone(), addr, health.clone(), wake.clone())?;
@@ -197,9 +206,12 @@ impl Daemon {
             )));
         }
 
+        let previewer = tokio::spawn(previewer(rec.clone(), wake.clone(), shutdown.clone()));
+
         let mut done = shutdown.clone();
         let _ = done.wait_for(|s| *s).await;
         let _ = scheduler.await;
+        workers.push(previewer);
         let all = futures_join(workers);
         if tokio::time::timeout(SHUTDOWN_GRACE, all).await.is_err() {
             warn!(
@@ -249,10 +261,7 @@ async fn recover_dead_jobs(engine: &Reconciler, min_quiet: Duration) -> Result<(
 /// Every few seconds, look for jobs left running by a dead process.
 async fn reaper(engine: Reconciler, wake: Arc<Notify>, mut shutdown: watch::Receiver<bool>) {
     loop {
-        tokio::select! {
-            _ = tokio::time::sleep(REAP_PERIOD) => {}
-            _ = shutdown.changed() => {}
-        }
+        nap(REAP_PERIOD, &mut shutdown).await;
         if *shutdown.borrow() {
             return;
         }
@@ -260,6 +269,14 @@ async fn reaper(engine: Reconciler, wake: Arc<Notify>, mut shutdown: watch::Rece
             Ok(()) => wake.notify_waiters(),
             Err(e) => error!(error = %e, "cannot look for interrupted jobs"),
         }
+    }
+}
+
+/// Sleep `d`, or less when shutdown is asked.
+async fn nap(d: Duration, shutdown: &mut watch::Receiver<bool>) {
+    tokio::select! {
+        _ = tokio::time::sleep(d) => {}
+        _ = shutdown.changed() => {}
     }
 }
 
@@ -302,10 +319,50 @@ async fn worker(
             Err(e) => {
                 health.store_failing.store(true, Ordering::Relaxed);
                 error!(worker = n, error = %e, "cannot claim a job");
+                nap(ERROR_RETRY, &mut shutdown).await;
+            }
+        }
+    }
+}
+
+/// The one preview worker: pull request previews, one at a time, beside
+/// the apply workers and never holding a target's apply lock (a preview
+/// neither waits for an apply nor blocks one).
+async fn previewer(engine: Reconciler, wake: Arc<Notify>, mut shutdown: watch::Receiver<bool>) {
+    let store = engine.app().store.clone();
+    loop {
+        if *shutdown.borrow() {
+            return;
+        }
+        let notified = wake.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        match store.claim_preview(engine.app().queue.owner()).await {
+            Ok(Some(job)) => match engine.preview(&job).await {
+                Ok(Previewed::Done) => {}
+                Ok(Previewed::Busy) => {
+                    info!(target = %job.preview.target, "preview checkout busy: preview queued again");
+                    if let Err(e) = store.requeue_preview(job.preview.id).await {
+                        error!(error = %e, "cannot queue a preview again");
+                    }
+                    nap(BUSY_RETRY, &mut shutdown).await;
+                }
+                Err(e) => {
+                    error!(target = %job.preview.target, number = job.pull.number, error = %e,
+                           "preview stopped; it is planned again at the next start");
+                    nap(ERROR_RETRY, &mut shutdown).await;
+                }
+            },
+            Ok(None) => {
                 tokio::select! {
-                    _ = tokio::time::sleep(ERROR_RETRY) => {}
+                    _ = &mut notified => {}
+                    _ = tokio::time::sleep(IDLE_POLL) => {}
                     _ = shutdown.changed() => {}
                 }
+            }
+            Err(e) => {
+                error!(error = %e, "cannot claim a preview");
+                nap(ERROR_RETRY, &mut shutdown).await;
             }
         }
     }

@@ -114,6 +114,7 @@ struct FetchSlot {
 pub struct Git {
     cache_root: PathBuf,
     checkout_root: PathBuf,
+    preview_root: PathBuf,
     slots: Arc<std::sync::Mutex<Slots>>,
     fetches: Arc<AtomicU64>,
 }
@@ -132,6 +133,7 @@ impl Git {
         Git {
             cache_root: state_dir.join("git"),
             checkout_root: state_dir.join("checkouts"),
+            preview_root: state_dir.join("previews").join("checkouts"),
             slots: Default::default(),
             fetches: Default::default(),
         }
@@ -162,11 +164,36 @@ impl Git {
         self.checkout(target, &sha).await
     }
 
+    /// The directory a target's preview checkout lives in: apart from its
+    /// own, so a preview never moves what an apply works in.
+    pub fn preview_dir(&self, target: &str) -> PathBuf {
+        self.preview_root.join(target)
+    }
+
     /// Fetch `branch` of `remote` into its cache and return the tip's id.
     /// Requests arriving while a fetch runs wait for the next one that starts
     /// after them; requests satisfied by a fetch that started after they were
     /// made share its result.
     pub async fn fetch(&self, remote: &str, branch: &str, auth: &GitAuth) -> FetchResult {
+        self.fetch_wanted(remote, branch, format!("refs/heads/{branch}"), auth)
+            .await
+    }
+
+    /// Fetch a ref that is not a branch (a forge's `refs/pull/<n>/head`)
+    /// into the cache and return the commit it points at. Errors name the
+    /// ref where a branch fetch names the branch.
+    pub async fn fetch_ref(&self, remote: &str, git_ref: &str, auth: &GitAuth) -> FetchResult {
+        self.fetch_wanted(remote, git_ref, git_ref.to_string(), auth)
+            .await
+    }
+
+    async fn fetch_wanted(
+        &self,
+        remote: &str,
+        branch: &str,
+        wanted: String,
+        auth: &GitAuth,
+    ) -> FetchResult {
         let requested = Instant::now();
         let slot = {
             let mut slots = self
@@ -174,7 +201,7 @@ impl Git {
                 .lock()
                 .map_err(|_| fetch_err(remote, branch, "internal lock poisoned"))?;
             slots
-                .entry((remote.to_string(), branch.to_string()))
+                .entry((remote.to_string(), wanted.clone()))
                 .or_default()
                 .clone()
         };
@@ -191,7 +218,7 @@ impl Git {
         let dir = self.cache_dir(remote);
         let (remote_s, branch_s) = (remote.to_string(), branch.to_string());
         let result = tokio::task::spawn_blocking(move || {
-            fetch_blocking(&dir, &remote_s, &branch_s, resolved)
+            fetch_blocking(&dir, &remote_s, &branch_s, &wanted, resolved)
         })
         .await
         .unwrap_or_else(|e| {
@@ -208,8 +235,60 @@ impl Git {
 
     /// Move the target's checkout to `sha` (which must be in the cache).
     pub async fn checkout(&self, target: Source<'_>, sha: &str) -> Result<Synced, GitError> {
+        self.checkout_into(self.checkout_dir(target.target), target, sha)
+            .await
+    }
+
+    /// Move the target's preview checkout to `sha` (in the cache). The
+    /// caller holds the target's preview lock, never its apply lock.
+    pub async fn checkout_preview(
+        &self,
+        target: Source<'_>,
+        sha: &str,
+    ) -> Result<Synced, GitError> {
+        self.checkout_into(self.preview_dir(target.target), target, sha)
+            .await
+    }
+
+    /// The merge base of commits `a` and `b` in `remote`'s cache (`None`:
+    /// they share no history). Read-only.
+    pub async fn merge_base(
+        &self,
+        remote: &str,
+        a: &str,
+        b: &str,
+    ) -> Result<Option<String>, GitError> {
+        let cache = self.cache_dir(remote);
+        let fail = |reason: String| GitError::Checkout {
+            sha: format!("{a}...{b}"),
+            dir: cache.display().to_string(),
+            reason: format!("git merge-base failed: {reason}"),
+        };
+        let (spec, out) = git_run(&cache, &["merge-base", a, b]).await.map_err(fail)?;
+        match out.code {
+            _ if out.success() => Ok(Some(out.stdout.trim().to_string())),
+            // exit 1 with nothing said: no common ancestor
+            Some(1) if out.stderr.trim().is_empty() => Ok(None),
+            _ if !out.stderr.trim().is_empty() => Err(fail(out.stderr.trim().to_string())),
+            _ => Err(fail(process::describe_exit(&spec, &out, Some(GIT_TIMEOUT)))),
+        }
+    }
+
+    /// Whether `sha` is a commit in `remote`'s cache.
+    pub async fn has_commit(&self, remote: &str, sha: &str) -> bool {
+        let spec = format!("{sha}^{{commit}}");
+        git_cli(&self.cache_dir(remote), &["cat-file", "-e", spec.as_str()])
+            .await
+            .is_ok()
+    }
+
+    async fn checkout_into(
+        &self,
+        dir: PathBuf,
+        target: Source<'_>,
+        sha: &str,
+    ) -> Result<Synced, GitError> {
         let cache = self.cache_dir(target.repo);
-        let dir = self.checkout_dir(target.target);
         let err = |reason: String| GitError::Checkout {
             sha: sha.to_string(),
             dir: dir.display().to_string(),
@@ -432,13 +511,13 @@ fn is_ssh(remote: &str) -> bool {
 
 /// Fetch, and for ssh remotes add what ssh itself said (it writes its
 /// errors — "Host key verification failed." — to a log, not to gix).
-fn fetch_blocking(dir: &Path, remote: &str, branch: &str, auth: Auth) -> FetchResult {
+fn fetch_blocking(dir: &Path, remote: &str, branch: &str, wanted: &str, auth: Auth) -> FetchResult {
     let ssh_log = is_ssh(remote).then(|| dir.with_extension("ssh.log"));
     if let Some(log) = &ssh_log {
         let _ = std::fs::create_dir_all(dir.parent().unwrap_or(dir));
         let _ = std::fs::write(log, b"");
     }
-    let result = fetch_inner(dir, remote, branch, auth, ssh_log.as_deref());
+    let result = fetch_inner(dir, remote, branch, wanted, auth, ssh_log.as_deref());
     match (result, &ssh_log) {
         (
             Err(GitError::Fetch {
@@ -470,6 +549,7 @@ fn fetch_inner(
     dir: &Path,
     remote: &str,
     branch: &str,
+    wanted: &str,
     auth: Auth,
     ssh_log: Option<&Path>,
 ) -> FetchResult {
@@ -517,7 +597,16 @@ fn fetch_inner(
             .set_value(&gix::config::tree::Core::SSH_COMMAND, cmd.as_str())
             .map_err(|e| err(format!("cannot configure ssh: {}", chain(&e))))?;
     }
-    let refspec = format!("+refs/heads/{branch}:refs/remotes/origin/{branch}");
+    // Branches where git keeps them; other refs (a forge's pull request
+    // heads) under refs/driftless/.
+    let local = match wanted.strip_prefix("refs/heads/") {
+        Some(b) => format!("refs/remotes/origin/{b}"),
+        None => format!(
+            "refs/driftless/{}",
+            wanted.strip_prefix("refs/").unwrap_or(wanted)
+        ),
+    };
+    let refspec = format!("+{wanted}:{local}");
     let remote_handle = repo
         .remote_at(remote)
         .map_err(|e| err(format!("invalid remote: {}", chain(&e))))?
@@ -584,7 +673,6 @@ fn fetch_inner(
                 err(msg)
             }
         })?;
-    let wanted = format!("refs/heads/{branch}");
     let tip = outcome
         .ref_map
         .mappings
@@ -678,8 +766,8 @@ fn repack(dir: &Path, deadline: Instant) -> Result<(), String> {
     Err(format!("{status}: {}", said.trim()))
 }
 
-/// Run the git CLI in `dir` and return its stdout; the error is git's stderr.
-async fn git_cli(dir: &Path, args: &[&str]) -> Result<String, String> {
+/// Run the git CLI in `dir`; the error is what kept it from running.
+async fn git_run(dir: &Path, args: &[&str]) -> Result<(Spec, process::Output), String> {
     let mut argv = vec!["git".to_string()];
     argv.extend(args.iter().map(|s| s.to_string()));
     let mut spec = Spec::new(argv, dir);
@@ -691,6 +779,12 @@ async fn git_cli(dir: &Path, args: &[&str]) -> Result<String, String> {
     let out = process::run(&spec, &Redactor::new())
         .await
         .map_err(|e| e.to_string())?;
+    Ok((spec, out))
+}
+
+/// Run the git CLI in `dir` and return its stdout; the error is git's stderr.
+async fn git_cli(dir: &Path, args: &[&str]) -> Result<String, String> {
+    let (spec, out) = git_run(dir, args).await?;
     if out.success() {
         Ok(out.stdout)
     } else {

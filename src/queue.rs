@@ -15,6 +15,7 @@ use serde::Serialize;
 use sqlx::FromRow;
 
 use crate::model::Trigger;
+use crate::store::previews::{self, PullEvent};
 use crate::store::{Store, StoreError, WriteTx, now_ms};
 
 /// How long a claim lasts without a heartbeat.
@@ -38,8 +39,9 @@ pub struct Request {
 pub enum Accepted {
     /// Its delivery id was seen before: nothing was queued.
     Duplicate,
-    /// The jobs (target, job id) now holding its requests.
-    Queued(Vec<(String, i64)>),
+    /// The jobs (target, job id) now holding its requests, and how many
+    /// queued previews a closed pull request dropped.
+    Queued(Vec<(String, i64)>, u64),
 }
 
 /// How long delivery ids are remembered for dedupe.
@@ -178,15 +180,17 @@ impl Queue {
         Ok(id)
     }
 
-    /// Record a webhook delivery and queue its requests, atomically: either
-    /// the delivery id is new and every request is on disk when this
-    /// returns, or it was seen before and nothing is queued.
+    /// Record a webhook delivery and queue its requests (and a pull
+    /// request's previews), atomically: either the delivery id is new and
+    /// every request is on disk when this returns, or it was seen before
+    /// and nothing is queued.
     pub async fn accept(
         &self,
         receiver: &str,
         delivery_id: Option<&str>,
         outcome: &str,
         requests: &[Request],
+        pulls: &[PullEvent],
     ) -> Result<Accepted, StoreError> {
         let what = "recording a webhook delivery";
         let WriteTx { mut tx, _turn } = self.store.begin_write(what).await?;
@@ -213,8 +217,14 @@ impl Queue {
                 .map_err(self.store.err(what))?;
             queued.push((req.target.clone(), job));
         }
+        let mut dropped = 0;
+        for p in pulls {
+            dropped += previews::record_event(&mut tx, p)
+                .await
+                .map_err(self.store.err(what))?;
+        }
         tx.commit().await.map_err(self.store.err(what))?;
-        Ok(Accepted::Queued(queued))
+        Ok(Accepted::Queued(queued, dropped))
     }
 
     /// Forget delivery ids older than [`DELIVERY_MEMORY`].

@@ -1,4 +1,4 @@
-//! Routing a verified push to the targets that track it.
+//! Routing a verified push (or pull request) to the targets that track it.
 //!
 //! A push concerns every target whose repository is the pushed one (compared
 //! after normalising the URL: scheme, user, port, scp form, `.git`, trailing
@@ -9,7 +9,7 @@
 //! I/O, no queue.
 
 use crate::config::{Settings, Target};
-use crate::forge::Push;
+use crate::forge::{PullRequest, Push};
 
 /// A repository URL reduced to `host/path` (or `file:/path` for local
 /// repositories), lowercase, without `.git` or a trailing slash.
@@ -57,11 +57,21 @@ fn trim_path(p: &str) -> String {
 
 /// The targets that track the pushed repository and branch.
 pub fn route<'a>(settings: &'a Settings, push: &Push) -> Vec<&'a Target> {
-    let pushed: Vec<String> = push.repo_urls.iter().map(|u| normalize_repo(u)).collect();
+    tracking(settings, &push.repo_urls, &push.branch)
+}
+
+/// The targets that track the branch a pull request would merge into, in
+/// its base repository (previews on or not: the caller decides).
+pub fn route_pull<'a>(settings: &'a Settings, pr: &PullRequest) -> Vec<&'a Target> {
+    tracking(settings, &pr.repo_urls, &pr.base_branch)
+}
+
+fn tracking<'a>(settings: &'a Settings, urls: &[String], branch: &str) -> Vec<&'a Target> {
+    let given: Vec<String> = urls.iter().map(|u| normalize_repo(u)).collect();
     settings
         .targets
         .iter()
-        .filter(|t| t.branch == push.branch && pushed.contains(&normalize_repo(&t.repo)))
+        .filter(|t| t.branch == branch && given.contains(&normalize_repo(&t.repo)))
         .collect()
 }
 

@@ -26,12 +26,36 @@ its status codes and the behaviour that hurts a client:
       has answers 400 {"message": "Cannot transition status via :<event>
       from :<state> ..."} (a known GitLab behaviour, gitlab-foss#25807).
 
+Pull request comments (every pull request is an issue on GitHub and
+Gitea; GitLab calls them notes on a merge request):
+
+  GET|POST /repos/{owner}/{repo}/issues/{n}/comments      GitHub REST "List
+      issue comments" (`per_page` default 30, at most 100; `page`, from 1)
+      and "Create an issue comment" (body `body`; 201 with the comment and
+      its numeric `id`; a body over 65,536 characters is 422 "body is too
+      long (maximum is 65536 characters)").
+  PATCH /repos/{owner}/{repo}/issues/comments/{id}         "Update an issue
+      comment" (200; 404 for a comment that is gone).
+  GET|POST|PATCH the same under /api/v1                    Gitea and Forgejo
+      (swagger issueGetComments: the whole list in one answer;
+      issueCreateComment 201; issueEditComment 200, 404).
+  GET|POST /api/v4/projects/{id}/merge_requests/{iid}/notes  GitLab "List
+      all merge request notes" (`per_page` default 20, at most 100; `page`;
+      `sort`) and "Create new merge request note" (201; over 1,000,000
+      characters is 400); PUT …/notes/{note_id} "Modify existing merge
+      request note" (200; 404).
+
+Comment ids are large numbers, as on the real forges, and every listing
+starts with a comment a person wrote.
+
 A wrong or missing token is 401 on every forge; a sha that is not 40 hex
 digits is 422. Test controls (not any forge's), under /_standin/:
   GET  journal      every API request in order: method, path, the auth
                     header's scheme and whether it matched, body
   GET  statuses     the current state per (path prefix, sha, context)
+  GET  comments     every comment: forge, repo, number, id, body, edits
   POST down {"down": true|false}   answer every API request 503 while down
+  POST delete {"id": N}            delete a comment, as a person would
 """
 
 import json
@@ -51,6 +75,15 @@ DOWN = {"down": False}
 GITHUB = re.compile(r"^/repos/([^/]+)/([^/]+)/statuses/([^/]+)$")
 GITEA = re.compile(r"^/api/v1/repos/([^/]+)/([^/]+)/statuses/([^/]+)$")
 GITLAB = re.compile(r"^/api/v4/projects/([^/]+)/statuses/([^/]+)$")
+GITHUB_COMMENTS = re.compile(r"^/repos/([^/]+)/([^/]+)/issues/(\d+)/comments$")
+GITHUB_COMMENT = re.compile(r"^/repos/([^/]+)/([^/]+)/issues/comments/(\d+)$")
+GITEA_COMMENTS = re.compile(r"^/api/v1/repos/([^/]+)/([^/]+)/issues/(\d+)/comments$")
+GITEA_COMMENT = re.compile(r"^/api/v1/repos/([^/]+)/([^/]+)/issues/comments/(\d+)$")
+GITLAB_NOTES = re.compile(r"^/api/v4/projects/([^/]+)/merge_requests/(\d+)/notes$")
+GITLAB_NOTE = re.compile(r"^/api/v4/projects/([^/]+)/merge_requests/(\d+)/notes/(\d+)$")
+COMMENTS = []  # dicts: forge, repo, number, id, body, edits
+NEXT_ID = [1_874_000_000]
+LIMIT = {"github": 65536, "gitea": 65536, "gitlab": 1000000}
 SHA = re.compile(r"^[0-9a-f]{40}$")
 GITLAB_EVENT = {"pending": "enqueue", "running": "run", "success": "success",
                 "failed": "drop", "canceled": "cancel"}
@@ -74,12 +107,111 @@ class Handler(BaseHTTPRequestHandler):
         with LOCK:
             if self.path == "/_standin/journal":
                 return self.answer(200, JOURNAL)
+            if self.path == "/_standin/comments":
+                return self.answer(200, COMMENTS)
             if self.path == "/_standin/statuses":
                 return self.answer(200, [
                     {"forge": k[0], "repo": k[1], "sha": k[2], "context": k[3], "states": v}
                     for k, v in STATUSES.items()
                 ])
+            if self.comments("GET", None):
+                return
         self.answer(404, {"message": "Not Found"})
+
+    def read_body(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length)
+        try:
+            return json.loads(raw or b"{}")
+        except ValueError:
+            return None
+
+    def do_PATCH(self):
+        self.edit("PATCH")
+
+    def do_PUT(self):
+        self.edit("PUT")
+
+    def edit(self, method):
+        body = self.read_body()
+        if body is None:
+            return self.answer(400, {"message": "Problems parsing JSON"})
+        with LOCK:
+            if not self.comments(method, body):
+                self.answer(404, {"message": "Not Found"})
+
+    def comments(self, method, body):
+        """The comment routes; False when the path is none of them."""
+        path, _, query = self.path.partition("?")
+        params = dict(p.split("=", 1) for p in query.split("&") if "=" in p)
+        route = None
+        for forge, rx, kind in [
+                ("github", GITHUB_COMMENTS, "list"), ("github", GITHUB_COMMENT, "one"),
+                ("gitea", GITEA_COMMENTS, "list"), ("gitea", GITEA_COMMENT, "one"),
+                ("gitlab", GITLAB_NOTES, "list"), ("gitlab", GITLAB_NOTE, "one")]:
+            m = rx.match(path)
+            if m:
+                route = (forge, m, kind)
+                break
+        if route is None:
+            return False
+        forge, m, kind = route
+        if forge == "gitlab":
+            repo, number = unquote(m[1]), int(m[2])
+            cid = int(m[3]) if kind == "one" else None
+        elif kind == "list":
+            repo, number, cid = f"{m[1]}/{m[2]}", int(m[3]), None
+        else:
+            repo, number, cid = f"{m[1]}/{m[2]}", None, int(m[3])
+        scheme, ok = self.auth(forge)
+        JOURNAL.append({"method": method, "path": path, "forge": forge, "repo": repo,
+                        "number": number, "comment": cid, "auth": scheme, "auth_ok": ok,
+                        "body": body, "down": DOWN["down"]})
+        if DOWN["down"]:
+            self.answer(503, {"message": "Service Unavailable"})
+            return True
+        if not ok:
+            self.answer(401, {"message": "401 Unauthorized"})
+            return True
+        edit_method = "PUT" if forge == "gitlab" else "PATCH"
+        if kind == "list" and method == "GET":
+            mine = [c for c in COMMENTS
+                    if c["forge"] == forge and c["repo"] == repo and c["number"] == number]
+            person = {"id": 17, "body": "Looks good to me, but let us see the plan."}
+            listing = [person] + [{"id": c["id"], "body": c["body"]} for c in mine]
+            if forge != "gitea":
+                per = min(int(params.get("per_page", "30" if forge == "github" else "20")), 100)
+                page = int(params.get("page", "1"))
+                listing = listing[(page - 1) * per: page * per]
+            self.answer(200, listing)
+        elif kind == "list" and method == "POST":
+            text = (body or {}).get("body")
+            if not isinstance(text, str) or not text:
+                self.answer(422 if forge != "gitlab" else 400, {"message": "body is missing"})
+            elif len(text) > LIMIT[forge]:
+                self.answer(422 if forge != "gitlab" else 400, {"message":
+                    f"body is too long (maximum is {LIMIT[forge]} characters)"})
+            else:
+                NEXT_ID[0] += 7
+                c = {"forge": forge, "repo": repo, "number": number, "id": NEXT_ID[0],
+                     "body": text, "edits": 0}
+                COMMENTS.append(c)
+                self.answer(201, {"id": c["id"], "body": text})
+        elif kind == "one" and method == edit_method:
+            found = [c for c in COMMENTS if c["forge"] == forge and c["id"] == cid
+                     and c["repo"] == repo and (number is None or c["number"] == number)]
+            text = (body or {}).get("body")
+            if not found:
+                self.answer(404, {"message": "Not Found"})
+            elif not isinstance(text, str) or len(text) > LIMIT[forge]:
+                self.answer(422, {"message": "body is too long or missing"})
+            else:
+                found[0]["body"] = text
+                found[0]["edits"] += 1
+                self.answer(200, {"id": cid, "body": text})
+        else:
+            self.answer(405, {"message": "Method Not Allowed"})
+        return True
 
     def do_POST(self):
         length = int(self.headers.get("Content-Length") or 0)
@@ -91,8 +223,13 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/_standin/down":
             DOWN["down"] = bool(body.get("down"))
             return self.answer(200, DOWN)
+        if self.path == "/_standin/delete":
+            with LOCK:
+                COMMENTS[:] = [c for c in COMMENTS if c["id"] != body.get("id")]
+            return self.answer(200, {})
         with LOCK:
-            self.api(body)
+            if not self.comments("POST", body):
+                self.api(body)
 
     def auth(self, forge):
         if forge == "gitlab":

@@ -1225,6 +1225,7 @@ mod without_feature {
             ledger: None,
             plans_dir: std::path::PathBuf::from("/nonexistent"),
             retry: false,
+            preview: None,
         };
         let Err(e) = build(cfg, ctx) else {
             panic!("built without the SDK")

@@ -177,6 +177,12 @@ pub struct Context {
     /// (`driftless retry`): a backend that holds back a spec that failed
     /// (nomad) tries it once more.
     pub retry: bool,
+    /// This plan is a pull request's preview, in a checkout of its own;
+    /// here is the target's live working directory. A preview plans
+    /// without taking the tool's state lock and never writes state
+    /// (terraform reads the live directory's local state, a copy; pi
+    /// stages beside the live tree under another name).
+    pub preview: Option<PathBuf>,
 }
 
 impl Context {

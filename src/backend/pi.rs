@@ -10,7 +10,8 @@
 //! from a payload reaches it.
 //!
 //! With a `plan` argv it can plan: the new tree is shipped beside the live
-//! one (`<remote_dir>.driftless-plan`, removed afterwards) and the argv runs
+//! one (`<remote_dir>.driftless-plan`, `.driftless-preview` for a pull
+//! request's preview, removed afterwards) and the argv runs
 //! there on the host with `DRIFTLESS_LIVE_DIR` naming `remote_dir`; its
 //! stdout is the plan, as exec's (`tool::line_plan`). An approved plan is
 //! planned again and deployed only if it is the same. This module knows
@@ -374,7 +375,12 @@ impl Pi {
         let deadline = Instant::now() + self.ctx.timeout;
         let tar = self.archive()?;
         let live = self.cfg.remote_dir.trim_end_matches('/');
-        let staging = format!("{live}.driftless-plan");
+        // A preview runs beside an apply's plan, never in its staging tree.
+        let staging = if self.ctx.preview.is_some() {
+            format!("{live}.driftless-preview")
+        } else {
+            format!("{live}.driftless-plan")
+        };
         let ship = format!(
             "set -e; d={d}; rm -rf \"$d\"; mkdir -p \"$d\"; tar -x -f - -C \"$d\"",
             d = q(&staging)

@@ -357,7 +357,14 @@ impl Terraform {
         let Some(ws) = &self.cfg.workspace else {
             return Ok(());
         };
-        let spec = self.spec(&["workspace", "select", "-or-create=true", ws], deadline);
+        // A preview creates nothing: a workspace never applied has no
+        // state to plan against yet.
+        let create = if self.ctx.preview.is_some() {
+            "-or-create=false"
+        } else {
+            "-or-create=true"
+        };
+        let spec = self.spec(&["workspace", "select", create, ws], deadline);
         let out = self.run(&spec).await?;
         tail.push_str(&out.tail);
         if out.success() {
@@ -439,7 +446,11 @@ impl Terraform {
         }
         args.push("-input=false".into());
         args.push("-json".into());
-        if let Some(t) = &self.cfg.lock_timeout {
+        if op == "plan" && self.ctx.preview.is_some() {
+            // A preview never takes the state lock an apply needs (and
+            // terraform's plan writes no state).
+            args.push("-lock=false".into());
+        } else if let Some(t) = &self.cfg.lock_timeout {
             args.push(format!("-lock-timeout={t}"));
         }
         args.extend(extra.iter().cloned());
@@ -526,6 +537,9 @@ impl Terraform {
     async fn plan(&self) -> Result<Plan, String> {
         let deadline = Instant::now() + self.ctx.timeout;
         let mut tail = String::new();
+        if let Some(live) = &self.ctx.preview {
+            copy_local_state(live, &self.ctx.workdir)?;
+        }
         self.prepare(deadline, &mut tail).await?;
         let dir = &self.ctx.plans_dir;
         std::fs::create_dir_all(dir)
@@ -690,6 +704,54 @@ impl Backend for Terraform {
                 .collect())
         })
     }
+}
+
+/// A preview plans against the target's real local state: copy
+/// `terraform.tfstate` and the workspaces' `terraform.tfstate.d/` from the
+/// live working directory into the preview's (a copy: the live files are
+/// only read), and remove what an earlier preview copied that the live
+/// directory no longer has. Remote backends need nothing: the preview's
+/// init reaches the same backend, and its plan reads without locking.
+fn copy_local_state(live: &Path, here: &Path) -> Result<(), String> {
+    fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+        std::fs::create_dir_all(to)?;
+        for e in std::fs::read_dir(from)? {
+            let e = e?;
+            let (src, dst) = (e.path(), to.join(e.file_name()));
+            let kind = e.file_type()?;
+            if kind.is_dir() {
+                copy_tree(&src, &dst)?;
+            } else if kind.is_file() {
+                std::fs::copy(&src, &dst)?;
+            }
+        }
+        Ok(())
+    }
+    let fail = |what: &Path, e: std::io::Error| {
+        format!(
+            "cannot copy the target's state {} for the preview: {e}",
+            what.display()
+        )
+    };
+    for name in ["terraform.tfstate", "terraform.tfstate.d"] {
+        let (src, dst) = (live.join(name), here.join(name));
+        let gone = if dst.is_dir() {
+            std::fs::remove_dir_all(&dst)
+        } else {
+            std::fs::remove_file(&dst)
+        };
+        if let Err(e) = gone
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            return Err(fail(&dst, e));
+        }
+        if src.is_dir() {
+            copy_tree(&src, &dst).map_err(|e| fail(&src, e))?;
+        } else if src.is_file() {
+            std::fs::copy(&src, &dst).map_err(|e| fail(&src, e))?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -218,6 +218,34 @@ pub struct Target {
     /// `forge_repo` as written (the repository path on the forge when the
     /// repo URL does not say it).
     pub forge_repo: Option<String>,
+    /// Which pull requests are planned and shown on the forge (`previews`).
+    pub previews: Previews,
+}
+
+/// `previews`: which pull requests into the target's branch are planned,
+/// with the plan posted on the pull request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Previews {
+    /// None (the default).
+    Off,
+    /// `true`: those whose head is in the target's own repository.
+    SameRepository,
+    /// `"forks"`: from forks as well. A plan can run the pull request's
+    /// code (terraform's external data sources, a pulumi program, an exec
+    /// `plan` command), so this lets anyone who can open a pull request
+    /// run code on this machine with the target's credentials.
+    Forks,
+}
+
+impl Previews {
+    /// Whether a pull request from a fork (or not) is planned.
+    pub fn plans(self, from_fork: bool) -> bool {
+        match self {
+            Previews::Off => false,
+            Previews::SameRepository => !from_fork,
+            Previews::Forks => true,
+        }
+    }
 }
 
 /// A forge and a repository on it, for a target's commit statuses.
@@ -316,6 +344,16 @@ impl Settings {
     /// Where target `name`'s plan artifacts are kept.
     pub fn plans_dir(&self, name: &str) -> PathBuf {
         self.state_dir.join("plans").join(name)
+    }
+
+    /// Where a target's pull request previews write their (discarded) plans.
+    pub fn preview_plans_dir(&self, name: &str) -> PathBuf {
+        self.state_dir.join("previews").join("plans").join(name)
+    }
+
+    /// The locks of the targets' preview checkouts: not the apply locks.
+    pub fn preview_locks_dir(&self) -> PathBuf {
+        self.state_dir.join("previews").join("locks")
     }
 }
 
@@ -725,7 +763,16 @@ fn settle_forges(
             .or_else(|| defaults.forge.clone())
         {
             Some(f) => f,
-            None => continue,
+            None => {
+                if t.previews != Previews::Off {
+                    problems.push(problem(
+                        &label,
+                        "previews",
+                        "previews are posted on the pull request: name the target's `forge` (or set [defaults] forge)",
+                    ));
+                }
+                continue;
+            }
         };
         if !forges.iter().any(|x| x.name == forge) {
             problems.push(problem(
@@ -867,6 +914,51 @@ mod tests {
             "targets[a]: key `forge_repo`: the repository's path on forge `gh` cannot be read from `repo`; set forge_repo = \"owner/name\"",
             "targets[b]: key `forge`: no [[forges]] entry named `gl`",
             "forges[bad]: key `kind`: `bitbucket` is not one of github, gitea, forgejo, gitlab",
+        ] {
+            assert!(
+                shown.iter().any(|p| p == want),
+                "{want:?} not in {shown:#?}"
+            );
+        }
+    }
+
+    #[test]
+    fn previews_are_checked() {
+        let forge = "[[forges]]\nname = \"gh\"\nkind = \"github\"\n\
+                     api_url = \"https://api.github.com\"\ntoken_file = \"env:GH\"\n";
+        let target = |name: &str, extra: &str, plan: &str| {
+            format!(
+                "[[targets]]\nname = \"{name}\"\nrepo = \"https://github.com/me/infra\"\n{extra}\n\
+                 [targets.backend]\nkind = \"exec\"\napply = [\"true\"]\n{plan}\n"
+            )
+        };
+        let plan = "plan = [\"true\"]";
+        let ok = load_str(&format!(
+            "{}{}{}{forge}",
+            target("a", "forge = \"gh\"\npreviews = true", plan),
+            target("b", "forge = \"gh\"\npreviews = \"forks\"", plan),
+            target("c", "", ""),
+        ))
+        .expect("valid");
+        let p: Vec<Previews> = ok.targets.iter().map(|t| t.previews).collect();
+        assert_eq!(
+            p,
+            [Previews::SameRepository, Previews::Forks, Previews::Off]
+        );
+        assert!(!Previews::SameRepository.plans(true) && Previews::Forks.plans(true));
+        let shown: Vec<String> = problems(&format!(
+            "{}{}{}{forge}",
+            target("a", "forge = \"gh\"\npreviews = \"yes\"", plan),
+            target("b", "previews = true", plan),
+            target("c", "forge = \"gh\"\npreviews = true", ""),
+        ))
+        .iter()
+        .map(|p| p.to_string())
+        .collect();
+        for want in [
+            "targets[a]: key `previews`: `\"yes\"` is not one of true, false, \"forks\" (plan pull requests from forks too)",
+            "targets[b]: key `previews`: previews are posted on the pull request: name the target's `forge` (or set [defaults] forge)",
+            "targets[c]: key `previews`: previews need a backend that can plan; this `exec` target cannot (exec and pi can with a `plan` command)",
         ] {
             assert!(
                 shown.iter().any(|p| p == want),

@@ -21,6 +21,7 @@ struct RawTarget {
     policy: Option<String>,
     forge: Option<String>,
     forge_repo: Option<String>,
+    previews: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -308,6 +309,34 @@ pub(super) fn validate_target(
             Policy::Auto
         }
     };
+    let previews = match &raw.previews {
+        None | Some(Value::Bool(false)) => Previews::Off,
+        Some(Value::Bool(true)) => Previews::SameRepository,
+        Some(Value::String(s)) if s == "forks" => Previews::Forks,
+        Some(other) => {
+            problems.push(problem(
+                label,
+                "previews",
+                format!(
+                    "`{other}` is not one of true, false, \"forks\" (plan pull requests from forks too)"
+                ),
+            ));
+            Previews::Off
+        }
+    };
+    if previews != Previews::Off
+        && let Some(b) = &backend
+        && !b.can_plan()
+    {
+        problems.push(problem(
+            label,
+            "previews",
+            format!(
+                "previews need a backend that can plan; this `{}` target cannot (exec and pi can with a `plan` command)",
+                b.kind()
+            ),
+        ));
+    }
     // With problems, the target is still returned, for `check` to look at
     // what it can (its files, its binary); `load` refuses the whole file.
     let backend = backend?;
@@ -330,6 +359,7 @@ pub(super) fn validate_target(
             repo: raw.forge_repo.clone().unwrap_or_default(),
         }),
         forge_repo: raw.forge_repo,
+        previews,
     })
 }
 

@@ -7,7 +7,7 @@
 use axum::http::HeaderMap;
 
 use super::{
-    Delivery, Event, HookError, form_payload, header, is_form, parse_json, read_push,
+    Delivery, Event, HookError, form_payload, header, is_form, parse_json, read_pull, read_push,
     verify_hex_hmac, verify_hub_signature,
 };
 
@@ -59,6 +59,16 @@ pub(super) fn receive(
     let event = match event_name {
         "push" => read_push(
             &v,
+            &[
+                "/repository/clone_url",
+                "/repository/ssh_url",
+                "/repository/html_url",
+            ],
+        )?,
+        // Gitea spells it `synchronized`.
+        "pull_request" => read_pull(
+            &v,
+            &["opened", "synchronized", "reopened"],
             &[
                 "/repository/clone_url",
                 "/repository/ssh_url",

@@ -1,11 +1,12 @@
 //! GitHub: `X-Hub-Signature-256: sha256=<hex>` over the raw body (JSON or
 //! form-encoded with the JSON in `payload`), `X-GitHub-Event`,
-//! `X-GitHub-Delivery`; `ping` when a hook is created.
+//! `X-GitHub-Delivery`; `ping` when a hook is created; `pull_request`
+//! (`opened`, `synchronize`, `reopened`, `closed`).
 
 use axum::http::HeaderMap;
 
 use super::{
-    Delivery, Event, HookError, form_payload, header, is_form, parse_json, read_push,
+    Delivery, Event, HookError, form_payload, header, is_form, parse_json, read_pull, read_push,
     verify_hub_signature,
 };
 
@@ -29,6 +30,16 @@ pub(super) fn receive(
         "ping" => Event::Ping,
         "push" => read_push(
             &v,
+            &[
+                "/repository/clone_url",
+                "/repository/ssh_url",
+                "/repository/html_url",
+                "/repository/git_url",
+            ],
+        )?,
+        "pull_request" => read_pull(
+            &v,
+            &["opened", "synchronize", "reopened"],
             &[
                 "/repository/clone_url",
                 "/repository/ssh_url",

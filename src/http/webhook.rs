@@ -13,10 +13,12 @@ use tracing::{error, info, warn};
 
 use super::AppState;
 use super::caller::ApiError;
-use crate::forge::{self, Event, HookError};
+use crate::config::{Previews, Settings, Target};
+use crate::forge::{self, Event, HookError, PullAction, PullRequest};
 use crate::model::Trigger;
 use crate::queue::{Accepted, Request};
 use crate::route;
+use crate::store::previews::{PullEvent, PullKey};
 
 /// What a delivery is answered with.
 #[derive(Serialize)]
@@ -35,7 +37,17 @@ pub(super) enum Delivered {
         /// Targets among `queued` that are paused: their jobs wait.
         #[serde(skip_serializing_if = "Vec::is_empty")]
         paused: Vec<String>,
+        /// A pull request's targets whose preview is queued.
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        previews: Vec<String>,
+        /// Queued previews a closed pull request dropped.
+        #[serde(skip_serializing_if = "is_zero")]
+        dropped_previews: u64,
     },
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[derive(Serialize)]
@@ -73,8 +85,28 @@ pub(super) async fn receive(
     // What to queue, and what to answer if nothing.
     let mut requests = Vec::new();
     let mut paused = Vec::new();
+    let mut pulls = Vec::new();
     let (outcome, ignored): (String, Option<String>) = match &delivery.event {
         Event::Ping => ("ping".into(), None),
+        Event::PullRequest(pr) => {
+            pulls = pull_events(&app.settings, pr);
+            let previewing: usize = pulls.iter().map(|p| p.targets.len()).sum();
+            match pr.action {
+                PullAction::Close => (format!("pull request #{} closed", pr.number), None),
+                PullAction::Preview if previewing > 0 => (
+                    format!(
+                        "pull request #{}: {previewing} preview(s) queued",
+                        pr.number
+                    ),
+                    None,
+                ),
+                PullAction::Preview => {
+                    let why = no_preview_reason(&app.settings, pr);
+                    info!(receiver = %name, number = pr.number, reason = %why, "pull request not previewed");
+                    (format!("ignored: {why}"), Some(why))
+                }
+            }
+        }
         Event::Ignored(why) => (format!("ignored: {why}"), Some(why.clone())),
         Event::Push(push) => {
             let tracking = route::route(&app.settings, push);
@@ -119,7 +151,11 @@ pub(super) async fn receive(
         }
     };
 
-    match app.queue.accept(&name, id, &outcome, &requests).await {
+    match app
+        .queue
+        .accept(&name, id, &outcome, &requests, &pulls)
+        .await
+    {
         Err(e) => Err(unavailable(&s, &name, &e.to_string())),
         Ok(Accepted::Duplicate) => {
             metrics.delivery(&name, "duplicate");
@@ -129,12 +165,24 @@ pub(super) async fn receive(
                 Json(Delivered::Duplicate { duplicate: true }),
             ))
         }
-        Ok(Accepted::Queued(jobs)) => {
+        Ok(Accepted::Queued(jobs, dropped_previews)) => {
             if matches!(delivery.event, Event::Ping) {
                 metrics.delivery(&name, "ping");
                 return Ok((StatusCode::OK, Json(Delivered::Pong { pong: true })));
             }
-            metrics.delivery(&name, if jobs.is_empty() { "ignored" } else { "queued" });
+            let previews: Vec<String> = pulls
+                .iter()
+                .filter(|p| !p.close)
+                .flat_map(|p| p.targets.iter().cloned())
+                .collect();
+            metrics.delivery(
+                &name,
+                if jobs.is_empty() && previews.is_empty() && ignored.is_some() {
+                    "ignored"
+                } else {
+                    "queued"
+                },
+            );
             // The push is durable: its commit is `pending` on the forge of
             // every target that sends statuses (unless it has a result
             // there already: a delivery sent again).
@@ -172,9 +220,73 @@ pub(super) async fn receive(
                     queued,
                     ignored,
                     paused,
+                    previews,
+                    dropped_previews,
                 }),
             ))
         }
+    }
+}
+
+/// A pull request's previews, per forge repository of the targets that
+/// track its base branch and preview it: for a close, every such target's
+/// (fork or not); otherwise only those whose `previews` plan a pull request
+/// from where its head is.
+fn pull_events(settings: &Settings, pr: &PullRequest) -> Vec<PullEvent> {
+    let close = pr.action == PullAction::Close;
+    let mut out: Vec<PullEvent> = Vec::new();
+    for t in route::route_pull(settings, pr) {
+        let Some(to) = &t.statuses else { continue };
+        if t.previews == Previews::Off {
+            continue;
+        }
+        let plans = !close && t.previews.plans(pr.from_fork);
+        if !close && !plans {
+            continue;
+        }
+        let key = PullKey {
+            forge: to.forge.clone(),
+            repo: to.repo.clone(),
+            number: pr.number as i64,
+        };
+        let event = match out.iter_mut().find(|e| e.key == key) {
+            Some(e) => e,
+            None => {
+                out.push(PullEvent {
+                    key,
+                    head_sha: pr.head_sha.clone(),
+                    head_ref: pr.head_ref.clone(),
+                    targets: Vec::new(),
+                    close,
+                });
+                out.last_mut().expect("just pushed")
+            }
+        };
+        if plans {
+            event.targets.push(t.name.clone());
+        }
+    }
+    out
+}
+
+/// Why a pull request to preview queued nothing.
+fn no_preview_reason(settings: &Settings, pr: &PullRequest) -> String {
+    let tracking = route::route_pull(settings, pr);
+    let with_previews: Vec<&&Target> = tracking
+        .iter()
+        .filter(|t| t.previews != Previews::Off && t.statuses.is_some())
+        .collect();
+    if with_previews.is_empty() {
+        format!(
+            "no target tracking branch `{}` of {} has previews",
+            pr.base_branch,
+            pr.repo_urls.join(", ")
+        )
+    } else {
+        format!(
+            "pull request #{} comes from a fork; previews = \"forks\" plans those (it runs the pull request's code)",
+            pr.number
+        )
     }
 }
 

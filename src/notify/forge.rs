@@ -23,6 +23,23 @@
 //!   is refused with 400 "Cannot transition status via :… from :…", which
 //!   for a status sent again after a crash means it is already there.
 //!
+//! And one comment per pull request for its previews, created once and then
+//! edited in place; it starts with a hidden marker ([`COMMENT_MARKER`]) that
+//! finds it again when its id is not known (a crash between creating it and
+//! recording the id, a comment deleted by hand):
+//! - GitHub REST "Issue comments" (every pull request is an issue): list
+//!   `GET /repos/{owner}/{repo}/issues/{n}/comments` (`per_page` at most
+//!   100, `page`), create `POST` there with `body` (201, the comment with
+//!   its `id`), edit `PATCH /repos/{owner}/{repo}/issues/comments/{id}`
+//!   (200; 404 once deleted). A body is at most 65,536 characters (422).
+//! - Gitea and Forgejo (swagger `issueGetComments`, `issueCreateComment`,
+//!   `issueEditComment`): the same three under `/api/v1`, the list in one
+//!   answer, the edit 200.
+//! - GitLab "Notes" on merge requests: list `GET
+//!   /projects/{id}/merge_requests/{iid}/notes` (`per_page`, `page`,
+//!   `sort`), create `POST` there with `body`, edit `PUT
+//!   …/notes/{note_id}`; a note is at most 1,000,000 characters.
+//!
 //! This module sends; it decides nothing about when.
 
 use std::path::Path;
@@ -45,6 +62,26 @@ pub enum Kind {
 
 impl Kind {
     pub const NAMES: &'static str = "github, gitea, forgejo, gitlab";
+
+    /// The longest comment body the forge takes, in characters.
+    pub fn comment_limit(self) -> usize {
+        match self {
+            Kind::GitLab => 1_000_000,
+            // GitHub's documented limit; Gitea and Forgejo store a longer
+            // text, but the same bound keeps a comment readable.
+            Kind::GitHub | Kind::Gitea | Kind::Forgejo => 65_536,
+        }
+    }
+
+    /// The forge's name, as people write it.
+    pub fn label(self) -> &'static str {
+        match self {
+            Kind::GitHub => "GitHub",
+            Kind::Gitea => "Gitea",
+            Kind::Forgejo => "Forgejo",
+            Kind::GitLab => "GitLab",
+        }
+    }
 
     pub fn parse(s: &str) -> Option<Kind> {
         match s {
@@ -135,6 +172,17 @@ pub struct Status<'a> {
 /// The longest description every forge takes (GitHub cuts at 140).
 const DESCRIPTION_MAX: usize = 140;
 
+/// The first line of driftless's comment on a pull request: hidden when
+/// rendered, and how the comment is found again.
+pub const COMMENT_MARKER: &str = "<!-- driftless:preview -->";
+
+/// Pages of comments read when looking for the marker (100 a page).
+const COMMENT_PAGES: u32 = 20;
+
+fn enc(p: &str) -> String {
+    form_urlencoded::byte_serialize(p.as_bytes()).collect()
+}
+
 impl ForgeConfig {
     /// Set `s` on the forge. A failure names the forge and the answer,
     /// never the token.
@@ -151,37 +199,26 @@ impl ForgeConfig {
         if let Some(u) = s.target_url {
             body["target_url"] = u.into();
         }
-        let enc = |p: &str| -> String { form_urlencoded::byte_serialize(p.as_bytes()).collect() };
         let sha = enc(s.sha);
-        let req = match self.kind {
+        let url = match self.kind {
             Kind::GitHub => {
                 body["context"] = s.context.into();
-                http.post(format!("{}/repos/{}/statuses/{sha}", self.api_url, s.repo))
-                    .bearer_auth(&token)
-                    .header("Accept", "application/vnd.github+json")
+                format!("{}/repos/{}/statuses/{sha}", self.api_url, s.repo)
             }
             Kind::Gitea | Kind::Forgejo => {
                 body["context"] = s.context.into();
-                http.post(format!(
-                    "{}/api/v1/repos/{}/statuses/{sha}",
-                    self.api_url, s.repo
-                ))
-                .header("Authorization", format!("token {token}"))
+                format!("{}/api/v1/repos/{}/statuses/{sha}", self.api_url, s.repo)
             }
             Kind::GitLab => {
                 body["name"] = s.context.into();
-                http.post(format!(
+                format!(
                     "{}/api/v4/projects/{}/statuses/{sha}",
                     self.api_url,
                     enc(s.repo)
-                ))
-                .header("PRIVATE-TOKEN", &token)
+                )
             }
         };
-        let resp =
-            req.json(&body).send().await.map_err(|e| {
-                SendError(format!("forge `{}`: {}", self.name, SendError::http(e).0))
-            })?;
+        let resp = self.call(http.post(url), &token, Some(&body)).await?;
         let code = resp.status();
         if code.is_success() {
             return Ok(());
@@ -199,6 +236,190 @@ impl ForgeConfig {
             self.name,
             bounded(answer.trim(), 300)
         )))
+    }
+}
+
+impl ForgeConfig {
+    /// `req` with this forge's auth header (and `body` as JSON), sent; a
+    /// failure to reach the forge names it, never the token.
+    async fn call(
+        &self,
+        req: reqwest::RequestBuilder,
+        token: &str,
+        body: Option<&Value>,
+    ) -> Result<reqwest::Response, SendError> {
+        let req = match self.kind {
+            Kind::GitHub => req
+                .bearer_auth(token)
+                .header("Accept", "application/vnd.github+json"),
+            Kind::Gitea | Kind::Forgejo => req.header("Authorization", format!("token {token}")),
+            Kind::GitLab => req.header("PRIVATE-TOKEN", token),
+        };
+        let req = match body {
+            Some(b) => req.json(b),
+            None => req,
+        };
+        req.send()
+            .await
+            .map_err(|e| SendError(format!("forge `{}`: {}", self.name, SendError::http(e).0)))
+    }
+
+    /// A refusal, in words that name the forge and what it said.
+    async fn refused(&self, what: &str, resp: reqwest::Response) -> SendError {
+        let code = resp.status();
+        let answer = resp.text().await.unwrap_or_default();
+        SendError(format!(
+            "forge `{}` answered {code} to {what}: {}",
+            self.name,
+            bounded(answer.trim(), 300)
+        ))
+    }
+
+    /// The API path of pull request `number`'s comments (GitLab: notes).
+    fn comments_url(&self, repo: &str, number: i64) -> String {
+        match self.kind {
+            Kind::GitHub => format!("{}/repos/{repo}/issues/{number}/comments", self.api_url),
+            Kind::Gitea | Kind::Forgejo => {
+                format!(
+                    "{}/api/v1/repos/{repo}/issues/{number}/comments",
+                    self.api_url
+                )
+            }
+            Kind::GitLab => format!(
+                "{}/api/v4/projects/{}/merge_requests/{number}/notes",
+                self.api_url,
+                enc(repo)
+            ),
+        }
+    }
+
+    /// The API path of one comment, to edit it.
+    fn comment_url(&self, repo: &str, number: i64, id: &str) -> String {
+        let id = enc(id);
+        match self.kind {
+            Kind::GitHub => format!("{}/repos/{repo}/issues/comments/{id}", self.api_url),
+            Kind::Gitea | Kind::Forgejo => {
+                format!("{}/api/v1/repos/{repo}/issues/comments/{id}", self.api_url)
+            }
+            Kind::GitLab => format!("{}/{id}", self.comments_url(repo, number)),
+        }
+    }
+
+    /// The id of the comment on pull request `number` that starts with
+    /// [`COMMENT_MARKER`], if there is one.
+    async fn find_comment(
+        &self,
+        http: &reqwest::Client,
+        token: &str,
+        repo: &str,
+        number: i64,
+    ) -> Result<Option<String>, SendError> {
+        let url = self.comments_url(repo, number);
+        let paged = self.kind != Kind::Gitea && self.kind != Kind::Forgejo;
+        for page in 1..=COMMENT_PAGES {
+            let req = match self.kind {
+                Kind::GitHub => http.get(format!("{url}?per_page=100&page={page}")),
+                Kind::GitLab => http.get(format!("{url}?per_page=100&page={page}&sort=asc")),
+                Kind::Gitea | Kind::Forgejo => http.get(&url),
+            };
+            let resp = self.call(req, token, None).await?;
+            if !resp.status().is_success() {
+                return Err(self
+                    .refused("listing the pull request's comments", resp)
+                    .await);
+            }
+            let list: Vec<Value> = resp.json().await.map_err(|e| {
+                SendError(format!(
+                    "forge `{}` sent a comment list that is not JSON: {e}",
+                    self.name
+                ))
+            })?;
+            if let Some(c) = list.iter().find(|c| {
+                c["body"]
+                    .as_str()
+                    .is_some_and(|b| b.starts_with(COMMENT_MARKER))
+            }) {
+                return Ok(comment_id(c));
+            }
+            if !paged || list.len() < 100 {
+                break;
+            }
+        }
+        Ok(None)
+    }
+
+    /// Put `body` on pull request `number` of `repo` as driftless's one
+    /// comment: edit comment `known` if it is still there, else the one
+    /// the marker finds, else create it. Returns the comment's id.
+    pub async fn upsert_comment(
+        &self,
+        http: &reqwest::Client,
+        repo: &str,
+        number: i64,
+        known: Option<&str>,
+        body: &str,
+    ) -> Result<String, SendError> {
+        let token = self
+            .token
+            .load()
+            .map_err(|e| SendError(format!("forge `{}`: {e}", self.name)))?;
+        let doc = json!({ "body": body });
+        let existing = match known {
+            Some(id) => Some(id.to_string()),
+            None => self.find_comment(http, &token, repo, number).await?,
+        };
+        if let Some(id) = existing {
+            let url = self.comment_url(repo, number, &id);
+            let req = match self.kind {
+                Kind::GitLab => http.put(url),
+                _ => http.patch(url),
+            };
+            let resp = self.call(req, &token, Some(&doc)).await?;
+            if resp.status().is_success() {
+                return Ok(id);
+            }
+            if resp.status() != reqwest::StatusCode::NOT_FOUND {
+                return Err(self.refused("editing the preview comment", resp).await);
+            }
+            // Deleted by hand: look again (a known id), else write a new one.
+            if known.is_some()
+                && let Some(found) = self.find_comment(http, &token, repo, number).await?
+                && found != id
+            {
+                return Box::pin(self.upsert_comment(http, repo, number, Some(&found), body)).await;
+            }
+        }
+        let resp = self
+            .call(
+                http.post(self.comments_url(repo, number)),
+                &token,
+                Some(&doc),
+            )
+            .await?;
+        if !resp.status().is_success() {
+            return Err(self.refused("creating the preview comment", resp).await);
+        }
+        let created: Value = resp.json().await.map_err(|e| {
+            SendError(format!(
+                "forge `{}` created the comment but its answer is not JSON: {e}",
+                self.name
+            ))
+        })?;
+        comment_id(&created).ok_or_else(|| {
+            SendError(format!(
+                "forge `{}` created the comment but gave no `id`",
+                self.name
+            ))
+        })
+    }
+}
+
+/// A comment's `id` (a number on every forge), as text.
+fn comment_id(c: &Value) -> Option<String> {
+    match &c["id"] {
+        Value::Number(n) => Some(n.to_string()),
+        Value::String(s) if !s.is_empty() => Some(s.clone()),
+        _ => None,
     }
 }
 

@@ -10,7 +10,9 @@
 //! The same sender delivers commit statuses (`store::statuses`): a row is
 //! claimed, its newest state sent to its forge, and the version sent
 //! recorded; a failure is a WARN naming the forge and retried with the same
-//! backoff, and never changes a run.
+//! backoff, and never changes a run. And the pull requests' preview
+//! comments (`store::previews`), the same way: the newest body, created
+//! once and then edited in place.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -185,7 +187,50 @@ impl Sender {
             };
             self.record(&n, result).await?;
         }
-        Ok(attempted + self.deliver_statuses().await?)
+        Ok(attempted + self.deliver_statuses().await? + self.deliver_comments().await?)
+    }
+
+    /// One pass over the pull request comments whose newest body a forge
+    /// does not have yet: each is created once, then edited in place.
+    /// Returns how many were attempted.
+    pub async fn deliver_comments(&self) -> Result<usize, StoreError> {
+        let rows = self.store.claim_comments(CLAIM.as_millis() as i64).await?;
+        for r in &rows {
+            let Some(body) = &r.body else { continue };
+            let result = match self.forges.get(&r.forge) {
+                None => Err(SendError(format!(
+                    "forge `{}` is no longer configured",
+                    r.forge
+                ))),
+                Some(f) => {
+                    f.upsert_comment(&self.http, &r.repo, r.number, r.comment_id.as_deref(), body)
+                        .await
+                }
+            };
+            match result {
+                Ok(id) => {
+                    info!(forge = %r.forge, repo = %r.repo, number = r.number, comment = %id,
+                          "pull request comment sent");
+                    self.store.comment_sent(r.id, r.version, &id).await?;
+                }
+                Err(e) => {
+                    let attempts = r.attempts + 1;
+                    let next = (attempts < MAX_ATTEMPTS)
+                        .then(|| now_ms() + backoff(FIRST_RETRY, attempts).as_millis() as i64);
+                    if next.is_none() {
+                        error!(forge = %r.forge, repo = %r.repo, number = r.number, attempts,
+                               error = %e, "pull request comment given up");
+                    } else {
+                        warn!(forge = %r.forge, repo = %r.repo, number = r.number, attempts,
+                              error = %e, "pull request comment failed; will retry");
+                    }
+                    self.store
+                        .comment_failed(r.id, r.version, &e.0, next)
+                        .await?;
+                }
+            }
+        }
+        Ok(rows.len())
     }
 
     /// One pass over the commit statuses whose newest state a forge does

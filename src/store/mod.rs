@@ -20,6 +20,7 @@ use crate::model::{ApplyResult, Status};
 
 pub mod nomad;
 pub mod plans;
+pub mod previews;
 pub mod statuses;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");

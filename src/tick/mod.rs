@@ -10,7 +10,10 @@
 //! plan (detect, approvals, `driftless plan`), `notices` who hears of a run.
 
 mod notices;
+mod preview;
 mod review;
+
+pub use preview::Previewed;
 
 use std::time::Duration;
 
@@ -559,6 +562,7 @@ impl Reconciler {
             ledger: Some(std::sync::Arc::new(self.app.store.clone())),
             plans_dir: self.app.settings.plans_dir(&target.name),
             retry,
+            preview: None,
         }
     }
 
@@ -584,6 +588,7 @@ impl Reconciler {
             ledger: Some(std::sync::Arc::new(self.app.store.clone())),
             plans_dir: self.app.settings.plans_dir(&target.name),
             retry: false,
+            preview: None,
         };
         let err = |e: backend::BackendError| TickError::Backend {
             target: name.to_string(),

@@ -539,37 +539,52 @@ impl Reconciler {
             false,
         );
         let b = backend::build(&target.backend, ctx).map_err(|e| err(e.to_string()))?;
-        let Some(fut) = b.plan() else {
+        let Some(plan) = self.plan_and_let_go(&target, b.as_ref()).await else {
             return Ok(Planned::CannotPlan {
                 backend: target.backend.kind(),
             });
         };
-        let plan = match tokio::time::timeout(target.timeout + BACKSTOP, fut).await {
-            Ok(p) => p.map_err(err)?,
-            Err(_) => {
-                return Err(err(format!(
-                    "the backend did not finish planning within the target's timeout ({})",
-                    humantime::format_duration(target.timeout)
-                )));
-            }
-        };
-        self.discard(&target, b.as_ref(), &plan.hash, plan.artifact.as_deref())
-            .await;
-        if let Some(a) = &plan.artifact
-            && let Err(e) = std::fs::remove_file(a)
-            && e.kind() != std::io::ErrorKind::NotFound
-        {
-            return Err(err(format!(
-                "cannot remove the plan file {}: {e}",
-                a.display()
-            )));
-        }
-        let mut plan = plan;
+        let mut plan = plan.map_err(err)?;
         plan.hash = self.shown_hash(&plan.hash).await?;
         Ok(Planned::Plan {
             commit: synced.sha,
             plan,
         })
+    }
+}
+
+impl Reconciler {
+    /// Plan with `b` within the target's timeout, then let go of the plan:
+    /// what the backend holds for it is discarded and its file removed
+    /// (nothing can apply it later). `None`: the backend cannot plan.
+    pub(super) async fn plan_and_let_go(
+        &self,
+        target: &Target,
+        b: &dyn backend::Backend,
+    ) -> Option<Result<Plan, String>> {
+        let fut = b.plan()?;
+        let plan = match tokio::time::timeout(target.timeout + BACKSTOP, fut).await {
+            Ok(Ok(p)) => p,
+            Ok(Err(e)) => return Some(Err(e)),
+            Err(_) => {
+                return Some(Err(format!(
+                    "the backend did not finish planning within the target's timeout ({})",
+                    humantime::format_duration(target.timeout)
+                )));
+            }
+        };
+        self.discard(target, b, &plan.hash, plan.artifact.as_deref())
+            .await;
+        if let Some(a) = &plan.artifact
+            && let Err(e) = std::fs::remove_file(a)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            return Some(Err(format!(
+                "cannot remove the plan file {}: {e}",
+                a.display()
+            )));
+        }
+        Some(Ok(plan))
     }
 }
 

@@ -163,6 +163,12 @@ fn a_forge_that_is_down_gets_the_newest_state_later_and_runs_are_unaffected() {
         "{rows:?}"
     );
     assert!(forge.states(&sha, "driftless/app").is_empty());
+    // `notify pending` lists it, with why it waits.
+    let pending = text(&s.run(&["notify", "pending"]).stdout);
+    assert!(
+        pending.contains("driftless/app") && pending.contains("answered 503"),
+        "{pending}"
+    );
 
     forge.down(false);
     // Past the first retry's wait (2 s): the next tick's sender sends it.

@@ -22,6 +22,7 @@ mod nomad;
 mod notify;
 mod page;
 mod pi;
+mod previews;
 mod pulumi;
 mod server_limits;
 mod soak;

@@ -112,6 +112,53 @@ impl Remote {
         git(&self.work, &["rev-parse", "HEAD"])
     }
 
+    /// Commit `files` on a branch off `main` (the same branch again for the
+    /// same `git_ref`, on top of what it has) and push it where a forge
+    /// keeps a pull request's head (`refs/pull/<n>/head`, GitLab's
+    /// `refs/merge-requests/<n>/head`); `main` is left as it was. Returns
+    /// the head.
+    pub fn pull_request(&self, git_ref: &str, files: &[(&str, &str)], message: &str) -> String {
+        let branch: String = git_ref
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect();
+        let exists = Command::new("git")
+            .args(["rev-parse", "--verify", "-q", &branch])
+            .current_dir(&self.work)
+            .output()
+            .expect("git")
+            .status
+            .success();
+        if exists {
+            git(&self.work, &["checkout", "-q", &branch]);
+        } else {
+            git(&self.work, &["checkout", "-q", "-b", &branch, "main"]);
+        }
+        for (path, content) in files {
+            let p = self.work.join(path);
+            std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+            std::fs::write(&p, content).expect("write file");
+        }
+        git(&self.work, &["add", "-A"]);
+        git(
+            &self.work,
+            &["commit", "-q", "--allow-empty", "-m", message],
+        );
+        git(
+            &self.work,
+            &[
+                "push",
+                "-q",
+                "--force",
+                "origin",
+                &format!("HEAD:{git_ref}"),
+            ],
+        );
+        let head = git(&self.work, &["rev-parse", "HEAD"]);
+        git(&self.work, &["checkout", "-q", "main"]);
+        head
+    }
+
     fn commit_all(&self, message: &str) -> String {
         git(&self.work, &["add", "-A"]);
         git(
@@ -1906,6 +1953,24 @@ impl ForgeStandin {
             .collect()
     }
 
+    /// Every comment on the stand-in (driftless's; a person's is only in
+    /// the listings): forge, repo, number, id, body, edits.
+    pub fn comments(&self) -> Vec<Value> {
+        self.get("comments").as_array().cloned().unwrap_or_default()
+    }
+
+    /// Delete comment `id`, as a person would.
+    pub fn delete_comment(&self, id: &Value) {
+        let r = http(
+            self.port,
+            "POST",
+            "/_standin/delete",
+            &[("Content-Type", "application/json")],
+            serde_json::json!({ "id": id }).to_string().as_bytes(),
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+
     /// Answer every API request 503 (`true`) or serve again.
     pub fn down(&self, down: bool) {
         let r = http(
@@ -2028,19 +2093,92 @@ pub fn assert_state_keeps_out(state: &Path, secret: &str) {
 
 /// POST a GitHub `push` delivery, signed with `secret`, to `/hooks/github`.
 pub fn deliver_github_push(port: u16, secret: &str, body: &[u8], delivery: &str) -> HttpResponse {
-    let sig = format!("sha256={}", hmac_hex(secret, body));
-    http(
-        port,
-        "POST",
-        "/hooks/github",
-        &[
-            ("Content-Type", "application/json"),
-            ("X-GitHub-Event", "push"),
+    deliver_event(port, "github", "push", secret, body, delivery)
+}
+
+/// Deliver `body` as event `event` (GitHub's and Gitea's names; for
+/// GitLab the `X-Gitlab-Event` value) to receiver `/hooks/<kind>`, signed
+/// as forge `kind` signs.
+pub fn deliver_event(
+    port: u16,
+    kind: &str,
+    event: &str,
+    secret: &str,
+    body: &[u8],
+    delivery: &str,
+) -> HttpResponse {
+    let sig = hmac_hex(secret, body);
+    let hub = format!("sha256={sig}");
+    let mut headers = vec![("Content-Type", "application/json")];
+    match kind {
+        "github" => headers.extend([
+            ("X-GitHub-Event", event),
             ("X-GitHub-Delivery", delivery),
-            ("X-Hub-Signature-256", &sig),
-        ],
-        body,
-    )
+            ("X-Hub-Signature-256", hub.as_str()),
+        ]),
+        "gitea" | "forgejo" => headers.extend([
+            ("X-Gitea-Event", event),
+            ("X-Gitea-Delivery", delivery),
+            ("X-Gitea-Signature", sig.as_str()),
+        ]),
+        "gitlab" => headers.extend([
+            ("X-Gitlab-Event", event),
+            ("X-Gitlab-Event-UUID", delivery),
+            ("X-Gitlab-Token", secret),
+        ]),
+        other => panic!("no forge kind {other}"),
+    }
+    http(port, "POST", &format!("/hooks/{kind}"), &headers, body)
+}
+
+/// A pull request event of forge `kind` (a real payload from
+/// tests/fixtures/webhooks with its fields set): `action` in the forge's
+/// words, pull request `number` from `head` into `main` of `repo_url`,
+/// from a fork or not. Returns the body and its event name.
+pub fn pull_body(
+    kind: &str,
+    action: &str,
+    repo_url: &str,
+    number: u64,
+    head: &str,
+    fork: bool,
+) -> (Vec<u8>, &'static str) {
+    let (file, event) = match kind {
+        "github" => ("github/pull-request-opened.json", "pull_request"),
+        "gitea" | "forgejo" => ("gitea/pull-request-opened.json", "pull_request"),
+        "gitlab" => ("gitlab/merge-request-update.json", "Merge Request Hook"),
+        other => panic!("no forge kind {other}"),
+    };
+    let mut v: Value = serde_json::from_slice(&fixture(file)).expect("json");
+    if kind == "gitlab" {
+        let o = &mut v["object_attributes"];
+        o["action"] = action.into();
+        o["iid"] = number.into();
+        o["last_commit"]["id"] = head.into();
+        o["target_branch"] = "main".into();
+        let target = o["target_project_id"].clone();
+        o["source_project_id"] = if fork { 999_999.into() } else { target };
+        v["project"]["git_http_url"] = repo_url.into();
+    } else {
+        v["action"] = action.into();
+        v["number"] = number.into();
+        v["repository"]["clone_url"] = repo_url.into();
+        let pr = &mut v["pull_request"];
+        pr["number"] = number.into();
+        pr["head"]["sha"] = head.into();
+        pr["base"]["ref"] = "main".into();
+        let base_name = pr["base"]["repo"]["full_name"].clone();
+        pr["head"]["repo"]["full_name"] = if fork {
+            "someone/fork".into()
+        } else {
+            base_name
+        };
+        if kind != "github" {
+            let base_id = pr["base"]["repo_id"].clone();
+            pr["head"]["repo_id"] = if fork { 424_242.into() } else { base_id };
+        }
+    }
+    (serde_json::to_vec(&v).expect("json"), event)
 }
 
 impl Setup {
