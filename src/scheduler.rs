@@ -75,10 +75,11 @@ impl Scheduler {
     }
 
     /// One pass: recover expired leases, enqueue due targets, now and then
-    /// forget old delivery ids.
+    /// forget old delivery ids and long-closed pull requests.
     pub async fn once(&mut self) -> Result<usize, StoreError> {
         if self.last_prune.is_none_or(|t| t.elapsed() > PRUNE_EVERY) {
             self.queue.prune_deliveries().await?;
+            self.queue.store().prune_pull_requests().await?;
             self.last_prune = Some(std::time::Instant::now());
         }
         let recovered = self.queue.recover_expired().await?;

@@ -14,6 +14,10 @@ use sqlx::FromRow;
 use super::statuses::{self, HasId, NewStatus};
 use super::{Store, StoreError, WriteTx, now_ms};
 
+/// How long a closed pull request is remembered (a reopened one within it
+/// keeps its comment id; after it, the marker finds the comment again).
+pub const PULL_MEMORY: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3600);
+
 /// A pull request on a forge, as driftless keys it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PullKey {
@@ -412,6 +416,32 @@ impl Store {
         .await
     }
 
+    /// Forget pull requests closed longer than `PULL_MEMORY` ago whose
+    /// comment the forge has (and their previews). Returns how many.
+    pub async fn prune_pull_requests(&self) -> Result<u64, StoreError> {
+        let what = "forgetting closed pull requests";
+        let cutoff = now_ms() - PULL_MEMORY.as_millis() as i64;
+        let WriteTx { mut tx, _turn } = self.begin_write(what).await?;
+        let old = "SELECT id FROM pull_requests
+                   WHERE open = 0 AND updated_at < ?1 AND (sent_version >= version OR given_up = 1)";
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DELETE FROM previews WHERE pull_request IN ({old})"
+        )))
+        .bind(cutoff)
+        .execute(&mut *tx)
+        .await
+        .map_err(self.err(what))?;
+        let r = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DELETE FROM pull_requests WHERE id IN ({old})"
+        )))
+        .bind(cutoff)
+        .execute(&mut *tx)
+        .await
+        .map_err(self.err(what))?;
+        tx.commit().await.map_err(self.err(what))?;
+        Ok(r.rows_affected())
+    }
+
     /// Every pull request with its previews, newest first (for `driftless
     /// notify pending` and tests).
     pub async fn pull_requests(&self) -> Result<Vec<(PullRow, Vec<PreviewRow>)>, StoreError> {
@@ -434,5 +464,103 @@ impl Store {
             out.push((p, previews));
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(number: i64, head: &str, targets: &[&str], close: bool) -> PullEvent {
+        PullEvent {
+            key: PullKey {
+                forge: "f".into(),
+                repo: "me/infra".into(),
+                number,
+            },
+            head_sha: head.into(),
+            head_ref: format!("refs/pull/{number}/head"),
+            targets: targets.iter().map(|t| t.to_string()).collect(),
+            close,
+        }
+    }
+
+    async fn record(store: &Store, e: &PullEvent) -> u64 {
+        let WriteTx { mut tx, _turn } = store.begin_write("test").await.expect("tx");
+        let n = record_event(&mut tx, e).await.expect("record");
+        tx.commit().await.expect("commit");
+        n
+    }
+
+    /// A preview's result is kept only for the head it was planned at;
+    /// a close drops what is queued; closed pull requests are forgotten
+    /// after PULL_MEMORY, never while their comment is unsent.
+    #[tokio::test]
+    async fn results_belong_to_their_head_and_closed_pull_requests_are_forgotten() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(&dir.path().join("driftless.db"))
+            .await
+            .expect("store");
+        let planned = Outcome::Planned {
+            changes: true,
+            destructive: false,
+            summary: "1 to add".into(),
+            diff: "+ x".into(),
+        };
+        let body = |_: &PullRow, p: &[PreviewRow]| Some(format!("{} preview(s)", p.len()));
+        record(&store, &event(1, "aaaa", &["web"], false)).await;
+        let job = store
+            .claim_preview("me")
+            .await
+            .expect("claim")
+            .expect("a job");
+        // A newer head arrives while the older one is planned.
+        record(&store, &event(1, "bbbb", &["web"], false)).await;
+        let kept = store
+            .finish_preview(job.preview.id, "aaaa", &planned, &[], body)
+            .await
+            .expect("finish");
+        assert!(!kept, "a result for an older head was kept");
+        let job = store
+            .claim_preview("me")
+            .await
+            .expect("claim")
+            .expect("the newer head");
+        assert_eq!(job.preview.head_sha, "bbbb");
+        assert!(
+            store
+                .finish_preview(job.preview.id, "bbbb", &planned, &[], body)
+                .await
+                .expect("finish")
+        );
+        let pulls = store.pull_requests().await.expect("read");
+        assert_eq!(pulls[0].0.body.as_deref(), Some("1 preview(s)"));
+        assert_eq!((pulls[0].0.version, pulls[0].0.sent_version), (1, 0));
+
+        // Queued, then closed: dropped, never claimed.
+        record(&store, &event(2, "cccc", &["web"], false)).await;
+        assert_eq!(record(&store, &event(2, "cccc", &[], true)).await, 1);
+        assert!(store.claim_preview("me").await.expect("claim").is_none());
+
+        // Closed long ago: forgotten once its comment is sent.
+        sqlx::query("UPDATE pull_requests SET open = 0, updated_at = 0")
+            .execute(store.pool())
+            .await
+            .expect("age");
+        assert_eq!(
+            store.prune_pull_requests().await.expect("prune"),
+            1,
+            "#2 only: #1's comment is unsent"
+        );
+        store
+            .comment_sent(pulls[0].0.id, 1, "99")
+            .await
+            .expect("sent");
+        sqlx::query("UPDATE pull_requests SET updated_at = 0")
+            .execute(store.pool())
+            .await
+            .expect("age");
+        assert_eq!(store.prune_pull_requests().await.expect("prune"), 1);
+        assert!(store.pull_requests().await.expect("read").is_empty());
     }
 }

@@ -660,3 +660,90 @@ fn a_cloudformation_detect_target_records_its_change_set_and_executes_none() {
         "every change set made to look is deleted"
     );
 }
+
+/// A pull request's preview of a CloudFormation target: a change set is
+/// created for the pull request's template, described for the comment and
+/// deleted; none is executed, the stack stays as `main` made it, and the
+/// AWS secret key is in no comment.
+#[test]
+fn a_pull_request_preview_deletes_its_change_set_and_executes_none() {
+    const HOOK: &str = "cfn-preview-hook-secret";
+    let f = fixture("parameters_file = \"params.json\"", "2m");
+    let (code, out) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    let forge = ForgeStandin::start(f.s.path());
+    let secret_file = f.s.path().join("hook-secret");
+    std::fs::write(&secret_file, HOOK).expect("write");
+    f.s.edit_config(|c| {
+        let receiver = format!(
+            "[[receivers]]\nname = \"github\"\nforge = \"github\"\nsecret_file = {}\n\n[[targets]]",
+            toml_str(&secret_file.display().to_string()),
+        );
+        c.replacen("[[targets]]", &receiver, 1).replacen(
+            "[targets.backend]",
+            "interval = \"1h\"\nforge = \"f\"\nforge_repo = \"me/infra\"\npreviews = true\n[targets.backend]",
+            1,
+        ) + &forge.table("f", "github")
+    });
+    let calls = |action: &str| -> Vec<String> {
+        f.moto
+            .log()
+            .into_iter()
+            .filter(|r| r["action"] == action)
+            .map(|r| r["change_set_name"].as_str().unwrap_or("").to_string())
+            .collect()
+    };
+    let (created, executed) = (calls("CreateChangeSet").len(), calls("ExecuteChangeSet"));
+    let d = Daemon::start_with_env(
+        &f.s.config,
+        f.s.path(),
+        &[
+            ("RUST_LOG", "info"),
+            ("AWS_ACCESS_KEY_ID", "AKIDTESTING"),
+            ("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
+            ("AWS_EC2_METADATA_DISABLED", "true"),
+        ],
+    );
+    let head = f.remote.pull_request(
+        "refs/pull/9/head",
+        &[(
+            "cfn/stack.json",
+            &template(true).replace("/site/greeting", "/site/fr"),
+        )],
+        "fr",
+    );
+    let (body, event) = pull_body("github", "opened", &f.remote.url(), 9, &head, false);
+    let r = deliver_event(d.port, "github", event, HOOK, &body, "cfn-pr-9");
+    assert_eq!(r.status, 202, "{}", r.body);
+    wait_for(
+        std::time::Duration::from_secs(120),
+        "the preview comment",
+        || !forge.comments().is_empty(),
+    );
+    let comment = forge.comments()[0]["body"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(
+        comment.contains("~ Greeting (AWS::SSM::Parameter)"),
+        "{comment}"
+    );
+    let made = calls("CreateChangeSet");
+    assert_eq!(made.len(), created + 1, "{made:?}");
+    let preview_set = made.last().expect("the preview's change set").clone();
+    assert!(
+        calls("DeleteChangeSet")
+            .iter()
+            .any(|d| d == &preview_set || d.contains(&format!("/{preview_set}/"))),
+        "the preview's change set {preview_set} was not deleted: {:?}",
+        calls("DeleteChangeSet")
+    );
+    assert_eq!(
+        calls("ExecuteChangeSet"),
+        executed,
+        "a preview executed a change set"
+    );
+    d.stop();
+    assert!(!comment.contains(SECRET_KEY));
+    assert_eq!(f.s.history("site").len(), 1);
+}

@@ -17,7 +17,7 @@ const SECRET: &str = "preview-hook-secret";
 const CANARY: &str = "canary-preview-secret-61f0";
 
 struct Fx {
-    _root: tempfile::TempDir,
+    root: tempfile::TempDir,
     forge: ForgeStandin,
     remote: Remote,
     s: Setup,
@@ -31,8 +31,9 @@ struct Fx {
 /// An exec target `app` (path `app`) with `previews`, its statuses and
 /// comments on forge `f` of `kind`, behind a `kind` receiver. Its plan
 /// prints one line with `v` and a secret from the environment and writes
-/// `v` to a log; it sleeps 12 s when the checkout has `slow-plan`, and the
-/// apply does when it has `slow-apply`.
+/// `v` to a log; when the checkout has `slow-plan` it first waits for the
+/// file `release-plan` (`Fx::release`), and the apply with `slow-apply` for
+/// `release-apply` (two minutes at most).
 fn fx(kind: &'static str, previews: &str) -> Fx {
     let root = tempfile::tempdir().expect("tempdir");
     let forge = ForgeStandin::start(root.path());
@@ -47,12 +48,20 @@ fn fx(kind: &'static str, previews: &str) -> Fx {
     } else {
         "me/infra"
     };
+    let hold = |file: &str, until: &std::path::Path| {
+        format!(
+            "if [ -f {file} ]; then n=0; while [ ! -f {u} ] && [ $n -lt 1200 ]; do sleep 0.1; n=$((n+1)); done; fi",
+            u = until.display()
+        )
+    };
     let plan = format!(
-        "plan = [\"sh\", \"-c\", \"if [ -f slow-plan ]; then sleep 12; fi; cat v >> {p}; echo \\\"~ app.v $(cat v) $SECRET\\\"\"]",
+        "plan = [\"sh\", \"-c\", \"{}; cat v >> {p}; echo \\\"~ app.v $(cat v) $SECRET\\\"\"]",
+        hold("slow-plan", &root.path().join("release-plan")),
         p = plans.display()
     );
     let apply = format!(
-        "apply = [\"sh\", \"-c\", \"if [ -f slow-apply ]; then sleep 6; fi; cat v >> {a}\"]\nenv = {{ SECRET = \"env:PREVIEW_SECRET\" }}",
+        "apply = [\"sh\", \"-c\", \"{}; cat v >> {a}\"]\nenv = {{ SECRET = \"env:PREVIEW_SECRET\" }}",
+        hold("slow-apply", &root.path().join("release-apply")),
         a = applies.display()
     );
     let s = Setup::new(&format!(
@@ -69,7 +78,7 @@ fn fx(kind: &'static str, previews: &str) -> Fx {
         forge.table("f", kind),
     ));
     Fx {
-        _root: root,
+        root,
         forge,
         remote,
         s,
@@ -94,6 +103,11 @@ impl Fx {
                 .all(|t| t["running"] == false && !t["last_result"].is_null())
         });
         d
+    }
+
+    /// Let a held plan (`"plan"`) or apply (`"apply"`) go on.
+    fn release(&self, what: &str) {
+        std::fs::write(self.root.path().join(format!("release-{what}")), "").expect("release");
     }
 
     fn head_ref(&self, number: u64) -> String {
@@ -351,7 +365,7 @@ fn a_pull_request_touching_no_target_path_is_planned_for_none() {
 fn a_preview_neither_waits_for_an_apply_nor_blocks_one_and_a_closed_one_is_dropped() {
     let f = fx("github", "true");
     let d = f.serve();
-    // An apply that takes 6 s.
+    // An apply held until released.
     let sha = f
         .remote
         .commit(&[("app/v", "2\n"), ("app/slow-apply", "")], "slow apply");
@@ -372,11 +386,12 @@ fn a_preview_neither_waits_for_an_apply_nor_blocks_one_and_a_closed_one_is_dropp
         true,
         "the preview waited for the apply"
     );
+    f.release("apply");
     wait_for(Duration::from_secs(60), "the apply done", || {
         Fx::log(&f.applies).len() == 2
     });
 
-    // A preview that takes 12 s; meanwhile a second pull request queues
+    // A preview held until released; meanwhile a second pull request queues
     // behind it and is closed, and a push is applied.
     let (_, _) = f.open(
         &d,
@@ -408,6 +423,7 @@ fn a_preview_neither_waits_for_an_apply_nor_blocks_one_and_a_closed_one_is_dropp
         "the apply waited for the preview ({:?} after the push)",
         t.elapsed()
     );
+    f.release("plan");
     wait_for(Duration::from_secs(30), "the slow preview done", || {
         f.preview_state(2).as_deref() == Some("planned")
     });
