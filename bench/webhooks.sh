@@ -10,6 +10,8 @@
 # Every delivery has its own id, so driftless records each one durably
 # (SQLite, synchronous=FULL) and queues a job before answering 202; the
 # target is an exec target on a local repository, so the jobs also run.
+# Then the same flood with a wrong signature: its rate, and that nothing
+# was written.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 duration=${1:-10s}
@@ -142,3 +144,16 @@ awk -v a="$(cat "$work/driftless.rps")" -v b="$(cat "$work/adnanh-webhook.rps")"
   'BEGIN { printf "%-30s %10.2f x (driftless / webhook, requests per second)\n", "ratio", a / b }'
 deliveries=$("$bin" --config "$work/driftless.toml" history pipeline --json --limit 10000 | grep -c '"id"' || true)
 echo "driftless recorded every delivery durably; the exec target ran $deliveries time(s) (requests fold into one queued job per target)"
+
+# The same flood with a wrong signature: refused (401) before anything is
+# parsed or written. The deliveries table is counted before and after.
+count_deliveries() { python3 -c 'import sqlite3,sys; print(sqlite3.connect(sys.argv[1]).execute("SELECT count(*) FROM deliveries").fetchone()[0])' "$work/state/driftless.db"; }
+before=$(count_deliveries)
+sed "s/$sig/sha256=$(printf '0%.0s' $(seq 64))/" "$work/push.lua" > "$work/unsigned.lua"
+wrk -t2 -c"$conns" -d"$duration" --latency -s "$work/unsigned.lua" "http://127.0.0.1:$port_d/hooks/github" > "$work/unsigned.wrk" 2>"$work/unsigned.err"
+rps=$(awk '/^Requests\/sec:/ { print $2 }' "$work/unsigned.wrk")
+p99=$(awk '$1 == "99%" { print $2 }' "$work/unsigned.wrk")
+refused=$(grep -c "unexpected status 401" "$work/unsigned.err" || true)
+after=$(count_deliveries)
+echo "== the same flood with a wrong signature"
+printf '%-30s %10s req/s   p99 %8s   refused (401) %s   deliveries written %s\n' "driftless unsigned" "$rps" "$p99" "$refused" "$((after - before))"

@@ -16,6 +16,7 @@ use sqlx::FromRow;
 
 use crate::model::Trigger;
 use crate::store::previews::{self, PullEvent};
+use crate::store::statuses::{self, NewStatus};
 use crate::store::{Store, StoreError, WriteTx, now_ms};
 
 /// How long a claim lasts without a heartbeat.
@@ -39,10 +40,25 @@ pub struct Request {
 pub enum Accepted {
     /// Its delivery id was seen before: nothing was queued.
     Duplicate,
-    /// The jobs (target, job id) now holding its requests, and how many
-    /// queued previews a closed pull request dropped.
-    Queued(Vec<(String, i64)>, u64),
+    /// Recorded.
+    Queued {
+        /// The jobs (target, job id) now holding its requests.
+        jobs: Vec<(String, i64)>,
+        /// Queued previews a closed pull request dropped.
+        dropped_previews: u64,
+        /// A request made a new job (rather than folding into a queued
+        /// one): a worker has something new to claim.
+        new_job: bool,
+    },
 }
+
+/// A job `j` that may be claimed now (`?1` the time, `?2` the targets as a
+/// JSON array): queued, due, its target not paused, none of its target's
+/// jobs running.
+const RUNNABLE: &str = "j.state = 'queued' AND j.not_before <= ?1
+      AND j.target IN (SELECT value FROM json_each(?2))
+      AND j.target NOT IN (SELECT name FROM targets WHERE paused_at IS NOT NULL)
+      AND NOT EXISTS (SELECT 1 FROM jobs r WHERE r.target = j.target AND r.state = 'running')";
 
 /// How long delivery ids are remembered for dedupe.
 pub const DELIVERY_MEMORY: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -68,6 +84,9 @@ pub struct Job {
     /// In arrival order, each once.
     pub triggers: Vec<Trigger>,
     pub requested_sha: Option<String>,
+    /// The deliveries folded into it, in arrival order: the first 99 and
+    /// the newest (a burst of thousands folds into one job; the run names
+    /// the newest).
     pub delivery_ids: Vec<String>,
     pub attempts: i64,
     pub receiver: Option<String>,
@@ -169,62 +188,31 @@ impl Queue {
         .await
     }
 
+    /// Committed with the other small writes waiting at the same moment
+    /// (`Store::grouped`), before this returns.
     pub async fn enqueue(&self, req: &Request) -> Result<i64, StoreError> {
-        let WriteTx { mut tx, _turn } = self.store.begin_write("queueing a job").await?;
-        let id = enqueue_on(&mut tx, req)
+        let req = std::sync::Arc::new(req.clone());
+        self.store
+            .grouped("queueing a job", move |tx| {
+                let req = req.clone();
+                Box::pin(async move { enqueue_on(tx, &req).await.map(|(id, _)| id) })
+            })
             .await
-            .map_err(self.store.err("queueing a job"))?;
-        tx.commit()
-            .await
-            .map_err(self.store.err("queueing a job"))?;
-        Ok(id)
     }
 
-    /// Record a webhook delivery and queue its requests (and a pull
-    /// request's previews), atomically: either the delivery id is new and
-    /// every request is on disk when this returns, or it was seen before
-    /// and nothing is queued.
-    pub async fn accept(
-        &self,
-        receiver: &str,
-        delivery_id: Option<&str>,
-        outcome: &str,
-        requests: &[Request],
-        pulls: &[PullEvent],
-    ) -> Result<Accepted, StoreError> {
-        let what = "recording a webhook delivery";
-        let WriteTx { mut tx, _turn } = self.store.begin_write(what).await?;
-        if let Some(id) = delivery_id {
-            let r = sqlx::query(
-                "INSERT INTO deliveries (receiver, delivery_id, received_at, outcome)
-                 VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING",
-            )
-            .bind(receiver)
-            .bind(id)
-            .bind(now_ms())
-            .bind(outcome)
-            .execute(&mut *tx)
+    /// Record a webhook delivery and queue its requests (a pull request's
+    /// previews, the pushed commits' `pending` statuses), atomically:
+    /// either the delivery id is new and all of it is on disk when this
+    /// returns, or it was seen before and nothing is written. Deliveries
+    /// arriving together share one commit (`Store::grouped`).
+    pub async fn accept(&self, intake: Intake) -> Result<Accepted, StoreError> {
+        let intake = std::sync::Arc::new(intake);
+        self.store
+            .grouped("recording a webhook delivery", move |tx| {
+                let intake = intake.clone();
+                Box::pin(async move { accept_on(tx, &intake).await })
+            })
             .await
-            .map_err(self.store.err(what))?;
-            if r.rows_affected() == 0 {
-                return Ok(Accepted::Duplicate);
-            }
-        }
-        let mut queued = Vec::new();
-        for req in requests {
-            let job = enqueue_on(&mut tx, req)
-                .await
-                .map_err(self.store.err(what))?;
-            queued.push((req.target.clone(), job));
-        }
-        let mut dropped = 0;
-        for p in pulls {
-            dropped += previews::record_event(&mut tx, p)
-                .await
-                .map_err(self.store.err(what))?;
-        }
-        tx.commit().await.map_err(self.store.err(what))?;
-        Ok(Accepted::Queued(queued, dropped))
     }
 
     /// Forget delivery ids older than [`DELIVERY_MEMORY`].
@@ -256,22 +244,30 @@ impl Queue {
     pub async fn claim(&self, targets: &[String]) -> Result<Option<Job>, StoreError> {
         let now = now_ms();
         let names = serde_json::to_string(targets).unwrap_or_else(|_| "[]".into());
-        let row = sqlx::query_as::<_, JobRow>(
-            "UPDATE jobs SET state = 'running', lease_owner = ?1, lease_until = ?2,
-                    attempts = attempts + 1, updated_at = ?3
-             WHERE id = (
-                SELECT j.id FROM jobs j
-                WHERE j.state = 'queued' AND j.not_before <= ?3
-                  AND j.target IN (SELECT value FROM json_each(?4))
-                  AND j.target NOT IN (SELECT name FROM targets WHERE paused_at IS NOT NULL)
-                  AND NOT EXISTS (SELECT 1 FROM jobs r WHERE r.target = j.target AND r.state = 'running')
-                ORDER BY j.id LIMIT 1)
-             RETURNING id, target, triggers, requested_sha, delivery_ids, attempts, receiver",
-        )
-        .bind(&self.owner)
-        .bind(now + LEASE.as_millis() as i64)
+        // Looked for first with a read, which waits for no writer: a worker
+        // woken by a delivery whose job folded into one already running
+        // (most of a burst) takes no write turn from the deliveries.
+        let runnable: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT j.id FROM jobs j WHERE {RUNNABLE} LIMIT 1"
+        )))
         .bind(now)
-        .bind(names);
+        .bind(&names)
+        .fetch_optional(self.store.pool())
+        .await
+        .map_err(self.store.err("looking for a job to claim"))?;
+        if runnable.is_none() {
+            return Ok(None);
+        }
+        let row = sqlx::query_as::<_, JobRow>(sqlx::AssertSqlSafe(format!(
+            "UPDATE jobs SET state = 'running', lease_owner = ?3, lease_until = ?4,
+                    attempts = attempts + 1, updated_at = ?1
+             WHERE id = (SELECT j.id FROM jobs j WHERE {RUNNABLE} ORDER BY j.id LIMIT 1)
+             RETURNING id, target, triggers, requested_sha, delivery_ids, attempts, receiver"
+        )))
+        .bind(now)
+        .bind(names)
+        .bind(&self.owner)
+        .bind(now + LEASE.as_millis() as i64);
         self.job_written("claiming a job", row).await
     }
 
@@ -487,8 +483,67 @@ impl Queue {
 }
 
 /// Insert or fold `req` into the target's queued job; returns the job id.
-async fn enqueue_on(conn: &mut sqlx::SqliteConnection, req: &Request) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar(
+/// What a webhook delivery writes: see [`Queue::accept`].
+#[derive(Debug, Clone)]
+pub struct Intake {
+    pub receiver: String,
+    pub delivery_id: Option<String>,
+    /// What became of it, for the delivery log.
+    pub outcome: String,
+    pub requests: Vec<Request>,
+    pub pulls: Vec<PullEvent>,
+    /// Each only where the commit has no state for the context yet.
+    pub statuses: Vec<NewStatus>,
+}
+
+async fn accept_on(
+    tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
+    i: &Intake,
+) -> Result<Accepted, sqlx::Error> {
+    if let Some(id) = &i.delivery_id {
+        let r = sqlx::query(
+            "INSERT INTO deliveries (receiver, delivery_id, received_at, outcome)
+             VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING",
+        )
+        .bind(&i.receiver)
+        .bind(id)
+        .bind(now_ms())
+        .bind(&i.outcome)
+        .execute(&mut **tx)
+        .await?;
+        if r.rows_affected() == 0 {
+            return Ok(Accepted::Duplicate);
+        }
+    }
+    let mut queued = Vec::new();
+    let mut new_job = false;
+    for req in &i.requests {
+        let (id, fresh) = enqueue_on(tx, req).await?;
+        new_job |= fresh;
+        queued.push((req.target.clone(), id));
+    }
+    let mut dropped = 0;
+    for p in &i.pulls {
+        dropped += previews::record_event(tx, p).await?;
+    }
+    for s in &i.statuses {
+        statuses::record(tx, s, true).await?;
+    }
+    Ok(Accepted::Queued {
+        jobs: queued,
+        dropped_previews: dropped,
+        new_job,
+    })
+}
+
+/// Queue `req`, folded into its target's queued job if there is one: the
+/// job's id, and whether it is a new job (a fold within the same
+/// millisecond may say new: only a worker wakes for nothing).
+async fn enqueue_on(
+    conn: &mut sqlx::SqliteConnection,
+    req: &Request,
+) -> Result<(i64, bool), sqlx::Error> {
+    sqlx::query_as(
         "INSERT INTO jobs (target, state, triggers, requested_sha, delivery_ids, receiver, created_at, updated_at)
          VALUES (?1, 'queued', json_array(?2), ?3,
                  CASE WHEN ?4 IS NULL THEN '[]' ELSE json_array(?4) END, ?6, ?5, ?5)
@@ -497,10 +552,12 @@ async fn enqueue_on(conn: &mut sqlx::SqliteConnection, req: &Request) -> Result<
                              THEN jobs.triggers ELSE json_insert(jobs.triggers, '$[#]', ?2) END,
              requested_sha = COALESCE(?3, jobs.requested_sha),
              delivery_ids = CASE WHEN ?4 IS NULL THEN jobs.delivery_ids
+                                 WHEN json_array_length(jobs.delivery_ids) >= 100
+                                 THEN json_set(jobs.delivery_ids, '$[#-1]', ?4)
                                  ELSE json_insert(jobs.delivery_ids, '$[#]', ?4) END,
              receiver = COALESCE(?6, jobs.receiver),
              updated_at = ?5
-         RETURNING id",
+         RETURNING id, created_at = updated_at",
     )
     .bind(&req.target)
     .bind(req.trigger.as_str())

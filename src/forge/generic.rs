@@ -4,7 +4,7 @@
 
 use axum::http::HeaderMap;
 
-use super::{Delivery, HookError, header, parse_json, read_push, verify_hub_signature};
+use super::{Delivery, HookError, header, parse_push, read_push, verify_hub_signature};
 
 pub(super) fn receive(
     secret: &[u8],
@@ -14,7 +14,7 @@ pub(super) fn receive(
     verify_hub_signature(secret, headers, body)?;
 
     let id = header(headers, &["x-delivery-id", "x-github-delivery"]).map(str::to_string);
-    let v = parse_json(body)?;
+    let v = parse_push(body)?;
     if !v["after"].is_string() {
         return Err(HookError::BadPayload(
             "body needs \"repo\", \"ref\" and \"after\" strings".into(),

@@ -7,8 +7,8 @@
 use axum::http::HeaderMap;
 
 use super::{
-    Delivery, Event, HookError, form_payload, header, is_form, parse_json, read_pull, read_push,
-    verify_hex_hmac, verify_hub_signature,
+    Delivery, Event, HookError, form_payload, header, is_form, parse_json, parse_push, read_pull,
+    read_push, verify_hex_hmac, verify_hub_signature,
 };
 
 pub(super) fn receive(
@@ -55,7 +55,12 @@ pub(super) fn receive(
         ],
     )
     .ok_or_else(|| HookError::BadPayload("no X-Forgejo-Event or X-Gitea-Event header".into()))?;
-    let v = parse_json(&signed)?;
+    // A push is read for the few fields it needs; anything else whole.
+    let v = if event_name == "push" {
+        parse_push(&signed)?
+    } else {
+        parse_json(&signed)?
+    };
     let event = match event_name {
         "push" => read_push(
             &v,

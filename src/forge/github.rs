@@ -6,8 +6,8 @@
 use axum::http::HeaderMap;
 
 use super::{
-    Delivery, Event, HookError, form_payload, header, is_form, parse_json, read_pull, read_push,
-    verify_hub_signature,
+    Delivery, Event, HookError, form_payload, header, is_form, parse_json, parse_push, read_pull,
+    read_push, verify_hub_signature,
 };
 
 pub(super) fn receive(
@@ -25,7 +25,12 @@ pub(super) fn receive(
     } else {
         body.to_vec()
     };
-    let v = parse_json(&json)?;
+    // A push is read for the few fields it needs; anything else whole.
+    let v = if event_name == "push" {
+        parse_push(&json)?
+    } else {
+        parse_json(&json)?
+    };
     let event = match event_name {
         "ping" => Event::Ping,
         "push" => read_push(

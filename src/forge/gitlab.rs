@@ -9,8 +9,8 @@ use axum::http::HeaderMap;
 use serde_json::Value;
 
 use super::{
-    Delivery, Event, HookError, PullAction, PullParts, header, parse_json, pull_request, pull_str,
-    read_push, repo_urls, verify_token,
+    Delivery, Event, HookError, PullAction, PullParts, header, parse_json, parse_push,
+    pull_request, pull_str, read_push, repo_urls, verify_token,
 };
 
 pub(super) fn receive(
@@ -24,7 +24,12 @@ pub(super) fn receive(
     let id = header(headers, &["idempotency-key", "x-gitlab-event-uuid"]).map(str::to_string);
     let event_name = header(headers, &["x-gitlab-event"])
         .ok_or_else(|| HookError::BadPayload("no X-Gitlab-Event header".into()))?;
-    let v = parse_json(body)?;
+    // A push is read for the few fields it needs; anything else whole.
+    let v = if event_name == "Push Hook" {
+        parse_push(body)?
+    } else {
+        parse_json(body)?
+    };
     let event = match event_name {
         "Push Hook" => read_push(
             &v,

@@ -174,6 +174,77 @@ fn parse_json(bytes: &[u8]) -> Result<Value, HookError> {
         .map_err(|e| HookError::BadPayload(format!("body is not JSON: {e}")))
 }
 
+/// The fields of a push's repository (GitHub, Gitea: `repository`; GitLab:
+/// `project` and `repository`) that can name it.
+#[derive(serde::Deserialize)]
+struct PushUrls {
+    clone_url: Option<Value>,
+    ssh_url: Option<Value>,
+    html_url: Option<Value>,
+    git_url: Option<Value>,
+    git_http_url: Option<Value>,
+    git_ssh_url: Option<Value>,
+    web_url: Option<Value>,
+    url: Option<Value>,
+}
+
+/// What [`read_push`] reads of a push, and nothing else: the commit lists,
+/// the sender and the rest are skipped while parsing, never built (they
+/// are most of a push's bytes, and intake parses thousands a second).
+#[derive(serde::Deserialize)]
+struct PushDoc {
+    #[serde(rename = "ref")]
+    git_ref: Option<Value>,
+    after: Option<Value>,
+    repo: Option<Value>,
+    repository: Option<PushUrls>,
+    project: Option<PushUrls>,
+}
+
+/// A push body as a JSON value holding only what [`read_push`] reads.
+fn parse_push(bytes: &[u8]) -> Result<Value, HookError> {
+    let doc: PushDoc = serde_json::from_slice(bytes).map_err(|e| {
+        HookError::BadPayload(if e.is_data() {
+            format!("push is not what this forge sends: {e}")
+        } else {
+            format!("body is not JSON: {e}")
+        })
+    })?;
+    let urls = |u: Option<PushUrls>| -> Value {
+        let mut m = serde_json::Map::new();
+        if let Some(u) = u {
+            for (k, v) in [
+                ("clone_url", u.clone_url),
+                ("ssh_url", u.ssh_url),
+                ("html_url", u.html_url),
+                ("git_url", u.git_url),
+                ("git_http_url", u.git_http_url),
+                ("git_ssh_url", u.git_ssh_url),
+                ("web_url", u.web_url),
+                ("url", u.url),
+            ] {
+                if let Some(v) = v {
+                    m.insert(k.into(), v);
+                }
+            }
+        }
+        Value::Object(m)
+    };
+    let mut v = serde_json::Map::new();
+    for (k, x) in [
+        ("ref", doc.git_ref),
+        ("after", doc.after),
+        ("repo", doc.repo),
+    ] {
+        if let Some(x) = x {
+            v.insert(k.into(), x);
+        }
+    }
+    v.insert("repository".into(), urls(doc.repository));
+    v.insert("project".into(), urls(doc.project));
+    Ok(Value::Object(v))
+}
+
 /// `after` made only of zeros (40 for SHA-1, 64 for SHA-256 repositories).
 pub fn is_zero_sha(s: &str) -> bool {
     (s.len() == 40 || s.len() == 64) && s.bytes().all(|c| c == b'0')

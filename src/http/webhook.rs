@@ -16,7 +16,7 @@ use super::caller::ApiError;
 use crate::config::{Previews, Settings, Target};
 use crate::forge::{self, Event, HookError, PullAction, PullRequest};
 use crate::model::Trigger;
-use crate::queue::{Accepted, Request};
+use crate::queue::{Accepted, Intake, Request};
 use crate::route;
 use crate::store::previews::{PullEvent, PullKey};
 
@@ -46,6 +46,46 @@ pub(super) enum Delivered {
     },
 }
 
+/// Refused deliveries are said at most once every few seconds (a flood of
+/// bad signatures must not become a flood of log lines); the metric counts
+/// every one.
+static REFUSALS: Quiet = Quiet::new();
+
+struct Quiet {
+    /// When it was last said (ms since the epoch).
+    last: std::sync::atomic::AtomicI64,
+    /// Refusals since then that were not said.
+    unsaid: std::sync::atomic::AtomicU64,
+}
+
+impl Quiet {
+    const EVERY_MS: i64 = 5_000;
+
+    const fn new() -> Quiet {
+        Quiet {
+            last: std::sync::atomic::AtomicI64::new(i64::MIN),
+            unsaid: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// `Some(n)`: say it now, with the `n` refusals not said since.
+    fn say(&self) -> Option<u64> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let now = crate::store::now_ms();
+        let last = self.last.load(Relaxed);
+        if now.saturating_sub(last) >= Self::EVERY_MS
+            && self
+                .last
+                .compare_exchange(last, now, Relaxed, Relaxed)
+                .is_ok()
+        {
+            return Some(self.unsaid.swap(0, Relaxed));
+        }
+        self.unsaid.fetch_add(1, Relaxed);
+        None
+    }
+}
+
 fn is_zero(n: &u64) -> bool {
     *n == 0
 }
@@ -70,7 +110,10 @@ pub(super) async fn receive(
         Ok(d) => d,
         Err(HookError::Unauthorized) => {
             metrics.delivery(&name, "unauthorized");
-            warn!(receiver = %name, "webhook delivery refused: bad or missing signature");
+            if let Some(more) = REFUSALS.say() {
+                warn!(receiver = %name, refused_since_last_said = more,
+                      "webhook delivery refused: bad or missing signature");
+            }
             return Err(ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized"));
         }
         Err(HookError::BadPayload(why)) => {
@@ -151,11 +194,37 @@ pub(super) async fn receive(
         }
     };
 
-    match app
-        .queue
-        .accept(&name, id, &outcome, &requests, &pulls)
-        .await
-    {
+    // The push is durable with its commit `pending` on the forge of every
+    // target that sends statuses (unless it has a result there already: a
+    // delivery sent again).
+    let statuses: Vec<_> = requests
+        .iter()
+        .filter_map(|r| {
+            let t = app.target(&r.target)?;
+            let to = t.statuses.as_ref()?;
+            Some(crate::store::statuses::NewStatus {
+                forge: to.forge.clone(),
+                repo: to.repo.clone(),
+                sha: r.sha.clone()?,
+                context: format!("driftless/{}", t.name),
+                target: t.name.clone(),
+                state: crate::store::statuses::State::Pending,
+                description: "queued".into(),
+                target_url: None,
+                supersedes_queued_before: None,
+            })
+        })
+        .collect();
+    let statuses_empty = statuses.is_empty();
+    let intake = Intake {
+        receiver: name.clone(),
+        delivery_id: delivery.id.clone(),
+        outcome: outcome.clone(),
+        requests,
+        pulls: pulls.clone(),
+        statuses,
+    };
+    match app.queue.accept(intake).await {
         Err(e) => Err(unavailable(&s, &name, &e.to_string())),
         Ok(Accepted::Duplicate) => {
             metrics.delivery(&name, "duplicate");
@@ -165,7 +234,11 @@ pub(super) async fn receive(
                 Json(Delivered::Duplicate { duplicate: true }),
             ))
         }
-        Ok(Accepted::Queued(jobs, dropped_previews)) => {
+        Ok(Accepted::Queued {
+            jobs,
+            dropped_previews,
+            new_job,
+        }) => {
             if matches!(delivery.event, Event::Ping) {
                 metrics.delivery(&name, "ping");
                 return Ok((StatusCode::OK, Json(Delivered::Pong { pong: true })));
@@ -183,33 +256,16 @@ pub(super) async fn receive(
                     "queued"
                 },
             );
-            // The push is durable: its commit is `pending` on the forge of
-            // every target that sends statuses (unless it has a result
-            // there already: a delivery sent again).
-            let pending: Vec<_> = requests
-                .iter()
-                .filter_map(|r| {
-                    let t = app.target(&r.target)?;
-                    let to = t.statuses.as_ref()?;
-                    Some(crate::store::statuses::NewStatus {
-                        forge: to.forge.clone(),
-                        repo: to.repo.clone(),
-                        sha: r.sha.clone()?,
-                        context: format!("driftless/{}", t.name),
-                        target: t.name.clone(),
-                        state: crate::store::statuses::State::Pending,
-                        description: "queued".into(),
-                        target_url: None,
-                        supersedes_queued_before: None,
-                    })
-                })
-                .collect();
-            if let Err(e) = app.store.record_statuses(&pending, true).await {
-                error!(receiver = %name, error = %e, "the push is queued, but its pending commit statuses could not be recorded");
+            if !statuses_empty {
+                app.outbox_wake.notify_waiters();
             }
             info!(receiver = %name, delivery = id.unwrap_or("-"), %outcome, "webhook delivery accepted");
-            // Wake the workers now rather than at their next poll.
-            s.wake.notify_waiters();
+            // Wake the workers (and the preview worker) now rather than at
+            // their next poll, when there is something new to claim: a
+            // request folded into a queued job adds nothing to claim.
+            if new_job || !pulls.is_empty() {
+                s.wake.notify_waiters();
+            }
             let queued = jobs
                 .into_iter()
                 .map(|(target, job)| QueuedJob { target, job })

@@ -18,6 +18,7 @@ use sqlx::sqlite::{
 
 use crate::model::{ApplyResult, Status};
 
+mod group;
 pub mod nomad;
 pub mod plans;
 pub mod previews;
@@ -48,6 +49,8 @@ pub struct Store {
     /// process is caught before anything is written into a file nobody
     /// will read again.
     identity: Identity,
+    /// Small writes that arrive together commit together (`group`).
+    group: group::Group,
 }
 
 /// The (device, inode) of the database file opened.
@@ -349,6 +352,7 @@ impl Store {
             path: path.to_path_buf(),
             writer: Default::default(),
             identity,
+            group: Default::default(),
         })
     }
 

@@ -79,7 +79,7 @@ const COLUMNS: &str = "id, forge, repo, sha, context, target, state, description
 /// Record `s` in the caller's transaction. `only_first`: only when the
 /// commit has no state for this context yet (a queued push says `pending`,
 /// but never over a result already there).
-pub(super) async fn record(
+pub(crate) async fn record(
     tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
     s: &NewStatus,
     only_first: bool,
