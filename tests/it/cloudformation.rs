@@ -82,6 +82,16 @@ impl Fx {
         (out.status.code(), text(&out.stdout) + &text(&out.stderr))
     }
 
+    /// The change set named in each `action` call moto received, in order.
+    fn calls(&self, action: &str) -> Vec<String> {
+        self.moto
+            .log()
+            .into_iter()
+            .filter(|r| r["action"] == action)
+            .map(|r| r["change_set_name"].as_str().unwrap_or("").to_string())
+            .collect()
+    }
+
     fn status(&self) -> (String, String) {
         let st = self.s.target_status("site");
         (
@@ -551,14 +561,7 @@ fn an_approved_change_set_is_executed_by_its_id_and_others_are_deleted() {
         port: intake.port,
         token: OPS,
     };
-    let calls = |action: &str| -> Vec<String> {
-        f.moto
-            .log()
-            .into_iter()
-            .filter(|r| r["action"] == action)
-            .map(|r| r["change_set_name"].as_str().unwrap_or("").to_string())
-            .collect()
-    };
+    let calls = |action: &str| f.calls(action);
     let plan_files = || {
         std::fs::read_dir(f.s.state.join("plans/site"))
             .map(|d| d.count())
@@ -685,14 +688,7 @@ fn a_pull_request_preview_deletes_its_change_set_and_executes_none() {
             1,
         ) + &forge.table("f", "github")
     });
-    let calls = |action: &str| -> Vec<String> {
-        f.moto
-            .log()
-            .into_iter()
-            .filter(|r| r["action"] == action)
-            .map(|r| r["change_set_name"].as_str().unwrap_or("").to_string())
-            .collect()
-    };
+    let calls = |action: &str| f.calls(action);
     let (created, executed) = (calls("CreateChangeSet").len(), calls("ExecuteChangeSet"));
     let d = Daemon::start_with_env(
         &f.s.config,
