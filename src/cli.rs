@@ -102,14 +102,19 @@ pub async fn tick(
     Ok(Report { stdout: out, code })
 }
 
-/// A one-shot tick has no sender running beside it: deliver what its runs
-/// put in the outbox now (bounded), leaving failures for the next attempt.
-async fn deliver_notifications(app: &App) {
-    let sender = match crate::notify::outbox::Sender::new(
+/// The outbox's sender for this configuration's notifiers and forges.
+fn sender(app: &App) -> Result<crate::notify::outbox::Sender, crate::notify::SendError> {
+    crate::notify::outbox::Sender::new(
         &app.settings.notifiers,
         &app.settings.forges,
         app.store.clone(),
-    ) {
+    )
+}
+
+/// A one-shot tick has no sender running beside it: deliver what its runs
+/// put in the outbox now (bounded), leaving failures for the next attempt.
+async fn deliver_notifications(app: &App) {
+    let sender = match sender(app) {
         Ok(s) => s,
         Err(e) => {
             tracing::error!(error = %e, "notifications cannot be sent");
@@ -127,11 +132,7 @@ async fn deliver_notifications(app: &App) {
 
 /// `driftless notify test <notifier>`: send a test event now.
 pub async fn notify_test(app: &App, notifier: &str) -> Result<Report, TickError> {
-    let sender = match crate::notify::outbox::Sender::new(
-        &app.settings.notifiers,
-        &app.settings.forges,
-        app.store.clone(),
-    ) {
+    let sender = match sender(app) {
         Ok(s) => s,
         Err(e) => {
             return Ok(Report {
