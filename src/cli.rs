@@ -318,9 +318,14 @@ pub async fn history(
         "RUN", "STARTED", "OP", "TRIGGER", "SHA", "RESULT", "MS", "MESSAGE"
     );
     for r in &runs {
+        // A streak of identical no_change runs is one row.
+        let repeated = match (r.repeats, r.finished_at) {
+            (n, Some(last)) if n > 1 => format!("({n} runs, the last at {}) ", format_ms(last)),
+            _ => String::new(),
+        };
         let _ = writeln!(
             out,
-            "{:<6} {:<21} {:<9} {:<16} {:<12} {:<11} {:>8}  {}",
+            "{:<6} {:<21} {:<9} {:<16} {:<12} {:<11} {:>8}  {repeated}{}",
             r.id,
             format_ms(r.started_at),
             r.operation,

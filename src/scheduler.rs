@@ -75,11 +75,26 @@ impl Scheduler {
     }
 
     /// One pass: recover expired leases, enqueue due targets, now and then
-    /// forget old delivery ids and long-closed pull requests.
+    /// forget old delivery ids, long-closed pull requests and the history
+    /// older than `[history] keep`.
     pub async fn once(&mut self) -> Result<usize, StoreError> {
         if self.last_prune.is_none_or(|t| t.elapsed() > PRUNE_EVERY) {
             self.queue.prune_deliveries().await?;
             self.queue.store().prune_pull_requests().await?;
+            let pruned = self
+                .queue
+                .store()
+                .prune_history(self.settings.history.keep)
+                .await?;
+            if pruned != Default::default() {
+                info!(
+                    runs = pruned.runs,
+                    jobs = pruned.jobs,
+                    notifications = pruned.notifications,
+                    statuses = pruned.statuses,
+                    "pruned history older than [history] keep"
+                );
+            }
             self.last_prune = Some(std::time::Instant::now());
         }
         let recovered = self.queue.recover_expired().await?;

@@ -93,6 +93,10 @@ pub struct RunView {
     pub result: Option<String>,
     pub message: Option<String>,
     pub output_tail: Option<String>,
+    /// How many runs this row stands for: identical `no_change` runs one
+    /// after another are one row, from the first one's start to the last
+    /// one's end.
+    pub repeats: i64,
 }
 
 impl From<&Run> for RunView {
@@ -113,6 +117,7 @@ impl From<&Run> for RunView {
             result: r.result.clone(),
             message: r.message.clone(),
             output_tail: r.output_tail.clone(),
+            repeats: r.repeats,
         }
     }
 }

@@ -23,6 +23,8 @@ need_apt python3 python3   # tests/git_http_server.py: git smart HTTP behind aut
 need_apt openssl openssl   # a test CA for the https remote
 need_apt ssh openssh-client
 need_apt /usr/sbin/sshd openssh-server   # an ssh remote on 127.0.0.1
+# A no-op tick is shown to start no process at all (strace counts execve).
+need_apt strace strace
 # The compose tests start their own dockerd (no registry: the image is
 # imported from busybox-static) and drive docker-compose.
 need_apt dockerd docker.io

@@ -55,6 +55,10 @@ const DEFAULT_REPEAT_AFTER: Duration = Duration::from_secs(6 * 3600);
 const MAX_INTERVAL: Duration = Duration::from_secs(7 * 24 * 3600);
 const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 const MAX_REPEAT_AFTER: Duration = Duration::from_secs(30 * 24 * 3600);
+/// How long runs are kept by default (`[history] keep`).
+const DEFAULT_HISTORY_KEEP: Duration = Duration::from_secs(90 * 24 * 3600);
+/// The longest `[history] keep` (ten years).
+const MAX_HISTORY_KEEP: Duration = Duration::from_secs(3650 * 24 * 3600);
 const MAX_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5 * 60);
 const MAX_REQUEST_TIMEOUT: Duration = Duration::from_secs(3600);
 /// Marks a target without its own `notify` list until defaults are known.
@@ -114,6 +118,17 @@ pub struct Settings {
     pub notifiers: Vec<crate::notify::NotifierConfig>,
     /// `[[forges]]`: where commit statuses go.
     pub forges: Vec<crate::notify::forge::ForgeConfig>,
+    /// `[history]`: how long runs are kept.
+    pub history: History,
+}
+
+/// `[history]`: what the run history keeps. Every run that changed or
+/// failed is a row of its own and a streak of identical `no_change` runs
+/// is one row (with its count), either way kept for `keep`; each target's
+/// last run and the run that last changed it are kept whatever their age.
+#[derive(Debug, Clone)]
+pub struct History {
+    pub keep: Duration,
 }
 
 /// `[defaults]`: what targets that say nothing get.
@@ -377,6 +392,13 @@ struct RawTop {
     notifiers: Vec<Value>,
     #[serde(default)]
     forges: Vec<Value>,
+    history: Option<RawHistory>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHistory {
+    keep: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -657,6 +679,16 @@ fn validate(
         ),
         forge: raw_defaults.forge,
     };
+    let history = History {
+        keep: duration(
+            "history",
+            "keep",
+            top.history.and_then(|h| h.keep).as_deref(),
+            DEFAULT_HISTORY_KEEP,
+            MAX_HISTORY_KEEP,
+            problems,
+        ),
+    };
     settle_forges(&mut targets, &forges, &defaults, problems);
     let known = |n: &String| {
         notifiers
@@ -699,6 +731,7 @@ fn validate(
         defaults,
         notifiers,
         forges,
+        history,
     })
 }
 
@@ -1150,6 +1183,22 @@ mod tests {
             "{p:?}"
         );
         assert!(p[1].message.contains("(1day)"), "{p:?}");
+        // [history] keep: 90 days unless said, in the same units.
+        let history = |keep: &str| format!("[history]\nkeep = \"{keep}\"\n{}", toml("5m", "30m"));
+        let keep = |k: &str| load_str(&history(k)).map(|s| s.history.keep);
+        assert_eq!(
+            load_str(&toml("5m", "30m")).map(|s| s.history.keep).ok(),
+            Some(Duration::from_secs(90 * 24 * 3600))
+        );
+        assert_eq!(keep("30d").ok(), Some(Duration::from_secs(30 * 24 * 3600)));
+        let p = problems(&history("3M"));
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(
+            p[0].section == "history" && p[0].key == "keep" && p[0].message.contains("months"),
+            "{p:?}"
+        );
+        let p = problems("[history]\nkeep_runs = 3\n");
+        assert!(p.iter().any(|p| p.message.contains("keep_runs")), "{p:?}");
     }
 
     #[test]

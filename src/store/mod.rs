@@ -19,6 +19,7 @@ use sqlx::sqlite::{
 use crate::model::{ApplyResult, Status};
 
 mod group;
+pub mod history;
 pub mod nomad;
 pub mod plans;
 pub mod previews;
@@ -174,6 +175,10 @@ pub struct Run {
     pub message: Option<String>,
     pub output_tail: Option<String>,
     pub receiver: Option<String>,
+    /// How many runs this row stands for: a streak of identical
+    /// `no_change` runs is one row (`started_at` the first one's start,
+    /// `finished_at` the newest one's end).
+    pub repeats: i64,
 }
 
 /// What is known about one target.
@@ -455,8 +460,12 @@ impl Store {
         Ok(())
     }
 
-    /// Complete a run and fold its result into the target's state. A failed
-    /// run never moves the last applied SHA.
+    /// Complete a run and fold its result into the target's state, closing
+    /// the run's job. A failed run never moves the last applied SHA. With
+    /// `streak` (a `no_change` row [`Store::streak`] found for it), the run
+    /// is folded into that row instead of kept as one of its own. Returns
+    /// the id of the row the run now is.
+    #[allow(clippy::too_many_arguments)]
     pub async fn finish_run(
         &self,
         run_id: i64,
@@ -465,20 +474,43 @@ impl Store {
         sha: Option<&str>,
         status: &Status,
         notice: Option<&Notice>,
-    ) -> Result<(), StoreError> {
+        streak: Option<i64>,
+    ) -> Result<i64, StoreError> {
         let now = now_ms();
         let what = "recording a run's result";
         let WriteTx { mut tx, _turn } = self.begin_write(what).await?;
+        let kept = match streak {
+            Some(streak) => history::fold(&mut tx, streak, run_id, now, status)
+                .await
+                .map_err(self.err(what))?,
+            None => run_id,
+        };
+        if kept == run_id {
+            sqlx::query(
+                "UPDATE runs SET finished_at = ?2, duration_ms = ?2 - started_at, result = ?3,
+                        message = ?4, output_tail = ?5
+                 WHERE id = ?1",
+            )
+            .bind(run_id)
+            .bind(now)
+            .bind(status.result.as_str())
+            .bind(&status.message)
+            .bind(&status.output_tail)
+            .execute(&mut *tx)
+            .await
+            .map_err(self.err(what))?;
+        }
+        let run_id = kept;
+        // The run's job is over with it, in the same transaction: a job
+        // whose run is recorded is never run again.
         sqlx::query(
-            "UPDATE runs SET finished_at = ?2, duration_ms = ?2 - started_at, result = ?3,
-                    message = ?4, output_tail = ?5
-             WHERE id = ?1",
+            "UPDATE jobs SET state = 'done', run_id = ?1, outcome = ?2, lease_owner = NULL,
+                    lease_until = NULL, updated_at = ?3
+             WHERE id = (SELECT job_id FROM runs WHERE id = ?1) AND state = 'running'",
         )
         .bind(run_id)
-        .bind(now)
         .bind(status.result.as_str())
-        .bind(&status.message)
-        .bind(&status.output_tail)
+        .bind(now)
         .execute(&mut *tx)
         .await
         .map_err(self.err(what))?;
@@ -610,7 +642,7 @@ impl Store {
             }
         }
         tx.commit().await.map_err(self.err(what))?;
-        Ok(())
+        Ok(run_id)
     }
 
     pub async fn target_state(&self, name: &str) -> Result<Option<TargetState>, StoreError> {
@@ -644,7 +676,8 @@ impl Store {
     pub async fn history(&self, target: &str, limit: i64) -> Result<Vec<Run>, StoreError> {
         sqlx::query_as::<_, Run>(
             "SELECT id, target, job_id, operation, trigger, delivery_id, requested_sha, sha,
-                    started_at, finished_at, duration_ms, result, message, output_tail, receiver
+                    started_at, finished_at, duration_ms, result, message, output_tail, receiver,
+                    repeats
              FROM runs WHERE target = ?1 ORDER BY id DESC LIMIT ?2",
         )
         .bind(target)
@@ -657,7 +690,8 @@ impl Store {
     pub async fn run(&self, id: i64) -> Result<Option<Run>, StoreError> {
         sqlx::query_as::<_, Run>(
             "SELECT id, target, job_id, operation, trigger, delivery_id, requested_sha, sha,
-                    started_at, finished_at, duration_ms, result, message, output_tail, receiver
+                    started_at, finished_at, duration_ms, result, message, output_tail, receiver,
+                    repeats
              FROM runs WHERE id = ?1",
         )
         .bind(id)

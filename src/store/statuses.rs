@@ -78,7 +78,9 @@ const COLUMNS: &str = "id, forge, repo, sha, context, target, state, description
 
 /// Record `s` in the caller's transaction. `only_first`: only when the
 /// commit has no state for this context yet (a queued push says `pending`,
-/// but never over a result already there).
+/// but never over a result already there). The same state, description
+/// and link again is not a new version (an interval tick finding nothing
+/// to do sends the forge nothing), unless the last one was given up.
 pub(crate) async fn record(
     tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
     s: &NewStatus,
@@ -92,7 +94,11 @@ pub(crate) async fn record(
              target_url = excluded.target_url, target = excluded.target,
              version = forge_statuses.version + 1, attempts = 0,
              next_attempt_at = excluded.next_attempt_at, last_error = NULL, given_up = 0,
-             updated_at = excluded.updated_at"
+             updated_at = excluded.updated_at
+         WHERE forge_statuses.state IS NOT excluded.state
+            OR forge_statuses.description IS NOT excluded.description
+            OR forge_statuses.target_url IS NOT excluded.target_url
+            OR forge_statuses.given_up = 1"
     };
     let q = format!(
         "INSERT INTO forge_statuses (forge, repo, sha, context, target, state, description,

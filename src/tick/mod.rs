@@ -140,8 +140,18 @@ impl Reconciler {
             Err(LockError::Busy { .. }) => return Ok(Ticked::Busy),
             Err(e) => return Err(TickError::Lock(e)),
         };
+        // Which fetch of the repository this job may use: one started since
+        // the job began (its requests all came before), or for the interval
+        // alone one started within the last interval (one fetch a round
+        // serves every target on the repository).
+        let now = std::time::Instant::now();
+        let since = if job.interval_only() {
+            now.checked_sub(target.interval).unwrap_or(now)
+        } else {
+            now
+        };
         if job.routed_by_git()
-            && let Some(reason) = self.unaffected(&target).await?
+            && let Some(reason) = self.unaffected(&target, since).await?
         {
             info!(target = %target.name, job = job.id, %reason, "push does not affect the target");
             // Its commit was `pending` on the forge since it was queued.
@@ -166,7 +176,8 @@ impl Reconciler {
             drop(lock);
             return Ok(Ticked::Unaffected { reason });
         }
-        self.run_locked(&target, job, Operation::Apply, lock).await
+        self.run_locked(&target, job, Operation::Apply, lock, since)
+            .await
     }
 
     /// Whether a push leaves the target as it was, decided by git (a
@@ -176,13 +187,17 @@ impl Reconciler {
     /// fills the shared cache, no checkout moves, no run is recorded. When
     /// git cannot tell (no run yet, a failed fetch, a commit gone from the
     /// cache), the job runs and records whatever happens.
-    async fn unaffected(&self, target: &Target) -> Result<Option<String>, TickError> {
+    async fn unaffected(
+        &self,
+        target: &Target,
+        since: std::time::Instant,
+    ) -> Result<Option<String>, TickError> {
         let Some(base) = self.app.store.last_attempted_sha(&target.name).await? else {
             return Ok(None);
         };
         let Ok(tip) = self
             .git
-            .fetch(&target.repo, &target.branch, &target.git)
+            .fetch_since(&target.repo, &target.branch, &target.git, since)
             .await
         else {
             return Ok(None);
@@ -272,17 +287,20 @@ impl Reconciler {
         let Some(job) = job else {
             return Ok(Ticked::Busy);
         };
-        self.run_locked(&target, &job, op, lock).await
+        self.run_locked(&target, &job, op, lock, std::time::Instant::now())
+            .await
     }
 
-    /// Converge under the held lock, then close the job — still under the
-    /// lock, so nobody sees the job running with the target unlocked.
+    /// Converge under the held lock; the run's record closes the job, still
+    /// under the lock, so nobody sees the job running with the target
+    /// unlocked.
     async fn run_locked(
         &self,
         target: &Target,
         job: &Job,
         op: Operation,
         lock: TargetLock,
+        since: std::time::Instant,
     ) -> Result<Ticked, TickError> {
         // Keep the job's lease alive for as long as the tick runs.
         let heartbeat = {
@@ -306,32 +324,13 @@ impl Reconciler {
         // stays locked until the orphaned command is done.
         let outcome = crate::process::with_inherited_fd(
             lock.as_raw_fd(),
-            self.converge(target, Some(job), op),
+            self.converge(target, Some(job), op, since),
         )
         .await;
         heartbeat.abort();
-        if let Ok(Ticked::Ran { run_id, result, .. }) = &outcome {
-            // Closing the job after its run is recorded: a full disk here
-            // must not make it run again.
-            let mut pause = Duration::from_secs(1);
-            loop {
-                match self
-                    .app
-                    .queue
-                    .finish(job.id, Some(*run_id), result.as_str())
-                    .await
-                {
-                    Ok(()) => break,
-                    Err(e) if e.is_disk_trouble() && self.app.store.check_identity().is_ok() => {
-                        error!(target = %target.name, job = job.id, error = %e, retry_in = ?pause,
-                               "cannot close the job of a recorded run; trying again");
-                        tokio::time::sleep(pause).await;
-                        pause = (pause * 2).min(Duration::from_secs(30));
-                    }
-                    Err(e) => return Err(e.into()),
-                }
-            }
-        }
+        // A run that was recorded closed its job in the same transaction
+        // (`Store::finish_run`): a full disk after it cannot make it run
+        // again.
         drop(lock);
         outcome
     }
@@ -341,6 +340,7 @@ impl Reconciler {
         target: &Target,
         job: Option<&Job>,
         op: Operation,
+        since: std::time::Instant,
     ) -> Result<Ticked, TickError> {
         let trigger = job.map(Job::trigger_label).unwrap_or_else(|| "cli".into());
         let delivery = job.and_then(|j| j.delivery_ids.last().cloned());
@@ -374,7 +374,7 @@ impl Reconciler {
 
         // git: the branch tip for apply; for destroy, what was last applied.
         let synced = match op {
-            Operation::Apply => self.git.sync(target.source()).await,
+            Operation::Apply => self.git.sync(target.source(), since).await,
             Operation::Destroy => {
                 match self
                     .git
@@ -494,22 +494,52 @@ impl Reconciler {
         if let Some(n) = notice.as_mut() {
             n.drift = drift;
             n.plan_done = plan_done;
-            n.statuses
-                .extend(self.commit_status(target, run, seen, &status, waiting));
             self.plan_notices(target, run, n).await?;
+        }
+        // A run that found nothing to do, like the one before it, and has
+        // nothing to tell: one row for the streak, not one per tick.
+        let streak = match &notice {
+            Some(n)
+                if status.result == ApplyResult::NoChange
+                    && run.delivery_id.is_none()
+                    && !waiting
+                    && n.outbox.is_empty()
+                    && n.plans_told.is_empty()
+                    && n.plan_done.is_none()
+                    && n.drift.is_none() =>
+            {
+                self.app
+                    .store
+                    .streak(&target.name, run.id, seen, &run.trigger, &status.message)
+                    .await?
+            }
+            _ => None,
+        };
+        if let Some(n) = notice.as_mut() {
+            let shown = streak.unwrap_or(run.id);
+            n.statuses
+                .extend(self.commit_status(target, run, shown, seen, &status, waiting));
         }
         // The backend is done: its result is not thrown away because the
         // disk is full right now. Keep it, hold the job (and the target's
         // lock), and write it when space returns.
         let mut pause = Duration::from_secs(1);
-        loop {
+        let run_id = loop {
             match self
                 .app
                 .store
-                .finish_run(run.id, &target.name, run.op, sha, &status, notice.as_ref())
+                .finish_run(
+                    run.id,
+                    &target.name,
+                    run.op,
+                    sha,
+                    &status,
+                    notice.as_ref(),
+                    streak,
+                )
                 .await
             {
-                Ok(()) => break,
+                Ok(kept) => break kept,
                 Err(e) if e.is_disk_trouble() && self.app.store.check_identity().is_ok() => {
                     error!(target = %target.name, run = run.id, error = %e, retry_in = ?pause,
                            "cannot record the finished run; keeping its result and trying again");
@@ -518,7 +548,7 @@ impl Reconciler {
                 }
                 Err(e) => return Err(e.into()),
             }
-        }
+        };
         if notice.as_ref().is_some_and(|n| !n.outbox.is_empty()) {
             self.app.outbox_wake.notify_waiters();
         }
@@ -529,13 +559,13 @@ impl Reconciler {
         );
         let short = seen.map(short_sha).unwrap_or("-");
         match status.result {
-            ApplyResult::Failed => warn!(target = %target.name, run = run.id, sha = short,
+            ApplyResult::Failed => warn!(target = %target.name, run = run_id, sha = short,
                 operation = run.op.as_str(), message = %status.message, "run failed"),
-            r => info!(target = %target.name, run = run.id, sha = short,
+            r => info!(target = %target.name, run = run_id, sha = short,
                 operation = run.op.as_str(), result = r.as_str(), message = %status.message, "run finished"),
         }
         Ok(Ticked::Ran {
-            run_id: run.id,
+            run_id,
             result: status.result,
             sha: seen.map(str::to_string),
             message: status.message,

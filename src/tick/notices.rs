@@ -210,11 +210,13 @@ impl Reconciler {
     /// commit it applied or tried (`seen`): `success`, `failure`, `error`
     /// for a failure that took the whole of the target's `timeout` (the
     /// backend was stopped, not refused), or `pending` while a plan waits
-    /// for approval; linked to the run.
+    /// for approval; linked to the run's row, `shown_run` (the streak it
+    /// joins, if it joins one).
     pub(super) fn commit_status(
         &self,
         target: &Target,
         run: &RunInfo,
+        shown_run: i64,
         seen: Option<&str>,
         status: &Status,
         waiting: bool,
@@ -249,7 +251,7 @@ impl Reconciler {
                 .server
                 .public_url
                 .as_ref()
-                .map(|u| format!("{}/api/v1/runs/{}", u.trim_end_matches('/'), run.id)),
+                .map(|u| format!("{}/api/v1/runs/{}", u.trim_end_matches('/'), shown_run)),
         })
     }
 }

@@ -528,7 +528,7 @@ impl Reconciler {
         };
         let synced = self
             .git
-            .sync(target.source())
+            .sync(target.source(), std::time::Instant::now())
             .await
             .map_err(|e| err(e.to_string()))?;
         let state = self.app.store.target_state(name).await?;

@@ -2,6 +2,8 @@
 //! `git daemon` (git://) on 127.0.0.1, driven through `driftless tick`.
 
 use crate::common::*;
+use std::process::Command;
+use std::time::Duration;
 
 /// An exec target that does nothing but succeed, so the tick's git sync is
 /// what is under test.
@@ -402,4 +404,146 @@ fn git_lock_files_left_by_a_killed_tick_do_not_block_later_ones() {
         "{}",
         text(&out.stderr)
     );
+}
+
+/// A tick whose branch tip is the commit its checkout already holds, with
+/// nothing edited there, starts no process at all — no fetch (the local
+/// remote's ref is read directly and the cache has it), no reset (the
+/// index's stat data shows the tracked files untouched), no command (the
+/// digest is unchanged) — as `strace` sees it. A tracked file edited by
+/// hand is still put back by the next tick though the tip did not move.
+#[test]
+fn a_tick_with_nothing_to_do_starts_no_process_and_still_puts_back_a_hand_edit() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(
+        &[("site/index.html", "v1"), ("site/app.conf", "port=80\n")],
+        "first",
+    );
+    let s = Setup::new(&exec_target(
+        "site",
+        &remote.url(),
+        "path = \"site\"",
+        "apply = [\"true\"]",
+    ));
+    assert!(s.run(&["tick", "site"]).status.success());
+    // The very next tick (files and index most likely written in the same
+    // second: "racily clean", settled by their content, as git does).
+    let traced = s.path().join("exec.trace");
+    let out = Command::new("strace")
+        .args(["-f", "-qq", "-e", "trace=execve,execveat", "-o"])
+        .arg(&traced)
+        .arg(bin())
+        .arg("--config")
+        .arg(&s.config)
+        .args(["tick", "site"])
+        .output()
+        .expect("strace runs");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    assert!(
+        text(&out.stdout).contains("no_change"),
+        "{}",
+        text(&out.stdout)
+    );
+    let trace = std::fs::read_to_string(&traced).expect("trace");
+    let started: Vec<&str> = trace
+        .lines()
+        .filter(|l| l.contains("execve(") || l.contains("execveat("))
+        .collect();
+    assert_eq!(
+        started.len(),
+        1,
+        "processes started besides driftless:\n{trace}"
+    );
+    assert!(started[0].contains(&bin().display().to_string()), "{trace}");
+
+    // A hand edit (size and mtime put back, as careful hands might): the
+    // next tick, at the same tip, restores git's file.
+    let conf = s.checkout("site").join("site/app.conf");
+    let mtime = std::fs::metadata(&conf)
+        .expect("meta")
+        .modified()
+        .expect("mtime");
+    std::fs::write(&conf, "port=81\n").expect("edit");
+    std::fs::File::options()
+        .write(true)
+        .open(&conf)
+        .and_then(|f| f.set_modified(mtime))
+        .expect("mtime back");
+    assert!(s.run(&["tick", "site"]).status.success());
+    assert_eq!(std::fs::read_to_string(&conf).expect("read"), "port=80\n");
+}
+
+/// An interval tick takes a fetch of its repository made within its
+/// interval: targets on one repository share one fetch a round instead of
+/// one each (counted at a real `git http-backend`), and a commit pushed
+/// without a webhook still reaches every target within two intervals.
+#[test]
+fn interval_ticks_of_targets_on_one_repository_share_a_fetch_a_round() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(&[("site/index.html", "v1")], "first");
+    let token = "tok-7f3a91c0d2e4b5";
+    let (server, ca) = GitHttp::start_tls(root.path(), "deploy", token);
+    let token_file = root.path().join("token");
+    std::fs::write(&token_file, token).expect("write");
+    let url = format!("https://127.0.0.1:{}/infra.git", server.port);
+    let names = ["a", "b", "c", "d"];
+    let targets: String = names
+        .iter()
+        .map(|n| {
+            format!(
+                "[[targets]]\nname = \"{n}\"\nrepo = \"{url}\"\npath = \"site\"\ninterval = \"1s\"\n\
+                 [targets.git]\nusername = \"deploy\"\ntoken_file = {}\nca_file = {}\n\
+                 [targets.backend]\nkind = \"exec\"\napply = [\"true\"]\n\n",
+                toml_str(&token_file.display().to_string()),
+                toml_str(&ca.display().to_string())
+            )
+        })
+        .collect();
+    // One worker: the ticks come one after another, so none shares a
+    // fetch merely by overlapping another's.
+    let s = Setup::with_workers(&targets, 1);
+    let daemon = s.serve();
+    let ticks = || -> i64 {
+        names
+            .iter()
+            .flat_map(|n| s.history(n))
+            .map(|r| r["repeats"].as_i64().unwrap_or(1))
+            .sum()
+    };
+    wait_for(Duration::from_secs(60), "every target's first run", || {
+        names.iter().all(|n| !s.history(n).is_empty())
+    });
+    let fetches = || {
+        server
+            .requests()
+            .lines()
+            .filter(|l| l.contains("info/refs?service=git-upload-pack") && l.contains(" 200 "))
+            .count() as i64
+    };
+    let (ticks0, fetches0) = (ticks(), fetches());
+    std::thread::sleep(Duration::from_secs(6));
+    let (ticked, fetched) = (ticks() - ticks0, fetches() - fetches0);
+    assert!(ticked >= 12, "only {ticked} interval ticks in 6 s");
+    assert!(
+        fetched * 2 <= ticked,
+        "{fetched} fetches for {ticked} ticks of four targets on one repository"
+    );
+    let newer = remote.commit(&[("site/index.html", "v2")], "second");
+    wait_for(
+        Duration::from_secs(10),
+        "the new commit on every target",
+        || {
+            names
+                .iter()
+                .all(|n| s.target_status(n)["last_applied_sha"] == newer)
+        },
+    );
+    drop(daemon);
 }

@@ -10,6 +10,11 @@
 //! tracked files match the commit, files git ignores survive (terraform's
 //! `.terraform/`, local state). Credentials come from config, are handed to
 //! gix or ssh directly, and never appear in a message.
+//!
+//! A tick with nothing to do runs no git process: a remote on this machine
+//! has its branch read directly and is not fetched when the cache holds
+//! that commit; a checkout already at the commit, its tracked files
+//! untouched (`worktree`), is not reset; trees are read with gix.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -18,6 +23,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
+
+mod worktree;
 
 use crate::error::chain;
 use crate::model::CommitId;
@@ -102,7 +109,10 @@ pub struct Synced {
 }
 
 type FetchResult = Result<String, GitError>;
-type Slots = HashMap<(String, String), Arc<tokio::sync::Mutex<FetchSlot>>>;
+/// One slot per remote, ref and set of credentials: a fetch made with one
+/// target's credentials never answers a target with other ones (a wrong
+/// token must fail, even while a right one just fetched the same branch).
+type Slots = HashMap<(String, String, String), Arc<tokio::sync::Mutex<FetchSlot>>>;
 
 #[derive(Default)]
 struct FetchSlot {
@@ -158,9 +168,13 @@ impl Git {
         r
     }
 
-    /// Fetch the target's branch and move its checkout to the branch tip.
-    pub async fn sync(&self, target: Source<'_>) -> Result<Synced, GitError> {
-        let sha = self.fetch(target.repo, target.branch, target.auth).await?;
+    /// Fetch the target's branch (or take a fetch of it that started at or
+    /// after `since`, see [`Git::fetch_since`]) and move its checkout to the
+    /// branch tip.
+    pub async fn sync(&self, target: Source<'_>, since: Instant) -> Result<Synced, GitError> {
+        let sha = self
+            .fetch_since(target.repo, target.branch, target.auth, since)
+            .await?;
         self.checkout(target, &sha).await
     }
 
@@ -175,7 +189,23 @@ impl Git {
     /// after them; requests satisfied by a fetch that started after they were
     /// made share its result.
     pub async fn fetch(&self, remote: &str, branch: &str, auth: &GitAuth) -> FetchResult {
-        self.fetch_wanted(remote, branch, format!("refs/heads/{branch}"), auth)
+        self.fetch_since(remote, branch, auth, Instant::now()).await
+    }
+
+    /// [`Git::fetch`], satisfied as well by a successful fetch that started
+    /// at or after `since`: a push's tick passes the moment it began (any
+    /// fetch since then sees the pushed commit, so its routing and its sync
+    /// share one), an interval tick a moment one interval back — one fetch
+    /// of a repository serves every target on it for a round. A failed
+    /// fetch is never reused this way.
+    pub async fn fetch_since(
+        &self,
+        remote: &str,
+        branch: &str,
+        auth: &GitAuth,
+        since: Instant,
+    ) -> FetchResult {
+        self.fetch_wanted(remote, branch, format!("refs/heads/{branch}"), auth, since)
             .await
     }
 
@@ -183,7 +213,7 @@ impl Git {
     /// into the cache and return the commit it points at. Errors name the
     /// ref where a branch fetch names the branch.
     pub async fn fetch_ref(&self, remote: &str, git_ref: &str, auth: &GitAuth) -> FetchResult {
-        self.fetch_wanted(remote, git_ref, git_ref.to_string(), auth)
+        self.fetch_wanted(remote, git_ref, git_ref.to_string(), auth, Instant::now())
             .await
     }
 
@@ -193,6 +223,7 @@ impl Git {
         branch: &str,
         wanted: String,
         auth: &GitAuth,
+        since: Instant,
     ) -> FetchResult {
         let requested = Instant::now();
         let slot = {
@@ -200,14 +231,16 @@ impl Git {
                 .slots
                 .lock()
                 .map_err(|_| fetch_err(remote, branch, "internal lock poisoned"))?;
+            // The credentials' references (files, variables), never their
+            // values: GitAuth's Debug names references only.
             slots
-                .entry((remote.to_string(), wanted.clone()))
+                .entry((remote.to_string(), wanted.clone(), format!("{auth:?}")))
                 .or_default()
                 .clone()
         };
         let mut slot = slot.lock().await;
         if let Some((started, result)) = &slot.last
-            && *started >= requested
+            && (*started >= requested || (*started >= since && result.is_ok()))
         {
             return result.clone();
         }
@@ -276,10 +309,16 @@ impl Git {
 
     /// Whether `sha` is a commit in `remote`'s cache.
     pub async fn has_commit(&self, remote: &str, sha: &str) -> bool {
-        let spec = format!("{sha}^{{commit}}");
-        git_cli(&self.cache_dir(remote), &["cat-file", "-e", spec.as_str()])
-            .await
-            .is_ok()
+        let (cache, sha) = (self.cache_dir(remote), sha.to_string());
+        tokio::task::spawn_blocking(move || {
+            let Some(id) = object_id(&sha) else {
+                return false;
+            };
+            gix::open_opts(&cache, gix::open::Options::isolated())
+                .is_ok_and(|repo| repo.find_commit(id).is_ok())
+        })
+        .await
+        .unwrap_or(false)
     }
 
     async fn checkout_into(
@@ -307,21 +346,27 @@ impl Git {
                 .and_then(|()| std::fs::write(&alternates, &want))
                 .map_err(|e| err(chain(&e)))?;
         }
-        // The caller holds the target's lock: a git lock file left in the
-        // checkout is from a tick that was killed mid-reset.
-        clear_stale_locks(&dir.join(".git"));
-        git_cli(&dir, &["reset", "-q", "--hard", sha])
+        // Already there, tracked files untouched since (told from the
+        // index's stat data, without running git): nothing to move.
+        let at = (dir.clone(), sha.to_string());
+        let already = tokio::task::spawn_blocking(move || worktree::already_at(&at.0, &at.1))
             .await
-            .map_err(&err)?;
+            .unwrap_or(false);
+        if !already {
+            // The caller holds the target's lock: a git lock file left in
+            // the checkout is from a tick that was killed mid-reset.
+            clear_stale_locks(&dir.join(".git"));
+            worktree::forget(&dir).map_err(|e| err(chain(&e)))?;
+            git_cli(&dir, &["reset", "-q", "--hard", sha])
+                .await
+                .map_err(&err)?;
+            worktree::mark(&dir, sha);
+        }
         let path = target.path.to_string_lossy().into_owned();
-        let spec = if path.is_empty() {
-            format!("{sha}^{{tree}}")
-        } else {
-            format!("{sha}:{path}")
-        };
-        let tree = git_cli(&dir, &["rev-parse", "--verify", "-q", &spec])
+        let tree = self
+            .tree_at(target.repo, sha, target.path)
             .await
-            .map_err(|_| GitError::NoPath {
+            .ok_or_else(|| GitError::NoPath {
                 path: path.clone(),
                 sha: sha.to_string(),
             })?;
@@ -344,28 +389,27 @@ impl Git {
             sha: CommitId::new(sha),
             checkout: dir,
             workdir,
-            source_digest: tree.trim().to_string(),
+            source_digest: tree,
         })
     }
 
     /// The git tree id of `path` ("" = the root) at commit `sha` in
     /// `remote`'s cache: `None` when the commit or the path is not there.
-    /// Read-only: no checkout moves.
+    /// Read-only (no checkout moves), read by gix: no process.
     pub async fn tree_at(&self, remote: &str, sha: &str, path: &Path) -> Option<String> {
-        let path = path.to_string_lossy();
-        let spec = if path.is_empty() {
-            format!("{sha}^{{tree}}")
-        } else {
-            format!("{sha}:{path}")
-        };
-        git_cli(
-            &self.cache_dir(remote),
-            &["rev-parse", "--verify", "-q", &spec],
-        )
+        let (cache, sha, path) = (self.cache_dir(remote), sha.to_string(), path.to_path_buf());
+        tokio::task::spawn_blocking(move || {
+            let repo = gix::open_opts(&cache, gix::open::Options::isolated()).ok()?;
+            let tree = repo.find_commit(object_id(&sha)?).ok()?.tree().ok()?;
+            if path.as_os_str().is_empty() {
+                return Some(tree.id.to_hex().to_string());
+            }
+            let entry = tree.lookup_entry_by_path(&path).ok()??;
+            Some(entry.oid().to_hex().to_string())
+        })
         .await
         .ok()
-        .map(|t| t.trim().to_string())
-        .filter(|t| !t.is_empty())
+        .flatten()
     }
 
     /// The commit the target's checkout is at, if it has one.
@@ -374,10 +418,13 @@ impl Git {
         if !dir.join(".git").is_dir() {
             return None;
         }
-        git_cli(&dir, &["rev-parse", "--verify", "-q", "HEAD"])
-            .await
-            .ok()
-            .map(|s| s.trim().to_string())
+        tokio::task::spawn_blocking(move || {
+            let repo = gix::open_opts(&dir, gix::open::Options::isolated()).ok()?;
+            Some(repo.head_id().ok()?.to_hex().to_string())
+        })
+        .await
+        .ok()
+        .flatten()
     }
 
     fn cache_dir(&self, remote: &str) -> PathBuf {
@@ -399,6 +446,11 @@ impl Git {
             .collect();
         self.cache_root.join(format!("{slug}-{}.git", &hash[..16]))
     }
+}
+
+/// A full commit id (40 hex digits); `None` for anything else.
+fn object_id(sha: &str) -> Option<gix::ObjectId> {
+    gix::ObjectId::from_hex(sha.as_bytes()).ok()
 }
 
 /// Remove git's `*.lock` files (top level and under `refs/`) from `git_dir`.
@@ -606,6 +658,19 @@ fn fetch_inner(
             wanted.strip_prefix("refs/").unwrap_or(wanted)
         ),
     };
+    // A remote on this machine whose tip the cache already holds at the
+    // tracking ref: nothing to fetch, and no process started (for a local
+    // remote gix runs `git-upload-pack`).
+    if let Some(tip) = local_tip(remote, wanted)
+        && repo
+            .try_find_reference(local.as_str())
+            .ok()
+            .flatten()
+            .and_then(|mut r| r.peel_to_id().ok())
+            .is_some_and(|id| id.detach() == tip)
+    {
+        return Ok(tip.to_hex().to_string());
+    }
     let refspec = format!("+{wanted}:{local}");
     let remote_handle = repo
         .remote_at(remote)
@@ -685,6 +750,21 @@ fn fetch_inner(
     consolidate_packs(dir);
     drop(lock);
     Ok(tip)
+}
+
+/// The commit `wanted` points at in a remote on this machine (a path or a
+/// `file://` URL), read from its refs as `git ls-remote` would, without a
+/// process; `None` for any other remote, or when it cannot be read (the
+/// fetch then says why).
+fn local_tip(remote: &str, wanted: &str) -> Option<gix::ObjectId> {
+    let path = match remote.strip_prefix("file://") {
+        Some(p) => p,
+        None if remote.starts_with('/') => remote,
+        None => return None,
+    };
+    let repo = gix::open_opts(path, gix::open::Options::isolated()).ok()?;
+    let mut found = repo.try_find_reference(wanted).ok()??;
+    Some(found.peel_to_id().ok()?.detach())
 }
 
 /// Pack files a cache may hold before they are merged into one. gix writes

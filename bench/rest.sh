@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# driftless at rest: what ticks that have nothing to do cost. Prints, in one
+# run (figures, not assertions; ratios against baselines measured in the
+# same run):
+#  1. a no-op one-shot `tick` of an exec target (digest unchanged) against
+#     the bare git commands it would otherwise run (fetch, reset --hard,
+#     rev-parse of the path's tree, in a clone), and how many processes the
+#     tick starts (strace: execve);
+#  2. 1,000 exec targets on one repository at a 1-minute interval under
+#     `driftless serve`: the share of one core it takes over a minute once
+#     every target has converged, children included (utime + stime +
+#     cutime + cstime from /proc/<pid>/stat), its RSS, the ticks it ran in
+#     that minute, and the disk each target's checkout takes;
+#  3. the database after 10,000 no-op ticks (200 targets at a 1 s interval:
+#     runs kept, database size after a checkpoint);
+#  4. the release binary's size.
+#
+#   bench/rest.sh [TARGETS]            (default 1000)
+#   DRIFTLESS_BIN=/path/to/driftless bench/rest.sh   (measure another build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+many=${1:-1000}
+export GIT_CONFIG_GLOBAL=/dev/null GIT_CONFIG_NOSYSTEM=1
+export GIT_AUTHOR_NAME=bench GIT_AUTHOR_EMAIL=bench@example.net
+export GIT_COMMITTER_NAME=bench GIT_COMMITTER_EMAIL=bench@example.net
+for tool in strace sqlite3 python3 curl; do
+  command -v "$tool" >/dev/null || { echo "bench/rest.sh needs $tool (apt-get install $tool)" >&2; exit 1; }
+done
+if [ -z "${DRIFTLESS_BIN:-}" ]; then
+  cargo build --release --locked -q
+  bin=$PWD/target/release/driftless
+else
+  bin=$DRIFTLESS_BIN
+fi
+work=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"' EXIT
+
+# A remote with an exec target's directory and 50 other files.
+git init -q --bare -b main "$work/remote.git"
+git init -q -b main "$work/src"
+mkdir -p "$work/src/app" "$work/src/other"
+echo v1 > "$work/src/app/config"
+for i in $(seq 50); do head -c 2000 /dev/urandom | base64 > "$work/src/other/file$i.txt"; done
+git -C "$work/src" add -A && git -C "$work/src" commit -qm bench
+git -C "$work/src" push -q "$work/remote.git" main
+
+target_toml() { # name interval
+  printf '[[targets]]\nname = "%s"\nrepo = "%s"\npath = "app"\ninterval = "%s"\n[targets.backend]\nkind = "exec"\napply = ["true"]\n' \
+    "$1" "$work/remote.git" "$2"
+}
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+now_ms() { date +%s%3N; }
+mean_ms() { # rounds command...: mean wall time of the command, in ms
+  local rounds=$1 start end
+  shift
+  start=$(now_ms)
+  for _ in $(seq "$rounds"); do "$@" >/dev/null 2>&1 || { echo "failed: $*" >&2; exit 1; }; done
+  end=$(now_ms)
+  awk -v t=$((end - start)) -v n="$rounds" 'BEGIN { printf "%.1f", t / n }'
+}
+# Ticks a database records: rows, or rows times their repeats where a
+# streak of no_change runs is one row.
+ticks_in() {
+  sqlite3 "$1" "SELECT SUM(repeats) FROM runs" 2>/dev/null || sqlite3 "$1" "SELECT COUNT(*) FROM runs"
+}
+
+# 1. The no-op tick, and the bare commands it replaces.
+{ echo "state_dir = \"$work/one\""; target_toml app 1h; } > "$work/one.toml"
+"$bin" --config "$work/one.toml" tick app >/dev/null 2>&1
+"$bin" --config "$work/one.toml" tick app >/dev/null 2>&1
+tick_ms=$(mean_ms 20 "$bin" --config "$work/one.toml" tick app)
+git clone -q "$work/remote.git" "$work/clone"
+bare() {
+  git -C "$work/clone" fetch -q origin main &&
+    git -C "$work/clone" reset -q --hard origin/main &&
+    git -C "$work/clone" rev-parse -q --verify HEAD:app >/dev/null
+}
+bare_ms=$(mean_ms 20 bare)
+strace -f -qq -e trace=execve,execveat -o "$work/trace" "$bin" --config "$work/one.toml" tick app >/dev/null 2>&1
+# every program started, driftless itself aside
+started=$(( $(grep -c ' = 0$' "$work/trace" || true) - 1 ))
+
+# 2. Many targets on one repository, one minute apart.
+port=$(free_port)
+{
+  echo "state_dir = \"$work/many\""
+  printf '[server]\nlisten = "127.0.0.1:%s"\n' "$port"
+  for i in $(seq "$many"); do target_toml "$(printf 't%04d' "$i")" 1m; done
+} > "$work/many.toml"
+"$bin" --config "$work/many.toml" serve 2>"$work/many.log" &
+pid=$!
+metric_ticks() {
+  curl -sf "http://127.0.0.1:$port/metrics" | awk '/^driftless_ticks_total/ { n += $2 } END { print n + 0 }'
+}
+# Every target converged once, then a full interval more so the steady
+# state (no-op ticks only) is what is measured.
+for _ in $(seq 1200); do
+  [ "$(metric_ticks 2>/dev/null || echo 0)" -ge "$many" ] && break
+  sleep 0.5
+done
+sleep 70
+cpu() { awk '{ print $14 + $15 + $16 + $17 }' "/proc/$pid/stat"; }
+hz=$(getconf CLK_TCK)
+c0=$(cpu); t0=$(metric_ticks); s0=$(now_ms)
+sleep 60
+c1=$(cpu); t1=$(metric_ticks); s1=$(now_ms)
+rss_kb=$(awk '/VmRSS/ { print $2 }' "/proc/$pid/status")
+kill "$pid"; wait "$pid" 2>/dev/null || true
+share=$(awk -v c=$((c1 - c0)) -v hz="$hz" -v ms=$((s1 - s0)) 'BEGIN { printf "%.1f", 100 * c / hz / (ms / 1000) }')
+per_target_kb=$(( $(du -sk "$work/many/checkouts" | cut -f1) / many ))
+
+# 3. The database after 10,000 no-op ticks.
+port=$(free_port)
+{
+  echo "state_dir = \"$work/ten\""
+  printf '[server]\nlisten = "127.0.0.1:%s"\n' "$port"
+  for i in $(seq 200); do target_toml "$(printf 'n%03d' "$i")" 1s; done
+} > "$work/ten.toml"
+"$bin" --config "$work/ten.toml" serve 2>"$work/ten.log" &
+pid=$!
+for _ in $(seq 3600); do
+  sleep 1
+  [ "$(ticks_in "$work/ten/driftless.db" 2>/dev/null || echo 0)" -ge 10100 ] && break
+done
+kill "$pid"; wait "$pid" 2>/dev/null || true
+ten_ticks=$(ticks_in "$work/ten/driftless.db")
+ten_rows=$(sqlite3 "$work/ten/driftless.db" "SELECT COUNT(*) FROM runs")
+ten_jobs=$(sqlite3 "$work/ten/driftless.db" "SELECT COUNT(*) FROM jobs")
+sqlite3 "$work/ten/driftless.db" "PRAGMA wal_checkpoint(TRUNCATE)" >/dev/null
+ten_kb=$(( $(stat -c %s "$work/ten/driftless.db") / 1024 ))
+
+echo "== driftless at rest"
+printf '%-56s %8s ms\n' "no-op one-shot tick, exec target (digest unchanged)" "$tick_ms"
+printf '%-56s %8s ms\n' "git fetch + reset --hard + rev-parse (baseline)" "$bare_ms"
+awk -v a="$tick_ms" -v b="$bare_ms" 'BEGIN { printf "%-56s %8.2f x\n", "  ratio tick / baseline", a / b }'
+printf '%-56s %8s\n' "  processes the no-op tick starts (strace)" "$started"
+printf '%-56s %8s %%\n' "$many targets, 1m interval: share of one core" "$share"
+printf '%-56s %8s MiB\n' "  RSS" "$((rss_kb / 1024))"
+printf '%-56s %8s\n' "  ticks in that minute" "$((t1 - t0))"
+printf '%-56s %8s KiB\n' "  checkout disk use per target" "$per_target_kb"
+printf '%-56s %8s ticks: %s run rows, %s job rows, %s KiB\n' "database after 10,000 no-op ticks" "$ten_ticks" "$ten_rows" "$ten_jobs" "$ten_kb"
+printf '%-56s %8s MB\n' "binary size" "$(awk -v b="$(stat -c %s "$bin")" 'BEGIN { printf "%.1f", b / 1e6 }')"

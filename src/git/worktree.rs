@@ -1,0 +1,298 @@
+//! Whether a checkout is already exactly at a commit, told without running
+//! git: the cheap path of a tick that has nothing to do.
+//!
+//! After each `git reset --hard <sha>` the checkout's `.git/` gets a mark:
+//! the commit, and the checksum of the index that reset wrote. A later sync
+//! to the same commit may skip the reset only when HEAD is that commit, the
+//! index is still the one the reset wrote (so nobody ran `git add`, `git
+//! checkout` or another reset in there), and every tracked file's `lstat`
+//! agrees with the stat data the index holds for it — size, whole-second
+//! mtime and ctime, inode, owner and type (git's own test for "this file
+//! may have changed", `ie_match_stat`). ctime is set by the kernel on every
+//! write, chmod or rename and cannot be put back by hand, so an edit is
+//! seen even when its size and mtime are restored. An entry written in the
+//! same second as the index ("racily clean", as git calls it) proves
+//! nothing and sends the sync down the slow path, as does anything this
+//! module does not understand (a conflict, a submodule, a flag driftless
+//! never sets). This module only reads and answers; it never changes a
+//! checkout, and its mistakes can only ever cost a reset, never skip one
+//! that was needed, as long as it answers `false` when unsure.
+
+use std::path::Path;
+
+use gix::index::entry::{Flags, Mode, Stage, Stat, stat};
+
+/// The mark's file name, inside the checkout's `.git/`.
+const MARK: &str = "driftless-synced";
+
+/// The checkout in `dir` is exactly at `sha`, tracked files unchanged since
+/// the reset that put it there. `false` whenever that cannot be shown.
+pub(super) fn already_at(dir: &Path, sha: &str) -> bool {
+    let git_dir = dir.join(".git");
+    let Ok(mark) = std::fs::read_to_string(git_dir.join(MARK)) else {
+        return false;
+    };
+    let Some((marked_sha, marked_index)) = mark.trim().split_once(' ') else {
+        return false;
+    };
+    if marked_sha != sha {
+        return false;
+    }
+    let Ok(repo) = gix::open_opts(dir, gix::open::Options::isolated()) else {
+        return false;
+    };
+    match repo.head_id() {
+        Ok(head) if head.to_hex().to_string().as_str() == sha => {}
+        _ => return false,
+    }
+    let Some(index) = read_index(&git_dir) else {
+        return false;
+    };
+    if index.checksum().map(|c| c.to_hex().to_string()).as_deref() != Some(marked_index) {
+        return false;
+    }
+    tracked_files_unchanged(dir, &index)
+}
+
+/// Forget the mark: called before a reset, so a reset cut short (a kill)
+/// never leaves a mark behind for a checkout it half moved.
+pub(super) fn forget(dir: &Path) -> std::io::Result<()> {
+    match std::fs::remove_file(dir.join(".git").join(MARK)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Mark the checkout as reset to `sha` with the index as it is now. A mark
+/// that cannot be written only costs the next sync a reset.
+pub(super) fn mark(dir: &Path, sha: &str) {
+    let git_dir = dir.join(".git");
+    let Some(checksum) = read_index(&git_dir).and_then(|i| i.checksum()) else {
+        tracing::debug!(checkout = %dir.display(), "no index checksum to mark the checkout with");
+        return;
+    };
+    let tmp = git_dir.join(format!("{MARK}.tmp"));
+    let written = std::fs::write(&tmp, format!("{sha} {}\n", checksum.to_hex()))
+        .and_then(|()| std::fs::rename(&tmp, git_dir.join(MARK)));
+    if let Err(error) = written {
+        tracing::debug!(checkout = %dir.display(), %error, "cannot mark the checkout as synced");
+    }
+}
+
+fn read_index(git_dir: &Path) -> Option<gix::index::File> {
+    // The checksum is verified over the whole file as it is read.
+    gix::index::File::at(
+        git_dir.join("index"),
+        gix::hash::Kind::Sha1,
+        false,
+        Default::default(),
+    )
+    .ok()
+}
+
+/// The most file content one check reads to settle racily clean entries;
+/// past it, the reset (which leaves an index that is not racy) is cheaper.
+const RACY_READ_MAX: u64 = 1 << 20;
+
+/// Every entry of `index` is a plain file or symlink whose `lstat` matches
+/// the stat data the index holds; a racily clean one (written in the same
+/// second as the index, where whole-second times prove nothing) also has
+/// the content its blob id says, as git checks it.
+fn tracked_files_unchanged(dir: &Path, index: &gix::index::File) -> bool {
+    // git's defaults on Linux (core.checkStat = default, no nanoseconds,
+    // no device numbers), with the ctime trusted.
+    let options = stat::Options::default();
+    let written = index.timestamp();
+    let mut racy_budget = RACY_READ_MAX;
+    for entry in index.entries() {
+        if entry.stage() != Stage::Unconflicted
+            || entry
+                .flags
+                .intersects(Flags::ASSUME_VALID | Flags::SKIP_WORKTREE | Flags::INTENT_TO_ADD)
+        {
+            return false;
+        }
+        let Ok(rel) = gix::path::from_bstr(entry.path(index)) else {
+            return false;
+        };
+        let path = dir.join(rel);
+        let Ok(meta) = gix::index::fs::Metadata::from_path_no_follow(&path) else {
+            return false;
+        };
+        let kind_matches = match entry.mode {
+            Mode::FILE => meta.is_file() && !meta.is_executable(),
+            Mode::FILE_EXECUTABLE => meta.is_executable(),
+            Mode::SYMLINK => meta.is_symlink(),
+            // submodules, and anything else: not this module's to judge
+            _ => false,
+        };
+        if !kind_matches {
+            return false;
+        }
+        match Stat::from_fs(&meta) {
+            Ok(now) if entry.stat.matches(&now, options) => {}
+            _ => return false,
+        }
+        if entry.stat.is_racy(written, options) {
+            if meta.len() > racy_budget {
+                return false;
+            }
+            racy_budget -= meta.len();
+            let content = if entry.mode == Mode::SYMLINK {
+                std::fs::read_link(&path).map(|to| to.into_os_string().into_encoded_bytes())
+            } else {
+                std::fs::read(&path)
+            };
+            let Ok(content) = content else {
+                return false;
+            };
+            match gix::objs::compute_hash(gix::hash::Kind::Sha1, gix::objs::Kind::Blob, &content) {
+                Ok(id) if id == entry.id => {}
+                _ => return false,
+            }
+        }
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Command;
+
+    fn git(dir: &Path, args: &[&str]) -> String {
+        let out = Command::new("git")
+            .args(args)
+            .current_dir(dir)
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("GIT_AUTHOR_NAME", "t")
+            .env("GIT_AUTHOR_EMAIL", "t@example.net")
+            .env("GIT_COMMITTER_NAME", "t")
+            .env("GIT_COMMITTER_EMAIL", "t@example.net")
+            .output()
+            .expect("git runs");
+        assert!(out.status.success(), "git {args:?}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// A checkout reset to a commit and marked, its index no longer racy
+    /// (written a second after its files).
+    fn marked_checkout() -> (tempfile::TempDir, String) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let d = dir.path();
+        git(d, &["init", "-q", "."]);
+        std::fs::create_dir_all(d.join("site")).expect("mkdir");
+        std::fs::write(d.join("site/index.html"), "v1").expect("write");
+        std::fs::write(d.join("run.sh"), "#!/bin/sh\n").expect("write");
+        std::os::unix::fs::symlink("site/index.html", d.join("link")).expect("symlink");
+        git(d, &["add", "-A"]);
+        git(d, &["commit", "-qm", "one"]);
+        let sha = git(d, &["rev-parse", "HEAD"]);
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        git(d, &["reset", "-q", "--hard", &sha]);
+        mark(d, &sha);
+        (dir, sha)
+    }
+
+    #[test]
+    fn a_marked_checkout_at_its_commit_is_already_there() {
+        let (dir, sha) = marked_checkout();
+        assert!(already_at(dir.path(), &sha));
+        assert!(!already_at(dir.path(), &"0".repeat(40)), "another commit");
+    }
+
+    /// Every way a person changes tracked files sends the sync down the
+    /// slow path: an edit with size and mtime put back, a deletion, a
+    /// chmod, a file made a directory, a `git add`, a forgotten mark.
+    #[test]
+    fn any_change_to_tracked_files_is_seen() {
+        type Change = fn(&Path);
+        let changes: [(&str, Change); 7] = [
+            ("edit, same size, mtime put back", |d| {
+                let f = d.join("site/index.html");
+                let before = std::fs::metadata(&f)
+                    .expect("meta")
+                    .modified()
+                    .expect("mtime");
+                std::fs::write(&f, "v2").expect("write");
+                std::fs::File::options()
+                    .write(true)
+                    .open(&f)
+                    .and_then(|f| f.set_modified(before))
+                    .expect("set mtime");
+            }),
+            ("delete", |d| {
+                std::fs::remove_file(d.join("run.sh")).expect("rm")
+            }),
+            ("chmod +x", |d| {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(d.join("run.sh"), std::fs::Permissions::from_mode(0o755))
+                    .expect("chmod")
+            }),
+            ("file made a directory", |d| {
+                std::fs::remove_file(d.join("run.sh")).expect("rm");
+                std::fs::create_dir(d.join("run.sh")).expect("mkdir");
+            }),
+            ("symlink retargeted", |d| {
+                std::fs::remove_file(d.join("link")).expect("rm");
+                std::os::unix::fs::symlink("run.sh", d.join("link")).expect("symlink");
+            }),
+            ("git add of an edit", |d| {
+                std::fs::write(d.join("site/index.html"), "v3").expect("write");
+                git(d, &["add", "site/index.html"]);
+            }),
+            ("mark forgotten", |d| forget(d).expect("forget")),
+        ];
+        for (what, change) in changes {
+            let (dir, sha) = marked_checkout();
+            change(dir.path());
+            assert!(!already_at(dir.path(), &sha), "{what}: not seen");
+        }
+    }
+
+    /// Files written in the same second as the index: their whole-second
+    /// times prove nothing, so their content decides (as git does). An
+    /// in-place edit of the same size within that second keeps every
+    /// stat field and is still seen.
+    #[test]
+    fn a_racily_clean_checkout_is_judged_by_its_content() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let d = dir.path();
+        git(d, &["init", "-q", "."]);
+        std::fs::write(d.join("a"), "1").expect("write");
+        git(d, &["add", "a"]);
+        git(d, &["commit", "-qm", "one"]);
+        let sha = git(d, &["rev-parse", "HEAD"]);
+        let secs = |p: &Path| {
+            std::fs::metadata(p)
+                .expect("meta")
+                .modified()
+                .expect("mtime")
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("after 1970")
+                .as_secs()
+        };
+        let mut judged = false;
+        for _ in 0..10 {
+            git(d, &["reset", "-q", "--hard", &sha]);
+            mark(d, &sha);
+            if secs(&d.join("a")) != secs(&d.join(".git/index")) {
+                continue; // not racy after all: try again
+            }
+            assert!(already_at(d, &sha), "racily clean and unchanged");
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(d.join("a"))
+                .and_then(|mut f| std::io::Write::write_all(&mut f, b"2"))
+                .expect("edit in place");
+            if secs(&d.join("a")) != secs(&d.join(".git/index")) {
+                continue; // the edit fell in the next second
+            }
+            assert!(!already_at(d, &sha), "an edit in the index's second");
+            judged = true;
+            break;
+        }
+        assert!(judged, "never managed an edit within the index's second");
+    }
+}

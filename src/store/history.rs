@@ -1,0 +1,355 @@
+//! The run history's upkeep: a streak of identical `no_change` runs kept as
+//! one row, and what is older than `[history] keep` pruned in small
+//! batches (migration 0013).
+//!
+//! A run joins a streak when the target's run just before it is a
+//! `no_change` apply of the same commit, trigger and message with no
+//! delivery id, and nothing else happened with it (no notification, no
+//! drift or plan change: the caller decides that). Pruning never takes a
+//! run still going, a target's last run, or the run that last changed a
+//! target, and takes at most [`BATCH`] rows a transaction, so a tick
+//! waits for one small batch at most. This module decides nothing about
+//! what a run means; it keeps and forgets rows.
+
+use std::time::Duration;
+
+use super::{Store, StoreError, WriteTx, now_ms};
+use crate::model::Status;
+
+/// Rows one pruning transaction deletes at most.
+pub const BATCH: i64 = 500;
+
+/// Finished jobs no run names are kept this long at most (a job is a
+/// request being watched; its run is the history).
+const JOBS_KEEP: Duration = Duration::from_secs(24 * 3600);
+
+type Tx = sqlx::Transaction<'static, sqlx::Sqlite>;
+
+/// What one pruning pass deleted.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Pruned {
+    pub runs: u64,
+    pub jobs: u64,
+    pub notifications: u64,
+    pub statuses: u64,
+}
+
+/// Fold the finished run `run_id` into the streak row `streak`: the row
+/// counts it, takes its end, duration, output and job, and the run's own
+/// row goes. Returns the id the run now is: `streak`, or `run_id` when
+/// the streak row is not (or no longer) a matching `no_change` row.
+pub(super) async fn fold(
+    tx: &mut Tx,
+    streak: i64,
+    run_id: i64,
+    now: i64,
+    status: &Status,
+) -> Result<i64, sqlx::Error> {
+    let folded = sqlx::query(
+        "UPDATE runs SET finished_at = ?3,
+                duration_ms = ?3 - (SELECT started_at FROM runs WHERE id = ?2),
+                repeats = repeats + 1, output_tail = ?4,
+                job_id = (SELECT job_id FROM runs WHERE id = ?2)
+         WHERE id = ?1 AND result = 'no_change' AND ?5 = 'no_change' AND message IS ?6",
+    )
+    .bind(streak)
+    .bind(run_id)
+    .bind(now)
+    .bind(&status.output_tail)
+    .bind(status.result.as_str())
+    .bind(&status.message)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected();
+    if folded != 1 {
+        return Ok(run_id);
+    }
+    sqlx::query("DELETE FROM runs WHERE id = ?1")
+        .bind(run_id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(streak)
+}
+
+impl Store {
+    /// The row a `no_change` run `run_id` of `target` would join: the
+    /// target's run just before it, when that one is a `no_change` apply
+    /// of `sha` asked for by `trigger`, with `message` and no delivery.
+    pub async fn streak(
+        &self,
+        target: &str,
+        run_id: i64,
+        sha: Option<&str>,
+        trigger: &str,
+        message: &str,
+    ) -> Result<Option<i64>, StoreError> {
+        sqlx::query_scalar(
+            "SELECT id FROM runs
+             WHERE id = (SELECT MAX(id) FROM runs WHERE target = ?1 AND id < ?2)
+               AND result = 'no_change' AND operation = 'apply' AND sha IS ?3
+               AND trigger = ?4 AND message IS ?5 AND delivery_id IS NULL",
+        )
+        .bind(target)
+        .bind(run_id)
+        .bind(sha)
+        .bind(trigger)
+        .bind(message)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(self.err("reading a target's last run"))
+    }
+
+    /// Forget what is older than `keep`: finished runs (but each target's
+    /// last run and the run that last changed it), finished jobs no run
+    /// names (after a day at most), sent or given-up notifications and
+    /// commit statuses. A batch a transaction, the writer let go between
+    /// batches.
+    pub async fn prune_history(&self, keep: Duration) -> Result<Pruned, StoreError> {
+        let now = now_ms();
+        let cutoff = now.saturating_sub(keep.as_millis() as i64);
+        let jobs_cutoff = now.saturating_sub(keep.min(JOBS_KEEP).as_millis() as i64);
+        // Read once: the runs no pass may take.
+        let kept: Vec<Option<i64>> = sqlx::query_scalar(
+            "SELECT last_run_id FROM targets
+             UNION ALL
+             SELECT (SELECT id FROM runs r WHERE r.target = t.name AND r.result = 'changed'
+                     ORDER BY id DESC LIMIT 1) FROM targets t",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(self.err("reading the runs history keeps"))?;
+        let kept = serde_json::to_string(&kept.into_iter().flatten().collect::<Vec<i64>>())
+            .unwrap_or_else(|_| "[]".into());
+        let runs = self
+            .prune_batches(
+                "DELETE FROM runs WHERE id IN (
+                     SELECT id FROM runs WHERE finished_at < ?1
+                       AND id NOT IN (SELECT value FROM json_each(?2)) LIMIT ?3)",
+                cutoff,
+                Some(&kept),
+            )
+            .await?;
+        let jobs = self
+            .prune_batches(
+                "DELETE FROM jobs WHERE id IN (
+                     SELECT id FROM jobs WHERE state = 'done' AND updated_at < ?1
+                       AND NOT EXISTS (SELECT 1 FROM runs WHERE runs.job_id = jobs.id)
+                     LIMIT ?3)",
+                jobs_cutoff,
+                None,
+            )
+            .await?;
+        let notifications = self
+            .prune_batches(
+                "DELETE FROM notifications WHERE id IN (
+                     SELECT id FROM notifications WHERE state IN ('sent', 'given_up')
+                       AND created_at < ?1 LIMIT ?3)",
+                cutoff,
+                None,
+            )
+            .await?;
+        let statuses = self
+            .prune_batches(
+                "DELETE FROM forge_statuses WHERE id IN (
+                     SELECT id FROM forge_statuses
+                     WHERE (sent_version >= version OR given_up = 1) AND updated_at < ?1
+                     LIMIT ?3)",
+                cutoff,
+                None,
+            )
+            .await?;
+        Ok(Pruned {
+            runs,
+            jobs,
+            notifications,
+            statuses,
+        })
+    }
+
+    /// Run `delete` (binding ?1 the cutoff, ?2 `extra`, ?3 the batch size)
+    /// until a batch takes less than a full one.
+    async fn prune_batches(
+        &self,
+        delete: &'static str,
+        cutoff: i64,
+        extra: Option<&str>,
+    ) -> Result<u64, StoreError> {
+        let what = "pruning the history";
+        let mut total = 0;
+        loop {
+            let WriteTx { mut tx, _turn } = self.begin_write(what).await?;
+            let n = sqlx::query(delete)
+                .bind(cutoff)
+                .bind(extra)
+                .bind(BATCH)
+                .execute(&mut *tx)
+                .await
+                .map_err(self.err(what))?
+                .rows_affected();
+            tx.commit().await.map_err(self.err(what))?;
+            drop(_turn);
+            total += n;
+            if n < BATCH as u64 {
+                return Ok(total);
+            }
+            // Let the ticks waiting to write go first.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::ApplyResult;
+    use crate::store::{NewRun, Operation};
+
+    async fn store() -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(&dir.path().join("driftless.db"))
+            .await
+            .expect("store");
+        store
+            .register_targets(&[("web", "exec")])
+            .await
+            .expect("register");
+        (dir, store)
+    }
+
+    fn status(result: ApplyResult, message: &str) -> Status {
+        Status {
+            result,
+            message: message.into(),
+            output_tail: String::new(),
+            digest: None,
+        }
+    }
+
+    /// One run of `web` at `sha`, finished with `result`, folded into a
+    /// streak when it may be; returns the id it ends up as.
+    async fn run(store: &Store, sha: &str, trigger: &str, result: ApplyResult) -> i64 {
+        let id = store
+            .begin_run(&NewRun {
+                target: "web",
+                job_id: None,
+                operation: Operation::Apply,
+                trigger,
+                delivery_id: None,
+                requested_sha: None,
+                receiver: None,
+            })
+            .await
+            .expect("begin");
+        store.set_run_sha(id, sha).await.expect("sha");
+        let message = format!("{} at {sha}", result.as_str());
+        let streak = if result == ApplyResult::NoChange {
+            store
+                .streak("web", id, Some(sha), trigger, &message)
+                .await
+                .expect("streak")
+        } else {
+            None
+        };
+        store
+            .finish_run(
+                id,
+                "web",
+                Operation::Apply,
+                Some(sha),
+                &status(result, &message),
+                None,
+                streak,
+            )
+            .await
+            .expect("finish")
+    }
+
+    #[tokio::test]
+    async fn a_streak_of_identical_no_change_runs_is_one_row() {
+        let (_dir, store) = store().await;
+        let changed = run(&store, "a", "interval", ApplyResult::Changed).await;
+        let first = run(&store, "a", "interval", ApplyResult::NoChange).await;
+        assert_ne!(first, changed, "a no_change after a change starts a streak");
+        for _ in 0..5 {
+            assert_eq!(
+                run(&store, "a", "interval", ApplyResult::NoChange).await,
+                first
+            );
+        }
+        // Another trigger, another commit, a failure: rows of their own.
+        let cli = run(&store, "a", "cli", ApplyResult::NoChange).await;
+        assert_ne!(cli, first);
+        let other = run(&store, "b", "cli", ApplyResult::NoChange).await;
+        assert_ne!(other, cli);
+        let failed = run(&store, "b", "cli", ApplyResult::Failed).await;
+        let after = run(&store, "b", "cli", ApplyResult::NoChange).await;
+        assert_ne!(after, other, "a failure in between ends the streak");
+        let rows = store.history("web", 100).await.expect("history");
+        let repeats: Vec<(i64, i64)> = rows.iter().map(|r| (r.id, r.repeats)).collect();
+        assert_eq!(
+            repeats,
+            [
+                (after, 1),
+                (failed, 1),
+                (other, 1),
+                (cli, 1),
+                (first, 6),
+                (changed, 1)
+            ]
+        );
+        let streak = rows.iter().find(|r| r.id == first).expect("streak row");
+        assert!(streak.finished_at >= Some(streak.started_at));
+        let state = store
+            .target_state("web")
+            .await
+            .expect("state")
+            .expect("row");
+        assert_eq!(state.last_run_id, Some(after));
+    }
+
+    #[tokio::test]
+    async fn pruning_keeps_the_last_run_and_the_last_change_of_each_target() {
+        let (_dir, store) = store().await;
+        let changed = run(&store, "a", "cli", ApplyResult::Changed).await;
+        let failed = run(&store, "a", "cli", ApplyResult::Failed).await;
+        let older_change = run(&store, "b", "cli", ApplyResult::Changed).await;
+        let last_change = run(&store, "c", "cli", ApplyResult::Changed).await;
+        let last = run(&store, "c", "interval", ApplyResult::NoChange).await;
+        // A run still going is never pruned.
+        let going = store
+            .begin_run(&NewRun {
+                target: "web",
+                job_id: None,
+                operation: Operation::Apply,
+                trigger: "cli",
+                delivery_id: None,
+                requested_sha: None,
+                receiver: None,
+            })
+            .await
+            .expect("begin");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let pruned = store
+            .prune_history(Duration::from_millis(1))
+            .await
+            .expect("prune");
+        assert_eq!(pruned.runs, 3, "{pruned:?}");
+        let ids: Vec<i64> = store
+            .history("web", 100)
+            .await
+            .expect("history")
+            .iter()
+            .map(|r| r.id)
+            .collect();
+        assert_eq!(ids, [going, last, last_change]);
+        for gone in [changed, failed, older_change] {
+            assert!(store.run(gone).await.expect("read").is_none());
+        }
+        // Nothing old enough: nothing goes.
+        let pruned = store
+            .prune_history(Duration::from_secs(3600))
+            .await
+            .expect("prune");
+        assert_eq!(pruned, Pruned::default());
+    }
+}
