@@ -240,7 +240,7 @@ fn target_names(rec: &Reconciler) -> Vec<String> {
 /// work: leave the job alone. Jobs of this process are never touched, and a
 /// job must have been quiet for `min_quiet` (live owners heartbeat), which
 /// covers the instants between marking a job running and taking the lock.
-async fn recover_dead_jobs(engine: &Reconciler, min_quiet: Duration) -> Result<(), DaemonError> {
+async fn recover_dead_jobs(engine: &Reconciler, min_quiet: Duration) -> Result<bool, DaemonError> {
     let locks = engine.app().settings.locks_dir();
     let mut dead = Vec::new();
     for job in engine.app().queue.running().await? {
@@ -251,11 +251,12 @@ async fn recover_dead_jobs(engine: &Reconciler, min_quiet: Duration) -> Result<(
             dead.push(job.id);
         }
     }
-    if !dead.is_empty() {
-        engine.app().queue.recover(&dead).await?;
-        warn!(jobs = ?dead, "requeued jobs whose process died mid-tick");
+    if dead.is_empty() {
+        return Ok(false);
     }
-    Ok(())
+    engine.app().queue.recover(&dead).await?;
+    warn!(jobs = ?dead, "requeued jobs whose process died mid-tick");
+    Ok(true)
 }
 
 /// Every few seconds, look for jobs left running by a dead process.
@@ -266,7 +267,8 @@ async fn reaper(engine: Reconciler, wake: Arc<Notify>, mut shutdown: watch::Rece
             return;
         }
         match recover_dead_jobs(&engine, REAP_QUIET).await {
-            Ok(()) => wake.notify_waiters(),
+            Ok(true) => wake.notify_waiters(),
+            Ok(false) => {}
             Err(e) => error!(error = %e, "cannot look for interrupted jobs"),
         }
     }
@@ -294,6 +296,7 @@ async fn worker(
     health: Arc<Health>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let names = crate::queue::Queue::names(&targets);
     loop {
         if *shutdown.borrow() {
             return;
@@ -301,12 +304,14 @@ async fn worker(
         let notified = wake.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        match engine.app().queue.claim(&targets).await {
+        match engine.app().queue.claim_among(&names).await {
             Ok(Some(job)) => {
                 health.store_failing.store(false, Ordering::Relaxed);
                 process(n, &engine, &job, &health).await;
-                // Another job may be queued for the target we just ran.
-                wake.notify_waiters();
+                // Another job may be queued for the target we just ran, which
+                // idle workers passed over while it ran: this worker looks
+                // again at once, and one more is woken for it.
+                wake.notify_one();
             }
             Ok(None) => {
                 health.store_failing.store(false, Ordering::Relaxed);

@@ -195,10 +195,15 @@ fn main() -> ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    // The daemon serves many things at once; a one-shot command waits on
+    // one thing at a time (its backends are child processes, git reads and
+    // SQLite have threads of their own), and one runtime thread spares it
+    // the hand-offs between worker threads.
+    let mut builder = match args.command {
+        Command::Serve => tokio::runtime::Builder::new_multi_thread(),
+        _ => tokio::runtime::Builder::new_current_thread(),
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");

@@ -44,6 +44,8 @@ pub enum Accepted {
     Queued {
         /// The jobs (target, job id) now holding its requests.
         jobs: Vec<(String, i64)>,
+        /// The targets among them that are paused: their jobs wait.
+        paused: Vec<String>,
         /// Queued previews a closed pull request dropped.
         dropped_previews: u64,
         /// A request made a new job (rather than folding into a queued
@@ -195,7 +197,7 @@ impl Queue {
         self.store
             .grouped("queueing a job", move |tx| {
                 let req = req.clone();
-                Box::pin(async move { enqueue_on(tx, &req).await.map(|(id, _)| id) })
+                Box::pin(async move { enqueue_on(tx, &req).await.map(|(id, _, _)| id) })
             })
             .await
     }
@@ -242,8 +244,18 @@ impl Queue {
     /// Claim the oldest runnable job among `targets` (a target with a running
     /// job is not runnable).
     pub async fn claim(&self, targets: &[String]) -> Result<Option<Job>, StoreError> {
+        self.claim_among(&Self::names(targets)).await
+    }
+
+    /// The target names [`Queue::claim_among`] takes: a JSON array, made
+    /// once by a worker rather than at every claim.
+    pub fn names(targets: &[String]) -> String {
+        serde_json::to_string(targets).unwrap_or_else(|_| "[]".into())
+    }
+
+    /// [`Queue::claim`] with the targets as [`Queue::names`] wrote them.
+    pub async fn claim_among(&self, names: &str) -> Result<Option<Job>, StoreError> {
         let now = now_ms();
-        let names = serde_json::to_string(targets).unwrap_or_else(|_| "[]".into());
         // Looked for first with a read, which waits for no writer: a worker
         // woken by a delivery whose job folded into one already running
         // (most of a burst) takes no write turn from the deliveries.
@@ -251,7 +263,7 @@ impl Queue {
             "SELECT j.id FROM jobs j WHERE {RUNNABLE} LIMIT 1"
         )))
         .bind(now)
-        .bind(&names)
+        .bind(names)
         .fetch_optional(self.store.pool())
         .await
         .map_err(self.store.err("looking for a job to claim"))?;
@@ -516,10 +528,14 @@ async fn accept_on(
         }
     }
     let mut queued = Vec::new();
+    let mut paused = Vec::new();
     let mut new_job = false;
     for req in &i.requests {
-        let (id, fresh) = enqueue_on(tx, req).await?;
+        let (id, fresh, waits) = enqueue_on(tx, req).await?;
         new_job |= fresh;
+        if waits {
+            paused.push(req.target.clone());
+        }
         queued.push((req.target.clone(), id));
     }
     let mut dropped = 0;
@@ -531,18 +547,20 @@ async fn accept_on(
     }
     Ok(Accepted::Queued {
         jobs: queued,
+        paused,
         dropped_previews: dropped,
         new_job,
     })
 }
 
 /// Queue `req`, folded into its target's queued job if there is one: the
-/// job's id, and whether it is a new job (a fold within the same
-/// millisecond may say new: only a worker wakes for nothing).
+/// job's id, whether it is a new job (a fold within the same millisecond
+/// may say new: only a worker wakes for nothing), and whether its target is
+/// paused (read in the same statement).
 async fn enqueue_on(
     conn: &mut sqlx::SqliteConnection,
     req: &Request,
-) -> Result<(i64, bool), sqlx::Error> {
+) -> Result<(i64, bool, bool), sqlx::Error> {
     sqlx::query_as(
         "INSERT INTO jobs (target, state, triggers, requested_sha, delivery_ids, receiver, created_at, updated_at)
          VALUES (?1, 'queued', json_array(?2), ?3,
@@ -557,7 +575,8 @@ async fn enqueue_on(
                                  ELSE json_insert(jobs.delivery_ids, '$[#]', ?4) END,
              receiver = COALESCE(?6, jobs.receiver),
              updated_at = ?5
-         RETURNING id, created_at = updated_at",
+         RETURNING id, created_at = updated_at,
+                   COALESCE((SELECT paused_at IS NOT NULL FROM targets WHERE name = jobs.target), 0)",
     )
     .bind(&req.target)
     .bind(req.trigger.as_str())
@@ -813,6 +832,7 @@ mod tests {
                 delivery_id: None,
                 requested_sha: None,
                 receiver: None,
+                sha: None,
             })
             .await
             .expect("run");

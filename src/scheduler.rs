@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::config::Settings;
 use crate::model::Trigger;
@@ -44,6 +44,8 @@ pub struct Scheduler {
     queue: Queue,
     wake: Arc<Notify>,
     jitter: HashMap<String, Duration>,
+    /// When each target last ran, as last read (a lower bound).
+    last_run: Option<HashMap<String, Option<i64>>>,
     last_prune: Option<std::time::Instant>,
 }
 
@@ -54,6 +56,7 @@ impl Scheduler {
             queue,
             wake,
             jitter: HashMap::new(),
+            last_run: None,
             last_prune: None,
         }
     }
@@ -102,35 +105,46 @@ impl Scheduler {
             warn!(jobs = ?recovered, "requeued jobs whose process died mid-tick");
             self.wake.notify_waiters();
         }
-        let active: std::collections::HashSet<String> = self
-            .queue
-            .activity()
-            .await?
-            .into_iter()
-            .map(|a| a.target)
-            .collect();
-        let states: HashMap<String, Option<i64>> = self
-            .queue
-            .store()
-            .target_states()
-            .await?
-            .into_iter()
-            .map(|s| (s.name, s.last_run_at))
-            .collect();
-        let paused: std::collections::HashSet<String> =
-            self.queue.store().paused().await?.into_iter().collect();
+        // Who may be due, from the last run times read before: those only
+        // move forward, so a target due by them may be due, and one not due
+        // by them is not. Only the candidates are read again (a thousand
+        // targets cost a thousand comparisons a second, not a thousand rows).
         let now = now_ms();
-        let mut queued = 0;
+        if self.last_run.is_none() {
+            self.last_run = Some(
+                self.queue
+                    .store()
+                    .last_run_times()
+                    .await?
+                    .into_iter()
+                    .collect(),
+            );
+        }
+        let known = self.last_run.get_or_insert_with(HashMap::new);
+        let mut candidates = Vec::new();
         for t in &self.settings.targets {
-            if active.contains(&t.name) || paused.contains(&t.name) {
-                continue;
-            }
             let j = *self
                 .jitter
                 .entry(t.name.clone())
                 .or_insert_with(|| jitter(t.interval));
-            let due = due_at(t.interval, j, states.get(&t.name).copied().flatten(), now);
-            if now >= due {
+            if now >= due_at(t.interval, j, known.get(&t.name).copied().flatten(), now) {
+                candidates.push(t.name.clone());
+            }
+        }
+        if candidates.is_empty() {
+            return Ok(0);
+        }
+        let mut queued = 0;
+        for c in self.queue.store().schedule_candidates(&candidates).await? {
+            known.insert(c.name.clone(), c.last_run_at);
+            let Some(t) = self.settings.target(&c.name) else {
+                continue;
+            };
+            if c.active || c.paused {
+                continue;
+            }
+            let j = self.jitter.get(&t.name).copied().unwrap_or_default();
+            if now >= due_at(t.interval, j, c.last_run_at, now) {
                 self.queue
                     .enqueue(&Request {
                         target: t.name.clone(),
@@ -140,8 +154,10 @@ impl Scheduler {
                         receiver: None,
                     })
                     .await?;
-                info!(target = %t.name, "interval tick queued");
+                debug!(target = %t.name, "interval tick queued");
                 self.jitter.insert(t.name.clone(), jitter(t.interval));
+                // Not due again before it has run (its run moves this on).
+                known.insert(t.name.clone(), Some(now));
                 queued += 1;
             }
         }
@@ -230,5 +246,54 @@ mod tests {
         assert_eq!(queued, ["a", "c"]);
         // Already queued: not queued again.
         assert_eq!(sched.once().await.expect("once"), 0);
+    }
+
+    /// The scheduler remembers when targets last ran and reads again only
+    /// those that may be due: a target that ran since (a push, the API) is
+    /// not queued on an old reading.
+    #[tokio::test]
+    async fn a_target_that_ran_since_the_last_reading_is_not_queued() {
+        let toml = "[[targets]]\nname = \"a\"\nrepo = \"https://h/o/r\"\ninterval = \"1h\"\n[targets.backend]\nkind = \"exec\"\napply = [\"true\"]\n";
+        let (_dir, mut sched, queue) = setup(toml).await;
+        let pool = queue.store().pool().clone();
+        let two_hours_ago = now_ms() - 2 * 3600 * 1000;
+        sqlx::query("UPDATE targets SET last_run_at = ?1")
+            .bind(two_hours_ago)
+            .execute(&pool)
+            .await
+            .expect("update");
+        // A push's job is queued: not queued again, but the reading (two
+        // hours ago) is remembered.
+        let job = queue
+            .enqueue(&Request {
+                target: "a".into(),
+                trigger: Trigger::Webhook,
+                sha: None,
+                delivery_id: None,
+                receiver: None,
+            })
+            .await
+            .expect("enqueue");
+        assert_eq!(sched.once().await.expect("once"), 0);
+        // It ran now.
+        sqlx::query("UPDATE jobs SET state = 'done' WHERE id = ?1")
+            .bind(job)
+            .execute(&pool)
+            .await
+            .expect("done");
+        sqlx::query("UPDATE targets SET last_run_at = ?1")
+            .bind(now_ms())
+            .execute(&pool)
+            .await
+            .expect("update");
+        assert_eq!(
+            sched.once().await.expect("once"),
+            0,
+            "queued on an old reading"
+        );
+        // A scheduler starting afresh reads it again, and finds it not due.
+        let (settings, q) = (sched.settings.clone(), queue.clone());
+        let mut fresh = Scheduler::new(settings, q, Default::default());
+        assert_eq!(fresh.once().await.expect("once"), 0);
     }
 }

@@ -283,6 +283,16 @@ impl Git {
             .await
     }
 
+    /// Whether the target's checkout is already exactly at `sha`, its
+    /// tracked files untouched (read-only; `checkout` looks again before it
+    /// skips a reset).
+    pub async fn is_at(&self, target: &str, sha: &str) -> bool {
+        let (dir, sha) = (self.checkout_dir(target), sha.to_string());
+        tokio::task::spawn_blocking(move || worktree::already_at(&dir, &sha))
+            .await
+            .unwrap_or(false)
+    }
+
     /// The merge base of commits `a` and `b` in `remote`'s cache (`None`:
     /// they share no history). Read-only.
     pub async fn merge_base(

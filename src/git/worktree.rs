@@ -51,7 +51,35 @@ pub(super) fn already_at(dir: &Path, sha: &str) -> bool {
     if index.checksum().map(|c| c.to_hex().to_string()).as_deref() != Some(marked_index) {
         return false;
     }
-    tracked_files_unchanged(dir, &index)
+    let checked_from = std::time::SystemTime::now();
+    match tracked_files_unchanged(dir, &index) {
+        Checked::Changed => false,
+        Checked::Unchanged => true,
+        Checked::UnchangedByContent => {
+            // What git does after settling racily clean entries by their
+            // content: the index's time moves to when the check began, so
+            // the next check trusts their stat data (a file written since
+            // then is racy again, and read again).
+            let moved = std::fs::File::options()
+                .write(true)
+                .open(git_dir.join("index"))
+                .and_then(|f| f.set_modified(checked_from));
+            if let Err(error) = moved {
+                tracing::debug!(checkout = %dir.display(), %error, "cannot move the index's time");
+            }
+            true
+        }
+    }
+}
+
+/// What the tracked files of a checkout were found to be.
+enum Checked {
+    /// Something may have changed: reset.
+    Changed,
+    /// Unchanged, by their stat data alone.
+    Unchanged,
+    /// Unchanged, racily clean entries among them settled by content.
+    UnchangedByContent,
 }
 
 /// Forget the mark: called before a reset, so a reset cut short (a kill)
@@ -98,26 +126,27 @@ const RACY_READ_MAX: u64 = 1 << 20;
 /// the stat data the index holds; a racily clean one (written in the same
 /// second as the index, where whole-second times prove nothing) also has
 /// the content its blob id says, as git checks it.
-fn tracked_files_unchanged(dir: &Path, index: &gix::index::File) -> bool {
+fn tracked_files_unchanged(dir: &Path, index: &gix::index::File) -> Checked {
     // git's defaults on Linux (core.checkStat = default, no nanoseconds,
     // no device numbers), with the ctime trusted.
     let options = stat::Options::default();
     let written = index.timestamp();
     let mut racy_budget = RACY_READ_MAX;
+    let mut by_content = false;
     for entry in index.entries() {
         if entry.stage() != Stage::Unconflicted
             || entry
                 .flags
                 .intersects(Flags::ASSUME_VALID | Flags::SKIP_WORKTREE | Flags::INTENT_TO_ADD)
         {
-            return false;
+            return Checked::Changed;
         }
         let Ok(rel) = gix::path::from_bstr(entry.path(index)) else {
-            return false;
+            return Checked::Changed;
         };
         let path = dir.join(rel);
         let Ok(meta) = gix::index::fs::Metadata::from_path_no_follow(&path) else {
-            return false;
+            return Checked::Changed;
         };
         let kind_matches = match entry.mode {
             Mode::FILE => meta.is_file() && !meta.is_executable(),
@@ -127,32 +156,37 @@ fn tracked_files_unchanged(dir: &Path, index: &gix::index::File) -> bool {
             _ => false,
         };
         if !kind_matches {
-            return false;
+            return Checked::Changed;
         }
         match Stat::from_fs(&meta) {
             Ok(now) if entry.stat.matches(&now, options) => {}
-            _ => return false,
+            _ => return Checked::Changed,
         }
         if entry.stat.is_racy(written, options) {
             if meta.len() > racy_budget {
-                return false;
+                return Checked::Changed;
             }
             racy_budget -= meta.len();
+            by_content = true;
             let content = if entry.mode == Mode::SYMLINK {
                 std::fs::read_link(&path).map(|to| to.into_os_string().into_encoded_bytes())
             } else {
                 std::fs::read(&path)
             };
             let Ok(content) = content else {
-                return false;
+                return Checked::Changed;
             };
             match gix::objs::compute_hash(gix::hash::Kind::Sha1, gix::objs::Kind::Blob, &content) {
                 Ok(id) if id == entry.id => {}
-                _ => return false,
+                _ => return Checked::Changed,
             }
         }
     }
-    true
+    if by_content {
+        Checked::UnchangedByContent
+    } else {
+        Checked::Unchanged
+    }
 }
 
 #[cfg(test)]
@@ -280,7 +314,15 @@ mod tests {
             if secs(&d.join("a")) != secs(&d.join(".git/index")) {
                 continue; // not racy after all: try again
             }
+            let index_time = || {
+                std::fs::metadata(d.join(".git/index"))
+                    .expect("meta")
+                    .modified()
+                    .expect("mtime")
+            };
+            let before = index_time();
             assert!(already_at(d, &sha), "racily clean and unchanged");
+            assert!(index_time() > before, "the index's time did not move on");
             std::fs::OpenOptions::new()
                 .write(true)
                 .open(d.join("a"))

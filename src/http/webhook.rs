@@ -127,7 +127,6 @@ pub(super) async fn receive(
 
     // What to queue, and what to answer if nothing.
     let mut requests = Vec::new();
-    let mut paused = Vec::new();
     let mut pulls = Vec::new();
     let (outcome, ignored): (String, Option<String>) = match &delivery.event {
         Event::Ping => ("ping".into(), None),
@@ -161,17 +160,10 @@ pub(super) async fn receive(
                 let why = format!("branch `{}` was deleted", push.branch);
                 (format!("ignored: {why}"), Some(why))
             } else {
-                let paused_now = match app.store.paused().await {
-                    Ok(p) => p,
-                    Err(e) => return Err(unavailable(&s, &name, &e.to_string())),
-                };
                 // Every target tracking the branch gets a job; git decides
                 // after the fetch whether the push changed its path. A
                 // paused target's job waits in the queue until it resumes.
                 for t in &tracking {
-                    if paused_now.contains(&t.name) {
-                        paused.push(t.name.clone());
-                    }
                     requests.push(Request {
                         target: t.name.clone(),
                         trigger: Trigger::Webhook,
@@ -236,6 +228,7 @@ pub(super) async fn receive(
         }
         Ok(Accepted::Queued {
             jobs,
+            paused,
             dropped_previews,
             new_job,
         }) => {

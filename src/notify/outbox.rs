@@ -98,7 +98,9 @@ pub struct Sender {
     store: Store,
     notifiers: Arc<HashMap<String, NotifierConfig>>,
     forges: Arc<HashMap<String, ForgeConfig>>,
-    http: reqwest::Client,
+    /// Built on first use: it loads the system's root certificates, which
+    /// is most of what a one-shot tick with nothing to send would cost.
+    http: Arc<std::sync::OnceLock<reqwest::Client>>,
 }
 
 impl Sender {
@@ -107,17 +109,7 @@ impl Sender {
         forges: &[ForgeConfig],
         store: Store,
     ) -> Result<Sender, SendError> {
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(30))
-            .connect_timeout(Duration::from_secs(10))
-            .user_agent(concat!("driftless/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| {
-                SendError(format!(
-                    "cannot build the HTTP client: {}",
-                    crate::error::chain(&e)
-                ))
-            })?;
+        let http = Arc::default();
         Ok(Sender {
             store,
             notifiers: Arc::new(
@@ -131,13 +123,32 @@ impl Sender {
         })
     }
 
+    /// The HTTP client, built the first time something is sent.
+    fn http(&self) -> Result<&reqwest::Client, SendError> {
+        if let Some(c) = self.http.get() {
+            return Ok(c);
+        }
+        let built = reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .connect_timeout(Duration::from_secs(10))
+            .user_agent(concat!("driftless/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| {
+                SendError(format!(
+                    "cannot build the HTTP client: {}",
+                    crate::error::chain(&e)
+                ))
+            })?;
+        Ok(self.http.get_or_init(|| built))
+    }
+
     /// Send one event now, outside the outbox (`driftless notify test`).
     pub async fn send_now(&self, notifier: &str, doc: &EventDoc) -> Result<(), SendError> {
         let n = self
             .notifiers
             .get(notifier)
             .ok_or_else(|| SendError(format!("no notifier named `{notifier}`")))?;
-        n.send(&self.http, doc).await
+        n.send(self.http()?, doc).await
     }
 
     /// One pass over the due notifications. Returns how many were attempted.
@@ -183,7 +194,10 @@ impl Sender {
                     n.notifier
                 ))),
                 (_, Err(e)) => Err(SendError(format!("unreadable event document: {e}"))),
-                (Some(cfg), Ok(doc)) => cfg.send(&self.http, &doc).await,
+                (Some(cfg), Ok(doc)) => match self.http() {
+                    Ok(http) => cfg.send(http, &doc).await,
+                    Err(e) => Err(e),
+                },
             };
             self.record(&n, result).await?;
         }
@@ -202,10 +216,13 @@ impl Sender {
                     "forge `{}` is no longer configured",
                     r.forge
                 ))),
-                Some(f) => {
-                    f.upsert_comment(&self.http, &r.repo, r.number, r.comment_id.as_deref(), body)
-                        .await
-                }
+                Some(f) => match self.http() {
+                    Ok(http) => {
+                        f.upsert_comment(http, &r.repo, r.number, r.comment_id.as_deref(), body)
+                            .await
+                    }
+                    Err(e) => Err(e),
+                },
             };
             match result {
                 Ok(id) => {
@@ -252,7 +269,10 @@ impl Sender {
                         description: &r.description,
                         target_url: r.target_url.as_deref(),
                     };
-                    f.send(&self.http, &s).await
+                    match self.http() {
+                        Ok(http) => f.send(http, &s).await,
+                        Err(e) => Err(e),
+                    }
                 }
             };
             match result {

@@ -36,7 +36,7 @@ pub struct Pruned {
 
 /// Fold the finished run `run_id` into the streak row `streak`: the row
 /// counts it, takes its end, duration, output and job, and the run's own
-/// row goes. Returns the id the run now is: `streak`, or `run_id` when
+/// row goes, with the job the streak named before (done, named by no run). Returns the id the run now is: `streak`, or `run_id` when
 /// the streak row is not (or no longer) a matching `no_change` row.
 pub(super) async fn fold(
     tx: &mut Tx,
@@ -45,6 +45,11 @@ pub(super) async fn fold(
     now: i64,
     status: &Status,
 ) -> Result<i64, sqlx::Error> {
+    let older_job: Option<i64> = sqlx::query_scalar("SELECT job_id FROM runs WHERE id = ?1")
+        .bind(streak)
+        .fetch_optional(&mut **tx)
+        .await?
+        .flatten();
     let folded = sqlx::query(
         "UPDATE runs SET finished_at = ?3,
                 duration_ms = ?3 - (SELECT started_at FROM runs WHERE id = ?2),
@@ -68,6 +73,15 @@ pub(super) async fn fold(
         .bind(run_id)
         .execute(&mut **tx)
         .await?;
+    // The job of the streak's previous run is done and no run names it any
+    // more: it goes now, so a streak keeps one job row, not one a tick.
+    sqlx::query(
+        "DELETE FROM jobs WHERE id = ?1 AND state = 'done'
+           AND NOT EXISTS (SELECT 1 FROM runs WHERE job_id = ?1)",
+    )
+    .bind(older_job)
+    .execute(&mut **tx)
+    .await?;
     Ok(streak)
 }
 
@@ -237,6 +251,7 @@ mod tests {
                 delivery_id: None,
                 requested_sha: None,
                 receiver: None,
+                sha: None,
             })
             .await
             .expect("begin");
@@ -307,6 +322,66 @@ mod tests {
         assert_eq!(state.last_run_id, Some(after));
     }
 
+    /// A streak keeps one job row: the job of the run it folded before
+    /// goes with the next fold.
+    #[tokio::test]
+    async fn a_streak_keeps_one_job_row() {
+        let (_dir, store) = store().await;
+        for result in [
+            ApplyResult::Changed,
+            ApplyResult::NoChange,
+            ApplyResult::NoChange,
+            ApplyResult::NoChange,
+        ] {
+            let job: i64 = sqlx::query_scalar(
+                "INSERT INTO jobs (target, state, triggers, created_at, updated_at)
+                 VALUES ('web', 'running', '[\"interval\"]', 0, 0) RETURNING id",
+            )
+            .fetch_one(store.pool())
+            .await
+            .expect("job");
+            let id = store
+                .begin_run(&NewRun {
+                    target: "web",
+                    job_id: Some(job),
+                    operation: Operation::Apply,
+                    trigger: "interval",
+                    delivery_id: None,
+                    requested_sha: None,
+                    receiver: None,
+                    sha: Some("a"),
+                })
+                .await
+                .expect("begin");
+            let message = format!("{} at a", result.as_str());
+            let streak = store
+                .streak("web", id, Some("a"), "interval", &message)
+                .await
+                .expect("streak");
+            store
+                .finish_run(
+                    id,
+                    "web",
+                    Operation::Apply,
+                    Some("a"),
+                    &status(result, &message),
+                    None,
+                    streak,
+                )
+                .await
+                .expect("finish");
+        }
+        let jobs: Vec<(i64, String)> = sqlx::query_as("SELECT id, state FROM jobs ORDER BY id")
+            .fetch_all(store.pool())
+            .await
+            .expect("jobs");
+        assert_eq!(
+            jobs,
+            [(1, "done".to_string()), (4, "done".to_string())],
+            "the changed run's job and the streak's newest"
+        );
+    }
+
     #[tokio::test]
     async fn pruning_keeps_the_last_run_and_the_last_change_of_each_target() {
         let (_dir, store) = store().await;
@@ -325,6 +400,7 @@ mod tests {
                 delivery_id: None,
                 requested_sha: None,
                 receiver: None,
+                sha: None,
             })
             .await
             .expect("begin");

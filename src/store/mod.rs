@@ -155,6 +155,9 @@ pub struct NewRun<'a> {
     pub delivery_id: Option<&'a str>,
     pub requested_sha: Option<&'a str>,
     pub receiver: Option<&'a str>,
+    /// The commit, when it is known before the run starts (a checkout
+    /// already at the branch tip); else [`Store::set_run_sha`] records it.
+    pub sha: Option<&'a str>,
 }
 
 /// One recorded run.
@@ -203,6 +206,21 @@ pub struct TargetState {
     pub drift_summary: Option<String>,
     pub drift_since: Option<i64>,
 }
+
+/// A target the scheduler may queue (see [`Store::schedule_candidates`]).
+#[derive(Debug, Clone, FromRow)]
+pub struct Candidate {
+    pub name: String,
+    pub last_run_at: Option<i64>,
+    pub paused: bool,
+    /// A job of it is queued or running.
+    pub active: bool,
+}
+
+/// The `targets` columns a [`TargetState`] is read from.
+const TARGET_STATE: &str = "name, backend, last_applied_sha, last_result, last_message, \
+     last_run_id, last_run_at, consecutive_failures, backend_digest, paused_at, paused_by, \
+     failing_since, last_notified_at, last_notified_message, drift_hash, drift_summary, drift_since";
 
 /// A change to a target's recorded drift, written with its run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -403,9 +421,28 @@ impl Store {
     }
 
     /// Make sure every configured target has a row (and the right backend).
+    /// Only what is missing or changed is written, in one transaction: a
+    /// CLI command (or a one-shot tick) over a thousand targets neither
+    /// writes a thousand rows nor waits for a thousand commits.
     pub async fn register_targets(&self, targets: &[(&str, &str)]) -> Result<(), StoreError> {
+        let what = "registering targets";
+        let known: std::collections::HashMap<String, String> =
+            sqlx::query_as::<_, (String, String)>("SELECT name, backend FROM targets")
+                .fetch_all(&self.pool)
+                .await
+                .map_err(self.err(what))?
+                .into_iter()
+                .collect();
+        let missing: Vec<&(&str, &str)> = targets
+            .iter()
+            .filter(|(name, backend)| known.get(*name).map(String::as_str) != Some(*backend))
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
         let now = now_ms();
-        for (name, backend) in targets {
+        let WriteTx { mut tx, _turn } = self.begin_write(what).await?;
+        for (name, backend) in missing {
             sqlx::query(
                 "INSERT INTO targets (name, backend, updated_at) VALUES (?1, ?2, ?3)
                  ON CONFLICT (name) DO UPDATE SET backend = excluded.backend",
@@ -413,20 +450,29 @@ impl Store {
             .bind(name)
             .bind(backend)
             .bind(now)
-            .execute(&self.pool)
+            .execute(&mut *tx)
             .await
-            .map_err(self.err("registering targets"))?;
+            .map_err(self.err(what))?;
         }
-        Ok(())
+        tx.commit().await.map_err(self.err(what))
     }
 
     /// Record the start of a run; the backend may be called only after this.
     pub async fn begin_run(&self, run: &NewRun<'_>) -> Result<i64, StoreError> {
+        Ok(self.begin_run_with_state(run).await?.0)
+    }
+
+    /// [`Store::begin_run`], returning the target's state as the run's
+    /// start left it, read in the same statement that notes the start.
+    pub async fn begin_run_with_state(
+        &self,
+        run: &NewRun<'_>,
+    ) -> Result<(i64, Option<TargetState>), StoreError> {
         let now = now_ms();
         let WriteTx { mut tx, _turn } = self.begin_write("recording a run").await?;
         let id: i64 = sqlx::query_scalar(
-            "INSERT INTO runs (target, job_id, operation, trigger, delivery_id, requested_sha, started_at, receiver)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) RETURNING id",
+            "INSERT INTO runs (target, job_id, operation, trigger, delivery_id, requested_sha, started_at, receiver, sha)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) RETURNING id",
         )
         .bind(run.target)
         .bind(run.job_id)
@@ -436,17 +482,21 @@ impl Store {
         .bind(run.requested_sha)
         .bind(now)
         .bind(run.receiver)
+        .bind(run.sha)
         .fetch_one(&mut *tx)
         .await
         .map_err(self.err("recording a run"))?;
-        sqlx::query("UPDATE targets SET last_run_at = ?2, updated_at = ?2 WHERE name = ?1")
-            .bind(run.target)
-            .bind(now)
-            .execute(&mut *tx)
-            .await
-            .map_err(self.err("recording a run"))?;
+        let state = sqlx::query_as::<_, TargetState>(sqlx::AssertSqlSafe(format!(
+            "UPDATE targets SET last_run_at = ?2, updated_at = ?2 WHERE name = ?1
+             RETURNING {TARGET_STATE}"
+        )))
+        .bind(run.target)
+        .bind(now)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(self.err("recording a run"))?;
         tx.commit().await.map_err(self.err("recording a run"))?;
-        Ok(id)
+        Ok((id, state))
     }
 
     /// Record which commit the run is about to apply.
@@ -646,13 +696,9 @@ impl Store {
     }
 
     pub async fn target_state(&self, name: &str) -> Result<Option<TargetState>, StoreError> {
-        sqlx::query_as::<_, TargetState>(
-            "SELECT name, backend, last_applied_sha, last_result, last_message, last_run_id,
-                    last_run_at, consecutive_failures, backend_digest, paused_at, paused_by,
-                    failing_since, last_notified_at, last_notified_message, drift_hash,
-                    drift_summary, drift_since
-             FROM targets WHERE name = ?1",
-        )
+        sqlx::query_as::<_, TargetState>(sqlx::AssertSqlSafe(format!(
+            "SELECT {TARGET_STATE} FROM targets WHERE name = ?1"
+        )))
         .bind(name)
         .fetch_optional(&self.pool)
         .await
@@ -660,16 +706,42 @@ impl Store {
     }
 
     pub async fn target_states(&self) -> Result<Vec<TargetState>, StoreError> {
-        sqlx::query_as::<_, TargetState>(
-            "SELECT name, backend, last_applied_sha, last_result, last_message, last_run_id,
-                    last_run_at, consecutive_failures, backend_digest, paused_at, paused_by,
-                    failing_since, last_notified_at, last_notified_message, drift_hash,
-                    drift_summary, drift_since
-             FROM targets ORDER BY name",
-        )
+        sqlx::query_as::<_, TargetState>(sqlx::AssertSqlSafe(format!(
+            "SELECT {TARGET_STATE} FROM targets ORDER BY name"
+        )))
         .fetch_all(&self.pool)
         .await
         .map_err(self.err("reading target state"))
+    }
+
+    /// When each target's last run started (the scheduler's once-a-second
+    /// read: two columns, not the whole state).
+    pub async fn last_run_times(&self) -> Result<Vec<(String, Option<i64>)>, StoreError> {
+        sqlx::query_as("SELECT name, last_run_at FROM targets")
+            .fetch_all(&self.pool)
+            .await
+            .map_err(self.err("reading when targets last ran"))
+    }
+
+    /// What the scheduler needs of the targets that may be due: when each
+    /// last ran, whether it is paused, and whether a job of it is queued or
+    /// running.
+    pub async fn schedule_candidates(
+        &self,
+        names: &[String],
+    ) -> Result<Vec<Candidate>, StoreError> {
+        let names = serde_json::to_string(names).unwrap_or_else(|_| "[]".into());
+        sqlx::query_as::<_, Candidate>(
+            "SELECT t.name, t.last_run_at, t.paused_at IS NOT NULL AS paused,
+                    (EXISTS (SELECT 1 FROM jobs j WHERE j.target = t.name AND j.state = 'queued')
+                     OR EXISTS (SELECT 1 FROM jobs j WHERE j.target = t.name AND j.state = 'running'))
+                        AS active
+             FROM targets t WHERE t.name IN (SELECT value FROM json_each(?1))",
+        )
+        .bind(names)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(self.err("reading which targets are due"))
     }
 
     /// The newest runs of a target, newest first.

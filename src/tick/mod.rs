@@ -17,7 +17,7 @@ pub use preview::Previewed;
 
 use std::time::Duration;
 
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::app::App;
 use crate::backend::{self, ApplyResult, Context, Outputs, Plan, Status};
@@ -348,10 +348,27 @@ impl Reconciler {
         let receiver = job.and_then(|j| j.receiver.clone());
         let started = std::time::Instant::now();
         let started_ms = crate::store::now_ms();
-        let run_id = self
+        // An apply fetches first (only the cache changes, as for routing) and
+        // looks whether the checkout is already at the tip (read-only): then
+        // the run row carries its commit from the start, one write fewer
+        // for a tick with nothing to do. Nothing in the checkout moves
+        // before the row exists either way.
+        let tip = match op {
+            Operation::Apply => Some(
+                self.git
+                    .fetch_since(&target.repo, &target.branch, &target.git, since)
+                    .await,
+            ),
+            Operation::Destroy => None,
+        };
+        let already = match &tip {
+            Some(Ok(sha)) if self.git.is_at(&target.name, sha).await => Some(sha.clone()),
+            _ => None,
+        };
+        let (run_id, state) = self
             .app
             .store
-            .begin_run(&NewRun {
+            .begin_run_with_state(&NewRun {
                 target: &target.name,
                 job_id: job.map(|j| j.id),
                 operation: op,
@@ -359,9 +376,9 @@ impl Reconciler {
                 delivery_id: delivery.as_deref(),
                 requested_sha: requested.as_deref(),
                 receiver: receiver.as_deref(),
+                sha: already.as_deref(),
             })
             .await?;
-        let state = self.app.store.target_state(&target.name).await?;
         let run = RunInfo {
             id: run_id,
             op,
@@ -373,9 +390,10 @@ impl Reconciler {
         };
 
         // git: the branch tip for apply; for destroy, what was last applied.
-        let synced = match op {
-            Operation::Apply => self.git.sync(target.source(), since).await,
-            Operation::Destroy => {
+        let synced = match (op, tip) {
+            (Operation::Apply, Some(Ok(sha))) => self.git.checkout(target.source(), &sha).await,
+            (Operation::Apply, Some(Err(e))) => Err(e),
+            _ => {
                 match self
                     .git
                     .fetch(&target.repo, &target.branch, &target.git)
@@ -406,10 +424,12 @@ impl Reconciler {
                       "the branch tip differs from the requested commit; applying the tip");
         }
         // The commit is on record before the backend is called.
-        self.app
-            .store
-            .set_run_sha(run_id, synced.sha.as_str())
-            .await?;
+        if already.as_deref() != Some(synced.sha.as_str()) {
+            self.app
+                .store
+                .set_run_sha(run_id, synced.sha.as_str())
+                .await?;
+        }
 
         let retry = job.is_some_and(|j| j.triggers.contains(&Trigger::Retry));
         let ctx = self.context(target, &synced, state.and_then(|s| s.backend_digest), retry);
@@ -561,6 +581,10 @@ impl Reconciler {
         match status.result {
             ApplyResult::Failed => warn!(target = %target.name, run = run_id, sha = short,
                 operation = run.op.as_str(), message = %status.message, "run failed"),
+            // A run that found nothing to do is in the history; the log
+            // (INFO) says what changed, RUST_LOG=debug every run.
+            ApplyResult::NoChange => debug!(target = %target.name, run = run_id, sha = short,
+                operation = run.op.as_str(), result = "no_change", message = %status.message, "run finished"),
             r => info!(target = %target.name, run = run_id, sha = short,
                 operation = run.op.as_str(), result = r.as_str(), message = %status.message, "run finished"),
         }
