@@ -158,7 +158,6 @@ impl Daemon {
             _serving,
         } = self;
         let settings = rec.app().settings.clone();
-        let names = target_names(&rec);
         info!(%addr, targets = settings.targets.len(), workers = settings.server.workers,
               state_dir = %settings.state_dir.display(), "driftless serving");
         if settings.server.page == crate::config::PageAccess::Token
@@ -199,7 +198,6 @@ impl Daemon {
             workers.push(tokio::spawn(worker(
                 n,
                 rec.clone(),
-                names.clone(),
                 wake.clone(),
                 health.clone(),
                 shutdown.clone(),
@@ -291,12 +289,10 @@ async fn futures_join(handles: Vec<tokio::task::JoinHandle<()>>) {
 async fn worker(
     n: usize,
     engine: Reconciler,
-    targets: Vec<String>,
     wake: Arc<Notify>,
     health: Arc<Health>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let names = crate::queue::Queue::names(&targets);
     loop {
         if *shutdown.borrow() {
             return;
@@ -304,7 +300,7 @@ async fn worker(
         let notified = wake.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        match engine.app().queue.claim_among(&names).await {
+        match engine.app().queue.claim().await {
             Ok(Some(job)) => {
                 health.store_failing.store(false, Ordering::Relaxed);
                 process(n, &engine, &job, &health).await;
@@ -375,6 +371,17 @@ async fn previewer(engine: Reconciler, wake: Arc<Notify>, mut shutdown: watch::R
 
 async fn process(n: usize, engine: &Reconciler, job: &Job, health: &Health) {
     let q = &engine.app().queue;
+    if engine.app().target(&job.target).is_none() {
+        warn!(target = %job.target, job = job.id, "a job of a target no longer configured: closed");
+        if let Err(e) = q
+            .finish(job.id, None, "skipped: target no longer configured")
+            .await
+        {
+            health.store_failing.store(true, Ordering::Relaxed);
+            error!(worker = n, job = job.id, error = %e, "cannot close the job");
+        }
+        return;
+    }
     let result = match engine.run_job(job).await {
         // The tick closed the job itself.
         Ok(Ticked::Ran { .. } | Ticked::Unaffected { .. }) => Ok(()),

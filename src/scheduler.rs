@@ -161,8 +161,11 @@ impl Scheduler {
                 queued += 1;
             }
         }
-        if queued > 0 {
-            self.wake.notify_waiters();
+        // One worker woken per job queued (waking them all for one job made
+        // every idle worker look for it: most of a quiet daemon's reads).
+        // A job no woken worker takes waits for a worker's next look.
+        for _ in 0..queued.min(self.settings.server.workers.max(1)) {
+            self.wake.notify_one();
         }
         Ok(queued)
     }

@@ -129,6 +129,30 @@ pub struct Git {
     fetches: Arc<AtomicU64>,
 }
 
+std::thread_local! {
+    /// The caches this (blocking pool) thread opened for reading, kept
+    /// open: opening one reads its configuration and object database
+    /// afresh, which was most of what reading one tree cost. gix looks at
+    /// the disk again for an object it does not find (a pack a later fetch
+    /// added). Per thread: gix's repository handles are not `Send` as this
+    /// crate builds gix.
+    static OPENED: std::cell::RefCell<HashMap<PathBuf, gix::Repository>> =
+        std::cell::RefCell::new(HashMap::new());
+}
+
+/// Run `f` on `cache` opened for reading (kept open by this thread);
+/// `None` when it cannot be opened.
+fn with_cache<T>(cache: &Path, f: impl FnOnce(&gix::Repository) -> Option<T>) -> Option<T> {
+    OPENED.with(|opened| {
+        let mut opened = opened.borrow_mut();
+        if !opened.contains_key(cache) {
+            let repo = gix::open_opts(cache, gix::open::Options::isolated()).ok()?;
+            opened.insert(cache.to_path_buf(), repo);
+        }
+        f(opened.get(cache)?)
+    })
+}
+
 /// Credentials resolved from config for one fetch.
 struct Auth {
     token: Option<(String, String)>,
@@ -268,7 +292,20 @@ impl Git {
 
     /// Move the target's checkout to `sha` (which must be in the cache).
     pub async fn checkout(&self, target: Source<'_>, sha: &str) -> Result<Synced, GitError> {
-        self.checkout_into(self.checkout_dir(target.target), target, sha)
+        self.checkout_into(self.checkout_dir(target.target), target, sha, None)
+            .await
+    }
+
+    /// [`Git::checkout`] for a caller that has just asked [`Git::is_at`]:
+    /// its answer is not asked again (a checkout found already there is
+    /// not reset).
+    pub async fn checkout_known(
+        &self,
+        target: Source<'_>,
+        sha: &str,
+        already: bool,
+    ) -> Result<Synced, GitError> {
+        self.checkout_into(self.checkout_dir(target.target), target, sha, Some(already))
             .await
     }
 
@@ -279,7 +316,7 @@ impl Git {
         target: Source<'_>,
         sha: &str,
     ) -> Result<Synced, GitError> {
-        self.checkout_into(self.preview_dir(target.target), target, sha)
+        self.checkout_into(self.preview_dir(target.target), target, sha, None)
             .await
     }
 
@@ -319,13 +356,12 @@ impl Git {
 
     /// Whether `sha` is a commit in `remote`'s cache.
     pub async fn has_commit(&self, remote: &str, sha: &str) -> bool {
-        let (cache, sha) = (self.cache_dir(remote), sha.to_string());
+        let Some(id) = object_id(sha) else {
+            return false;
+        };
+        let cache = self.cache_dir(remote);
         tokio::task::spawn_blocking(move || {
-            let Some(id) = object_id(&sha) else {
-                return false;
-            };
-            gix::open_opts(&cache, gix::open::Options::isolated())
-                .is_ok_and(|repo| repo.find_commit(id).is_ok())
+            with_cache(&cache, |repo| Some(repo.find_commit(id).is_ok())).unwrap_or(false)
         })
         .await
         .unwrap_or(false)
@@ -336,6 +372,7 @@ impl Git {
         dir: PathBuf,
         target: Source<'_>,
         sha: &str,
+        known: Option<bool>,
     ) -> Result<Synced, GitError> {
         let cache = self.cache_dir(target.repo);
         let err = |reason: String| GitError::Checkout {
@@ -358,10 +395,15 @@ impl Git {
         }
         // Already there, tracked files untouched since (told from the
         // index's stat data, without running git): nothing to move.
-        let at = (dir.clone(), sha.to_string());
-        let already = tokio::task::spawn_blocking(move || worktree::already_at(&at.0, &at.1))
-            .await
-            .unwrap_or(false);
+        let already = match known {
+            Some(k) => k,
+            None => {
+                let at = (dir.clone(), sha.to_string());
+                tokio::task::spawn_blocking(move || worktree::already_at(&at.0, &at.1))
+                    .await
+                    .unwrap_or(false)
+            }
+        };
         if !already {
             // The caller holds the target's lock: a git lock file left in
             // the checkout is from a tick that was killed mid-reset.
@@ -409,13 +451,14 @@ impl Git {
     pub async fn tree_at(&self, remote: &str, sha: &str, path: &Path) -> Option<String> {
         let (cache, sha, path) = (self.cache_dir(remote), sha.to_string(), path.to_path_buf());
         tokio::task::spawn_blocking(move || {
-            let repo = gix::open_opts(&cache, gix::open::Options::isolated()).ok()?;
-            let tree = repo.find_commit(object_id(&sha)?).ok()?.tree().ok()?;
-            if path.as_os_str().is_empty() {
-                return Some(tree.id.to_hex().to_string());
-            }
-            let entry = tree.lookup_entry_by_path(&path).ok()??;
-            Some(entry.oid().to_hex().to_string())
+            with_cache(&cache, |repo| {
+                let tree = repo.find_commit(object_id(&sha)?).ok()?.tree().ok()?;
+                if path.as_os_str().is_empty() {
+                    return Some(tree.id.to_hex().to_string());
+                }
+                let entry = tree.lookup_entry_by_path(&path).ok()??;
+                Some(entry.oid().to_hex().to_string())
+            })
         })
         .await
         .ok()

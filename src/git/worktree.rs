@@ -38,12 +38,8 @@ pub(super) fn already_at(dir: &Path, sha: &str) -> bool {
     if marked_sha != sha {
         return false;
     }
-    let Ok(repo) = gix::open_opts(dir, gix::open::Options::isolated()) else {
+    if head(&git_dir).as_deref() != Some(sha) {
         return false;
-    };
-    match repo.head_id() {
-        Ok(head) if head.to_hex().to_string().as_str() == sha => {}
-        _ => return false,
     }
     let Some(index) = read_index(&git_dir) else {
         return false;
@@ -80,6 +76,23 @@ enum Checked {
     Unchanged,
     /// Unchanged, racily clean entries among them settled by content.
     UnchangedByContent,
+}
+
+/// The commit HEAD names, read from the refs alone (HEAD, then the branch
+/// it points to): no configuration and no object database are opened.
+fn head(git_dir: &Path) -> Option<String> {
+    let refs = gix::refs::file::Store::at(git_dir.to_path_buf(), gix::hash::Kind::Sha1);
+    let mut name = "HEAD".to_string();
+    // HEAD -> refs/heads/<branch> -> a commit; a chain longer than a few
+    // links is not what a reset leaves.
+    for _ in 0..5 {
+        let found = refs.try_find(name.as_str()).ok()??;
+        match found.target {
+            gix::refs::Target::Object(id) => return Some(id.to_hex().to_string()),
+            gix::refs::Target::Symbolic(to) => name = to.as_bstr().to_string(),
+        }
+    }
+    None
 }
 
 /// Forget the mark: called before a reset, so a reset cut short (a kill)

@@ -564,35 +564,44 @@ impl Store {
         .execute(&mut *tx)
         .await
         .map_err(self.err(what))?;
-        let q = match (status.result, operation) {
-            (ApplyResult::Failed, _) => sqlx::query(
-                "UPDATE targets SET last_result = 'failed', last_message = ?2, last_run_id = ?3,
-                        consecutive_failures = consecutive_failures + 1, updated_at = ?4
-                 WHERE name = ?1",
-            ),
-            (_, Operation::Apply) => sqlx::query(
-                "UPDATE targets SET last_result = ?5, last_message = ?2, last_run_id = ?3,
-                        consecutive_failures = 0, last_applied_sha = ?6,
-                        backend_digest = COALESCE(?7, backend_digest), updated_at = ?4
-                 WHERE name = ?1",
-            ),
-            (_, Operation::Destroy) => sqlx::query(
-                "UPDATE targets SET last_result = ?5, last_message = ?2, last_run_id = ?3,
-                        consecutive_failures = 0, last_applied_sha = NULL,
-                        backend_digest = NULL, updated_at = ?4
-                 WHERE name = ?1",
-            ),
+        // The result and, with a notice, what the owners were told: one
+        // statement (?8 says whether the notice's columns are written).
+        const TOLD: &str = "failing_since = CASE WHEN ?8 THEN ?9 ELSE failing_since END,
+                 last_notified_at = CASE WHEN ?8 THEN ?10 ELSE last_notified_at END,
+                 last_notified_message = CASE WHEN ?8 THEN ?11 ELSE last_notified_message END";
+        let set = match (status.result, operation) {
+            (ApplyResult::Failed, _) => {
+                "last_result = 'failed', last_message = ?2, last_run_id = ?3,
+                 consecutive_failures = consecutive_failures + 1, updated_at = ?4"
+            }
+            (_, Operation::Apply) => {
+                "last_result = ?5, last_message = ?2, last_run_id = ?3,
+                 consecutive_failures = 0, last_applied_sha = ?6,
+                 backend_digest = COALESCE(?7, backend_digest), updated_at = ?4"
+            }
+            (_, Operation::Destroy) => {
+                "last_result = ?5, last_message = ?2, last_run_id = ?3,
+                 consecutive_failures = 0, last_applied_sha = NULL,
+                 backend_digest = NULL, updated_at = ?4"
+            }
         };
-        q.bind(target)
-            .bind(&status.message)
-            .bind(run_id)
-            .bind(now)
-            .bind(status.result.as_str())
-            .bind(sha)
-            .bind(&status.digest)
-            .execute(&mut *tx)
-            .await
-            .map_err(self.err(what))?;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE targets SET {set}, {TOLD} WHERE name = ?1"
+        )))
+        .bind(target)
+        .bind(&status.message)
+        .bind(run_id)
+        .bind(now)
+        .bind(status.result.as_str())
+        .bind(sha)
+        .bind(&status.digest)
+        .bind(notice.is_some())
+        .bind(notice.and_then(|n| n.failing_since))
+        .bind(notice.and_then(|n| n.last_notified_at))
+        .bind(notice.and_then(|n| n.last_notified_message.as_deref()))
+        .execute(&mut *tx)
+        .await
+        .map_err(self.err(what))?;
         if let Some(d) = notice.and_then(|n| n.drift.as_ref()) {
             let (hash, summary, since) = match d {
                 DriftUpdate::Set {
@@ -615,17 +624,6 @@ impl Store {
             .map_err(self.err(what))?;
         }
         if let Some(n) = notice {
-            sqlx::query(
-                "UPDATE targets SET failing_since = ?2, last_notified_at = ?3,
-                        last_notified_message = ?4 WHERE name = ?1",
-            )
-            .bind(target)
-            .bind(n.failing_since)
-            .bind(n.last_notified_at)
-            .bind(&n.last_notified_message)
-            .execute(&mut *tx)
-            .await
-            .map_err(self.err(what))?;
             for o in &n.outbox {
                 sqlx::query(
                     "INSERT INTO notifications (uid, notifier, target, run_id, event, document,

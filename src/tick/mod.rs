@@ -391,7 +391,11 @@ impl Reconciler {
 
         // git: the branch tip for apply; for destroy, what was last applied.
         let synced = match (op, tip) {
-            (Operation::Apply, Some(Ok(sha))) => self.git.checkout(target.source(), &sha).await,
+            (Operation::Apply, Some(Ok(sha))) => {
+                self.git
+                    .checkout_known(target.source(), &sha, already.is_some())
+                    .await
+            }
             (Operation::Apply, Some(Err(e))) => Err(e),
             _ => {
                 match self
