@@ -16,7 +16,11 @@
 #     and, when moto's `moto_server` is on the PATH (tests/run.sh installs
 #     it), a CloudFormation stack on it, `auto` against `approval`;
 #     compose and pi need a dockerd or an sshd and are not measured here;
-#  5. the daemon's idle RSS with 100 targets configured.
+#  5. the daemon's idle RSS with 100 targets configured;
+#  6. at rest (bench/rest.sh): a no-op exec tick against the bare git
+#     commands it replaces and the processes it starts, 1,000 targets on
+#     one repository at a 1-minute interval (share of a core, RSS), the
+#     database after 10,000 no-op ticks, the binary's size.
 #
 #   bench/run.sh [ROUNDS]      (default 10)
 set -euo pipefail
@@ -298,3 +302,8 @@ rss_kb=$(awk '/VmRSS/ { print $2 }' "/proc/$pid/status")
 threads=$(awk '/Threads/ { print $2 }' "/proc/$pid/status")
 printf '%-52s %6s MiB (%s threads, %s/100 targets applied)\n' "daemon idle RSS, 100 targets" "$(( rss_kb / 1024 ))" "$threads" "$done_n"
 kill "$pid"; wait "$pid" 2>/dev/null || true
+
+# 6. At rest: the no-op tick against the bare git commands it replaces,
+#    the processes it starts, 1,000 targets on one repository, the
+#    database after 10,000 no-op ticks, the binary's size (bench/rest.sh).
+DRIFTLESS_BIN=$bin bench/rest.sh

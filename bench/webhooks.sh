@@ -6,6 +6,7 @@
 # for both, and the ratio. Figures, not assertions.
 #
 #   bench/webhooks.sh [DURATION] [CONNECTIONS]     (default 10s, 16)
+#   DRIFTLESS_BIN=/path/to/driftless bench/webhooks.sh   (another build)
 #
 # Every delivery has its own id, so driftless records each one durably
 # (SQLite, synchronous=FULL) and queues a job before answering 202; the
@@ -23,8 +24,12 @@ export GIT_CONFIG_GLOBAL=/dev/null GIT_CONFIG_NOSYSTEM=1
 export GIT_AUTHOR_NAME=bench GIT_AUTHOR_EMAIL=bench@example.net
 export GIT_COMMITTER_NAME=bench GIT_COMMITTER_EMAIL=bench@example.net
 
-cargo build --release --locked -q
-bin=$PWD/target/release/driftless
+if [ -z "${DRIFTLESS_BIN:-}" ]; then
+  cargo build --release --locked -q
+  bin=$PWD/target/release/driftless
+else
+  bin=$DRIFTLESS_BIN   # measure another build
+fi
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"' EXIT
 

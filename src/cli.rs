@@ -92,6 +92,7 @@ pub async fn tick(
         }
     }
     deliver_notifications(app).await;
+    prune_now_and_then(app).await;
     let code = if failed {
         EXIT_FAILED
     } else if busy {
@@ -109,6 +110,43 @@ fn sender(app: &App) -> Result<crate::notify::outbox::Sender, crate::notify::Sen
         &app.settings.forges,
         app.store.clone(),
     )
+}
+
+/// How often one-shot ticks prune the history (with no daemon, as under
+/// systemd timers, nothing else does).
+const PRUNE_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Prune the history older than `[history] keep` when the last prune is
+/// more than [`PRUNE_EVERY`] ago (noted by the time of the file
+/// `history.pruned` in the state directory: one `stat` for a tick that
+/// does not prune). A failure is said, never the tick's.
+async fn prune_now_and_then(app: &App) {
+    let mark = app.settings.state_dir.join("history.pruned");
+    let due = std::fs::metadata(&mark)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.elapsed().ok())
+        .is_none_or(|age| age >= PRUNE_EVERY);
+    if !due {
+        return;
+    }
+    match app.store.prune_history(app.settings.history.keep).await {
+        Ok(pruned) => {
+            if let Err(e) = std::fs::write(&mark, b"") {
+                tracing::warn!(file = %mark.display(), error = %e, "cannot note the history's pruning");
+            }
+            if pruned != Default::default() {
+                tracing::info!(
+                    runs = pruned.runs,
+                    jobs = pruned.jobs,
+                    notifications = pruned.notifications,
+                    statuses = pruned.statuses,
+                    "pruned history older than [history] keep"
+                );
+            }
+        }
+        Err(e) => tracing::error!(error = %e, "cannot prune the history"),
+    }
 }
 
 /// A one-shot tick has no sender running beside it: deliver what its runs

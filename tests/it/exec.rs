@@ -569,3 +569,39 @@ fn an_exec_detect_target_never_applies_and_a_newer_commit_supersedes_a_waiting_p
         "only the newer commit's plan is applied"
     );
 }
+
+/// With no daemon (ticks from a systemd timer), one-shot ticks prune the
+/// history older than `[history] keep` every ten minutes: the runs past it
+/// go, but the target's last run and the run that last changed it stay.
+#[test]
+fn one_shot_ticks_prune_the_history_now_and_then() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    let s = Setup::new(&format!(
+        "[history]\nkeep = \"1s\"\n\n{}",
+        exec_target("app", &remote.url(), "path = \"app\"", "apply = [\"true\"]")
+    ));
+    for v in ["v1", "v2", "v3"] {
+        remote.commit(&[("app/config", v)], v);
+        let out = s.run(&["tick", "app"]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+    let ids = |s: &Setup| -> Vec<i64> {
+        s.history("app")
+            .iter()
+            .map(|r| r["id"].as_i64().expect("id"))
+            .collect()
+    };
+    assert_eq!(ids(&s), [3, 2, 1], "pruned before ten minutes passed");
+    std::thread::sleep(Duration::from_millis(1200));
+    // Ten minutes on since the last prune.
+    let mark = s.state.join("history.pruned");
+    std::fs::File::options()
+        .write(true)
+        .open(&mark)
+        .and_then(|f| f.set_modified(std::time::SystemTime::now() - Duration::from_secs(601)))
+        .expect("the prune mark is there, and older");
+    let out = s.run(&["tick", "app"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(ids(&s), [4, 3], "the last run and the last change stay");
+}
