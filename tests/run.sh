@@ -29,6 +29,11 @@ need_apt strace strace
 # imported from busybox-static) and drive docker-compose.
 need_apt dockerd docker.io
 need_apt docker-compose docker-compose
+# The packaging tests (tests/it/packaging.rs): a Debian bookworm base image
+# made by debootstrap, and systemd-analyze for the units.
+need_apt debootstrap debootstrap
+need_apt systemd-analyze systemd
+need_apt strip binutils
 dpkg -s busybox-static >/dev/null 2>&1 || need_apt /nonexistent/busybox-static busybox-static
 # The HTML page (GET /) is checked in headless Chromium, driven over the
 # DevTools protocol (tests/cdp.py, with PyPI's websocket-client) to press

@@ -20,6 +20,7 @@ mod forge_status;
 mod git_sync;
 mod nomad;
 mod notify;
+mod packaging;
 mod page;
 mod pi;
 mod previews;

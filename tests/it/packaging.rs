@@ -1,0 +1,795 @@
+//! The shipped packaging, built and run for real. No registry is reachable,
+//! so the base image `docker/Dockerfile` names (`debian:bookworm-slim`) is a
+//! Debian bookworm root made here by `debootstrap --variant=minbase` from
+//! Debian's archive and `docker import`ed into a private dockerd; the
+//! image's own `apt-get` runs for real (`docker build --network host`).
+//!
+//! - The container image: built from the binary this suite compiled (the
+//!   Dockerfile's `DRIFTLESS_BINARY` argument, so CI does not compile
+//!   twice), then run as a user would run it.
+//! - `docker/compose.yaml`: `docker-compose config` accepts it.
+//! - `systemd/`: `systemd-analyze verify` on every unit, then the units
+//!   under a real systemd (PID 1 of a container): the sandbox leaves the
+//!   daemon what it needs, and an apply orphaned by a `kill -9`ed daemon
+//!   finishes before the restarted daemon runs the job again.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::common::*;
+
+const SECRET: &str = "packaging-hook-secret";
+/// The uid docker/Dockerfile gives its user.
+const IMAGE_UID: &str = "10001";
+
+/// A Debian bookworm minbase root as a tarball, made once per test run and
+/// kept in `target/tmp` for the next (a clean clone makes it again).
+fn bookworm_base() -> &'static Path {
+    static BASE: OnceLock<PathBuf> = OnceLock::new();
+    BASE.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("bookworm-minbase");
+        let tar = dir.join("rootfs-slim.tar");
+        if tar.exists() {
+            return tar;
+        }
+        let rootfs = dir.join("rootfs");
+        let _ = std::fs::remove_dir_all(&rootfs);
+        std::fs::create_dir_all(&dir).expect("mkdir base");
+        let mirror = std::env::var("DRIFTLESS_DEBIAN_MIRROR")
+            .unwrap_or_else(|_| "http://deb.debian.org/debian".into());
+        let out = output_within(
+            Command::new("debootstrap")
+                .args(["--variant=minbase", "bookworm"])
+                .arg(&rootfs)
+                .arg(&mirror)
+                .stdin(Stdio::null()),
+            Duration::from_secs(600),
+        );
+        assert!(
+            out.status.success(),
+            "debootstrap (apt-get install debootstrap; see tests/run.sh) from {mirror}: {}{}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+        // As Debian's official slim images (debuerreotype's slimify and
+        // its apt settings): no documentation, manuals or translations, and
+        // none installed later; apt keeps no downloaded packages or caches.
+        std::fs::write(
+            rootfs.join("etc/dpkg/dpkg.cfg.d/slim"),
+            "path-exclude /usr/share/doc/*\npath-include /usr/share/doc/*/copyright\n\
+             path-exclude /usr/share/man/*\npath-exclude /usr/share/info/*\n\
+             path-exclude /usr/share/locale/*\n",
+        )
+        .expect("dpkg config");
+        std::fs::write(
+            rootfs.join("etc/apt/apt.conf.d/slim"),
+            "APT::Keep-Downloaded-Packages \"false\";\n\
+             Dir::Cache::pkgcache \"\";\nDir::Cache::srcpkgcache \"\";\n",
+        )
+        .expect("apt config");
+        for gone in [
+            "usr/share/doc",
+            "usr/share/man",
+            "usr/share/info",
+            "usr/share/locale",
+            "var/cache/apt",
+            "var/lib/apt/lists",
+        ] {
+            let p = rootfs.join(gone);
+            let _ = std::fs::remove_dir_all(&p);
+            std::fs::create_dir_all(&p).expect("mkdir");
+        }
+        let partial = dir.join("rootfs.tar.partial");
+        let out = Command::new("tar")
+            .arg("-C")
+            .arg(&rootfs)
+            .arg("-cf")
+            .arg(&partial)
+            .arg(".")
+            .output()
+            .expect("tar");
+        assert!(out.status.success(), "tar: {}", text(&out.stderr));
+        std::fs::rename(&partial, &tar).expect("rename");
+        let _ = std::fs::remove_dir_all(&rootfs);
+        tar
+    })
+}
+
+/// A private dockerd holding the bookworm base as `debian:bookworm-slim`.
+fn dockerd_with_base(root: &Path) -> Dockerd {
+    let d = Dockerd::start(root);
+    let tar = std::fs::File::open(bookworm_base()).expect("open base");
+    let out = Command::new("docker")
+        .args(["import", "-", "debian:bookworm-slim"])
+        .env("DOCKER_HOST", &d.host)
+        .stdin(tar)
+        .output()
+        .expect("docker import");
+    assert!(out.status.success(), "docker import: {}", text(&out.stderr));
+    d
+}
+
+/// `docker build` with BuildKit. Debian's docker.io CLI (/usr/bin/docker)
+/// carries BuildKit itself; a newer CLI needs its buildx plugin for it, and
+/// without BuildKit a multi-stage build would run every stage, the
+/// registry-only build stage included.
+fn docker_build(d: &Dockerd, args: &[&str]) -> Output {
+    let cli = if Command::new("docker")
+        .args(["buildx", "version"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        "docker"
+    } else {
+        "/usr/bin/docker"
+    };
+    output_within(
+        Command::new(cli)
+            .arg("build")
+            .args(args)
+            .env("DOCKER_HOST", &d.host)
+            .env("DOCKER_BUILDKIT", "1")
+            .stdin(Stdio::null()),
+        Duration::from_secs(600),
+    )
+}
+
+/// The suite's driftless binary without its symbol tables, in a directory
+/// of its own.
+fn stripped_binary(dir: &Path) -> PathBuf {
+    std::fs::create_dir_all(dir).expect("mkdir");
+    let out = dir.join("driftless");
+    let status = Command::new("strip")
+        .arg("-o")
+        .arg(&out)
+        .arg(bin())
+        .status()
+        .expect("strip (binutils)");
+    assert!(status.success(), "strip failed");
+    out
+}
+
+fn image_size(d: &Dockerd, image: &str) -> u64 {
+    let out = d.docker(&["image", "inspect", "--format", "{{.Size}}", image]);
+    assert!(
+        out.status.success(),
+        "inspect {image}: {}",
+        text(&out.stderr)
+    );
+    text(&out.stdout).trim().parse().expect("a size")
+}
+
+fn mb(bytes: u64) -> String {
+    format!("{:.1} MB", bytes as f64 / 1e6)
+}
+
+/// `chown -R` the bare repository to `owner`: git refuses to serve a
+/// repository another user owns ("dubious ownership"), and the host's
+/// commits are root's.
+fn hand_over(repo: &Path, owner: &str) {
+    let status = Command::new("chown")
+        .args(["-R", owner])
+        .arg(repo)
+        .status()
+        .expect("chown");
+    assert!(status.success(), "chown {owner} {}", repo.display());
+}
+
+fn ok(out: &Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what}: {}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+/// `driftless history app --json` inside container `name`.
+fn container_history(d: &Dockerd, name: &str, exec_prefix: &[&str]) -> Vec<Value> {
+    let mut args = vec!["exec", name];
+    args.extend_from_slice(exec_prefix);
+    args.extend(["driftless", "history", "app", "--json"]);
+    let out = d.docker(&args);
+    serde_json::from_str(&ok(&out, "history in the container")).expect("history --json")
+}
+
+fn results_at(history: &[Value], sha: &str) -> Vec<String> {
+    history
+        .iter()
+        .filter(|r| r["sha"] == sha)
+        .map(|r| r["result"].as_str().unwrap_or("").to_string())
+        .collect()
+}
+
+/// The exec target's files: `apply.sh` writes where backend tools keep
+/// their own state (a plugin cache, ssh's known hosts: under `$HOME`, the
+/// state directory) and logs its start and end (with its pid) there,
+/// sleeping for the committed `delay` between.
+/// The bare repository is handed to `owner` (the user driftless runs as)
+/// after the commit, and back to root for it.
+fn commit_app(remote: &Remote, version: &str, delay: &str, owner: &str) -> String {
+    hand_over(&remote.bare, "root");
+    let sha = remote.commit(
+        &[
+            (
+                "app/apply.sh",
+                "set -e\n\
+                 mkdir -p \"$HOME/.terraform.d/plugin-cache\" \"$HOME/.ssh\"\n\
+                 touch \"$HOME/.ssh/known_hosts\"\n\
+                 log=\"$HOME/apply.log\"\n\
+                 echo \"start $$ $(cat version)\" >> \"$log\"\n\
+                 sleep \"$(cat delay)\"\n\
+                 echo \"end $$ $(cat version)\" >> \"$log\"\n\
+                 echo applied version $(cat version)\n",
+            ),
+            ("app/version", version),
+            ("app/delay", delay),
+        ],
+        &format!("version {version}"),
+    );
+    hand_over(&remote.bare, owner);
+    sha
+}
+
+/// A signed GitHub push of `sha` for the repository driftless knows as
+/// `url` (its path inside the container); the response.
+fn push(port: u16, url: &str, sha: &str, secret: &str, delivery: &str) -> HttpResponse {
+    let body = github_push_body(url, sha, &["app/version"]);
+    deliver_github_push(port, secret, &body, delivery)
+}
+
+#[test]
+fn the_image_builds_and_runs_as_a_user_runs_it() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let d = dockerd_with_base(root.path());
+    let repo_root = Path::new(env!("CARGO_MANIFEST_DIR"));
+
+    // docker/compose.yaml as docker-compose reads it.
+    let out = Command::new("docker-compose")
+        .args(["-f", "docker/compose.yaml", "config", "--quiet"])
+        .current_dir(repo_root)
+        .output()
+        .expect("docker-compose");
+    ok(&out, "docker-compose config docker/compose.yaml");
+
+    // The binary image the build argument names, then the Dockerfile.
+    let binary = stripped_binary(&root.path().join("binary"));
+    let tar = Command::new("tar")
+        .arg("-C")
+        .arg(binary.parent().expect("dir"))
+        .args(["-cf", "-", "driftless"])
+        .output()
+        .expect("tar");
+    let mut import = Command::new("docker")
+        .args(["import", "-", "driftless-binary:suite"])
+        .env("DOCKER_HOST", &d.host)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("docker import");
+    std::io::Write::write_all(&mut import.stdin.take().expect("stdin"), &tar.stdout)
+        .expect("write");
+    assert!(import.wait().expect("wait").success(), "import binary");
+    let started = Instant::now();
+    let out = docker_build(
+        &d,
+        &[
+            "--network",
+            "host",
+            "-f",
+            "docker/Dockerfile",
+            "--build-arg",
+            "DRIFTLESS_BINARY=driftless-binary:suite",
+            "-t",
+            "driftless:suite",
+            repo_root.to_str().expect("utf8"),
+        ],
+    );
+    ok(&out, "docker build");
+    let (image, base) = (
+        image_size(&d, "driftless:suite"),
+        image_size(&d, "debian:bookworm-slim"),
+    );
+    let binary_size = std::fs::metadata(&binary).expect("binary").len();
+    println!(
+        "image driftless:suite: {} (base debian:bookworm-slim from debootstrap {}, \
+         git+ca-certificates+openssh-client {}, driftless {} (the suite's debug build, stripped)); \
+         built in {:.0} s",
+        mb(image),
+        mb(base),
+        mb(image.saturating_sub(base).saturating_sub(binary_size)),
+        mb(binary_size),
+        started.elapsed().as_secs_f64()
+    );
+
+    // The repository, mounted into the container; config and secret as
+    // the README says: read-only mounts.
+    let remote = Remote::new(root.path(), "infra");
+    let first = commit_app(&remote, "1", "0", IMAGE_UID);
+    let etc = root.path().join("etc");
+    let secrets = root.path().join("secrets");
+    std::fs::create_dir_all(&etc).expect("mkdir");
+    std::fs::create_dir_all(&secrets).expect("mkdir");
+    std::fs::write(secrets.join("github-hook-secret"), SECRET).expect("secret");
+    let in_container_url = "file:///srv/infra.git";
+    std::fs::write(
+        etc.join("driftless.toml"),
+        format!(
+            "[[receivers]]\nname = \"github\"\nforge = \"github\"\n\
+             secret_file = \"/run/secrets/github-hook-secret\"\n\n\
+             [[targets]]\nname = \"app\"\nrepo = \"{in_container_url}\"\npath = \"app\"\ninterval = \"1h\"\n\
+             [targets.backend]\nkind = \"exec\"\napply = [\"sh\", \"apply.sh\"]\n"
+        ),
+    )
+    .expect("config");
+    ok(
+        &d.docker(&["volume", "create", "driftless-state"]),
+        "volume create",
+    );
+    let port = free_port();
+    let listen = format!("DRIFTLESS__SERVER__LISTEN=127.0.0.1:{port}");
+    let mounts = [
+        "-v".to_string(),
+        "driftless-state:/var/lib/driftless".to_string(),
+        "-v".to_string(),
+        format!(
+            "{}:/etc/driftless/driftless.toml:ro",
+            etc.join("driftless.toml").display()
+        ),
+        "-v".to_string(),
+        format!("{}:/run/secrets:ro", secrets.display()),
+        "-v".to_string(),
+        format!("{}:/srv/infra.git:ro", remote.bare.display()),
+    ];
+    let run = |name: &str| {
+        // `--init`, as docker/compose.yaml's `init: true`: a small init
+        // reaps what backend tools orphan and passes SIGTERM on.
+        let mut args: Vec<&str> = vec!["run", "-d", "--init", "--name", name, "--network", "host"];
+        args.extend(["-e", &listen]);
+        args.extend(mounts.iter().map(String::as_str));
+        args.push("driftless:suite");
+        ok(&d.docker(&args), "docker run");
+        wait_for(Duration::from_secs(30), "the container to serve", || {
+            http_get(port, "/healthz").is_some_and(|(c, _)| c == 200)
+        });
+    };
+    let logs = |name: &str| {
+        let out = d.docker(&["logs", name]);
+        format!("{}{}", text(&out.stdout), text(&out.stderr))
+    };
+
+    run("d1");
+    // Not root: driftless runs as the image's user.
+    let uids = ok(
+        &d.docker(&[
+            "exec",
+            "d1",
+            "sh",
+            "-c",
+            "for p in /proc/[0-9]*; do \
+             [ \"$(cat $p/comm 2>/dev/null)\" = driftless ] && grep ^Uid: $p/status; done; true",
+        ]),
+        "the daemon's uid",
+    );
+    let uid_line = uids.lines().next().expect("a driftless process");
+    assert!(
+        uid_line.split_whitespace().skip(1).all(|u| u == IMAGE_UID),
+        "driftless runs as {uid_line}"
+    );
+    assert_eq!(
+        http_get(port, "/readyz").map(|(c, _)| c),
+        Some(200),
+        "{}",
+        logs("d1")
+    );
+    // The first interval tick applies the mounted repository.
+    wait_for(Duration::from_secs(60), "the first apply", || {
+        results_at(&container_history(&d, "d1", &[]), &first) == ["changed"]
+    });
+
+    // A push signed with the secret from /run/secrets is accepted and
+    // applied.
+    let second = commit_app(&remote, "2", "0", IMAGE_UID);
+    let r = push(port, in_container_url, &second, SECRET, "image-1");
+    assert_eq!(r.status, 202, "{r:?}\n{}", logs("d1"));
+    let wrong = push(port, in_container_url, &second, "not-the-secret", "image-2");
+    assert_eq!(wrong.status, 401, "{wrong:?}");
+    wait_for(Duration::from_secs(60), "the pushed commit applied", || {
+        results_at(&container_history(&d, "d1", &[]), &second) == ["changed"]
+    });
+
+    // State survives `docker restart`.
+    ok(&d.docker(&["restart", "-t", "30", "d1"]), "docker restart");
+    wait_for(Duration::from_secs(30), "the restarted container", || {
+        http_get(port, "/healthz").is_some_and(|(c, _)| c == 200)
+    });
+    let h = container_history(&d, "d1", &[]);
+    assert_eq!(results_at(&h, &first), ["changed"], "{h:?}");
+    assert_eq!(results_at(&h, &second), ["changed"], "{h:?}");
+
+    // `docker stop` while an apply runs: SIGTERM lets it finish, exit 0.
+    let third = commit_app(&remote, "3", "4", IMAGE_UID);
+    let r = push(port, in_container_url, &third, SECRET, "image-3");
+    assert_eq!(r.status, 202, "{r:?}");
+    wait_for(Duration::from_secs(30), "the slow apply to start", || {
+        let out = d.docker(&["exec", "d1", "cat", "/var/lib/driftless/apply.log"]);
+        text(&out.stdout).contains(" 3\n")
+    });
+    let stopping = Instant::now();
+    ok(&d.docker(&["stop", "-t", "60", "d1"]), "docker stop");
+    let took = stopping.elapsed();
+    let code = ok(
+        &d.docker(&["inspect", "--format", "{{.State.ExitCode}}", "d1"]),
+        "inspect",
+    );
+    assert_eq!(
+        code.trim(),
+        "0",
+        "exit code after docker stop\n{}",
+        logs("d1")
+    );
+    assert!(
+        took < Duration::from_secs(55),
+        "docker stop took {took:?}: SIGTERM was not heeded, the stop timed out"
+    );
+    let secret_in_logs = logs("d1").contains(SECRET);
+    assert!(
+        !secret_in_logs,
+        "the webhook secret is in the container's log"
+    );
+    ok(&d.docker(&["rm", "d1"]), "docker rm");
+
+    // A new container on the same volume: everything recorded before is
+    // there, the interrupted-by-stop apply included, finished.
+    run("d2");
+    let h = container_history(&d, "d2", &[]);
+    assert_eq!(results_at(&h, &first), ["changed"], "{h:?}");
+    assert_eq!(results_at(&h, &third), ["changed"], "{h:?}");
+    let log = ok(
+        &d.docker(&["exec", "d2", "cat", "/var/lib/driftless/apply.log"]),
+        "apply log",
+    );
+    let ends: Vec<&str> = log.lines().filter(|l| l.starts_with("end")).collect();
+    assert_eq!(ends.len(), 3, "every apply ran to its end once: {log}");
+    ok(&d.docker(&["stop", "-t", "30", "d2"]), "docker stop d2");
+}
+
+/// Every unit in `systemd/`, as `systemd-analyze verify` names it (a
+/// template with the instance `app`).
+fn shipped_units() -> Vec<(PathBuf, String)> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("systemd");
+    let mut units: Vec<(PathBuf, String)> = std::fs::read_dir(&dir)
+        .expect("systemd/")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| {
+            p.extension()
+                .is_some_and(|e| e == "service" || e == "timer")
+        })
+        .map(|p| {
+            let file = p.file_name().expect("name").to_string_lossy().to_string();
+            let name = file.replacen("@.", "@app.", 1);
+            (p, name)
+        })
+        .collect();
+    units.sort();
+    units
+}
+
+/// Run `args` in container `name`; its stdout, or a failure naming `what`.
+fn in_container(d: &Dockerd, name: &str, args: &[&str], what: &str) -> String {
+    let mut all = vec!["exec", name];
+    all.extend_from_slice(args);
+    ok(&d.docker(&all), what)
+}
+
+#[test]
+fn the_systemd_units_verify_and_keep_their_promises_under_systemd() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let units = shipped_units();
+    assert!(units.len() >= 3, "{units:?}");
+
+    // systemd-analyze verify, in a root holding the units, the binary their
+    // Exec lines name and systemd's own units. It exits 0 on an unknown
+    // key or a bad value (a warning on stderr): any output is a failure.
+    let sysroot = root.path().join("sysroot");
+    let unit_dir = sysroot.join("etc/systemd/system");
+    std::fs::create_dir_all(&unit_dir).expect("mkdir");
+    std::fs::create_dir_all(sysroot.join("usr/local/bin")).expect("mkdir");
+    std::fs::create_dir_all(sysroot.join("usr/lib/systemd")).expect("mkdir");
+    std::fs::copy(bin(), sysroot.join("usr/local/bin/driftless")).expect("copy binary");
+    for (path, _) in &units {
+        std::fs::copy(path, unit_dir.join(path.file_name().expect("name"))).expect("copy unit");
+    }
+    let out = Command::new("cp")
+        .args(["-a", "/usr/lib/systemd/system"])
+        .arg(sysroot.join("usr/lib/systemd/"))
+        .output()
+        .expect("cp");
+    ok(&out, "copy systemd's units (apt-get install systemd)");
+    let names: Vec<&str> = units.iter().map(|(_, n)| n.as_str()).collect();
+    let out = Command::new("systemd-analyze")
+        .args(["verify", "--man=no"])
+        .arg(format!("--root={}", sysroot.display()))
+        .args(&names)
+        .current_dir(&unit_dir)
+        .output()
+        .expect("systemd-analyze (apt-get install systemd)");
+    assert!(
+        out.status.success() && out.stderr.is_empty() && out.stdout.is_empty(),
+        "systemd-analyze verify {names:?}:\n{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let out = Command::new("systemd-analyze")
+        .args(["security", "--offline=true", "--no-pager"])
+        .arg(format!("--root={}", sysroot.display()))
+        .arg("driftless.service")
+        .current_dir(&unit_dir)
+        .output()
+        .expect("systemd-analyze security");
+    if let Some(line) = text(&out.stdout)
+        .lines()
+        .chain(text(&out.stderr).lines())
+        .find(|l| l.contains("Overall exposure level"))
+    {
+        println!(
+            "systemd-analyze security driftless.service: {}",
+            line.trim()
+        );
+    }
+
+    // The units under a real systemd: PID 1 of a container.
+    let d = dockerd_with_base(root.path());
+    let ctx = root.path().join("context");
+    std::fs::create_dir_all(ctx.join("units")).expect("mkdir");
+    stripped_binary(&ctx);
+    for (path, _) in &units {
+        std::fs::copy(
+            path,
+            ctx.join("units").join(path.file_name().expect("name")),
+        )
+        .expect("copy unit");
+    }
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("systemd/driftless.sysusers.conf"),
+        ctx.join("driftless.sysusers.conf"),
+    )
+    .expect("copy sysusers");
+    let port = free_port();
+    let url = "file:///srv/infra.git";
+    std::fs::write(
+        ctx.join("driftless.toml"),
+        format!(
+            "[server]\nlisten = \"127.0.0.1:{port}\"\n\n\
+             [[receivers]]\nname = \"github\"\nforge = \"github\"\n\
+             secret_file = \"/etc/driftless/github-hook-secret\"\n\n\
+             [[targets]]\nname = \"app\"\nrepo = \"{url}\"\npath = \"app\"\ninterval = \"1h\"\n\
+             [targets.backend]\nkind = \"exec\"\napply = [\"sh\", \"apply.sh\"]\n"
+        ),
+    )
+    .expect("config");
+    std::fs::write(ctx.join("github-hook-secret"), SECRET).expect("secret");
+    std::fs::write(
+        ctx.join("Dockerfile"),
+        "FROM debian:bookworm-slim\n\
+         RUN apt-get update \\\n && apt-get install -y --no-install-recommends systemd systemd-sysv git ca-certificates \\\n && rm -rf /var/lib/apt/lists/*\n\
+         COPY driftless /usr/local/bin/driftless\n\
+         COPY units/ /etc/systemd/system/\n\
+         COPY driftless.sysusers.conf /usr/lib/sysusers.d/driftless.conf\n\
+         COPY driftless.toml /etc/driftless/driftless.toml\n\
+         COPY github-hook-secret /etc/driftless/github-hook-secret\n",
+    )
+    .expect("Dockerfile");
+    let out = docker_build(
+        &d,
+        &[
+            "--network",
+            "host",
+            "-t",
+            "driftless-systemd:suite",
+            ctx.to_str().expect("utf8"),
+        ],
+    );
+    ok(&out, "docker build (systemd image)");
+
+    let remote = Remote::new(root.path(), "infra");
+    let repo_mount = format!("{}:/srv/infra.git:ro", remote.bare.display());
+    // What systemd needs to be PID 1 in a container: its cgroups, a tmpfs
+    // /run, and the capability to set up the units' sandboxes.
+    ok(
+        &d.docker(&[
+            "run",
+            "-d",
+            "--name",
+            "sd",
+            "--network",
+            "host",
+            "--cap-add",
+            "SYS_ADMIN",
+            "--security-opt",
+            "seccomp=unconfined",
+            "--security-opt",
+            "apparmor=unconfined",
+            "--tmpfs",
+            "/run",
+            "--tmpfs",
+            "/run/lock",
+            "-v",
+            "/sys/fs/cgroup:/sys/fs/cgroup:rw",
+            "-v",
+            &repo_mount,
+            "driftless-systemd:suite",
+            "/sbin/init",
+        ]),
+        "docker run systemd",
+    );
+    wait_for(Duration::from_secs(60), "systemd to boot", || {
+        let out = d.docker(&["exec", "sd", "systemctl", "is-system-running"]);
+        matches!(text(&out.stdout).trim(), "running" | "degraded")
+    });
+    let journal = |unit: &str| {
+        let out = d.docker(&["exec", "sd", "journalctl", "--no-pager", "-u", unit]);
+        text(&out.stdout)
+    };
+    // systemd-sysusers made the user at boot.
+    let uid = in_container(&d, "sd", &["id", "-u", "driftless"], "the driftless user");
+    let uid = uid.trim();
+    // The README's way to keep a secret: readable by root and the
+    // driftless group only.
+    in_container(
+        &d,
+        "sd",
+        &[
+            "sh",
+            "-c",
+            "chown root:driftless /etc/driftless/github-hook-secret \
+             && chmod 0640 /etc/driftless/github-hook-secret",
+        ],
+        "the secret's owner",
+    );
+    let first = commit_app(&remote, "1", "0", uid);
+    let history = |d: &Dockerd| {
+        container_history(
+            d,
+            "sd",
+            &[
+                "runuser",
+                "-u",
+                "driftless",
+                "--",
+                "env",
+                "DRIFTLESS_CONFIG=/etc/driftless/driftless.toml",
+            ],
+        )
+    };
+
+    // The sandboxed daemon starts (`driftless check` first), serves, and
+    // applies: its state directory, its home (tools' caches, ssh's known
+    // hosts) and the config are what it was left.
+    let out = d.docker(&["exec", "sd", "systemctl", "start", "driftless"]);
+    assert!(
+        out.status.success(),
+        "systemctl start driftless: {}\n{}",
+        text(&out.stderr),
+        journal("driftless")
+    );
+    wait_for(Duration::from_secs(30), "the daemon to serve", || {
+        http_get(port, "/readyz").is_some_and(|(c, _)| c == 200)
+    });
+    wait_for(Duration::from_secs(60), "the first apply", || {
+        results_at(&history(&d), &first) == ["changed"]
+    });
+    // The webhook secret was readable in the sandbox.
+    let second = commit_app(&remote, "2", "0", uid);
+    let r = push(port, url, &second, SECRET, "systemd-1");
+    assert_eq!(r.status, 202, "{r:?}\n{}", journal("driftless"));
+    wait_for(Duration::from_secs(60), "the pushed commit applied", || {
+        results_at(&history(&d), &second) == ["changed"]
+    });
+
+    // kill -9 of the daemon mid-apply: the apply finishes (systemd leaves
+    // it alone), systemd restarts the daemon, which waits for the orphan,
+    // then runs the job again: never two at once.
+    let third = commit_app(&remote, "3", "6", uid);
+    let r = push(port, url, &third, SECRET, "systemd-2");
+    assert_eq!(r.status, 202, "{r:?}");
+    let apply_log = || {
+        in_container(
+            &d,
+            "sd",
+            &["cat", "/var/lib/driftless/apply.log"],
+            "apply log",
+        )
+    };
+    wait_for(Duration::from_secs(30), "the slow apply to start", || {
+        apply_log().contains(" 3\n")
+    });
+    in_container(
+        &d,
+        "sd",
+        &[
+            "sh",
+            "-c",
+            "kill -9 \"$(systemctl show --property MainPID --value driftless)\"",
+        ],
+        "kill -9 the daemon",
+    );
+    wait_for(
+        Duration::from_secs(90),
+        "the restarted daemon to run the job again",
+        || {
+            let h = history(&d);
+            results_at(&h, &third).iter().any(|r| r == "changed")
+        },
+    );
+    let log = apply_log();
+    let of_third: Vec<Vec<&str>> = log
+        .lines()
+        .filter(|l| l.ends_with(" 3"))
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    let kinds: Vec<&str> = of_third.iter().map(|l| l[0]).collect();
+    assert_eq!(
+        kinds,
+        ["start", "end", "start", "end"],
+        "the orphaned apply was killed, or the rerun overlapped it:\n{log}\n{}",
+        journal("driftless")
+    );
+    assert_eq!(of_third[0][1], of_third[1][1], "{log}");
+    let h = history(&d);
+    let results = results_at(&h, &third);
+    assert!(results.contains(&"interrupted".to_string()), "{results:?}");
+    let restarts = in_container(
+        &d,
+        "sd",
+        &[
+            "systemctl",
+            "show",
+            "--property",
+            "NRestarts",
+            "--value",
+            "driftless",
+        ],
+        "NRestarts",
+    );
+    assert_eq!(restarts.trim(), "1", "{}", journal("driftless"));
+
+    // `systemctl stop`: a clean exit.
+    in_container(&d, "sd", &["systemctl", "stop", "driftless"], "stop");
+    let result = in_container(
+        &d,
+        "sd",
+        &[
+            "systemctl",
+            "show",
+            "--property",
+            "Result",
+            "--value",
+            "driftless",
+        ],
+        "Result",
+    );
+    assert_eq!(result.trim(), "success", "{}", journal("driftless"));
+
+    // The timer's one-shot tick shares the state: one more run, no change.
+    let before = history(&d).len();
+    in_container(
+        &d,
+        "sd",
+        &["systemctl", "start", "driftless-tick@app.service"],
+        "a one-shot tick",
+    );
+    let h = history(&d);
+    assert_eq!(h.len(), before + 1, "{}", journal("driftless-tick@app"));
+    assert_eq!(h[0]["result"], "no_change", "{h:?}");
+    let journal_text = journal("driftless");
+    assert!(
+        !journal_text.contains(SECRET),
+        "the webhook secret is in the journal"
+    );
+}
