@@ -239,22 +239,24 @@ mod tests {
         }
     }
 
+    /// A run of `web` with no job, its commit not yet known.
+    fn new_run(trigger: &str) -> NewRun<'_> {
+        NewRun {
+            target: "web",
+            job_id: None,
+            operation: Operation::Apply,
+            trigger,
+            delivery_id: None,
+            requested_sha: None,
+            receiver: None,
+            sha: None,
+        }
+    }
+
     /// One run of `web` at `sha`, finished with `result`, folded into a
     /// streak when it may be; returns the id it ends up as.
     async fn run(store: &Store, sha: &str, trigger: &str, result: ApplyResult) -> i64 {
-        let id = store
-            .begin_run(&NewRun {
-                target: "web",
-                job_id: None,
-                operation: Operation::Apply,
-                trigger,
-                delivery_id: None,
-                requested_sha: None,
-                receiver: None,
-                sha: None,
-            })
-            .await
-            .expect("begin");
+        let id = store.begin_run(&new_run(trigger)).await.expect("begin");
         store.set_run_sha(id, sha).await.expect("sha");
         let message = format!("{} at {sha}", result.as_str());
         let streak = if result == ApplyResult::NoChange {
@@ -391,19 +393,7 @@ mod tests {
         let last_change = run(&store, "c", "cli", ApplyResult::Changed).await;
         let last = run(&store, "c", "interval", ApplyResult::NoChange).await;
         // A run still going is never pruned.
-        let going = store
-            .begin_run(&NewRun {
-                target: "web",
-                job_id: None,
-                operation: Operation::Apply,
-                trigger: "cli",
-                delivery_id: None,
-                requested_sha: None,
-                receiver: None,
-                sha: None,
-            })
-            .await
-            .expect("begin");
+        let going = store.begin_run(&new_run("cli")).await.expect("begin");
         tokio::time::sleep(Duration::from_millis(20)).await;
         let pruned = store
             .prune_history(Duration::from_millis(1))

@@ -439,17 +439,8 @@ fn a_tick_with_nothing_to_do_starts_no_process_and_still_puts_back_a_hand_edit()
         .args(["tick", "site"])
         .output()
         .expect("strace runs");
-    assert!(
-        out.status.success(),
-        "{}{}",
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-    assert!(
-        text(&out.stdout).contains("no_change"),
-        "{}",
-        text(&out.stdout)
-    );
+    let stdout = succeeded(&out, "the traced tick");
+    assert!(stdout.contains("no_change"), "{stdout}");
     let trace = std::fs::read_to_string(&traced).expect("trace");
     let started: Vec<&str> = trace
         .lines()

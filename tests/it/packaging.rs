@@ -113,11 +113,12 @@ fn dockerd_with_base(root: &Path) -> Dockerd {
     d
 }
 
-/// `docker build` with BuildKit. Debian's docker.io CLI (/usr/bin/docker)
+/// `docker build --network host -t TAG … CONTEXT` (the build's apt-get
+/// reaches Debian's archive through the host) with BuildKit. Debian's docker.io CLI (/usr/bin/docker)
 /// carries BuildKit itself; a newer CLI needs its buildx plugin for it, and
 /// without BuildKit a multi-stage build would run every stage, the
 /// registry-only build stage included.
-fn docker_build(d: &Dockerd, args: &[&str]) -> Output {
+fn docker_build(d: &Dockerd, tag: &str, context: &Path, args: &[&str]) -> Output {
     let cli = if Command::new("docker")
         .args(["buildx", "version"])
         .output()
@@ -129,8 +130,9 @@ fn docker_build(d: &Dockerd, args: &[&str]) -> Output {
     };
     output_within(
         Command::new(cli)
-            .arg("build")
+            .args(["build", "--network", "host", "-t", tag])
             .args(args)
+            .arg(context)
             .env("DOCKER_HOST", &d.host)
             .env("DOCKER_BUILDKIT", "1")
             .stdin(Stdio::null()),
@@ -179,23 +181,13 @@ fn hand_over(repo: &Path, owner: &str) {
     assert!(status.success(), "chown {owner} {}", repo.display());
 }
 
-fn ok(out: &Output, what: &str) -> String {
-    assert!(
-        out.status.success(),
-        "{what}: {}{}",
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-    text(&out.stdout)
-}
-
 /// `driftless history app --json` inside container `name`.
 fn container_history(d: &Dockerd, name: &str, exec_prefix: &[&str]) -> Vec<Value> {
     let mut args = vec!["exec", name];
     args.extend_from_slice(exec_prefix);
     args.extend(["driftless", "history", "app", "--json"]);
     let out = d.docker(&args);
-    serde_json::from_str(&ok(&out, "history in the container")).expect("history --json")
+    serde_json::from_str(&succeeded(&out, "history in the container")).expect("history --json")
 }
 
 fn results_at(history: &[Value], sha: &str) -> Vec<String> {
@@ -255,7 +247,7 @@ fn the_image_builds_and_runs_as_a_user_runs_it() {
         .current_dir(repo_root)
         .output()
         .expect("docker-compose");
-    ok(&out, "docker-compose config docker/compose.yaml");
+    succeeded(&out, "docker-compose config docker/compose.yaml");
 
     // The binary image the build argument names, then the Dockerfile.
     let binary = stripped_binary(&root.path().join("binary"));
@@ -278,19 +270,16 @@ fn the_image_builds_and_runs_as_a_user_runs_it() {
     let started = Instant::now();
     let out = docker_build(
         &d,
+        "driftless:suite",
+        repo_root,
         &[
-            "--network",
-            "host",
             "-f",
             "docker/Dockerfile",
             "--build-arg",
             "DRIFTLESS_BINARY=driftless-binary:suite",
-            "-t",
-            "driftless:suite",
-            repo_root.to_str().expect("utf8"),
         ],
     );
-    ok(&out, "docker build");
+    succeeded(&out, "docker build");
     let (image, base) = (
         image_size(&d, "driftless:suite"),
         image_size(&d, "debian:bookworm-slim"),
@@ -327,7 +316,7 @@ fn the_image_builds_and_runs_as_a_user_runs_it() {
         ),
     )
     .expect("config");
-    ok(
+    succeeded(
         &d.docker(&["volume", "create", "driftless-state"]),
         "volume create",
     );
@@ -353,7 +342,7 @@ fn the_image_builds_and_runs_as_a_user_runs_it() {
         args.extend(["-e", &listen]);
         args.extend(mounts.iter().map(String::as_str));
         args.push("driftless:suite");
-        ok(&d.docker(&args), "docker run");
+        succeeded(&d.docker(&args), "docker run");
         wait_for(Duration::from_secs(30), "the container to serve", || {
             http_get(port, "/healthz").is_some_and(|(c, _)| c == 200)
         });
@@ -365,7 +354,7 @@ fn the_image_builds_and_runs_as_a_user_runs_it() {
 
     run("d1");
     // Not root: driftless runs as the image's user.
-    let uids = ok(
+    let uids = succeeded(
         &d.docker(&[
             "exec",
             "d1",
@@ -404,7 +393,7 @@ fn the_image_builds_and_runs_as_a_user_runs_it() {
     });
 
     // State survives `docker restart`.
-    ok(&d.docker(&["restart", "-t", "30", "d1"]), "docker restart");
+    succeeded(&d.docker(&["restart", "-t", "30", "d1"]), "docker restart");
     wait_for(Duration::from_secs(30), "the restarted container", || {
         http_get(port, "/healthz").is_some_and(|(c, _)| c == 200)
     });
@@ -421,9 +410,9 @@ fn the_image_builds_and_runs_as_a_user_runs_it() {
         text(&out.stdout).contains(" 3\n")
     });
     let stopping = Instant::now();
-    ok(&d.docker(&["stop", "-t", "60", "d1"]), "docker stop");
+    succeeded(&d.docker(&["stop", "-t", "60", "d1"]), "docker stop");
     let took = stopping.elapsed();
-    let code = ok(
+    let code = succeeded(
         &d.docker(&["inspect", "--format", "{{.State.ExitCode}}", "d1"]),
         "inspect",
     );
@@ -442,7 +431,7 @@ fn the_image_builds_and_runs_as_a_user_runs_it() {
         !secret_in_logs,
         "the webhook secret is in the container's log"
     );
-    ok(&d.docker(&["rm", "d1"]), "docker rm");
+    succeeded(&d.docker(&["rm", "d1"]), "docker rm");
 
     // A new container on the same volume: everything recorded before is
     // there, the interrupted-by-stop apply included, finished.
@@ -450,13 +439,13 @@ fn the_image_builds_and_runs_as_a_user_runs_it() {
     let h = container_history(&d, "d2", &[]);
     assert_eq!(results_at(&h, &first), ["changed"], "{h:?}");
     assert_eq!(results_at(&h, &third), ["changed"], "{h:?}");
-    let log = ok(
+    let log = succeeded(
         &d.docker(&["exec", "d2", "cat", "/var/lib/driftless/apply.log"]),
         "apply log",
     );
     let ends: Vec<&str> = log.lines().filter(|l| l.starts_with("end")).collect();
     assert_eq!(ends.len(), 3, "every apply ran to its end once: {log}");
-    ok(&d.docker(&["stop", "-t", "30", "d2"]), "docker stop d2");
+    succeeded(&d.docker(&["stop", "-t", "30", "d2"]), "docker stop d2");
 }
 
 /// Every unit in `systemd/`, as `systemd-analyze verify` names it (a
@@ -484,7 +473,7 @@ fn shipped_units() -> Vec<(PathBuf, String)> {
 fn in_container(d: &Dockerd, name: &str, args: &[&str], what: &str) -> String {
     let mut all = vec!["exec", name];
     all.extend_from_slice(args);
-    ok(&d.docker(&all), what)
+    succeeded(&d.docker(&all), what)
 }
 
 #[test]
@@ -510,7 +499,7 @@ fn the_systemd_units_verify_and_keep_their_promises_under_systemd() {
         .arg(sysroot.join("usr/lib/systemd/"))
         .output()
         .expect("cp");
-    ok(&out, "copy systemd's units (apt-get install systemd)");
+    succeeded(&out, "copy systemd's units (apt-get install systemd)");
     let names: Vec<&str> = units.iter().map(|(_, n)| n.as_str()).collect();
     let out = Command::new("systemd-analyze")
         .args(["verify", "--man=no"])
@@ -585,23 +574,14 @@ fn the_systemd_units_verify_and_keep_their_promises_under_systemd() {
          COPY github-hook-secret /etc/driftless/github-hook-secret\n",
     )
     .expect("Dockerfile");
-    let out = docker_build(
-        &d,
-        &[
-            "--network",
-            "host",
-            "-t",
-            "driftless-systemd:suite",
-            ctx.to_str().expect("utf8"),
-        ],
-    );
-    ok(&out, "docker build (systemd image)");
+    let out = docker_build(&d, "driftless-systemd:suite", &ctx, &[]);
+    succeeded(&out, "docker build (systemd image)");
 
     let remote = Remote::new(root.path(), "infra");
     let repo_mount = format!("{}:/srv/infra.git:ro", remote.bare.display());
     // What systemd needs to be PID 1 in a container: its cgroups, a tmpfs
     // /run, and the capability to set up the units' sandboxes.
-    ok(
+    succeeded(
         &d.docker(&[
             "run",
             "-d",

@@ -308,6 +308,17 @@ pub fn output_within(cmd: &mut Command, limit: Duration) -> Output {
     }
 }
 
+/// `out`'s stdout, or a failure naming `what` with everything it printed.
+pub fn succeeded(out: &Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what}: {}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
 pub fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
