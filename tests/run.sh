@@ -22,6 +22,8 @@ need_apt git git
 need_apt python3 python3   # tests/git_http_server.py: git smart HTTP behind auth
 need_apt openssl openssl   # a test CA for the https remote
 need_apt ssh openssh-client
+# Verified commits (tests/it/verify.rs): gpg and ssh-keygen sign and check.
+need_apt gpg gnupg
 need_apt /usr/sbin/sshd openssh-server   # an ssh remote on 127.0.0.1
 # A no-op tick is shown to start no process at all (strace counts execve).
 need_apt strace strace

@@ -21,13 +21,14 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::backend::BackendConfig;
-pub use crate::git::GitAuth;
+pub use crate::git::{GitAuth, Verification};
 use crate::paths::resolve;
 pub use crate::secret::SecretRef;
 
 mod checks;
 mod server;
 mod target;
+mod verify;
 
 pub use checks::valid_name;
 use checks::{duration, problem, serde_problem};
@@ -141,6 +142,8 @@ pub struct Defaults {
     pub repeat_after: Duration,
     /// The forge commit statuses go to for targets that name none.
     pub forge: Option<String>,
+    /// `[defaults.verify]`: for targets without their own `verify`.
+    pub verify: Option<Verification>,
 }
 
 #[derive(Debug, Clone)]
@@ -235,6 +238,9 @@ pub struct Target {
     pub forge_repo: Option<String>,
     /// Which pull requests are planned and shown on the forge (`previews`).
     pub previews: Previews,
+    /// The keys its commits must be signed with (`verify`, or `[defaults]
+    /// verify`); none: commits are not checked.
+    pub verify: Option<Verification>,
 }
 
 /// `previews`: which pull requests into the target's branch are planned,
@@ -407,6 +413,7 @@ struct RawDefaults {
     notify: Option<Vec<String>>,
     repeat_after: Option<String>,
     forge: Option<String>,
+    verify: Option<Value>,
 }
 
 /// Load and validate the configuration at `path`, applying `DRIFTLESS__`
@@ -666,6 +673,7 @@ fn validate(
         notify: None,
         repeat_after: None,
         forge: None,
+        verify: None,
     });
     let defaults = Defaults {
         notify: raw_defaults.notify.unwrap_or_default(),
@@ -678,6 +686,9 @@ fn validate(
             problems,
         ),
         forge: raw_defaults.forge,
+        verify: raw_defaults
+            .verify
+            .and_then(|v| verify::validate_verify(v, "defaults", base, machine, problems)),
     };
     let history = History {
         keep: duration(
@@ -705,6 +716,9 @@ fn validate(
         }
     }
     for t in &mut targets {
+        if t.verify.is_none() {
+            t.verify = defaults.verify.clone();
+        }
         // A target without a `notify` list gets the defaults; an explicit
         // empty list means no notifications for it.
         if t.notify == [INHERIT.to_string()] {

@@ -1,8 +1,9 @@
 //! One `[[targets]]` table: its repository (a URL or a path, with no
 //! credentials in it), branch, path inside the checkout, interval and
 //! timeout, git credentials, notifiers, the commit-page URL derived from the
-//! repository's, and its backend table (validated by the backend's own
-//! `Kind`). Every problem is collected with the target's label.
+//! repository's, its `verify` table (`config::verify`), and its backend
+//! table (validated by the backend's own `Kind`). Every problem is
+//! collected with the target's label.
 
 use super::*;
 
@@ -22,6 +23,7 @@ struct RawTarget {
     forge: Option<String>,
     forge_repo: Option<String>,
     previews: Option<Value>,
+    verify: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -360,6 +362,10 @@ pub(super) fn validate_target(
         }),
         forge_repo: raw.forge_repo,
         previews,
+        // `[defaults.verify]` for a target without its own: config::validate.
+        verify: raw
+            .verify
+            .and_then(|v| super::verify::validate_verify(v, label, base, machine, problems)),
     })
 }
 

@@ -15,6 +15,8 @@
 //! has its branch read directly and is not fetched when the cache holds
 //! that commit; a checkout already at the commit, its tracked files
 //! untouched (`worktree`), is not reset; trees are read with gix.
+//! Commit signatures are checked in the cache (`verify`) before a
+//! checkout moves.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -24,7 +26,10 @@ use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 
+mod verify;
 mod worktree;
+
+pub use verify::{Refused, Verification};
 
 use crate::error::chain;
 use crate::model::CommitId;
@@ -125,6 +130,9 @@ pub struct Git {
     cache_root: PathBuf,
     checkout_root: PathBuf,
     preview_root: PathBuf,
+    /// Commit-signature checks: a private GnuPG home per target while one
+    /// runs, and a note of the last commit verified.
+    verify_root: PathBuf,
     slots: Arc<std::sync::Mutex<Slots>>,
     fetches: Arc<AtomicU64>,
 }
@@ -168,6 +176,7 @@ impl Git {
             cache_root: state_dir.join("git"),
             checkout_root: state_dir.join("checkouts"),
             preview_root: state_dir.join("previews").join("checkouts"),
+            verify_root: state_dir.join("verify"),
             slots: Default::default(),
             fetches: Default::default(),
         }

@@ -6,7 +6,8 @@
 //! is held for the whole tick; the run row (target, trigger, delivery) is
 //! written before git is touched and its commit before the backend is
 //! called — if either write fails the tick stops there; a failed run never
-//! moves the last applied SHA. `review` holds the steps of the ticks that
+//! moves the last applied SHA; a target that verifies signatures has its
+//! commits checked before its checkout moves. `review` holds the steps of the ticks that
 //! plan (detect, approvals, `driftless plan`), `notices` who hears of a run.
 
 mod notices;
@@ -388,6 +389,35 @@ impl Reconciler {
             started_ms,
             prev: state.clone(),
         };
+
+        // A target that verifies signatures: the commits are checked in the
+        // cache, before the checkout moves or a backend runs. A refused
+        // commit fails the run; the last applied commit stays.
+        if op == Operation::Apply
+            && let (Some(v), Some(Ok(sha))) = (&target.verify, &tip)
+        {
+            let last = state.as_ref().and_then(|s| s.last_applied_sha.as_deref());
+            if let Err(refused) = self
+                .git
+                .verify(&target.name, &target.repo, sha.as_str(), last, v)
+                .await
+            {
+                if already.is_none() {
+                    self.app.store.set_run_sha(run_id, sha.as_str()).await?;
+                }
+                let status = Status::failed(refused.to_string());
+                return self
+                    .finish_with(
+                        target,
+                        &run,
+                        None,
+                        Some(sha.as_str()),
+                        status,
+                        Findings::default(),
+                    )
+                    .await;
+            }
+        }
 
         // git: the branch tip for apply; for destroy, what was last applied.
         let synced = match (op, tip) {

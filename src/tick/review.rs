@@ -526,12 +526,26 @@ impl Reconciler {
             target: name.to_string(),
             message,
         };
-        let synced = self
+        let state = self.app.store.target_state(name).await?;
+        let tip = self
             .git
-            .sync(target.source(), std::time::Instant::now())
+            .fetch(&target.repo, &target.branch, &target.git)
             .await
             .map_err(|e| err(e.to_string()))?;
-        let state = self.app.store.target_state(name).await?;
+        // What a tick would refuse is not planned either: a plan runs the
+        // repository's code.
+        if let Some(v) = &target.verify {
+            let last = state.as_ref().and_then(|s| s.last_applied_sha.as_deref());
+            self.git
+                .verify(&target.name, &target.repo, tip.as_str(), last, v)
+                .await
+                .map_err(|e| err(e.to_string()))?;
+        }
+        let synced = self
+            .git
+            .checkout(target.source(), &tip)
+            .await
+            .map_err(|e| err(e.to_string()))?;
         let ctx = self.context(
             &target,
             &synced,

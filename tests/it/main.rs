@@ -29,4 +29,5 @@ mod server_limits;
 mod soak;
 mod terraform;
 mod unwritable;
+mod verify;
 mod webhooks;

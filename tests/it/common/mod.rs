@@ -14,19 +14,22 @@ pub fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_driftless"))
 }
 
-/// Run git in `dir`, panicking with git's stderr on failure.
-pub fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .args(args)
-        .current_dir(dir)
+/// git in `dir` as the tests' author, without the user's git config.
+fn git_command(dir: &Path) -> Command {
+    let mut c = Command::new("git");
+    c.current_dir(dir)
         .env("GIT_CONFIG_GLOBAL", "/dev/null")
         .env("GIT_CONFIG_NOSYSTEM", "1")
         .env("GIT_AUTHOR_NAME", "test")
         .env("GIT_AUTHOR_EMAIL", "test@example.net")
         .env("GIT_COMMITTER_NAME", "test")
-        .env("GIT_COMMITTER_EMAIL", "test@example.net")
-        .output()
-        .expect("run git");
+        .env("GIT_COMMITTER_EMAIL", "test@example.net");
+    c
+}
+
+/// Run git in `dir`, panicking with git's stderr on failure.
+pub fn git(dir: &Path, args: &[&str]) -> String {
+    let out = git_command(dir).args(args).output().expect("run git");
     assert!(
         out.status.success(),
         "git {args:?} in {} failed: {}",
@@ -160,11 +163,43 @@ impl Remote {
     }
 
     fn commit_all(&self, message: &str) -> String {
+        self.commit_all_with(message, &[], &[])
+    }
+
+    /// Write files, commit signed as `sign` says (git `-c` settings such as
+    /// `gpg.format=ssh`, `user.signingkey=…`, with `env` for the signer,
+    /// e.g. `GNUPGHOME`), push; return the SHA.
+    pub fn commit_signed(
+        &self,
+        files: &[(&str, &str)],
+        message: &str,
+        sign: &[&str],
+        env: &[(&str, &str)],
+    ) -> String {
+        for (path, content) in files {
+            let p = self.work.join(path);
+            std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+            std::fs::write(&p, content).expect("write file");
+        }
+        self.commit_all_with(message, sign, env)
+    }
+
+    fn commit_all_with(&self, message: &str, sign: &[&str], env: &[(&str, &str)]) -> String {
         git(&self.work, &["add", "-A"]);
-        git(
-            &self.work,
-            &["commit", "-q", "--allow-empty", "-m", message],
-        );
+        let mut args: Vec<&str> = Vec::new();
+        for c in sign {
+            args.extend(["-c", c]);
+        }
+        args.extend(["commit", "-q", "--allow-empty", "-m", message]);
+        if !sign.is_empty() {
+            args.push("-S");
+        }
+        let out = git_command(&self.work)
+            .args(&args)
+            .envs(env.iter().copied())
+            .output()
+            .expect("git commit");
+        succeeded(&out, "git commit");
         git(&self.work, &["push", "-q", "origin", "main"]);
         git(&self.work, &["rev-parse", "HEAD"])
     }

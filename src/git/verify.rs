@@ -1,0 +1,270 @@
+//! Commit signatures: is the commit about to be applied (or every commit
+//! since the last applied one) signed by a key the target lists?
+//!
+//! The real tools decide: `git log` with `%G?` asks gpg (OpenPGP) or
+//! `ssh-keygen -Y` (SSH) about each commit, in an isolated setting — a
+//! private GnuPG home holding only the target's keyring, git's allowed
+//! signers file set on the command line, no system or global git config —
+//! so the host user's keyrings and `~/.gitconfig` never count. A commit
+//! verified once for a target and a given set of keys is noted (a file in
+//! the state directory) and not asked about again: a tick with nothing to
+//! do starts no process. This module must not touch a checkout: it reads
+//! the cache, after the fetch and before anything moves.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+
+use super::Git;
+use crate::process::{self, Spec};
+use crate::redact::Redactor;
+
+/// How long verifying may take (one gpg or ssh-keygen per signed commit).
+const VERIFY_TIMEOUT: Duration = Duration::from_secs(5 * 60);
+
+/// What a target's commits must carry (`[targets.verify]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verification {
+    /// git's allowed-signers format: SSH keys and who they belong to.
+    pub allowed_signers_file: Option<PathBuf>,
+    /// OpenPGP public keys, armored or binary.
+    pub gpg_keyring_file: Option<PathBuf>,
+    /// `mode = "all"`: every commit since the last applied one, not only the
+    /// commit to apply.
+    pub every_commit: bool,
+}
+
+/// Why a commit is refused, or why none could be checked.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Refused {
+    #[error("commit {commit} refused: {why}")]
+    Commit { commit: String, why: String },
+    #[error("cannot verify commit signatures: {0}")]
+    Cannot(String),
+}
+
+impl Git {
+    /// Check `tip` of `remote` (already fetched into its cache) for target
+    /// `target`: with `every_commit`, every commit reachable from `tip` and
+    /// not from `last_applied` (the tip alone when nothing was applied
+    /// yet). `Ok` when every one carries a good signature from a listed key.
+    pub async fn verify(
+        &self,
+        target: &str,
+        remote: &str,
+        tip: &str,
+        last_applied: Option<&str>,
+        v: &Verification,
+    ) -> Result<(), Refused> {
+        let keys = read_keys(v)?;
+        let noted = self.verify_root.join(format!("{target}.verified"));
+        let note = format!("{tip} {}\n", keys.digest);
+        if std::fs::read_to_string(&noted).is_ok_and(|n| n == note) {
+            return Ok(());
+        }
+        let work = self.verify_root.join(target);
+        let _ = std::fs::remove_dir_all(&work);
+        let home = work.join("gnupg");
+        create_private_dir(&home)
+            .map_err(|e| Refused::Cannot(format!("cannot create {}: {e}", home.display())))?;
+        // Nothing to start: verifying needs no agent or key server.
+        std::fs::write(home.join("gpg.conf"), "no-autostart\n")
+            .map_err(|e| Refused::Cannot(format!("cannot write gpg.conf: {e}")))?;
+        let deadline = Instant::now() + VERIFY_TIMEOUT;
+        if let Some(keyring) = &v.gpg_keyring_file {
+            let argv = [
+                "gpg",
+                "--homedir",
+                &home.to_string_lossy(),
+                "--batch",
+                "--quiet",
+                "--import",
+                &keyring.to_string_lossy(),
+            ];
+            let out = run(&argv, &work, &home, deadline).await?;
+            if !out.success() {
+                return Err(Refused::Cannot(format!(
+                    "gpg cannot import gpg_keyring_file {}: {}",
+                    keyring.display(),
+                    out.stderr_summary(3)
+                )));
+            }
+        }
+        let signers = v
+            .allowed_signers_file
+            .as_deref()
+            .unwrap_or(Path::new("/dev/null"));
+        let cache = self.cache_dir(remote);
+        let mut argv: Vec<String> = [
+            "git",
+            "-c",
+            &format!("gpg.ssh.allowedSignersFile={}", signers.display()),
+            "log",
+            "--format=%H%x1f%G?%x1f%GK%x1f%GS%x1f%GF",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        match (v.every_commit, last_applied) {
+            (true, Some(last)) if last != tip => {
+                argv.extend([tip.to_string(), "--not".into(), last.to_string()])
+            }
+            (true, Some(_)) => {}
+            _ => argv.extend(["-1".to_string(), tip.to_string()]),
+        }
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        let out = run(&argv, &cache, &home, deadline).await?;
+        if !out.success() {
+            return Err(Refused::Cannot(format!(
+                "git log in {} failed: {}",
+                cache.display(),
+                out.stderr_summary(3)
+            )));
+        }
+        // Oldest first: the first bad commit in history is the one named.
+        for line in out.stdout.lines().rev() {
+            judge(line)?;
+        }
+        let _ = std::fs::remove_dir_all(&work);
+        std::fs::write(&noted, note).map_err(|e| {
+            Refused::Cannot(format!(
+                "cannot note the verification in {}: {e}",
+                noted.display()
+            ))
+        })?;
+        Ok(())
+    }
+}
+
+/// The key files' bytes, hashed with the mode: a verification noted under
+/// other keys does not count.
+struct Keys {
+    digest: String,
+}
+
+fn read_keys(v: &Verification) -> Result<Keys, Refused> {
+    let mut h = Sha256::new();
+    h.update(if v.every_commit { b"all\0" } else { b"head" });
+    for (key, file) in [
+        ("allowed_signers_file", &v.allowed_signers_file),
+        ("gpg_keyring_file", &v.gpg_keyring_file),
+    ] {
+        h.update(key.as_bytes());
+        if let Some(f) = file {
+            let bytes = std::fs::read(f).map_err(|e| {
+                Refused::Cannot(format!("cannot read verify.{key} {}: {e}", f.display()))
+            })?;
+            h.update((bytes.len() as u64).to_le_bytes());
+            h.update(&bytes);
+        }
+    }
+    Ok(Keys {
+        digest: hex::encode(h.finalize()),
+    })
+}
+
+fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+}
+
+/// Run `argv` in `cwd` with the private GnuPG home and no system or global
+/// git config.
+async fn run(
+    argv: &[&str],
+    cwd: &Path,
+    gnupg_home: &Path,
+    deadline: Instant,
+) -> Result<process::Output, Refused> {
+    let mut spec = Spec::new(argv.iter().map(|s| s.to_string()).collect(), cwd);
+    spec.deadline = Some(deadline);
+    spec.env.insert("GIT_CONFIG_NOSYSTEM".into(), "1".into());
+    spec.env
+        .insert("GIT_CONFIG_GLOBAL".into(), "/dev/null".into());
+    spec.env.insert(
+        "GNUPGHOME".into(),
+        gnupg_home.to_string_lossy().into_owned(),
+    );
+    process::run(&spec, &Redactor::new())
+        .await
+        .map_err(|e| Refused::Cannot(e.to_string()))
+}
+
+/// One `git log` line: `%H %G? %GK %GS %GF`, separated by 0x1f.
+fn judge(line: &str) -> Result<(), Refused> {
+    let mut f = line.split('\u{1f}');
+    let commit = f.next().unwrap_or("").to_string();
+    let code = f.next().unwrap_or("");
+    let key = f.next().unwrap_or("");
+    let signer = f.next().unwrap_or("");
+    let fingerprint = f.next().unwrap_or("");
+    let by = || {
+        let id = if fingerprint.is_empty() {
+            key
+        } else {
+            fingerprint
+        };
+        if signer.is_empty() {
+            format!("key {id}")
+        } else {
+            format!("key {id} ({signer})")
+        }
+    };
+    let why = match code {
+        // A good signature: gpg found the key in the target's keyring, or
+        // ssh-keygen found the key's principal in allowed_signers_file. An
+        // SSH signature whose key no entry lists is good but has no
+        // principal: not ours.
+        "G" | "U" if !signer.is_empty() => return Ok(()),
+        "G" | "U" => format!(
+            "signed by SSH {}, which no entry of allowed_signers_file lists",
+            by()
+        ),
+        "N" => "not signed".to_string(),
+        "B" => format!("bad signature (the commit does not match it) from {}", by()),
+        "E" if key.starts_with("SHA256:") => format!(
+            "signed by SSH {}, which cannot be checked (not in allowed_signers_file?)",
+            by()
+        ),
+        "E" => format!(
+            "signed by {}, which is not in gpg_keyring_file (or the signature cannot be checked)",
+            by()
+        ),
+        "X" => format!("the signature by {} has expired", by()),
+        "Y" => format!("signed by {}, which has expired", by()),
+        "R" => format!("signed by {}, which is revoked", by()),
+        other => format!("git reports signature status `{other}` for {}", by()),
+    };
+    Err(Refused::Commit { commit, why })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(code: &str, key: &str, signer: &str) -> String {
+        ["c0ffee", code, key, signer, key].join("\u{1f}")
+    }
+
+    #[test]
+    fn only_a_good_signature_with_a_known_signer_passes() {
+        assert!(judge(&line("G", "SHA256:abc", "alice@example.net")).is_ok());
+        assert!(judge(&line("U", "ABCDEF", "Signer <s@example.net>")).is_ok());
+        for (code, key, signer, says) in [
+            ("U", "SHA256:abc", "", "no entry of allowed_signers_file"),
+            ("N", "", "", "not signed"),
+            ("B", "ABCDEF", "Signer", "bad signature"),
+            ("E", "ABCDEF", "", "not in gpg_keyring_file"),
+            ("Y", "ABCDEF", "Signer", "has expired"),
+            ("R", "ABCDEF", "Signer", "revoked"),
+        ] {
+            let e = judge(&line(code, key, signer)).expect_err(code).to_string();
+            assert!(e.contains("commit c0ffee refused"), "{e}");
+            assert!(e.contains(says), "{code}: {e}");
+        }
+    }
+}
