@@ -320,8 +320,24 @@ mod tests {
                 .expect("after 1970")
                 .as_secs()
         };
+        // Each attempt starts just after a second begins, and its reset
+        // writes the file anew (a reset leaves an unchanged file alone: its
+        // time would stay in the second it was first written, and every
+        // attempt after a slow first one would find nothing racy), so the
+        // reset, the check and the edit fall in one second even on a
+        // loaded machine.
+        let next_second = || {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("after 1970");
+            std::thread::sleep(std::time::Duration::from_millis(1005).saturating_sub(
+                std::time::Duration::from_nanos(u64::from(now.subsec_nanos())),
+            ));
+        };
         let mut judged = false;
-        for _ in 0..10 {
+        for _ in 0..20 {
+            next_second();
+            std::fs::remove_file(d.join("a")).expect("rm");
             git(d, &["reset", "-q", "--hard", &sha]);
             mark(d, &sha);
             if secs(&d.join("a")) != secs(&d.join(".git/index")) {
