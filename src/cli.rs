@@ -537,11 +537,14 @@ pub fn check(path: &Path) -> Report {
                 let p = t.path.display().to_string();
                 let _ = writeln!(
                     stdout,
-                    "  {}: {} from {} branch {} path {}",
+                    "  {}: {} from {} {} path {}",
                     t.name,
                     t.backend.kind(),
                     crate::redact::Redactor::new().redact(&t.repo),
-                    t.branch,
+                    match &t.tag {
+                        Some(tag) => format!("tag {tag}"),
+                        None => format!("branch {}", t.branch),
+                    },
                     if p.is_empty() { "." } else { &p }
                 );
             }

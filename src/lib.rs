@@ -10,7 +10,7 @@
 //!    deployment record's contract), [`error`].
 //! 1. One outside thing each: [`process`] runs every external command,
 //!    [`lock`] the per-target file lock, [`git`] the caches and checkouts,
-//!    [`store`] SQLite, [`metrics`].
+//!    [`store`] SQLite, [`metrics`], [`decrypt`] SOPS files for one run.
 //! 2. [`backend`] (terraform, pulumi, cloudformation, compose, ansible,
 //!    pi, nomad, exec; apply, destroy, outputs, and a plan for those that
 //!    can) and [`notify`] (email, Slack, Matrix, webhook).
@@ -31,6 +31,7 @@ pub mod backend;
 pub mod cli;
 pub mod config;
 pub mod daemon;
+pub mod decrypt;
 pub mod error;
 pub mod forge;
 pub mod git;

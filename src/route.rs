@@ -2,7 +2,8 @@
 //!
 //! A push concerns every target whose repository is the pushed one (compared
 //! after normalising the URL: scheme, user, port, scp form, `.git`, trailing
-//! slash and case don't matter) and whose branch is the pushed branch.
+//! slash and case don't matter) and whose branch is the pushed branch; a
+//! tag push, the targets whose `tag` pattern the tag matches.
 //! Whether it changed anything under a target's `path` is not read from the
 //! payload's file lists (they miss force pushes, renames, truncated and
 //! empty lists): git decides it after the fetch (`tick`). Pure functions: no
@@ -55,9 +56,26 @@ fn trim_path(p: &str) -> String {
     p.trim_end_matches('/').to_ascii_lowercase()
 }
 
-/// The targets that track the pushed repository and branch.
+/// The targets that track the pushed repository and branch, or, for a
+/// tag push, the targets following a tag pattern the tag matches (whether
+/// it is the highest version is the tick's call).
 pub fn route<'a>(settings: &'a Settings, push: &Push) -> Vec<&'a Target> {
-    tracking(settings, &push.repo_urls, &push.branch)
+    match &push.tag {
+        None => tracking(settings, &push.repo_urls, &push.branch),
+        Some(tag) => {
+            let given: Vec<String> = push.repo_urls.iter().map(|u| normalize_repo(u)).collect();
+            settings
+                .targets
+                .iter()
+                .filter(|t| {
+                    t.tag
+                        .as_deref()
+                        .is_some_and(|p| crate::glob::glob_match(p, tag))
+                        && given.contains(&normalize_repo(&t.repo))
+                })
+                .collect()
+        }
+    }
 }
 
 /// The targets that track the branch a pull request would merge into, in
@@ -71,7 +89,9 @@ fn tracking<'a>(settings: &'a Settings, urls: &[String], branch: &str) -> Vec<&'
     settings
         .targets
         .iter()
-        .filter(|t| t.branch == branch && given.contains(&normalize_repo(&t.repo)))
+        .filter(|t| {
+            t.tag.is_none() && t.branch == branch && given.contains(&normalize_repo(&t.repo))
+        })
         .collect()
 }
 

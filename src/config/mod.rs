@@ -26,6 +26,7 @@ use crate::paths::resolve;
 pub use crate::secret::SecretRef;
 
 mod checks;
+mod decrypt;
 mod server;
 mod target;
 mod verify;
@@ -217,6 +218,9 @@ pub struct Target {
     /// an absolute local path (relative ones are resolved at load time).
     pub repo: String,
     pub branch: String,
+    /// `tag = "v*"`: the target follows the highest version tag matching
+    /// this pattern instead of `branch`.
+    pub tag: Option<String>,
     /// Subdirectory of the repository the backend works in ("" = root).
     pub path: PathBuf,
     pub interval: Duration,
@@ -241,6 +245,8 @@ pub struct Target {
     /// The keys its commits must be signed with (`verify`, or `[defaults]
     /// verify`); none: commits are not checked.
     pub verify: Option<Verification>,
+    /// SOPS files decrypted for its runs (`[targets.decrypt]`).
+    pub decrypt: Option<crate::decrypt::Sops>,
 }
 
 /// `previews`: which pull requests into the target's branch are planned,
@@ -365,6 +371,16 @@ impl Settings {
     /// Where target `name`'s plan artifacts are kept.
     pub fn plans_dir(&self, name: &str) -> PathBuf {
         self.state_dir.join("plans").join(name)
+    }
+
+    /// The note of the tag a target that follows tags applied last.
+    pub fn followed_tag_note(&self, name: &str) -> PathBuf {
+        self.state_dir.join("tags").join(name)
+    }
+
+    /// The note of the files a target's run has decrypted (`decrypt`).
+    pub fn decrypted_note(&self, name: &str) -> PathBuf {
+        self.state_dir.join("decrypted").join(name)
     }
 
     /// Where a target's pull request previews write their (discarded) plans.

@@ -1,7 +1,8 @@
 //! One `[[targets]]` table: its repository (a URL or a path, with no
 //! credentials in it), branch, path inside the checkout, interval and
 //! timeout, git credentials, notifiers, the commit-page URL derived from the
-//! repository's, its `verify` table (`config::verify`), and its backend
+//! repository's, its `verify` and `decrypt` tables (`config::verify`,
+//! `config::decrypt`), and its backend
 //! table (validated by the backend's own `Kind`). Every problem is
 //! collected with the target's label.
 
@@ -13,6 +14,7 @@ struct RawTarget {
     name: String,
     repo: String,
     branch: Option<String>,
+    tag: Option<String>,
     path: Option<String>,
     interval: Option<String>,
     timeout: Option<String>,
@@ -24,6 +26,7 @@ struct RawTarget {
     forge_repo: Option<String>,
     previews: Option<Value>,
     verify: Option<Value>,
+    decrypt: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -97,6 +100,35 @@ pub(super) fn validate_target(
         repo
     } else {
         resolve(base, &repo).to_string_lossy().into_owned()
+    };
+    let tag = match raw.tag {
+        None => None,
+        Some(t) => {
+            if raw.branch.is_some() {
+                problems.push(problem(
+                    label,
+                    "tag",
+                    "set either `branch` (follow a branch) or `tag` (follow the highest version tag matching it), not both",
+                ));
+            }
+            let bad = t.is_empty()
+                || t.matches('*').count() > 1
+                || t.starts_with('/')
+                || t.ends_with('/')
+                || t.contains("..")
+                || t.chars()
+                    .any(|c| c.is_whitespace() || c.is_control() || "~^:?[\\".contains(c));
+            if bad {
+                problems.push(problem(
+                    label,
+                    "tag",
+                    format!(
+                        "`{t}` is not a tag pattern: a tag name with at most one `*`, such as \"v*\""
+                    ),
+                ));
+            }
+            Some(t)
+        }
     };
     let branch = raw.branch.unwrap_or_else(|| "main".into());
     if !valid_branch(&branch) {
@@ -326,6 +358,13 @@ pub(super) fn validate_target(
             Previews::Off
         }
     };
+    if previews != Previews::Off && tag.is_some() {
+        problems.push(problem(
+            label,
+            "previews",
+            "previews plan pull requests into a branch; a target that follows tags has none",
+        ));
+    }
     if previews != Previews::Off
         && let Some(b) = &backend
         && !b.can_plan()
@@ -366,6 +405,10 @@ pub(super) fn validate_target(
         verify: raw
             .verify
             .and_then(|v| super::verify::validate_verify(v, label, base, machine, problems)),
+        tag,
+        decrypt: raw
+            .decrypt
+            .and_then(|v| super::decrypt::validate_decrypt(v, label, base, machine, problems)),
     })
 }
 

@@ -172,4 +172,33 @@ mod tests {
             "{shown:#?}"
         );
     }
+
+    #[test]
+    fn tag_targets_are_checked() {
+        let ok = load(&target("t", "tag = \"v*\""), false).expect("valid");
+        assert_eq!(ok.targets[0].tag.as_deref(), Some("v*"));
+        let shown = match load(
+            &format!(
+                "{}{}{}",
+                target("a", "tag = \"v*\"\nbranch = \"main\""),
+                target("b", "tag = \"v*.*\""),
+                target("c", "tag = \"v*\"\nforge = \"gh\"\npreviews = true"),
+            ),
+            false,
+        ) {
+            Err(ConfigError::Invalid { problems, .. }) => problems,
+            other => panic!("expected problems, got {other:?}"),
+        };
+        let shown: Vec<String> = shown.iter().map(|p| p.to_string()).collect();
+        for want in [
+            "targets[a]: key `tag`: set either `branch`",
+            "targets[b]: key `tag`: `v*.*` is not a tag pattern",
+            "targets[c]: key `previews`: previews plan pull requests into a branch",
+        ] {
+            assert!(
+                shown.iter().any(|p| p.starts_with(want)),
+                "{want:?} not in {shown:#?}"
+            );
+        }
+    }
 }

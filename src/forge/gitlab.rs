@@ -25,13 +25,14 @@ pub(super) fn receive(
     let event_name = header(headers, &["x-gitlab-event"])
         .ok_or_else(|| HookError::BadPayload("no X-Gitlab-Event header".into()))?;
     // A push is read for the few fields it needs; anything else whole.
-    let v = if event_name == "Push Hook" {
+    let v = if matches!(event_name, "Push Hook" | "Tag Push Hook") {
         parse_push(body)?
     } else {
         parse_json(body)?
     };
     let event = match event_name {
-        "Push Hook" => read_push(
+        // A tag push has a push's shape (`ref` under refs/tags/).
+        "Push Hook" | "Tag Push Hook" => read_push(
             &v,
             &[
                 "/project/git_http_url",
@@ -42,7 +43,6 @@ pub(super) fn receive(
                 "/repository/url",
             ],
         )?,
-        "Tag Push Hook" => Event::Ignored("tag push".into()),
         "Merge Request Hook" => read_merge_request(&v)?,
         other => Event::Ignored(format!("`{other}` is not a push")),
     };

@@ -45,8 +45,10 @@ pub enum Event {
 pub struct Push {
     /// Every URL the payload gives for the repository.
     pub repo_urls: Vec<String>,
-    /// The branch name (without `refs/heads/`).
+    /// The branch name (without `refs/heads/`); empty for a tag push.
     pub branch: String,
+    /// A tag push: the tag's name (without `refs/tags/`).
+    pub tag: Option<String>,
     /// The pushed commit (`after`).
     pub after: String,
     /// The branch was deleted (`after` is all zeros).
@@ -261,14 +263,15 @@ fn read_push(v: &Value, url_keys: &[&str]) -> Result<Event, HookError> {
     let after = v["after"]
         .as_str()
         .ok_or_else(|| HookError::BadPayload("push has no `after`".into()))?;
-    let Some(branch) = git_ref.strip_prefix("refs/heads/") else {
-        return Ok(Event::Ignored(if git_ref.starts_with("refs/tags/") {
-            format!("tag push ({git_ref})")
-        } else {
-            format!("not a branch ({git_ref})")
-        }));
+    let (branch, tag) = match (
+        git_ref.strip_prefix("refs/heads/"),
+        git_ref.strip_prefix("refs/tags/"),
+    ) {
+        (Some(b), _) => (b, None),
+        (None, Some(t)) if !t.is_empty() => ("", Some(t.to_string())),
+        _ => return Ok(Event::Ignored(format!("not a branch or a tag ({git_ref})"))),
     };
-    if branch.is_empty() {
+    if branch.is_empty() && tag.is_none() {
         return Err(HookError::BadPayload(
             "push `ref` is `refs/heads/` with no branch name".into(),
         ));
@@ -285,6 +288,7 @@ fn read_push(v: &Value, url_keys: &[&str]) -> Result<Event, HookError> {
     Ok(Event::Push(Push {
         repo_urls,
         branch: branch.to_string(),
+        tag,
         after: after.to_string(),
         deleted: is_zero_sha(after),
     }))
@@ -429,6 +433,13 @@ mod tests {
         };
         let sha = "0123456789abcdef0123456789abcdef01234567";
         assert!(matches!(push("refs/heads/main", sha), Ok(Event::Push(_))));
+        match push("refs/tags/v1.2.0", sha) {
+            Ok(Event::Push(p)) => {
+                assert_eq!((p.tag.as_deref(), p.branch.as_str()), (Some("v1.2.0"), ""))
+            }
+            other => panic!("a tag push: {other:?}"),
+        }
+        assert!(matches!(push("refs/notes/x", sha), Ok(Event::Ignored(_))));
         for (r, after) in [
             ("refs/heads/", sha),
             ("refs/heads/main", ""),

@@ -26,9 +26,11 @@ use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 
+mod tags;
 mod verify;
 mod worktree;
 
+pub use tags::{TagTip, version as tag_version};
 pub use verify::{Refused, Verification};
 
 use crate::error::chain;
@@ -50,6 +52,8 @@ pub enum GitError {
     },
     #[error("branch `{branch}` does not exist in {remote}")]
     NoBranch { remote: String, branch: String },
+    #[error("no tag matching `{pattern}` in {remote} is a version (semver, a leading v allowed)")]
+    NoTag { remote: String, pattern: String },
     #[error("git checkout of {sha} into {dir} failed: {reason}")]
     Checkout {
         sha: String,
@@ -783,9 +787,15 @@ fn fetch_inner(
         },
         _ => Ok(None),
     });
-    let no_branch = || GitError::NoBranch {
-        remote: remote.to_string(),
-        branch: branch.to_string(),
+    let no_branch = || match wanted.strip_prefix("refs/tags/") {
+        Some(pattern) => GitError::NoTag {
+            remote: remote.to_string(),
+            pattern: pattern.to_string(),
+        },
+        None => GitError::NoBranch {
+            remote: remote.to_string(),
+            branch: branch.to_string(),
+        },
     };
     let outcome = connection
         .prepare_fetch(gix::progress::Discard, Default::default())
@@ -800,14 +810,33 @@ fn fetch_inner(
                 err(msg)
             }
         })?;
-    let tip = outcome
-        .ref_map
-        .mappings
-        .iter()
-        .find(|m| m.remote.as_name().is_some_and(|n| n == wanted.as_bytes()))
-        .and_then(|m| m.remote.as_id())
-        .map(|id| id.to_hex().to_string())
-        .ok_or_else(no_branch)?;
+    let tip = match wanted
+        .strip_prefix("refs/tags/")
+        .filter(|p| p.contains('*'))
+    {
+        // Tags by pattern: the highest version, as "NAME ID" (`tags`).
+        Some(pattern) => tags::newest(
+            outcome.ref_map.mappings.iter().filter_map(|m| {
+                let name: &[u8] = m.remote.as_name()?.as_ref();
+                Some((name, m.remote.as_id().map(|id| id.to_hex().to_string())))
+            }),
+            pattern,
+            remote,
+        )
+        .map(|(name, id)| format!("{name} {id}"))
+        .ok_or_else(|| GitError::NoTag {
+            remote: remote.to_string(),
+            pattern: pattern.to_string(),
+        })?,
+        None => outcome
+            .ref_map
+            .mappings
+            .iter()
+            .find(|m| m.remote.as_name().is_some_and(|n| n == wanted.as_bytes()))
+            .and_then(|m| m.remote.as_id())
+            .map(|id| id.to_hex().to_string())
+            .ok_or_else(no_branch)?,
+    };
     drop(repo);
     consolidate_packs(dir);
     drop(lock);

@@ -40,6 +40,8 @@ pub struct Verification {
 pub enum Refused {
     #[error("commit {commit} refused: {why}")]
     Commit { commit: String, why: String },
+    #[error("tag {tag} refused: {why}")]
+    Tag { tag: String, why: String },
     #[error("cannot verify commit signatures: {0}")]
     Cannot(String),
 }
@@ -57,49 +59,15 @@ impl Git {
         last_applied: Option<&str>,
         v: &Verification,
     ) -> Result<(), Refused> {
-        let keys = read_keys(v)?;
-        let noted = self.verify_root.join(format!("{target}.verified"));
-        let note = format!("{tip} {}\n", keys.digest);
-        if std::fs::read_to_string(&noted).is_ok_and(|n| n == note) {
+        let Some(b) = self.begin(target, v, tip).await? else {
             return Ok(());
-        }
-        let work = self.verify_root.join(target);
-        let _ = std::fs::remove_dir_all(&work);
-        let home = work.join("gnupg");
-        create_private_dir(&home)
-            .map_err(|e| Refused::Cannot(format!("cannot create {}: {e}", home.display())))?;
-        // Nothing to start: verifying needs no agent or key server.
-        std::fs::write(home.join("gpg.conf"), "no-autostart\n")
-            .map_err(|e| Refused::Cannot(format!("cannot write gpg.conf: {e}")))?;
-        let deadline = Instant::now() + VERIFY_TIMEOUT;
-        if let Some(keyring) = &v.gpg_keyring_file {
-            let argv = [
-                "gpg",
-                "--homedir",
-                &home.to_string_lossy(),
-                "--batch",
-                "--quiet",
-                "--import",
-                &keyring.to_string_lossy(),
-            ];
-            let out = run(&argv, &work, &home, deadline).await?;
-            if !out.success() {
-                return Err(Refused::Cannot(format!(
-                    "gpg cannot import gpg_keyring_file {}: {}",
-                    keyring.display(),
-                    out.stderr_summary(3)
-                )));
-            }
-        }
-        let signers = v
-            .allowed_signers_file
-            .as_deref()
-            .unwrap_or(Path::new("/dev/null"));
+        };
+        let (work, home, deadline, noted, note) = (b.work, b.home, b.deadline, b.noted, b.note);
         let cache = self.cache_dir(remote);
         let mut argv: Vec<String> = [
             "git",
             "-c",
-            &format!("gpg.ssh.allowedSignersFile={}", signers.display()),
+            &b.allowed,
             "log",
             "--format=%H%x1f%G?%x1f%GK%x1f%GS%x1f%GF",
         ]
@@ -135,6 +103,147 @@ impl Git {
         })?;
         Ok(())
     }
+
+    /// `None` when `what` (a commit, or a tag and its object) was verified
+    /// for `target` under these keys already; else a fresh private GnuPG
+    /// home holding only its keyring, and git's allowed-signers setting.
+    async fn begin(
+        &self,
+        target: &str,
+        v: &Verification,
+        what: &str,
+    ) -> Result<Option<Begun>, Refused> {
+        let keys = read_keys(v)?;
+        let noted = self.verify_root.join(format!("{target}.verified"));
+        let note = format!("{what} {}\n", keys.digest);
+        if std::fs::read_to_string(&noted).is_ok_and(|n| n == note) {
+            return Ok(None);
+        }
+        let (work, home, deadline) = self.prepare(target, v).await?;
+        let signers = v
+            .allowed_signers_file
+            .as_deref()
+            .unwrap_or(Path::new("/dev/null"));
+        Ok(Some(Begun {
+            work,
+            home,
+            deadline,
+            noted,
+            note,
+            allowed: format!("gpg.ssh.allowedSignersFile={}", signers.display()),
+        }))
+    }
+
+    /// A fresh private GnuPG home for `target` holding only its keyring;
+    /// the directory to remove afterwards, the home and the deadline.
+    async fn prepare(
+        &self,
+        target: &str,
+        v: &Verification,
+    ) -> Result<(PathBuf, PathBuf, Instant), Refused> {
+        let work = self.verify_root.join(target);
+        let _ = std::fs::remove_dir_all(&work);
+        let home = work.join("gnupg");
+        create_private_dir(&home)
+            .map_err(|e| Refused::Cannot(format!("cannot create {}: {e}", home.display())))?;
+        // Nothing to start: verifying needs no agent or key server.
+        std::fs::write(home.join("gpg.conf"), "no-autostart\n")
+            .map_err(|e| Refused::Cannot(format!("cannot write gpg.conf: {e}")))?;
+        let deadline = Instant::now() + VERIFY_TIMEOUT;
+        if let Some(keyring) = &v.gpg_keyring_file {
+            let argv = [
+                "gpg",
+                "--homedir",
+                &home.to_string_lossy(),
+                "--batch",
+                "--quiet",
+                "--import",
+                &keyring.to_string_lossy(),
+            ];
+            let out = run(&argv, &work, &home, deadline).await?;
+            if !out.success() {
+                return Err(Refused::Cannot(format!(
+                    "gpg cannot import gpg_keyring_file {}: {}",
+                    keyring.display(),
+                    out.stderr_summary(3)
+                )));
+            }
+        }
+        Ok((work, home, deadline))
+    }
+
+    /// Check that `tag` (fetched into `remote`'s cache) is an annotated tag
+    /// carrying a good signature from a key `v` lists.
+    pub async fn verify_tag(
+        &self,
+        target: &str,
+        remote: &str,
+        tag: &super::TagTip,
+        v: &Verification,
+    ) -> Result<(), Refused> {
+        let refuse = |why: String| Refused::Tag {
+            tag: tag.name.clone(),
+            why,
+        };
+        if !tag.annotated {
+            return Err(refuse(
+                "a lightweight tag carries no signature: sign it (git tag -s)".into(),
+            ));
+        }
+        let what = format!("tag {} {}", tag.name, tag.object);
+        let Some(b) = self.begin(target, v, &what).await? else {
+            return Ok(());
+        };
+        let (work, home, deadline, noted, note) = (b.work, b.home, b.deadline, b.noted, b.note);
+        let cache = self.cache_dir(remote);
+        let argv = ["git", "-c", &b.allowed, "verify-tag", "--raw", &tag.object];
+        let out = run(&argv, &cache, &home, deadline).await?;
+        let _ = std::fs::remove_dir_all(&work);
+        let said = format!("{}\n{}", out.stdout, out.stderr);
+        let good =
+            said.contains("[GNUPG:] GOODSIG") || said.contains("Good \"git\" signature for ");
+        if out.success() && good {
+            std::fs::write(&noted, note).map_err(|e| {
+                Refused::Cannot(format!(
+                    "cannot note the verification in {}: {e}",
+                    noted.display()
+                ))
+            })?;
+            return Ok(());
+        }
+        let why = if said.contains("NO_PUBKEY") || said.contains("ERRSIG") {
+            "signed by a key that is not in gpg_keyring_file".to_string()
+        } else if said.contains("EXPKEYSIG") || said.contains("KEYEXPIRED") {
+            "signed by a key that has expired".to_string()
+        } else if said.contains("REVKEYSIG") {
+            "signed by a key that is revoked".to_string()
+        } else if said.contains("BADSIG") {
+            "bad signature (the tag does not match it)".to_string()
+        } else if said.contains("Good \"git\" signature with")
+            || said.contains("No principal matched")
+        {
+            "signed by an SSH key that no entry of allowed_signers_file lists".to_string()
+        } else if said.contains("no signature found") {
+            "not signed".to_string()
+        } else {
+            format!("git verify-tag: {}", out.stderr_summary(3))
+        };
+        Err(refuse(why))
+    }
+}
+
+/// A verification under way (`Git::begin`).
+struct Begun {
+    /// Removed when done.
+    work: PathBuf,
+    /// The private GnuPG home.
+    home: PathBuf,
+    deadline: Instant,
+    /// Where a success is noted, and what.
+    noted: PathBuf,
+    note: String,
+    /// `gpg.ssh.allowedSignersFile=…` for git's command line.
+    allowed: String,
 }
 
 /// The key files' bytes, hashed with the mode: a verification noted under

@@ -152,7 +152,7 @@ pub(super) async fn receive(
         Event::Ignored(why) => (format!("ignored: {why}"), Some(why.clone())),
         Event::Push(push) => {
             let tracking = route::route(&app.settings, push);
-            if push.deleted {
+            if push.deleted && push.tag.is_none() {
                 for t in &tracking {
                     warn!(target = %t.name, branch = %push.branch, receiver = %name,
                           "the branch this target tracks was deleted; nothing is applied");
@@ -163,11 +163,15 @@ pub(super) async fn receive(
                 // Every target tracking the branch gets a job; git decides
                 // after the fetch whether the push changed its path. A
                 // paused target's job waits in the queue until it resumes.
+                // A tag push names the tag, not a commit (`after` is the
+                // tag object, or zeros for a deleted tag): the tick finds
+                // the highest tag and refuses one lower than the last.
+                let sha = push.tag.is_none().then(|| push.after.clone());
                 for t in &tracking {
                     requests.push(Request {
                         target: t.name.clone(),
                         trigger: Trigger::Webhook,
-                        sha: Some(push.after.clone()),
+                        sha: sha.clone(),
                         delivery_id: delivery.id.clone(),
                         receiver: Some(name.clone()),
                     });
@@ -175,11 +179,11 @@ pub(super) async fn receive(
                 if !requests.is_empty() {
                     (format!("queued {} job(s)", requests.len()), None)
                 } else {
-                    let why = format!(
-                        "no target tracks branch `{}` of {}",
-                        push.branch,
-                        push.repo_urls.join(", ")
-                    );
+                    let what = match &push.tag {
+                        Some(tag) => format!("tag `{tag}`"),
+                        None => format!("branch `{}`", push.branch),
+                    };
+                    let why = format!("no target follows {what} of {}", push.repo_urls.join(", "));
                     (format!("ignored: {why}"), Some(why))
                 }
             }

@@ -23,7 +23,8 @@ use tracing::{debug, error, info, warn};
 use crate::app::App;
 use crate::backend::{self, ApplyResult, Context, Outputs, Plan, Status};
 use crate::config::{Policy, Target};
-use crate::git::{Git, Synced};
+use crate::decrypt;
+use crate::git::{Git, Synced, TagTip, tag_version};
 use crate::lock::{LockError, TargetLock};
 use crate::model::short_sha;
 use crate::model::{CommitId, Trigger};
@@ -193,6 +194,10 @@ impl Reconciler {
         target: &Target,
         since: std::time::Instant,
     ) -> Result<Option<String>, TickError> {
+        // A tag push always runs: which tag is followed is the tick's call.
+        if target.tag.is_some() {
+            return Ok(None);
+        }
         let Some(base) = self.app.store.last_attempted_sha(&target.name).await? else {
             return Ok(None);
         };
@@ -349,18 +354,33 @@ impl Reconciler {
         let receiver = job.and_then(|j| j.receiver.clone());
         let started = std::time::Instant::now();
         let started_ms = crate::store::now_ms();
+        // Before anything else: what a run killed mid-way left decrypted.
+        let note = self.app.settings.decrypted_note(&target.name);
+        let leftovers = decrypt::remove_leftovers(&note);
         // An apply fetches first (only the cache changes, as for routing) and
         // looks whether the checkout is already at the tip (read-only): then
         // the run row carries its commit from the start, one write fewer
         // for a tick with nothing to do. Nothing in the checkout moves
         // before the row exists either way.
-        let tip = match op {
-            Operation::Apply => Some(
+        let mut followed: Option<TagTip> = None;
+        let tip = match (op, &target.tag) {
+            (Operation::Apply, None) => Some(
                 self.git
                     .fetch_since(&target.repo, &target.branch, &target.git, since)
                     .await,
             ),
-            Operation::Destroy => None,
+            // A target that follows tags: the highest version matching.
+            (Operation::Apply, Some(pattern)) => Some(
+                self.git
+                    .fetch_tag(&target.repo, pattern, &target.git, since)
+                    .await
+                    .map(|t| {
+                        let commit = t.commit.clone();
+                        followed = Some(t);
+                        commit
+                    }),
+            ),
+            (Operation::Destroy, _) => None,
         };
         let already = match &tip {
             Some(Ok(sha)) if self.git.is_at(&target.name, sha).await => Some(sha.clone()),
@@ -389,34 +409,47 @@ impl Reconciler {
             started_ms,
             prev: state.clone(),
         };
-
-        // A target that verifies signatures: the commits are checked in the
-        // cache, before the checkout moves or a backend runs. A refused
-        // commit fails the run; the last applied commit stays.
-        if op == Operation::Apply
-            && let (Some(v), Some(Ok(sha))) = (&target.verify, &tip)
-        {
-            let last = state.as_ref().and_then(|s| s.last_applied_sha.as_deref());
-            if let Err(refused) = self
-                .git
-                .verify(&target.name, &target.repo, sha.as_str(), last, v)
-                .await
-            {
-                if already.is_none() {
-                    self.app.store.set_run_sha(run_id, sha.as_str()).await?;
-                }
-                let status = Status::failed(refused.to_string());
+        match leftovers {
+            Ok(0) => {}
+            Ok(n) => warn!(target = %target.name, files = n,
+                "removed decrypted files a run killed mid-way left behind"),
+            Err(e) => {
                 return self
-                    .finish_with(
-                        target,
-                        &run,
-                        None,
-                        Some(sha.as_str()),
-                        status,
-                        Findings::default(),
-                    )
+                    .finish(target, &run, None, Status::failed(e.to_string()))
                     .await;
             }
+        }
+
+        // Before the checkout moves or a backend runs: a followed tag must
+        // not go backwards (and be signed, with `verify`); a verifying
+        // target's commits are checked in the cache. A refusal fails the
+        // run; the last applied commit stays.
+        let refusal = match (&followed, &tip, &target.verify) {
+            (Some(t), Some(Ok(_)), _) => self.tag_may_apply(target, t).await.err(),
+            (None, Some(Ok(sha)), Some(v)) if op == Operation::Apply => {
+                let last = state.as_ref().and_then(|s| s.last_applied_sha.as_deref());
+                self.git
+                    .verify(&target.name, &target.repo, sha.as_str(), last, v)
+                    .await
+                    .err()
+                    .map(|e| e.to_string())
+            }
+            _ => None,
+        };
+        if let (Some(why), Some(Ok(sha))) = (refusal, &tip) {
+            if already.is_none() {
+                self.app.store.set_run_sha(run_id, sha.as_str()).await?;
+            }
+            return self
+                .finish_with(
+                    target,
+                    &run,
+                    None,
+                    Some(sha.as_str()),
+                    Status::failed(why),
+                    Findings::default(),
+                )
+                .await;
         }
 
         // git: the branch tip for apply; for destroy, what was last applied.
@@ -428,11 +461,19 @@ impl Reconciler {
             }
             (Operation::Apply, Some(Err(e))) => Err(e),
             _ => {
-                match self
-                    .git
-                    .fetch(&target.repo, &target.branch, &target.git)
-                    .await
-                {
+                let fetched = match &target.tag {
+                    None => {
+                        self.git
+                            .fetch(&target.repo, &target.branch, &target.git)
+                            .await
+                    }
+                    Some(pattern) => self
+                        .git
+                        .fetch_tag(&target.repo, pattern, &target.git, since)
+                        .await
+                        .map(|t| t.commit),
+                };
+                match fetched {
                     Ok(tip) => {
                         let sha = state
                             .as_ref()
@@ -466,23 +507,111 @@ impl Reconciler {
         }
 
         let retry = job.is_some_and(|j| j.triggers.contains(&Trigger::Retry));
-        let ctx = self.context(target, &synced, state.and_then(|s| s.backend_digest), retry);
+        let mut ctx = self.context(target, &synced, state.and_then(|s| s.backend_digest), retry);
+        // SOPS files: decrypted for the backend alone, encrypted again after
+        // it, whatever it did; every value masked in what it reports.
+        let opened = match &target.decrypt {
+            None => None,
+            Some(sops) => match decrypt::open(&synced.workdir, &note, sops).await {
+                Ok(o) => {
+                    for v in &o.secrets {
+                        ctx.redactor.add(v.clone());
+                    }
+                    Some(o)
+                }
+                Err(e) => {
+                    let status = Status::failed(ctx.redactor.redact(&e.to_string()));
+                    return self
+                        .finish(target, &run, Some(synced.sha.as_str()), status)
+                        .await;
+                }
+            },
+        };
+        let ticked = self
+            .run_backend(target, &run, &synced, ctx, op, retry)
+            .await;
+        // The tag now applied: a lower one later is refused.
+        if let (Some(t), Ok(Ticked::Ran { result, .. })) = (&followed, &ticked)
+            && matches!(result, ApplyResult::Changed | ApplyResult::NoChange)
+        {
+            let note = self.app.settings.followed_tag_note(&target.name);
+            let noted = note
+                .parent()
+                .map_or(Ok(()), std::fs::create_dir_all)
+                .and_then(|()| std::fs::write(&note, format!("{}\n", t.name)));
+            if let Err(e) = noted {
+                error!(target = %target.name, file = %note.display(), error = %e,
+                    "cannot note the tag applied; a lower tag would not be refused");
+            }
+        }
+        if let Some(o) = opened
+            && let Err(e) = o.close()
+        {
+            error!(target = %target.name, error = %e, "decrypted files are left in the checkout");
+        }
+        ticked
+    }
+
+    /// Whether the tag a target follows may be applied: not below the tag
+    /// applied last (a deleted or lowered tag), and signed by a listed key
+    /// when the target verifies. `Err` says why not.
+    async fn tag_may_apply(&self, target: &Target, t: &TagTip) -> Result<(), String> {
+        let note = self.app.settings.followed_tag_note(&target.name);
+        let last = match std::fs::read_to_string(&note) {
+            Ok(s) => Some(s.trim().to_string()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(format!("cannot read {}: {e}", note.display())),
+        };
+        if let Some(last) = last.filter(|l| *l != t.name)
+            && let (Some(now), Some(before)) = (tag_version(&t.name), tag_version(&last))
+            && now < before
+        {
+            return Err(format!(
+                "the tag moved backwards: the highest tag matching `{}` is now {}, below {} applied last \
+                 (deleted, or lowered); not applied",
+                target.tag.as_deref().unwrap_or(""),
+                t.name,
+                last
+            ));
+        }
+        info!(target = %target.name, tag = %t.name, commit = %short_sha(&t.commit), "following tag");
+        match &target.verify {
+            Some(v) => self
+                .git
+                .verify_tag(&target.name, &target.repo, t, v)
+                .await
+                .map_err(|e| e.to_string()),
+            None => Ok(()),
+        }
+    }
+
+    /// The backend's part of a tick: review, detect, or apply/destroy, then
+    /// the run recorded.
+    async fn run_backend(
+        &self,
+        target: &Target,
+        run: &RunInfo,
+        synced: &Synced,
+        ctx: Context,
+        op: Operation,
+        retry: bool,
+    ) -> Result<Ticked, TickError> {
         if op == Operation::Apply && target.tick_policy().reviews() {
             return match backend::build(&target.backend, ctx) {
                 Err(e) => {
-                    self.finish(target, &run, None, Status::failed(e.to_string()))
+                    self.finish(target, run, None, Status::failed(e.to_string()))
                         .await
                 }
-                Ok(b) => self.review(target, &run, &synced.sha, b, retry).await,
+                Ok(b) => self.review(target, run, &synced.sha, b, retry).await,
             };
         }
         if op == Operation::Apply && target.tick_policy() == Policy::Detect {
             return match backend::build(&target.backend, ctx) {
                 Err(e) => {
-                    self.finish(target, &run, None, Status::failed(e.to_string()))
+                    self.finish(target, run, None, Status::failed(e.to_string()))
                         .await
                 }
-                Ok(b) => self.detect(target, &run, &synced.sha, b).await,
+                Ok(b) => self.detect(target, run, &synced.sha, b).await,
             };
         }
         let status = match backend::build(&target.backend, ctx) {
@@ -501,7 +630,7 @@ impl Reconciler {
                 }
             }
         };
-        self.finish(target, &run, Some(synced.sha.as_str()), status)
+        self.finish(target, run, Some(synced.sha.as_str()), status)
             .await
     }
 

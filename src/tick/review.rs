@@ -527,14 +527,32 @@ impl Reconciler {
             message,
         };
         let state = self.app.store.target_state(name).await?;
-        let tip = self
-            .git
-            .fetch(&target.repo, &target.branch, &target.git)
-            .await
-            .map_err(|e| err(e.to_string()))?;
         // What a tick would refuse is not planned either: a plan runs the
         // repository's code.
-        if let Some(v) = &target.verify {
+        let tip = match &target.tag {
+            None => self
+                .git
+                .fetch(&target.repo, &target.branch, &target.git)
+                .await
+                .map_err(|e| err(e.to_string()))?,
+            Some(pattern) => {
+                let t = self
+                    .git
+                    .fetch_tag(
+                        &target.repo,
+                        pattern,
+                        &target.git,
+                        std::time::Instant::now(),
+                    )
+                    .await
+                    .map_err(|e| err(e.to_string()))?;
+                self.tag_may_apply(&target, &t).await.map_err(err)?;
+                t.commit
+            }
+        };
+        if target.tag.is_none()
+            && let Some(v) = &target.verify
+        {
             let last = state.as_ref().and_then(|s| s.last_applied_sha.as_deref());
             self.git
                 .verify(&target.name, &target.repo, tip.as_str(), last, v)
@@ -546,14 +564,35 @@ impl Reconciler {
             .checkout(target.source(), &tip)
             .await
             .map_err(|e| err(e.to_string()))?;
-        let ctx = self.context(
+        let mut ctx = self.context(
             &target,
             &synced,
             state.and_then(|s| s.backend_digest),
             false,
         );
-        let b = backend::build(&target.backend, ctx).map_err(|e| err(e.to_string()))?;
-        let Some(plan) = self.plan_and_let_go(&target, b.as_ref()).await else {
+        // As for an apply: decrypted for the plan alone.
+        let note = self.app.settings.decrypted_note(name);
+        crate::decrypt::remove_leftovers(&note).map_err(|e| err(e.to_string()))?;
+        let opened = match &target.decrypt {
+            None => None,
+            Some(sops) => {
+                let o = crate::decrypt::open(&synced.workdir, &note, sops)
+                    .await
+                    .map_err(|e| err(ctx.redactor.redact(&e.to_string())))?;
+                for v in &o.secrets {
+                    ctx.redactor.add(v.clone());
+                }
+                Some(o)
+            }
+        };
+        let planned = match backend::build(&target.backend, ctx) {
+            Ok(b) => Ok(self.plan_and_let_go(&target, b.as_ref()).await),
+            Err(e) => Err(err(e.to_string())),
+        };
+        if let Some(o) = opened {
+            o.close().map_err(|e| err(e.to_string()))?;
+        }
+        let Some(plan) = planned? else {
             return Ok(Planned::CannotPlan {
                 backend: target.backend.kind(),
             });

@@ -2,7 +2,8 @@
 //! takes, then every output path driven — debug logs of the daemon and of
 //! one-shot commands, API answers, CLI output, delivered notifications,
 //! every file in the state directory (the SQLite database and its WAL
-//! included), error messages. No canary may appear in any of them.
+//! included, and the checkout a SOPS file was decrypted in), error
+//! messages. No canary may appear in any of them.
 
 use std::path::Path;
 use std::time::Duration;
@@ -21,12 +22,15 @@ const GIT: &str = "canary-git-token-c3e8";
 const GIT_WRONG: &str = "canary-git-wrong-token-0d5f";
 const TF_VAR: &str = "canary-tf-sensitive-6b21";
 const ENV: &str = "canary-backend-env-e7f3";
+/// A value in a SOPS-encrypted file, decrypted for an apply.
+const SOPS: &str = "canary-sops-value-2b8d";
 /// Characters that JSON, URLs and shells escape: a leak in an escaped form
 /// would not show as the raw string.
 const QUOTED: &str = "canary \"q/+% x-5e1a";
 
-const ALL: [&str; 12] = [
+const ALL: [&str; 13] = [
     HOOK, API, API_WRONG, SMTP, SLACK, MATRIX, NOTIFY_SIG, GIT, GIT_WRONG, TF_VAR, ENV, QUOTED,
+    SOPS,
 ];
 
 /// The user names that go with a secret on the wire: the encoded forms of
@@ -134,6 +138,23 @@ fn no_secret_reaches_any_output() {
     let ca = toml_str(&ca.display().to_string());
     let git_token = file(&secrets, "git-token", GIT);
     let git_wrong = file(&secrets, "git-wrong", GIT_WRONG);
+    // A SOPS file for the local remote, and the age key it needs (its
+    // secret line is a canary too).
+    let (age_key_file, recipient) = age_key(&secrets, "age.key");
+    let age_secret = std::fs::read_to_string(&age_key_file)
+        .expect("age key")
+        .lines()
+        .find(|l| l.starts_with("AGE-SECRET-KEY-"))
+        .expect("the key line")
+        .to_string();
+    let encrypted = sops_encrypt(
+        root.path(),
+        "secret.yaml",
+        &format!("value: {SOPS}\n"),
+        &recipient,
+    );
+    remote.commit(&[("sops/secret.yaml", &encrypted)], "a SOPS file");
+    let age_key_file = toml_str(&age_key_file.display().to_string());
 
     // Notification receivers: an HTTP sink for webhook, Slack and Matrix
     // (its first answer fails, so the retry path logs too); a real SMTP
@@ -236,6 +257,19 @@ kind = "exec"
 apply = ["true"]
 
 [[targets]]
+name = "sops"
+repo = "{repo}"
+path = "sops"
+interval = "1h"
+[targets.decrypt]
+sops = true
+age_key_file = {age_key_file}
+[targets.backend]
+kind = "exec"
+apply = ["sh", "-c", "cat secret.yaml; cat secret.yaml >&2; exit 1"]
+always = true
+
+[[targets]]
 name = "tf"
 repo = "{repo}"
 path = "tf"
@@ -263,13 +297,20 @@ env = {{ TF_CLI_CONFIG_FILE = "/dev/null", TF_VAR_db_password = "env:CANARY_TF_V
     // Every target runs once at start-up: app fails (notifications),
     // wronggit fails at git, tf creates its resource.
     wait_for(Duration::from_secs(120), "every target's first run", || {
-        ["app", "wronggit", "tf"]
+        ["app", "wronggit", "tf", "sops"]
             .iter()
             .all(|t| s.history(t).first().is_some_and(|r| !r["result"].is_null()))
     });
     assert_eq!(s.target_status("app")["last_result"], "failed");
     assert_eq!(s.target_status("wronggit")["last_result"], "failed");
     assert_eq!(s.target_status("tf")["last_result"], "changed");
+    assert_eq!(s.target_status("sops")["last_result"], "failed");
+    let tail = s.history("sops")[0]["output_tail"].clone();
+    assert!(
+        tail.as_str()
+            .is_some_and(|t| t.contains("value: [REDACTED]")),
+        "the apply did not see the decrypted file: {tail}"
+    );
     wait_for(Duration::from_secs(60), "notifications delivered", || {
         let reqs = sink.requests();
         let ok = |p: &str| {
@@ -332,10 +373,11 @@ env = {{ TF_CLI_CONFIG_FILE = "/dev/null", TF_VAR_db_password = "env:CANARY_TF_V
         "/api/v1/targets/app/runs".into(),
         "/api/v1/targets/wronggit/runs".into(),
         "/api/v1/targets/tf/runs".into(),
+        "/api/v1/targets/sops/runs".into(),
         "/metrics".into(),
         "/readyz".into(),
     ];
-    for t in ["app", "wronggit", "tf"] {
+    for t in ["app", "wronggit", "tf", "sops"] {
         for run in s.history(t) {
             paths.push(format!("/api/v1/runs/{}", run["id"]));
             paths.push(format!("/api/v1/jobs/{}", run["job"]));
@@ -384,6 +426,8 @@ env = {{ TF_CLI_CONFIG_FILE = "/dev/null", TF_VAR_db_password = "env:CANARY_TF_V
         &["tick", "app"][..],
         &["tick", "wronggit"],
         &["tick", "tf"],
+        &["tick", "sops"],
+        &["history", "sops", "--json"],
         &["status"],
         &["status", "--json"],
         &["history", "app", "--json"],
@@ -429,6 +473,7 @@ env = {{ TF_CLI_CONFIG_FILE = "/dev/null", TF_VAR_db_password = "env:CANARY_TF_V
     }
     assert!(seen.contains("[REDACTED]"), "nothing was redacted at all?");
     assert_clean("logs, API answers, CLI output or notifications", &seen);
+    assert!(!seen.contains(&age_secret), "the age key was shown");
 
     // Every file in the state directory, byte for byte.
     let mut files = Vec::new();
@@ -440,6 +485,11 @@ env = {{ TF_CLI_CONFIG_FILE = "/dev/null", TF_VAR_db_password = "env:CANARY_TF_V
     for f in files {
         let bytes = std::fs::read(&f).unwrap_or_default();
         let t = String::from_utf8_lossy(&bytes);
+        assert!(
+            !t.contains(&age_secret),
+            "the age key is in {}",
+            f.display()
+        );
         for c in ALL {
             for form in forms(c) {
                 assert!(

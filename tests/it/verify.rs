@@ -70,18 +70,6 @@ fn assert_refused(
     assert_eq!(checkout_head(s), applied, "the checkout moved");
 }
 
-fn ssh_key(dir: &Path, name: &str) -> (PathBuf, String) {
-    let key = dir.join(name);
-    let out = Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-C", name, "-f"])
-        .arg(&key)
-        .output()
-        .expect("ssh-keygen");
-    succeeded(&out, "ssh-keygen");
-    let public = std::fs::read_to_string(key.with_extension("pub")).expect("public key");
-    (key, public.trim().to_string())
-}
-
 fn ssh_fingerprint(key: &Path) -> String {
     let out = Command::new("ssh-keygen")
         .arg("-lf")
@@ -100,17 +88,12 @@ fn ssh_signed_commits_are_applied_and_unsigned_or_unlisted_ones_refused() {
     let root = tempfile::tempdir().expect("tempdir");
     let (alice, alice_pub) = ssh_key(root.path(), "alice");
     let (mallory, mallory_pub) = ssh_key(root.path(), "mallory");
-    let allowed = root.path().join("allowed_signers");
-    std::fs::write(&allowed, format!("alice@example.net {alice_pub}\n")).expect("allowed");
     let remote = Remote::new(root.path(), "infra");
     let log = root.path().join("applies.log");
     let s = setup(
         &remote,
         &log,
-        &format!(
-            "[targets.verify]\nallowed_signers_file = {}",
-            toml_str(&allowed.display().to_string())
-        ),
+        &verify_ssh_table(root.path(), "alice@example.net", &alice_pub),
     );
     let as_alice = format!("user.signingkey={}", alice.display());
     let as_mallory = format!("user.signingkey={}", mallory.display());

