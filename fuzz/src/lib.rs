@@ -161,7 +161,15 @@ pub fn check(forge: ForgeKind, data: &[u8]) {
         Err(HookError::BadPayload(msg)) => assert!(!msg.is_empty()),
         Ok(d) => {
             if let Event::Push(p) = d.event {
-                assert!(!p.branch.is_empty(), "a push without a branch");
+                // A branch push names its branch; a tag push its tag
+                // (and no branch).
+                match &p.tag {
+                    None => assert!(!p.branch.is_empty(), "a push without a branch"),
+                    Some(t) => assert!(
+                        !t.is_empty() && p.branch.is_empty(),
+                        "a tag push without a tag, or with a branch"
+                    ),
+                }
                 assert!(!p.after.is_empty(), "a push without a commit");
                 assert!(!p.repo_urls.is_empty(), "a push without a repository");
             }
