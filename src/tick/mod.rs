@@ -574,7 +574,7 @@ impl Reconciler {
                 last
             ));
         }
-        info!(target = %target.name, tag = %t.name, commit = %short_sha(&t.commit), "following tag");
+        debug!(target = %target.name, tag = %t.name, commit = %short_sha(&t.commit), "following tag");
         match &target.verify {
             Some(v) => self
                 .git

@@ -84,15 +84,14 @@ fn sops_files_are_decrypted_for_the_apply_alone_and_never_shown() {
         )
     };
     let s = Setup::new("");
-    std::fs::write(
-        &s.config,
-        format!(
-            "state_dir = \"{}\"\n{}",
-            s.state.display(),
-            config(&key, "")
-        ),
-    )
-    .expect("config");
+    let set_config = |text: String| {
+        std::fs::write(
+            &s.config,
+            format!("state_dir = \"{}\"\n{text}", s.state.display()),
+        )
+        .expect("config")
+    };
+    set_config(config(&key, ""));
     let tick = |s: &Setup| {
         let out = s.run(&["tick", "app"]);
         (out, s.history("app").into_iter().next().expect("a run"))
@@ -205,15 +204,7 @@ fn sops_files_are_decrypted_for_the_apply_alone_and_never_shown() {
 
     // The wrong key: the run fails naming the file and where the key came
     // from, never the key.
-    std::fs::write(
-        &s.config,
-        format!(
-            "state_dir = \"{}\"\n{}",
-            s.state.display(),
-            config(&wrong_key, "")
-        ),
-    )
-    .expect("config");
+    set_config(config(&wrong_key, ""));
     let (out, run) = tick(&s);
     assert_eq!(out.status.code(), Some(1), "{run}");
     let message = run["message"].as_str().unwrap_or("");
@@ -235,15 +226,7 @@ fn sops_files_are_decrypted_for_the_apply_alone_and_never_shown() {
     );
 
     // `files` narrows what is decrypted.
-    std::fs::write(
-        &s.config,
-        format!(
-            "state_dir = \"{}\"\n{}",
-            s.state.display(),
-            config(&key, "files = \"secrets/*\"")
-        ),
-    )
-    .expect("config");
+    set_config(config(&key, "files = \"secrets/*\""));
     let (out, run) = tick(&s);
     assert!(out.status.success(), "{run}");
     let counts = std::fs::read_to_string(&seen).expect("seen");
