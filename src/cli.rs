@@ -46,7 +46,7 @@ pub async fn tick(
     trigger: Trigger,
 ) -> Result<Report, TickError> {
     let app = rec.app();
-    let names: Vec<String> = if all {
+    let mut names: Vec<String> = if all {
         app.settings
             .targets
             .iter()
@@ -55,6 +55,20 @@ pub async fn tick(
     } else {
         targets.to_vec()
     };
+    // Applied in dependency order (destroyed in the reverse): a target
+    // after the targets it depends on.
+    let order: Vec<&str> = config::graph::levels(&app.settings.targets)
+        .into_iter()
+        .flatten()
+        .map(|t| t.name.as_str())
+        .collect();
+    names.sort_by_key(|n| {
+        let at = order.iter().position(|o| o == n).unwrap_or(usize::MAX);
+        match op {
+            Operation::Apply => at,
+            Operation::Destroy => usize::MAX - at,
+        }
+    });
     for n in &names {
         known(app, n)?;
     }
@@ -68,7 +82,7 @@ pub async fn tick(
                 sha,
                 message,
             } => {
-                failed |= result == ApplyResult::Failed;
+                failed |= matches!(result, ApplyResult::Failed | ApplyResult::Blocked);
                 let _ = writeln!(
                     out,
                     "{name}: {} at {} (run {run_id}): {message}",
@@ -310,22 +324,30 @@ pub async fn status(app: &App, as_json: bool) -> Result<Report, TickError> {
             "running".to_string()
         } else if r.paused {
             format!("paused by {}", r.paused_by.as_deref().unwrap_or("?"))
+        } else if r.queued && !r.waiting_on.is_empty() {
+            format!("queued, waiting on {}", r.waiting_on.join(", "))
         } else if r.queued {
             "queued".to_string()
+        } else if r.last_result.as_deref() == Some("blocked") {
+            format!("blocked ×{}", r.consecutive_failures)
         } else if r.consecutive_failures > 0 {
             format!("failing ×{}", r.consecutive_failures)
         } else {
             "idle".to_string()
         };
+        let after = if r.depends_on.is_empty() {
+            String::new()
+        } else {
+            format!(" (after {})", r.depends_on.join(", "))
+        };
         let _ = writeln!(
             out,
-            "{:<24} {:<10} {:<12} {:<10} {:<21} {}",
+            "{:<24} {:<10} {:<12} {:<10} {:<21} {state}{after}",
             r.name,
             r.backend,
             short(&r.last_applied_sha),
             r.last_result.as_deref().unwrap_or("-"),
             r.last_run_at.as_deref().unwrap_or("-"),
-            state
         );
     }
     Ok(Report {
@@ -547,6 +569,9 @@ pub fn check(path: &Path) -> Report {
                     },
                     if p.is_empty() { "." } else { &p }
                 );
+                if !t.depends_on.is_empty() {
+                    let _ = writeln!(stdout, "    after {}", t.depends_on.join(", "));
+                }
             }
             Report { stdout, code: 0 }
         }
@@ -554,6 +579,43 @@ pub fn check(path: &Path) -> Report {
             stdout: format!("{e}\n"),
             code: EXIT_FAILED,
         },
+    }
+}
+
+/// `driftless graph [--dot]`: the order targets converge in, from the
+/// configuration alone. Text: one line per step, the targets of a step
+/// independent of each other (they converge in parallel), each with what
+/// it waits on; `--dot`: the graph for Graphviz.
+pub fn graph(path: &Path, dot: bool) -> Report {
+    let s = match config::check(path) {
+        Ok(s) => s,
+        Err(e) => {
+            return Report {
+                stdout: format!("{e}\n"),
+                code: EXIT_FAILED,
+            };
+        }
+    };
+    if dot {
+        return Report {
+            stdout: config::graph::dot(&s.targets),
+            code: 0,
+        };
+    }
+    let mut out = String::new();
+    for (i, level) in config::graph::levels(&s.targets).iter().enumerate() {
+        let _ = writeln!(out, "{}.", i + 1);
+        for t in level {
+            if t.depends_on.is_empty() {
+                let _ = writeln!(out, "  {}", t.name);
+            } else {
+                let _ = writeln!(out, "  {} (after {})", t.name, t.depends_on.join(", "));
+            }
+        }
+    }
+    Report {
+        stdout: out,
+        code: 0,
     }
 }
 

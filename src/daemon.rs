@@ -112,6 +112,12 @@ impl Daemon {
                 "closed queued jobs of targets no longer in the configuration"
             );
         }
+        // The order jobs are claimed in: each target after the targets it
+        // depends on, as this configuration says.
+        rec.app()
+            .queue
+            .set_dependencies(&crate::config::graph::ancestors(&settings.targets))
+            .await?;
         recover_dead_jobs(&rec, Duration::ZERO).await?;
         // Only a serving daemon plans previews, and only one serves this
         // state directory: a preview left running is a dead process's.

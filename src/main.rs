@@ -87,6 +87,13 @@ enum Command {
     },
     /// Validate the configuration and list every problem.
     Check,
+    /// Print the order targets converge in (`depends_on`): numbered steps,
+    /// the targets of one step independent of each other.
+    Graph {
+        /// Print the graph in Graphviz's DOT language instead.
+        #[arg(long)]
+        dot: bool,
+    },
     /// Stop webhooks and intervals from ticking a target (manual API
     /// reconciles answer 409) until it is resumed; with --job, only keep
     /// driftless from registering or approving that Nomad job.
@@ -225,6 +232,11 @@ async fn run(args: Args) -> anyhow::Result<u8> {
         print!("{}", r.stdout);
         return Ok(r.code);
     }
+    if let Command::Graph { dot } = args.command {
+        let r = cli::graph(&args.config, dot);
+        print!("{}", r.stdout);
+        return Ok(r.code);
+    }
     if let Command::Token {
         command: TokenCommand::New { name },
     } = &args.command
@@ -267,6 +279,7 @@ async fn run(args: Args) -> anyhow::Result<u8> {
             cli::tick(&rec(), &[target], false, Operation::Destroy, Trigger::Cli).await?
         }
         Command::Check => cli::check(&args.config),
+        Command::Graph { dot } => cli::graph(&args.config, dot),
         Command::Token {
             command: TokenCommand::New { name },
         } => cli::token_new(&name),

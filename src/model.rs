@@ -15,6 +15,9 @@ pub enum ApplyResult {
     NoChange,
     Changed,
     Failed,
+    /// The backend was not started: a target this one depends on has not
+    /// converged (failed, blocked, or waiting for a person).
+    Blocked,
 }
 
 impl ApplyResult {
@@ -23,6 +26,7 @@ impl ApplyResult {
             ApplyResult::NoChange => "no_change",
             ApplyResult::Changed => "changed",
             ApplyResult::Failed => "failed",
+            ApplyResult::Blocked => "blocked",
         }
     }
 }
@@ -66,6 +70,8 @@ pub enum Trigger {
     /// A person asked to try again what failed or was rejected at this
     /// commit (`driftless retry`), without a new push.
     Retry,
+    /// A target this one depends on converged again after blocking it.
+    Dependency,
 }
 
 impl Trigger {
@@ -77,6 +83,7 @@ impl Trigger {
             Trigger::Cli => "cli",
             Trigger::Resume => "resume",
             Trigger::Retry => "retry",
+            Trigger::Dependency => "dependency",
         }
     }
 }

@@ -55,14 +55,20 @@ pub enum Accepted {
 }
 
 /// A job `j` that may be claimed now (`?1` the time): queued, due, its
-/// target not paused, none of its target's jobs running. Each test is an
+/// target not paused, none of its target's jobs running, no job of a
+/// target it depends on (directly or not: `target_deps`) queued or
+/// running — a chain converges in order, and waits across a restart, since
+/// the jobs are rows. Each test is an
 /// index lookup per queued job (a daemon with a thousand targets claims
 /// without reading a thousand rows). Jobs of targets no longer configured
 /// are closed when the daemon starts (`drop_unknown`), and one claimed all
 /// the same is closed by the worker.
 const RUNNABLE: &str = "j.state = 'queued' AND j.not_before <= ?1
       AND NOT EXISTS (SELECT 1 FROM targets t WHERE t.name = j.target AND t.paused_at IS NOT NULL)
-      AND NOT EXISTS (SELECT 1 FROM jobs r WHERE r.target = j.target AND r.state = 'running')";
+      AND NOT EXISTS (SELECT 1 FROM jobs r WHERE r.target = j.target AND r.state = 'running')
+      AND NOT EXISTS (SELECT 1 FROM target_deps d WHERE d.target = j.target
+            AND (EXISTS (SELECT 1 FROM jobs q WHERE q.target = d.ancestor AND q.state = 'queued')
+              OR EXISTS (SELECT 1 FROM jobs q WHERE q.target = d.ancestor AND q.state = 'running')))";
 
 /// How long delivery ids are remembered for dedupe.
 pub const DELIVERY_MEMORY: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -465,6 +471,28 @@ impl Queue {
         .fetch_all(self.store.pool())
         .await
         .map_err(self.store.err("reading the queue"))
+    }
+
+    /// Replace the dependency table with `pairs`, (target, a target it
+    /// waits on directly or through others): the daemon's configuration
+    /// as it starts.
+    pub async fn set_dependencies(&self, pairs: &[(String, String)]) -> Result<(), StoreError> {
+        let what = "recording the dependencies between targets";
+        let rows = serde_json::to_string(pairs).unwrap_or_else(|_| "[]".into());
+        let WriteTx { mut tx, _turn } = self.store.begin_write(what).await?;
+        sqlx::query("DELETE FROM target_deps")
+            .execute(&mut *tx)
+            .await
+            .map_err(self.store.err(what))?;
+        sqlx::query(
+            "INSERT INTO target_deps (target, ancestor)
+             SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(?1)",
+        )
+        .bind(rows)
+        .execute(&mut *tx)
+        .await
+        .map_err(self.store.err(what))?;
+        tx.commit().await.map_err(self.store.err(what))
     }
 
     /// Queued jobs for targets that are no longer configured are closed.

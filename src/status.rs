@@ -36,6 +36,13 @@ pub struct TargetStatus {
     /// summary and address-and-action lines), if anything.
     pub drift: Option<String>,
     pub drift_since: Option<String>,
+    /// The targets it depends on (`depends_on`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub depends_on: Vec<String>,
+    /// The targets it depends on, directly or through others, with a job
+    /// queued or running: its own queued job waits for them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub waiting_on: Vec<String>,
 }
 
 /// Every configured target, in configuration order.
@@ -43,6 +50,12 @@ pub async fn targets(app: &App) -> Result<Vec<TargetStatus>, StoreError> {
     let states = app.store.target_states().await?;
     let activity = app.queue.activity().await?;
     let redactor = crate::redact::Redactor::new();
+    let ancestors = crate::config::graph::ancestors(&app.settings.targets);
+    let active = |name: &str| {
+        activity
+            .iter()
+            .any(|a| a.target == name && (a.queued > 0 || a.running > 0))
+    };
     Ok(app
         .settings
         .targets
@@ -70,6 +83,12 @@ pub async fn targets(app: &App) -> Result<Vec<TargetStatus>, StoreError> {
                 policy: t.policy.as_str(),
                 drift: s.and_then(|s| s.drift_summary.clone()),
                 drift_since: s.and_then(|s| s.drift_since).map(format_ms),
+                depends_on: t.depends_on.clone(),
+                waiting_on: ancestors
+                    .iter()
+                    .filter(|(of, on)| *of == t.name && active(on))
+                    .map(|(_, on)| on.clone())
+                    .collect(),
             }
         })
         .collect())

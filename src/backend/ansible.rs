@@ -526,7 +526,7 @@ impl Backend for Ansible {
                 }
                 let (check, report) = self.run(&self.cfg.playbook, true, deadline).await;
                 match check.result {
-                    ApplyResult::Failed => return check,
+                    ApplyResult::Failed | ApplyResult::Blocked => return check,
                     ApplyResult::NoChange => {
                         self.save_recap(&report);
                         return Status {

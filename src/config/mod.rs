@@ -27,6 +27,7 @@ pub use crate::secret::SecretRef;
 
 mod checks;
 mod decrypt;
+pub mod graph;
 mod server;
 mod target;
 mod verify;
@@ -247,6 +248,8 @@ pub struct Target {
     pub verify: Option<Verification>,
     /// SOPS files decrypted for its runs (`[targets.decrypt]`).
     pub decrypt: Option<crate::decrypt::Sops>,
+    /// The targets that must have converged before it runs (`depends_on`).
+    pub depends_on: Vec<String>,
 }
 
 /// `previews`: which pull requests into the target's branch are planned,
@@ -717,6 +720,7 @@ fn validate(
         ),
     };
     settle_forges(&mut targets, &forges, &defaults, problems);
+    graph::validate(&targets, problems);
     let known = |n: &String| {
         notifiers
             .iter()

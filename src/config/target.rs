@@ -27,6 +27,7 @@ struct RawTarget {
     previews: Option<Value>,
     verify: Option<Value>,
     decrypt: Option<Value>,
+    depends_on: Option<Vec<String>>,
 }
 
 #[derive(Deserialize)]
@@ -409,6 +410,9 @@ pub(super) fn validate_target(
         decrypt: raw
             .decrypt
             .and_then(|v| super::decrypt::validate_decrypt(v, label, base, machine, problems)),
+        // Names checked against the other targets (and for cycles) once
+        // every table is read: config::graph.
+        depends_on: raw.depends_on.unwrap_or_default(),
     })
 }
 

@@ -49,7 +49,7 @@ pub fn escape(s: &str) -> String {
 const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:2em;color:#222}\
 table{border-collapse:collapse;width:100%}th,td{text-align:left;padding:.35em .6em;border-bottom:1px solid #ddd;vertical-align:top}\
 code,pre{font-family:ui-monospace,monospace;font-size:.9em}pre{background:#f6f6f6;padding:.6em;overflow-x:auto}pre.approve{white-space:pre-wrap;word-break:break-all}\
-.failed{color:#b00020;font-weight:600}.changed{color:#0b6e4f}.no_change{color:#555}\
+.failed,.blocked{color:#b00020;font-weight:600}.changed{color:#0b6e4f}.no_change{color:#555}\
 .card{border:1px solid #ccc;border-radius:6px;padding:1em;margin:1em 0}h1{font-size:1.4em}\
 form.decide{display:inline-block;margin-right:.6em}form.decide button{font-size:1em;padding:.3em .9em}\
 .destructive{color:#b00020;font-weight:600}";
@@ -158,10 +158,20 @@ pub(super) async fn index(State(s): State<AppState>, caller: Result<Caller, ApiE
         if t.paused {
             flags.push_str(" (paused)");
         }
+        let readable = |names: &[String]| -> Vec<String> {
+            names.iter().filter(|n| may_read(n)).cloned().collect()
+        };
+        let waits = readable(&t.waiting_on);
         if t.running {
             flags.push_str(" (running)");
+        } else if t.queued && !waits.is_empty() {
+            let _ = write!(flags, " (queued, waiting on {})", waits.join(", "));
         } else if t.queued {
             flags.push_str(" (queued)");
+        }
+        let after = readable(&t.depends_on);
+        if !after.is_empty() {
+            let _ = write!(flags, " after {}", after.join(", "));
         }
         let _ = write!(
             h,

@@ -33,6 +33,8 @@ use crate::secret::SecretRef;
 #[serde(rename_all = "snake_case")]
 pub enum Event {
     Failed,
+    /// A target did not run: one it depends on has not converged.
+    Blocked,
     StillFailing,
     Recovered,
     Changed,
@@ -54,6 +56,7 @@ impl Event {
     pub fn as_str(self) -> &'static str {
         match self {
             Event::Failed => "failed",
+            Event::Blocked => "blocked",
             Event::StillFailing => "still_failing",
             Event::Recovered => "recovered",
             Event::Changed => "changed",
@@ -68,6 +71,7 @@ impl Event {
     fn parse(s: &str) -> Option<Event> {
         Some(match s {
             "failed" => Event::Failed,
+            "blocked" => Event::Blocked,
             "still_failing" => Event::StillFailing,
             "recovered" => Event::Recovered,
             "changed" => Event::Changed,
@@ -132,6 +136,10 @@ impl EventDoc {
             .unwrap_or_default();
         match self.event {
             Event::Failed => format!("{}: failed{at}", self.target),
+            Event::Blocked => format!(
+                "{}: blocked{at} (a target it depends on has not converged)",
+                self.target
+            ),
             Event::StillFailing => match self.failing_for_ms {
                 Some(ms) => format!(
                     "{}: still failing{at} ({} failures in a row, for {})",
@@ -236,9 +244,15 @@ pub fn notification_for(
     repeat_after: Duration,
 ) -> Decision {
     let failing = prev.consecutive_failures > 0;
+    // A blocked run is a failure to converge, told as `blocked`.
+    let first = if result == ApplyResult::Blocked {
+        Event::Blocked
+    } else {
+        Event::Failed
+    };
     match (result, failing) {
-        (ApplyResult::Failed, false) => Decision {
-            event: Some(Event::Failed),
+        (ApplyResult::Failed | ApplyResult::Blocked, false) => Decision {
+            event: Some(first),
             state: FailureState {
                 consecutive_failures: 1,
                 failing_since: Some(now_ms),
@@ -247,7 +261,7 @@ pub fn notification_for(
             },
             failing_for_ms: None,
         },
-        (ApplyResult::Failed, true) => {
+        (ApplyResult::Failed | ApplyResult::Blocked, true) => {
             let mut state = FailureState {
                 consecutive_failures: prev.consecutive_failures + 1,
                 failing_since: prev.failing_since.or(Some(now_ms)),
@@ -258,7 +272,7 @@ pub fn notification_for(
                 .as_deref()
                 .is_some_and(|m| fingerprint::same_failure(m, message));
             let event = if !same {
-                Some(Event::Failed)
+                Some(first)
             } else if prev
                 .last_notified_at
                 .is_none_or(|t| now_ms - t >= repeat_after.as_millis() as i64)
@@ -472,6 +486,7 @@ impl NotifierConfig {
         let events = match obj.remove("events") {
             None => vec![
                 Event::Failed,
+                Event::Blocked,
                 Event::StillFailing,
                 Event::Recovered,
                 Event::PendingApproval,
@@ -487,7 +502,7 @@ impl NotifierConfig {
                         None => errs.push((
                             "events".into(),
                             format!(
-                                "`{e}` is not one of failed, still_failing, recovered, changed, pending_approval, drift_detected, drift_resolved, superseded"
+                                "`{e}` is not one of failed, blocked, still_failing, recovered, changed, pending_approval, drift_detected, drift_resolved, superseded"
                             ),
                         )),
                     }
@@ -723,8 +738,12 @@ impl NotifierConfig {
         }
     }
 
+    /// Whether it is told about `event`: a notifier told about failures
+    /// hears of a target blocked by a failed dependency too.
     pub fn wants(&self, event: Event) -> bool {
-        event == Event::Test || self.events.contains(&event)
+        event == Event::Test
+            || self.events.contains(&event)
+            || (event == Event::Blocked && self.events.contains(&Event::Failed))
     }
 
     /// Deliver one event. The error never contains a secret.

@@ -33,7 +33,11 @@ pub fn priority(s: &str) -> Option<u8> {
 /// What an event is sent with unless `priority` says otherwise.
 pub fn default_priority(e: Event) -> u8 {
     match e {
-        Event::Failed | Event::StillFailing | Event::PendingApproval | Event::DriftDetected => 4,
+        Event::Failed
+        | Event::Blocked
+        | Event::StillFailing
+        | Event::PendingApproval
+        | Event::DriftDetected => 4,
         _ => 3,
     }
 }

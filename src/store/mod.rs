@@ -570,8 +570,9 @@ impl Store {
                  last_notified_at = CASE WHEN ?8 THEN ?10 ELSE last_notified_at END,
                  last_notified_message = CASE WHEN ?8 THEN ?11 ELSE last_notified_message END";
         let set = match (status.result, operation) {
-            (ApplyResult::Failed, _) => {
-                "last_result = 'failed', last_message = ?2, last_run_id = ?3,
+            // Failed or blocked: the last applied commit stays.
+            (ApplyResult::Failed | ApplyResult::Blocked, _) => {
+                "last_result = ?5, last_message = ?2, last_run_id = ?3,
                  consecutive_failures = consecutive_failures + 1, updated_at = ?4"
             }
             (_, Operation::Apply) => {

@@ -10,6 +10,7 @@
 //! commits checked before its checkout moves. `review` holds the steps of the ticks that
 //! plan (detect, approvals, `driftless plan`), `notices` who hears of a run.
 
+mod depends;
 mod notices;
 mod preview;
 mod review;
@@ -357,6 +358,57 @@ impl Reconciler {
         // Before anything else: what a run killed mid-way left decrypted.
         let note = self.app.settings.decrypted_note(&target.name);
         let leftovers = decrypt::remove_leftovers(&note);
+        // A target whose dependencies have not converged runs nothing: the
+        // run says which one holds it back.
+        if op == Operation::Apply
+            && !target.depends_on.is_empty()
+            && let Some(why) = self.blocked_by(target).await?
+        {
+            let (run_id, state) = self
+                .app
+                .store
+                .begin_run_with_state(&NewRun {
+                    target: &target.name,
+                    job_id: job.map(|j| j.id),
+                    operation: op,
+                    trigger: &trigger,
+                    delivery_id: delivery.as_deref(),
+                    requested_sha: requested.as_deref(),
+                    receiver: receiver.as_deref(),
+                    sha: None,
+                })
+                .await?;
+            let run = RunInfo {
+                id: run_id,
+                op,
+                trigger,
+                delivery_id: delivery,
+                started,
+                started_ms,
+                prev: state,
+            };
+            if let Err(e) = &leftovers {
+                error!(target = %target.name, error = %e,
+                    "cannot remove decrypted files a run killed mid-way left behind");
+            }
+            let status = Status {
+                result: ApplyResult::Blocked,
+                message: why,
+                output_tail: String::new(),
+                digest: None,
+            };
+            // The commit a push asked for hears why it was not applied.
+            return self
+                .finish_with(
+                    target,
+                    &run,
+                    None,
+                    requested.as_deref(),
+                    status,
+                    Findings::default(),
+                )
+                .await;
+        }
         // An apply fetches first (only the cache changes, as for routing) and
         // looks whether the checkout is already at the tip (read-only): then
         // the run row carries its commit from the start, one write fewer
@@ -740,10 +792,15 @@ impl Reconciler {
             status.result.as_str(),
             run.started.elapsed().as_secs_f64(),
         );
+        if run.op == Operation::Apply && !waiting {
+            self.wake_dependents(target, status.result).await;
+        }
         let short = seen.map(short_sha).unwrap_or("-");
         match status.result {
             ApplyResult::Failed => warn!(target = %target.name, run = run_id, sha = short,
                 operation = run.op.as_str(), message = %status.message, "run failed"),
+            ApplyResult::Blocked => warn!(target = %target.name, run = run_id,
+                operation = run.op.as_str(), message = %status.message, "run blocked"),
             // A run that found nothing to do is in the history; the log
             // (INFO) says what changed, RUST_LOG=debug every run.
             ApplyResult::NoChange => debug!(target = %target.name, run = run_id, sha = short,

@@ -233,7 +233,9 @@ impl Reconciler {
             {
                 (State::Error, format!("timed out: {}", status.message))
             }
-            (false, crate::model::ApplyResult::Failed) => (State::Failure, status.message.clone()),
+            (false, crate::model::ApplyResult::Failed | crate::model::ApplyResult::Blocked) => {
+                (State::Failure, status.message.clone())
+            }
             (false, _) => (State::Success, status.message.clone()),
         };
         Some(NewStatus {

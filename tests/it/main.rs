@@ -16,6 +16,7 @@ mod compose;
 mod config_check;
 mod daemon;
 mod decrypt;
+mod dependencies;
 mod exec;
 mod forge_status;
 mod git_sync;

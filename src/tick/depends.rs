@@ -1,0 +1,100 @@
+//! A target's dependencies (`depends_on`) as a tick sees them: whether the
+//! targets it depends on have converged (their last run `changed` or
+//! `no_change`, no plan of theirs waiting for a person) — if not, the tick
+//! records a `blocked` run naming the first that has not, and starts no
+//! backend; and, when a target converges again, its dependents that it
+//! blocked queued to run. The order a push's jobs are claimed in is the
+//! queue's (`target_deps`); this module must not start a backend.
+
+use tracing::{error, info};
+
+use super::{Reconciler, TickError};
+use crate::config::{Target, graph};
+use crate::model::{ApplyResult, Trigger};
+use crate::queue::Request;
+use crate::store::plans::PlanState;
+
+/// How much of a dependency's own message a blocked run repeats.
+const REASON_MAX: usize = 300;
+
+impl Reconciler {
+    /// Why `target` may not run now, naming the dependency at fault, or
+    /// `None` when every target it depends on has converged.
+    pub(super) async fn blocked_by(&self, target: &Target) -> Result<Option<String>, TickError> {
+        for dep in &target.depends_on {
+            let state = self.app.store.target_state(dep).await?;
+            let (result, message) = match &state {
+                Some(s) => (s.last_result.as_deref(), s.last_message.as_deref()),
+                None => (None, None),
+            };
+            let said = || first_line(message.unwrap_or(""));
+            let why = match result {
+                None => Some("it has not run yet".to_string()),
+                Some("changed" | "no_change") => match self.app.store.open_plan(dep).await? {
+                    Some(p) if p.state == PlanState::PendingApproval => {
+                        Some("its plan waits for approval".to_string())
+                    }
+                    Some(p) if matches!(p.state, PlanState::Approved | PlanState::Applying) => {
+                        Some("its approved plan is not applied yet".to_string())
+                    }
+                    _ => None,
+                },
+                Some("failed") => Some(format!("its last run failed: {}", said())),
+                Some("blocked") => Some(format!("it is blocked itself: {}", said())),
+                Some("interrupted") => Some("its last run was interrupted".to_string()),
+                Some(other) => Some(format!("its last run ended `{other}`")),
+            };
+            if let Some(why) = why {
+                return Ok(Some(format!("blocked by `{dep}`: {why}")));
+            }
+        }
+        Ok(None)
+    }
+
+    /// After `target` converged: queue each target that depends on it and
+    /// whose last run it (or a target it waits on) blocked. A target that
+    /// is still blocked by another dependency records that when it runs.
+    pub(super) async fn wake_dependents(&self, target: &Target, result: ApplyResult) {
+        if !matches!(result, ApplyResult::Changed | ApplyResult::NoChange) {
+            return;
+        }
+        for dep in graph::dependents(&self.app.settings.targets, &target.name) {
+            let blocked = match self.app.store.target_state(&dep.name).await {
+                Ok(s) => s.is_some_and(|s| s.last_result.as_deref() == Some("blocked")),
+                Err(e) => {
+                    error!(target = %dep.name, error = %e,
+                        "cannot read whether a dependency blocked this target; its next interval tick will run it");
+                    continue;
+                }
+            };
+            if !blocked {
+                continue;
+            }
+            let queued = self
+                .app
+                .queue
+                .enqueue(&Request {
+                    target: dep.name.clone(),
+                    trigger: Trigger::Dependency,
+                    sha: None,
+                    delivery_id: None,
+                    receiver: None,
+                })
+                .await;
+            match queued {
+                Ok(job) => info!(target = %dep.name, job, dependency = %target.name,
+                    "queued: a target it depends on converged again"),
+                Err(e) => error!(target = %dep.name, error = %e,
+                    "cannot queue a target its dependency unblocked; its next interval tick will run it"),
+            }
+        }
+    }
+}
+
+fn first_line(s: &str) -> String {
+    let line = s.lines().next().unwrap_or("").trim();
+    match line.char_indices().nth(REASON_MAX) {
+        Some((i, _)) => format!("{} […]", &line[..i]),
+        None => line.to_string(),
+    }
+}

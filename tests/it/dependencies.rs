@@ -1,0 +1,471 @@
+//! Targets that depend on each other (`depends_on`): a push converging a
+//! chain in order while an independent target runs beside it, the order
+//! kept across a `kill -9` of the daemon, a failed dependency blocking its
+//! dependents (told once) until it recovers, and `check` / `graph` on the
+//! configuration.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::common::*;
+use serde_json::Value;
+
+const SECRET: &str = "hook-secret-for-the-dependency-tests";
+
+/// An exec target that logs `start <name>` and `end <name>` around its
+/// apply (which takes `secs` and fails while its `v` file says `bad`), and
+/// appends the `v` it applied to `<name>.applied`.
+fn chain_target(
+    root: &Path,
+    repo: &str,
+    name: &str,
+    after: &[&str],
+    secs: u32,
+    notify: bool,
+) -> String {
+    let log = root.join("order.log");
+    let applied = root.join(format!("{name}.applied"));
+    let deps = if after.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "depends_on = [{}]\n",
+            after
+                .iter()
+                .map(|d| format!("\"{d}\""))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    };
+    let notify = if notify { "notify = [\"hook\"]\n" } else { "" };
+    let script = format!(
+        "echo start {name} >> {log}; sleep {secs}; \
+         if [ \"$(cat v)\" = bad ]; then echo refused >&2; exit 1; fi; \
+         echo \"$(cat v)\" >> {applied}; echo end {name} >> {log}",
+        log = log.display(),
+        applied = applied.display(),
+    );
+    exec_target(
+        name,
+        repo,
+        &format!("path = \"{name}\"\ninterval = \"1h\"\n{deps}{notify}"),
+        &format!("apply = [\"sh\", \"-c\", {}]", toml_str(&script)),
+    )
+}
+
+struct World {
+    root: tempfile::TempDir,
+    remote: Remote,
+    /// network's own repository, with `split`; else `remote` holds it too.
+    net: Option<Remote>,
+    setup: Setup,
+}
+
+/// network ← dns ← app, and `other` on its own; a GitHub receiver and,
+/// with `sink`, a webhook notifier every target tells.
+fn world(sink: Option<&Service>, slow: u32, split: bool) -> World {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(
+        &[
+            ("network/v", "1"),
+            ("dns/v", "1"),
+            ("app/v", "1"),
+            ("other/v", "1"),
+        ],
+        "first",
+    );
+    let net = split.then(|| {
+        let net = Remote::new(root.path(), "net");
+        net.commit(&[("network/v", "1")], "first");
+        net
+    });
+    let secret = root.path().join("hook-secret");
+    std::fs::write(&secret, SECRET).expect("write");
+    let mut cfg = format!(
+        "[[receivers]]\nname = \"github\"\nforge = \"github\"\nsecret_file = {}\n\n",
+        toml_str(&secret.display().to_string())
+    );
+    if let Some(sink) = sink {
+        cfg.push_str(&format!(
+            "[[notifiers]]\nname = \"hook\"\nkind = \"webhook\"\nurl = \"http://127.0.0.1:{}/hook\"\n\n",
+            sink.port
+        ));
+    }
+    let (r, u, n) = (root.path(), remote.url(), sink.is_some());
+    // The dependents come first in the file: the order is the graph's, not
+    // the configuration's.
+    let targets = [
+        chain_target(r, &u, "app", &["dns"], 0, n),
+        chain_target(r, &u, "dns", &["network"], 0, n),
+        chain_target(
+            r,
+            &net.as_ref().map_or_else(|| u.clone(), Remote::url),
+            "network",
+            &[],
+            slow,
+            n,
+        ),
+        chain_target(r, &u, "other", &[], slow, n),
+    ]
+    .concat();
+    cfg.push_str(&targets);
+    let setup = Setup::new(&cfg);
+    World {
+        root,
+        remote,
+        net,
+        setup,
+    }
+}
+
+fn order_log(w: &World) -> Vec<String> {
+    log_lines(&w.root.path().join("order.log"))
+}
+
+fn applied(w: &World, name: &str) -> Vec<String> {
+    log_lines(&w.root.path().join(format!("{name}.applied")))
+}
+
+fn idle(w: &World) -> bool {
+    w.setup
+        .status()
+        .iter()
+        .all(|t| t["queued"] == false && t["running"] == false && !t["last_result"].is_null())
+}
+
+/// Commit `files` and deliver the push; with a split world, network's
+/// files go to its own repository, pushed first. The last commit made.
+fn push(w: &World, port: u16, files: &[(&str, &str)], id: &str) -> String {
+    let (own, rest): (Vec<_>, Vec<_>) = files
+        .iter()
+        .partition(|(p, _)| w.net.is_some() && p.starts_with("network/"));
+    let mut sha = String::new();
+    for (remote, files, id) in [
+        (w.net.as_ref(), own, format!("{id}-net")),
+        (Some(&w.remote), rest, id.to_string()),
+    ] {
+        let Some(remote) = remote.filter(|_| !files.is_empty()) else {
+            continue;
+        };
+        sha = remote.commit(&files, &id);
+        let changed: Vec<&str> = files.iter().map(|(p, _)| *p).collect();
+        let body = github_push_body(&remote.url(), &sha, &changed);
+        let r = deliver_github_push(port, SECRET, &body, &id);
+        assert_eq!(r.status, 202, "{r:?}");
+    }
+    sha
+}
+
+/// In `lines` (from `order.log`), no target starts while a target it
+/// depends on is running, or before that one has ended once.
+fn assert_in_order(lines: &[String]) {
+    let deps = [("dns", "network"), ("app", "dns")];
+    let mut running: Vec<&str> = Vec::new();
+    let mut ended: Vec<&str> = Vec::new();
+    for l in lines {
+        let (what, name) = l.split_once(' ').expect("`start x` or `end x`");
+        if what == "start" {
+            for (t, d) in deps {
+                if t == name {
+                    assert!(
+                        !running.contains(&d) && ended.contains(&d),
+                        "{name} started before {d} had finished: {lines:?}"
+                    );
+                }
+            }
+            running.push(name);
+        } else {
+            running.retain(|r| *r != name);
+            ended.push(name);
+        }
+    }
+}
+
+#[test]
+fn a_push_converges_a_chain_in_dependency_order_and_the_order_survives_kill_9() {
+    let w = world(None, 2, false);
+    let daemon = w.setup.serve();
+    // The first interval ticks of never-run targets: all four queued at
+    // once, claimed in the graph's order.
+    wait_for(Duration::from_secs(60), "the first round", || idle(&w));
+    let first = order_log(&w);
+    assert_eq!(first.len(), 8, "{first:?}");
+    assert_in_order(&first);
+
+    let sha = push(
+        &w,
+        daemon.port,
+        &[
+            ("network/v", "2"),
+            ("dns/v", "2"),
+            ("app/v", "2"),
+            ("other/v", "2"),
+        ],
+        "all-2",
+    );
+    // While network applies, dns and app wait on it (and app on dns), and
+    // the independent target runs beside it.
+    wait_for(Duration::from_secs(30), "dns to wait on network", || {
+        let s = w.setup.target_status("dns");
+        s["queued"] == true && s["waiting_on"] == serde_json::json!(["network"])
+    });
+    let app = w.setup.target_status("app");
+    assert_eq!(app["depends_on"], serde_json::json!(["dns"]), "{app}");
+    assert_eq!(
+        app["waiting_on"],
+        serde_json::json!(["dns", "network"]),
+        "{app}"
+    );
+    let text = text(&w.setup.run(&["status"]).stdout);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("dns ") && l.contains("waiting on network")),
+        "{text}"
+    );
+    wait_for(Duration::from_secs(30), "the second round", || idle(&w));
+    let second = order_log(&w)[first.len()..].to_vec();
+    assert_eq!(second.len(), 8, "{second:?}");
+    assert_in_order(&second);
+    let (net_end, other_start) = (
+        second.iter().position(|l| l == "end network"),
+        second.iter().position(|l| l == "start other"),
+    );
+    assert!(
+        other_start < net_end,
+        "the independent target waited for the chain: {second:?}"
+    );
+    assert_eq!(w.setup.history("app")[0]["sha"], sha);
+    // The queue held them back: none of their runs had to be blocked.
+    for t in ["dns", "app"] {
+        let runs = w.setup.history(t);
+        assert!(runs.iter().all(|r| r["result"] == "changed"), "{runs:?}");
+    }
+
+    // kill -9 while network applies: its orphaned command runs on, the new
+    // daemon runs network's job again, and dns and app still come after.
+    let seen = order_log(&w).len();
+    push(
+        &w,
+        daemon.port,
+        &[("network/v", "3"), ("dns/v", "3"), ("app/v", "3")],
+        "all-3",
+    );
+    wait_for(Duration::from_secs(30), "network to start", || {
+        order_log(&w)[seen..].contains(&"start network".to_string())
+    });
+    daemon.kill9();
+    let daemon = w.setup.serve();
+    wait_for(Duration::from_secs(60), "the third round", || {
+        idle(&w) && applied(&w, "app").last().map(String::as_str) == Some("3")
+    });
+    let third = order_log(&w)[seen..].to_vec();
+    assert_in_order(&third);
+    assert_eq!(applied(&w, "dns").last().map(String::as_str), Some("3"));
+    drop(daemon);
+}
+
+/// The notifications the sink received, as (target, event).
+fn told(sink: &Service) -> Vec<(String, String)> {
+    sink.requests()
+        .iter()
+        .filter_map(|r| serde_json::from_str::<Value>(r["body"].as_str()?).ok())
+        .map(|d| {
+            (
+                d["target"].as_str().unwrap_or("").to_string(),
+                d["event"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_failed_dependency_blocks_its_dependents_told_once_until_it_recovers() {
+    let sinks = tempfile::tempdir().expect("tempdir");
+    let sink = Service::http_sink(sinks.path(), 0);
+    let w = world(Some(&sink), 0, true);
+    let daemon = w.setup.serve();
+    wait_for(Duration::from_secs(60), "the first round", || idle(&w));
+
+    // network fails: dns does not run (blocked by network), nor app
+    // (blocked by dns); each told once.
+    push(
+        &w,
+        daemon.port,
+        &[("network/v", "bad"), ("dns/v", "2"), ("app/v", "2")],
+        "bad-1",
+    );
+    wait_for(Duration::from_secs(30), "app blocked", || {
+        idle(&w) && w.setup.target_status("app")["last_result"] == "blocked"
+    });
+    let dns = w.setup.history("dns");
+    assert_eq!(dns[0]["result"], "blocked", "{dns:?}");
+    let why = dns[0]["message"].as_str().unwrap_or("");
+    assert!(
+        why.starts_with("blocked by `network`: its last run failed"),
+        "{why}"
+    );
+    let why = w.setup.history("app")[0]["message"].to_string();
+    assert!(why.contains("blocked by `dns`"), "{why}");
+    assert_eq!(applied(&w, "dns"), ["1"], "a blocked target ran");
+    assert_eq!(applied(&w, "app"), ["1"], "a blocked target ran");
+
+    // Another push while network still fails: blocked again, not told again.
+    push(
+        &w,
+        daemon.port,
+        &[("network/w", "x"), ("dns/v", "3"), ("app/v", "3")],
+        "bad-2",
+    );
+    wait_for(Duration::from_secs(30), "the second blocked round", || {
+        idle(&w)
+            && w.setup
+                .history("app")
+                .iter()
+                .filter(|r| r["result"] == "blocked")
+                .count()
+                == 2
+    });
+    wait_for(Duration::from_secs(30), "the notifications", || {
+        told(&sink).len() >= 3
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let mut events = told(&sink);
+    events.sort();
+    let pair = |t: &str, e: &str| (t.to_string(), e.to_string());
+    assert_eq!(
+        events,
+        [
+            pair("app", "blocked"),
+            pair("dns", "blocked"),
+            pair("network", "failed")
+        ],
+        "told more than once"
+    );
+
+    // network recovers: dns and app run again with no push of their own,
+    // applying what was pushed meanwhile, in order.
+    let seen = order_log(&w).len();
+    push(&w, daemon.port, &[("network/v", "4")], "good");
+    wait_for(Duration::from_secs(30), "app to run again", || {
+        idle(&w) && applied(&w, "app").last().map(String::as_str) == Some("3")
+    });
+    assert_eq!(applied(&w, "dns").last().map(String::as_str), Some("3"));
+    assert_in_order(&order_log(&w)[seen..]);
+    let app = &w.setup.history("app")[0];
+    // The push queued app too, but left its files alone: without the
+    // dependency's wake-up its job would close as unaffected.
+    assert!(
+        app["trigger"]
+            .as_str()
+            .is_some_and(|t| t.contains("dependency")),
+        "{app}"
+    );
+    wait_for(Duration::from_secs(30), "the recoveries", || {
+        told(&sink).len() >= 6
+    });
+    let recovered: Vec<String> = told(&sink)
+        .into_iter()
+        .filter(|(_, e)| e == "recovered")
+        .map(|(t, _)| t)
+        .collect();
+    assert_eq!(recovered.len(), 3, "{recovered:?}");
+    for t in ["network", "dns", "app"] {
+        assert!(recovered.contains(&t.to_string()), "{t}: {recovered:?}");
+    }
+    drop(daemon);
+}
+
+fn config_with(dir: &Path, targets: &[(&str, &str)]) -> PathBuf {
+    let remote = dir.join("repo.git");
+    if !remote.exists() {
+        Remote::new(dir, "repo").commit(&[("x", "1")], "first");
+    }
+    let mut cfg = format!(
+        "state_dir = {}\n",
+        toml_str(&dir.join("state").display().to_string())
+    );
+    for (name, deps) in targets {
+        cfg.push_str(&exec_target(
+            name,
+            &remote.display().to_string(),
+            &format!("depends_on = {deps}"),
+            "apply = [\"true\"]",
+        ));
+    }
+    let path = dir.join("driftless.toml");
+    std::fs::write(&path, cfg).expect("write");
+    path
+}
+
+fn driftless(config: &Path, args: &[&str]) -> (bool, String) {
+    let out = output_within(
+        std::process::Command::new(bin())
+            .arg("--config")
+            .arg(config)
+            .args(args),
+        Duration::from_secs(60),
+    );
+    (out.status.success(), text(&out.stdout) + &text(&out.stderr))
+}
+
+#[test]
+fn check_refuses_cycles_and_unknown_names_and_graph_prints_the_order() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cyclic = config_with(
+        dir.path(),
+        &[
+            ("a", "[\"c\"]"),
+            ("b", "[\"a\"]"),
+            ("c", "[\"b\"]"),
+            ("d", "[]"),
+        ],
+    );
+    let (ok, said) = driftless(&cyclic, &["check"]);
+    assert!(!ok, "{said}");
+    assert!(said.contains("a → c → b → a"), "{said}");
+    assert!(said.contains("depends_on"), "{said}");
+    let (ok, said) = driftless(&cyclic, &["graph"]);
+    assert!(!ok && said.contains("cycle"), "{said}");
+
+    let unknown = config_with(dir.path(), &[("a", "[\"nope\"]"), ("b", "[\"b\"]")]);
+    let (ok, said) = driftless(&unknown, &["check"]);
+    assert!(!ok, "{said}");
+    assert!(
+        said.contains("targets[a]") && said.contains("no target named `nope`"),
+        "{said}"
+    );
+    assert!(
+        said.contains("targets[b]") && said.contains("the target itself"),
+        "{said}"
+    );
+
+    let fine = config_with(
+        dir.path(),
+        &[
+            ("vms", "[\"network\", \"dns\"]"),
+            ("dns", "[\"network\"]"),
+            ("network", "[]"),
+            ("mail", "[]"),
+        ],
+    );
+    let (ok, said) = driftless(&fine, &["check"]);
+    assert!(ok, "{said}");
+    assert!(said.contains("after network, dns"), "{said}");
+    let (ok, said) = driftless(&fine, &["graph"]);
+    assert!(ok, "{said}");
+    assert_eq!(
+        said,
+        "1.\n  network\n  mail\n2.\n  dns (after network)\n3.\n  vms (after network, dns)\n"
+    );
+    let (ok, said) = driftless(&fine, &["graph", "--dot"]);
+    assert!(ok, "{said}");
+    for edge in [
+        "\"network\" -> \"vms\";",
+        "\"dns\" -> \"vms\";",
+        "\"network\" -> \"dns\";",
+    ] {
+        assert!(said.contains(edge), "{edge}: {said}");
+    }
+    assert!(said.starts_with("digraph"), "{said}");
+}
