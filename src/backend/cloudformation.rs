@@ -1226,6 +1226,7 @@ mod without_feature {
             plans_dir: std::path::PathBuf::from("/nonexistent"),
             retry: false,
             preview: None,
+            inputs: Default::default(),
         };
         let Err(e) = build(cfg, ctx) else {
             panic!("built without the SDK")

@@ -186,6 +186,8 @@ impl Compose {
 
     fn raw(&self, argv: Vec<String>, deadline: Instant) -> Spec {
         let mut spec = Spec::new(argv, &self.ctx.workdir);
+        // Other targets' outputs (`inputs`), for interpolation.
+        spec.env.extend(self.ctx.inputs.clone());
         if let Some(h) = &self.cfg.host {
             spec.env.insert("DOCKER_HOST".into(), h.clone());
         }

@@ -183,6 +183,10 @@ pub struct Context {
     /// (terraform reads the live directory's local state, a copy; pi
     /// stages beside the live tree under another name).
     pub preview: Option<PathBuf>,
+    /// Other targets' outputs this target takes (`inputs`): name → value,
+    /// in the environment of every command (terraform: `TF_VAR_<name>`
+    /// for a lowercase name).
+    pub inputs: std::collections::BTreeMap<String, String>,
 }
 
 impl Context {

@@ -247,6 +247,13 @@ impl Report {
 impl Terraform {
     pub fn new(cfg: Config, mut ctx: Context) -> Result<Self, BackendError> {
         let mut env = tool::env(&cfg.env, &mut ctx)?;
+        // An input with a lowercase name is a terraform variable.
+        for (name, value) in &ctx.inputs {
+            if *name == name.to_lowercase() {
+                env.remove(name);
+                env.insert(format!("TF_VAR_{name}"), value.clone());
+            }
+        }
         env.insert("TF_IN_AUTOMATION".into(), "1".into());
         env.insert("TF_INPUT".into(), "0".into());
         let tool = Tool {

@@ -25,10 +25,13 @@ pub fn env(
     table: &BTreeMap<String, String>,
     ctx: &mut Context,
 ) -> Result<BTreeMap<String, String>, BackendError> {
-    let (env, secrets) = resolve_env_map(table).map_err(|e| BackendError::Config(e.to_string()))?;
+    let (mut env, secrets) =
+        resolve_env_map(table).map_err(|e| BackendError::Config(e.to_string()))?;
     for s in secrets {
         ctx.redactor.add(s);
     }
+    // Other targets' outputs (`inputs`), beside the configured ones.
+    env.extend(ctx.inputs.clone());
     Ok(env)
 }
 

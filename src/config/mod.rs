@@ -248,8 +248,22 @@ pub struct Target {
     pub verify: Option<Verification>,
     /// SOPS files decrypted for its runs (`[targets.decrypt]`).
     pub decrypt: Option<crate::decrypt::Sops>,
-    /// The targets that must have converged before it runs (`depends_on`).
+    /// The targets that must have converged before it runs (`depends_on`,
+    /// and every target an input comes from).
     pub depends_on: Vec<String>,
+    /// Other targets' recorded outputs passed to its backend (`inputs`).
+    pub inputs: Vec<Input>,
+}
+
+/// `inputs = { NAME = "<target>.outputs.<output>" }`: one entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Input {
+    /// The variable's name (terraform: `TF_VAR_<name>` when lowercase).
+    pub name: String,
+    /// The target whose output it is.
+    pub target: String,
+    /// The output's name.
+    pub output: String,
 }
 
 /// `previews`: which pull requests into the target's branch are planned,
@@ -720,6 +734,14 @@ fn validate(
         ),
     };
     settle_forges(&mut targets, &forges, &defaults, problems);
+    // An input's target is a dependency, listed or not.
+    for t in &mut targets {
+        for i in &t.inputs {
+            if !t.depends_on.contains(&i.target) {
+                t.depends_on.push(i.target.clone());
+            }
+        }
+    }
     graph::validate(&targets, problems);
     let known = |n: &String| {
         notifiers

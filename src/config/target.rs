@@ -6,6 +6,8 @@
 //! table (validated by the backend's own `Kind`). Every problem is
 //! collected with the target's label.
 
+use std::collections::BTreeMap;
+
 use super::*;
 
 #[derive(Deserialize)]
@@ -28,6 +30,7 @@ struct RawTarget {
     verify: Option<Value>,
     decrypt: Option<Value>,
     depends_on: Option<Vec<String>>,
+    inputs: Option<BTreeMap<String, String>>,
 }
 
 #[derive(Deserialize)]
@@ -413,6 +416,12 @@ pub(super) fn validate_target(
         // Names checked against the other targets (and for cycles) once
         // every table is read: config::graph.
         depends_on: raw.depends_on.unwrap_or_default(),
+        inputs: raw
+            .inputs
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|(name, from): (String, String)| input(label, name, &from, problems))
+            .collect(),
     })
 }
 
@@ -477,4 +486,37 @@ pub(super) fn url_credentials(url: &str) -> Option<&'static str> {
 
 fn is_url(s: &str) -> bool {
     s.contains("://") || (s.contains('@') && s.contains(':') && !s.starts_with('/'))
+}
+
+/// One `inputs` entry: `NAME = "<target>.outputs.<output>"`.
+fn input(label: &str, name: String, from: &str, problems: &mut Vec<Problem>) -> Option<Input> {
+    let key = format!("inputs.{name}");
+    let mut chars = name.chars();
+    let good_name = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !good_name {
+        problems.push(problem(
+            label,
+            &key,
+            "an input's name must be an environment variable name: letters, digits and '_', not starting with a digit",
+        ));
+        return None;
+    }
+    match from.split_once(".outputs.") {
+        Some((target, output)) if !target.is_empty() && !output.is_empty() => Some(Input {
+            name,
+            target: target.to_string(),
+            output: output.to_string(),
+        }),
+        _ => {
+            problems.push(problem(
+                label,
+                &key,
+                format!("`{from}` is not `<target>.outputs.<output>`"),
+            ));
+            None
+        }
+    }
 }

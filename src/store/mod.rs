@@ -21,6 +21,7 @@ use crate::model::{ApplyResult, Status};
 mod group;
 pub mod history;
 pub mod nomad;
+pub mod outputs;
 pub mod plans;
 pub mod previews;
 pub mod statuses;

@@ -6,9 +6,12 @@
 //! blocked queued to run. The order a push's jobs are claimed in is the
 //! queue's (`target_deps`); this module must not start a backend.
 
+use std::collections::BTreeMap;
+
 use tracing::{error, info};
 
 use super::{Reconciler, TickError};
+use crate::backend::Backend;
 use crate::config::{Target, graph};
 use crate::model::{ApplyResult, Trigger};
 use crate::queue::Request;
@@ -90,6 +93,121 @@ impl Reconciler {
         }
     }
 }
+
+impl Reconciler {
+    /// The values of `target`'s inputs, from the outputs recorded for the
+    /// targets they name; `Err` names the input and what is missing.
+    pub(super) async fn resolve_inputs(
+        &self,
+        target: &Target,
+    ) -> Result<Result<BTreeMap<String, String>, String>, TickError> {
+        let mut values = BTreeMap::new();
+        for i in &target.inputs {
+            let Some(outputs) = self.app.store.outputs_of(&i.target).await? else {
+                return Ok(Err(format!(
+                    "input `{}`: `{}` has no recorded outputs yet (they are recorded when it applies)",
+                    i.name, i.target
+                )));
+            };
+            let value = match outputs.get(&i.output) {
+                None => {
+                    let has: Vec<&str> = outputs.keys().map(String::as_str).collect();
+                    return Ok(Err(format!(
+                        "input `{}`: `{}` has no output `{}` (its outputs: {})",
+                        i.name,
+                        i.target,
+                        i.output,
+                        if has.is_empty() {
+                            "none".to_string()
+                        } else {
+                            has.join(", ")
+                        }
+                    )));
+                }
+                // terraform's outputs() shows a sensitive value as this.
+                Some(serde_json::Value::String(v)) if v == SENSITIVE => {
+                    return Ok(Err(format!(
+                        "input `{}`: output `{}` of `{}` is sensitive, and sensitive outputs \
+                         cannot be passed as inputs yet",
+                        i.name, i.output, i.target
+                    )));
+                }
+                Some(serde_json::Value::String(v)) => v.clone(),
+                Some(other) => other.to_string(),
+            };
+            values.insert(i.name.clone(), value);
+        }
+        Ok(Ok(values))
+    }
+
+    /// Whether some target takes inputs from `target`.
+    pub(super) fn consumed(&self, target: &Target) -> bool {
+        self.app
+            .settings
+            .targets
+            .iter()
+            .any(|t| t.inputs.iter().any(|i| i.target == target.name))
+    }
+
+    /// After a successful apply of a target others take inputs from: read
+    /// its outputs (after a change, or when none are on record) and
+    /// record them with run `run_id`; when they changed,
+    /// queue each target that takes them (a changed input is a change).
+    /// `Err` says why they could not be read or kept.
+    pub(super) async fn keep_outputs(
+        &self,
+        target: &Target,
+        run_id: i64,
+        result: ApplyResult,
+        backend: &dyn Backend,
+    ) -> Result<(), String> {
+        // Nothing changed and the outputs are on record: nothing to read
+        // (a no-op tick starts no command for them).
+        if result == ApplyResult::NoChange
+            && self
+                .app
+                .store
+                .outputs_of(&target.name)
+                .await
+                .map_err(|e| e.to_string())?
+                .is_some()
+        {
+            return Ok(());
+        }
+        let outputs = backend.outputs().await.map_err(|e| e.to_string())?;
+        let changed = self
+            .app
+            .store
+            .record_outputs(&target.name, run_id, &outputs)
+            .await
+            .map_err(|e| e.to_string())?;
+        if !changed {
+            return Ok(());
+        }
+        for t in &self.app.settings.targets {
+            if !t.inputs.iter().any(|i| i.target == target.name) {
+                continue;
+            }
+            let job = self
+                .app
+                .queue
+                .enqueue(&Request {
+                    target: t.name.clone(),
+                    trigger: Trigger::Dependency,
+                    sha: None,
+                    delivery_id: None,
+                    receiver: None,
+                })
+                .await
+                .map_err(|e| format!("cannot queue `{}`, which takes its outputs: {e}", t.name))?;
+            info!(target = %t.name, job, producer = %target.name, "queued: outputs it takes changed");
+        }
+        Ok(())
+    }
+}
+
+/// How terraform's `outputs` shows a sensitive value.
+const SENSITIVE: &str = "(sensitive)";
 
 fn first_line(s: &str) -> String {
     let line = s.lines().next().unwrap_or("").trim();

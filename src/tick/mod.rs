@@ -196,7 +196,8 @@ impl Reconciler {
         since: std::time::Instant,
     ) -> Result<Option<String>, TickError> {
         // A tag push always runs: which tag is followed is the tick's call.
-        if target.tag.is_some() {
+        // A target with inputs may have to run for them alone.
+        if target.tag.is_some() || !target.inputs.is_empty() {
             return Ok(None);
         }
         let Some(base) = self.app.store.last_attempted_sha(&target.name).await? else {
@@ -359,11 +360,28 @@ impl Reconciler {
         let note = self.app.settings.decrypted_note(&target.name);
         let leftovers = decrypt::remove_leftovers(&note);
         // A target whose dependencies have not converged runs nothing: the
-        // run says which one holds it back.
+        // run says which one holds it back. Nor does one whose inputs
+        // cannot be read (the run names the input).
+        let mut early = None;
         if op == Operation::Apply
             && !target.depends_on.is_empty()
             && let Some(why) = self.blocked_by(target).await?
         {
+            early = Some(Status {
+                result: ApplyResult::Blocked,
+                message: why,
+                output_tail: String::new(),
+                digest: None,
+            });
+        }
+        let mut inputs = std::collections::BTreeMap::new();
+        if early.is_none() && !target.inputs.is_empty() {
+            match self.resolve_inputs(target).await? {
+                Ok(v) => inputs = v,
+                Err(why) => early = Some(Status::failed(why)),
+            }
+        }
+        if let Some(status) = early {
             let (run_id, state) = self
                 .app
                 .store
@@ -391,12 +409,6 @@ impl Reconciler {
                 error!(target = %target.name, error = %e,
                     "cannot remove decrypted files a run killed mid-way left behind");
             }
-            let status = Status {
-                result: ApplyResult::Blocked,
-                message: why,
-                output_tail: String::new(),
-                digest: None,
-            };
             // The commit a push asked for hears why it was not applied.
             return self
                 .finish_with(
@@ -560,6 +572,7 @@ impl Reconciler {
 
         let retry = job.is_some_and(|j| j.triggers.contains(&Trigger::Retry));
         let mut ctx = self.context(target, &synced, state.and_then(|s| s.backend_digest), retry);
+        with_inputs(&mut ctx, inputs);
         // SOPS files: decrypted for the backend alone, encrypted again after
         // it, whatever it did; every value masked in what it reports.
         let opened = match &target.decrypt {
@@ -673,12 +686,31 @@ impl Reconciler {
                     Operation::Apply => b.apply(),
                     Operation::Destroy => b.destroy(),
                 };
-                match tokio::time::timeout(target.timeout + BACKSTOP, fut).await {
+                let status = match tokio::time::timeout(target.timeout + BACKSTOP, fut).await {
                     Ok(s) => s,
                     Err(_) => Status::failed(format!(
                         "the backend did not return within the target's timeout ({})",
                         humantime::format_duration(target.timeout)
                     )),
+                };
+                // Outputs others take: recorded with the run that left them.
+                // Applied but unreadable fails the run (it runs again).
+                match status.result {
+                    ApplyResult::Changed | ApplyResult::NoChange
+                        if op == Operation::Apply && self.consumed(target) =>
+                    {
+                        match self
+                            .keep_outputs(target, run.id, status.result, b.as_ref())
+                            .await
+                        {
+                            Ok(()) => status,
+                            Err(e) => Status::failed(format!(
+                                "{}; but its outputs, which other targets take, could not be kept: {e}",
+                                status.message
+                            )),
+                        }
+                    }
+                    _ => status,
                 }
             }
         };
@@ -837,6 +869,7 @@ impl Reconciler {
             plans_dir: self.app.settings.plans_dir(&target.name),
             retry,
             preview: None,
+            inputs: Default::default(),
         }
     }
 
@@ -863,6 +896,7 @@ impl Reconciler {
             plans_dir: self.app.settings.plans_dir(&target.name),
             retry: false,
             preview: None,
+            inputs: Default::default(),
         };
         let err = |e: backend::BackendError| TickError::Backend {
             target: name.to_string(),
@@ -871,4 +905,23 @@ impl Reconciler {
         let b = backend::build(&target.backend, ctx).map_err(err)?;
         b.outputs().await.map_err(err)
     }
+}
+
+/// Hand `inputs` to the backend, and make them part of the digest that
+/// decides "no change": a changed input is a change.
+fn with_inputs(ctx: &mut Context, inputs: std::collections::BTreeMap<String, String>) {
+    if inputs.is_empty() {
+        return;
+    }
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(ctx.source_digest.as_bytes());
+    for (k, v) in &inputs {
+        h.update([0]);
+        h.update(k.as_bytes());
+        h.update([0]);
+        h.update(v.as_bytes());
+    }
+    ctx.source_digest = hex::encode(h.finalize());
+    ctx.inputs = inputs;
 }

@@ -152,6 +152,13 @@ impl Reconciler {
             Err(e) => return Outcome::Failed(e.to_string()),
         };
         let mut ctx = self.context(target, &synced, last_digest, false);
+        if !target.inputs.is_empty() {
+            match self.resolve_inputs(target).await {
+                Ok(Ok(v)) => super::with_inputs(&mut ctx, v),
+                Ok(Err(why)) => return Outcome::Failed(why),
+                Err(e) => return Outcome::Failed(e.to_string()),
+            }
+        }
         ctx.plans_dir = self.app.settings.preview_plans_dir(&target.name);
         ctx.preview = Some(self.git.checkout_dir(&target.name).join(&target.path));
         let b = match backend::build(&target.backend, ctx) {

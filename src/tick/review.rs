@@ -570,6 +570,9 @@ impl Reconciler {
             state.and_then(|s| s.backend_digest),
             false,
         );
+        if !target.inputs.is_empty() {
+            super::with_inputs(&mut ctx, self.resolve_inputs(&target).await?.map_err(err)?);
+        }
         // As for an apply: decrypted for the plan alone.
         let note = self.app.settings.decrypted_note(name);
         crate::decrypt::remove_leftovers(&note).map_err(|e| err(e.to_string()))?;

@@ -440,6 +440,23 @@ fn check_refuses_cycles_and_unknown_names_and_graph_prints_the_order() {
         "{said}"
     );
 
+    let inputs = config_with(
+        dir.path(),
+        &[(
+            "a",
+            "[]\ninputs = { \"1X\" = \"b.outputs.c\", Y = \"nonsense\", Z = \"ghost.outputs.id\" }",
+        )],
+    );
+    let (ok, said) = driftless(&inputs, &["check"]);
+    assert!(!ok, "{said}");
+    for wanted in [
+        "key `inputs.1X`: an input's name must be an environment variable name",
+        "key `inputs.Y`: `nonsense` is not `<target>.outputs.<output>`",
+        "no target named `ghost`",
+    ] {
+        assert!(said.contains(wanted), "{wanted}: {said}");
+    }
+
     let fine = config_with(
         dir.path(),
         &[
@@ -468,4 +485,96 @@ fn check_refuses_cycles_and_unknown_names_and_graph_prints_the_order() {
         assert!(said.contains(edge), "{edge}: {said}");
     }
     assert!(said.starts_with("digraph"), "{said}");
+}
+
+/// terraform's output taken as an exec target's input: applied in order,
+/// passed as the variable named, and a changed output runs the target
+/// that takes it again with no change to its own files; an input naming an
+/// output that does not exist fails the run, naming both.
+#[test]
+fn a_terraform_output_reaches_an_exec_target_and_its_change_runs_it_again() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let net = Remote::new(root.path(), "net");
+    net.commit(
+        &[
+            (
+                "network/main.tf",
+                "variable \"v\" {\n  type = string\n}\n\
+                 resource \"terraform_data\" \"net\" {\n  input = var.v\n}\n\
+                 output \"vpc_id\" {\n  value = \"vpc-${terraform_data.net.output}\"\n}\n",
+            ),
+            ("network/net.auto.tfvars", "v = \"1\"\n"),
+        ],
+        "first",
+    );
+    let apps = Remote::new(root.path(), "apps");
+    apps.commit(&[("dns/zone", "example.net\n")], "first");
+    let secret = root.path().join("hook-secret");
+    std::fs::write(&secret, SECRET).expect("write");
+    let applied = root.path().join("dns.applied");
+    let s = Setup::new(&format!(
+        "[[receivers]]\nname = \"github\"\nforge = \"github\"\nsecret_file = {}\n\n\
+         [[targets]]\nname = \"network\"\nrepo = {}\npath = \"network\"\ninterval = \"1h\"\ntimeout = \"2m\"\n\
+         [targets.backend]\nkind = \"terraform\"\nenv = {{ TF_CLI_CONFIG_FILE = \"/dev/null\" }}\n\n{}{}",
+        toml_str(&secret.display().to_string()),
+        toml_str(&net.url()),
+        exec_target(
+            "dns",
+            &apps.url(),
+            "path = \"dns\"\ninterval = \"1h\"\ninputs = { VPC_ID = \"network.outputs.vpc_id\" }",
+            &format!(
+                "apply = [\"sh\", \"-c\", {}]",
+                toml_str(&format!(
+                    "echo \"$VPC_ID $(cat zone)\" >> {}",
+                    applied.display()
+                ))
+            ),
+        ),
+        exec_target(
+            "mail",
+            &apps.url(),
+            "path = \"dns\"\ninterval = \"1h\"\ninputs = { X = \"network.outputs.nope\" }",
+            "apply = [\"true\"]",
+        ),
+    ));
+    let daemon = s.serve();
+    let settled = |runs: usize| {
+        s.status()
+            .iter()
+            .all(|t| t["queued"] == false && t["running"] == false && !t["last_result"].is_null())
+            && s.history("dns").len() >= runs
+    };
+    wait_for(Duration::from_secs(120), "the first round", || settled(1));
+    assert_eq!(log_lines(&applied), ["vpc-1 example.net"]);
+    let dns = &s.history("dns")[0];
+    assert_eq!(dns["result"], "changed", "{dns}");
+    let mail = &s.history("mail")[0];
+    assert_eq!(mail["result"], "failed", "{mail}");
+    assert!(
+        mail["message"].as_str().is_some_and(
+            |m| m.contains("input `X`: `network` has no output `nope` (its outputs: vpc_id)")
+        ),
+        "{mail}"
+    );
+
+    // A push to network's repository alone: its output changes, and dns
+    // runs again with the new value though nothing of its own changed.
+    let sha = net.commit(&[("network/net.auto.tfvars", "v = \"2\"\n")], "v2");
+    let body = github_push_body(&net.url(), &sha, &["network/net.auto.tfvars"]);
+    let r = deliver_github_push(daemon.port, SECRET, &body, "net-v2");
+    assert_eq!(r.status, 202, "{r:?}");
+    wait_for(Duration::from_secs(120), "dns to run again", || settled(2));
+    assert_eq!(
+        log_lines(&applied),
+        ["vpc-1 example.net", "vpc-2 example.net"]
+    );
+    assert_eq!(s.history("dns")[0]["trigger"], "dependency");
+    // An interval round later: the same input, nothing to do.
+    let out = s.run(&["tick", "dns"]);
+    assert!(
+        text(&out.stdout).contains("dns: no_change"),
+        "{}",
+        text(&out.stdout)
+    );
+    drop(daemon);
 }
