@@ -73,18 +73,7 @@ impl Reconciler {
             if !blocked {
                 continue;
             }
-            let queued = self
-                .app
-                .queue
-                .enqueue(&Request {
-                    target: dep.name.clone(),
-                    trigger: Trigger::Dependency,
-                    sha: None,
-                    delivery_id: None,
-                    receiver: None,
-                })
-                .await;
-            match queued {
+            match self.queue_dependent(&dep.name).await {
                 Ok(job) => info!(target = %dep.name, job, dependency = %target.name,
                     "queued: a target it depends on converged again"),
                 Err(e) => error!(target = %dep.name, error = %e,
@@ -140,6 +129,21 @@ impl Reconciler {
         Ok(Ok(values))
     }
 
+    /// Queue `name` because a target it depends on converged or changed
+    /// its outputs.
+    async fn queue_dependent(&self, name: &str) -> Result<i64, crate::store::StoreError> {
+        self.app
+            .queue
+            .enqueue(&Request {
+                target: name.to_string(),
+                trigger: Trigger::Dependency,
+                sha: None,
+                delivery_id: None,
+                receiver: None,
+            })
+            .await
+    }
+
     /// Whether some target takes inputs from `target`.
     pub(super) fn consumed(&self, target: &Target) -> bool {
         self.app
@@ -189,15 +193,7 @@ impl Reconciler {
                 continue;
             }
             let job = self
-                .app
-                .queue
-                .enqueue(&Request {
-                    target: t.name.clone(),
-                    trigger: Trigger::Dependency,
-                    sha: None,
-                    delivery_id: None,
-                    receiver: None,
-                })
+                .queue_dependent(&t.name)
                 .await
                 .map_err(|e| format!("cannot queue `{}`, which takes its outputs: {e}", t.name))?;
             info!(target = %t.name, job, producer = %target.name, "queued: outputs it takes changed");

@@ -362,6 +362,16 @@ impl Reconciler {
         // A target whose dependencies have not converged runs nothing: the
         // run says which one holds it back. Nor does one whose inputs
         // cannot be read (the run names the input).
+        let run_row = NewRun {
+            target: &target.name,
+            job_id: job.map(|j| j.id),
+            operation: op,
+            trigger: &trigger,
+            delivery_id: delivery.as_deref(),
+            requested_sha: requested.as_deref(),
+            receiver: receiver.as_deref(),
+            sha: None,
+        };
         let mut early = None;
         if op == Operation::Apply
             && !target.depends_on.is_empty()
@@ -382,20 +392,7 @@ impl Reconciler {
             }
         }
         if let Some(status) = early {
-            let (run_id, state) = self
-                .app
-                .store
-                .begin_run_with_state(&NewRun {
-                    target: &target.name,
-                    job_id: job.map(|j| j.id),
-                    operation: op,
-                    trigger: &trigger,
-                    delivery_id: delivery.as_deref(),
-                    requested_sha: requested.as_deref(),
-                    receiver: receiver.as_deref(),
-                    sha: None,
-                })
-                .await?;
+            let (run_id, state) = self.app.store.begin_run_with_state(&run_row).await?;
             let run = RunInfo {
                 id: run_id,
                 op,
@@ -454,14 +451,8 @@ impl Reconciler {
             .app
             .store
             .begin_run_with_state(&NewRun {
-                target: &target.name,
-                job_id: job.map(|j| j.id),
-                operation: op,
-                trigger: &trigger,
-                delivery_id: delivery.as_deref(),
-                requested_sha: requested.as_deref(),
-                receiver: receiver.as_deref(),
                 sha: already.as_deref(),
+                ..run_row
             })
             .await?;
         let run = RunInfo {
