@@ -53,6 +53,13 @@ pub trait Backend: Send + Sync {
     fn destroy(&self) -> BoxFuture<'_, Status>;
     /// What the target exposes (terraform outputs, the command's JSON, …).
     fn outputs(&self) -> BoxFuture<'_, Result<Outputs, BackendError>>;
+    /// The outputs with sensitive values as they are, and the names of
+    /// those that are sensitive (their values are secrets: they go to
+    /// another target's `inputs` only, masked, never shown or recorded).
+    /// By default `outputs`, none of them sensitive.
+    fn revealed_outputs(&self) -> BoxFuture<'_, Result<(Outputs, Vec<String>), BackendError>> {
+        Box::pin(async move { Ok((self.outputs().await?, Vec::new())) })
+    }
     /// What applying now would change, changing nothing; `None` for a
     /// backend that cannot plan. The error is a message for people
     /// (redacted).

@@ -268,6 +268,28 @@ impl Terraform {
         self.tool.spec(args, deadline)
     }
 
+    /// `terraform output -json` as terraform prints it: name → `value`,
+    /// `type`, `sensitive`. Its output never reaches a log or a record.
+    async fn terraform_outputs(&self) -> Result<serde_json::Map<String, Value>, BackendError> {
+        let deadline = Instant::now() + self.ctx.timeout;
+        let mut tail = String::new();
+        self.select_workspace(deadline, &mut tail)
+            .await
+            .map_err(BackendError::Command)?;
+        let spec = self.spec(&["output", "-json"], deadline);
+        let out = self.run(&spec).await.map_err(BackendError::Command)?;
+        if !out.success() {
+            return Err(BackendError::Command(format!(
+                "{}: {}",
+                process::describe_exit(&spec, &out, Some(self.ctx.timeout)),
+                out.stderr.trim()
+            )));
+        }
+        serde_json::from_str(&out.stdout).map_err(|e| {
+            BackendError::Command(format!("`{}` printed invalid JSON: {e}", spec.display()))
+        })
+    }
+
     fn var_args(&self) -> Vec<String> {
         let mut args: Vec<String> = self
             .cfg
@@ -680,25 +702,9 @@ impl Backend for Terraform {
 
     fn outputs(&self) -> BoxFuture<'_, Result<Outputs, BackendError>> {
         Box::pin(async move {
-            let deadline = Instant::now() + self.ctx.timeout;
-            let mut tail = String::new();
-            self.select_workspace(deadline, &mut tail)
-                .await
-                .map_err(BackendError::Command)?;
-            let spec = self.spec(&["output", "-json"], deadline);
-            let out = self.run(&spec).await.map_err(BackendError::Command)?;
-            if !out.success() {
-                return Err(BackendError::Command(format!(
-                    "{}: {}",
-                    process::describe_exit(&spec, &out, Some(self.ctx.timeout)),
-                    out.stderr.trim()
-                )));
-            }
-            let all: serde_json::Map<String, Value> =
-                serde_json::from_str(&out.stdout).map_err(|e| {
-                    BackendError::Command(format!("`{}` printed invalid JSON: {e}", spec.display()))
-                })?;
-            Ok(all
+            Ok(self
+                .terraform_outputs()
+                .await?
                 .into_iter()
                 .map(|(k, v)| {
                     let value = if v["sensitive"].as_bool() == Some(true) {
@@ -709,6 +715,24 @@ impl Backend for Terraform {
                     (k, value)
                 })
                 .collect())
+        })
+    }
+
+    fn revealed_outputs(&self) -> BoxFuture<'_, Result<(Outputs, Vec<String>), BackendError>> {
+        Box::pin(async move {
+            let mut sensitive = Vec::new();
+            let values = self
+                .terraform_outputs()
+                .await?
+                .into_iter()
+                .map(|(k, v)| {
+                    if v["sensitive"].as_bool() == Some(true) {
+                        sensitive.push(k.clone());
+                    }
+                    (k, v.get("value").cloned().unwrap_or(Value::Null))
+                })
+                .collect();
+            Ok((values, sensitive))
         })
     }
 }

@@ -3,8 +3,11 @@
 //! `no_change`, no plan of theirs waiting for a person) — if not, the tick
 //! records a `blocked` run naming the first that has not, and starts no
 //! backend; and, when a target converges again, its dependents that it
-//! blocked queued to run. The order a push's jobs are claimed in is the
-//! queue's (`target_deps`); this module must not start a backend.
+//! blocked queued to run; a target's `inputs` read from the outputs
+//! recorded for the targets they name (a sensitive one from the producer
+//! itself, never from a record), and a producer's outputs kept after its
+//! apply. The order a push's jobs are claimed in is the queue's
+//! (`target_deps`); this module must not apply or destroy anything.
 
 use std::collections::BTreeMap;
 
@@ -83,14 +86,27 @@ impl Reconciler {
     }
 }
 
+/// A target's inputs, resolved: name → value, and the values that are
+/// secrets (sensitive outputs), for the run's redactor.
+#[derive(Debug, Default)]
+pub(super) struct Inputs {
+    pub values: BTreeMap<String, String>,
+    pub secrets: Vec<String>,
+    /// Name → the value as recorded (a sensitive one's keyed digest, not
+    /// the value): what "no change" is decided by.
+    pub recorded: BTreeMap<String, String>,
+}
+
 impl Reconciler {
     /// The values of `target`'s inputs, from the outputs recorded for the
     /// targets they name; `Err` names the input and what is missing.
     pub(super) async fn resolve_inputs(
         &self,
         target: &Target,
-    ) -> Result<Result<BTreeMap<String, String>, String>, TickError> {
+    ) -> Result<Result<Inputs, String>, TickError> {
         let mut values = BTreeMap::new();
+        let mut secrets = Vec::new();
+        let mut recorded = BTreeMap::new();
         for i in &target.inputs {
             let Some(outputs) = self.app.store.outputs_of(&i.target).await? else {
                 return Ok(Err(format!(
@@ -98,6 +114,9 @@ impl Reconciler {
                     i.name, i.target
                 )));
             };
+            if let Some(v) = outputs.get(&i.output) {
+                recorded.insert(i.name.clone(), v.to_string());
+            }
             let value = match outputs.get(&i.output) {
                 None => {
                     let has: Vec<&str> = outputs.keys().map(String::as_str).collect();
@@ -113,20 +132,45 @@ impl Reconciler {
                         }
                     )));
                 }
-                // terraform's outputs() shows a sensitive value as this.
-                Some(serde_json::Value::String(v)) if v == SENSITIVE => {
-                    return Ok(Err(format!(
-                        "input `{}`: output `{}` of `{}` is sensitive, and sensitive outputs \
-                         cannot be passed as inputs yet",
-                        i.name, i.output, i.target
-                    )));
+                // Sensitive: not on record; read from the producer now,
+                // and masked wherever the taker's run shows it.
+                Some(serde_json::Value::Object(m)) if m.contains_key(SENSITIVE_MARK) => {
+                    let read = match self.output_reader(&i.target).await {
+                        Ok(b) => b.revealed_outputs().await.map_err(|e| e.to_string()),
+                        Err(e) => Err(e.to_string()),
+                    };
+                    let v = match read {
+                        Ok((live, _)) => live.get(&i.output).cloned(),
+                        Err(e) => {
+                            return Ok(Err(format!(
+                                "input `{}`: cannot read the sensitive output `{}` of `{}`: {e}",
+                                i.name, i.output, i.target
+                            )));
+                        }
+                    };
+                    let Some(v) = v else {
+                        return Ok(Err(format!(
+                            "input `{}`: `{}` has no output `{}` any more",
+                            i.name, i.target, i.output
+                        )));
+                    };
+                    let v = match v {
+                        serde_json::Value::String(s) => s,
+                        other => other.to_string(),
+                    };
+                    secrets.push(v.clone());
+                    v
                 }
                 Some(serde_json::Value::String(v)) => v.clone(),
                 Some(other) => other.to_string(),
             };
             values.insert(i.name.clone(), value);
         }
-        Ok(Ok(values))
+        Ok(Ok(Inputs {
+            values,
+            secrets,
+            recorded,
+        }))
     }
 
     /// Queue `name` because a target it depends on converged or changed
@@ -178,7 +222,29 @@ impl Reconciler {
         {
             return Ok(());
         }
-        let outputs = backend.outputs().await.map_err(|e| e.to_string())?;
+        let (mut outputs, sensitive) = backend
+            .revealed_outputs()
+            .await
+            .map_err(|e| e.to_string())?;
+        // A sensitive value is not kept: only a keyed digest of it, which
+        // says whether it changed. A taker reads the value itself.
+        if !sensitive.is_empty() {
+            use hmac::{Hmac, Mac};
+            let key = self
+                .app
+                .store
+                .key("outputs")
+                .await
+                .map_err(|e| e.to_string())?;
+            for name in &sensitive {
+                if let Some(v) = outputs.get_mut(name) {
+                    let mut mac =
+                        Hmac::<sha2::Sha256>::new_from_slice(&key).map_err(|e| e.to_string())?;
+                    mac.update(v.to_string().as_bytes());
+                    *v = serde_json::json!({ SENSITIVE_MARK: hex::encode(mac.finalize().into_bytes()) });
+                }
+            }
+        }
         let changed = self
             .app
             .store
@@ -202,8 +268,9 @@ impl Reconciler {
     }
 }
 
-/// How terraform's `outputs` shows a sensitive value.
-const SENSITIVE: &str = "(sensitive)";
+/// The key of the object recorded in place of a sensitive output's value
+/// (its keyed digest).
+const SENSITIVE_MARK: &str = "driftless_sensitive_digest";
 
 fn first_line(s: &str) -> String {
     let line = s.lines().next().unwrap_or("").trim();

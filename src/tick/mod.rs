@@ -384,7 +384,7 @@ impl Reconciler {
                 digest: None,
             });
         }
-        let mut inputs = std::collections::BTreeMap::new();
+        let mut inputs = depends::Inputs::default();
         if early.is_none() && !target.inputs.is_empty() {
             match self.resolve_inputs(target).await? {
                 Ok(v) => inputs = v,
@@ -866,6 +866,15 @@ impl Reconciler {
 
     /// The target's outputs, read from its current checkout.
     pub async fn outputs(&self, name: &str) -> Result<Outputs, TickError> {
+        let err = |e: backend::BackendError| TickError::Backend {
+            target: name.to_string(),
+            message: e.to_string(),
+        };
+        self.output_reader(name).await?.outputs().await.map_err(err)
+    }
+
+    /// The target's backend on its current checkout, for reading outputs.
+    async fn output_reader(&self, name: &str) -> Result<Box<dyn backend::Backend>, TickError> {
         let target = self.target(name)?;
         let checkout = self.git.checkout_dir(name);
         if self.git.checked_out(name).await.is_none() {
@@ -893,21 +902,29 @@ impl Reconciler {
             target: name.to_string(),
             message: e.to_string(),
         };
-        let b = backend::build(&target.backend, ctx).map_err(err)?;
-        b.outputs().await.map_err(err)
+        backend::build(&target.backend, ctx).map_err(err)
     }
 }
 
-/// Hand `inputs` to the backend, and make them part of the digest that
-/// decides "no change": a changed input is a change.
-fn with_inputs(ctx: &mut Context, inputs: std::collections::BTreeMap<String, String>) {
+/// Hand `inputs` to the backend (its secrets to the redactor), and make
+/// them as recorded (a sensitive one's keyed digest, never its value) part
+/// of the digest that decides "no change": a changed input is a change.
+fn with_inputs(ctx: &mut Context, inputs: depends::Inputs) {
+    let depends::Inputs {
+        values: inputs,
+        secrets,
+        recorded,
+    } = inputs;
+    for s in secrets {
+        ctx.redactor.add(s);
+    }
     if inputs.is_empty() {
         return;
     }
     use sha2::{Digest, Sha256};
     let mut h = Sha256::new();
     h.update(ctx.source_digest.as_bytes());
-    for (k, v) in &inputs {
+    for (k, v) in &recorded {
         h.update([0]);
         h.update(k.as_bytes());
         h.update([0]);

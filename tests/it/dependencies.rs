@@ -487,6 +487,9 @@ fn check_refuses_cycles_and_unknown_names_and_graph_prints_the_order() {
     assert!(said.starts_with("digraph"), "{said}");
 }
 
+/// A sensitive terraform output passed as an input.
+const CANARY: &str = "canary-sensitive-output-0f3a9c";
+
 /// terraform's output taken as an exec target's input: applied in order,
 /// passed as the variable named, and a changed output runs the target
 /// that takes it again with no change to its own files; an input naming an
@@ -501,9 +504,12 @@ fn a_terraform_output_reaches_an_exec_target_and_its_change_runs_it_again() {
                 "network/main.tf",
                 "variable \"v\" {\n  type = string\n}\n\
                  resource \"terraform_data\" \"net\" {\n  input = var.v\n}\n\
-                 output \"vpc_id\" {\n  value = \"vpc-${terraform_data.net.output}\"\n}\n",
+                 output \"vpc_id\" {\n  value = \"vpc-${terraform_data.net.output}\"\n}\n\
+                 variable \"t\" {\n  type = string\n  sensitive = true\n}\n\
+                 output \"token\" {\n  value = var.t\n  sensitive = true\n}\n",
             ),
             ("network/net.auto.tfvars", "v = \"1\"\n"),
+            ("network/token.auto.tfvars", &format!("t = \"{CANARY}\"\n")),
         ],
         "first",
     );
@@ -512,6 +518,7 @@ fn a_terraform_output_reaches_an_exec_target_and_its_change_runs_it_again() {
     let secret = root.path().join("hook-secret");
     std::fs::write(&secret, SECRET).expect("write");
     let applied = root.path().join("dns.applied");
+    let token = root.path().join("dns.token");
     let s = Setup::new(&format!(
         "[[receivers]]\nname = \"github\"\nforge = \"github\"\nsecret_file = {}\n\n\
          [[targets]]\nname = \"network\"\nrepo = {}\npath = \"network\"\ninterval = \"1h\"\ntimeout = \"2m\"\n\
@@ -521,12 +528,14 @@ fn a_terraform_output_reaches_an_exec_target_and_its_change_runs_it_again() {
         exec_target(
             "dns",
             &apps.url(),
-            "path = \"dns\"\ninterval = \"1h\"\ninputs = { VPC_ID = \"network.outputs.vpc_id\" }",
+            "path = \"dns\"\ninterval = \"1h\"\n\
+             inputs = { VPC_ID = \"network.outputs.vpc_id\", TOKEN = \"network.outputs.token\" }",
             &format!(
                 "apply = [\"sh\", \"-c\", {}]",
                 toml_str(&format!(
-                    "echo \"$VPC_ID $(cat zone)\" >> {}",
-                    applied.display()
+                    "echo \"$VPC_ID $(cat zone)\" >> {}; echo \"$TOKEN\" > {}; echo \"token is $TOKEN\"",
+                    applied.display(),
+                    token.display()
                 ))
             ),
         ),
@@ -548,12 +557,19 @@ fn a_terraform_output_reaches_an_exec_target_and_its_change_runs_it_again() {
     assert_eq!(log_lines(&applied), ["vpc-1 example.net"]);
     let dns = &s.history("dns")[0];
     assert_eq!(dns["result"], "changed", "{dns}");
+    // The sensitive output reached the command, and nothing driftless
+    // shows or keeps: masked in the run's output, not in the database
+    // (terraform's own state holds it, by terraform's design).
+    assert_eq!(log_lines(&token), [CANARY]);
+    let tail = dns["output_tail"].as_str().unwrap_or("");
+    assert!(tail.contains("token is [REDACTED]"), "{dns}");
+    let shown = text(&s.run(&["outputs", "network"]).stdout);
+    assert!(shown.contains("token = (sensitive)"), "{shown}");
     let mail = &s.history("mail")[0];
     assert_eq!(mail["result"], "failed", "{mail}");
     assert!(
-        mail["message"].as_str().is_some_and(
-            |m| m.contains("input `X`: `network` has no output `nope` (its outputs: vpc_id)")
-        ),
+        mail["message"].as_str().is_some_and(|m| m
+            .contains("input `X`: `network` has no output `nope` (its outputs: token, vpc_id)")),
         "{mail}"
     );
 
@@ -569,6 +585,7 @@ fn a_terraform_output_reaches_an_exec_target_and_its_change_runs_it_again() {
         ["vpc-1 example.net", "vpc-2 example.net"]
     );
     assert_eq!(s.history("dns")[0]["trigger"], "dependency");
+    assert_eq!(log_lines(&token), [CANARY]);
     // An interval round later: the same input, nothing to do.
     let out = s.run(&["tick", "dns"]);
     assert!(
@@ -576,5 +593,14 @@ fn a_terraform_output_reaches_an_exec_target_and_its_change_runs_it_again() {
         "{}",
         text(&out.stdout)
     );
+    let said = daemon.log_text() + &text(&out.stdout) + &text(&out.stderr);
     drop(daemon);
+    assert!(!said.contains(CANARY), "the sensitive output is in the log");
+    for f in ["driftless.db", "driftless.db-wal"] {
+        let bytes = std::fs::read(s.state.join(f)).unwrap_or_default();
+        assert!(
+            !String::from_utf8_lossy(&bytes).contains(CANARY),
+            "the sensitive output is in {f}"
+        );
+    }
 }

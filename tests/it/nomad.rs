@@ -1857,9 +1857,12 @@ fn registers_nomad_starts_no_deployment_for_settle_and_waiting_for_one_is_bounde
 fn a_deployment_nomad_has_not_started_yet_is_waited_for_within_the_timeout() {
     let f = fixture("");
     let cfg = std::fs::read_to_string(&f.s.config).expect("config");
+    // 8 s, not less: every request to Nomad is bounded by the timeout too,
+    // and the stand-in's first parse (python-hcl2 building its grammar)
+    // took over 4 s on a loaded machine (CI failed so once).
     std::fs::write(
         &f.s.config,
-        cfg.replace("interval = \"1h\"", "interval = \"1h\"\ntimeout = \"4s\""),
+        cfg.replace("interval = \"1h\"", "interval = \"1h\"\ntimeout = \"8s\""),
     )
     .expect("config");
     // The scheduler has not processed the register's evaluation yet: no
@@ -1891,12 +1894,12 @@ fn a_deployment_nomad_has_not_started_yet_is_waited_for_within_the_timeout() {
         "1.26",
     );
     assert_eq!(f.tick().0, Some(0));
-    std::thread::sleep(Duration::from_millis(4500));
+    std::thread::sleep(Duration::from_millis(8500));
     let (code, _, _) = f.tick();
     assert_eq!(code, Some(1));
     assert!(
         f.message()
-            .contains("Nomad started no deployment within 4s"),
+            .contains("Nomad started no deployment within 8s"),
         "{}",
         f.message()
     );
