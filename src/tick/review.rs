@@ -410,6 +410,20 @@ impl Reconciler {
         } else {
             PlanState::Applied
         };
+        // Outputs others take, as after an unattended apply. The plan was
+        // applied either way; a failure to keep them is said in the run.
+        if state == PlanState::Applied
+            && self.consumed(target)
+            && let Err(e) = self
+                .keep_outputs(target, run.id, status.result, backend.as_ref())
+                .await
+        {
+            tracing::error!(target = %target.name, error = %e, "cannot keep the outputs other targets take");
+            status.message = format!(
+                "{}; but its outputs, which other targets take, could not be kept: {e}",
+                status.message
+            );
+        }
         status.message = format!(
             "deployment {} ({} at {}, approved by {by}): {}",
             plan.id,

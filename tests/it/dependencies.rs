@@ -604,3 +604,59 @@ fn a_terraform_output_reaches_an_exec_target_and_its_change_runs_it_again() {
         );
     }
 }
+
+/// A producer under `policy = "approval"`: while its plan waits, the
+/// target taking its output is blocked; once the plan is approved and
+/// applied, its outputs are recorded and the taker runs with them.
+#[test]
+fn an_approved_plans_outputs_reach_the_target_that_waited_for_it() {
+    const OPS: &str = "ops-token-dependencies-approval-7";
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(&[("base/v", "1\n"), ("app/x", "1\n")], "first");
+    let got = root.path().join("app.got");
+    let s = Setup::new(&format!(
+        "{}{}{}",
+        token_table("ops", OPS, &["approve:base", "read"]),
+        exec_target(
+            "base",
+            &remote.url(),
+            "path = \"base\"\ninterval = \"1h\"\npolicy = \"approval\"",
+            "apply = [\"true\"]\nplan = [\"sh\", \"-c\", \"echo \\\"~ v (to $(cat v))\\\"\"]\n\
+             outputs = [\"sh\", \"-c\", \"echo \\\"{\\\\\\\"v\\\\\\\": \\\\\\\"$(cat v)\\\\\\\"}\\\"\"]",
+        ),
+        exec_target(
+            "app",
+            &remote.url(),
+            "path = \"app\"\ninterval = \"1h\"\ninputs = { BASE_V = \"base.outputs.v\" }",
+            &format!(
+                "apply = [\"sh\", \"-c\", {}]",
+                toml_str(&format!("echo \"$BASE_V\" >> {}", got.display()))
+            ),
+        ),
+    ));
+    let daemon = s.serve();
+    let who = Approver {
+        port: daemon.port,
+        token: OPS,
+    };
+    wait_for(Duration::from_secs(60), "base's plan to wait", || {
+        !who.pending().is_empty() && s.target_status("app")["last_result"] == "blocked"
+    });
+    let why = s.history("app")[0]["message"].to_string();
+    assert!(
+        why.contains("blocked by `base`: its plan waits for approval"),
+        "{why}"
+    );
+    let pending = who.pending();
+    who.approve(&pending[0]);
+    wait_for(
+        Duration::from_secs(60),
+        "app to run with base's output",
+        || !log_lines(&got).is_empty(),
+    );
+    assert_eq!(log_lines(&got), ["1"]);
+    let app = &s.history("app")[0];
+    assert_eq!(app["result"], "changed", "{app}");
+    drop(daemon);
+}
