@@ -660,3 +660,81 @@ fn an_approved_plans_outputs_reach_the_target_that_waited_for_it() {
     assert_eq!(app["result"], "changed", "{app}");
     drop(daemon);
 }
+
+/// The issue's chain, one step each: terraform produces `vpc_id`; an exec
+/// target takes it as `VPC_ID` and produces `greeting` from it; a compose
+/// project takes that for interpolation (`${GREETING}`). `tick --all`
+/// converges them in order, and a change of terraform's variable reaches
+/// the container's environment through both.
+#[test]
+fn terraform_exec_and_compose_converge_as_a_chain_passing_outputs() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let docker = Dockerd::start(root.path());
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(
+        &[
+            (
+                "network/main.tf",
+                "variable \"v\" {\n  type = string\n}\n\
+                 resource \"terraform_data\" \"net\" {\n  input = var.v\n}\n\
+                 output \"vpc_id\" {\n  value = \"vpc-${terraform_data.net.output}\"\n}\n",
+            ),
+            ("network/net.auto.tfvars", "v = \"1\"\n"),
+            ("dns/zone", "example.net\n"),
+            (
+                "app/compose.yaml",
+                &format!(
+                    "services:\n  web:\n    image: {TEST_IMAGE}\n    command: [\"sh\", \"-c\", \"sleep 3600\"]\n    \
+                     network_mode: none\n    environment:\n      GREETING: ${{GREETING:-unset}}\n"
+                ),
+            ),
+        ],
+        "first",
+    );
+    let s = Setup::new(&format!(
+        "[[targets]]\nname = \"app\"\nrepo = {repo}\npath = \"app\"\n\
+         inputs = {{ GREETING = \"dns.outputs.greeting\" }}\n\
+         [targets.backend]\nkind = \"compose\"\ncommand = \"docker-compose\"\nhost = \"{host}\"\n\n\
+         [[targets]]\nname = \"network\"\nrepo = {repo}\npath = \"network\"\ntimeout = \"2m\"\n\
+         [targets.backend]\nkind = \"terraform\"\nenv = {{ TF_CLI_CONFIG_FILE = \"/dev/null\" }}\n\n{dns}",
+        repo = toml_str(&remote.url()),
+        host = docker.host,
+        dns = exec_target(
+            "dns",
+            &remote.url(),
+            "path = \"dns\"\ninputs = { VPC_ID = \"network.outputs.vpc_id\" }",
+            "apply = [\"true\"]\n\
+             outputs = [\"sh\", \"-c\", \"echo \\\"{\\\\\\\"greeting\\\\\\\": \\\\\\\"hi-$VPC_ID\\\\\\\"}\\\"\"]",
+        ),
+    ));
+    let env = || {
+        text(
+            &docker
+                .docker(&["inspect", "--format", "{{json .Config.Env}}", "app_web_1"])
+                .stdout,
+        )
+    };
+    let tick_all = || {
+        let out = s.run(&["tick", "--all"]);
+        let said = text(&out.stdout) + &text(&out.stderr);
+        assert!(out.status.success(), "{said}");
+        text(&out.stdout)
+    };
+    let said = tick_all();
+    let at = |t: &str| {
+        said.find(&format!("{t}: "))
+            .unwrap_or_else(|| panic!("{t} not ticked: {said}"))
+    };
+    assert!(at("network") < at("dns") && at("dns") < at("app"), "{said}");
+    assert!(env().contains("GREETING=hi-vpc-1"), "{}", env());
+
+    remote.commit(&[("network/net.auto.tfvars", "v = \"2\"\n")], "v2");
+    let said = tick_all();
+    assert!(said.contains("app: changed"), "{said}");
+    assert!(env().contains("GREETING=hi-vpc-2"), "{}", env());
+    // Nothing new: nothing to do anywhere.
+    let said = tick_all();
+    for t in ["network", "dns", "app"] {
+        assert!(said.contains(&format!("{t}: no_change")), "{said}");
+    }
+}
