@@ -23,6 +23,17 @@ use crate::store::plans::PlanState;
 /// How much of a dependency's own message a blocked run repeats.
 const REASON_MAX: usize = 300;
 
+/// A target's inputs, resolved: name → value, and the values that are
+/// secrets (sensitive outputs), for the run's redactor.
+#[derive(Debug, Default)]
+pub(super) struct Inputs {
+    pub values: BTreeMap<String, String>,
+    pub secrets: Vec<String>,
+    /// Name → the value as recorded (a sensitive one's keyed digest, not
+    /// the value): what "no change" is decided by.
+    pub recorded: BTreeMap<String, String>,
+}
+
 impl Reconciler {
     /// Why `target` may not run now, naming the dependency at fault, or
     /// `None` when every target it depends on has converged.
@@ -66,7 +77,9 @@ impl Reconciler {
         }
         for dep in graph::dependents(&self.app.settings.targets, &target.name) {
             let blocked = match self.app.store.target_state(&dep.name).await {
-                Ok(s) => s.is_some_and(|s| s.last_result.as_deref() == Some("blocked")),
+                Ok(s) => s.is_some_and(|s| {
+                    s.last_result.as_deref() == Some(ApplyResult::Blocked.as_str())
+                }),
                 Err(e) => {
                     error!(target = %dep.name, error = %e,
                         "cannot read whether a dependency blocked this target; its next interval tick will run it");
@@ -84,20 +97,7 @@ impl Reconciler {
             }
         }
     }
-}
 
-/// A target's inputs, resolved: name → value, and the values that are
-/// secrets (sensitive outputs), for the run's redactor.
-#[derive(Debug, Default)]
-pub(super) struct Inputs {
-    pub values: BTreeMap<String, String>,
-    pub secrets: Vec<String>,
-    /// Name → the value as recorded (a sensitive one's keyed digest, not
-    /// the value): what "no change" is decided by.
-    pub recorded: BTreeMap<String, String>,
-}
-
-impl Reconciler {
     /// The values of `target`'s inputs, from the outputs recorded for the
     /// targets they name; `Err` names the input and what is missing.
     pub(super) async fn resolve_inputs(
