@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
-use crate::config::{Settings, Target};
+use crate::config::{Live, Settings, Target};
 use crate::metrics::Metrics;
 use crate::queue::Queue;
 use crate::store::{Store, StoreError};
@@ -15,16 +15,22 @@ use crate::store::{Store, StoreError};
 /// Everything but git. Cheap to clone.
 #[derive(Clone)]
 pub struct App {
-    pub settings: Arc<Settings>,
+    /// The settings in force: the file's, with the `[[target_sets]]`
+    /// members known now among the targets (`tick::sets` changes them).
+    pub live: Live,
     pub store: Store,
     pub queue: Queue,
     pub metrics: Arc<Metrics>,
     /// Rung when a run put notifications in the outbox.
     pub outbox_wake: Arc<tokio::sync::Notify>,
+    /// Rung when a push reached the repository of a `[[target_sets]]`
+    /// entry: its directories are listed again.
+    pub sets_wake: Arc<tokio::sync::Notify>,
 }
 
 impl App {
-    /// Open the state database and register the configured targets.
+    /// Open the state database, register the configured targets and take
+    /// the `[[target_sets]]` members it lists (not orphaned) as targets.
     pub async fn open(settings: Settings) -> Result<App, StoreError> {
         let store = Store::open(&settings.database_path()).await?;
         let names: Vec<(&str, &str)> = settings
@@ -33,35 +39,74 @@ impl App {
             .map(|t| (t.name.as_str(), t.backend.kind()))
             .collect();
         store.register_targets(&names).await?;
+        let settings = if settings.target_sets.is_empty() {
+            settings
+        } else {
+            let rows = store.set_members().await?;
+            let members = known_members(&settings, &rows);
+            settings.with_members(members)
+        };
         Ok(App {
             queue: Queue::new(store.clone()),
             store,
-            settings: Arc::new(settings),
+            live: Live::new(settings),
             metrics: Arc::new(Metrics::new()),
             outbox_wake: Default::default(),
+            sets_wake: Default::default(),
         })
+    }
+
+    /// The settings in force now (hold on to them while you use them).
+    pub fn settings(&self) -> Arc<Settings> {
+        self.live.get()
     }
 
     /// Where people reach the daemon's API and page: `[server] public_url`,
     /// else `http://` and the listen address (the address the running
     /// daemon noted when `listen` asked for port 0).
     pub fn base_url(&self) -> String {
-        if let Some(u) = &self.settings.server.public_url {
+        let settings = self.settings();
+        if let Some(u) = &settings.server.public_url {
             return u.trim_end_matches('/').to_string();
         }
-        let mut addr = self.settings.server.listen;
+        let mut addr = settings.server.listen;
         if addr.port() == 0
-            && let Some(a) = crate::lock::serving_addr(&self.settings.state_dir)
+            && let Some(a) = crate::lock::serving_addr(&settings.state_dir)
         {
             addr = a;
         }
         format!("http://{addr}")
     }
 
-    /// The configured target of this name.
-    pub fn target(&self, name: &str) -> Option<&Target> {
-        self.settings.target(name)
+    /// The configured target of this name (a `[[target_sets]]` member
+    /// while it is one).
+    pub fn target(&self, name: &str) -> Option<Target> {
+        self.settings().target(name).cloned()
     }
+}
+
+/// The members the store lists for the configured sets (not orphaned),
+/// made from the sets as configured
+/// now; a member the set no longer makes is left out with a WARN.
+fn known_members(settings: &Settings, rows: &[crate::store::sets::SetMember]) -> Vec<Target> {
+    let mut members = Vec::new();
+    let mut taken = std::collections::HashSet::new();
+    for set in &settings.target_sets {
+        let dirs: Vec<String> = rows
+            .iter()
+            .filter(|r| r.set == set.name_prefix && r.orphaned_at.is_none())
+            .map(|r| r.dir.clone())
+            .collect();
+        let made = settings.expand(set, &dirs, &taken);
+        for p in made.refused {
+            tracing::warn!(problem = %p, "a target set's member cannot be made");
+        }
+        for t in made.members {
+            taken.insert(t.name.clone());
+            members.push(t);
+        }
+    }
+    members
 }
 
 /// Shared between the daemon's workers and the HTTP health endpoints.

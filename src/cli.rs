@@ -31,7 +31,7 @@ fn short(sha: &Option<String>) -> String {
 }
 
 /// The configured target of this name, or the error naming it.
-fn known<'a>(app: &'a App, name: &str) -> Result<&'a crate::config::Target, TickError> {
+fn known(app: &App, name: &str) -> Result<crate::config::Target, TickError> {
     app.target(name)
         .ok_or_else(|| TickError::UnknownTarget(name.to_string()))
 }
@@ -46,18 +46,15 @@ pub async fn tick(
     trigger: Trigger,
 ) -> Result<Report, TickError> {
     let app = rec.app();
+    let settings = app.settings();
     let mut names: Vec<String> = if all {
-        app.settings
-            .targets
-            .iter()
-            .map(|t| t.name.clone())
-            .collect()
+        settings.targets.iter().map(|t| t.name.clone()).collect()
     } else {
         targets.to_vec()
     };
     // Applied in dependency order (destroyed in the reverse): a target
     // after the targets it depends on.
-    let order: Vec<&str> = config::graph::levels(&app.settings.targets)
+    let order: Vec<&str> = config::graph::levels(&settings.targets)
         .into_iter()
         .flatten()
         .map(|t| t.name.as_str())
@@ -120,8 +117,8 @@ pub async fn tick(
 /// The outbox's sender for this configuration's notifiers and forges.
 fn sender(app: &App) -> Result<crate::notify::outbox::Sender, crate::notify::SendError> {
     crate::notify::outbox::Sender::new(
-        &app.settings.notifiers,
-        &app.settings.forges,
+        &app.settings().notifiers,
+        &app.settings().forges,
         app.store.clone(),
     )
 }
@@ -135,7 +132,7 @@ const PRUNE_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
 /// `history.pruned` in the state directory: one `stat` for a tick that
 /// does not prune). A failure is said, never the tick's.
 async fn prune_now_and_then(app: &App) {
-    let mark = app.settings.state_dir.join("history.pruned");
+    let mark = app.settings().state_dir.join("history.pruned");
     let due = std::fs::metadata(&mark)
         .and_then(|m| m.modified())
         .ok()
@@ -144,7 +141,7 @@ async fn prune_now_and_then(app: &App) {
     if !due {
         return;
     }
-    match app.store.prune_history(app.settings.history.keep).await {
+    match app.store.prune_history(app.settings().history.keep).await {
         Ok(pruned) => {
             if let Err(e) = std::fs::write(&mark, b"") {
                 tracing::warn!(file = %mark.display(), error = %e, "cannot note the history's pruning");
@@ -193,12 +190,12 @@ pub async fn notify_test(app: &App, notifier: &str) -> Result<Report, TickError>
             });
         }
     };
-    let target = app
-        .settings
+    let settings = app.settings();
+    let target = settings
         .targets
         .iter()
         .find(|t| t.notify.iter().any(|n| n == notifier))
-        .or(app.settings.targets.first());
+        .or(settings.targets.first());
     let doc = crate::notify::EventDoc {
         id: format!("test-{:016x}", fastrand::u64(..)),
         event: crate::notify::Event::Test,
@@ -320,7 +317,17 @@ pub async fn status(app: &App, as_json: bool) -> Result<Report, TickError> {
         "TARGET", "BACKEND", "APPLIED", "LAST", "LAST RUN", "STATE"
     );
     for r in &rows {
-        let state = if r.running {
+        let state = if r.destroyed_at.is_some() {
+            "destroyed (directory removed)".to_string()
+        } else if r.orphaned_since.is_some() {
+            format!(
+                "orphaned (directory removed{})",
+                r.orphaned_at_sha
+                    .as_deref()
+                    .map(|s| format!(" at {}", crate::model::short_sha(s)))
+                    .unwrap_or_default()
+            )
+        } else if r.running {
             "running".to_string()
         } else if r.paused {
             format!("paused by {}", r.paused_by.as_deref().unwrap_or("?"))
@@ -363,7 +370,16 @@ pub async fn history(
     as_json: bool,
     limit: i64,
 ) -> Result<Report, TickError> {
-    known(app, target)?;
+    // An orphaned set member's history is still there to read.
+    let orphan = app
+        .store
+        .set_members()
+        .await?
+        .iter()
+        .any(|m| m.target == target);
+    if !orphan {
+        known(app, target)?;
+    }
     let runs = app.store.history(target, limit.clamp(1, 10_000)).await?;
     if as_json {
         let rows: Vec<_> = runs.iter().map(crate::status::RunView::from).collect();
@@ -545,8 +561,11 @@ pub async fn outputs(rec: &Reconciler, target: &str, as_json: bool) -> Result<Re
     Ok(Report { stdout, code: 0 })
 }
 
-/// `driftless check`: every problem, or a one-line summary.
-pub fn check(path: &Path) -> Report {
+/// `driftless check`: every problem, or a one-line summary with every
+/// target, and the targets each `[[target_sets]]` entry makes at its
+/// branch tip (fetched into a throwaway cache: nothing in `state_dir` is
+/// touched).
+pub async fn check(path: &Path) -> Report {
     match config::check(path) {
         Ok(s) => {
             let mut stdout = format!(
@@ -573,13 +592,68 @@ pub fn check(path: &Path) -> Report {
                     let _ = writeln!(stdout, "    after {}", t.depends_on.join(", "));
                 }
             }
-            Report { stdout, code: 0 }
+            let code = check_sets(&s, &mut stdout).await;
+            Report { stdout, code }
         }
         Err(e) => Report {
             stdout: format!("{e}\n"),
             code: EXIT_FAILED,
         },
     }
+}
+
+/// `check`'s part for `[[target_sets]]`: each set's members at its
+/// branch tip, and the directories refused. A set whose branch cannot be
+/// fetched is a failure.
+async fn check_sets(s: &config::Settings, out: &mut String) -> u8 {
+    if s.target_sets.is_empty() {
+        return 0;
+    }
+    let listings = match crate::tick::list_sets(s).await {
+        Ok(l) => l,
+        Err(e) => {
+            let _ = writeln!(out, "cannot list target sets: {e}");
+            return EXIT_FAILED;
+        }
+    };
+    let mut code = 0;
+    for (set, listed) in s.target_sets.iter().zip(listings) {
+        let (tip, made) = match listed {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = writeln!(out, "{}: cannot list `{}`: {e}", set.label(), set.paths);
+                code = EXIT_FAILED;
+                continue;
+            }
+        };
+        let _ = writeln!(
+            out,
+            "{}: `{}` at {} of branch {} makes {} target(s){}",
+            set.label(),
+            set.paths,
+            crate::model::short_sha(&tip),
+            set.sample.branch,
+            made.members.len(),
+            if set.destroy_removed {
+                " (destroy_removed: a removed directory's target is destroyed)"
+            } else {
+                ""
+            }
+        );
+        for m in &made.members {
+            let _ = writeln!(
+                out,
+                "  {}: {} path {}",
+                m.name,
+                m.backend.kind(),
+                m.path.display()
+            );
+        }
+        for p in &made.refused {
+            let _ = writeln!(out, "  refused: {p}");
+        }
+    }
+    code
 }
 
 /// `driftless graph [--dot]`: the order targets converge in, from the
@@ -663,13 +737,13 @@ async fn api(
     let token = std::env::var("DRIFTLESS_TOKEN").map_err(|_| {
         "set DRIFTLESS_TOKEN to an API token (see `driftless token new`)".to_string()
     })?;
-    let mut addr = app.settings.server.listen;
+    let mut addr = app.settings().server.listen;
     if addr.port() == 0 {
         // The daemon chose its port: it noted it beside its PID.
-        addr = crate::lock::serving_addr(&app.settings.state_dir).ok_or_else(|| {
+        addr = crate::lock::serving_addr(&app.settings().state_dir).ok_or_else(|| {
             format!(
                 "[server] listen asks for port 0 and no `driftless serve` is running on {}",
-                app.settings.state_dir.display()
+                app.settings().state_dir.display()
             )
         })?;
     }
@@ -842,8 +916,8 @@ mod tests {
     /// What `driftless check` says of a CloudFormation target: fine with
     /// the feature, refused by name without it (run by tests/run.sh both
     /// ways).
-    #[test]
-    fn check_of_a_cloudformation_target_depends_on_the_feature() {
+    #[tokio::test]
+    async fn check_of_a_cloudformation_target_depends_on_the_feature() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("driftless.toml");
         std::fs::write(
@@ -853,7 +927,7 @@ mod tests {
              region = \"us-east-1\"\n",
         )
         .expect("write");
-        let report = super::check(&path);
+        let report = super::check(&path).await;
         if cfg!(feature = "cloudformation") {
             assert_eq!(report.code, 0, "{}", report.stdout);
             assert!(

@@ -75,7 +75,7 @@ pub struct Daemon {
 impl Daemon {
     /// Bind `[server] listen`, then [`Daemon::build`].
     pub async fn bind(rec: Reconciler) -> Result<Daemon, DaemonError> {
-        let listen = rec.app().settings.server.listen;
+        let listen = rec.app().settings().server.listen;
         let listener =
             tokio::net::TcpListener::bind(listen)
                 .await
@@ -92,7 +92,7 @@ impl Daemon {
         rec: Reconciler,
         listener: tokio::net::TcpListener,
     ) -> Result<Daemon, DaemonError> {
-        let settings = rec.app().settings.clone();
+        let settings = rec.app().settings().clone();
         let mut serving = crate::lock::ServeLock::try_acquire(&settings.state_dir)?;
         let addr = listener.local_addr().map_err(|e| DaemonError::Listen {
             addr: settings.server.listen.to_string(),
@@ -163,7 +163,7 @@ impl Daemon {
             wake,
             _serving,
         } = self;
-        let settings = rec.app().settings.clone();
+        let settings = rec.app().settings().clone();
         info!(%addr, targets = settings.targets.len(), workers = settings.server.workers,
               state_dir = %settings.state_dir.display(), "driftless serving");
         if settings.server.page == crate::config::PageAccess::Token
@@ -184,10 +184,15 @@ impl Daemon {
         });
 
         let scheduler = tokio::spawn(
-            Scheduler::new(settings.clone(), rec.app().queue.clone(), wake.clone())
-                .run(shutdown.clone()),
+            Scheduler::new(
+                rec.app().live.clone(),
+                rec.app().queue.clone(),
+                wake.clone(),
+            )
+            .run(shutdown.clone()),
         );
         tokio::spawn(reaper(rec.clone(), wake.clone(), shutdown.clone()));
+        tokio::spawn(set_refresher(rec.clone(), wake.clone(), shutdown.clone()));
         match crate::notify::outbox::Sender::new(
             &settings.notifiers,
             &settings.forges,
@@ -231,11 +236,40 @@ impl Daemon {
 
 fn target_names(rec: &Reconciler) -> Vec<String> {
     rec.app()
-        .settings
+        .settings()
         .targets
         .iter()
         .map(|t| t.name.clone())
         .collect()
+}
+
+/// `[[target_sets]]`: every set's directories listed at start (the
+/// members the database listed are used until then), again when a push
+/// reaches a set's branch (`App::sets_wake`) and at least once per set's
+/// interval (sharing that round's fetch with its members). The workers are
+/// woken when a member was added (it has a job queued).
+async fn set_refresher(rec: Reconciler, wake: Arc<Notify>, mut shutdown: watch::Receiver<bool>) {
+    let settings = rec.app().settings();
+    let Some(period) = settings.target_sets.iter().map(|s| s.sample.interval).min() else {
+        return;
+    };
+    let mut since = std::time::Instant::now();
+    loop {
+        if rec.refresh_sets(since).await > 0 {
+            wake.notify_waiters();
+        }
+        let pushed = tokio::select! {
+            _ = rec.app().sets_wake.notified() => true,
+            _ = tokio::time::sleep(period) => false,
+            _ = shutdown.changed() => return,
+        };
+        let now = std::time::Instant::now();
+        since = if pushed {
+            now
+        } else {
+            now.checked_sub(period).unwrap_or(now)
+        };
+    }
 }
 
 /// A job marked running whose target lock nobody holds belongs to a process
@@ -245,7 +279,7 @@ fn target_names(rec: &Reconciler) -> Vec<String> {
 /// job must have been quiet for `min_quiet` (live owners heartbeat), which
 /// covers the instants between marking a job running and taking the lock.
 async fn recover_dead_jobs(engine: &Reconciler, min_quiet: Duration) -> Result<bool, DaemonError> {
-    let locks = engine.app().settings.locks_dir();
+    let locks = engine.app().settings().locks_dir();
     let mut dead = Vec::new();
     for job in engine.app().queue.running().await? {
         if job.owner == engine.app().queue.owner() || job.quiet_for < min_quiet {

@@ -228,7 +228,7 @@ fn main() -> ExitCode {
 
 async fn run(args: Args) -> anyhow::Result<u8> {
     if let Command::Check = args.command {
-        let r = cli::check(&args.config);
+        let r = cli::check(&args.config).await;
         print!("{}", r.stdout);
         return Ok(r.code);
     }
@@ -278,7 +278,7 @@ async fn run(args: Args) -> anyhow::Result<u8> {
             );
             cli::tick(&rec(), &[target], false, Operation::Destroy, Trigger::Cli).await?
         }
-        Command::Check => cli::check(&args.config),
+        Command::Check => cli::check(&args.config).await,
         Command::Graph { dot } => cli::graph(&args.config, dot),
         Command::Token {
             command: TokenCommand::New { name },

@@ -72,6 +72,9 @@ pub enum Trigger {
     Retry,
     /// A target this one depends on converged again after blocking it.
     Dependency,
+    /// A `[[target_sets]]` directory appeared (the member's first run) or
+    /// went (its destroy, under `destroy_removed`).
+    Directory,
 }
 
 impl Trigger {
@@ -84,6 +87,7 @@ impl Trigger {
             Trigger::Resume => "resume",
             Trigger::Retry => "retry",
             Trigger::Dependency => "dependency",
+            Trigger::Directory => "directory",
         }
     }
 }

@@ -78,6 +78,22 @@ pub fn route<'a>(settings: &'a Settings, push: &Push) -> Vec<&'a Target> {
     }
 }
 
+/// The `[[target_sets]]` whose repository and branch a (branch) push is
+/// to: their directories may have changed.
+pub fn route_sets<'a>(settings: &'a Settings, push: &Push) -> Vec<&'a crate::config::TargetSet> {
+    if push.tag.is_some() {
+        return Vec::new();
+    }
+    let given: Vec<String> = push.repo_urls.iter().map(|u| normalize_repo(u)).collect();
+    settings
+        .target_sets
+        .iter()
+        .filter(|s| {
+            s.sample.branch == push.branch && given.contains(&normalize_repo(&s.sample.repo))
+        })
+        .collect()
+}
+
 /// The targets that track the branch a pull request would merge into, in
 /// its base repository (previews on or not: the caller decides).
 pub fn route_pull<'a>(settings: &'a Settings, pr: &PullRequest) -> Vec<&'a Target> {

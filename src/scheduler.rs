@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, watch};
 use tracing::{debug, error, info, warn};
 
-use crate::config::Settings;
+use crate::config::Live;
 use crate::model::Trigger;
 use crate::queue::{Queue, Request};
 use crate::store::{StoreError, now_ms};
@@ -40,7 +40,9 @@ pub fn due_at(interval: Duration, jitter: Duration, last_run_at: Option<i64>, no
 }
 
 pub struct Scheduler {
-    settings: Arc<Settings>,
+    /// The settings in force, read again each pass: `[[target_sets]]`
+    /// members come and go.
+    live: Live,
     queue: Queue,
     wake: Arc<Notify>,
     jitter: HashMap<String, Duration>,
@@ -50,9 +52,9 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
-    pub fn new(settings: Arc<Settings>, queue: Queue, wake: Arc<Notify>) -> Self {
+    pub fn new(live: Live, queue: Queue, wake: Arc<Notify>) -> Self {
         Scheduler {
-            settings,
+            live,
             queue,
             wake,
             jitter: HashMap::new(),
@@ -81,13 +83,14 @@ impl Scheduler {
     /// forget old delivery ids, long-closed pull requests and the history
     /// older than `[history] keep`.
     pub async fn once(&mut self) -> Result<usize, StoreError> {
+        let settings = self.live.get();
         if self.last_prune.is_none_or(|t| t.elapsed() > PRUNE_EVERY) {
             self.queue.prune_deliveries().await?;
             self.queue.store().prune_pull_requests().await?;
             let pruned = self
                 .queue
                 .store()
-                .prune_history(self.settings.history.keep)
+                .prune_history(settings.history.keep)
                 .await?;
             if pruned != Default::default() {
                 info!(
@@ -122,7 +125,7 @@ impl Scheduler {
         }
         let known = self.last_run.get_or_insert_with(HashMap::new);
         let mut candidates = Vec::new();
-        for t in &self.settings.targets {
+        for t in &settings.targets {
             let j = *self
                 .jitter
                 .entry(t.name.clone())
@@ -137,7 +140,7 @@ impl Scheduler {
         let mut queued = 0;
         for c in self.queue.store().schedule_candidates(&candidates).await? {
             known.insert(c.name.clone(), c.last_run_at);
-            let Some(t) = self.settings.target(&c.name) else {
+            let Some(t) = settings.target(&c.name) else {
                 continue;
             };
             if c.active || c.paused {
@@ -164,7 +167,7 @@ impl Scheduler {
         // One worker woken per job queued (waking them all for one job made
         // every idle worker look for it: most of a quiet daemon's reads).
         // A job no woken worker takes waits for a worker's next look.
-        for _ in 0..queued.min(self.settings.server.workers.max(1)) {
+        for _ in 0..queued.min(settings.server.workers.max(1)) {
             self.wake.notify_one();
         }
         Ok(queued)
@@ -216,7 +219,7 @@ mod tests {
             .collect();
         store.register_targets(&names).await.expect("register");
         let queue = Queue::new(store);
-        let sched = Scheduler::new(Arc::new(settings), queue.clone(), Default::default());
+        let sched = Scheduler::new(Live::new(settings), queue.clone(), Default::default());
         (dir, sched, queue)
     }
 
@@ -295,7 +298,7 @@ mod tests {
             "queued on an old reading"
         );
         // A scheduler starting afresh reads it again, and finds it not due.
-        let (settings, q) = (sched.settings.clone(), queue.clone());
+        let (settings, q) = (sched.live.clone(), queue.clone());
         let mut fresh = Scheduler::new(settings, q, Default::default());
         assert_eq!(fresh.once().await.expect("once"), 0);
     }

@@ -43,21 +43,36 @@ pub struct TargetStatus {
     /// queued or running: its own queued job waits for them.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub waiting_on: Vec<String>,
+    /// The `name_prefix` of the `[[target_sets]]` entry that made it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target_set: Option<String>,
+    /// A set's member whose directory is gone: since when (and the commit
+    /// that removed it). Its runs and last applied state are kept; it is
+    /// no longer applied.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub orphaned_since: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub orphaned_at_sha: Option<String>,
+    /// An orphaned member its set destroyed (`destroy_removed`): when.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub destroyed_at: Option<String>,
 }
 
-/// Every configured target, in configuration order.
+/// Every configured target, in configuration order (a set's members as
+/// they are known now), then the sets' orphaned members.
 pub async fn targets(app: &App) -> Result<Vec<TargetStatus>, StoreError> {
     let states = app.store.target_states().await?;
     let activity = app.queue.activity().await?;
+    let members = app.store.set_members().await?;
     let redactor = crate::redact::Redactor::new();
-    let ancestors = crate::config::graph::ancestors(&app.settings.targets);
+    let settings = app.settings();
+    let ancestors = crate::config::graph::ancestors(&settings.targets);
     let active = |name: &str| {
         activity
             .iter()
             .any(|a| a.target == name && (a.queued > 0 || a.running > 0))
     };
-    Ok(app
-        .settings
+    let mut out: Vec<TargetStatus> = settings
         .targets
         .iter()
         .map(|t| {
@@ -89,9 +104,52 @@ pub async fn targets(app: &App) -> Result<Vec<TargetStatus>, StoreError> {
                     .filter(|(of, on)| *of == t.name && active(on))
                     .map(|(_, on)| on.clone())
                     .collect(),
+                target_set: t.set.clone(),
+                orphaned_since: None,
+                orphaned_at_sha: None,
+                destroyed_at: None,
             }
         })
-        .collect())
+        .collect();
+    // A member no longer made (its directory gone, or its set no longer
+    // configured) is shown as orphaned, with what it last did.
+    for m in members {
+        if settings.target(&m.target).is_some() {
+            continue;
+        }
+        let set = settings.target_set(&m.set).map(|s| &s.sample);
+        let s = states.iter().find(|s| s.name == m.target);
+        out.push(TargetStatus {
+            name: m.target.clone(),
+            backend: s.map(|s| s.backend.clone()).unwrap_or_default(),
+            repo: set.map(|t| redactor.redact(&t.repo)).unwrap_or_default(),
+            branch: set.map(|t| t.branch.clone()).unwrap_or_default(),
+            tag: None,
+            path: m.dir.clone(),
+            last_applied_sha: s.and_then(|s| s.last_applied_sha.clone()),
+            last_result: s.and_then(|s| s.last_result.clone()),
+            last_message: s.and_then(|s| s.last_message.clone()),
+            last_run_id: s.and_then(|s| s.last_run_id),
+            last_run_at: s.and_then(|s| s.last_run_at).map(format_ms),
+            consecutive_failures: s.map(|s| s.consecutive_failures).unwrap_or(0),
+            queued: false,
+            running: false,
+            paused: s.is_some_and(|s| s.paused_at.is_some()),
+            paused_by: s.and_then(|s| s.paused_by.clone()),
+            policy: set.map(|t| t.policy.as_str()).unwrap_or("auto"),
+            drift: None,
+            drift_since: None,
+            depends_on: Vec::new(),
+            waiting_on: Vec::new(),
+            target_set: Some(m.set.clone()),
+            // A row whose set is gone from the configuration is orphaned
+            // with it, since the set was last seen (`added_at`).
+            orphaned_since: Some(format_ms(m.orphaned_at.unwrap_or(m.added_at))),
+            orphaned_at_sha: m.orphaned_sha.clone(),
+            destroyed_at: m.destroyed_at.map(format_ms),
+        });
+    }
+    Ok(out)
 }
 
 /// One target's status, if it is configured.

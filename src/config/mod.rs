@@ -29,6 +29,7 @@ mod checks;
 mod decrypt;
 pub mod graph;
 mod server;
+mod sets;
 mod target;
 mod verify;
 
@@ -36,6 +37,7 @@ pub use checks::valid_name;
 use checks::{duration, problem, serde_problem};
 pub use server::valid_scope;
 use server::{validate_receivers, validate_server, validate_tokens};
+pub use sets::{Expansion, TargetSet, literal_part};
 #[cfg(test)]
 use target::url_credentials;
 use target::validate_target;
@@ -123,6 +125,9 @@ pub struct Settings {
     pub forges: Vec<crate::notify::forge::ForgeConfig>,
     /// `[history]`: how long runs are kept.
     pub history: History,
+    /// `[[target_sets]]`: targets made from directories. Their members, as
+    /// far as they are known, are in `targets` (each with its `set`).
+    pub target_sets: Vec<TargetSet>,
 }
 
 /// `[history]`: what the run history keeps. Every run that changed or
@@ -253,6 +258,9 @@ pub struct Target {
     pub depends_on: Vec<String>,
     /// Other targets' recorded outputs passed to its backend (`inputs`).
     pub inputs: Vec<Input>,
+    /// The `name_prefix` of the `[[target_sets]]` entry that made it from
+    /// its directory (`path`); `None` for a `[[targets]]` entry.
+    pub set: Option<String>,
 }
 
 /// `inputs = { NAME = "<target>.outputs.<output>" }`: one entry.
@@ -372,6 +380,33 @@ impl Target {
     }
 }
 
+/// The settings in force, shared by every part of a running daemon. A
+/// `[[target_sets]]` member comes and goes with its directory while the
+/// daemon runs, so the whole `Settings` is swapped for one with the new
+/// member list (`replace`); readers take the one in force (`get`) and keep
+/// it for as long as they work with it. Cheap to clone.
+#[derive(Clone)]
+pub struct Live(std::sync::Arc<std::sync::RwLock<std::sync::Arc<Settings>>>);
+
+impl Live {
+    pub fn new(settings: Settings) -> Live {
+        Live(std::sync::Arc::new(std::sync::RwLock::new(
+            std::sync::Arc::new(settings),
+        )))
+    }
+
+    /// The settings in force now.
+    pub fn get(&self) -> std::sync::Arc<Settings> {
+        // A writer that panicked left a whole `Arc` in place: still good.
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Put `settings` in force.
+    pub fn replace(&self, settings: Settings) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = std::sync::Arc::new(settings);
+    }
+}
+
 impl Settings {
     pub fn target(&self, name: &str) -> Option<&Target> {
         self.targets.iter().find(|t| t.name == name)
@@ -422,6 +457,8 @@ struct RawTop {
     server: Option<Value>,
     #[serde(default)]
     targets: Vec<Value>,
+    #[serde(default)]
+    target_sets: Vec<Value>,
     #[serde(default)]
     receivers: Vec<Value>,
     #[serde(default)]
@@ -733,23 +770,17 @@ fn validate(
             problems,
         ),
     };
-    settle_forges(&mut targets, &forges, &defaults, problems);
-    // An input's target is a dependency, listed or not.
-    for t in &mut targets {
-        for i in &t.inputs {
-            if !t.depends_on.contains(&i.target) {
-                t.depends_on.push(i.target.clone());
-            }
-        }
+    if let Some(f) = &defaults.forge
+        && !forges.iter().any(|x| &x.name == f)
+    {
+        problems.push(problem(
+            "defaults",
+            "forge",
+            format!("no [[forges]] entry named `{f}`"),
+        ));
     }
-    graph::validate(&targets, problems);
-    let known = |n: &String| {
-        notifiers
-            .iter()
-            .any(|x: &crate::notify::NotifierConfig| &x.name == n)
-    };
     for n in &defaults.notify {
-        if !known(n) {
+        if !notifiers.iter().any(|x| &x.name == n) {
             problems.push(problem(
                 "defaults",
                 "notify",
@@ -758,24 +789,40 @@ fn validate(
         }
     }
     for t in &mut targets {
-        if t.verify.is_none() {
-            t.verify = defaults.verify.clone();
-        }
-        // A target without a `notify` list gets the defaults; an explicit
-        // empty list means no notifications for it.
-        if t.notify == [INHERIT.to_string()] {
-            t.notify = defaults.notify.clone();
+        finish_target(t, &forges, &defaults, &notifiers, problems);
+    }
+    graph::validate(&targets, problems);
+    let mut target_sets: Vec<TargetSet> = Vec::new();
+    for (i, raw) in top.target_sets.into_iter().enumerate() {
+        let Some(mut set) = sets::validate_set(raw, i, base, machine, problems) else {
+            continue;
+        };
+        let label = set.label();
+        if target_sets.iter().any(|s| s.name_prefix == set.name_prefix) {
+            problems.push(problem(
+                &label,
+                "name_prefix",
+                format!("two [[target_sets]] have name_prefix `{}`: it names the set, so it must be unique", set.name_prefix),
+            ));
             continue;
         }
-        for n in &t.notify {
-            if !known(n) {
+        let before = problems.len();
+        finish_target(&mut set.sample, &forges, &defaults, &notifiers, problems);
+        for p in &mut problems[before..] {
+            p.section = label.clone();
+        }
+        // Members wait on `[[targets]]` entries only: a set's members come
+        // and go with directories, so no order could be checked for them.
+        for d in &set.sample.depends_on {
+            if !targets.iter().any(|t| &t.name == d) {
                 problems.push(problem(
-                    &format!("targets[{}]", t.name),
-                    "notify",
-                    format!("no notifier named `{n}`"),
+                    &label,
+                    "depends_on",
+                    format!("no [[targets]] entry named `{d}` (a set's members may depend on [[targets]] entries only)"),
                 ));
             }
         }
+        target_sets.push(set);
     }
     Some(Settings {
         source: path.to_path_buf(),
@@ -788,7 +835,47 @@ fn validate(
         notifiers,
         forges,
         history,
+        target_sets,
     })
+}
+
+/// What a target gets once every table is read: its commit statuses
+/// (`settle_forge`), its inputs' targets as dependencies, `[defaults]
+/// verify` and `notify` when it has none of its own, and its notifiers
+/// checked. For `[[targets]]` entries at load time and for a set's
+/// members whenever they are made.
+fn finish_target(
+    t: &mut Target,
+    forges: &[crate::notify::forge::ForgeConfig],
+    defaults: &Defaults,
+    notifiers: &[crate::notify::NotifierConfig],
+    problems: &mut Vec<Problem>,
+) {
+    settle_forge(t, forges, defaults, problems);
+    // An input's target is a dependency, listed or not.
+    for i in &t.inputs {
+        if !t.depends_on.contains(&i.target) {
+            t.depends_on.push(i.target.clone());
+        }
+    }
+    if t.verify.is_none() {
+        t.verify = defaults.verify.clone();
+    }
+    // A target without a `notify` list gets the defaults; an explicit
+    // empty list means no notifications for it.
+    if t.notify == [INHERIT.to_string()] {
+        t.notify = defaults.notify.clone();
+        return;
+    }
+    for n in &t.notify {
+        if !notifiers.iter().any(|x| &x.name == n) {
+            problems.push(problem(
+                &format!("targets[{}]", t.name),
+                "notify",
+                format!("no notifier named `{n}`"),
+            ));
+        }
+    }
 }
 
 fn validate_forges(
@@ -825,71 +912,60 @@ fn validate_forges(
     out
 }
 
-/// Each target's commit statuses: its `forge` (or `[defaults] forge`),
+/// A target's commit statuses: its `forge` (or `[defaults] forge`),
 /// which must be a `[[forges]]` entry, and the repository's path there,
 /// `forge_repo` or read from the repo URL.
-fn settle_forges(
-    targets: &mut [Target],
+fn settle_forge(
+    t: &mut Target,
     forges: &[crate::notify::forge::ForgeConfig],
     defaults: &Defaults,
     problems: &mut Vec<Problem>,
 ) {
-    if let Some(f) = &defaults.forge
-        && !forges.iter().any(|x| &x.name == f)
+    let label = format!("targets[{}]", t.name);
+    let forge = match t
+        .statuses
+        .take()
+        .map(|s| s.forge)
+        .or_else(|| defaults.forge.clone())
     {
-        problems.push(problem(
-            "defaults",
-            "forge",
-            format!("no [[forges]] entry named `{f}`"),
-        ));
-    }
-    for t in targets {
-        let label = format!("targets[{}]", t.name);
-        let forge = match t
-            .statuses
-            .take()
-            .map(|s| s.forge)
-            .or_else(|| defaults.forge.clone())
-        {
-            Some(f) => f,
-            None => {
-                if t.previews != Previews::Off {
-                    problems.push(problem(
-                        &label,
-                        "previews",
-                        "previews are posted on the pull request: name the target's `forge` (or set [defaults] forge)",
-                    ));
-                }
-                continue;
-            }
-        };
-        if !forges.iter().any(|x| x.name == forge) {
-            problems.push(problem(
-                &label,
-                "forge",
-                format!("no [[forges]] entry named `{forge}`"),
-            ));
-            continue;
-        }
-        let repo = match t
-            .forge_repo
-            .clone()
-            .or_else(|| crate::notify::forge::repo_of(&t.repo))
-        {
-            Some(r) => r,
-            None => {
+        Some(f) => f,
+        None => {
+            if t.previews != Previews::Off {
                 problems.push(problem(
                     &label,
-                    "forge_repo",
-                    format!(
-                        "the repository's path on forge `{forge}` cannot be read from `repo`; set forge_repo = \"owner/name\""
-                    ),
+                    "previews",
+                    "previews are posted on the pull request: name the target's `forge` (or set [defaults] forge)",
                 ));
-                continue;
             }
-        };
-        t.statuses = Some(StatusTo { forge, repo });
+            return;
+        }
+    };
+    if !forges.iter().any(|x| x.name == forge) {
+        problems.push(problem(
+            &label,
+            "forge",
+            format!("no [[forges]] entry named `{forge}`"),
+        ));
+        return;
     }
+    let repo = match t
+        .forge_repo
+        .clone()
+        .or_else(|| crate::notify::forge::repo_of(&t.repo))
+    {
+        Some(r) => r,
+        None => {
+            problems.push(problem(
+                &label,
+                "forge_repo",
+                format!(
+                    "the repository's path on forge `{forge}` cannot be read from `repo`; set forge_repo = \"owner/name\""
+                ),
+            ));
+            return;
+        }
+    };
+    t.statuses = Some(StatusTo { forge, repo });
 }
 
 fn validate_notifiers(

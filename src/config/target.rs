@@ -387,6 +387,7 @@ pub(super) fn validate_target(
     let backend = backend?;
     Some(Target {
         policy,
+        set: None,
         name: raw.name,
         repo,
         branch,

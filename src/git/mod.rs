@@ -70,6 +70,8 @@ pub enum GitError {
         sha: String,
         leads_to: String,
     },
+    #[error("cannot read the tree of commit {sha} in the cache of {remote}")]
+    Tree { remote: String, sha: String },
     #[error("cannot read git credentials: {0}")]
     Credentials(String),
 }
@@ -476,6 +478,57 @@ impl Git {
         .await
         .ok()
         .flatten()
+    }
+
+    /// The directories at commit `sha` in `remote`'s cache whose path
+    /// matches `pattern` level by level (`stacks/*`: each level a glob, see
+    /// `glob::glob_match`; no level matches across a `/`), sorted.
+    /// Submodules and files are not directories; a level that is not there
+    /// matches nothing. Read by gix: no process, no checkout moves.
+    pub async fn dirs_at(
+        &self,
+        remote: &str,
+        sha: &str,
+        pattern: &str,
+    ) -> Result<Vec<String>, GitError> {
+        let (cache, sha_s, pattern) =
+            (self.cache_dir(remote), sha.to_string(), pattern.to_string());
+        let found = tokio::task::spawn_blocking(move || {
+            with_cache(&cache, |repo| {
+                let levels: Vec<&str> = pattern.split('/').collect();
+                let root = repo.find_commit(object_id(&sha_s)?).ok()?.tree_id().ok()?;
+                let mut at: Vec<(String, gix::ObjectId)> = vec![(String::new(), root.detach())];
+                for level in levels {
+                    let mut next = Vec::new();
+                    for (path, id) in at {
+                        let tree = repo.find_tree(id).ok()?;
+                        for entry in tree.iter() {
+                            let entry = entry.ok()?;
+                            let name = entry.inner.filename.to_string();
+                            if entry.inner.mode.is_tree() && crate::glob::glob_match(level, &name) {
+                                let full = if path.is_empty() {
+                                    name
+                                } else {
+                                    format!("{path}/{name}")
+                                };
+                                next.push((full, entry.inner.oid.to_owned()));
+                            }
+                        }
+                    }
+                    at = next;
+                }
+                let mut dirs: Vec<String> = at.into_iter().map(|(p, _)| p).collect();
+                dirs.sort();
+                Some(dirs)
+            })
+        })
+        .await
+        .ok()
+        .flatten();
+        found.ok_or_else(|| GitError::Tree {
+            remote: remote.to_string(),
+            sha: sha.to_string(),
+        })
     }
 
     /// The commit the target's checkout is at, if it has one.

@@ -29,7 +29,7 @@ type Answer<T> = Result<Json<T>, ApiError>;
 
 /// 404 unless `name` is a configured target.
 fn known(s: &AppState, name: &str) -> Result<(), ApiError> {
-    match s.app.settings.target(name) {
+    match s.app.settings().target(name) {
         Some(_) => Ok(()),
         None => Err(ApiError::not_found(format!("no target named `{name}`"))),
     }

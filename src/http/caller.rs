@@ -86,7 +86,8 @@ impl FromRequestParts<AppState> for Caller {
             .headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok());
-        let token = auth::authenticate(&s.app.settings.tokens, presented)?;
+        let settings = s.app.settings();
+        let token = auth::authenticate(&settings.tokens, presented)?;
         // A browser resends HTTP Basic credentials by itself, so a page on
         // another site could make it POST to the API: the API changes
         // nothing for Basic credentials (the page's own forms carry a CSRF

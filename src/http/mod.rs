@@ -65,7 +65,7 @@ impl AppState {
     ) -> Result<AppState, ConfigError> {
         let mut receivers = HashMap::new();
         let mut problems = Vec::new();
-        for r in &app.settings.receivers {
+        for r in &app.settings().receivers {
             match r.secret.load() {
                 Ok(s) => {
                     receivers.insert(
@@ -93,7 +93,7 @@ impl AppState {
         }
         if !problems.is_empty() {
             return Err(ConfigError::Invalid {
-                path: app.settings.source.clone(),
+                path: app.settings().source.clone(),
                 problems,
             });
         }
@@ -109,7 +109,7 @@ impl AppState {
 }
 
 pub fn router(state: AppState) -> Router {
-    let server = &state.app.settings.server;
+    let server = &state.app.settings().server;
     let timeout = server.request_timeout;
     // Everything but a reconcile that may wait is bounded by request_timeout.
     let bounded = Router::new()
@@ -201,7 +201,7 @@ async fn metrics(
     State(s): State<AppState>,
     caller: Result<Caller, ApiError>,
 ) -> Result<Response, ApiError> {
-    let settings = &s.app.settings;
+    let settings = &s.app.settings();
     if settings.server.metrics == crate::config::PageAccess::Token {
         match caller {
             Ok(c) if c.reads_anything() => {}

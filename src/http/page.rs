@@ -81,7 +81,7 @@ fn refusal(status: StatusCode, text: &str) -> Response {
 
 /// `GET /`
 pub(super) async fn index(State(s): State<AppState>, caller: Result<Caller, ApiError>) -> Response {
-    let settings = &s.app.settings;
+    let settings = &s.app.settings();
     // Who is looking: `None` when the page is open to anyone.
     let viewer: Option<Caller> = match settings.server.page {
         PageAccess::Off => {
@@ -155,6 +155,11 @@ pub(super) async fn index(State(s): State<AppState>, caller: Result<Caller, ApiE
     for t in &targets {
         let result = t.last_result.as_deref().unwrap_or("never run");
         let mut flags = String::new();
+        if t.destroyed_at.is_some() {
+            flags.push_str(" (destroyed: directory removed)");
+        } else if t.orphaned_since.is_some() {
+            flags.push_str(" (orphaned: directory removed, not applied)");
+        }
         if t.paused {
             flags.push_str(" (paused)");
         }
@@ -280,7 +285,7 @@ pub(super) async fn decide(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
-    if s.app.settings.server.page == PageAccess::Off {
+    if s.app.settings().server.page == PageAccess::Off {
         return refusal(StatusCode::NOT_FOUND, "This page is off.");
     }
     let approve = match verb.as_str() {

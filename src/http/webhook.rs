@@ -124,6 +124,10 @@ pub(super) async fn receive(
     };
     let id = delivery.id.as_deref();
     let app = &s.app;
+    let settings = app.settings();
+    // `[[target_sets]]` following a pushed branch list their directories
+    // again once the delivery is taken (after a restart, they all do).
+    let mut sets_follow: Vec<String> = Vec::new();
 
     // What to queue, and what to answer if nothing.
     let mut requests = Vec::new();
@@ -131,7 +135,7 @@ pub(super) async fn receive(
     let (outcome, ignored): (String, Option<String>) = match &delivery.event {
         Event::Ping => ("ping".into(), None),
         Event::PullRequest(pr) => {
-            pulls = pull_events(&app.settings, pr);
+            pulls = pull_events(&settings, pr);
             let previewing: usize = pulls.iter().map(|p| p.targets.len()).sum();
             match pr.action {
                 PullAction::Close => (format!("pull request #{} closed", pr.number), None),
@@ -143,7 +147,7 @@ pub(super) async fn receive(
                     None,
                 ),
                 PullAction::Preview => {
-                    let why = no_preview_reason(&app.settings, pr);
+                    let why = no_preview_reason(&settings, pr);
                     info!(receiver = %name, number = pr.number, reason = %why, "pull request not previewed");
                     (format!("ignored: {why}"), Some(why))
                 }
@@ -151,7 +155,13 @@ pub(super) async fn receive(
         }
         Event::Ignored(why) => (format!("ignored: {why}"), Some(why.clone())),
         Event::Push(push) => {
-            let tracking = route::route(&app.settings, push);
+            let tracking = route::route(&settings, push);
+            if !push.deleted {
+                sets_follow = route::route_sets(&settings, push)
+                    .iter()
+                    .map(|set| set.label())
+                    .collect();
+            }
             if push.deleted && push.tag.is_none() {
                 for t in &tracking {
                     warn!(target = %t.name, branch = %push.branch, receiver = %name,
@@ -178,6 +188,11 @@ pub(super) async fn receive(
                 }
                 if !requests.is_empty() {
                     (format!("queued {} job(s)", requests.len()), None)
+                } else if !sets_follow.is_empty() {
+                    (
+                        format!("directories of {} listed again", sets_follow.join(", ")),
+                        None,
+                    )
                 } else {
                     let what = match &push.tag {
                         Some(tag) => format!("tag `{tag}`"),
@@ -255,6 +270,9 @@ pub(super) async fn receive(
             );
             if !statuses_empty {
                 app.outbox_wake.notify_waiters();
+            }
+            if !sets_follow.is_empty() {
+                app.sets_wake.notify_one();
             }
             info!(receiver = %name, delivery = id.unwrap_or("-"), %outcome, "webhook delivery accepted");
             // Wake the workers (and the preview worker) now rather than at

@@ -24,6 +24,7 @@ pub mod nomad;
 pub mod outputs;
 pub mod plans;
 pub mod previews;
+pub mod sets;
 pub mod statuses;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");

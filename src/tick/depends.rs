@@ -75,7 +75,7 @@ impl Reconciler {
         if !matches!(result, ApplyResult::Changed | ApplyResult::NoChange) {
             return;
         }
-        for dep in graph::dependents(&self.app.settings.targets, &target.name) {
+        for dep in graph::dependents(&self.app.settings().targets, &target.name) {
             let blocked = match self.app.store.target_state(&dep.name).await {
                 Ok(s) => s.is_some_and(|s| {
                     s.last_result.as_deref() == Some(ApplyResult::Blocked.as_str())
@@ -191,7 +191,7 @@ impl Reconciler {
     /// Whether some target takes inputs from `target`.
     pub(super) fn consumed(&self, target: &Target) -> bool {
         self.app
-            .settings
+            .settings()
             .targets
             .iter()
             .any(|t| t.inputs.iter().any(|i| i.target == target.name))
@@ -254,7 +254,7 @@ impl Reconciler {
         if !changed {
             return Ok(());
         }
-        for t in &self.app.settings.targets {
+        for t in &self.app.settings().targets {
             if !t.inputs.iter().any(|i| i.target == target.name) {
                 continue;
             }

@@ -14,8 +14,10 @@ mod depends;
 mod notices;
 mod preview;
 mod review;
+mod sets;
 
 pub use preview::Previewed;
+pub use sets::{SetRefresh, list_sets};
 
 use std::time::Duration;
 
@@ -73,6 +75,11 @@ pub enum TickError {
     NoCheckout { target: String },
     #[error("target `{target}`: {message}")]
     Backend { target: String, message: String },
+    #[error("{set}: {source}")]
+    Set {
+        set: String,
+        source: crate::git::GitError,
+    },
 }
 
 /// How a tick ended.
@@ -111,13 +118,16 @@ pub enum Planned {
 pub struct Reconciler {
     app: App,
     git: Git,
+    /// Refreshes of `[[target_sets]]` take turns (`tick::sets`).
+    sets_turn: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Reconciler {
     pub fn new(app: App) -> Reconciler {
         Reconciler {
-            git: Git::new(&app.settings.state_dir),
+            git: Git::new(&app.settings().state_dir),
             app,
+            sets_turn: Default::default(),
         }
     }
 
@@ -126,7 +136,7 @@ impl Reconciler {
         &self.app
     }
 
-    pub fn target(&self, name: &str) -> Result<&Target, TickError> {
+    pub fn target(&self, name: &str) -> Result<Target, TickError> {
         self.app
             .target(name)
             .ok_or_else(|| TickError::UnknownTarget(name.to_string()))
@@ -137,12 +147,7 @@ impl Reconciler {
     /// target is locked elsewhere, `Busy` is returned and the job is left to
     /// the caller.
     pub async fn run_job(&self, job: &Job) -> Result<Ticked, TickError> {
-        let target = self.target(&job.target)?.clone();
-        let lock = match TargetLock::try_acquire(&self.app.settings.locks_dir(), &target.name) {
-            Ok(l) => l,
-            Err(LockError::Busy { .. }) => return Ok(Ticked::Busy),
-            Err(e) => return Err(TickError::Lock(e)),
-        };
+        let target = self.target(&job.target)?;
         // Which fetch of the repository this job may use: one started since
         // the job began (its requests all came before), or for the interval
         // alone one started within the last interval (one fetch a round
@@ -152,6 +157,26 @@ impl Reconciler {
             now.checked_sub(target.interval).unwrap_or(now)
         } else {
             now
+        };
+        // A set's member whose directory the branch no longer has is not
+        // applied: its job ends, then its set is listed again, which
+        // orphans (or destroys) it. Before the lock, and after the job
+        // ends: a destroy takes both.
+        if let Some((prefix, reason)) = self.member_gone(&target, since).await {
+            info!(target = %target.name, job = job.id, %reason, "target set member's directory is gone");
+            self.app
+                .queue
+                .finish(job.id, None, &format!("skipped: {reason}"))
+                .await?;
+            if let Err(e) = self.refresh_set(&prefix, since).await {
+                error!(target = %target.name, error = %e, "cannot list the member's target set again; it is tried at the set's next refresh");
+            }
+            return Ok(Ticked::Unaffected { reason });
+        }
+        let lock = match TargetLock::try_acquire(&self.app.settings().locks_dir(), &target.name) {
+            Ok(l) => l,
+            Err(LockError::Busy { .. }) => return Ok(Ticked::Busy),
+            Err(e) => return Err(TickError::Lock(e)),
         };
         if job.routed_by_git()
             && let Some(reason) = self.unaffected(&target, since).await?
@@ -243,7 +268,7 @@ impl Reconciler {
         op: Operation,
         trigger: Trigger,
     ) -> Result<Ticked, TickError> {
-        let target = self.target(name)?.clone();
+        let target = self.target(name)?;
         // A paused target is not applied; destroying it is a deliberate act.
         if op == Operation::Apply
             && self
@@ -255,7 +280,7 @@ impl Reconciler {
         {
             return Ok(Ticked::Paused);
         }
-        let lock = match TargetLock::try_acquire(&self.app.settings.locks_dir(), name) {
+        let lock = match TargetLock::try_acquire(&self.app.settings().locks_dir(), name) {
             Ok(l) => l,
             Err(LockError::Busy { .. }) => return Ok(Ticked::Busy),
             Err(e) => return Err(TickError::Lock(e)),
@@ -357,7 +382,7 @@ impl Reconciler {
         let started = std::time::Instant::now();
         let started_ms = crate::store::now_ms();
         // Before anything else: what a run killed mid-way left decrypted.
-        let note = self.app.settings.decrypted_note(&target.name);
+        let note = self.app.settings().decrypted_note(&target.name);
         let leftovers = decrypt::remove_leftovers(&note);
         // A target whose dependencies have not converged runs nothing: the
         // run says which one holds it back. Nor does one whose inputs
@@ -590,7 +615,7 @@ impl Reconciler {
         if let (Some(t), Ok(Ticked::Ran { result, .. })) = (&followed, &ticked)
             && matches!(result, ApplyResult::Changed | ApplyResult::NoChange)
         {
-            let note = self.app.settings.followed_tag_note(&target.name);
+            let note = self.app.settings().followed_tag_note(&target.name);
             let noted = note
                 .parent()
                 .map_or(Ok(()), std::fs::create_dir_all)
@@ -612,7 +637,7 @@ impl Reconciler {
     /// applied last (a deleted or lowered tag), and signed by a listed key
     /// when the target verifies. `Err` says why not.
     async fn tag_may_apply(&self, target: &Target, t: &TagTip) -> Result<(), String> {
-        let note = self.app.settings.followed_tag_note(&target.name);
+        let note = self.app.settings().followed_tag_note(&target.name);
         let last = match std::fs::read_to_string(&note) {
             Ok(s) => Some(s.trim().to_string()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
@@ -857,7 +882,7 @@ impl Reconciler {
             redactor: Git::redactor(&target.git),
             commit: Some(synced.sha.clone()),
             ledger: Some(std::sync::Arc::new(self.app.store.clone())),
-            plans_dir: self.app.settings.plans_dir(&target.name),
+            plans_dir: self.app.settings().plans_dir(&target.name),
             retry,
             preview: None,
             inputs: Default::default(),
@@ -893,7 +918,7 @@ impl Reconciler {
             redactor: Git::redactor(&target.git),
             commit: None,
             ledger: Some(std::sync::Arc::new(self.app.store.clone())),
-            plans_dir: self.app.settings.plans_dir(&target.name),
+            plans_dir: self.app.settings().plans_dir(&target.name),
             retry: false,
             preview: None,
             inputs: Default::default(),

@@ -35,8 +35,9 @@ impl Reconciler {
         told: &Told<'_>,
         outbox: &mut Vec<NewNotification>,
     ) {
+        let settings = self.app.settings();
         for name in &target.notify {
-            let Some(cfg) = self.app.settings.notifiers.iter().find(|n| &n.name == name) else {
+            let Some(cfg) = settings.notifiers.iter().find(|n| &n.name == name) else {
                 continue;
             };
             if !cfg.wants(told.event) {
@@ -169,11 +170,11 @@ impl Reconciler {
             status.result,
             &message,
             now,
-            self.app.settings.defaults.repeat_after,
+            self.app.settings().defaults.repeat_after,
         );
         let run_url = self
             .app
-            .settings
+            .settings()
             .server
             .public_url
             .as_ref()
@@ -249,7 +250,7 @@ impl Reconciler {
             supersedes_queued_before: Some(run.started_ms),
             target_url: self
                 .app
-                .settings
+                .settings()
                 .server
                 .public_url
                 .as_ref()

@@ -37,7 +37,6 @@ impl Reconciler {
             .app
             .target(&p.target)
             .filter(|t| t.previews != Previews::Off)
-            .cloned()
         else {
             info!(target = %p.target, number = job.pull.number,
                   "preview dropped: the target is gone or no longer previews");
@@ -45,7 +44,7 @@ impl Reconciler {
             return Ok(Previewed::Done);
         };
         let _lock =
-            match TargetLock::try_acquire(&self.app.settings.preview_locks_dir(), &target.name) {
+            match TargetLock::try_acquire(&self.app.settings().preview_locks_dir(), &target.name) {
                 Ok(l) => l,
                 Err(LockError::Busy { .. }) => return Ok(Previewed::Busy),
                 Err(e) => return Err(TickError::Lock(e)),
@@ -68,7 +67,7 @@ impl Reconciler {
         let statuses = self.preview_status(&target, p, &outcome);
         let limit = self
             .app
-            .settings
+            .settings()
             .forges
             .iter()
             .find(|f| f.name == job.pull.forge)
@@ -159,7 +158,7 @@ impl Reconciler {
                 Err(e) => return Outcome::Failed(e.to_string()),
             }
         }
-        ctx.plans_dir = self.app.settings.preview_plans_dir(&target.name);
+        ctx.plans_dir = self.app.settings().preview_plans_dir(&target.name);
         ctx.preview = Some(self.git.checkout_dir(&target.name).join(&target.path));
         let b = match backend::build(&target.backend, ctx) {
             Ok(b) => b,

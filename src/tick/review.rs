@@ -504,7 +504,7 @@ impl Reconciler {
     /// applied, rejected, superseded and abandoned plans leave nothing
     /// that could be applied later.
     fn prune_plans(&self, target: &Target, keep: Option<&str>) {
-        let dir = self.app.settings.plans_dir(&target.name);
+        let dir = self.app.settings().plans_dir(&target.name);
         let entries = match std::fs::read_dir(&dir) {
             Ok(e) => e,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
@@ -530,8 +530,8 @@ impl Reconciler {
     /// tip; nothing is applied and no run is recorded. The plan's artifact
     /// is removed before this returns (nothing can apply it later yet).
     pub async fn plan_now(&self, name: &str) -> Result<Planned, TickError> {
-        let target = self.target(name)?.clone();
-        let _lock = match TargetLock::try_acquire(&self.app.settings.locks_dir(), name) {
+        let target = self.target(name)?;
+        let _lock = match TargetLock::try_acquire(&self.app.settings().locks_dir(), name) {
             Ok(l) => l,
             Err(LockError::Busy { .. }) => return Ok(Planned::Busy),
             Err(e) => return Err(TickError::Lock(e)),
@@ -588,7 +588,7 @@ impl Reconciler {
             super::with_inputs(&mut ctx, self.resolve_inputs(&target).await?.map_err(err)?);
         }
         // As for an apply: decrypted for the plan alone.
-        let note = self.app.settings.decrypted_note(name);
+        let note = self.app.settings().decrypted_note(name);
         crate::decrypt::remove_leftovers(&note).map_err(|e| err(e.to_string()))?;
         let opened = match &target.decrypt {
             None => None,

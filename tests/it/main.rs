@@ -30,6 +30,7 @@ mod pulumi;
 mod server_limits;
 mod soak;
 mod tags;
+mod target_sets;
 mod terraform;
 mod unwritable;
 mod verify;

@@ -1,0 +1,267 @@
+//! `[[target_sets]]` while the daemon runs: a set's directories listed at
+//! its branch tip (`Git::dirs_at`) and its members made to match
+//! (`refresh_set`). A directory found is a member from that commit on: its
+//! row written (`store::sets`, with its `targets` row), the settings in
+//! force swapped for ones that list it, the queue's dependency order
+//! rewritten, and a job queued at that commit (trigger `directory`). A
+//! member whose directory is gone is orphaned — taken out of the settings,
+//! its runs and last applied state kept — unless the set says
+//! `destroy_removed`: then it is destroyed first (the backend's destroy at
+//! the commit it last applied, a run like any other) and stays a member
+//! until that succeeds.
+//!
+//! Refreshes of every set take turns. This module must not apply anything
+//! (destroys go through `tick_now_as`, the one path to a backend).
+
+use std::collections::HashSet;
+use std::time::Instant;
+
+use tracing::{info, warn};
+
+use super::{Reconciler, TickError, Ticked};
+use crate::backend::ApplyResult;
+use crate::config::{Expansion, Problem, Settings, Target, TargetSet};
+use crate::model::Trigger;
+use crate::queue::Request;
+use crate::store::Operation;
+use crate::store::sets::MembershipChange;
+
+/// What one refresh of a set found and did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct SetRefresh {
+    /// The branch tip its directories were listed at.
+    pub sha: String,
+    /// Members made (each has a job queued at `sha`).
+    pub added: Vec<String>,
+    /// Members whose directory is gone, now orphaned.
+    pub orphaned: Vec<String>,
+    /// Of those, the ones destroyed first (`destroy_removed`).
+    pub destroyed: Vec<String>,
+    /// Members whose directory is gone but whose destroy did not succeed:
+    /// still members, tried again at the next refresh.
+    pub destroy_pending: Vec<String>,
+    /// Directories that make no member, with why.
+    pub refused: Vec<Problem>,
+}
+
+/// What each of `settings`' sets makes at its branch tip, in order: the
+/// tip and the expansion, or why the branch could not be listed. Fetched
+/// into a throwaway cache (`driftless check`: nothing in `state_dir` is
+/// touched); the error is making that cache.
+pub async fn list_sets(
+    settings: &Settings,
+) -> Result<Vec<Result<(String, Expansion), crate::git::GitError>>, std::io::Error> {
+    let cache = tempfile::tempdir()?;
+    let git = crate::git::Git::new(cache.path());
+    let mut taken = HashSet::new();
+    let mut out = Vec::new();
+    for set in &settings.target_sets {
+        let t = &set.sample;
+        let listed = match git.fetch(&t.repo, &t.branch, &t.git).await {
+            Ok(tip) => git
+                .dirs_at(&t.repo, &tip, &set.paths)
+                .await
+                .map(|d| (tip, d)),
+            Err(e) => Err(e),
+        };
+        out.push(listed.map(|(tip, dirs)| {
+            let made = settings.expand(set, &dirs, &taken);
+            taken.extend(made.members.iter().map(|m| m.name.clone()));
+            (tip, made)
+        }));
+    }
+    Ok(out)
+}
+
+impl Reconciler {
+    /// List `prefix`'s directories at its branch tip (a fetch started at or
+    /// after `since` serves) and make its members match them.
+    pub async fn refresh_set(&self, prefix: &str, since: Instant) -> Result<SetRefresh, TickError> {
+        let _turn = self.sets_turn.lock().await;
+        let settings = self.app.settings();
+        let set: TargetSet = settings
+            .target_set(prefix)
+            .cloned()
+            .ok_or_else(|| TickError::UnknownTarget(format!("target set `{prefix}`")))?;
+        let s = &set.sample;
+        let git_err = |source| TickError::Set {
+            set: set.label(),
+            source,
+        };
+        let tip = self
+            .git
+            .fetch_since(&s.repo, &s.branch, &s.git, since)
+            .await
+            .map_err(git_err)?;
+        let dirs = self
+            .git
+            .dirs_at(&s.repo, &tip, &set.paths)
+            .await
+            .map_err(git_err)?;
+        let ours = |t: &&Target| t.set.as_deref() == Some(prefix);
+        let taken: HashSet<String> = settings
+            .targets
+            .iter()
+            .filter(|t| t.set.is_some() && !ours(t))
+            .map(|t| t.name.clone())
+            .collect();
+        let made = settings.expand(&set, &dirs, &taken);
+        let before: Vec<&Target> = settings.targets.iter().filter(ours).collect();
+        let mut out = SetRefresh {
+            sha: tip.clone(),
+            refused: made.refused,
+            ..Default::default()
+        };
+        for p in &out.refused {
+            warn!(set = %set.label(), problem = %p, "a directory of a target set makes no target");
+        }
+        let added: Vec<&Target> = made
+            .members
+            .iter()
+            .filter(|m| !before.iter().any(|b| b.name == m.name))
+            .collect();
+        let gone: Vec<&Target> = before
+            .iter()
+            .copied()
+            .filter(|b| !made.members.iter().any(|m| m.name == b.name))
+            .collect();
+        let mut members: Vec<Target> = made.members.clone();
+        for t in &gone {
+            // Nothing applied, nothing to destroy.
+            let applied = self
+                .app
+                .store
+                .target_state(&t.name)
+                .await?
+                .is_some_and(|s| s.last_applied_sha.is_some());
+            if !set.destroy_removed || !applied {
+                out.orphaned.push(t.name.clone());
+                continue;
+            }
+            match self
+                .tick_now_as(&t.name, Operation::Destroy, Trigger::Directory)
+                .await
+            {
+                Ok(Ticked::Ran {
+                    result: ApplyResult::Changed | ApplyResult::NoChange,
+                    ..
+                }) => {
+                    out.orphaned.push(t.name.clone());
+                    out.destroyed.push(t.name.clone());
+                }
+                other => {
+                    warn!(target = %t.name, outcome = ?other,
+                          "a target set's member whose directory is gone was not destroyed: tried again at the set's next refresh");
+                    out.destroy_pending.push(t.name.clone());
+                    members.push((*t).clone());
+                }
+            }
+        }
+        out.added = added.iter().map(|t| t.name.clone()).collect();
+        let changed = !added.is_empty() || !out.orphaned.is_empty();
+        // A member made again keeps its row's dir up to date too.
+        let renewed: Vec<&Target> = made
+            .members
+            .iter()
+            .filter(|m| before.iter().any(|b| b.name == m.name && b.path != m.path))
+            .collect();
+        if changed || !renewed.is_empty() {
+            let dirs: Vec<(String, String)> = added
+                .iter()
+                .chain(&renewed)
+                .map(|t| (t.name.clone(), t.path.to_string_lossy().into_owned()))
+                .collect();
+            let change = MembershipChange {
+                added: added
+                    .iter()
+                    .chain(&renewed)
+                    .zip(&dirs)
+                    .map(|(t, (_, d))| (t.name.as_str(), d.as_str(), t.backend.kind()))
+                    .collect(),
+                orphaned: out.orphaned.iter().map(String::as_str).collect(),
+                destroyed: out.destroyed.iter().map(String::as_str).collect(),
+            };
+            self.app.store.record_members(prefix, &tip, &change).await?;
+            let others: Vec<Target> = settings
+                .targets
+                .iter()
+                .filter(|t| t.set.is_some() && !ours(t))
+                .cloned()
+                .collect();
+            let next = settings.with_members(others.into_iter().chain(members).collect());
+            self.app
+                .queue
+                .set_dependencies(&crate::config::graph::ancestors(&next.targets))
+                .await?;
+            self.app.live.replace(next);
+        }
+        for name in &out.added {
+            self.app
+                .queue
+                .enqueue(&Request {
+                    target: name.clone(),
+                    trigger: Trigger::Directory,
+                    sha: Some(tip.clone()),
+                    delivery_id: None,
+                    receiver: None,
+                })
+                .await?;
+        }
+        if changed {
+            info!(set = %set.label(), commit = %crate::model::short_sha(&tip),
+                  added = ?out.added, orphaned = ?out.orphaned, destroyed = ?out.destroyed,
+                  "target set's members changed");
+        }
+        Ok(out)
+    }
+
+    /// [`Reconciler::refresh_set`] for every set, each on its own: one
+    /// set's failure (a fetch, say) is logged and the others go on.
+    /// Returns how many members were added.
+    pub async fn refresh_sets(&self, since: Instant) -> usize {
+        let settings = self.app.settings();
+        let mut added = 0;
+        for set in &settings.target_sets {
+            match self.refresh_set(&set.name_prefix, since).await {
+                Ok(r) => added += r.added.len(),
+                Err(e) => {
+                    warn!(set = %set.label(), error = %e, "cannot list a target set's directories; its members stay as they were")
+                }
+            }
+        }
+        added
+    }
+
+    /// For a set's member about to run: its set and why it has nothing
+    /// to apply, when its directory is gone at the branch tip (a fetch
+    /// started at or after `since` serves). A failed fetch is the tick's
+    /// to report: `None`.
+    pub(super) async fn member_gone(
+        &self,
+        target: &Target,
+        since: Instant,
+    ) -> Option<(String, String)> {
+        let prefix = target.set.as_ref()?;
+        let tip = self
+            .git
+            .fetch_since(&target.repo, &target.branch, &target.git, since)
+            .await
+            .ok()?;
+        if self
+            .git
+            .tree_at(&target.repo, &tip, &target.path)
+            .await
+            .is_some()
+        {
+            return None;
+        }
+        Some((
+            prefix.clone(),
+            format!(
+                "directory `{}` is gone at {}: its target set is listed again",
+                target.path.display(),
+                crate::model::short_sha(&tip)
+            ),
+        ))
+    }
+}

@@ -1,0 +1,244 @@
+//! `[[target_sets]]`: one target per directory matching `paths`. A
+//! directory pushed becomes a member at that commit (its first run's
+//! trigger is `directory`), a removed one is orphaned — its history and
+//! last applied state kept, nothing destroyed, nothing failed — and a
+//! `[[targets]]` entry of a member's name overrides it; with
+//! `destroy_removed` the removed member's destroy runs. `check` lists what
+//! a set makes at the branch tip. Real git remotes, the real daemon,
+//! signed GitHub pushes.
+
+use std::path::Path;
+use std::time::Duration;
+
+use crate::common::*;
+use serde_json::Value;
+
+const SECRET: &str = "hook-secret-for-the-target-set-tests";
+
+/// A set `s-` over `stacks/*` whose exec apply appends the directory's
+/// `v` to `<root>/<dir>.applied` and whose destroy appends to
+/// `<root>/<dir>.destroyed`; with `override_db`, `[[targets]]` entry
+/// `s-db` overrides the member of `stacks/db` (it writes `db.override`).
+fn setup(root: &Path, remote: &Remote, destroy_removed: bool, override_db: bool) -> Setup {
+    let secret = root.join("hook-secret");
+    std::fs::write(&secret, SECRET).expect("write");
+    let r = root.display();
+    let apply = format!("echo \"$(cat v)\" >> {r}/\"$(basename \"$PWD\")\".applied");
+    let destroy = format!("echo \"$(cat v)\" >> {r}/\"$(basename \"$PWD\")\".destroyed");
+    let over = format!("echo \"$(cat v)\" >> {r}/db.override");
+    let cfg = format!(
+        "[[receivers]]\nname = \"github\"\nforge = \"github\"\nsecret_file = {secret}\n\n\
+         [[target_sets]]\nname_prefix = \"s-\"\nrepo = \"{url}\"\npaths = \"stacks/*\"\n\
+         interval = \"1h\"\ndestroy_removed = {destroy_removed}\n\
+         [target_sets.backend]\nkind = \"exec\"\napply = [\"sh\", \"-c\", {apply}]\n\
+         destroy = [\"sh\", \"-c\", {destroy}]\n\n{db}",
+        secret = toml_str(&secret.display().to_string()),
+        url = remote.url(),
+        apply = toml_str(&apply),
+        destroy = toml_str(&destroy),
+        db = if override_db {
+            exec_target(
+                "s-db",
+                &remote.url(),
+                "path = \"stacks/db\"\ninterval = \"1h\"",
+                &format!("apply = [\"sh\", \"-c\", {}]", toml_str(&over)),
+            )
+        } else {
+            String::new()
+        },
+    );
+    Setup::new(&cfg)
+}
+
+fn applied(root: &Path, name: &str) -> Vec<String> {
+    log_lines(&root.join(name))
+}
+
+fn push(remote: &Remote, port: u16, sha: &str, changed: &[&str], id: &str) -> Value {
+    let body = github_push_body(&remote.url(), sha, changed);
+    let r = deliver_github_push(port, SECRET, &body, id);
+    assert_eq!(r.status, 202, "{r:?}");
+    r.json()
+}
+
+fn names(s: &Setup) -> Vec<String> {
+    s.status()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+#[test]
+fn a_set_gains_a_member_when_its_directory_is_pushed_and_orphans_it_when_removed() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "homelab");
+    remote.commit(
+        &[
+            ("stacks/web/v", "1"),
+            ("stacks/db/v", "1"),
+            ("stacks/notes.txt", "a file, not a directory"),
+            ("other/v", "1"),
+        ],
+        "first",
+    );
+    let s = setup(root.path(), &remote, false, true);
+
+    // check lists what the set makes at the tip: the override is not one.
+    let out = s.run(&["check"]);
+    let said = succeeded(&out, "check");
+    assert!(
+        said.contains("target_sets[s-]: `stacks/*` at ") && said.contains("makes 1 target(s)"),
+        "{said}"
+    );
+    assert!(said.contains("  s-web: exec path stacks/web"), "{said}");
+
+    let daemon = s.serve();
+    wait_for(Duration::from_secs(60), "the members' first runs", || {
+        applied(root.path(), "web.applied") == ["1"] && applied(root.path(), "db.override") == ["1"]
+    });
+    let web = s.target_status("s-web");
+    assert_eq!(web["target_set"], "s-", "{web}");
+    assert_eq!(web["path"], "stacks/web", "{web}");
+    assert!(s.target_status("s-db")["target_set"].is_null());
+    let trigger = |runs: &[Value]| runs[0]["trigger"].as_str().unwrap_or_default().to_string();
+    assert!(trigger(&s.history("s-web")).contains("directory"));
+    assert!(
+        !root.path().join("db.applied").exists(),
+        "the override ran, not the member"
+    );
+
+    // A directory pushed is a member at that commit.
+    let added = remote.commit(&[("stacks/cache/v", "1")], "add cache");
+    let answer = push(
+        &remote,
+        daemon.port,
+        &added,
+        &["stacks/cache/v"],
+        "add-cache",
+    );
+    wait_for(Duration::from_secs(30), "the new member's run", || {
+        applied(root.path(), "cache.applied") == ["1"]
+    });
+    let runs = s.history("s-cache");
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    assert_eq!(runs[0]["sha"], added, "{runs:?}");
+    assert!(trigger(&runs).contains("directory"), "{runs:?}");
+    assert_eq!(runs[0]["result"], "changed", "{runs:?}");
+    // The push itself queued the members it found (and no failure).
+    assert!(answer["queued"].is_array(), "{answer}");
+
+    // A directory removed: its member is orphaned, nothing destroyed or
+    // failed, its history and last applied commit kept.
+    let web_sha = s.target_status("s-web")["last_applied_sha"].clone();
+    let web_runs = s.history("s-web").len();
+    std::fs::remove_dir_all(remote.work.join("stacks/web")).expect("rm");
+    let removed = remote.commit(&[("stacks/cache/v", "2")], "remove web");
+    push(
+        &remote,
+        daemon.port,
+        &removed,
+        &["stacks/web/v", "stacks/cache/v"],
+        "rm-web",
+    );
+    wait_for(Duration::from_secs(30), "web to be orphaned", || {
+        s.target_status("s-web")["orphaned_since"].is_string()
+            && applied(root.path(), "cache.applied") == ["1", "2"]
+    });
+    let web = s.target_status("s-web");
+    assert_eq!(web["orphaned_at_sha"], removed, "{web}");
+    assert_eq!(web["last_applied_sha"], web_sha, "{web}");
+    assert!(web["destroyed_at"].is_null(), "{web}");
+    assert!(!root.path().join("web.destroyed").exists());
+    assert_eq!(
+        s.history("s-web").len(),
+        web_runs,
+        "no run for a removed directory"
+    );
+    for t in s.status() {
+        assert_ne!(t["last_result"], "failed", "{t}");
+    }
+    let said = text(&s.run(&["status"]).stdout);
+    assert!(
+        said.lines()
+            .any(|l| l.starts_with("s-web ") && l.contains("orphaned (directory removed at")),
+        "{said}"
+    );
+
+    // Across a restart the members are the database's until the set is
+    // listed again; the orphan stays one and is never applied.
+    assert!(daemon.stop().success());
+    let daemon = s.serve();
+    let out = s.run(&["tick", "s-web"]);
+    assert!(!out.status.success(), "an orphan is not a target");
+    assert!(
+        text(&out.stderr).contains("`s-web`"),
+        "{}",
+        text(&out.stderr)
+    );
+    let mut all = names(&s);
+    all.sort();
+    assert_eq!(all, ["s-cache", "s-db", "s-web"]);
+
+    // Put back, it is a member again at the commit that brought it.
+    let back = remote.commit(&[("stacks/web/v", "3")], "web is back");
+    push(&remote, daemon.port, &back, &["stacks/web/v"], "web-back");
+    wait_for(Duration::from_secs(30), "web's return", || {
+        applied(root.path(), "web.applied") == ["1", "3"]
+    });
+    let web = s.target_status("s-web");
+    assert!(web["orphaned_since"].is_null(), "{web}");
+    assert_eq!(web["last_applied_sha"], back, "{web}");
+    assert!(daemon.stop().success());
+}
+
+#[test]
+fn destroy_removed_destroys_a_removed_member_and_a_push_to_an_empty_set_is_not_ignored() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "homelab");
+    remote.commit(&[("readme", "no stacks yet")], "first");
+    let s = setup(root.path(), &remote, true, false);
+    let daemon = s.serve();
+
+    // No member yet: the push is for the set all the same.
+    let first = remote.commit(&[("stacks/app/v", "1")], "the first stack");
+    let answer = push(
+        &remote,
+        daemon.port,
+        &first,
+        &["stacks/app/v"],
+        "first-stack",
+    );
+    assert!(
+        answer["ignored"].is_null(),
+        "a push to a set's branch is not ignored: {answer}"
+    );
+    wait_for(Duration::from_secs(30), "the first member's run", || {
+        applied(root.path(), "app.applied") == ["1"]
+    });
+
+    std::fs::remove_dir_all(remote.work.join("stacks/app")).expect("rm");
+    let gone = remote.commit(&[("readme", "no stacks again")], "remove app");
+    push(&remote, daemon.port, &gone, &["stacks/app/v"], "rm-app");
+    wait_for(Duration::from_secs(30), "app's destroy", || {
+        applied(root.path(), "app.destroyed") == ["1"]
+    });
+    wait_for(
+        Duration::from_secs(10),
+        "app to be marked destroyed",
+        || s.target_status("s-app")["destroyed_at"].is_string(),
+    );
+    let runs = s.history("s-app");
+    assert_eq!(runs[0]["operation"], "destroy", "{runs:?}");
+    assert_eq!(runs[0]["trigger"], "directory", "{runs:?}");
+    assert_eq!(
+        runs[0]["sha"], first,
+        "destroyed at what it last applied: {runs:?}"
+    );
+    let text = text(&s.run(&["status"]).stdout);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("s-app ") && l.contains("destroyed (directory removed)")),
+        "{text}"
+    );
+    assert!(daemon.stop().success());
+}
