@@ -197,12 +197,59 @@ def update_strategy(u):
     }
 
 
+def hcl_literal(v):
+    """A quoted HCL string from a var file as the value it stands for:
+    python-hcl2 keeps the quotes and the escapes, Nomad's HCL reads them
+    (hashicorp/hcl hclsyntax/spec.md: \\n \\r \\t \\" \\\\ \\uNNNN, and
+    $${ / %%{ for a literal ${ / %{)."""
+    if not (isinstance(v, str) and len(v) >= 2 and v[0] == '"' and v[-1] == '"'):
+        return unq(v, {})
+    v, out, i = v[1:-1], [], 0
+    while i < len(v):
+        c = v[i]
+        if c == "\\" and i + 1 < len(v):
+            n = v[i + 1]
+            if n == "u" and i + 5 < len(v):
+                out.append(chr(int(v[i + 2:i + 6], 16)))
+                i += 6
+                continue
+            out.append({"n": "\n", "r": "\r", "t": "\t"}.get(n, n))
+            i += 2
+        elif c in "$%" and v[i + 1:i + 3] == c + "{":
+            out.append(c + "{")
+            i += 3
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def duplicate_attribute(text):
+    """The first top-level attribute a var file sets twice: HCL refuses it
+    (hashicorp/hcl hclsyntax/parser.go, "Attribute redefined")."""
+    seen = set()
+    for line in text.splitlines():
+        m = re.match(r"\s*([A-Za-z_][A-Za-z0-9_-]*)\s*=(?!=)", line)
+        if m:
+            if m.group(1) in seen:
+                return m.group(1)
+            seen.add(m.group(1))
+    return None
+
+
 def parse_job(hcl, vars_text, canonicalize=True):
     variables = {}
     if vars_text:
+        dup = duplicate_attribute(vars_text)
+        if dup:
+            raise ParseError(
+                f'input.hcl: Attribute redefined; The argument "{dup}" was already set. '
+                "Each argument may be set only once.")
         try:
+            # A variable the job does not declare is a warning only: the
+            # parse endpoint is not Strict (jobspec2/types.variables.go).
             for k, v in hcl2.loads(vars_text).items():
-                variables[k] = unq(v, {})
+                variables[k] = hcl_literal(v)
         except Exception as e:  # noqa: BLE001 - any parser error is a 400
             raise ParseError(f"variables: {e}")
     try:

@@ -543,6 +543,28 @@ impl Nomad {
             .unwrap_or(Value::Null))
     }
 
+    /// The variables a job file is parsed with: its `.vars.hcl`, then the
+    /// target's `inputs` as assignments (`name = "value"`). Nomad's parse
+    /// takes one variables text (`JobsParseRequest.Variables`, parsed as a
+    /// var file: command/agent/job_endpoint.go `JobsParseRequest`,
+    /// jobspec2/types.variables.go), where a variable the job does not
+    /// declare is only a warning — so every input can go to every job —
+    /// and an input the `.vars.hcl` sets too is HCL's "Attribute
+    /// redefined" error, which fails the job naming it.
+    fn variables(&self, file: Option<String>) -> Option<String> {
+        if self.ctx.inputs.is_empty() {
+            return file;
+        }
+        let mut text = file.unwrap_or_default();
+        if !text.is_empty() && !text.ends_with('\n') {
+            text.push('\n');
+        }
+        for (name, value) in &self.ctx.inputs {
+            text.push_str(&format!("{name} = {}\n", hcl_string(value)));
+        }
+        Some(text)
+    }
+
     /// Nomad parses the file (and its `.vars.hcl`); the policy comes from
     /// the parsed job's meta.
     async fn parse(&self, file: &str) -> Result<Parsed, String> {
@@ -558,6 +580,7 @@ impl Nomad {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(format!("cannot read {stem}.vars.hcl: {e}")),
         };
+        let vars = self.variables(vars);
         let mut job = self.parse_hcl(&hcl, vars.as_deref(), true).await?;
         let id = job["ID"]
             .as_str()
@@ -2533,9 +2556,45 @@ pub fn diff_summary(diff: &Value) -> String {
     parts.join(", ")
 }
 
+/// `value` as an HCL quoted string: its escapes (`\\`, `\"`, `\n`, `\r`,
+/// `\t`, `\uNNNN` for other control characters) and template sequences
+/// doubled (`$${`, `%%{`), so Nomad reads back exactly `value`
+/// (hashicorp/hcl hclsyntax/spec.md, "Template Literals" and escapes).
+fn hcl_string(value: &str) -> String {
+    let mut out = String::with_capacity(value.len() + 2);
+    out.push('"');
+    let mut chars = value.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '$' | '%' if chars.peek() == Some(&'{') => {
+                out.push(c);
+                out.push(c);
+            }
+            c if c.is_control() => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_input_becomes_an_hcl_string_nomad_reads_back_as_it_was() {
+        assert_eq!(hcl_string("nginx:1.27"), r#""nginx:1.27""#);
+        assert_eq!(
+            hcl_string("a \"b\" \\ c\nd ${e} %{f} $g\u{1}"),
+            r#""a \"b\" \\ c\nd $${e} %%{f} $g\u0001""#
+        );
+    }
 
     #[test]
     fn env_templates_and_secret_names_are_redacted() {

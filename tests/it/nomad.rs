@@ -2300,3 +2300,108 @@ fn a_nomad_detect_target_plans_every_job_and_registers_none() {
     assert!(f.deployments().is_empty(), "{:?}", f.deployments());
     assert!(f.nomad.job("web").is_none(), "the job is live");
 }
+
+/// A job declaring `image` and `motd` takes them from another target's
+/// outputs (`inputs`): Nomad's parse gets them as `Variables`, after the
+/// job's own `.vars.hcl`, quoted so that quotes, backslashes, newlines and
+/// `${` arrive exactly; a changed output registers the job again; an input
+/// the `.vars.hcl` sets as well fails the job naming the variable.
+#[test]
+fn inputs_reach_a_job_as_hcl_variables() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    let job = r#"variable "image" {}
+variable "motd" {}
+variable "region" {
+  default = "nowhere"
+}
+job "web" {
+  datacenters = ["dc1"]
+  meta {
+    driftless_policy = "auto"
+  }
+  group "web" {
+    task "server" {
+      driver = "docker"
+      config {
+        image = "${var.image}"
+      }
+      env {
+        MOTD   = "${var.motd}"
+        REGION = "${var.region}"
+      }
+    }
+  }
+}
+"#;
+    let motd = "say \"hi\" \\ then\na ${literal} and %{that}";
+    let outputs = |image: &str| {
+        serde_json::to_string(&json!({ "image": image, "motd": motd })).expect("json")
+    };
+    remote.commit(
+        &[
+            ("jobs/web.nomad.hcl", job),
+            ("jobs/web.vars.hcl", "region = \"eu\"\n"),
+            ("images/out.json", &outputs("nginx:1.27")),
+        ],
+        "web",
+    );
+    let nomad = NomadStandin::start(root.path());
+    let token = root.path().join("nomad-token");
+    std::fs::write(&token, format!("{}\n", nomad.token)).expect("write");
+    let producer = exec_target(
+        "images",
+        &remote.url(),
+        "path = \"images\"\ninterval = \"1h\"",
+        "apply = [\"true\"]\noutputs = [\"cat\", \"out.json\"]",
+    );
+    let consumer = target(
+        "cluster",
+        &remote,
+        &nomad,
+        &token,
+        "",
+    )
+    .replace(
+        "[targets.backend]",
+        "inputs = { image = \"images.outputs.image\", motd = \"images.outputs.motd\" }\n[targets.backend]",
+    );
+    let s = Setup::new(&(producer + &consumer));
+    let task = || {
+        let job = nomad.job("web").expect("web registered");
+        job["TaskGroups"][0]["Tasks"][0].clone()
+    };
+
+    succeeded(&s.run(&["tick", "--all"]), "tick --all");
+    let t = task();
+    assert_eq!(t["Config"]["image"], "nginx:1.27", "{t}");
+    assert_eq!(t["Env"]["MOTD"], motd, "{t}");
+    assert_eq!(
+        t["Env"]["REGION"], "eu",
+        "the job's own .vars.hcl still counts: {t}"
+    );
+
+    // The producer's output changes, nothing of the job's: registered again.
+    remote.commit(&[("images/out.json", &outputs("nginx:1.28"))], "1.28");
+    succeeded(&s.run(&["tick", "--all"]), "tick --all");
+    assert_eq!(task()["Config"]["image"], "nginx:1.28");
+    assert_eq!(s.history("cluster")[0]["result"], "changed");
+
+    // The job's .vars.hcl sets an input's variable too: Nomad's error.
+    remote.commit(
+        &[(
+            "jobs/web.vars.hcl",
+            "region = \"eu\"\nimage = \"nginx:0\"\n",
+        )],
+        "clash",
+    );
+    let out = s.run(&["tick", "cluster"]);
+    assert!(!out.status.success());
+    let said = s.target_status("cluster")["last_message"].to_string();
+    assert!(said.contains("\\\"image\\\" was already set"), "{said}");
+    assert_eq!(
+        task()["Config"]["image"],
+        "nginx:1.28",
+        "nothing registered"
+    );
+}
