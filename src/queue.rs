@@ -302,12 +302,21 @@ impl Queue {
     /// Create a job that is running from the start, for a one-shot `tick`
     /// that already holds the target's lock. `None` when another job for the
     /// target is marked running.
+    ///
+    /// A job queued for the target by its dependencies alone (trigger
+    /// `dependency`: a producer's outputs changed, a blocking dependency
+    /// recovered) is closed as part of this one: this run starts after it
+    /// was queued, so it reads what that job was queued for — and without a
+    /// daemon (`tick --all`) nothing else would ever take it. Jobs with
+    /// any other trigger (a push's delivery, an API call) stay queued.
     pub async fn start_now(
         &self,
         target: &str,
         trigger: Trigger,
     ) -> Result<Option<Job>, StoreError> {
+        let what = "starting a job";
         let now = now_ms();
+        let WriteTx { mut tx, _turn } = self.store.begin_write(what).await?;
         let row = sqlx::query_as::<_, JobRow>(
             "INSERT INTO jobs (target, state, triggers, lease_owner, lease_until, attempts, created_at, updated_at)
              VALUES (?1, 'running', json_array(?2), ?3, ?4, 1, ?5, ?5)
@@ -318,8 +327,25 @@ impl Queue {
         .bind(trigger.as_str())
         .bind(&self.owner)
         .bind(now + LEASE.as_millis() as i64)
-        .bind(now);
-        self.job_written("starting a job", row).await
+        .bind(now)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(self.store.err(what))?;
+        if let Some(r) = &row {
+            sqlx::query(
+                "UPDATE jobs SET state = 'done', outcome = ?2, updated_at = ?3
+                 WHERE target = ?1 AND state = 'queued'
+                   AND NOT EXISTS (SELECT 1 FROM json_each(jobs.triggers) WHERE value != 'dependency')",
+            )
+            .bind(target)
+            .bind(format!("folded into job {} (a one-shot tick)", r.id))
+            .bind(now)
+            .execute(&mut *tx)
+            .await
+            .map_err(self.store.err(what))?;
+        }
+        tx.commit().await.map_err(self.store.err(what))?;
+        Ok(row.map(Job::from_row))
     }
 
     /// Extend the lease. `false` when the job is no longer ours.

@@ -2373,6 +2373,9 @@ job "web" {
     };
 
     succeeded(&s.run(&["tick", "--all"]), "tick --all");
+    // The job the producer's new outputs queued for the cluster is the one
+    // `tick --all` ran next: none is left waiting for a daemon.
+    assert_eq!(s.target_status("cluster")["queued"], false);
     let t = task();
     assert_eq!(t["Config"]["image"], "nginx:1.27", "{t}");
     assert_eq!(t["Env"]["MOTD"], motd, "{t}");
@@ -2384,6 +2387,7 @@ job "web" {
     // The producer's output changes, nothing of the job's: registered again.
     remote.commit(&[("images/out.json", &outputs("nginx:1.28"))], "1.28");
     succeeded(&s.run(&["tick", "--all"]), "tick --all");
+    assert_eq!(s.target_status("cluster")["queued"], false);
     assert_eq!(task()["Config"]["image"], "nginx:1.28");
     assert_eq!(s.history("cluster")[0]["result"], "changed");
 
