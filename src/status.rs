@@ -72,29 +72,21 @@ pub async fn targets(app: &App) -> Result<Vec<TargetStatus>, StoreError> {
             .iter()
             .any(|a| a.target == name && (a.queued > 0 || a.running > 0))
     };
+    let state = |name: &str| states.iter().find(|s| s.name == name);
     let mut out: Vec<TargetStatus> = settings
         .targets
         .iter()
         .map(|t| {
-            let s = states.iter().find(|s| s.name == t.name);
+            let s = state(&t.name);
             let a = activity.iter().find(|a| a.target == t.name);
             TargetStatus {
-                name: t.name.clone(),
                 backend: t.backend.kind().to_string(),
                 repo: redactor.redact(&t.repo),
                 branch: t.branch.clone(),
                 tag: t.tag.clone(),
                 path: t.path.to_string_lossy().into_owned(),
-                last_applied_sha: s.and_then(|s| s.last_applied_sha.clone()),
-                last_result: s.and_then(|s| s.last_result.clone()),
-                last_message: s.and_then(|s| s.last_message.clone()),
-                last_run_id: s.and_then(|s| s.last_run_id),
-                last_run_at: s.and_then(|s| s.last_run_at).map(format_ms),
-                consecutive_failures: s.map(|s| s.consecutive_failures).unwrap_or(0),
                 queued: a.is_some_and(|a| a.queued > 0),
                 running: a.is_some_and(|a| a.running > 0),
-                paused: s.is_some_and(|s| s.paused_at.is_some()),
-                paused_by: s.and_then(|s| s.paused_by.clone()),
                 policy: t.policy.as_str(),
                 drift: s.and_then(|s| s.drift_summary.clone()),
                 drift_since: s.and_then(|s| s.drift_since).map(format_ms),
@@ -105,9 +97,7 @@ pub async fn targets(app: &App) -> Result<Vec<TargetStatus>, StoreError> {
                     .map(|(_, on)| on.clone())
                     .collect(),
                 target_set: t.set.clone(),
-                orphaned_since: None,
-                orphaned_at_sha: None,
-                destroyed_at: None,
+                ..recorded(&t.name, s)
             }
         })
         .collect();
@@ -118,38 +108,55 @@ pub async fn targets(app: &App) -> Result<Vec<TargetStatus>, StoreError> {
             continue;
         }
         let set = settings.target_set(&m.set).map(|s| &s.sample);
-        let s = states.iter().find(|s| s.name == m.target);
+        let s = state(&m.target);
         out.push(TargetStatus {
-            name: m.target.clone(),
             backend: s.map(|s| s.backend.clone()).unwrap_or_default(),
             repo: set.map(|t| redactor.redact(&t.repo)).unwrap_or_default(),
             branch: set.map(|t| t.branch.clone()).unwrap_or_default(),
-            tag: None,
             path: m.dir.clone(),
-            last_applied_sha: s.and_then(|s| s.last_applied_sha.clone()),
-            last_result: s.and_then(|s| s.last_result.clone()),
-            last_message: s.and_then(|s| s.last_message.clone()),
-            last_run_id: s.and_then(|s| s.last_run_id),
-            last_run_at: s.and_then(|s| s.last_run_at).map(format_ms),
-            consecutive_failures: s.map(|s| s.consecutive_failures).unwrap_or(0),
-            queued: false,
-            running: false,
-            paused: s.is_some_and(|s| s.paused_at.is_some()),
-            paused_by: s.and_then(|s| s.paused_by.clone()),
             policy: set.map(|t| t.policy.as_str()).unwrap_or("auto"),
-            drift: None,
-            drift_since: None,
-            depends_on: Vec::new(),
-            waiting_on: Vec::new(),
             target_set: Some(m.set.clone()),
             // A row whose set is gone from the configuration is orphaned
             // with it, since the set was last seen (`added_at`).
             orphaned_since: Some(format_ms(m.orphaned_at.unwrap_or(m.added_at))),
             orphaned_at_sha: m.orphaned_sha.clone(),
             destroyed_at: m.destroyed_at.map(format_ms),
+            ..recorded(&m.target, s)
         });
     }
     Ok(out)
+}
+
+/// What the database records of target `name` (its `targets` row), the
+/// rest of the record empty.
+fn recorded(name: &str, s: Option<&crate::store::TargetState>) -> TargetStatus {
+    TargetStatus {
+        name: name.to_string(),
+        backend: String::new(),
+        repo: String::new(),
+        branch: String::new(),
+        tag: None,
+        path: String::new(),
+        last_applied_sha: s.and_then(|s| s.last_applied_sha.clone()),
+        last_result: s.and_then(|s| s.last_result.clone()),
+        last_message: s.and_then(|s| s.last_message.clone()),
+        last_run_id: s.and_then(|s| s.last_run_id),
+        last_run_at: s.and_then(|s| s.last_run_at).map(format_ms),
+        consecutive_failures: s.map(|s| s.consecutive_failures).unwrap_or(0),
+        queued: false,
+        running: false,
+        paused: s.is_some_and(|s| s.paused_at.is_some()),
+        paused_by: s.and_then(|s| s.paused_by.clone()),
+        policy: "auto",
+        drift: None,
+        drift_since: None,
+        depends_on: Vec::new(),
+        waiting_on: Vec::new(),
+        target_set: None,
+        orphaned_since: None,
+        orphaned_at_sha: None,
+        destroyed_at: None,
+    }
 }
 
 /// One target's status, if it is configured.

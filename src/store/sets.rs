@@ -7,23 +7,12 @@
 
 use super::{Store, StoreError, WriteTx, now_ms};
 
-/// A `set_members` row as read.
-type Row = (
-    String,
-    String,
-    String,
-    String,
-    i64,
-    Option<String>,
-    Option<i64>,
-    Option<i64>,
-);
-
 /// One row of `set_members`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct SetMember {
     pub target: String,
     /// The set's `name_prefix`.
+    #[sqlx(rename = "target_set")]
     pub set: String,
     pub dir: String,
     /// The commit at which its directory was found.
@@ -50,40 +39,13 @@ impl Store {
     /// Every member any set ever made, orphaned or not, by name.
     pub async fn set_members(&self) -> Result<Vec<SetMember>, StoreError> {
         let what = "reading the members of target sets";
-        let rows: Vec<Row> =
-            sqlx::query_as(
-                "SELECT target, target_set, dir, added_sha, added_at, orphaned_sha, orphaned_at, destroyed_at
-                 FROM set_members ORDER BY target",
-            )
-            .fetch_all(self.pool())
-            .await
-            .map_err(self.err(what))?;
-        Ok(rows
-            .into_iter()
-            .map(
-                |(
-                    target,
-                    set,
-                    dir,
-                    added_sha,
-                    added_at,
-                    orphaned_sha,
-                    orphaned_at,
-                    destroyed_at,
-                )| {
-                    SetMember {
-                        target,
-                        set,
-                        dir,
-                        added_sha,
-                        added_at,
-                        orphaned_sha,
-                        orphaned_at,
-                        destroyed_at,
-                    }
-                },
-            )
-            .collect())
+        sqlx::query_as::<_, SetMember>(
+            "SELECT target, target_set, dir, added_sha, added_at, orphaned_sha, orphaned_at, destroyed_at
+             FROM set_members ORDER BY target",
+        )
+        .fetch_all(self.pool())
+        .await
+        .map_err(self.err(what))
     }
 
     /// Record `set`'s change at commit `sha`: members added (a member
