@@ -46,6 +46,16 @@ pub async fn tick(
     trigger: Trigger,
 ) -> Result<Report, TickError> {
     let app = rec.app();
+    // `[[target_sets]]` members are what their branch holds now: a daemon
+    // lists them by itself, a one-shot tick lists them first when it is
+    // asked for every target or for one it does not know yet (and runs the
+    // new ones itself: no job is queued for them).
+    if op == Operation::Apply
+        && !app.settings().target_sets.is_empty()
+        && (all || targets.iter().any(|t| app.target(t).is_none()))
+    {
+        rec.refresh_sets(std::time::Instant::now(), false).await;
+    }
     let settings = app.settings();
     let mut names: Vec<String> = if all {
         settings.targets.iter().map(|t| t.name.clone()).collect()

@@ -255,7 +255,7 @@ async fn set_refresher(rec: Reconciler, wake: Arc<Notify>, mut shutdown: watch::
     };
     let mut since = std::time::Instant::now();
     loop {
-        if rec.refresh_sets(since).await > 0 {
+        if rec.refresh_sets(since, true).await > 0 {
             wake.notify_waiters();
         }
         let pushed = tokio::select! {

@@ -168,7 +168,7 @@ impl Reconciler {
                 .queue
                 .finish(job.id, None, &format!("skipped: {reason}"))
                 .await?;
-            if let Err(e) = self.refresh_set(&prefix, since).await {
+            if let Err(e) = self.refresh_set(&prefix, since, true).await {
                 error!(target = %target.name, error = %e, "cannot list the member's target set again; it is tried at the set's next refresh");
             }
             return Ok(Ticked::Unaffected { reason });

@@ -75,8 +75,15 @@ pub async fn list_sets(
 
 impl Reconciler {
     /// List `prefix`'s directories at its branch tip (a fetch started at or
-    /// after `since` serves) and make its members match them.
-    pub async fn refresh_set(&self, prefix: &str, since: Instant) -> Result<SetRefresh, TickError> {
+    /// after `since` serves) and make its members match them. With
+    /// `queue_new`, each new member gets a job (a daemon); without, the
+    /// caller runs them itself (a one-shot `tick`).
+    pub async fn refresh_set(
+        &self,
+        prefix: &str,
+        since: Instant,
+        queue_new: bool,
+    ) -> Result<SetRefresh, TickError> {
         let _turn = self.sets_turn.lock().await;
         let settings = self.app.settings();
         let set: TargetSet = settings
@@ -195,7 +202,7 @@ impl Reconciler {
                 .await?;
             self.app.live.replace(next);
         }
-        for name in &out.added {
+        for name in out.added.iter().filter(|_| queue_new) {
             self.app
                 .queue
                 .enqueue(&Request {
@@ -218,11 +225,11 @@ impl Reconciler {
     /// [`Reconciler::refresh_set`] for every set, each on its own: one
     /// set's failure (a fetch, say) is logged and the others go on.
     /// Returns how many members were added.
-    pub async fn refresh_sets(&self, since: Instant) -> usize {
+    pub async fn refresh_sets(&self, since: Instant, queue_new: bool) -> usize {
         let settings = self.app.settings();
         let mut added = 0;
         for set in &settings.target_sets {
-            match self.refresh_set(&set.name_prefix, since).await {
+            match self.refresh_set(&set.name_prefix, since, queue_new).await {
                 Ok(r) => added += r.added.len(),
                 Err(e) => {
                     warn!(set = %set.label(), error = %e, "cannot list a target set's directories; its members stay as they were")

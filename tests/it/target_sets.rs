@@ -242,3 +242,35 @@ fn destroy_removed_destroys_a_removed_member_and_a_push_to_an_empty_set_is_not_i
     );
     assert!(daemon.stop().success());
 }
+
+#[test]
+fn a_one_shot_tick_lists_the_sets_first_and_runs_new_members_itself() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "homelab");
+    remote.commit(&[("stacks/a/v", "1"), ("stacks/b/v", "1")], "first");
+    let s = setup(root.path(), &remote, false, false);
+
+    // No daemon ever ran: `tick --all` lists the set, then runs them all.
+    succeeded(&s.run(&["tick", "--all"]), "tick --all");
+    assert_eq!(applied(root.path(), "a.applied"), ["1"]);
+    assert_eq!(applied(root.path(), "b.applied"), ["1"]);
+    for t in s.status() {
+        assert_eq!(t["queued"], false, "nothing left for a daemon: {t}");
+    }
+
+    // A new directory, named on the command line before anything knew it.
+    remote.commit(&[("stacks/c/v", "1")], "add c");
+    succeeded(&s.run(&["tick", "s-c"]), "tick s-c");
+    assert_eq!(applied(root.path(), "c.applied"), ["1"]);
+
+    // A removed one is orphaned by the next listing; the others run.
+    std::fs::remove_dir_all(remote.work.join("stacks/b")).expect("rm");
+    remote.commit(&[("stacks/a/v", "2")], "remove b");
+    succeeded(&s.run(&["tick", "--all"]), "tick --all");
+    assert_eq!(applied(root.path(), "a.applied"), ["1", "2"]);
+    assert_eq!(applied(root.path(), "b.applied"), ["1"]);
+    assert!(s.target_status("s-b")["orphaned_since"].is_string());
+    for t in s.status() {
+        assert_eq!(t["queued"], false, "{t}");
+    }
+}
