@@ -2,8 +2,10 @@
 //! set made from which directory, at which commit, and which are orphaned
 //! (their directory gone) or destroyed. `record_members` writes a set's
 //! new membership, with the new members' `targets` rows, in one
-//! transaction. This module decides nothing about membership: the tick's
-//! `sets` module compares directories and says what changed.
+//! transaction; `record_notifications` puts what a set's owners are told
+//! (directories refused) in the outbox. This module decides nothing about
+//! membership: the tick's `sets` module compares directories and says what
+//! changed.
 
 use super::{Store, StoreError, WriteTx, now_ms};
 
@@ -46,6 +48,34 @@ impl Store {
         .fetch_all(self.pool())
         .await
         .map_err(self.err(what))
+    }
+
+    /// Put notifications about `about` (a set, not a run) in the outbox.
+    pub async fn record_notifications(
+        &self,
+        about: &str,
+        outbox: &[super::NewNotification],
+    ) -> Result<(), StoreError> {
+        let what = "recording notifications about a target set";
+        let now = now_ms();
+        let WriteTx { mut tx, _turn } = self.begin_write(what).await?;
+        for o in outbox {
+            sqlx::query(
+                "INSERT INTO notifications (uid, notifier, target, run_id, event, document,
+                                            state, next_attempt_at, created_at)
+                 VALUES (?1, ?2, ?3, NULL, ?4, ?5, 'pending', ?6, ?6)",
+            )
+            .bind(&o.uid)
+            .bind(&o.notifier)
+            .bind(about)
+            .bind(&o.event)
+            .bind(&o.document)
+            .bind(now)
+            .execute(&mut *tx)
+            .await
+            .map_err(self.err(what))?;
+        }
+        tx.commit().await.map_err(self.err(what))
     }
 
     /// Record `set`'s change at commit `sha`: members added (a member

@@ -118,8 +118,9 @@ pub enum Planned {
 pub struct Reconciler {
     app: App,
     git: Git,
-    /// Refreshes of `[[target_sets]]` take turns (`tick::sets`).
-    sets_turn: std::sync::Arc<tokio::sync::Mutex<()>>,
+    /// Refreshes of `[[target_sets]]` take turns (`tick::sets`), and
+    /// remember which refused directories each set's owners were told of.
+    sets_turn: std::sync::Arc<tokio::sync::Mutex<sets::Told>>,
 }
 
 impl Reconciler {

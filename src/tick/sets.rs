@@ -10,6 +10,11 @@
 //! the commit it last applied, a run like any other) and stays a member
 //! until that succeeds.
 //!
+//! A directory that makes no member (two directories making one name, a
+//! name another set's member has, a name too long) is told to the set's
+//! notifiers as a `failed` event about `target_sets[<prefix>]`, once per
+//! list of refusals (in this process).
+//!
 //! Refreshes of every set take turns. This module must not apply anything
 //! (destroys go through `tick_now_as`, the one path to a backend).
 
@@ -25,6 +30,10 @@ use crate::model::Trigger;
 use crate::queue::Request;
 use crate::store::Operation;
 use crate::store::sets::MembershipChange;
+
+/// The refused directories each set's owners were last told of, by set:
+/// told once, again only when the list changes (in this process).
+pub(super) type Told = std::collections::HashMap<String, Vec<String>>;
 
 /// What one refresh of a set found and did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -84,7 +93,7 @@ impl Reconciler {
         since: Instant,
         queue_new: bool,
     ) -> Result<SetRefresh, TickError> {
-        let _turn = self.sets_turn.lock().await;
+        let mut told = self.sets_turn.lock().await;
         let settings = self.app.settings();
         let set: TargetSet = settings
             .target_set(prefix)
@@ -122,6 +131,8 @@ impl Reconciler {
         for p in &out.refused {
             warn!(set = %set.label(), problem = %p, "a directory of a target set makes no target");
         }
+        self.tell_refused(&set, &tip, &out.refused, &mut told)
+            .await?;
         let added: Vec<&Target> = made
             .members
             .iter()
@@ -220,6 +231,82 @@ impl Reconciler {
                   "target set's members changed");
         }
         Ok(out)
+    }
+
+    /// Tell the set's notifiers (those that want `failed`) which of its
+    /// directories make no target and why, once per list of refusals; an
+    /// empty list forgets the last one.
+    async fn tell_refused(
+        &self,
+        set: &TargetSet,
+        tip: &str,
+        refused: &[Problem],
+        told: &mut Told,
+    ) -> Result<(), TickError> {
+        let lines: Vec<String> = refused.iter().map(|p| p.message.clone()).collect();
+        if lines.is_empty() {
+            told.remove(&set.name_prefix);
+            return Ok(());
+        }
+        if told.get(&set.name_prefix) == Some(&lines) {
+            return Ok(());
+        }
+        let settings = self.app.settings();
+        let message = crate::notify::bounded(
+            &format!("refused: {}", lines.join("; ")),
+            crate::notify::MESSAGE_MAX,
+        );
+        let event = crate::notify::Event::Failed;
+        let mut outbox = Vec::new();
+        for name in &set.sample.notify {
+            let Some(cfg) = settings.notifiers.iter().find(|n| &n.name == name) else {
+                continue;
+            };
+            if !cfg.wants(event) {
+                continue;
+            }
+            let uid = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
+            let doc = crate::notify::EventDoc {
+                id: uid.clone(),
+                event,
+                target: set.label(),
+                backend: set.sample.backend.kind().to_string(),
+                sha: Some(tip.to_string()),
+                short_sha: Some(crate::model::short_sha(tip).to_string()),
+                commit_url: set
+                    .sample
+                    .web_url
+                    .as_ref()
+                    .map(|w| format!("{w}/commit/{tip}")),
+                trigger: Trigger::Directory.as_str().to_string(),
+                delivery_id: None,
+                started_at: crate::store::format_ms(crate::store::now_ms()),
+                duration_ms: 0,
+                message: message.clone(),
+                consecutive_failures: 0,
+                failing_for_ms: None,
+                run_id: None,
+                run_url: None,
+            };
+            match serde_json::to_string(&doc) {
+                Ok(document) => outbox.push(crate::store::NewNotification {
+                    uid,
+                    notifier: name.clone(),
+                    event: event.as_str().to_string(),
+                    document,
+                }),
+                Err(e) => warn!(notifier = %name, error = %e, "cannot encode a notification"),
+            }
+        }
+        if !outbox.is_empty() {
+            self.app
+                .store
+                .record_notifications(&set.label(), &outbox)
+                .await?;
+            self.app.outbox_wake.notify_waiters();
+        }
+        told.insert(set.name_prefix.clone(), lines);
+        Ok(())
     }
 
     /// [`Reconciler::refresh_set`] for every set, each on its own: one

@@ -274,3 +274,67 @@ fn a_one_shot_tick_lists_the_sets_first_and_runs_new_members_itself() {
         assert_eq!(t["queued"], false, "{t}");
     }
 }
+
+#[test]
+fn directories_that_make_no_target_are_told_once() {
+    let sinks = tempfile::tempdir().expect("tempdir");
+    let sink = Service::http_sink(sinks.path(), 0);
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "homelab");
+    remote.commit(
+        &[
+            ("stacks/a_b/v", "1"),
+            ("stacks/A_b/v", "1"),
+            ("stacks/ok/v", "1"),
+        ],
+        "first",
+    );
+    let base = setup(root.path(), &remote, false, false);
+    let cfg = std::fs::read_to_string(&base.config).expect("config");
+    let cfg = cfg
+        .replace(
+            "[[target_sets]]\n",
+            &format!(
+                "[[notifiers]]\nname = \"hook\"\nkind = \"webhook\"\nurl = \"http://127.0.0.1:{}/hook\"\n\n[[target_sets]]\nnotify = [\"hook\"]\n",
+                sink.port
+            ),
+        );
+    std::fs::write(&base.config, cfg).expect("write");
+    let s = base;
+    let told = || -> Vec<Value> {
+        sink.requests()
+            .iter()
+            .filter_map(|r| serde_json::from_str::<Value>(r["body"].as_str()?).ok())
+            .collect()
+    };
+    let daemon = s.serve();
+    wait_for(Duration::from_secs(30), "the refusal to be told", || {
+        !told().is_empty() && applied(root.path(), "ok.applied") == ["1"]
+    });
+    let doc = &told()[0];
+    assert_eq!(doc["target"], "target_sets[s-]", "{doc}");
+    assert_eq!(doc["event"], "failed", "{doc}");
+    let msg = doc["message"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("`stacks/A_b` and `stacks/a_b` both make target `s-a_b`"),
+        "{msg}"
+    );
+
+    // Listed again with the same refusal: not told again.
+    let next = remote.commit(&[("stacks/ok/v", "2")], "ok 2");
+    push(&remote, daemon.port, &next, &["stacks/ok/v"], "ok-2");
+    wait_for(Duration::from_secs(30), "ok's second run", || {
+        applied(root.path(), "ok.applied") == ["1", "2"]
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(told().len(), 1, "{:?}", told());
+
+    // Resolved: the member is made.
+    std::fs::remove_dir_all(remote.work.join("stacks/A_b")).expect("rm");
+    let fixed = remote.commit(&[("readme", "renamed")], "one a_b");
+    push(&remote, daemon.port, &fixed, &["stacks/A_b/v"], "fixed");
+    wait_for(Duration::from_secs(30), "s-a_b's run", || {
+        applied(root.path(), "a_b.applied") == ["1"]
+    });
+    assert!(daemon.stop().success());
+}
