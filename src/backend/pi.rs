@@ -291,7 +291,7 @@ impl Pi {
         match self.cfg.action {
             Action::Compose => format!(
                 "cd {dir} && {}{} up -d --remove-orphans",
-                self.sudo(),
+                self.runner(true),
                 argv_string(&self.cfg.compose_command)
             ),
             Action::Systemd => format!(
@@ -300,10 +300,40 @@ impl Pi {
                 argv_string(&self.cfg.units)
             ),
             Action::Command => format!(
-                "cd {dir} && {}",
+                "cd {dir} && {}{}",
+                self.runner(false),
                 argv_string(self.cfg.command.as_deref().unwrap_or_default())
             ),
         }
+    }
+
+    /// What runs a command that takes the target's `inputs`: with none,
+    /// `sudo -n ` (when `sudo` and `elevated`) or nothing; with some, a
+    /// shell (under sudo, when elevated) that first reads `export NAME='…'`
+    /// lines from its stdin ([`Pi::inputs_script`]) and then execs the
+    /// command — so the values reach it even through sudo, which resets
+    /// the environment, and never stand on a command line the host's
+    /// process list shows.
+    fn runner(&self, elevated: bool) -> String {
+        let sudo = if elevated { self.sudo() } else { "" };
+        if self.ctx.inputs.is_empty() {
+            sudo.to_string()
+        } else {
+            format!("{sudo}sh -c {} sh ", q("eval \"$(cat)\" && exec \"$@\""))
+        }
+    }
+
+    /// The target's `inputs` as shell assignments, for the stdin of a
+    /// command [`Pi::runner`] runs; `None` without inputs.
+    fn inputs_script(&self) -> Option<Arc<Vec<u8>>> {
+        if self.ctx.inputs.is_empty() {
+            return None;
+        }
+        let mut s = String::new();
+        for (name, value) in &self.ctx.inputs {
+            s.push_str(&format!("export {name}={}\n", q(value)));
+        }
+        Some(Arc::new(s.into_bytes()))
     }
 }
 
@@ -341,8 +371,12 @@ impl Pi {
                 ));
             }
         }
+        let stdin = match self.cfg.action {
+            Action::Systemd => None,
+            _ => self.inputs_script(),
+        };
         match self
-            .run(&self.ssh(&self.action_command(), deadline, None))
+            .run(&self.ssh(&self.action_command(), deadline, stdin))
             .await
         {
             Ok(out) => {
@@ -389,12 +423,13 @@ impl Pi {
             .await
             .map_err(|e| format!("shipping the tree to {staging} for the plan: {e}"))?;
         let remote = format!(
-            "cd {s} && DRIFTLESS_LIVE_DIR={l} {argv}; rc=$?; rm -rf {s}; exit $rc",
+            "cd {s} && DRIFTLESS_LIVE_DIR={l} {run}{argv}; rc=$?; rm -rf {s}; exit $rc",
             s = q(&staging),
             l = q(live),
+            run = self.runner(false),
             argv = argv_string(argv)
         );
-        let spec = self.ssh(&remote, deadline, None);
+        let spec = self.ssh(&remote, deadline, self.inputs_script());
         let out = super::tool::run(&spec, &self.ctx.redactor).await?;
         let stdout = match out.code {
             _ if out.timed_out => {
@@ -464,7 +499,7 @@ impl Backend for Pi {
             let remote = match self.cfg.action {
                 Action::Compose => format!(
                     "cd {dir} && {}{} down --remove-orphans",
-                    self.sudo(),
+                    self.runner(true),
                     argv_string(&self.cfg.compose_command)
                 ),
                 Action::Systemd => format!(
@@ -473,7 +508,9 @@ impl Backend for Pi {
                     argv_string(&self.cfg.units)
                 ),
                 Action::Command => match &self.cfg.destroy {
-                    Some(argv) => format!("cd {dir} && {}", argv_string(argv)),
+                    Some(argv) => {
+                        format!("cd {dir} && {}{}", self.runner(false), argv_string(argv))
+                    }
                     None => {
                         return Status::failed(
                             "this pi target has no `destroy` command configured",
@@ -481,8 +518,12 @@ impl Backend for Pi {
                     }
                 },
             };
+            let stdin = match self.cfg.action {
+                Action::Systemd => None,
+                _ => self.inputs_script(),
+            };
             match self
-                .run(&self.ssh(&remote, Instant::now() + self.ctx.timeout, None))
+                .run(&self.ssh(&remote, Instant::now() + self.ctx.timeout, stdin))
                 .await
             {
                 Ok(out) => Status {

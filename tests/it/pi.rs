@@ -250,3 +250,39 @@ fn a_pi_plan_runs_on_the_host_beside_the_live_tree_and_waits_for_approval() {
     );
     assert!(!Path::new(&staging).exists());
 }
+
+/// A pi target's `inputs` reach its remote command's environment exactly
+/// (quotes, a newline, a `$`), read by the remote shell from its stdin,
+/// never from a command line.
+#[test]
+fn inputs_reach_the_remote_command() {
+    let w = world();
+    let greeting = "it's \"quoted\"\nline two $HOME";
+    w.remote.commit(
+        &[(
+            "producer/out.json",
+            &serde_json::json!({ "greeting": greeting }).to_string(),
+        )],
+        "producer",
+    );
+    let producer = exec_target(
+        "producer",
+        &w.remote.url(),
+        "path = \"producer\"",
+        "apply = [\"true\"]\noutputs = [\"cat\", \"out.json\"]",
+    );
+    let pi = target(&w, "pi", &w.sshd.known_hosts)
+        .replace(
+            "command = [\"sh\", \"-c\", \"cp marker \\\"$1\\\" && echo shipped\", \"sh\",",
+            "command = [\"sh\", \"-c\", \"printf '%s' \\\"$GREETING\\\" > \\\"$1\\\"\", \"sh\",",
+        )
+        .replace(
+            "[targets.backend]",
+            "inputs = { GREETING = \"producer.outputs.greeting\" }\n[targets.backend]",
+        );
+    assert!(pi.contains("$GREETING"), "{pi}");
+    let s = Setup::new(&(producer + &pi));
+    succeeded(&s.run(&["tick", "--all"]), "tick --all");
+    let got = std::fs::read_to_string(&w.result).expect("the remote command wrote it");
+    assert_eq!(got, greeting);
+}
