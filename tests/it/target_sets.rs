@@ -94,7 +94,9 @@ fn a_set_gains_a_member_when_its_directory_is_pushed_and_orphans_it_when_removed
 
     let daemon = s.serve();
     wait_for(Duration::from_secs(60), "the members' first runs", || {
-        applied(root.path(), "web.applied") == ["1"] && applied(root.path(), "db.override") == ["1"]
+        applied(root.path(), "web.applied") == ["1"]
+            && applied(root.path(), "db.override") == ["1"]
+            && s.status().iter().all(|t| !t["last_result"].is_null())
     });
     let web = s.target_status("s-web");
     assert_eq!(web["target_set"], "s-", "{web}");
@@ -116,8 +118,12 @@ fn a_set_gains_a_member_when_its_directory_is_pushed_and_orphans_it_when_removed
         &["stacks/cache/v"],
         "add-cache",
     );
+    // (The command writes before its run is recorded: wait for the record.)
     wait_for(Duration::from_secs(30), "the new member's run", || {
         applied(root.path(), "cache.applied") == ["1"]
+            && s.history("s-cache")
+                .first()
+                .is_some_and(|r| !r["result"].is_null())
     });
     let runs = s.history("s-cache");
     assert_eq!(runs.len(), 1, "{runs:?}");
@@ -184,6 +190,7 @@ fn a_set_gains_a_member_when_its_directory_is_pushed_and_orphans_it_when_removed
     push(&remote, daemon.port, &back, &["stacks/web/v"], "web-back");
     wait_for(Duration::from_secs(30), "web's return", || {
         applied(root.path(), "web.applied") == ["1", "3"]
+            && s.target_status("s-web")["last_applied_sha"] == back
     });
     let web = s.target_status("s-web");
     assert!(web["orphaned_since"].is_null(), "{web}");
@@ -212,8 +219,11 @@ fn destroy_removed_destroys_a_removed_member_and_a_push_to_an_empty_set_is_not_i
         answer["ignored"].is_null(),
         "a push to a set's branch is not ignored: {answer}"
     );
+    // (Its record, not only its command: a member never applied is not
+    // destroyed.)
     wait_for(Duration::from_secs(30), "the first member's run", || {
         applied(root.path(), "app.applied") == ["1"]
+            && s.target_status("s-app")["last_applied_sha"] == first
     });
 
     std::fs::remove_dir_all(remote.work.join("stacks/app")).expect("rm");
