@@ -155,14 +155,21 @@ std::thread_local! {
 }
 
 /// Run `f` on `cache` opened for reading (kept open by this thread);
-/// `None` when it cannot be opened.
-fn with_cache<T>(cache: &Path, f: impl FnOnce(&gix::Repository) -> Option<T>) -> Option<T> {
+/// `None` when it cannot be opened. When `f` finds nothing on a handle
+/// kept open, it is asked once more on one opened afresh: a miss must not
+/// come from a handle that has not seen what a fetch wrote since (the
+/// chaos test once had a commit `git reset` had just checked out read as
+/// missing here, failing the run with "path does not exist").
+fn with_cache<T>(cache: &Path, f: impl Fn(&gix::Repository) -> Option<T>) -> Option<T> {
     OPENED.with(|opened| {
         let mut opened = opened.borrow_mut();
-        if !opened.contains_key(cache) {
-            let repo = gix::open_opts(cache, gix::open::Options::isolated()).ok()?;
-            opened.insert(cache.to_path_buf(), repo);
+        if let Some(repo) = opened.get(cache)
+            && let Some(found) = f(repo)
+        {
+            return Some(found);
         }
+        let repo = gix::open_opts(cache, gix::open::Options::isolated()).ok()?;
+        opened.insert(cache.to_path_buf(), repo);
         f(opened.get(cache)?)
     })
 }
@@ -376,7 +383,7 @@ impl Git {
         };
         let cache = self.cache_dir(remote);
         tokio::task::spawn_blocking(move || {
-            with_cache(&cache, |repo| Some(repo.find_commit(id).is_ok())).unwrap_or(false)
+            with_cache(&cache, |repo| repo.find_commit(id).ok().map(|_| true)).unwrap_or(false)
         })
         .await
         .unwrap_or(false)
