@@ -521,7 +521,11 @@ fn interval_ticks_of_targets_on_one_repository_share_a_fetch_a_round() {
     let (ticks0, fetches0) = (ticks(), fetches());
     std::thread::sleep(Duration::from_secs(6));
     let (ticked, fetched) = (ticks() - ticks0, fetches() - fetches0);
-    assert!(ticked >= 12, "only {ticked} interval ticks in 6 s");
+    // The scheduler looks once a second, so a 1 s target ticks every 1 to
+    // 2 s plus its run: four of them tick 8 to 24 times in 6 s with one
+    // worker (≥ 12 held only when the passes happened to line up). Eight
+    // are enough to show the fetches shared below.
+    assert!(ticked >= 8, "only {ticked} interval ticks in 6 s");
     assert!(
         fetched * 2 <= ticked,
         "{fetched} fetches for {ticked} ticks of four targets on one repository"
