@@ -267,6 +267,11 @@ pub struct Notice {
     pub statuses: Vec<statuses::NewStatus>,
 }
 
+/// A target's row, made or given its backend: `register_targets`, and a
+/// target set's new members (`store::sets`).
+const UPSERT_TARGET: &str = "INSERT INTO targets (name, backend, updated_at) VALUES (?1, ?2, ?3)
+     ON CONFLICT (name) DO UPDATE SET backend = excluded.backend";
+
 impl Store {
     /// Open (creating if needed) the database at `path` and migrate it.
     pub async fn open(path: &Path) -> Result<Store, StoreError> {
@@ -445,16 +450,13 @@ impl Store {
         let now = now_ms();
         let WriteTx { mut tx, _turn } = self.begin_write(what).await?;
         for (name, backend) in missing {
-            sqlx::query(
-                "INSERT INTO targets (name, backend, updated_at) VALUES (?1, ?2, ?3)
-                 ON CONFLICT (name) DO UPDATE SET backend = excluded.backend",
-            )
-            .bind(name)
-            .bind(backend)
-            .bind(now)
-            .execute(&mut *tx)
-            .await
-            .map_err(self.err(what))?;
+            sqlx::query(UPSERT_TARGET)
+                .bind(name)
+                .bind(backend)
+                .bind(now)
+                .execute(&mut *tx)
+                .await
+                .map_err(self.err(what))?;
         }
         tx.commit().await.map_err(self.err(what))
     }

@@ -7,7 +7,7 @@
 //! membership: the tick's `sets` module compares directories and says what
 //! changed.
 
-use super::{Store, StoreError, WriteTx, now_ms};
+use super::{Store, StoreError, UPSERT_TARGET, WriteTx, now_ms};
 
 /// One row of `set_members`.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
@@ -105,16 +105,13 @@ impl Store {
             .execute(&mut *tx)
             .await
             .map_err(self.err(what))?;
-            sqlx::query(
-                "INSERT INTO targets (name, backend, updated_at) VALUES (?1, ?2, ?3)
-                 ON CONFLICT (name) DO UPDATE SET backend = excluded.backend",
-            )
-            .bind(target)
-            .bind(backend)
-            .bind(now)
-            .execute(&mut *tx)
-            .await
-            .map_err(self.err(what))?;
+            sqlx::query(UPSERT_TARGET)
+                .bind(target)
+                .bind(backend)
+                .bind(now)
+                .execute(&mut *tx)
+                .await
+                .map_err(self.err(what))?;
         }
         for target in &change.orphaned {
             sqlx::query(
