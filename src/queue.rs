@@ -9,15 +9,16 @@
 //! queue and the run it left unfinished is marked `interrupted`. The queue
 //! decides order, never what a backend does.
 
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use serde::Serialize;
 use sqlx::FromRow;
 
-use crate::model::Trigger;
+use crate::model::{BoxFuture, Trigger};
 use crate::store::previews::{self, PullEvent};
 use crate::store::statuses::{self, NewStatus};
-use crate::store::{Store, StoreError, WriteTx, now_ms};
+use crate::store::{Batch, BatchTx, Store, StoreError, WriteTx, now_ms};
 
 /// How long a claim lasts without a heartbeat.
 pub const LEASE: Duration = Duration::from_secs(30);
@@ -199,29 +200,38 @@ impl Queue {
     }
 
     /// Committed with the other small writes waiting at the same moment
-    /// (`Store::grouped`), before this returns.
+    /// (`Store::batched`: requests arriving together are one statement),
+    /// before this returns.
     pub async fn enqueue(&self, req: &Request) -> Result<i64, StoreError> {
-        let req = std::sync::Arc::new(req.clone());
-        self.store
-            .grouped("queueing a job", move |tx| {
-                let req = req.clone();
-                Box::pin(async move { enqueue_on(tx, &req).await.map(|(id, _, _)| id) })
-            })
-            .await
+        let queued = self
+            .store
+            .batched("queueing a job", Requests(vec![req.clone()]))
+            .await?;
+        queued
+            .first()
+            .map(|q| q.id)
+            .ok_or_else(|| self.store.err("queueing a job")(sqlx::Error::RowNotFound))
+    }
+
+    /// Queue several requests in one write (the scheduler's due targets
+    /// of one pass): all of them are on disk when this returns, or none.
+    pub async fn enqueue_all(&self, reqs: Vec<Request>) -> Result<(), StoreError> {
+        if reqs.is_empty() {
+            return Ok(());
+        }
+        self.store.batched("queueing jobs", Requests(reqs)).await?;
+        Ok(())
     }
 
     /// Record a webhook delivery and queue its requests (a pull request's
     /// previews, the pushed commits' `pending` statuses), atomically:
     /// either the delivery id is new and all of it is on disk when this
     /// returns, or it was seen before and nothing is written. Deliveries
-    /// arriving together share one commit (`Store::grouped`).
+    /// arriving together share one commit and, mostly, one statement
+    /// (`Store::batched`).
     pub async fn accept(&self, intake: Intake) -> Result<Accepted, StoreError> {
-        let intake = std::sync::Arc::new(intake);
         self.store
-            .grouped("recording a webhook delivery", move |tx| {
-                let intake = intake.clone();
-                Box::pin(async move { accept_on(tx, &intake).await })
-            })
+            .batched("recording a webhook delivery", intake)
             .await
     }
 
@@ -551,83 +561,197 @@ pub struct Intake {
     pub statuses: Vec<NewStatus>,
 }
 
-async fn accept_on(
-    tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
-    i: &Intake,
-) -> Result<Accepted, sqlx::Error> {
-    if let Some(id) = &i.delivery_id {
-        let r = sqlx::query(
-            "INSERT INTO deliveries (receiver, delivery_id, received_at, outcome)
-             VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING",
-        )
-        .bind(&i.receiver)
-        .bind(id)
-        .bind(now_ms())
-        .bind(&i.outcome)
-        .execute(&mut **tx)
-        .await?;
-        if r.rows_affected() == 0 {
-            return Ok(Accepted::Duplicate);
-        }
+impl Batch for Intake {
+    type Out = Accepted;
+
+    /// Every delivery of the batch in one insert (those whose id was seen
+    /// before, or earlier in the batch, are duplicates), then every
+    /// request of the new ones in one more (`enqueue_many`); previews and
+    /// statuses, which few deliveries carry, a statement each.
+    fn run<'t>(
+        tx: &'t mut BatchTx,
+        all: Vec<&'t Intake>,
+    ) -> BoxFuture<'t, Result<Vec<Accepted>, sqlx::Error>> {
+        Box::pin(async move {
+            let ids: Vec<(&str, &str, &str)> = all
+                .iter()
+                .filter_map(|i| {
+                    Some((
+                        i.receiver.as_str(),
+                        i.delivery_id.as_deref()?,
+                        i.outcome.as_str(),
+                    ))
+                })
+                .collect();
+            let mut new: HashSet<(String, String)> = if ids.is_empty() {
+                HashSet::new()
+            } else {
+                sqlx::query_as::<_, (String, String)>(
+                    "INSERT INTO deliveries (receiver, delivery_id, received_at, outcome)
+                     SELECT d.value ->> 0, d.value ->> 1, ?2, d.value ->> 2
+                     FROM json_each(?1) AS d WHERE true ORDER BY d.key
+                     ON CONFLICT DO NOTHING
+                     RETURNING receiver, delivery_id",
+                )
+                .bind(json_text(&ids)?)
+                .bind(now_ms())
+                .fetch_all(&mut **tx)
+                .await?
+                .into_iter()
+                .collect()
+            };
+            // A delivery is taken once: by the first of the batch with its id.
+            let taken: Vec<bool> = all
+                .iter()
+                .map(|i| match &i.delivery_id {
+                    None => true,
+                    Some(id) => new.remove(&(i.receiver.clone(), id.clone())),
+                })
+                .collect();
+            let reqs: Vec<&Request> = all
+                .iter()
+                .zip(&taken)
+                .filter(|(_, t)| **t)
+                .flat_map(|(i, _)| i.requests.iter())
+                .collect();
+            let jobs: HashMap<String, Queued> = enqueue_many(tx, &reqs)
+                .await?
+                .into_iter()
+                .map(|q| (q.target.clone(), q))
+                .collect();
+            let mut out = Vec::with_capacity(all.len());
+            for (i, taken) in all.iter().zip(taken) {
+                if !taken {
+                    out.push(Accepted::Duplicate);
+                    continue;
+                }
+                let (mut queued, mut paused, mut new_job) = (Vec::new(), Vec::new(), false);
+                for req in &i.requests {
+                    let q = jobs.get(&req.target).ok_or(sqlx::Error::RowNotFound)?;
+                    new_job |= q.fresh;
+                    if q.paused {
+                        paused.push(req.target.clone());
+                    }
+                    queued.push((req.target.clone(), q.id));
+                }
+                let mut dropped = 0;
+                for p in &i.pulls {
+                    dropped += previews::record_event(tx, p).await?;
+                }
+                for s in &i.statuses {
+                    statuses::record(tx, s, true).await?;
+                }
+                out.push(Accepted::Queued {
+                    jobs: queued,
+                    paused,
+                    dropped_previews: dropped,
+                    new_job,
+                });
+            }
+            Ok(out)
+        })
     }
-    let mut queued = Vec::new();
-    let mut paused = Vec::new();
-    let mut new_job = false;
-    for req in &i.requests {
-        let (id, fresh, waits) = enqueue_on(tx, req).await?;
-        new_job |= fresh;
-        if waits {
-            paused.push(req.target.clone());
-        }
-        queued.push((req.target.clone(), id));
-    }
-    let mut dropped = 0;
-    for p in &i.pulls {
-        dropped += previews::record_event(tx, p).await?;
-    }
-    for s in &i.statuses {
-        statuses::record(tx, s, true).await?;
-    }
-    Ok(Accepted::Queued {
-        jobs: queued,
-        paused,
-        dropped_previews: dropped,
-        new_job,
-    })
 }
 
-/// Queue `req`, folded into its target's queued job if there is one: the
-/// job's id, whether it is a new job (a fold within the same millisecond
-/// may say new: only a worker wakes for nothing), and whether its target is
-/// paused (read in the same statement).
-async fn enqueue_on(
+/// Requests queued by one caller (an API call, the scheduler's pass).
+struct Requests(Vec<Request>);
+
+impl Batch for Requests {
+    type Out = Vec<Queued>;
+
+    /// Every request of every caller in one statement; each caller hears
+    /// of the jobs its own requests are in, in its order.
+    fn run<'t>(
+        tx: &'t mut BatchTx,
+        all: Vec<&'t Requests>,
+    ) -> BoxFuture<'t, Result<Vec<Vec<Queued>>, sqlx::Error>> {
+        Box::pin(async move {
+            let reqs: Vec<&Request> = all.iter().flat_map(|r| r.0.iter()).collect();
+            let jobs: HashMap<String, Queued> = enqueue_many(tx, &reqs)
+                .await?
+                .into_iter()
+                .map(|q| (q.target.clone(), q))
+                .collect();
+            all.iter()
+                .map(|r| {
+                    r.0.iter()
+                        .map(|req| {
+                            jobs.get(&req.target)
+                                .cloned()
+                                .ok_or(sqlx::Error::RowNotFound)
+                        })
+                        .collect()
+                })
+                .collect()
+        })
+    }
+}
+
+/// The job a request is in now.
+#[derive(Debug, Clone, sqlx::FromRow)]
+struct Queued {
+    target: String,
+    id: i64,
+    /// A new job rather than a fold into a queued one (a fold within the
+    /// same millisecond may say new: only a worker wakes for nothing).
+    fresh: bool,
+    /// Its target is paused (read in the same statement): the job waits.
+    paused: bool,
+}
+
+fn json_text<T: Serialize>(v: &T) -> Result<String, sqlx::Error> {
+    serde_json::to_string(v).map_err(|e| sqlx::Error::Encode(Box::new(e)))
+}
+
+/// Queue `reqs` in order, in one statement, each folded into its target's
+/// queued job if there is one (an earlier request of the same statement
+/// made it, or it was there): the job each target's requests are in now,
+/// one row per request in no particular order.
+async fn enqueue_many(
     conn: &mut sqlx::SqliteConnection,
-    req: &Request,
-) -> Result<(i64, bool, bool), sqlx::Error> {
+    reqs: &[&Request],
+) -> Result<Vec<Queued>, sqlx::Error> {
+    if reqs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let rows: Vec<serde_json::Value> = reqs
+        .iter()
+        .map(|r| {
+            serde_json::json!([
+                r.target,
+                r.trigger.as_str(),
+                r.sha,
+                r.delivery_id,
+                r.receiver
+            ])
+        })
+        .collect();
+    // `excluded` is the row a request would have made: its trigger and
+    // delivery id are the first elements of its lists.
     sqlx::query_as(
         "INSERT INTO jobs (target, state, triggers, requested_sha, delivery_ids, receiver, created_at, updated_at)
-         VALUES (?1, 'queued', json_array(?2), ?3,
-                 CASE WHEN ?4 IS NULL THEN '[]' ELSE json_array(?4) END, ?6, ?5, ?5)
+         SELECT r.value ->> 0, 'queued', json_array(r.value ->> 1), r.value ->> 2,
+                CASE WHEN r.value ->> 3 IS NULL THEN '[]' ELSE json_array(r.value ->> 3) END,
+                r.value ->> 4, ?2, ?2
+         FROM json_each(?1) AS r WHERE true ORDER BY r.key
          ON CONFLICT (target) WHERE state = 'queued' DO UPDATE SET
-             triggers = CASE WHEN EXISTS (SELECT 1 FROM json_each(jobs.triggers) WHERE value = ?2)
-                             THEN jobs.triggers ELSE json_insert(jobs.triggers, '$[#]', ?2) END,
-             requested_sha = COALESCE(?3, jobs.requested_sha),
-             delivery_ids = CASE WHEN ?4 IS NULL THEN jobs.delivery_ids
+             triggers = CASE WHEN EXISTS (SELECT 1 FROM json_each(jobs.triggers)
+                                          WHERE value = excluded.triggers ->> 0)
+                             THEN jobs.triggers
+                             ELSE json_insert(jobs.triggers, '$[#]', excluded.triggers ->> 0) END,
+             requested_sha = COALESCE(excluded.requested_sha, jobs.requested_sha),
+             delivery_ids = CASE WHEN excluded.delivery_ids ->> 0 IS NULL THEN jobs.delivery_ids
                                  WHEN json_array_length(jobs.delivery_ids) >= 100
-                                 THEN json_set(jobs.delivery_ids, '$[#-1]', ?4)
-                                 ELSE json_insert(jobs.delivery_ids, '$[#]', ?4) END,
-             receiver = COALESCE(?6, jobs.receiver),
-             updated_at = ?5
-         RETURNING id, created_at = updated_at,
-                   COALESCE((SELECT paused_at IS NOT NULL FROM targets WHERE name = jobs.target), 0)",
+                                 THEN json_set(jobs.delivery_ids, '$[#-1]', excluded.delivery_ids ->> 0)
+                                 ELSE json_insert(jobs.delivery_ids, '$[#]', excluded.delivery_ids ->> 0) END,
+             receiver = COALESCE(excluded.receiver, jobs.receiver),
+             updated_at = excluded.updated_at
+         RETURNING target, id, created_at = updated_at AS fresh,
+                   COALESCE((SELECT paused_at IS NOT NULL FROM targets WHERE name = jobs.target), 0) AS paused",
     )
-    .bind(&req.target)
-    .bind(req.trigger.as_str())
-    .bind(&req.sha)
-    .bind(&req.delivery_id)
+    .bind(json_text(&rows)?)
     .bind(now_ms())
-    .bind(&req.receiver)
-    .fetch_one(&mut *conn)
+    .fetch_all(&mut *conn)
     .await
 }
 
@@ -823,6 +947,109 @@ mod tests {
         q.finish(job.id, None, "changed").await.expect("finish");
         let next = q.claim().await.expect("claim").expect("the next job");
         assert_eq!(next.id, d);
+    }
+
+    fn intake(delivery: &str, reqs: Vec<Request>) -> Intake {
+        Intake {
+            receiver: "github".into(),
+            delivery_id: Some(delivery.into()),
+            outcome: "queued".into(),
+            requests: reqs,
+            pulls: Vec::new(),
+            statuses: Vec::new(),
+        }
+    }
+
+    /// Deliveries written together: the first of the batch with an id is
+    /// taken, a later one and one seen before are duplicates, and the
+    /// requests fold in the order the deliveries came.
+    #[tokio::test]
+    async fn deliveries_written_together_are_taken_once_in_order() {
+        let (_d, q) = queue().await;
+        let push = |d: &str, t: &str, sha: &str| {
+            intake(d, vec![req(t, Trigger::Webhook, Some(sha), Some(d))])
+        };
+        assert!(matches!(
+            q.accept(push("d0", "api", "000")).await.expect("accept"),
+            Accepted::Queued { new_job: true, .. }
+        ));
+        let batch = [
+            push("d1", "web", "aaa"),
+            push("d0", "web", "xxx"), // seen before
+            intake(
+                "d2",
+                vec![
+                    req("web", Trigger::Webhook, Some("bbb"), Some("d2")),
+                    req("api", Trigger::Webhook, Some("bbb"), Some("d2")),
+                ],
+            ),
+            push("d1", "web", "yyy"), // earlier in this batch
+            push("d3", "web", "ccc"),
+        ];
+        let mut tx = q.store().pool().begin().await.expect("begin");
+        let out = Intake::run(&mut tx, batch.iter().collect())
+            .await
+            .expect("batch");
+        tx.commit().await.expect("commit");
+        assert_eq!(out.len(), 5);
+        assert_eq!(out[1], Accepted::Duplicate);
+        assert_eq!(out[3], Accepted::Duplicate);
+        let jobs = |a: &Accepted| match a {
+            Accepted::Queued { jobs, .. } => jobs.clone(),
+            Accepted::Duplicate => panic!("a duplicate"),
+        };
+        let web = jobs(&out[0])[0].1;
+        assert_eq!(jobs(&out[4]), vec![("web".to_string(), web)]);
+        let api = jobs(&out[2]);
+        assert_eq!(api[0], ("web".to_string(), web));
+        assert_ne!(api[1].1, web);
+        let first = q.claim().await.expect("claim").expect("api's job");
+        assert_eq!(first.target, "api");
+        assert_eq!(first.delivery_ids, vec!["d0", "d2"]);
+        let job = q.claim().await.expect("claim").expect("web's job");
+        assert_eq!(job.id, web);
+        assert_eq!(job.requested_sha.as_deref(), Some("ccc"));
+        assert_eq!(job.delivery_ids, vec!["d1", "d2", "d3"]);
+        let kept: Vec<String> =
+            sqlx::query_scalar("SELECT delivery_id FROM deliveries ORDER BY delivery_id")
+                .fetch_all(q.store().pool())
+                .await
+                .expect("deliveries");
+        assert_eq!(kept, vec!["d0", "d1", "d2", "d3"]);
+    }
+
+    /// Many deliveries at once (batched by the writer as they come): each
+    /// id taken exactly once, every request in its target's one job.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn deliveries_arriving_together_are_each_taken_once() {
+        let (_d, q) = queue().await;
+        let mut all = Vec::new();
+        for n in 0..200 {
+            let q = q.clone();
+            let id = format!("d{}", n % 150);
+            let target = format!("t{}", n % 7);
+            all.push(tokio::spawn(async move {
+                q.accept(intake(
+                    &id,
+                    vec![req(&target, Trigger::Webhook, Some("abc"), Some(&id))],
+                ))
+                .await
+                .map(|a| (id, a))
+            }));
+        }
+        let mut taken = std::collections::BTreeSet::new();
+        for h in all {
+            let (id, a) = h.await.expect("task").expect("accept");
+            if a != Accepted::Duplicate {
+                assert!(taken.insert(id.clone()), "{id} taken twice");
+            }
+        }
+        assert_eq!(taken.len(), 150);
+        let mut ids = 0;
+        while let Some(job) = q.claim().await.expect("claim") {
+            ids += job.delivery_ids.len();
+        }
+        assert_eq!(ids, 150);
     }
 
     #[tokio::test]

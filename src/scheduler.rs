@@ -137,7 +137,9 @@ impl Scheduler {
         if candidates.is_empty() {
             return Ok(0);
         }
-        let mut queued = 0;
+        // Every target due in this pass is queued in one write (one
+        // transaction, one fsync), not one each.
+        let (mut due, mut intervals) = (Vec::new(), Vec::new());
         for c in self.queue.store().schedule_candidates(&candidates).await? {
             known.insert(c.name.clone(), c.last_run_at);
             let Some(t) = settings.target(&c.name) else {
@@ -148,21 +150,23 @@ impl Scheduler {
             }
             let j = self.jitter.get(&t.name).copied().unwrap_or_default();
             if now >= due_at(t.interval, j, c.last_run_at, now) {
-                self.queue
-                    .enqueue(&Request {
-                        target: t.name.clone(),
-                        trigger: Trigger::Interval,
-                        sha: None,
-                        delivery_id: None,
-                        receiver: None,
-                    })
-                    .await?;
-                debug!(target = %t.name, "interval tick queued");
-                self.jitter.insert(t.name.clone(), jitter(t.interval));
-                // Not due again before it has run (its run moves this on).
-                known.insert(t.name.clone(), Some(now));
-                queued += 1;
+                due.push(Request {
+                    target: t.name.clone(),
+                    trigger: Trigger::Interval,
+                    sha: None,
+                    delivery_id: None,
+                    receiver: None,
+                });
+                intervals.push((t.name.clone(), t.interval));
             }
+        }
+        let queued = due.len();
+        self.queue.enqueue_all(due).await?;
+        for (name, interval) in intervals {
+            debug!(target = %name, "interval tick queued");
+            self.jitter.insert(name.clone(), jitter(interval));
+            // Not due again before it has run (its run moves this on).
+            known.insert(name, Some(now));
         }
         // One worker woken per job queued (waking them all for one job made
         // every idle worker look for it: most of a quiet daemon's reads).

@@ -6,9 +6,13 @@
 //! that fails rolls the batch back, and its writes are then run again one
 //! transaction each, so one bad write never takes the others with it (and
 //! the common case pays for no savepoints). Under load the next batch
-//! gathers while the previous one commits. This module runs what it is
-//! given; it knows nothing of deliveries or jobs.
+//! gathers while the previous one commits. Writes of one [`Batch`] kind
+//! next to each other in a batch run together, so the kind can write them
+//! all with one statement (a batch of webhook deliveries: one insert for
+//! the deliveries, one for their jobs) instead of a statement each. This
+//! module runs what it is given; it knows nothing of deliveries or jobs.
 
+use std::any::{Any, TypeId};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::sync::{mpsc, oneshot};
@@ -19,13 +23,69 @@ use crate::model::BoxFuture;
 /// The most writes one transaction takes.
 pub const MAX_BATCH: usize = 256;
 
-type Tx = sqlx::Transaction<'static, sqlx::Sqlite>;
+/// The transaction a batch's writes share.
+pub type Tx = sqlx::Transaction<'static, sqlx::Sqlite>;
 
 /// One write: runs in the batch's transaction, keeps its own result. Run
 /// again (in a transaction of its own) when another write of its batch
 /// failed, so it may run more than once before one commit: it must only
 /// write, and keep the result of its last run.
-type Work = Box<dyn for<'t> FnMut(&'t mut Tx) -> BoxFuture<'t, Result<(), sqlx::Error>> + Send>;
+type One = Box<dyn for<'t> FnMut(&'t mut Tx) -> BoxFuture<'t, Result<(), sqlx::Error>> + Send>;
+
+/// Writes of one kind that are written together: `run` is given every
+/// write of the kind that stands next to each other in a batch, in the
+/// order they came, and answers each in that order. Like a grouped
+/// write, it may run more than once before one commit (alone, when
+/// another write of its batch failed): it must only write.
+pub trait Batch: Send + Sync + Sized + 'static {
+    type Out: Send + 'static;
+    fn run<'t>(
+        tx: &'t mut Tx,
+        all: Vec<&'t Self>,
+    ) -> BoxFuture<'t, Result<Vec<Self::Out>, sqlx::Error>>;
+}
+
+/// A [`Batch`] write with the slot its answer goes to, its kind erased.
+struct Slot<B: Batch> {
+    input: B,
+    out: Arc<Mutex<Option<B::Out>>>,
+}
+
+type Erased = Box<dyn Any + Send>;
+type Many =
+    for<'t> fn(&'t mut Tx, &'t mut [&'t mut Erased]) -> BoxFuture<'t, Result<(), sqlx::Error>>;
+
+/// `B::run` over erased slots (every one a `Slot<B>`: the caller groups
+/// them by kind), each answer put in its slot.
+fn run_many<'t, B: Batch>(
+    tx: &'t mut Tx,
+    slots: &'t mut [&'t mut Erased],
+) -> BoxFuture<'t, Result<(), sqlx::Error>> {
+    Box::pin(async move {
+        let inputs: Vec<&B> = slots
+            .iter()
+            .filter_map(|s| s.downcast_ref::<Slot<B>>())
+            .map(|s| &s.input)
+            .collect();
+        let outs = B::run(tx, inputs).await?;
+        let slots = slots.iter().filter_map(|s| s.downcast_ref::<Slot<B>>());
+        for (slot, out) in slots.zip(outs) {
+            if let Ok(mut o) = slot.out.lock() {
+                *o = Some(out);
+            }
+        }
+        Ok(())
+    })
+}
+
+enum Work {
+    One(One),
+    Many {
+        kind: TypeId,
+        run: Many,
+        slot: Erased,
+    },
+}
 
 struct Item {
     what: &'static str,
@@ -52,7 +112,7 @@ impl Store {
         let slot: Arc<Mutex<Option<T>>> = Arc::new(Mutex::new(None));
         let kept = slot.clone();
         let f = Arc::new(f);
-        let work: Work = Box::new(move |tx| {
+        let work: One = Box::new(move |tx| {
             let (f, kept) = (f.clone(), kept.clone());
             Box::pin(async move {
                 let v = f(tx).await?;
@@ -62,21 +122,54 @@ impl Store {
                 Ok(())
             })
         });
+        self.send(what, Work::One(work)).await?;
+        let v = slot.lock().ok().and_then(|mut s| s.take());
+        v.ok_or_else(|| self.lost(what))
+    }
+
+    /// Like [`Store::grouped`], for a write of kind `B`: the writes of its
+    /// kind beside it in the batch are written with it by `B::run`.
+    pub async fn batched<B: Batch>(
+        &self,
+        what: &'static str,
+        input: B,
+    ) -> Result<B::Out, StoreError> {
+        let out = Arc::new(Mutex::new(None));
+        let slot: Erased = Box::new(Slot {
+            input,
+            out: out.clone(),
+        });
+        let work = Work::Many {
+            kind: TypeId::of::<B>(),
+            run: run_many::<B>,
+            slot,
+        };
+        self.send(what, work).await?;
+        let v = out.lock().ok().and_then(|mut s| s.take());
+        v.ok_or_else(|| self.lost(what))
+    }
+
+    /// Hand `work` to the writer (started by the first write) and wait for
+    /// its commit.
+    async fn send(&self, what: &'static str, work: Work) -> Result<(), StoreError> {
         let (done, answer) = oneshot::channel();
         let inbox = self.group.inbox.get_or_init(|| {
             let (tx, rx) = mpsc::unbounded_channel();
             tokio::spawn(writer(self.clone(), rx));
             tx
         });
-        let lost = || StoreError {
+        inbox
+            .send(Item { what, work, done })
+            .map_err(|_| self.lost(what))?;
+        answer.await.map_err(|_| self.lost(what))?
+    }
+
+    fn lost(&self, what: &'static str) -> StoreError {
+        StoreError {
             path: self.path.clone(),
             what,
             source: sqlx::Error::WorkerCrashed,
-        };
-        inbox.send(Item { what, work, done }).map_err(|_| lost())?;
-        answer.await.map_err(|_| lost())??;
-        let v = slot.lock().ok().and_then(|mut s| s.take());
-        v.ok_or_else(lost)
+        }
     }
 }
 
@@ -163,10 +256,37 @@ impl Failed {
 async fn run_batch(store: &Store, batch: &mut [Item]) -> Result<(), Failed> {
     let what = batch.first().map_or("a grouped write", |i| i.what);
     let WriteTx { mut tx, _turn } = store.begin_write(what).await.map_err(Failed::Transaction)?;
-    for item in batch.iter_mut() {
-        if let Err(e) = (item.work)(&mut tx).await {
+    let mut rest = &mut batch[..];
+    while let Some((first, _)) = rest.split_first_mut() {
+        let what = first.what;
+        let result = match &mut first.work {
+            Work::One(work) => {
+                let r = work(&mut tx).await;
+                rest = &mut rest[1..];
+                r
+            }
+            Work::Many { kind, run, .. } => {
+                // This write and the ones of its kind right after it.
+                let (kind, run) = (*kind, *run);
+                let n = rest
+                    .iter()
+                    .take_while(|i| matches!(&i.work, Work::Many { kind: k, .. } if *k == kind))
+                    .count();
+                let (same, after) = std::mem::take(&mut rest).split_at_mut(n);
+                rest = after;
+                let mut slots: Vec<&mut Erased> = same
+                    .iter_mut()
+                    .filter_map(|i| match &mut i.work {
+                        Work::Many { slot, .. } => Some(slot),
+                        Work::One(_) => None,
+                    })
+                    .collect();
+                run(&mut tx, &mut slots).await
+            }
+        };
+        if let Err(e) = result {
             // Dropping the transaction rolls it back.
-            return Err(Failed::Write(store.err(item.what)(e)));
+            return Err(Failed::Write(store.err(what)(e)));
         }
     }
     tx.commit()
@@ -229,5 +349,91 @@ mod tests {
             .await
             .expect("count");
         assert_eq!(rows, 63);
+    }
+    /// A kind of write that is written together.
+    struct Row(i64);
+
+    /// The most writes of the kind one `run` was given.
+    static WIDEST: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+    impl Batch for Row {
+        type Out = i64;
+        fn run<'t>(
+            tx: &'t mut Tx,
+            all: Vec<&'t Row>,
+        ) -> BoxFuture<'t, Result<Vec<i64>, sqlx::Error>> {
+            Box::pin(async move {
+                let ids: Vec<i64> = all.iter().map(|r| r.0).collect();
+                WIDEST.fetch_max(ids.len(), std::sync::atomic::Ordering::Relaxed);
+                // One of them spoils the statement for all of them.
+                let table = if ids.contains(&113) {
+                    "no_such_table"
+                } else {
+                    "deliveries"
+                };
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "INSERT INTO {table} (receiver, delivery_id, received_at, outcome)
+                     SELECT 'r', 'b' || value, 0, 'ok' FROM json_each(?1)"
+                )))
+                .bind(serde_json::to_string(&ids).unwrap_or_default())
+                .execute(&mut **tx)
+                .await?;
+                Ok(ids.iter().map(|n| n * 10).collect())
+            })
+        }
+    }
+
+    /// Writes of a kind, among other writes: each answered with its own
+    /// result; the one that fails the kind's statement fails alone. (On
+    /// one thread every write is sent before the writer first looks: one
+    /// batch, the kind's writes between the others written together.)
+    #[tokio::test]
+    async fn writes_of_a_kind_are_written_together_and_fail_alone() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(&dir.path().join("driftless.db"))
+            .await
+            .expect("store");
+        // Two rounds: one where every write succeeds, one where 113 fails.
+        for round in [0i64, 100] {
+            let mut all = Vec::new();
+            for n in round..round + 64 {
+                let store = store.clone();
+                all.push(tokio::spawn(async move {
+                    if n % 5 == 0 {
+                        store
+                            .grouped("test write", move |tx| {
+                                Box::pin(async move {
+                                    sqlx::query(
+                                        "INSERT INTO deliveries (receiver, delivery_id, received_at, outcome)
+                                         VALUES ('r', 'g' || ?1, 0, 'ok')",
+                                    )
+                                    .bind(n)
+                                    .execute(&mut **tx)
+                                    .await?;
+                                    Ok(n * 10)
+                                })
+                            })
+                            .await
+                    } else {
+                        store.batched("test batch", Row(n)).await
+                    }
+                }));
+            }
+            for (n, h) in (round..).zip(all) {
+                match h.await.expect("task") {
+                    Ok(v) => assert_eq!(v, n * 10),
+                    Err(e) => {
+                        assert_eq!(n, 113, "{e}");
+                        assert!(e.to_string().contains("no_such_table"), "{e}");
+                    }
+                }
+            }
+        }
+        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM deliveries")
+            .fetch_one(store.pool())
+            .await
+            .expect("count");
+        assert_eq!(rows, 127);
+        assert_eq!(WIDEST.load(std::sync::atomic::Ordering::Relaxed), 4);
     }
 }

@@ -19,6 +19,7 @@ use sqlx::sqlite::{
 use crate::model::{ApplyResult, Status};
 
 mod group;
+pub use group::{Batch, Tx as BatchTx};
 pub mod history;
 pub mod nomad;
 pub mod outputs;
