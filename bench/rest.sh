@@ -10,7 +10,8 @@
 #     `driftless serve`: the share of one core it takes over a minute once
 #     every target has converged, children included (utime + stime +
 #     cutime + cstime from /proc/<pid>/stat), its RSS, the ticks it ran in
-#     that minute, and the disk each target's checkout takes;
+#     that minute and the CPU each took, and the disk each target's
+#     checkout takes;
 #  3. the database after 10,000 no-op ticks (200 targets at a 1 s interval:
 #     runs kept, database size after a checkpoint);
 #  4. the release binary's size.
@@ -138,6 +139,8 @@ printf '%-56s %8s\n' "  processes the no-op tick starts (strace)" "$started"
 printf '%-56s %8s %%\n' "$many targets, 1m interval: share of one core" "$share"
 printf '%-56s %8s MiB\n' "  RSS" "$((rss_kb / 1024))"
 printf '%-56s %8s\n' "  ticks in that minute" "$((t1 - t0))"
+# Per tick, which does not depend on how many ticks the minute held.
+awk -v c=$((c1 - c0)) -v hz="$hz" -v n=$((t1 - t0)) 'BEGIN { printf "%-56s %8.2f ms\n", "  CPU per tick", 1000 * c / hz / (n > 0 ? n : 1) }'
 printf '%-56s %8s KiB\n' "  checkout disk use per target" "$per_target_kb"
 printf '%-56s %8s ticks: %s run rows, %s job rows, %s KiB\n' "database after 10,000 no-op ticks" "$ten_ticks" "$ten_rows" "$ten_jobs" "$ten_kb"
 printf '%-56s %8s MB\n' "binary size" "$(awk -v b="$(stat -c %s "$bin")" 'BEGIN { printf "%.1f", b / 1e6 }')"

@@ -34,22 +34,67 @@ pub struct Pruned {
     pub statuses: u64,
 }
 
-/// Fold the finished run `run_id` into the streak row `streak`: the row
-/// counts it, takes its end, duration, output and job, and the run's own
-/// row goes, with the job the streak named before (done, named by no run). Returns the id the run now is: `streak`, or `run_id` when
-/// the streak row is not (or no longer) a matching `no_change` row.
+/// Which streak a finished `no_change` run joins, told to
+/// [`Store::finish_run`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Streak<'a> {
+    /// None: the run keeps its own row.
+    No,
+    /// The row [`Store::streak`] found (for a caller that must know it
+    /// first: its commit status links to it).
+    Row(i64),
+    /// Whatever row the target's run before this one is, looked for in the
+    /// run's closing transaction (no read of its own): a `no_change`
+    /// apply of `sha` asked for by `trigger`, with the run's message.
+    Find {
+        sha: Option<&'a str>,
+        trigger: &'a str,
+    },
+}
+
+/// The target's run just before `run_id` when it is a `no_change` apply of
+/// `sha` by `trigger` with `message` and no delivery (the streak a run
+/// joins), and the job it names.
+const STREAK_ROW: &str = "SELECT id, job_id FROM runs
+     WHERE id = (SELECT MAX(id) FROM runs WHERE target = ?1 AND id < ?2)
+       AND result = 'no_change' AND operation = 'apply' AND sha IS ?3
+       AND trigger = ?4 AND message IS ?5 AND delivery_id IS NULL";
+
+/// Fold the finished run `run_id` into the streak `streak` says, in the
+/// run's closing transaction: the streak row counts it, takes its end,
+/// duration, output and job, and the run's own row goes, with the job the
+/// streak named before (done, named by no run). Returns the id the run
+/// now is: the streak's, or `run_id` when there is no (matching
+/// `no_change`) streak row.
 pub(super) async fn fold(
     tx: &mut Tx,
-    streak: i64,
+    target: &str,
+    streak: Streak<'_>,
     run_id: i64,
     now: i64,
     status: &Status,
 ) -> Result<i64, sqlx::Error> {
-    let older_job: Option<i64> = sqlx::query_scalar("SELECT job_id FROM runs WHERE id = ?1")
-        .bind(streak)
-        .fetch_optional(&mut **tx)
-        .await?
-        .flatten();
+    let found: Option<(i64, Option<i64>)> = match streak {
+        Streak::No => None,
+        Streak::Row(id) => sqlx::query_scalar("SELECT job_id FROM runs WHERE id = ?1")
+            .bind(id)
+            .fetch_optional(&mut **tx)
+            .await?
+            .map(|job| (id, job)),
+        Streak::Find { sha, trigger } => {
+            sqlx::query_as(STREAK_ROW)
+                .bind(target)
+                .bind(run_id)
+                .bind(sha)
+                .bind(trigger)
+                .bind(&status.message)
+                .fetch_optional(&mut **tx)
+                .await?
+        }
+    };
+    let Some((streak, older_job)) = found else {
+        return Ok(run_id);
+    };
     let folded = sqlx::query(
         "UPDATE runs SET finished_at = ?3,
                 duration_ms = ?3 - (SELECT started_at FROM runs WHERE id = ?2),
@@ -97,20 +142,16 @@ impl Store {
         trigger: &str,
         message: &str,
     ) -> Result<Option<i64>, StoreError> {
-        sqlx::query_scalar(
-            "SELECT id FROM runs
-             WHERE id = (SELECT MAX(id) FROM runs WHERE target = ?1 AND id < ?2)
-               AND result = 'no_change' AND operation = 'apply' AND sha IS ?3
-               AND trigger = ?4 AND message IS ?5 AND delivery_id IS NULL",
-        )
-        .bind(target)
-        .bind(run_id)
-        .bind(sha)
-        .bind(trigger)
-        .bind(message)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(self.err("reading a target's last run"))
+        sqlx::query_as::<_, (i64, Option<i64>)>(STREAK_ROW)
+            .bind(target)
+            .bind(run_id)
+            .bind(sha)
+            .bind(trigger)
+            .bind(message)
+            .fetch_optional(&self.pool)
+            .await
+            .map(|row| row.map(|(id, _)| id))
+            .map_err(self.err("reading a target's last run"))
     }
 
     /// Forget what is older than `keep`: finished runs (but each target's
@@ -259,13 +300,20 @@ mod tests {
         let id = store.begin_run(&new_run(trigger)).await.expect("begin");
         store.set_run_sha(id, sha).await.expect("sha");
         let message = format!("{} at {sha}", result.as_str());
-        let streak = if result == ApplyResult::NoChange {
-            store
+        // Interval runs look for their streak as they are recorded (as
+        // the ticks of a target without commit statuses do), the others
+        // before (as those with them do): both must fold alike.
+        let streak = match result {
+            ApplyResult::NoChange if trigger == "interval" => Streak::Find {
+                sha: Some(sha),
+                trigger,
+            },
+            ApplyResult::NoChange => store
                 .streak("web", id, Some(sha), trigger, &message)
                 .await
                 .expect("streak")
-        } else {
-            None
+                .map_or(Streak::No, Streak::Row),
+            _ => Streak::No,
         };
         store
             .finish_run(
@@ -301,12 +349,13 @@ mod tests {
         let failed = run(&store, "b", "cli", ApplyResult::Failed).await;
         let after = run(&store, "b", "cli", ApplyResult::NoChange).await;
         assert_ne!(after, other, "a failure in between ends the streak");
+        assert_eq!(run(&store, "b", "cli", ApplyResult::NoChange).await, after);
         let rows = store.history("web", 100).await.expect("history");
         let repeats: Vec<(i64, i64)> = rows.iter().map(|r| (r.id, r.repeats)).collect();
         assert_eq!(
             repeats,
             [
-                (after, 1),
+                (after, 2),
                 (failed, 1),
                 (other, 1),
                 (cli, 1),
@@ -359,7 +408,8 @@ mod tests {
             let streak = store
                 .streak("web", id, Some("a"), "interval", &message)
                 .await
-                .expect("streak");
+                .expect("streak")
+                .map_or(Streak::No, Streak::Row);
             store
                 .finish_run(
                     id,

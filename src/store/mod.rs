@@ -44,6 +44,8 @@ pub struct StoreError {
 #[derive(Clone, Debug)]
 pub struct Store {
     pool: SqlitePool,
+    /// One connection, for `begin_write`'s transactions.
+    writes: SqlitePool,
     path: PathBuf,
     /// Write transactions of this process take turns here rather than in
     /// SQLite's busy handler, whose back-off sleeps turn contention into
@@ -340,35 +342,41 @@ impl Store {
             dev_ino: (meta.dev(), meta.ino()),
             logged: Default::default(),
         };
-        let mut attempt = 0;
-        let pool = loop {
-            let id = identity.clone();
-            match SqlitePoolOptions::new()
-                .max_connections(8)
-                // A commit that failed (a full disk) can leave a pooled
-                // connection marked inside a transaction, and every later
-                // write on it fails ("begin_with at non-zero transaction
-                // depth"). Such a connection is closed, not reused. And no
-                // connection is handed out once the file at the path is not
-                // the one open.
-                .before_acquire(move |conn, _meta| {
-                    let id = id.clone();
-                    Box::pin(async move {
-                        id.check().map_err(sqlx::Error::Io)?;
-                        Ok(!sqlx::Connection::is_in_transaction(conn))
-                    })
-                })
-                .connect_with(opts.clone())
-                .await
-            {
-                Ok(p) => break p,
-                Err(e) if attempt < 30 && is_busy(&e) => {
-                    attempt += 1;
-                    tokio::time::sleep(Duration::from_millis(50 + 10 * attempt)).await;
+        let connect = |max: u32| {
+            let (opts, identity) = (opts.clone(), identity.clone());
+            async move {
+                let mut attempt = 0;
+                loop {
+                    let id = identity.clone();
+                    match SqlitePoolOptions::new()
+                        .max_connections(max)
+                        // A commit that failed (a full disk) can leave a pooled
+                        // connection marked inside a transaction, and every later
+                        // write on it fails ("begin_with at non-zero transaction
+                        // depth"). Such a connection is closed, not reused. And no
+                        // connection is handed out once the file at the path is not
+                        // the one open.
+                        .before_acquire(move |conn, _meta| {
+                            let id = id.clone();
+                            Box::pin(async move {
+                                id.check().map_err(sqlx::Error::Io)?;
+                                Ok(!sqlx::Connection::is_in_transaction(conn))
+                            })
+                        })
+                        .connect_with(opts.clone())
+                        .await
+                    {
+                        Ok(p) => break Ok(p),
+                        Err(e) if attempt < 30 && is_busy(&e) => {
+                            attempt += 1;
+                            tokio::time::sleep(Duration::from_millis(50 + 10 * attempt)).await;
+                        }
+                        Err(e) => break Err(e),
+                    }
                 }
-                Err(e) => return Err(err("opening", e)),
             }
         };
+        let pool = connect(8).await.map_err(|e| err("opening", e))?;
         // Two processes starting at once may race on the first migration:
         // the loser retries once and finds it applied.
         if let Err(e) = MIGRATOR.run(&pool).await {
@@ -378,8 +386,14 @@ impl Store {
                 .await
                 .map_err(|_| err("migrating", e.into()))?;
         }
+        // Write transactions take turns (`writer`) on one connection of
+        // their own: its page cache stays warm, where a write on any of
+        // the pool's connections would make the next one read every page
+        // again (SQLite drops a connection's cache when another wrote).
+        let writes = connect(1).await.map_err(|e| err("opening", e))?;
         Ok(Store {
             pool,
+            writes,
             path: path.to_path_buf(),
             writer: Default::default(),
             identity,
@@ -405,7 +419,7 @@ impl Store {
         self.check_identity()?;
         let turn = self.writer.clone().lock_owned().await;
         let tx = self
-            .pool
+            .writes
             .begin_with("BEGIN IMMEDIATE")
             .await
             .map_err(self.err(what))?;
@@ -517,7 +531,8 @@ impl Store {
 
     /// Complete a run and fold its result into the target's state, closing
     /// the run's job. A failed run never moves the last applied SHA. With
-    /// `streak` (a `no_change` row [`Store::streak`] found for it), the run
+    /// `streak` (a `no_change` row [`Store::streak`] found for it, or to
+    /// be looked for), the run
     /// is folded into that row instead of kept as one of its own. Returns
     /// the id of the row the run now is.
     #[allow(clippy::too_many_arguments)]
@@ -529,17 +544,14 @@ impl Store {
         sha: Option<&str>,
         status: &Status,
         notice: Option<&Notice>,
-        streak: Option<i64>,
+        streak: history::Streak<'_>,
     ) -> Result<i64, StoreError> {
         let now = now_ms();
         let what = "recording a run's result";
         let WriteTx { mut tx, _turn } = self.begin_write(what).await?;
-        let kept = match streak {
-            Some(streak) => history::fold(&mut tx, streak, run_id, now, status)
-                .await
-                .map_err(self.err(what))?,
-            None => run_id,
-        };
+        let kept = history::fold(&mut tx, target, streak, run_id, now, status)
+            .await
+            .map_err(self.err(what))?;
         if kept == run_id {
             sqlx::query(
                 "UPDATE runs SET finished_at = ?2, duration_ms = ?2 - started_at, result = ?3,
@@ -985,6 +997,13 @@ mod tests {
         for _ in 0..8 {
             held.push(store.pool().acquire().await.expect("connection"));
         }
+        held.push(
+            store
+                .writes
+                .acquire()
+                .await
+                .expect("the writes' connection"),
+        );
         for c in &mut held {
             let sync: i64 = sqlx::query_scalar("PRAGMA synchronous")
                 .fetch_one(&mut **c)

@@ -33,6 +33,7 @@ use crate::model::short_sha;
 use crate::model::{CommitId, Trigger};
 use crate::notify;
 use crate::queue::Job;
+use crate::store::history::Streak;
 use crate::store::plans::PlanState;
 use crate::store::{DriftUpdate, NewRun, Operation, StoreError, TargetState};
 
@@ -782,6 +783,8 @@ impl Reconciler {
         }
         // A run that found nothing to do, like the one before it, and has
         // nothing to tell: one row for the streak, not one per tick.
+        // Looked for as the run is recorded, unless its commit status must
+        // link to the streak's row before.
         let streak = match &notice {
             Some(n)
                 if status.result == ApplyResult::NoChange
@@ -792,15 +795,26 @@ impl Reconciler {
                     && n.plan_done.is_none()
                     && n.drift.is_none() =>
             {
-                self.app
-                    .store
-                    .streak(&target.name, run.id, seen, &run.trigger, &status.message)
-                    .await?
+                if target.statuses.is_none() {
+                    Streak::Find {
+                        sha: seen,
+                        trigger: &run.trigger,
+                    }
+                } else {
+                    self.app
+                        .store
+                        .streak(&target.name, run.id, seen, &run.trigger, &status.message)
+                        .await?
+                        .map_or(Streak::No, Streak::Row)
+                }
             }
-            _ => None,
+            _ => Streak::No,
         };
         if let Some(n) = notice.as_mut() {
-            let shown = streak.unwrap_or(run.id);
+            let shown = match streak {
+                Streak::Row(id) => id,
+                _ => run.id,
+            };
             n.statuses
                 .extend(self.commit_status(target, run, shown, seen, &status, waiting));
         }
