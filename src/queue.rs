@@ -210,7 +210,7 @@ impl Queue {
         queued
             .first()
             .map(|q| q.id)
-            .ok_or_else(|| self.store.err("queueing a job")(sqlx::Error::RowNotFound))
+            .ok_or_else(|| self.store.err("queueing a job")(no_job(&req.target)))
     }
 
     /// Queue several requests in one write (the scheduler's due targets
@@ -627,7 +627,7 @@ impl Batch for Intake {
                 }
                 let (mut queued, mut paused, mut new_job) = (Vec::new(), Vec::new(), false);
                 for req in &i.requests {
-                    let q = jobs.get(&req.target).ok_or(sqlx::Error::RowNotFound)?;
+                    let q = jobs.get(&req.target).ok_or_else(|| no_job(&req.target))?;
                     new_job |= q.fresh;
                     if q.paused {
                         paused.push(req.target.clone());
@@ -678,7 +678,7 @@ impl Batch for Requests {
                         .map(|req| {
                             jobs.get(&req.target)
                                 .cloned()
-                                .ok_or(sqlx::Error::RowNotFound)
+                                .ok_or_else(|| no_job(&req.target))
                         })
                         .collect()
                 })
@@ -697,6 +697,14 @@ struct Queued {
     fresh: bool,
     /// Its target is paused (read in the same statement): the job waits.
     paused: bool,
+}
+
+/// A request whose job the upsert did not return (it returns one row a
+/// request): the write fails, naming the target.
+fn no_job(target: &str) -> sqlx::Error {
+    sqlx::Error::Protocol(format!(
+        "queueing a job for target `{target}` returned no job row"
+    ))
 }
 
 fn json_text<T: Serialize>(v: &T) -> Result<String, sqlx::Error> {
