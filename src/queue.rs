@@ -18,6 +18,7 @@ use sqlx::FromRow;
 use crate::model::{BoxFuture, Trigger};
 use crate::store::previews::{self, PullEvent};
 use crate::store::statuses::{self, NewStatus};
+use crate::store::db::{JsonText, json_field};
 use crate::store::{Batch, BatchTx, Store, StoreError, WriteTx, now_ms};
 
 /// How long a claim lasts without a heartbeat.
@@ -55,7 +56,7 @@ pub enum Accepted {
     },
 }
 
-/// A job `j` that may be claimed now (`?1` the time): queued, due, its
+/// A job `j` that may be claimed now (`$1` the time): queued, due, its
 /// target not paused, none of its target's jobs running, no job of a
 /// target it depends on (directly or not: `target_deps`) queued or
 /// running — a chain converges in order, and waits across a restart, since
@@ -64,12 +65,14 @@ pub enum Accepted {
 /// without reading a thousand rows). Jobs of targets no longer configured
 /// are closed when the daemon starts (`drop_unknown`), and one claimed all
 /// the same is closed by the worker.
-const RUNNABLE: &str = "j.state = 'queued' AND j.not_before <= ?1
+const RUNNABLE: &str = "j.state = 'queued' AND j.not_before <= $1
       AND NOT EXISTS (SELECT 1 FROM targets t WHERE t.name = j.target AND t.paused_at IS NOT NULL)
       AND NOT EXISTS (SELECT 1 FROM jobs r WHERE r.target = j.target AND r.state = 'running')
       AND NOT EXISTS (SELECT 1 FROM target_deps d WHERE d.target = j.target
             AND (EXISTS (SELECT 1 FROM jobs q WHERE q.target = d.ancestor AND q.state = 'queued')
               OR EXISTS (SELECT 1 FROM jobs q WHERE q.target = d.ancestor AND q.state = 'running')))";
+
+json_field!(Vec<Trigger>, Vec<String>);
 
 /// How long delivery ids are remembered for dedupe.
 pub const DELIVERY_MEMORY: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -78,10 +81,10 @@ pub const DELIVERY_MEMORY: Duration = Duration::from_secs(7 * 24 * 3600);
 struct JobRow {
     id: i64,
     target: String,
-    #[sqlx(json)]
+    #[sqlx(try_from = "JsonText")]
     triggers: Vec<Trigger>,
     requested_sha: Option<String>,
-    #[sqlx(json)]
+    #[sqlx(try_from = "JsonText")]
     delivery_ids: Vec<String>,
     attempts: i64,
     receiver: Option<String>,
@@ -238,7 +241,7 @@ impl Queue {
     /// Forget delivery ids older than [`DELIVERY_MEMORY`].
     pub async fn prune_deliveries(&self) -> Result<u64, StoreError> {
         let cutoff = now_ms() - DELIVERY_MEMORY.as_millis() as i64;
-        let r = sqlx::query("DELETE FROM deliveries WHERE received_at < ?1")
+        let r = sqlx::query("DELETE FROM deliveries WHERE received_at < $1")
             .bind(cutoff)
             .execute(self.store.pool())
             .await
@@ -251,7 +254,7 @@ impl Queue {
         sqlx::query_as::<_, JobRecord>(
             "SELECT id, target, state, triggers, requested_sha, delivery_ids, receiver, attempts,
                     run_id, outcome, created_at, updated_at
-             FROM jobs WHERE id = ?1",
+             FROM jobs WHERE id = $1",
         )
         .bind(id)
         .fetch_optional(self.store.pool())
@@ -277,8 +280,8 @@ impl Queue {
             return Ok(None);
         }
         let row = sqlx::query_as::<_, JobRow>(sqlx::AssertSqlSafe(format!(
-            "UPDATE jobs SET state = 'running', lease_owner = ?2, lease_until = ?3,
-                    attempts = attempts + 1, updated_at = ?1
+            "UPDATE jobs SET state = 'running', lease_owner = $2, lease_until = $3,
+                    attempts = attempts + 1, updated_at = $1
              WHERE id = (SELECT j.id FROM jobs j WHERE {RUNNABLE} ORDER BY j.id LIMIT 1)
              RETURNING id, target, triggers, requested_sha, delivery_ids, attempts, receiver"
         )))
@@ -295,10 +298,10 @@ impl Queue {
     async fn job_written<'q, A>(
         &self,
         what: &'static str,
-        query: sqlx::query::QueryAs<'q, sqlx::Sqlite, JobRow, A>,
+        query: sqlx::query::QueryAs<'q, crate::store::db::Db, JobRow, A>,
     ) -> Result<Option<Job>, StoreError>
     where
-        A: sqlx::IntoArguments<sqlx::Sqlite> + 'q,
+        A: sqlx::IntoArguments<crate::store::db::Db> + 'q,
     {
         let WriteTx { mut tx, _turn } = self.store.begin_write(what).await?;
         let row = query
@@ -329,7 +332,7 @@ impl Queue {
         let WriteTx { mut tx, _turn } = self.store.begin_write(what).await?;
         let row = sqlx::query_as::<_, JobRow>(
             "INSERT INTO jobs (target, state, triggers, lease_owner, lease_until, attempts, created_at, updated_at)
-             VALUES (?1, 'running', json_array(?2), ?3, ?4, 1, ?5, ?5)
+             VALUES ($1, 'running', json_array($2), $3, $4, 1, $5, $5)
              ON CONFLICT DO NOTHING
              RETURNING id, target, triggers, requested_sha, delivery_ids, attempts, receiver",
         )
@@ -343,8 +346,8 @@ impl Queue {
         .map_err(self.store.err(what))?;
         if let Some(r) = &row {
             sqlx::query(
-                "UPDATE jobs SET state = 'done', outcome = ?2, updated_at = ?3
-                 WHERE target = ?1 AND state = 'queued'
+                "UPDATE jobs SET state = 'done', outcome = $2, updated_at = $3
+                 WHERE target = $1 AND state = 'queued'
                    AND NOT EXISTS (SELECT 1 FROM json_each(jobs.triggers) WHERE value != 'dependency')",
             )
             .bind(target)
@@ -362,8 +365,8 @@ impl Queue {
     pub async fn heartbeat(&self, job_id: i64) -> Result<bool, StoreError> {
         let now = now_ms();
         let r = sqlx::query(
-            "UPDATE jobs SET lease_until = ?3, updated_at = ?4
-             WHERE id = ?1 AND state = 'running' AND lease_owner = ?2",
+            "UPDATE jobs SET lease_until = $3, updated_at = $4
+             WHERE id = $1 AND state = 'running' AND lease_owner = $2",
         )
         .bind(job_id)
         .bind(&self.owner)
@@ -383,9 +386,9 @@ impl Queue {
         outcome: &str,
     ) -> Result<(), StoreError> {
         sqlx::query(
-            "UPDATE jobs SET state = 'done', run_id = ?2, outcome = ?3, lease_owner = NULL,
-                    lease_until = NULL, updated_at = ?4
-             WHERE id = ?1",
+            "UPDATE jobs SET state = 'done', run_id = $2, outcome = $3, lease_owner = NULL,
+                    lease_until = NULL, updated_at = $4
+             WHERE id = $1",
         )
         .bind(job_id)
         .bind(run_id)
@@ -420,7 +423,7 @@ impl Queue {
     /// the runs they left open are marked `interrupted`. Returns the ids.
     pub async fn recover_expired(&self) -> Result<Vec<i64>, StoreError> {
         let expired: Vec<i64> = sqlx::query_scalar(
-            "SELECT id FROM jobs WHERE state = 'running' AND lease_until < ?1 ORDER BY id",
+            "SELECT id FROM jobs WHERE state = 'running' AND lease_until < $1 ORDER BY id",
         )
         .bind(now_ms())
         .fetch_all(self.store.pool())
@@ -462,7 +465,7 @@ impl Queue {
         let WriteTx { mut tx, _turn } = self.store.begin_write(what).await?;
         for id in ids {
             let attempts: Option<i64> =
-                sqlx::query_scalar("SELECT attempts FROM jobs WHERE id = ?1 AND state = 'running'")
+                sqlx::query_scalar("SELECT attempts FROM jobs WHERE id = $1 AND state = 'running'")
                     .bind(id)
                     .fetch_optional(&mut *tx)
                     .await
@@ -477,8 +480,8 @@ impl Queue {
             .map_err(self.store.err(what))?;
             if attempts >= MAX_ATTEMPTS {
                 sqlx::query(
-                    "UPDATE jobs SET state = 'done', outcome = ?2, lease_owner = NULL,
-                            lease_until = NULL, updated_at = ?3 WHERE id = ?1",
+                    "UPDATE jobs SET state = 'done', outcome = $2, lease_owner = NULL,
+                            lease_until = NULL, updated_at = $3 WHERE id = $1",
                 )
                 .bind(id)
                 .bind(format!("gave up after {attempts} interrupted attempts"))
@@ -522,7 +525,7 @@ impl Queue {
             .map_err(self.store.err(what))?;
         sqlx::query(
             "INSERT INTO target_deps (target, ancestor)
-             SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(?1)",
+             SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each($1)",
         )
         .bind(rows)
         .execute(&mut *tx)
@@ -535,8 +538,8 @@ impl Queue {
     pub async fn drop_unknown(&self, targets: &[String]) -> Result<u64, StoreError> {
         let names = serde_json::to_string(targets).unwrap_or_else(|_| "[]".into());
         let r = sqlx::query(
-            "UPDATE jobs SET state = 'done', outcome = 'target no longer configured', updated_at = ?2
-             WHERE state = 'queued' AND target NOT IN (SELECT value FROM json_each(?1))",
+            "UPDATE jobs SET state = 'done', outcome = 'target no longer configured', updated_at = $2
+             WHERE state = 'queued' AND target NOT IN (SELECT value FROM json_each($1))",
         )
         .bind(names)
         .bind(now_ms())
@@ -588,8 +591,8 @@ impl Batch for Intake {
             } else {
                 sqlx::query_as::<_, (String, String)>(
                     "INSERT INTO deliveries (receiver, delivery_id, received_at, outcome)
-                     SELECT d.value ->> 0, d.value ->> 1, ?2, d.value ->> 2
-                     FROM json_each(?1) AS d WHERE true ORDER BY d.key
+                     SELECT d.value ->> 0, d.value ->> 1, $2, d.value ->> 2
+                     FROM json_each($1) AS d WHERE true ORDER BY d.key
                      ON CONFLICT DO NOTHING
                      RETURNING receiver, delivery_id",
                 )
@@ -694,8 +697,10 @@ struct Queued {
     id: i64,
     /// A new job rather than a fold into a queued one (a fold within the
     /// same millisecond may say new: only a worker wakes for nothing).
+    #[sqlx(try_from = "crate::store::db::Flag")]
     fresh: bool,
     /// Its target is paused (read in the same statement): the job waits.
+    #[sqlx(try_from = "crate::store::db::Flag")]
     paused: bool,
 }
 
@@ -716,7 +721,7 @@ fn json_text<T: Serialize>(v: &T) -> Result<String, sqlx::Error> {
 /// made it, or it was there): the job each target's requests are in now,
 /// one row per request in no particular order.
 async fn enqueue_many(
-    conn: &mut sqlx::SqliteConnection,
+    conn: &mut crate::store::db::Conn,
     reqs: &[&Request],
 ) -> Result<Vec<Queued>, sqlx::Error> {
     if reqs.is_empty() {
@@ -740,8 +745,8 @@ async fn enqueue_many(
         "INSERT INTO jobs (target, state, triggers, requested_sha, delivery_ids, receiver, created_at, updated_at)
          SELECT r.value ->> 0, 'queued', json_array(r.value ->> 1), r.value ->> 2,
                 CASE WHEN r.value ->> 3 IS NULL THEN '[]' ELSE json_array(r.value ->> 3) END,
-                r.value ->> 4, ?2, ?2
-         FROM json_each(?1) AS r WHERE true ORDER BY r.key
+                r.value ->> 4, $2, $2
+         FROM json_each($1) AS r WHERE true ORDER BY r.key
          ON CONFLICT (target) WHERE state = 'queued' DO UPDATE SET
              triggers = CASE WHEN EXISTS (SELECT 1 FROM json_each(jobs.triggers)
                                           WHERE value = excluded.triggers ->> 0)
@@ -765,14 +770,32 @@ async fn enqueue_many(
 
 /// Where a job is in its life: queued, then running (claimed by a worker),
 /// then done (run, folded into another job, or given up).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, sqlx::Type)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-#[sqlx(rename_all = "lowercase")]
 pub enum JobStatus {
     Queued,
     Running,
     Done,
 }
+
+impl JobStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobStatus::Queued => "queued",
+            JobStatus::Running => "running",
+            JobStatus::Done => "done",
+        }
+    }
+
+    /// The state `as_str` wrote, if it is one.
+    pub fn parse(s: &str) -> Option<JobStatus> {
+        [JobStatus::Queued, JobStatus::Running, JobStatus::Done]
+            .into_iter()
+            .find(|x| x.as_str() == s)
+    }
+}
+
+crate::store::db::text_enum!(JobStatus);
 
 /// A job's row, whatever its state.
 #[derive(Debug, Clone, FromRow)]
@@ -780,10 +803,10 @@ pub struct JobRecord {
     pub id: i64,
     pub target: String,
     pub state: JobStatus,
-    #[sqlx(json)]
+    #[sqlx(try_from = "JsonText")]
     pub triggers: Vec<Trigger>,
     pub requested_sha: Option<String>,
-    #[sqlx(json)]
+    #[sqlx(try_from = "JsonText")]
     pub delivery_ids: Vec<String>,
     pub receiver: Option<String>,
     pub attempts: i64,
@@ -805,14 +828,14 @@ impl JobRecord {
 
 /// Close the runs job `id` left open, as `interrupted` with `message`.
 async fn interrupt_runs(
-    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    tx: &mut crate::store::db::Tx,
     id: i64,
     message: &str,
 ) -> Result<(), sqlx::Error> {
     sqlx::query(
-        "UPDATE runs SET result = 'interrupted', finished_at = ?2, duration_ms = ?2 - started_at,
-                message = ?3
-         WHERE job_id = ?1 AND result IS NULL",
+        "UPDATE runs SET result = 'interrupted', finished_at = $2, duration_ms = $2 - started_at,
+                message = $3
+         WHERE job_id = $1 AND result IS NULL",
     )
     .bind(id)
     .bind(now_ms())
@@ -825,14 +848,14 @@ async fn interrupt_runs(
 /// Move running job `id` back to queued (not before `not_before`), merging
 /// with an existing queued job of the same target. Runs inside a transaction.
 async fn requeue_in(
-    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    tx: &mut crate::store::db::Tx,
     id: i64,
     not_before: i64,
 ) -> Result<(), sqlx::Error> {
     let now = now_ms();
     let queued: Option<i64> = sqlx::query_scalar(
         "SELECT q.id FROM jobs q JOIN jobs r ON r.target = q.target
-         WHERE r.id = ?1 AND q.state = 'queued'",
+         WHERE r.id = $1 AND q.state = 'queued'",
     )
     .bind(id)
     .fetch_optional(&mut **tx)
@@ -840,8 +863,8 @@ async fn requeue_in(
     match queued {
         None => {
             sqlx::query(
-                "UPDATE jobs SET state = 'queued', not_before = ?2, lease_owner = NULL,
-                        lease_until = NULL, updated_at = ?3 WHERE id = ?1",
+                "UPDATE jobs SET state = 'queued', not_before = $2, lease_owner = NULL,
+                        lease_until = NULL, updated_at = $3 WHERE id = $1",
             )
             .bind(id)
             .bind(not_before)
@@ -854,7 +877,7 @@ async fn requeue_in(
             // and deliveries are kept, old ones first.
             let rows: Vec<JobRow> = sqlx::query_as(
                 "SELECT id, target, triggers, requested_sha, delivery_ids, attempts, receiver
-                 FROM jobs WHERE id IN (?1, ?2)",
+                 FROM jobs WHERE id IN ($1, $2)",
             )
             .bind(id)
             .bind(q)
@@ -875,21 +898,21 @@ async fn requeue_in(
             let mut deliveries = old.delivery_ids.clone();
             deliveries.extend(new.delivery_ids);
             sqlx::query(
-                "UPDATE jobs SET triggers = ?2, delivery_ids = ?3, requested_sha = ?4, updated_at = ?5,
-                        receiver = ?6
-                 WHERE id = ?1",
+                "UPDATE jobs SET triggers = $2, delivery_ids = $3, requested_sha = $4, updated_at = $5,
+                        receiver = $6
+                 WHERE id = $1",
             )
             .bind(q)
-            .bind(sqlx::types::Json(&triggers))
-            .bind(sqlx::types::Json(&deliveries))
+            .bind(json_text(&triggers)?)
+            .bind(json_text(&deliveries)?)
             .bind(new.requested_sha.or(old.requested_sha))
             .bind(now)
             .bind(new.receiver.or(old.receiver))
             .execute(&mut **tx)
             .await?;
             sqlx::query(
-                "UPDATE jobs SET state = 'done', outcome = ?2, lease_owner = NULL,
-                        lease_until = NULL, updated_at = ?3 WHERE id = ?1",
+                "UPDATE jobs SET state = 'done', outcome = $2, lease_owner = NULL,
+                        lease_until = NULL, updated_at = $3 WHERE id = $1",
             )
             .bind(id)
             .bind(format!("merged into job {q}"))
@@ -1108,7 +1131,7 @@ mod tests {
             .expect("run");
         // not expired yet
         assert!(q.recover_expired().await.expect("recover").is_empty());
-        sqlx::query("UPDATE jobs SET lease_until = 0 WHERE id = ?1")
+        sqlx::query("UPDATE jobs SET lease_until = 0 WHERE id = $1")
             .bind(job.id)
             .execute(store.pool())
             .await

@@ -267,7 +267,7 @@ mod tests {
         let (_dir, mut sched, queue) = setup(toml).await;
         let pool = queue.store().pool().clone();
         let two_hours_ago = now_ms() - 2 * 3600 * 1000;
-        sqlx::query("UPDATE targets SET last_run_at = ?1")
+        sqlx::query("UPDATE targets SET last_run_at = $1")
             .bind(two_hours_ago)
             .execute(&pool)
             .await
@@ -286,12 +286,12 @@ mod tests {
             .expect("enqueue");
         assert_eq!(sched.once().await.expect("once"), 0);
         // It ran now.
-        sqlx::query("UPDATE jobs SET state = 'done' WHERE id = ?1")
+        sqlx::query("UPDATE jobs SET state = 'done' WHERE id = $1")
             .bind(job)
             .execute(&pool)
             .await
             .expect("done");
-        sqlx::query("UPDATE targets SET last_run_at = ?1")
+        sqlx::query("UPDATE targets SET last_run_at = $1")
             .bind(now_ms())
             .execute(&pool)
             .await

@@ -70,7 +70,7 @@ pub async fn list(store: &Store, include_given_up: bool) -> Result<Vec<Notificat
         "SELECT id, uid, notifier, target, run_id, event, document, state, attempts,
                 next_attempt_at, last_error, created_at, sent_at
          FROM notifications
-         WHERE state = 'pending' OR (?1 AND state = 'given_up')
+         WHERE state = 'pending' OR ($1 AND state = 'given_up')
          ORDER BY id",
     )
     .bind(include_given_up)
@@ -84,7 +84,7 @@ pub async fn for_target(store: &Store, target: &str) -> Result<Vec<Notification>
     sqlx::query_as::<_, Notification>(
         "SELECT id, uid, notifier, target, run_id, event, document, state, attempts,
                 next_attempt_at, last_error, created_at, sent_at
-         FROM notifications WHERE target = ?1 ORDER BY id",
+         FROM notifications WHERE target = $1 ORDER BY id",
     )
     .bind(target)
     .fetch_all(store.pool())
@@ -156,7 +156,7 @@ impl Sender {
         let now = now_ms();
         let due: Vec<(i64, i64)> = sqlx::query_as(
             "SELECT id, next_attempt_at FROM notifications
-             WHERE state = 'pending' AND next_attempt_at <= ?1 ORDER BY id LIMIT 100",
+             WHERE state = 'pending' AND next_attempt_at <= $1 ORDER BY id LIMIT 100",
         )
         .bind(now)
         .fetch_all(self.store.pool())
@@ -166,8 +166,8 @@ impl Sender {
         for (id, seen_next) in due {
             // Claim it: only one sender moves next_attempt_at from what it saw.
             let claimed = sqlx::query_as::<_, Notification>(
-                "UPDATE notifications SET next_attempt_at = ?3
-                 WHERE id = ?1 AND state = 'pending' AND next_attempt_at = ?2
+                "UPDATE notifications SET next_attempt_at = $3
+                 WHERE id = $1 AND state = 'pending' AND next_attempt_at = $2
                  RETURNING id, uid, notifier, target, run_id, event, document, state, attempts,
                            next_attempt_at, last_error, created_at, sent_at",
             )
@@ -315,8 +315,8 @@ impl Sender {
             Ok(()) => {
                 info!(notifier = %n.notifier, target = %n.target, event = %n.event, id = n.id, "notification sent");
                 sqlx::query(
-                    "UPDATE notifications SET state = 'sent', sent_at = ?2, attempts = attempts + 1,
-                            last_error = NULL WHERE id = ?1",
+                    "UPDATE notifications SET state = 'sent', sent_at = $2, attempts = attempts + 1,
+                            last_error = NULL WHERE id = $1",
                 )
                 .bind(n.id)
                 .bind(now)
@@ -334,8 +334,8 @@ impl Sender {
                     error!(notifier = %n.notifier, target = %n.target, event = %n.event, id = n.id,
                            attempts, error = %e, "notification given up");
                     sqlx::query(
-                        "UPDATE notifications SET state = 'given_up', attempts = ?2, last_error = ?3
-                         WHERE id = ?1",
+                        "UPDATE notifications SET state = 'given_up', attempts = $2, last_error = $3
+                         WHERE id = $1",
                     )
                     .bind(n.id)
                     .bind(attempts)
@@ -349,8 +349,8 @@ impl Sender {
                           attempts, retry_in = %humantime::format_duration(wait), error = %e,
                           "notification failed; will retry");
                     sqlx::query(
-                        "UPDATE notifications SET attempts = ?2, last_error = ?3, next_attempt_at = ?4
-                         WHERE id = ?1",
+                        "UPDATE notifications SET attempts = $2, last_error = $3, next_attempt_at = $4
+                         WHERE id = $1",
                     )
                     .bind(n.id)
                     .bind(attempts)

@@ -24,7 +24,7 @@ use crate::model::BoxFuture;
 pub const MAX_BATCH: usize = 256;
 
 /// The transaction a batch's writes share.
-pub type Tx = sqlx::Transaction<'static, sqlx::Sqlite>;
+pub type Tx = crate::store::db::Tx;
 
 /// One write: runs in the batch's transaction, keeps its own result. Run
 /// again (in a transaction of its own) when another write of its batch
@@ -373,7 +373,7 @@ mod tests {
                 };
                 sqlx::query(sqlx::AssertSqlSafe(format!(
                     "INSERT INTO {table} (receiver, delivery_id, received_at, outcome)
-                     SELECT 'r', 'b' || value, 0, 'ok' FROM json_each(?1)"
+                     SELECT 'r', 'b' || value, 0, 'ok' FROM json_each($1)"
                 )))
                 .bind(serde_json::to_string(&ids).unwrap_or_default())
                 .execute(&mut **tx)
@@ -405,7 +405,7 @@ mod tests {
                                 Box::pin(async move {
                                     sqlx::query(
                                         "INSERT INTO deliveries (receiver, delivery_id, received_at, outcome)
-                                         VALUES ('r', 'g' || ?1, 0, 'ok')",
+                                         VALUES ('r', 'g' || $1, 0, 'ok')",
                                     )
                                     .bind(n)
                                     .execute(&mut **tx)

@@ -23,7 +23,7 @@ pub const BATCH: i64 = 500;
 /// request being watched; its run is the history).
 const JOBS_KEEP: Duration = Duration::from_secs(24 * 3600);
 
-type Tx = sqlx::Transaction<'static, sqlx::Sqlite>;
+type Tx = crate::store::db::Tx;
 
 /// What one pruning pass deleted.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -56,9 +56,9 @@ pub enum Streak<'a> {
 /// `sha` by `trigger` with `message` and no delivery (the streak a run
 /// joins), and the job it names.
 const STREAK_ROW: &str = "SELECT id, job_id FROM runs
-     WHERE id = (SELECT MAX(id) FROM runs WHERE target = ?1 AND id < ?2)
-       AND result = 'no_change' AND operation = 'apply' AND sha IS ?3
-       AND trigger = ?4 AND message IS ?5 AND delivery_id IS NULL";
+     WHERE id = (SELECT MAX(id) FROM runs WHERE target = $1 AND id < $2)
+       AND result = 'no_change' AND operation = 'apply' AND sha IS $3
+       AND trigger = $4 AND message IS $5 AND delivery_id IS NULL";
 
 /// Fold the finished run `run_id` into the streak `streak` says, in the
 /// run's closing transaction: the streak row counts it, takes its end,
@@ -76,7 +76,7 @@ pub(super) async fn fold(
 ) -> Result<i64, sqlx::Error> {
     let found: Option<(i64, Option<i64>)> = match streak {
         Streak::No => None,
-        Streak::Row(id) => sqlx::query_scalar("SELECT job_id FROM runs WHERE id = ?1")
+        Streak::Row(id) => sqlx::query_scalar("SELECT job_id FROM runs WHERE id = $1")
             .bind(id)
             .fetch_optional(&mut **tx)
             .await?
@@ -96,11 +96,11 @@ pub(super) async fn fold(
         return Ok(run_id);
     };
     let folded = sqlx::query(
-        "UPDATE runs SET finished_at = ?3,
-                duration_ms = ?3 - (SELECT started_at FROM runs WHERE id = ?2),
-                repeats = repeats + 1, output_tail = ?4,
-                job_id = (SELECT job_id FROM runs WHERE id = ?2)
-         WHERE id = ?1 AND result = 'no_change' AND ?5 = 'no_change' AND message IS ?6",
+        "UPDATE runs SET finished_at = $3,
+                duration_ms = $3 - (SELECT started_at FROM runs WHERE id = $2),
+                repeats = repeats + 1, output_tail = $4,
+                job_id = (SELECT job_id FROM runs WHERE id = $2)
+         WHERE id = $1 AND result = 'no_change' AND $5 = 'no_change' AND message IS $6",
     )
     .bind(streak)
     .bind(run_id)
@@ -114,15 +114,15 @@ pub(super) async fn fold(
     if folded != 1 {
         return Ok(run_id);
     }
-    sqlx::query("DELETE FROM runs WHERE id = ?1")
+    sqlx::query("DELETE FROM runs WHERE id = $1")
         .bind(run_id)
         .execute(&mut **tx)
         .await?;
     // The job of the streak's previous run is done and no run names it any
     // more: it goes now, so a streak keeps one job row, not one a tick.
     sqlx::query(
-        "DELETE FROM jobs WHERE id = ?1 AND state = 'done'
-           AND NOT EXISTS (SELECT 1 FROM runs WHERE job_id = ?1)",
+        "DELETE FROM jobs WHERE id = $1 AND state = 'done'
+           AND NOT EXISTS (SELECT 1 FROM runs WHERE job_id = $1)",
     )
     .bind(older_job)
     .execute(&mut **tx)
@@ -178,8 +178,8 @@ impl Store {
         let runs = self
             .prune_batches(
                 "DELETE FROM runs WHERE id IN (
-                     SELECT id FROM runs WHERE finished_at < ?1
-                       AND id NOT IN (SELECT value FROM json_each(?2)) LIMIT ?3)",
+                     SELECT id FROM runs WHERE finished_at < $1
+                       AND id NOT IN (SELECT value FROM json_each($2)) LIMIT $3)",
                 cutoff,
                 Some(&kept),
             )
@@ -187,9 +187,9 @@ impl Store {
         let jobs = self
             .prune_batches(
                 "DELETE FROM jobs WHERE id IN (
-                     SELECT id FROM jobs WHERE state = 'done' AND updated_at < ?1
+                     SELECT id FROM jobs WHERE state = 'done' AND updated_at < $1
                        AND NOT EXISTS (SELECT 1 FROM runs WHERE runs.job_id = jobs.id)
-                     LIMIT ?3)",
+                     LIMIT $3)",
                 jobs_cutoff,
                 None,
             )
@@ -198,7 +198,7 @@ impl Store {
             .prune_batches(
                 "DELETE FROM notifications WHERE id IN (
                      SELECT id FROM notifications WHERE state IN ('sent', 'given_up')
-                       AND created_at < ?1 LIMIT ?3)",
+                       AND created_at < $1 LIMIT $3)",
                 cutoff,
                 None,
             )
@@ -207,8 +207,8 @@ impl Store {
             .prune_batches(
                 "DELETE FROM forge_statuses WHERE id IN (
                      SELECT id FROM forge_statuses
-                     WHERE (sent_version >= version OR given_up = 1) AND updated_at < ?1
-                     LIMIT ?3)",
+                     WHERE (sent_version >= version OR given_up = 1) AND updated_at < $1
+                     LIMIT $3)",
                 cutoff,
                 None,
             )
@@ -221,7 +221,7 @@ impl Store {
         })
     }
 
-    /// Run `delete` (binding ?1 the cutoff, ?2 `extra`, ?3 the batch size)
+    /// Run `delete` (binding $1 the cutoff, $2 `extra`, $3 the batch size)
     /// until a batch takes less than a full one.
     async fn prune_batches(
         &self,

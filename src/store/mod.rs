@@ -7,17 +7,15 @@
 //! it is told; it decides nothing about when to tick or what a result means.
 
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 use sqlx::FromRow;
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
-};
+use sqlx::any::AnyPoolOptions;
 
 use crate::model::{ApplyResult, Status};
 
+pub mod db;
 mod group;
 pub use group::{Batch, Tx as BatchTx};
 pub mod history;
@@ -43,9 +41,9 @@ pub struct StoreError {
 /// The state database. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Store {
-    pool: SqlitePool,
+    pool: db::Pool,
     /// One connection, for `begin_write`'s transactions.
-    writes: SqlitePool,
+    writes: db::Pool,
     path: PathBuf,
     /// Write transactions of this process take turns here rather than in
     /// SQLite's busy handler, whose back-off sleeps turn contention into
@@ -93,7 +91,7 @@ impl Identity {
 
 /// A write transaction and this process's turn to write; commit it.
 pub struct WriteTx {
-    pub tx: sqlx::Transaction<'static, sqlx::Sqlite>,
+    pub tx: db::Tx,
     pub(crate) _turn: tokio::sync::OwnedMutexGuard<()>,
 }
 
@@ -118,6 +116,23 @@ fn is_busy(e: &sqlx::Error) -> bool {
         sqlx::Error::Database(d) => matches!(d.code().as_deref(), Some("5" | "6" | "517" | "262")),
         _ => false,
     }
+}
+
+/// The `sqlite://` URL of the database file at `path`, every byte but the
+/// unreserved ones percent-encoded (sqlx decodes the path back).
+fn sqlite_url(path: &Path) -> String {
+    use std::fmt::Write;
+    use std::os::unix::ffi::OsStrExt;
+    let mut url = String::from("sqlite://");
+    for &b in path.as_os_str().as_bytes() {
+        if b.is_ascii_alphanumeric() || b"/-_.~".contains(&b) {
+            url.push(b as char);
+        } else {
+            let _ = write!(url, "%{b:02X}");
+        }
+    }
+    url.push_str("?mode=rwc");
+    url
 }
 
 /// Milliseconds since the Unix epoch.
@@ -217,8 +232,10 @@ pub struct TargetState {
 pub struct Candidate {
     pub name: String,
     pub last_run_at: Option<i64>,
+    #[sqlx(try_from = "crate::store::db::Flag")]
     pub paused: bool,
     /// A job of it is queued or running.
+    #[sqlx(try_from = "crate::store::db::Flag")]
     pub active: bool,
 }
 
@@ -272,7 +289,7 @@ pub struct Notice {
 
 /// A target's row, made or given its backend: `register_targets`, and a
 /// target set's new members (`store::sets`).
-const UPSERT_TARGET: &str = "INSERT INTO targets (name, backend, updated_at) VALUES (?1, ?2, ?3)
+const UPSERT_TARGET: &str = "INSERT INTO targets (name, backend, updated_at) VALUES ($1, $2, $3)
      ON CONFLICT (name) DO UPDATE SET backend = excluded.backend";
 
 impl Store {
@@ -324,14 +341,12 @@ impl Store {
                 })
                 .map_err(|e| err("creating it", e.into()))?;
         }
-        let opts = SqliteConnectOptions::from_str("sqlite:")
-            .map_err(|e| err("configuring", e))?
-            .filename(path)
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Full)
-            .foreign_keys(true)
-            .busy_timeout(Duration::from_secs(15));
+        let url = sqlite_url(path);
+        // Set on every connection: WAL, `synchronous=FULL` (a job is on
+        // disk before a webhook gets its 2xx), foreign keys, and how long
+        // to wait for another process's write.
+        const PRAGMAS: &str = "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; \
+             PRAGMA foreign_keys = ON; PRAGMA busy_timeout = 15000;";
         // A brand-new database is switched to WAL on the first connection,
         // which takes an exclusive lock SQLite does not wait for: a second
         // process opening it at that instant gets SQLITE_BUSY at once. Retry
@@ -342,14 +357,20 @@ impl Store {
             dev_ino: (meta.dev(), meta.ino()),
             logged: Default::default(),
         };
+        sqlx::any::install_default_drivers();
         let connect = |max: u32| {
-            let (opts, identity) = (opts.clone(), identity.clone());
+            let (url, identity) = (url.clone(), identity.clone());
             async move {
                 let mut attempt = 0;
                 loop {
                     let id = identity.clone();
-                    match SqlitePoolOptions::new()
+                    match AnyPoolOptions::new()
                         .max_connections(max)
+                        .after_connect(|conn, _meta| {
+                            Box::pin(async move {
+                                sqlx::raw_sql(PRAGMAS).execute(conn).await.map(drop)
+                            })
+                        })
                         // A commit that failed (a full disk) can leave a pooled
                         // connection marked inside a transaction, and every later
                         // write on it fails ("begin_with at non-zero transaction
@@ -363,7 +384,7 @@ impl Store {
                                 Ok(!sqlx::Connection::is_in_transaction(conn))
                             })
                         })
-                        .connect_with(opts.clone())
+                        .connect(&url)
                         .await
                     {
                         Ok(p) => break Ok(p),
@@ -426,7 +447,7 @@ impl Store {
         Ok(WriteTx { tx, _turn: turn })
     }
 
-    pub fn pool(&self) -> &SqlitePool {
+    pub fn pool(&self) -> &db::Pool {
         &self.pool
     }
 
@@ -491,7 +512,7 @@ impl Store {
         let WriteTx { mut tx, _turn } = self.begin_write("recording a run").await?;
         let id: i64 = sqlx::query_scalar(
             "INSERT INTO runs (target, job_id, operation, trigger, delivery_id, requested_sha, started_at, receiver, sha)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) RETURNING id",
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING id",
         )
         .bind(run.target)
         .bind(run.job_id)
@@ -506,7 +527,7 @@ impl Store {
         .await
         .map_err(self.err("recording a run"))?;
         let state = sqlx::query_as::<_, TargetState>(sqlx::AssertSqlSafe(format!(
-            "UPDATE targets SET last_run_at = ?2, updated_at = ?2 WHERE name = ?1
+            "UPDATE targets SET last_run_at = $2, updated_at = $2 WHERE name = $1
              RETURNING {TARGET_STATE}"
         )))
         .bind(run.target)
@@ -520,7 +541,7 @@ impl Store {
 
     /// Record which commit the run is about to apply.
     pub async fn set_run_sha(&self, run_id: i64, sha: &str) -> Result<(), StoreError> {
-        sqlx::query("UPDATE runs SET sha = ?2 WHERE id = ?1")
+        sqlx::query("UPDATE runs SET sha = $2 WHERE id = $1")
             .bind(run_id)
             .bind(sha)
             .execute(&self.pool)
@@ -554,9 +575,9 @@ impl Store {
             .map_err(self.err(what))?;
         if kept == run_id {
             sqlx::query(
-                "UPDATE runs SET finished_at = ?2, duration_ms = ?2 - started_at, result = ?3,
-                        message = ?4, output_tail = ?5
-                 WHERE id = ?1",
+                "UPDATE runs SET finished_at = $2, duration_ms = $2 - started_at, result = $3,
+                        message = $4, output_tail = $5
+                 WHERE id = $1",
             )
             .bind(run_id)
             .bind(now)
@@ -571,9 +592,9 @@ impl Store {
         // The run's job is over with it, in the same transaction: a job
         // whose run is recorded is never run again.
         sqlx::query(
-            "UPDATE jobs SET state = 'done', run_id = ?1, outcome = ?2, lease_owner = NULL,
-                    lease_until = NULL, updated_at = ?3
-             WHERE id = (SELECT job_id FROM runs WHERE id = ?1) AND state = 'running'",
+            "UPDATE jobs SET state = 'done', run_id = $1, outcome = $2, lease_owner = NULL,
+                    lease_until = NULL, updated_at = $3
+             WHERE id = (SELECT job_id FROM runs WHERE id = $1) AND state = 'running'",
         )
         .bind(run_id)
         .bind(status.result.as_str())
@@ -582,29 +603,29 @@ impl Store {
         .await
         .map_err(self.err(what))?;
         // The result and, with a notice, what the owners were told: one
-        // statement (?8 says whether the notice's columns are written).
-        const TOLD: &str = "failing_since = CASE WHEN ?8 THEN ?9 ELSE failing_since END,
-                 last_notified_at = CASE WHEN ?8 THEN ?10 ELSE last_notified_at END,
-                 last_notified_message = CASE WHEN ?8 THEN ?11 ELSE last_notified_message END";
+        // statement ($8 says whether the notice's columns are written).
+        const TOLD: &str = "failing_since = CASE WHEN $8 THEN $9 ELSE failing_since END,
+                 last_notified_at = CASE WHEN $8 THEN $10 ELSE last_notified_at END,
+                 last_notified_message = CASE WHEN $8 THEN $11 ELSE last_notified_message END";
         let set = match (status.result, operation) {
             // Failed or blocked: the last applied commit stays.
             (ApplyResult::Failed | ApplyResult::Blocked, _) => {
-                "last_result = ?5, last_message = ?2, last_run_id = ?3,
-                 consecutive_failures = consecutive_failures + 1, updated_at = ?4"
+                "last_result = $5, last_message = $2, last_run_id = $3,
+                 consecutive_failures = consecutive_failures + 1, updated_at = $4"
             }
             (_, Operation::Apply) => {
-                "last_result = ?5, last_message = ?2, last_run_id = ?3,
-                 consecutive_failures = 0, last_applied_sha = ?6,
-                 backend_digest = COALESCE(?7, backend_digest), updated_at = ?4"
+                "last_result = $5, last_message = $2, last_run_id = $3,
+                 consecutive_failures = 0, last_applied_sha = $6,
+                 backend_digest = COALESCE($7, backend_digest), updated_at = $4"
             }
             (_, Operation::Destroy) => {
-                "last_result = ?5, last_message = ?2, last_run_id = ?3,
+                "last_result = $5, last_message = $2, last_run_id = $3,
                  consecutive_failures = 0, last_applied_sha = NULL,
-                 backend_digest = NULL, updated_at = ?4"
+                 backend_digest = NULL, updated_at = $4"
             }
         };
         sqlx::query(sqlx::AssertSqlSafe(format!(
-            "UPDATE targets SET {set}, {TOLD} WHERE name = ?1"
+            "UPDATE targets SET {set}, {TOLD} WHERE name = $1"
         )))
         .bind(target)
         .bind(&status.message)
@@ -630,8 +651,8 @@ impl Store {
                 DriftUpdate::Clear => (None, None, None),
             };
             sqlx::query(
-                "UPDATE targets SET drift_hash = ?2, drift_summary = ?3, drift_since = ?4
-                 WHERE name = ?1",
+                "UPDATE targets SET drift_hash = $2, drift_summary = $3, drift_since = $4
+                 WHERE name = $1",
             )
             .bind(target)
             .bind(hash)
@@ -646,7 +667,7 @@ impl Store {
                 sqlx::query(
                     "INSERT INTO notifications (uid, notifier, target, run_id, event, document,
                                                 state, next_attempt_at, created_at)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'pending', ?7, ?7)",
+                     VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7, $7)",
                 )
                 .bind(&o.uid)
                 .bind(&o.notifier)
@@ -662,9 +683,9 @@ impl Store {
             for (id, state) in &n.plans_told {
                 let column = match state {
                     plans::PlanState::Superseded => {
-                        "UPDATE deployments SET superseded_notified_at = ?2 WHERE id = ?1"
+                        "UPDATE deployments SET superseded_notified_at = $2 WHERE id = $1"
                     }
-                    _ => "UPDATE deployments SET notified_at = ?2 WHERE id = ?1",
+                    _ => "UPDATE deployments SET notified_at = $2 WHERE id = $1",
                 };
                 sqlx::query(column)
                     .bind(id)
@@ -680,9 +701,9 @@ impl Store {
             }
             if let Some((id, state, message)) = &n.plan_done {
                 let moved = sqlx::query(
-                    "UPDATE deployments SET state = ?2, message = ?3, artifact = NULL,
-                            updated_at = ?4
-                     WHERE id = ?1 AND state = 'applying'",
+                    "UPDATE deployments SET state = $2, message = $3, artifact = NULL,
+                            updated_at = $4
+                     WHERE id = $1 AND state = 'applying'",
                 )
                 .bind(id)
                 .bind(state)
@@ -713,7 +734,7 @@ impl Store {
 
     pub async fn target_state(&self, name: &str) -> Result<Option<TargetState>, StoreError> {
         sqlx::query_as::<_, TargetState>(sqlx::AssertSqlSafe(format!(
-            "SELECT {TARGET_STATE} FROM targets WHERE name = ?1"
+            "SELECT {TARGET_STATE} FROM targets WHERE name = $1"
         )))
         .bind(name)
         .fetch_optional(&self.pool)
@@ -752,7 +773,7 @@ impl Store {
                     (EXISTS (SELECT 1 FROM jobs j WHERE j.target = t.name AND j.state = 'queued')
                      OR EXISTS (SELECT 1 FROM jobs j WHERE j.target = t.name AND j.state = 'running'))
                         AS active
-             FROM targets t WHERE t.name IN (SELECT value FROM json_each(?1))",
+             FROM targets t WHERE t.name IN (SELECT value FROM json_each($1))",
         )
         .bind(names)
         .fetch_all(&self.pool)
@@ -766,7 +787,7 @@ impl Store {
             "SELECT id, target, job_id, operation, trigger, delivery_id, requested_sha, sha,
                     started_at, finished_at, duration_ms, result, message, output_tail, receiver,
                     repeats
-             FROM runs WHERE target = ?1 ORDER BY id DESC LIMIT ?2",
+             FROM runs WHERE target = $1 ORDER BY id DESC LIMIT $2",
         )
         .bind(target)
         .bind(limit)
@@ -780,7 +801,7 @@ impl Store {
             "SELECT id, target, job_id, operation, trigger, delivery_id, requested_sha, sha,
                     started_at, finished_at, duration_ms, result, message, output_tail, receiver,
                     repeats
-             FROM runs WHERE id = ?1",
+             FROM runs WHERE id = $1",
         )
         .bind(id)
         .fetch_optional(&self.pool)
@@ -792,7 +813,7 @@ impl Store {
     pub async fn probe_write(&self) -> Result<(), StoreError> {
         self.check_identity()?;
         sqlx::query(
-            "INSERT INTO health (id, probed_at) VALUES (1, ?1)
+            "INSERT INTO health (id, probed_at) VALUES (1, $1)
              ON CONFLICT (id) DO UPDATE SET probed_at = excluded.probed_at",
         )
         .bind(now_ms())
@@ -807,15 +828,15 @@ impl Store {
     pub async fn set_paused(&self, target: &str, by: Option<&str>) -> Result<bool, StoreError> {
         let r = match by {
             Some(who) => sqlx::query(
-                "UPDATE targets SET paused_at = ?2, paused_by = ?3, updated_at = ?2
-                 WHERE name = ?1 AND paused_at IS NULL",
+                "UPDATE targets SET paused_at = $2, paused_by = $3, updated_at = $2
+                 WHERE name = $1 AND paused_at IS NULL",
             )
             .bind(target)
             .bind(now_ms())
             .bind(who),
             None => sqlx::query(
-                "UPDATE targets SET paused_at = NULL, paused_by = NULL, updated_at = ?2
-                 WHERE name = ?1 AND paused_at IS NOT NULL",
+                "UPDATE targets SET paused_at = NULL, paused_by = NULL, updated_at = $2
+                 WHERE name = $1 AND paused_at IS NOT NULL",
             )
             .bind(target)
             .bind(now_ms()),
@@ -843,7 +864,7 @@ impl Store {
     /// by git): what a push is compared against.
     pub async fn last_attempted_sha(&self, target: &str) -> Result<Option<String>, StoreError> {
         sqlx::query_scalar(
-            "SELECT sha FROM runs WHERE target = ?1 AND operation = 'apply' AND sha IS NOT NULL
+            "SELECT sha FROM runs WHERE target = $1 AND operation = 'apply' AND sha IS NOT NULL
                  AND result IN ('changed', 'no_change', 'failed')
              ORDER BY id DESC LIMIT 1",
         )
@@ -874,11 +895,13 @@ mod tests {
     async fn two_deployment_tables_become_one_and_lose_nothing() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("driftless.db");
-        let old = SqliteConnectOptions::new()
+        let old = sqlx::sqlite::SqliteConnectOptions::new()
             .filename(&path)
             .create_if_missing(true)
             .foreign_keys(true);
-        let pool = SqlitePool::connect_with(old).await.expect("old database");
+        let pool = sqlx::SqlitePool::connect_with(old)
+            .await
+            .expect("old database");
         let before: Vec<_> = MIGRATOR
             .iter()
             .filter(|m| m.version < 10)

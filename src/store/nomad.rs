@@ -8,7 +8,6 @@
 //! one deployment.
 
 use sqlx::Row;
-use sqlx::sqlite::SqliteRow;
 
 use super::{Store, StoreError, WriteTx, now_ms};
 pub use crate::ledger::Deployment;
@@ -21,7 +20,7 @@ const COLUMNS: &str = "id, target, cluster, namespace, job, file, commit_sha, \
      nomad_deployment_id, message, pre_hook, post_hook, hook_timeout_ms, hook_nonce, \
      pre_hook_child, post_hook_child, registered_at, failed_at_index, created_at";
 
-fn row(r: &SqliteRow) -> Result<Deployment, sqlx::Error> {
+fn row(r: &super::db::Row) -> Result<Deployment, sqlx::Error> {
     Ok(Deployment {
         id: r.try_get("id")?,
         target: r.try_get("target")?,
@@ -67,7 +66,7 @@ impl Store {
             Some(by) => {
                 sqlx::query(
                     "INSERT INTO nomad_job_pauses (target, job, paused_by, paused_at)
-                 VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING",
+                 VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
                 )
                 .bind(target)
                 .bind(job)
@@ -77,7 +76,7 @@ impl Store {
                 .await
             }
             None => {
-                sqlx::query("DELETE FROM nomad_job_pauses WHERE target = ?1 AND job = ?2")
+                sqlx::query("DELETE FROM nomad_job_pauses WHERE target = $1 AND job = $2")
                     .bind(target)
                     .bind(job)
                     .execute(self.pool())
@@ -104,7 +103,7 @@ impl Store {
         };
         let q = format!(
             "SELECT {COLUMNS} FROM deployments
-             WHERE backend = 'nomad' AND cluster = ?1 AND namespace = ?2 AND job = ?3 {active}
+             WHERE backend = 'nomad' AND cluster = $1 AND namespace = $2 AND job = $3 {active}
              ORDER BY id DESC LIMIT 1"
         );
         let r = sqlx::query(sqlx::AssertSqlSafe(q))
@@ -148,8 +147,8 @@ impl Ledger for Store {
                 "INSERT INTO deployments (backend, target, cluster, namespace, job, file, commit_sha,
                      plan_hash, policy, state, job_modify_index, diff, summary, created_at, updated_at,
                      pre_hook, post_hook, hook_timeout_ms, hook_nonce, destructive)
-                 VALUES ('nomad', ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?13, ?14,
-                         ?15, ?16, ?17, ?18)
+                 VALUES ('nomad', $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $14,
+                         $15, $16, $17, $18)
                  RETURNING id",
             )
             .bind(&d.target)
@@ -212,18 +211,18 @@ impl Ledger for Store {
                 .await
                 .map_err(|e| LedgerError::Store(e.to_string()))?;
             let r = sqlx::query(
-                "UPDATE deployments SET state = ?3,
-                     message = COALESCE(?4, message),
-                     job_modify_index = COALESCE(?5, job_modify_index),
-                     registered_index = COALESCE(?6, registered_index),
-                     eval_id = COALESCE(?7, eval_id),
-                     nomad_deployment_id = COALESCE(?8, nomad_deployment_id),
-                     updated_at = ?9,
-                     pre_hook_child = COALESCE(?10, pre_hook_child),
-                     post_hook_child = COALESCE(?11, post_hook_child),
-                     registered_at = CASE WHEN ?6 IS NULL THEN registered_at ELSE ?9 END,
-                     failed_at_index = COALESCE(?12, failed_at_index)
-                 WHERE id = ?1 AND state = ?2 AND backend = 'nomad'",
+                "UPDATE deployments SET state = $3,
+                     message = COALESCE($4, message),
+                     job_modify_index = COALESCE($5, job_modify_index),
+                     registered_index = COALESCE($6, registered_index),
+                     eval_id = COALESCE($7, eval_id),
+                     nomad_deployment_id = COALESCE($8, nomad_deployment_id),
+                     updated_at = $9,
+                     pre_hook_child = COALESCE($10, pre_hook_child),
+                     post_hook_child = COALESCE($11, post_hook_child),
+                     registered_at = CASE WHEN $6 IS NULL THEN registered_at ELSE $9 END,
+                     failed_at_index = COALESCE($12, failed_at_index)
+                 WHERE id = $1 AND state = $2 AND backend = 'nomad'",
             )
             .bind(id)
             .bind(from)
@@ -253,7 +252,7 @@ impl Ledger for Store {
                     "deployment {id} is no longer `{from}` (another process moved it)"
                 )));
             }
-            let target: String = sqlx::query_scalar("SELECT target FROM deployments WHERE id = ?1")
+            let target: String = sqlx::query_scalar("SELECT target FROM deployments WHERE id = $1")
                 .bind(id)
                 .fetch_one(&mut *tx)
                 .await
@@ -281,7 +280,7 @@ impl Ledger for Store {
     ) -> BoxFuture<'a, Result<bool, LedgerError>> {
         Box::pin(async move {
             let n: i64 = sqlx::query_scalar(
-                "SELECT COUNT(*) FROM nomad_job_pauses WHERE target = ?1 AND job = ?2",
+                "SELECT COUNT(*) FROM nomad_job_pauses WHERE target = $1 AND job = $2",
             )
             .bind(target)
             .bind(job)
@@ -299,7 +298,7 @@ impl Ledger for Store {
         Box::pin(async move {
             let q = format!(
                 "SELECT {COLUMNS} FROM deployments WHERE id IN (
-                     SELECT MAX(id) FROM deployments WHERE backend = 'nomad' AND target = ?1
+                     SELECT MAX(id) FROM deployments WHERE backend = 'nomad' AND target = $1
                      GROUP BY cluster, namespace, job)
                  ORDER BY namespace, job"
             );

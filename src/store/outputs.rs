@@ -21,15 +21,15 @@ impl Store {
         let json = serde_json::Value::Object(outputs.clone()).to_string();
         let WriteTx { mut tx, _turn } = self.begin_write(what).await?;
         let before: Option<String> =
-            sqlx::query_scalar("SELECT outputs FROM target_outputs WHERE target = ?1")
+            sqlx::query_scalar("SELECT outputs FROM target_outputs WHERE target = $1")
                 .bind(target)
                 .fetch_optional(&mut *tx)
                 .await
                 .map_err(self.err(what))?;
         sqlx::query(
             "INSERT INTO target_outputs (target, run_id, outputs, recorded_at)
-             VALUES (?1, ?2, ?3, ?4)
-             ON CONFLICT (target) DO UPDATE SET run_id = ?2, outputs = ?3, recorded_at = ?4",
+             VALUES ($1, $2, $3, $4)
+             ON CONFLICT (target) DO UPDATE SET run_id = $2, outputs = $3, recorded_at = $4",
         )
         .bind(target)
         .bind(run_id)
@@ -49,7 +49,7 @@ impl Store {
     pub async fn outputs_of(&self, target: &str) -> Result<Option<Outputs>, StoreError> {
         let what = "reading a target's recorded outputs";
         let row: Option<String> =
-            sqlx::query_scalar("SELECT outputs FROM target_outputs WHERE target = ?1")
+            sqlx::query_scalar("SELECT outputs FROM target_outputs WHERE target = $1")
                 .bind(target)
                 .fetch_optional(self.pool())
                 .await

@@ -29,7 +29,7 @@ pub enum DecisionError {
 /// Append an event row (in the caller's transaction): every state a
 /// deployment of any backend enters, and who moved it there.
 pub(super) async fn event(
-    tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
+    tx: &mut crate::store::db::Tx,
     deployment: i64,
     target: &str,
     actor: &str,
@@ -40,7 +40,7 @@ pub(super) async fn event(
     sqlx::query(
         "INSERT INTO deployment_events (deployment_id, target, actor, from_state, to_state,
                                         message, at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
     )
     .bind(deployment)
     .bind(target)
@@ -66,9 +66,8 @@ type EventRow = (
 );
 
 /// Where a plan is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, sqlx::Type)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-#[sqlx(rename_all = "snake_case")]
 pub enum PlanState {
     /// Nomad: planned, about to be registered unattended.
     Detected,
@@ -106,6 +105,25 @@ impl PlanState {
         }
     }
 
+    /// The state `as_str` wrote, if it is one.
+    pub fn parse(s: &str) -> Option<PlanState> {
+        use PlanState::*;
+        [
+            Detected,
+            PendingApproval,
+            Approved,
+            PreHook,
+            Applying,
+            PostHook,
+            Applied,
+            Failed,
+            Rejected,
+            Superseded,
+        ]
+        .into_iter()
+        .find(|p| p.as_str() == s)
+    }
+
     /// Not finished yet: the target's (the Nomad job's) one open
     /// deployment.
     pub fn is_open(self) -> bool {
@@ -115,6 +133,8 @@ impl PlanState {
         )
     }
 }
+
+super::db::text_enum!(PlanState);
 
 /// A plan as the store keeps it (its diff already redacted).
 #[derive(Debug, Clone, FromRow, Serialize)]
@@ -128,6 +148,7 @@ pub struct StoredPlan {
     pub policy: String,
     pub summary: String,
     pub diff: String,
+    #[sqlx(try_from = "crate::store::db::Flag")]
     pub destructive: bool,
     /// The file applying exactly this plan needs (never shown).
     #[serde(skip)]
@@ -224,7 +245,7 @@ impl Store {
             "INSERT INTO deployments (target, backend, commit_sha, plan_hash, policy, summary,
                                 diff, destructive, artifact, state, decided_by, decided_at,
                                 message, created_at, updated_at, backend_hash)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?14, ?15)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $14, $15)
              RETURNING {COLUMNS}"
         );
         let plan = sqlx::query_as::<_, StoredPlan>(sqlx::AssertSqlSafe(q))
@@ -281,7 +302,7 @@ impl Store {
     /// a Nomad job's deployment, which the nomad backend keeps itself.
     pub async fn open_plan(&self, target: &str) -> Result<Option<StoredPlan>, StoreError> {
         self.plan_where(
-            "target = ?1 AND state IN ('pending_approval', 'approved', 'applying')",
+            "target = $1 AND state IN ('pending_approval', 'approved', 'applying')",
             target,
         )
         .await
@@ -289,12 +310,12 @@ impl Store {
 
     /// The target's newest plan in any state (not Nomad's).
     pub async fn latest_plan(&self, target: &str) -> Result<Option<StoredPlan>, StoreError> {
-        self.plan_where("target = ?1", target).await
+        self.plan_where("target = $1", target).await
     }
 
     /// Deployment `id` of any backend, if there is one.
     pub async fn plan_record(&self, id: i64) -> Result<Option<StoredPlan>, StoreError> {
-        let q = format!("SELECT {COLUMNS} FROM deployments WHERE id = ?1");
+        let q = format!("SELECT {COLUMNS} FROM deployments WHERE id = $1");
         sqlx::query_as::<_, StoredPlan>(sqlx::AssertSqlSafe(q))
             .bind(id)
             .fetch_optional(self.pool())
@@ -310,8 +331,8 @@ impl Store {
         limit: i64,
     ) -> Result<Vec<StoredPlan>, StoreError> {
         let q = format!(
-            "SELECT {COLUMNS} FROM deployments WHERE ?1 IS NULL OR state = ?1
-             ORDER BY id DESC LIMIT ?2"
+            "SELECT {COLUMNS} FROM deployments WHERE $1 IS NULL OR state = $1
+             ORDER BY id DESC LIMIT $2"
         );
         sqlx::query_as::<_, StoredPlan>(sqlx::AssertSqlSafe(q))
             .bind(state)
@@ -333,10 +354,10 @@ impl Store {
         let what = "changing a plan's state";
         let WriteTx { mut tx, _turn } = self.begin_write(what).await?;
         let target: Option<String> = sqlx::query_scalar(
-            "UPDATE deployments SET state = ?3, message = ?4, updated_at = ?5,
-                    artifact = CASE WHEN ?3 IN ('pending_approval', 'approved', 'applying')
+            "UPDATE deployments SET state = $3, message = $4, updated_at = $5,
+                    artifact = CASE WHEN $3 IN ('pending_approval', 'approved', 'applying')
                                     THEN artifact END
-             WHERE id = ?1 AND state = ?2 RETURNING target",
+             WHERE id = $1 AND state = $2 RETURNING target",
         )
         .bind(id)
         .bind(from)
@@ -380,8 +401,8 @@ impl Store {
         let what = "carrying a plan to a newer commit";
         let WriteTx { mut tx, _turn } = self.begin_write(what).await?;
         let target: Option<String> = sqlx::query_scalar(
-            "UPDATE deployments SET commit_sha = ?4, updated_at = ?5
-             WHERE id = ?1 AND state = ?2 AND commit_sha = ?3 RETURNING target",
+            "UPDATE deployments SET commit_sha = $4, updated_at = $5
+             WHERE id = $1 AND state = $2 AND commit_sha = $3 RETURNING target",
         )
         .bind(id)
         .bind(state)
@@ -425,7 +446,7 @@ impl Store {
     ) -> Result<StoredPlan, DecisionError> {
         let what = "recording a decision on a deployment";
         let WriteTx { mut tx, _turn } = self.begin_write(what).await?;
-        let q = format!("SELECT {COLUMNS} FROM deployments WHERE id = ?1");
+        let q = format!("SELECT {COLUMNS} FROM deployments WHERE id = $1");
         let p = sqlx::query_as::<_, StoredPlan>(sqlx::AssertSqlSafe(q))
             .bind(id)
             .fetch_optional(&mut *tx)
@@ -458,7 +479,7 @@ impl Store {
             ),
             (Some(job), true) => {
                 let paused: i64 = sqlx::query_scalar(
-                    "SELECT COUNT(*) FROM nomad_job_pauses WHERE target = ?1 AND job = ?2",
+                    "SELECT COUNT(*) FROM nomad_job_pauses WHERE target = $1 AND job = $2",
                 )
                 .bind(&p.target)
                 .bind(job)
@@ -483,9 +504,9 @@ impl Store {
         };
         let now = now_ms();
         let q = format!(
-            "UPDATE deployments SET state = ?2, message = ?3, decided_by = ?4, decided_at = ?5,
-                              updated_at = ?5
-             WHERE id = ?1 AND state = 'pending_approval' RETURNING {COLUMNS}"
+            "UPDATE deployments SET state = $2, message = $3, decided_by = $4, decided_at = $5,
+                              updated_at = $5
+             WHERE id = $1 AND state = 'pending_approval' RETURNING {COLUMNS}"
         );
         let p = sqlx::query_as::<_, StoredPlan>(sqlx::AssertSqlSafe(q))
             .bind(id)
@@ -518,7 +539,7 @@ impl Store {
     ) -> Result<Vec<serde_json::Value>, StoreError> {
         let rows: Vec<EventRow> = sqlx::query_as(
             "SELECT id, deployment_id, actor, from_state, to_state, message, at
-                 FROM deployment_events WHERE target = ?1 ORDER BY id",
+                 FROM deployment_events WHERE target = $1 ORDER BY id",
         )
         .bind(target)
         .fetch_all(self.pool())
@@ -539,7 +560,7 @@ impl Store {
     /// kept only in this database).
     pub async fn key(&self, name: &str) -> Result<Vec<u8>, StoreError> {
         let what = "reading a key";
-        if let Some(k) = sqlx::query_scalar::<_, Vec<u8>>("SELECT value FROM keys WHERE name = ?1")
+        if let Some(k) = sqlx::query_scalar::<_, Vec<u8>>("SELECT value FROM keys WHERE name = $1")
             .bind(name)
             .fetch_optional(self.pool())
             .await
@@ -554,13 +575,13 @@ impl Store {
             source: sqlx::Error::Io(std::io::Error::other(e.to_string())),
         })?;
         let WriteTx { mut tx, _turn } = self.begin_write("making a key").await?;
-        sqlx::query("INSERT OR IGNORE INTO keys (name, value) VALUES (?1, ?2)")
+        sqlx::query("INSERT OR IGNORE INTO keys (name, value) VALUES ($1, $2)")
             .bind(name)
             .bind(&fresh[..])
             .execute(&mut *tx)
             .await
             .map_err(self.err("making a key"))?;
-        let k = sqlx::query_scalar::<_, Vec<u8>>("SELECT value FROM keys WHERE name = ?1")
+        let k = sqlx::query_scalar::<_, Vec<u8>>("SELECT value FROM keys WHERE name = $1")
             .bind(name)
             .fetch_one(&mut *tx)
             .await
@@ -575,7 +596,7 @@ impl Store {
     pub async fn untold_plans(&self, target: &str) -> Result<Vec<StoredPlan>, StoreError> {
         let q = format!(
             "SELECT {COLUMNS} FROM deployments
-             WHERE target = ?1 AND ((state = 'pending_approval' AND notified_at IS NULL)
+             WHERE target = $1 AND ((state = 'pending_approval' AND notified_at IS NULL)
                 OR (state = 'superseded' AND notified_at IS NOT NULL
                     AND superseded_notified_at IS NULL))
              ORDER BY id"

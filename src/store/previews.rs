@@ -49,6 +49,7 @@ pub struct PullRow {
     pub repo: String,
     pub number: i64,
     pub head_sha: String,
+    #[sqlx(try_from = "crate::store::db::Flag")]
     pub open: bool,
     pub comment_id: Option<String>,
     pub body: Option<String>,
@@ -56,6 +57,7 @@ pub struct PullRow {
     pub sent_version: i64,
     pub attempts: i64,
     pub last_error: Option<String>,
+    #[sqlx(try_from = "crate::store::db::Flag")]
     pub given_up: bool,
 }
 
@@ -78,7 +80,9 @@ pub struct PreviewRow {
     pub head_ref: String,
     /// `queued`, `running`, `planned`, `failed`, `unaffected`, `dropped`.
     pub state: String,
+    #[sqlx(try_from = "crate::store::db::Flag")]
     pub changes: bool,
+    #[sqlx(try_from = "crate::store::db::Flag")]
     pub destructive: bool,
     /// The plan's summary, or why it failed.
     pub summary: Option<String>,
@@ -109,14 +113,14 @@ pub enum Outcome {
 /// request closed and its queued previews dropped. Returns how many
 /// previews were dropped.
 pub(crate) async fn record_event(
-    tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
+    tx: &mut crate::store::db::Tx,
     e: &PullEvent,
 ) -> Result<u64, sqlx::Error> {
     let now = now_ms();
     if e.close {
         let id: Option<i64> = sqlx::query_scalar(
-            "UPDATE pull_requests SET open = 0, updated_at = ?4
-             WHERE forge = ?1 AND repo = ?2 AND number = ?3 RETURNING id",
+            "UPDATE pull_requests SET open = 0, updated_at = $4
+             WHERE forge = $1 AND repo = $2 AND number = $3 RETURNING id",
         )
         .bind(&e.key.forge)
         .bind(&e.key.repo)
@@ -126,8 +130,8 @@ pub(crate) async fn record_event(
         .await?;
         let Some(id) = id else { return Ok(0) };
         let r = sqlx::query(
-            "UPDATE previews SET state = 'dropped', finished_at = ?2
-             WHERE pull_request = ?1 AND state = 'queued'",
+            "UPDATE previews SET state = 'dropped', finished_at = $2
+             WHERE pull_request = $1 AND state = 'queued'",
         )
         .bind(id)
         .bind(now)
@@ -137,7 +141,7 @@ pub(crate) async fn record_event(
     }
     let id: i64 = sqlx::query_scalar(
         "INSERT INTO pull_requests (forge, repo, number, head_sha, open, created_at, updated_at)
-         VALUES (?1, ?2, ?3, ?4, 1, ?5, ?5)
+         VALUES ($1, $2, $3, $4, 1, $5, $5)
          ON CONFLICT (forge, repo, number)
          DO UPDATE SET head_sha = excluded.head_sha, open = 1, updated_at = excluded.updated_at
          RETURNING id",
@@ -152,7 +156,7 @@ pub(crate) async fn record_event(
     for t in &e.targets {
         sqlx::query(
             "INSERT INTO previews (pull_request, target, head_sha, head_ref, state, queued_at)
-             VALUES (?1, ?2, ?3, ?4, 'queued', ?5)
+             VALUES ($1, $2, $3, $4, 'queued', $5)
              ON CONFLICT (pull_request, target)
              DO UPDATE SET head_sha = excluded.head_sha, head_ref = excluded.head_ref,
                            state = 'queued', queued_at = excluded.queued_at, owner = NULL,
@@ -182,7 +186,7 @@ impl Store {
         let what = "claiming a preview";
         let WriteTx { mut tx, _turn } = self.begin_write(what).await?;
         let q = format!(
-            "UPDATE previews SET state = 'running', owner = ?1, started_at = ?2
+            "UPDATE previews SET state = 'running', owner = $1, started_at = $2
              WHERE id = (SELECT p.id FROM previews p JOIN pull_requests r ON r.id = p.pull_request
                          WHERE p.state = 'queued' AND r.open = 1 ORDER BY p.queued_at, p.id LIMIT 1)
              RETURNING {PREVIEW_COLUMNS}"
@@ -196,7 +200,7 @@ impl Store {
         else {
             return Ok(None);
         };
-        let q = format!("SELECT {PULL_COLUMNS} FROM pull_requests WHERE id = ?1");
+        let q = format!("SELECT {PULL_COLUMNS} FROM pull_requests WHERE id = $1");
         let pull = sqlx::query_as::<_, PullRow>(sqlx::AssertSqlSafe(q))
             .bind(preview.pull_request)
             .fetch_one(&mut *tx)
@@ -255,9 +259,9 @@ impl Store {
             Outcome::Failed(why) => ("failed", false, false, Some(why.as_str()), None),
         };
         let pull: Option<i64> = sqlx::query_scalar(
-            "UPDATE previews SET state = ?3, changes = ?4, destructive = ?5, summary = ?6,
-                    diff = ?7, finished_at = ?8
-             WHERE id = ?1 AND head_sha = ?2 AND state = 'running'
+            "UPDATE previews SET state = $3, changes = $4, destructive = $5, summary = $6,
+                    diff = $7, finished_at = $8
+             WHERE id = $1 AND head_sha = $2 AND state = 'running'
                AND EXISTS (SELECT 1 FROM pull_requests r
                            WHERE r.id = previews.pull_request AND r.open = 1
                              AND r.head_sha = previews.head_sha)
@@ -282,7 +286,7 @@ impl Store {
                 .await
                 .map_err(self.err(what))?;
         }
-        let q = format!("SELECT {PULL_COLUMNS} FROM pull_requests WHERE id = ?1");
+        let q = format!("SELECT {PULL_COLUMNS} FROM pull_requests WHERE id = $1");
         let row = sqlx::query_as::<_, PullRow>(sqlx::AssertSqlSafe(q))
             .bind(pull)
             .fetch_one(&mut *tx)
@@ -290,7 +294,7 @@ impl Store {
             .map_err(self.err(what))?;
         let q = format!(
             "SELECT {PREVIEW_COLUMNS} FROM previews
-             WHERE pull_request = ?1 AND head_sha = ?2 ORDER BY target"
+             WHERE pull_request = $1 AND head_sha = $2 ORDER BY target"
         );
         let previews = sqlx::query_as::<_, PreviewRow>(sqlx::AssertSqlSafe(q))
             .bind(pull)
@@ -301,9 +305,9 @@ impl Store {
         let body = render(&row, &previews);
         if body.is_some() && body != row.body {
             sqlx::query(
-                "UPDATE pull_requests SET body = ?2, version = version + 1, attempts = 0,
-                        next_attempt_at = ?3, last_error = NULL, given_up = 0, updated_at = ?3
-                 WHERE id = ?1",
+                "UPDATE pull_requests SET body = $2, version = version + 1, attempts = 0,
+                        next_attempt_at = $3, last_error = NULL, given_up = 0, updated_at = $3
+                 WHERE id = $1",
             )
             .bind(pull)
             .bind(&body)
@@ -321,7 +325,7 @@ impl Store {
     pub async fn requeue_preview(&self, id: i64) -> Result<(), StoreError> {
         sqlx::query(
             "UPDATE previews SET state = 'queued', owner = NULL, started_at = NULL
-             WHERE id = ?1 AND state = 'running'",
+             WHERE id = $1 AND state = 'running'",
         )
         .bind(id)
         .execute(self.pool())
@@ -334,8 +338,8 @@ impl Store {
     /// longer previews): dropped, nothing else changes.
     pub async fn drop_preview(&self, id: i64) -> Result<(), StoreError> {
         sqlx::query(
-            "UPDATE previews SET state = 'dropped', finished_at = ?2
-             WHERE id = ?1 AND state = 'running'",
+            "UPDATE previews SET state = 'dropped', finished_at = $2
+             WHERE id = $1 AND state = 'running'",
         )
         .bind(id)
         .bind(now_ms())
@@ -368,9 +372,9 @@ impl Store {
         comment_id: &str,
     ) -> Result<(), StoreError> {
         sqlx::query(
-            "UPDATE pull_requests SET sent_version = MAX(sent_version, ?2), comment_id = ?3,
-                    attempts = 0, last_error = NULL, next_attempt_at = ?4, updated_at = ?4
-             WHERE id = ?1",
+            "UPDATE pull_requests SET sent_version = MAX(sent_version, $2), comment_id = $3,
+                    attempts = 0, last_error = NULL, next_attempt_at = $4, updated_at = $4
+             WHERE id = $1",
         )
         .bind(id)
         .bind(version)
@@ -423,7 +427,7 @@ impl Store {
         let cutoff = now_ms() - PULL_MEMORY.as_millis() as i64;
         let WriteTx { mut tx, _turn } = self.begin_write(what).await?;
         let old = "SELECT id FROM pull_requests
-                   WHERE open = 0 AND updated_at < ?1 AND (sent_version >= version OR given_up = 1)";
+                   WHERE open = 0 AND updated_at < $1 AND (sent_version >= version OR given_up = 1)";
         sqlx::query(sqlx::AssertSqlSafe(format!(
             "DELETE FROM previews WHERE pull_request IN ({old})"
         )))
@@ -454,7 +458,7 @@ impl Store {
         let mut out = Vec::new();
         for p in pulls {
             let q = format!(
-                "SELECT {PREVIEW_COLUMNS} FROM previews WHERE pull_request = ?1 ORDER BY target"
+                "SELECT {PREVIEW_COLUMNS} FROM previews WHERE pull_request = $1 ORDER BY target"
             );
             let previews = sqlx::query_as::<_, PreviewRow>(sqlx::AssertSqlSafe(q))
                 .bind(p.id)

@@ -63,7 +63,7 @@ impl Store {
             sqlx::query(
                 "INSERT INTO notifications (uid, notifier, target, run_id, event, document,
                                             state, next_attempt_at, created_at)
-                 VALUES (?1, ?2, ?3, NULL, ?4, ?5, 'pending', ?6, ?6)",
+                 VALUES ($1, $2, $3, NULL, $4, $5, 'pending', $6, $6)",
             )
             .bind(&o.uid)
             .bind(&o.notifier)
@@ -93,9 +93,9 @@ impl Store {
         for (target, dir, backend) in &change.added {
             sqlx::query(
                 "INSERT INTO set_members (target, target_set, dir, added_sha, added_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5)
-                 ON CONFLICT (target) DO UPDATE SET target_set = ?2, dir = ?3, added_sha = ?4,
-                     added_at = ?5, orphaned_sha = NULL, orphaned_at = NULL, destroyed_at = NULL",
+                 VALUES ($1, $2, $3, $4, $5)
+                 ON CONFLICT (target) DO UPDATE SET target_set = $2, dir = $3, added_sha = $4,
+                     added_at = $5, orphaned_sha = NULL, orphaned_at = NULL, destroyed_at = NULL",
             )
             .bind(target)
             .bind(set)
@@ -115,8 +115,8 @@ impl Store {
         }
         for target in &change.orphaned {
             sqlx::query(
-                "UPDATE set_members SET orphaned_sha = ?2, orphaned_at = ?3
-                 WHERE target = ?1 AND orphaned_at IS NULL",
+                "UPDATE set_members SET orphaned_sha = $2, orphaned_at = $3
+                 WHERE target = $1 AND orphaned_at IS NULL",
             )
             .bind(target)
             .bind(sha)
@@ -126,7 +126,7 @@ impl Store {
             .map_err(self.err(what))?;
         }
         for target in &change.destroyed {
-            sqlx::query("UPDATE set_members SET destroyed_at = ?2 WHERE target = ?1")
+            sqlx::query("UPDATE set_members SET destroyed_at = $2 WHERE target = $1")
                 .bind(target)
                 .bind(now)
                 .execute(&mut *tx)

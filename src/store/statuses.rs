@@ -13,9 +13,8 @@ use super::{Store, StoreError, WriteTx, now_ms};
 
 /// The state of a status, in driftless's words (`notify::forge` gives
 /// each forge its own).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, sqlx::Type)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
-#[sqlx(rename_all = "snake_case")]
 pub enum State {
     Pending,
     Success,
@@ -23,6 +22,26 @@ pub enum State {
     /// driftless could not finish (a timeout, an internal failure).
     Error,
 }
+
+impl State {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Pending => "pending",
+            State::Success => "success",
+            State::Failure => "failure",
+            State::Error => "error",
+        }
+    }
+
+    /// The state `as_str` wrote, if it is one.
+    pub fn parse(s: &str) -> Option<State> {
+        [State::Pending, State::Success, State::Failure, State::Error]
+            .into_iter()
+            .find(|x| x.as_str() == s)
+    }
+}
+
+super::db::text_enum!(State);
 
 /// A state to record for a target's context on one commit.
 #[derive(Debug, Clone)]
@@ -59,6 +78,7 @@ pub struct StatusRow {
     pub attempts: i64,
     pub next_attempt_at: i64,
     pub last_error: Option<String>,
+    #[sqlx(try_from = "crate::store::db::Flag")]
     pub given_up: bool,
 }
 
@@ -82,7 +102,7 @@ const COLUMNS: &str = "id, forge, repo, sha, context, target, state, description
 /// and link again is not a new version (an interval tick finding nothing
 /// to do sends the forge nothing), unless the last one was given up.
 pub(crate) async fn record(
-    tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
+    tx: &mut crate::store::db::Tx,
     s: &NewStatus,
     only_first: bool,
 ) -> Result<(), sqlx::Error> {
@@ -103,7 +123,7 @@ pub(crate) async fn record(
     let q = format!(
         "INSERT INTO forge_statuses (forge, repo, sha, context, target, state, description,
              target_url, version, next_attempt_at, created_at, updated_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 1, ?9, ?9, ?9)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 1, $9, $9, $9)
          ON CONFLICT (forge, repo, sha, context) {on_conflict}"
     );
     sqlx::query(sqlx::AssertSqlSafe(q))
@@ -121,11 +141,11 @@ pub(crate) async fn record(
     if let Some(before) = s.supersedes_queued_before {
         let short: String = s.sha.chars().take(12).collect();
         sqlx::query(
-            "UPDATE forge_statuses SET state = 'success', description = ?6,
-                    version = version + 1, attempts = 0, next_attempt_at = ?7,
-                    last_error = NULL, given_up = 0, updated_at = ?7
-             WHERE forge = ?1 AND repo = ?2 AND context = ?3 AND sha <> ?4
-               AND state = 'pending' AND description = 'queued' AND updated_at < ?5",
+            "UPDATE forge_statuses SET state = 'success', description = $6,
+                    version = version + 1, attempts = 0, next_attempt_at = $7,
+                    last_error = NULL, given_up = 0, updated_at = $7
+             WHERE forge = $1 AND repo = $2 AND context = $3 AND sha <> $4
+               AND state = 'pending' AND description = 'queued' AND updated_at < $5",
         )
         .bind(&s.forge)
         .bind(&s.repo)
@@ -189,14 +209,14 @@ impl Store {
         what: &'static str,
     ) -> Result<Vec<R>, StoreError>
     where
-        R: for<'r> FromRow<'r, sqlx::sqlite::SqliteRow> + Send + Unpin + HasId,
+        R: for<'r> FromRow<'r, crate::store::db::Row> + Send + Unpin + HasId,
     {
         let now = now_ms();
         let WriteTx { mut tx, _turn } = self.begin_write(what).await?;
         let q = format!(
-            "UPDATE {table} SET next_attempt_at = ?2
+            "UPDATE {table} SET next_attempt_at = $2
              WHERE id IN (SELECT id FROM {table}
-                          WHERE sent_version < version AND given_up = 0 AND next_attempt_at <= ?1
+                          WHERE sent_version < version AND given_up = 0 AND next_attempt_at <= $1
                           ORDER BY id LIMIT {limit})
              RETURNING {columns}"
         );
@@ -223,10 +243,10 @@ impl Store {
         what: &'static str,
     ) -> Result<(), StoreError> {
         let q = format!(
-            "UPDATE {table} SET attempts = attempts + 1, last_error = ?3,
-                    next_attempt_at = COALESCE(?4, next_attempt_at),
-                    given_up = CASE WHEN ?4 IS NULL THEN 1 ELSE 0 END, updated_at = ?5
-             WHERE id = ?1 AND version = ?2"
+            "UPDATE {table} SET attempts = attempts + 1, last_error = $3,
+                    next_attempt_at = COALESCE($4, next_attempt_at),
+                    given_up = CASE WHEN $4 IS NULL THEN 1 ELSE 0 END, updated_at = $5
+             WHERE id = $1 AND version = $2"
         );
         sqlx::query(sqlx::AssertSqlSafe(q))
             .bind(id)
@@ -244,9 +264,9 @@ impl Store {
     /// stays due.
     pub async fn status_sent(&self, id: i64, version: i64) -> Result<(), StoreError> {
         sqlx::query(
-            "UPDATE forge_statuses SET sent_version = MAX(sent_version, ?2), attempts = 0,
-                    last_error = NULL, next_attempt_at = ?3, updated_at = ?3
-             WHERE id = ?1",
+            "UPDATE forge_statuses SET sent_version = MAX(sent_version, $2), attempts = 0,
+                    last_error = NULL, next_attempt_at = $3, updated_at = $3
+             WHERE id = $1",
         )
         .bind(id)
         .bind(version)
@@ -302,11 +322,11 @@ impl Store {
         what: &'static str,
     ) -> Result<Vec<R>, StoreError>
     where
-        R: for<'r> FromRow<'r, sqlx::sqlite::SqliteRow> + Send + Unpin,
+        R: for<'r> FromRow<'r, crate::store::db::Row> + Send + Unpin,
     {
         let q = format!(
             "SELECT {columns} FROM {table}
-             WHERE sent_version < version AND (given_up = 0 OR ?1) ORDER BY id"
+             WHERE sent_version < version AND (given_up = 0 OR $1) ORDER BY id"
         );
         sqlx::query_as::<_, R>(sqlx::AssertSqlSafe(q))
             .bind(include_given_up)
@@ -318,7 +338,7 @@ impl Store {
     /// A target's statuses, oldest first (for `driftless notify pending`
     /// and tests).
     pub async fn statuses_of(&self, target: &str) -> Result<Vec<StatusRow>, StoreError> {
-        let q = format!("SELECT {COLUMNS} FROM forge_statuses WHERE target = ?1 ORDER BY id");
+        let q = format!("SELECT {COLUMNS} FROM forge_statuses WHERE target = $1 ORDER BY id");
         sqlx::query_as::<_, StatusRow>(sqlx::AssertSqlSafe(q))
             .bind(target)
             .fetch_all(self.pool())

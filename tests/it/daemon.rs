@@ -83,7 +83,7 @@ async fn fifty_requests_while_running_give_one_more_apply_at_the_newest_sha() {
     assert_eq!(runs[0]["trigger"], "webhook");
     assert_eq!(runs[0]["delivery_id"], "delivery-50");
     // Every delivery id is on record in the job that ran.
-    let ids: String = sqlx::query_scalar("SELECT delivery_ids FROM jobs WHERE run_id = ?1")
+    let ids: String = sqlx::query_scalar("SELECT delivery_ids FROM jobs WHERE run_id = $1")
         .bind(runs[0]["id"].as_i64().expect("run id"))
         .fetch_one(queue.store().pool())
         .await

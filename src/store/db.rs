@@ -1,0 +1,134 @@
+//! The SQL connection types every store module writes against, and the
+//! few value types that read the same from every database.
+//!
+//! Queries go through sqlx's `Any` driver so that one text serves the
+//! embedded SQLite database and a shared PostgreSQL one: placeholders are
+//! `$1`, `$2`, … (both accept them), flags are stored as integers, JSON as
+//! text. What only one dialect can say is chosen where it is written
+//! (`Store::kind`). This module converts values; it runs no query.
+
+use sqlx::any::{AnyTypeInfo, AnyTypeInfoKind};
+use sqlx::decode::Decode;
+use sqlx::encode::{Encode, IsNull};
+use sqlx::error::BoxDynError;
+use sqlx::types::Type;
+
+/// The database driver every query is written for.
+pub type Db = sqlx::Any;
+/// A pool of connections to the state database.
+pub type Pool = sqlx::AnyPool;
+/// A transaction on the state database.
+pub type Tx = sqlx::Transaction<'static, Db>;
+/// One connection to the state database.
+pub type Conn = sqlx::AnyConnection;
+/// A row read from the state database.
+pub type Row = sqlx::any::AnyRow;
+
+/// A flag read from a column or an expression: SQLite has no boolean type
+/// (it answers 0 or 1), PostgreSQL may answer a boolean. Read it as
+/// `#[sqlx(try_from = "Flag")] field: bool`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Flag(pub bool);
+
+impl From<Flag> for bool {
+    fn from(f: Flag) -> bool {
+        f.0
+    }
+}
+
+impl Type<Db> for Flag {
+    fn type_info() -> AnyTypeInfo {
+        <i64 as Type<Db>>::type_info()
+    }
+
+    fn compatible(ty: &AnyTypeInfo) -> bool {
+        ty.kind().is_integer() || ty.kind() == AnyTypeInfoKind::Bool
+    }
+}
+
+impl<'r> Decode<'r, Db> for Flag {
+    fn decode(value: <Db as sqlx::Database>::ValueRef<'r>) -> Result<Self, BoxDynError> {
+        match <bool as Decode<Db>>::decode(value.clone()) {
+            Ok(b) => Ok(Flag(b)),
+            Err(_) => <i64 as Decode<Db>>::decode(value).map(|n| Flag(n != 0)),
+        }
+    }
+}
+
+/// A JSON document kept in a text column, read as `T`. Read it as
+/// `#[sqlx(try_from = "JsonText")] field: T` where `T: TryFrom<JsonText>`
+/// (see [`json_field`]).
+#[derive(Debug, Clone)]
+pub struct JsonText(pub String);
+
+impl Type<Db> for JsonText {
+    fn type_info() -> AnyTypeInfo {
+        <String as Type<Db>>::type_info()
+    }
+
+    fn compatible(ty: &AnyTypeInfo) -> bool {
+        <String as Type<Db>>::compatible(ty)
+    }
+}
+
+impl<'r> Decode<'r, Db> for JsonText {
+    fn decode(value: <Db as sqlx::Database>::ValueRef<'r>) -> Result<Self, BoxDynError> {
+        <String as Decode<Db>>::decode(value).map(JsonText)
+    }
+}
+
+/// Let a field of type `$ty` be read from a [`JsonText`] column.
+macro_rules! json_field {
+    ($($ty:ty),* $(,)?) => {$(
+        impl TryFrom<$crate::store::db::JsonText> for $ty {
+            type Error = serde_json::Error;
+            fn try_from(t: $crate::store::db::JsonText) -> Result<Self, Self::Error> {
+                serde_json::from_str(&t.0)
+            }
+        }
+    )*};
+}
+pub(crate) use json_field;
+
+/// A string enum kept in a text column: `as_str` writes it, `parse` (its
+/// `FromStr`-like constructor) reads it back; an unknown word is an error
+/// naming it.
+macro_rules! text_enum {
+    ($ty:ty) => {
+        impl sqlx::types::Type<$crate::store::db::Db> for $ty {
+            fn type_info() -> sqlx::any::AnyTypeInfo {
+                <String as sqlx::types::Type<$crate::store::db::Db>>::type_info()
+            }
+            fn compatible(ty: &sqlx::any::AnyTypeInfo) -> bool {
+                <String as sqlx::types::Type<$crate::store::db::Db>>::compatible(ty)
+            }
+        }
+        impl<'q> sqlx::encode::Encode<'q, $crate::store::db::Db> for $ty {
+            fn encode_by_ref(
+                &self,
+                buf: &mut <$crate::store::db::Db as sqlx::Database>::ArgumentBuffer,
+            ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+                $crate::store::db::encode_text(self.as_str(), buf)
+            }
+        }
+        impl<'r> sqlx::decode::Decode<'r, $crate::store::db::Db> for $ty {
+            fn decode(
+                value: <$crate::store::db::Db as sqlx::Database>::ValueRef<'r>,
+            ) -> Result<Self, sqlx::error::BoxDynError> {
+                let s = <String as sqlx::decode::Decode<$crate::store::db::Db>>::decode(value)?;
+                <$ty>::parse(&s).ok_or_else(|| {
+                    format!("unknown {} {s:?} in the database", stringify!($ty)).into()
+                })
+            }
+        }
+    };
+}
+pub(crate) use text_enum;
+
+/// Encode a `'static` string (a [`text_enum`]'s word).
+pub fn encode_text(
+    s: &'static str,
+    buf: &mut <Db as sqlx::Database>::ArgumentBuffer,
+) -> Result<IsNull, BoxDynError> {
+    <&str as Encode<Db>>::encode(s, buf)
+}
