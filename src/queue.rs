@@ -16,9 +16,10 @@ use serde::Serialize;
 use sqlx::FromRow;
 
 use crate::model::{BoxFuture, Trigger};
+use crate::store::Kind;
+use crate::store::db::{JsonText, is_postgres, json_field};
 use crate::store::previews::{self, PullEvent};
 use crate::store::statuses::{self, NewStatus};
-use crate::store::db::{JsonText, json_field};
 use crate::store::{Batch, BatchTx, Store, StoreError, WriteTx, now_ms};
 
 /// How long a claim lasts without a heartbeat.
@@ -330,12 +331,18 @@ impl Queue {
         let what = "starting a job";
         let now = now_ms();
         let WriteTx { mut tx, _turn } = self.store.begin_write(what).await?;
-        let row = sqlx::query_as::<_, JobRow>(
+        let pg = is_postgres(&tx);
+        let row = sqlx::query_as::<_, JobRow>(if pg {
+            "INSERT INTO jobs (target, state, triggers, lease_owner, lease_until, attempts, created_at, updated_at)
+             VALUES ($1, 'running', jsonb_build_array($2::text)::text, $3, $4, 1, $5, $5)
+             ON CONFLICT DO NOTHING
+             RETURNING id, target, triggers, requested_sha, delivery_ids, attempts, receiver"
+        } else {
             "INSERT INTO jobs (target, state, triggers, lease_owner, lease_until, attempts, created_at, updated_at)
              VALUES ($1, 'running', json_array($2), $3, $4, 1, $5, $5)
              ON CONFLICT DO NOTHING
-             RETURNING id, target, triggers, requested_sha, delivery_ids, attempts, receiver",
-        )
+             RETURNING id, target, triggers, requested_sha, delivery_ids, attempts, receiver"
+        })
         .bind(target)
         .bind(trigger.as_str())
         .bind(&self.owner)
@@ -345,11 +352,16 @@ impl Queue {
         .await
         .map_err(self.store.err(what))?;
         if let Some(r) = &row {
-            sqlx::query(
+            sqlx::query(if pg {
                 "UPDATE jobs SET state = 'done', outcome = $2, updated_at = $3
                  WHERE target = $1 AND state = 'queued'
-                   AND NOT EXISTS (SELECT 1 FROM json_each(jobs.triggers) WHERE value != 'dependency')",
-            )
+                   AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements_text(jobs.triggers::jsonb) AS t(value)
+                                   WHERE value != 'dependency')"
+            } else {
+                "UPDATE jobs SET state = 'done', outcome = $2, updated_at = $3
+                 WHERE target = $1 AND state = 'queued'
+                   AND NOT EXISTS (SELECT 1 FROM json_each(jobs.triggers) WHERE value != 'dependency')"
+            })
             .bind(target)
             .bind(format!("folded into job {} (a one-shot tick)", r.id))
             .bind(now)
@@ -523,10 +535,13 @@ impl Queue {
             .execute(&mut *tx)
             .await
             .map_err(self.store.err(what))?;
-        sqlx::query(
+        sqlx::query(if is_postgres(&tx) {
             "INSERT INTO target_deps (target, ancestor)
-             SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each($1)",
-        )
+             SELECT value ->> 0, value ->> 1 FROM jsonb_array_elements($1::jsonb) AS d(value)"
+        } else {
+            "INSERT INTO target_deps (target, ancestor)
+             SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each($1)"
+        })
         .bind(rows)
         .execute(&mut *tx)
         .await
@@ -537,10 +552,16 @@ impl Queue {
     /// Queued jobs for targets that are no longer configured are closed.
     pub async fn drop_unknown(&self, targets: &[String]) -> Result<u64, StoreError> {
         let names = serde_json::to_string(targets).unwrap_or_else(|_| "[]".into());
-        let r = sqlx::query(
-            "UPDATE jobs SET state = 'done', outcome = 'target no longer configured', updated_at = $2
-             WHERE state = 'queued' AND target NOT IN (SELECT value FROM json_each($1))",
-        )
+        let r = sqlx::query(match self.store.kind() {
+            Kind::Postgres => {
+                "UPDATE jobs SET state = 'done', outcome = 'target no longer configured', updated_at = $2
+                 WHERE state = 'queued' AND target NOT IN (SELECT jsonb_array_elements_text($1::jsonb))"
+            }
+            Kind::Sqlite => {
+                "UPDATE jobs SET state = 'done', outcome = 'target no longer configured', updated_at = $2
+                 WHERE state = 'queued' AND target NOT IN (SELECT value FROM json_each($1))"
+            }
+        })
         .bind(names)
         .bind(now_ms())
         .execute(self.store.pool())
@@ -589,13 +610,20 @@ impl Batch for Intake {
             let mut new: HashSet<(String, String)> = if ids.is_empty() {
                 HashSet::new()
             } else {
-                sqlx::query_as::<_, (String, String)>(
+                sqlx::query_as::<_, (String, String)>(if is_postgres(tx) {
+                    "INSERT INTO deliveries (receiver, delivery_id, received_at, outcome)
+                     SELECT d.value ->> 0, d.value ->> 1, $2, d.value ->> 2
+                     FROM jsonb_array_elements($1::jsonb) WITH ORDINALITY AS d(value, key)
+                     ORDER BY d.key
+                     ON CONFLICT DO NOTHING
+                     RETURNING receiver, delivery_id"
+                } else {
                     "INSERT INTO deliveries (receiver, delivery_id, received_at, outcome)
                      SELECT d.value ->> 0, d.value ->> 1, $2, d.value ->> 2
                      FROM json_each($1) AS d WHERE true ORDER BY d.key
                      ON CONFLICT DO NOTHING
-                     RETURNING receiver, delivery_id",
-                )
+                     RETURNING receiver, delivery_id"
+                })
                 .bind(json_text(&ids)?)
                 .bind(now_ms())
                 .fetch_all(&mut **tx)
@@ -739,6 +767,9 @@ async fn enqueue_many(
             ])
         })
         .collect();
+    if is_postgres(conn) {
+        return enqueue_each(conn, reqs).await;
+    }
     // `excluded` is the row a request would have made: its trigger and
     // delivery id are the first elements of its lists.
     sqlx::query_as(
@@ -760,12 +791,56 @@ async fn enqueue_many(
              receiver = COALESCE(excluded.receiver, jobs.receiver),
              updated_at = excluded.updated_at
          RETURNING target, id, created_at = updated_at AS fresh,
-                   COALESCE((SELECT paused_at IS NOT NULL FROM targets WHERE name = jobs.target), 0) AS paused",
+                   EXISTS (SELECT 1 FROM targets WHERE name = jobs.target AND paused_at IS NOT NULL)
+                       AS paused",
     )
     .bind(json_text(&rows)?)
     .bind(now_ms())
     .fetch_all(&mut *conn)
     .await
+}
+
+/// `enqueue_many` on PostgreSQL: one upsert per request, in order.
+/// PostgreSQL will not let one `INSERT … ON CONFLICT DO UPDATE` touch a row
+/// twice, which a batch holding two requests for one target would.
+async fn enqueue_each(
+    conn: &mut crate::store::db::Conn,
+    reqs: &[&Request],
+) -> Result<Vec<Queued>, sqlx::Error> {
+    let now = now_ms();
+    let mut out = Vec::with_capacity(reqs.len());
+    for r in reqs {
+        let q = sqlx::query_as::<_, Queued>(
+            "INSERT INTO jobs (target, state, triggers, requested_sha, delivery_ids, receiver, created_at, updated_at)
+             VALUES ($1, 'queued', jsonb_build_array($2::text)::text, $3,
+                     CASE WHEN $4::text IS NULL THEN '[]' ELSE jsonb_build_array($4::text)::text END,
+                     $5, $6, $6)
+             ON CONFLICT (target) WHERE state = 'queued' DO UPDATE SET
+                 triggers = CASE WHEN jobs.triggers::jsonb @> jsonb_build_array($2::text)
+                                 THEN jobs.triggers
+                                 ELSE (jobs.triggers::jsonb || jsonb_build_array($2::text))::text END,
+                 requested_sha = COALESCE(excluded.requested_sha, jobs.requested_sha),
+                 delivery_ids = CASE WHEN $4::text IS NULL THEN jobs.delivery_ids
+                                     WHEN jsonb_array_length(jobs.delivery_ids::jsonb) >= 100
+                                     THEN jsonb_set(jobs.delivery_ids::jsonb, '{-1}', to_jsonb($4::text))::text
+                                     ELSE (jobs.delivery_ids::jsonb || jsonb_build_array($4::text))::text END,
+                 receiver = COALESCE(excluded.receiver, jobs.receiver),
+                 updated_at = excluded.updated_at
+             RETURNING target, id, created_at = updated_at AS fresh,
+                       EXISTS (SELECT 1 FROM targets WHERE name = jobs.target AND paused_at IS NOT NULL)
+                           AS paused",
+        )
+        .bind(&r.target)
+        .bind(r.trigger.as_str())
+        .bind(&r.sha)
+        .bind(&r.delivery_id)
+        .bind(&r.receiver)
+        .bind(now)
+        .fetch_one(&mut *conn)
+        .await?;
+        out.push(q);
+    }
+    Ok(out)
 }
 
 /// Where a job is in its life: queued, then running (claimed by a worker),
@@ -928,12 +1003,14 @@ async fn requeue_in(
 mod tests {
     use super::*;
 
-    async fn queue() -> (tempfile::TempDir, Queue) {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let store = Store::open(&dir.path().join("db.sqlite"))
+    /// A queue on SQLite, and one on PostgreSQL: each test runs on both.
+    async fn queues() -> Vec<(std::sync::Arc<tempfile::TempDir>, Queue)> {
+        let dir = std::sync::Arc::new(tempfile::tempdir().expect("tempdir"));
+        crate::store::testing::stores(dir.path())
             .await
-            .expect("open");
-        (dir, Queue::new(store))
+            .into_iter()
+            .map(|s| (dir.clone(), Queue::new(s)))
+            .collect()
     }
 
     fn req(target: &str, trigger: Trigger, sha: Option<&str>, delivery: Option<&str>) -> Request {
@@ -948,36 +1025,37 @@ mod tests {
 
     #[tokio::test]
     async fn requests_fold_into_one_queued_job() {
-        let (_d, q) = queue().await;
-        let a = q
-            .enqueue(&req("web", Trigger::Webhook, Some("aaa"), Some("d1")))
-            .await
-            .expect("enqueue");
-        let b = q
-            .enqueue(&req("web", Trigger::Interval, None, None))
-            .await
-            .expect("enqueue");
-        let c = q
-            .enqueue(&req("web", Trigger::Webhook, Some("bbb"), Some("d2")))
-            .await
-            .expect("enqueue");
-        assert_eq!(a, b);
-        assert_eq!(b, c);
-        let job = q.claim().await.expect("claim").expect("a job");
-        assert_eq!(job.triggers, vec![Trigger::Webhook, Trigger::Interval]);
-        assert_eq!(job.requested_sha.as_deref(), Some("bbb"));
-        assert_eq!(job.delivery_ids, vec!["d1", "d2"]);
-        // running: the target is not claimable again, but a new request queues
-        assert_eq!(q.claim().await.expect("claim"), None);
-        let d = q
-            .enqueue(&req("web", Trigger::Manual, None, None))
-            .await
-            .expect("enqueue");
-        assert_ne!(d, job.id);
-        assert_eq!(q.claim().await.expect("claim"), None);
-        q.finish(job.id, None, "changed").await.expect("finish");
-        let next = q.claim().await.expect("claim").expect("the next job");
-        assert_eq!(next.id, d);
+        for (_d, q) in queues().await {
+            let a = q
+                .enqueue(&req("web", Trigger::Webhook, Some("aaa"), Some("d1")))
+                .await
+                .expect("enqueue");
+            let b = q
+                .enqueue(&req("web", Trigger::Interval, None, None))
+                .await
+                .expect("enqueue");
+            let c = q
+                .enqueue(&req("web", Trigger::Webhook, Some("bbb"), Some("d2")))
+                .await
+                .expect("enqueue");
+            assert_eq!(a, b);
+            assert_eq!(b, c);
+            let job = q.claim().await.expect("claim").expect("a job");
+            assert_eq!(job.triggers, vec![Trigger::Webhook, Trigger::Interval]);
+            assert_eq!(job.requested_sha.as_deref(), Some("bbb"));
+            assert_eq!(job.delivery_ids, vec!["d1", "d2"]);
+            // running: the target is not claimable again, but a new request queues
+            assert_eq!(q.claim().await.expect("claim"), None);
+            let d = q
+                .enqueue(&req("web", Trigger::Manual, None, None))
+                .await
+                .expect("enqueue");
+            assert_ne!(d, job.id);
+            assert_eq!(q.claim().await.expect("claim"), None);
+            q.finish(job.id, None, "changed").await.expect("finish");
+            let next = q.claim().await.expect("claim").expect("the next job");
+            assert_eq!(next.id, d);
+        }
     }
 
     fn intake(delivery: &str, reqs: Vec<Request>) -> Intake {
@@ -996,164 +1074,169 @@ mod tests {
     /// requests fold in the order the deliveries came.
     #[tokio::test]
     async fn deliveries_written_together_are_taken_once_in_order() {
-        let (_d, q) = queue().await;
-        let push = |d: &str, t: &str, sha: &str| {
-            intake(d, vec![req(t, Trigger::Webhook, Some(sha), Some(d))])
-        };
-        assert!(matches!(
-            q.accept(push("d0", "api", "000")).await.expect("accept"),
-            Accepted::Queued { new_job: true, .. }
-        ));
-        let batch = [
-            push("d1", "web", "aaa"),
-            push("d0", "web", "xxx"), // seen before
-            intake(
-                "d2",
-                vec![
-                    req("web", Trigger::Webhook, Some("bbb"), Some("d2")),
-                    req("api", Trigger::Webhook, Some("bbb"), Some("d2")),
-                ],
-            ),
-            push("d1", "web", "yyy"), // earlier in this batch
-            push("d3", "web", "ccc"),
-        ];
-        let mut tx = q.store().pool().begin().await.expect("begin");
-        let out = Intake::run(&mut tx, batch.iter().collect())
-            .await
-            .expect("batch");
-        tx.commit().await.expect("commit");
-        assert_eq!(out.len(), 5);
-        assert_eq!(out[1], Accepted::Duplicate);
-        assert_eq!(out[3], Accepted::Duplicate);
-        let jobs = |a: &Accepted| match a {
-            Accepted::Queued { jobs, .. } => jobs.clone(),
-            Accepted::Duplicate => panic!("a duplicate"),
-        };
-        let web = jobs(&out[0])[0].1;
-        assert_eq!(jobs(&out[4]), vec![("web".to_string(), web)]);
-        let api = jobs(&out[2]);
-        assert_eq!(api[0], ("web".to_string(), web));
-        assert_ne!(api[1].1, web);
-        let first = q.claim().await.expect("claim").expect("api's job");
-        assert_eq!(first.target, "api");
-        assert_eq!(first.delivery_ids, vec!["d0", "d2"]);
-        let job = q.claim().await.expect("claim").expect("web's job");
-        assert_eq!(job.id, web);
-        assert_eq!(job.requested_sha.as_deref(), Some("ccc"));
-        assert_eq!(job.delivery_ids, vec!["d1", "d2", "d3"]);
-        let kept: Vec<String> =
-            sqlx::query_scalar("SELECT delivery_id FROM deliveries ORDER BY delivery_id")
-                .fetch_all(q.store().pool())
+        for (_d, q) in queues().await {
+            let push = |d: &str, t: &str, sha: &str| {
+                intake(d, vec![req(t, Trigger::Webhook, Some(sha), Some(d))])
+            };
+            assert!(matches!(
+                q.accept(push("d0", "api", "000")).await.expect("accept"),
+                Accepted::Queued { new_job: true, .. }
+            ));
+            let batch = [
+                push("d1", "web", "aaa"),
+                push("d0", "web", "xxx"), // seen before
+                intake(
+                    "d2",
+                    vec![
+                        req("web", Trigger::Webhook, Some("bbb"), Some("d2")),
+                        req("api", Trigger::Webhook, Some("bbb"), Some("d2")),
+                    ],
+                ),
+                push("d1", "web", "yyy"), // earlier in this batch
+                push("d3", "web", "ccc"),
+            ];
+            let mut tx = q.store().pool().begin().await.expect("begin");
+            let out = Intake::run(&mut tx, batch.iter().collect())
                 .await
-                .expect("deliveries");
-        assert_eq!(kept, vec!["d0", "d1", "d2", "d3"]);
+                .expect("batch");
+            tx.commit().await.expect("commit");
+            assert_eq!(out.len(), 5);
+            assert_eq!(out[1], Accepted::Duplicate);
+            assert_eq!(out[3], Accepted::Duplicate);
+            let jobs = |a: &Accepted| match a {
+                Accepted::Queued { jobs, .. } => jobs.clone(),
+                Accepted::Duplicate => panic!("a duplicate"),
+            };
+            let web = jobs(&out[0])[0].1;
+            assert_eq!(jobs(&out[4]), vec![("web".to_string(), web)]);
+            let api = jobs(&out[2]);
+            assert_eq!(api[0], ("web".to_string(), web));
+            assert_ne!(api[1].1, web);
+            let first = q.claim().await.expect("claim").expect("api's job");
+            assert_eq!(first.target, "api");
+            assert_eq!(first.delivery_ids, vec!["d0", "d2"]);
+            let job = q.claim().await.expect("claim").expect("web's job");
+            assert_eq!(job.id, web);
+            assert_eq!(job.requested_sha.as_deref(), Some("ccc"));
+            assert_eq!(job.delivery_ids, vec!["d1", "d2", "d3"]);
+            let kept: Vec<String> =
+                sqlx::query_scalar("SELECT delivery_id FROM deliveries ORDER BY delivery_id")
+                    .fetch_all(q.store().pool())
+                    .await
+                    .expect("deliveries");
+            assert_eq!(kept, vec!["d0", "d1", "d2", "d3"]);
+        }
     }
 
     /// Many deliveries at once (batched by the writer as they come): each
     /// id taken exactly once, every request in its target's one job.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn deliveries_arriving_together_are_each_taken_once() {
-        let (_d, q) = queue().await;
-        let mut all = Vec::new();
-        for n in 0..200 {
-            let q = q.clone();
-            let id = format!("d{}", n % 150);
-            let target = format!("t{}", n % 7);
-            all.push(tokio::spawn(async move {
-                q.accept(intake(
-                    &id,
-                    vec![req(&target, Trigger::Webhook, Some("abc"), Some(&id))],
-                ))
-                .await
-                .map(|a| (id, a))
-            }));
-        }
-        let mut taken = std::collections::BTreeSet::new();
-        for h in all {
-            let (id, a) = h.await.expect("task").expect("accept");
-            if a != Accepted::Duplicate {
-                assert!(taken.insert(id.clone()), "{id} taken twice");
+        for (_d, q) in queues().await {
+            let mut all = Vec::new();
+            for n in 0..200 {
+                let q = q.clone();
+                let id = format!("d{}", n % 150);
+                let target = format!("t{}", n % 7);
+                all.push(tokio::spawn(async move {
+                    q.accept(intake(
+                        &id,
+                        vec![req(&target, Trigger::Webhook, Some("abc"), Some(&id))],
+                    ))
+                    .await
+                    .map(|a| (id, a))
+                }));
             }
+            let mut taken = std::collections::BTreeSet::new();
+            for h in all {
+                let (id, a) = h.await.expect("task").expect("accept");
+                if a != Accepted::Duplicate {
+                    assert!(taken.insert(id.clone()), "{id} taken twice");
+                }
+            }
+            assert_eq!(taken.len(), 150);
+            let mut ids = 0;
+            while let Some(job) = q.claim().await.expect("claim") {
+                ids += job.delivery_ids.len();
+            }
+            assert_eq!(ids, 150);
         }
-        assert_eq!(taken.len(), 150);
-        let mut ids = 0;
-        while let Some(job) = q.claim().await.expect("claim") {
-            ids += job.delivery_ids.len();
-        }
-        assert_eq!(ids, 150);
     }
 
     #[tokio::test]
     async fn requeue_merges_into_a_newer_queued_job() {
-        let (_d, q) = queue().await;
-        q.enqueue(&req("web", Trigger::Webhook, Some("old"), Some("d1")))
-            .await
-            .expect("enqueue");
-        let running = q.claim().await.expect("claim").expect("job");
-        let newer = q
-            .enqueue(&req("web", Trigger::Interval, None, None))
-            .await
-            .expect("enqueue");
-        q.requeue(running.id, Duration::ZERO)
-            .await
-            .expect("requeue");
-        let job = q.claim().await.expect("claim").expect("job");
-        assert_eq!(job.id, newer);
-        assert_eq!(job.triggers, vec![Trigger::Webhook, Trigger::Interval]);
-        assert_eq!(job.delivery_ids, vec!["d1"]);
-        assert_eq!(job.requested_sha.as_deref(), Some("old"));
+        for (_d, q) in queues().await {
+            q.enqueue(&req("web", Trigger::Webhook, Some("old"), Some("d1")))
+                .await
+                .expect("enqueue");
+            let running = q.claim().await.expect("claim").expect("job");
+            let newer = q
+                .enqueue(&req("web", Trigger::Interval, None, None))
+                .await
+                .expect("enqueue");
+            q.requeue(running.id, Duration::ZERO)
+                .await
+                .expect("requeue");
+            let job = q.claim().await.expect("claim").expect("job");
+            assert_eq!(job.id, newer);
+            assert_eq!(job.triggers, vec![Trigger::Webhook, Trigger::Interval]);
+            assert_eq!(job.delivery_ids, vec!["d1"]);
+            assert_eq!(job.requested_sha.as_deref(), Some("old"));
+        }
     }
 
     #[tokio::test]
     async fn expired_leases_are_recovered_and_runs_interrupted() {
-        let (_d, q) = queue().await;
-        q.enqueue(&req("web", Trigger::Manual, None, None))
-            .await
-            .expect("enqueue");
-        let job = q.claim().await.expect("claim").expect("job");
-        let store = q.store().clone();
-        store
-            .register_targets(&[("web", "exec")])
-            .await
-            .expect("register");
-        let run = store
-            .begin_run(&crate::store::NewRun {
-                target: "web",
-                job_id: Some(job.id),
-                operation: crate::store::Operation::Apply,
-                trigger: "manual",
-                delivery_id: None,
-                requested_sha: None,
-                receiver: None,
-                sha: None,
-            })
-            .await
-            .expect("run");
-        // not expired yet
-        assert!(q.recover_expired().await.expect("recover").is_empty());
-        sqlx::query("UPDATE jobs SET lease_until = 0 WHERE id = $1")
-            .bind(job.id)
-            .execute(store.pool())
-            .await
-            .expect("expire");
-        assert_eq!(q.recover_expired().await.expect("recover"), vec![job.id]);
-        let r = store.run(run).await.expect("read").expect("run row");
-        assert_eq!(r.result.as_deref(), Some("interrupted"));
-        let again = q.claim().await.expect("claim").expect("requeued");
-        assert_eq!(again.id, job.id);
-        assert_eq!(again.attempts, 2);
-        // someone else's heartbeat cannot keep it
-        let other = Queue::new(store);
-        assert!(!other.heartbeat(job.id).await.expect("hb"));
-        assert!(q.heartbeat(job.id).await.expect("hb"));
+        for (_d, q) in queues().await {
+            q.enqueue(&req("web", Trigger::Manual, None, None))
+                .await
+                .expect("enqueue");
+            let job = q.claim().await.expect("claim").expect("job");
+            let store = q.store().clone();
+            store
+                .register_targets(&[("web", "exec")])
+                .await
+                .expect("register");
+            let run = store
+                .begin_run(&crate::store::NewRun {
+                    target: "web",
+                    job_id: Some(job.id),
+                    operation: crate::store::Operation::Apply,
+                    trigger: "manual",
+                    delivery_id: None,
+                    requested_sha: None,
+                    receiver: None,
+                    sha: None,
+                })
+                .await
+                .expect("run");
+            // not expired yet
+            assert!(q.recover_expired().await.expect("recover").is_empty());
+            sqlx::query("UPDATE jobs SET lease_until = 0 WHERE id = $1")
+                .bind(job.id)
+                .execute(store.pool())
+                .await
+                .expect("expire");
+            assert_eq!(q.recover_expired().await.expect("recover"), vec![job.id]);
+            let r = store.run(run).await.expect("read").expect("run row");
+            assert_eq!(r.result.as_deref(), Some("interrupted"));
+            let again = q.claim().await.expect("claim").expect("requeued");
+            assert_eq!(again.id, job.id);
+            assert_eq!(again.attempts, 2);
+            // someone else's heartbeat cannot keep it
+            let other = Queue::new(store);
+            assert!(!other.heartbeat(job.id).await.expect("hb"));
+            assert!(q.heartbeat(job.id).await.expect("hb"));
+        }
     }
 
     #[tokio::test]
     async fn start_now_refuses_a_second_running_job() {
-        let (_d, q) = queue().await;
-        let a = q.start_now("web", Trigger::Cli).await.expect("start");
-        assert!(a.is_some());
-        let b = q.start_now("web", Trigger::Cli).await.expect("start");
-        assert!(b.is_none());
+        for (_d, q) in queues().await {
+            let a = q.start_now("web", Trigger::Cli).await.expect("start");
+            assert!(a.is_some());
+            let b = q.start_now("web", Trigger::Cli).await.expect("start");
+            assert!(b.is_none());
+        }
     }
 }

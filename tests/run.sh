@@ -44,6 +44,9 @@ need_apt docker-compose docker-compose
 need_apt debootstrap debootstrap
 need_apt systemd-analyze systemd
 need_apt strip binutils
+# The store, queue and group-commit tests also run on PostgreSQL: a
+# throwaway cluster (src/store/testing.rs) from Debian's postgresql.
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt /nonexistent/initdb postgresql
 dpkg -s busybox-static >/dev/null 2>&1 || need_apt /nonexistent/busybox-static busybox-static
 # The HTML page (GET /) is checked in headless Chromium, driven over the
 # DevTools protocol (tests/cdp.py, with PyPI's websocket-client) to press

@@ -132,3 +132,9 @@ pub fn encode_text(
 ) -> Result<IsNull, BoxDynError> {
     <&str as Encode<Db>>::encode(s, buf)
 }
+
+/// Is `conn` a PostgreSQL connection (else SQLite)? For the statements
+/// each dialect says its own way.
+pub fn is_postgres(conn: &Conn) -> bool {
+    conn.backend_name() == <sqlx::Postgres as sqlx::Database>::NAME
+}

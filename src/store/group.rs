@@ -303,52 +303,51 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn writes_sent_together_commit_together_and_fail_alone() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = Store::open(&dir.path().join("driftless.db"))
-            .await
-            .expect("store");
-        let mut all = Vec::new();
-        for n in 0..64 {
-            let store = store.clone();
-            all.push(tokio::spawn(async move {
-                store
-                    .grouped("test write", move |tx| {
-                        Box::pin(async move {
-                            let table = if n == 13 {
-                                "no_such_table"
-                            } else {
-                                "deliveries"
-                            };
-                            sqlx::query(sqlx::AssertSqlSafe(format!(
+        for store in crate::store::testing::stores(dir.path()).await {
+            let mut all = Vec::new();
+            for n in 0..64 {
+                let store = store.clone();
+                all.push(tokio::spawn(async move {
+                    store
+                        .grouped("test write", move |tx| {
+                            Box::pin(async move {
+                                let table = if n == 13 {
+                                    "no_such_table"
+                                } else {
+                                    "deliveries"
+                                };
+                                sqlx::query(sqlx::AssertSqlSafe(format!(
                                 "INSERT INTO {table} (receiver, delivery_id, received_at, outcome)
                                  VALUES ('r', 'd{n}', 0, 'ok')"
                             )))
-                            .execute(&mut **tx)
-                            .await?;
-                            Ok(n)
+                                .execute(&mut **tx)
+                                .await?;
+                                Ok(n)
+                            })
                         })
-                    })
-                    .await
-            }));
-        }
-        let mut ok = 0;
-        for (n, h) in all.into_iter().enumerate() {
-            match h.await.expect("task") {
-                Ok(v) => {
-                    assert_eq!(v, n);
-                    ok += 1;
-                }
-                Err(e) => {
-                    assert_eq!(n, 13, "{e}");
-                    assert!(e.to_string().contains("no_such_table"), "{e}");
+                        .await
+                }));
+            }
+            let mut ok = 0;
+            for (n, h) in all.into_iter().enumerate() {
+                match h.await.expect("task") {
+                    Ok(v) => {
+                        assert_eq!(v, n);
+                        ok += 1;
+                    }
+                    Err(e) => {
+                        assert_eq!(n, 13, "{e}");
+                        assert!(e.to_string().contains("no_such_table"), "{e}");
+                    }
                 }
             }
+            assert_eq!(ok, 63);
+            let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM deliveries")
+                .fetch_one(store.pool())
+                .await
+                .expect("count");
+            assert_eq!(rows, 63);
         }
-        assert_eq!(ok, 63);
-        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM deliveries")
-            .fetch_one(store.pool())
-            .await
-            .expect("count");
-        assert_eq!(rows, 63);
     }
     /// A kind of write that is written together.
     struct Row(i64);
@@ -371,9 +370,14 @@ mod tests {
                 } else {
                     "deliveries"
                 };
+                let each = if crate::store::db::is_postgres(tx) {
+                    "jsonb_array_elements_text($1::jsonb) AS e(value)"
+                } else {
+                    "json_each($1)"
+                };
                 sqlx::query(sqlx::AssertSqlSafe(format!(
                     "INSERT INTO {table} (receiver, delivery_id, received_at, outcome)
-                     SELECT 'r', 'b' || value, 0, 'ok' FROM json_each($1)"
+                     SELECT 'r', 'b' || value, 0, 'ok' FROM {each}"
                 )))
                 .bind(serde_json::to_string(&ids).unwrap_or_default())
                 .execute(&mut **tx)
@@ -390,15 +394,13 @@ mod tests {
     #[tokio::test]
     async fn writes_of_a_kind_are_written_together_and_fail_alone() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = Store::open(&dir.path().join("driftless.db"))
-            .await
-            .expect("store");
-        // Two rounds: one where every write succeeds, one where 113 fails.
-        for round in [0i64, 100] {
-            let mut all = Vec::new();
-            for n in round..round + 64 {
-                let store = store.clone();
-                all.push(tokio::spawn(async move {
+        for store in crate::store::testing::stores(dir.path()).await {
+            // Two rounds: one where every write succeeds, one where 113 fails.
+            for round in [0i64, 100] {
+                let mut all = Vec::new();
+                for n in round..round + 64 {
+                    let store = store.clone();
+                    all.push(tokio::spawn(async move {
                     if n % 5 == 0 {
                         store
                             .grouped("test write", move |tx| {
@@ -418,22 +420,23 @@ mod tests {
                         store.batched("test batch", Row(n)).await
                     }
                 }));
-            }
-            for (n, h) in (round..).zip(all) {
-                match h.await.expect("task") {
-                    Ok(v) => assert_eq!(v, n * 10),
-                    Err(e) => {
-                        assert_eq!(n, 113, "{e}");
-                        assert!(e.to_string().contains("no_such_table"), "{e}");
+                }
+                for (n, h) in (round..).zip(all) {
+                    match h.await.expect("task") {
+                        Ok(v) => assert_eq!(v, n * 10),
+                        Err(e) => {
+                            assert_eq!(n, 113, "{e}");
+                            assert!(e.to_string().contains("no_such_table"), "{e}");
+                        }
                     }
                 }
             }
+            let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM deliveries")
+                .fetch_one(store.pool())
+                .await
+                .expect("count");
+            assert_eq!(rows, 127);
+            assert_eq!(WIDEST.load(std::sync::atomic::Ordering::Relaxed), 4);
         }
-        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM deliveries")
-            .fetch_one(store.pool())
-            .await
-            .expect("count");
-        assert_eq!(rows, 127);
-        assert_eq!(WIDEST.load(std::sync::atomic::Ordering::Relaxed), 4);
     }
 }

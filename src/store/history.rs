@@ -57,8 +57,8 @@ pub enum Streak<'a> {
 /// joins), and the job it names.
 const STREAK_ROW: &str = "SELECT id, job_id FROM runs
      WHERE id = (SELECT MAX(id) FROM runs WHERE target = $1 AND id < $2)
-       AND result = 'no_change' AND operation = 'apply' AND sha IS $3
-       AND trigger = $4 AND message IS $5 AND delivery_id IS NULL";
+       AND result = 'no_change' AND operation = 'apply' AND sha IS NOT DISTINCT FROM $3
+       AND trigger = $4 AND message IS NOT DISTINCT FROM $5 AND delivery_id IS NULL";
 
 /// Fold the finished run `run_id` into the streak `streak` says, in the
 /// run's closing transaction: the streak row counts it, takes its end,
@@ -100,7 +100,7 @@ pub(super) async fn fold(
                 duration_ms = $3 - (SELECT started_at FROM runs WHERE id = $2),
                 repeats = repeats + 1, output_tail = $4,
                 job_id = (SELECT job_id FROM runs WHERE id = $2)
-         WHERE id = $1 AND result = 'no_change' AND $5 = 'no_change' AND message IS $6",
+         WHERE id = $1 AND result = 'no_change' AND $5 = 'no_change' AND message IS NOT DISTINCT FROM $6",
     )
     .bind(streak)
     .bind(run_id)
@@ -177,9 +177,19 @@ impl Store {
             .unwrap_or_else(|_| "[]".into());
         let runs = self
             .prune_batches(
-                "DELETE FROM runs WHERE id IN (
-                     SELECT id FROM runs WHERE finished_at < $1
-                       AND id NOT IN (SELECT value FROM json_each($2)) LIMIT $3)",
+                match self.kind {
+                    super::Kind::Postgres => {
+                        "DELETE FROM runs WHERE id IN (
+                             SELECT id FROM runs WHERE finished_at < $1
+                               AND id NOT IN (SELECT jsonb_array_elements_text($3::jsonb)::bigint)
+                             LIMIT $2)"
+                    }
+                    super::Kind::Sqlite => {
+                        "DELETE FROM runs WHERE id IN (
+                             SELECT id FROM runs WHERE finished_at < $1
+                               AND id NOT IN (SELECT value FROM json_each($3)) LIMIT $2)"
+                    }
+                },
                 cutoff,
                 Some(&kept),
             )
@@ -189,7 +199,7 @@ impl Store {
                 "DELETE FROM jobs WHERE id IN (
                      SELECT id FROM jobs WHERE state = 'done' AND updated_at < $1
                        AND NOT EXISTS (SELECT 1 FROM runs WHERE runs.job_id = jobs.id)
-                     LIMIT $3)",
+                     LIMIT $2)",
                 jobs_cutoff,
                 None,
             )
@@ -198,7 +208,7 @@ impl Store {
             .prune_batches(
                 "DELETE FROM notifications WHERE id IN (
                      SELECT id FROM notifications WHERE state IN ('sent', 'given_up')
-                       AND created_at < $1 LIMIT $3)",
+                       AND created_at < $1 LIMIT $2)",
                 cutoff,
                 None,
             )
@@ -208,7 +218,7 @@ impl Store {
                 "DELETE FROM forge_statuses WHERE id IN (
                      SELECT id FROM forge_statuses
                      WHERE (sent_version >= version OR given_up = 1) AND updated_at < $1
-                     LIMIT $3)",
+                     LIMIT $2)",
                 cutoff,
                 None,
             )
@@ -233,10 +243,14 @@ impl Store {
         let mut total = 0;
         loop {
             let WriteTx { mut tx, _turn } = self.begin_write(what).await?;
-            let n = sqlx::query(delete)
-                .bind(cutoff)
-                .bind(extra)
-                .bind(BATCH)
+            // `$1` the cutoff, `$2` the batch, `$3` the extra list if any
+            // (PostgreSQL refuses a value for a parameter a statement
+            // does not name).
+            let mut q = sqlx::query(delete).bind(cutoff).bind(BATCH);
+            if let Some(extra) = extra {
+                q = q.bind(extra);
+            }
+            let n = q
                 .execute(&mut *tx)
                 .await
                 .map_err(self.err(what))?
@@ -259,16 +273,18 @@ mod tests {
     use crate::model::ApplyResult;
     use crate::store::{NewRun, Operation};
 
-    async fn store() -> (tempfile::TempDir, Store) {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let store = Store::open(&dir.path().join("driftless.db"))
-            .await
-            .expect("store");
-        store
-            .register_targets(&[("web", "exec")])
-            .await
-            .expect("register");
-        (dir, store)
+    /// A store on SQLite and one on PostgreSQL, `web` registered in each.
+    async fn stores() -> Vec<(std::sync::Arc<tempfile::TempDir>, Store)> {
+        let dir = std::sync::Arc::new(tempfile::tempdir().expect("tempdir"));
+        let mut out = Vec::new();
+        for store in crate::store::testing::stores(dir.path()).await {
+            store
+                .register_targets(&[("web", "exec")])
+                .await
+                .expect("register");
+            out.push((dir.clone(), store));
+        }
+        out
     }
 
     fn status(result: ApplyResult, message: &str) -> Status {
@@ -331,141 +347,144 @@ mod tests {
 
     #[tokio::test]
     async fn a_streak_of_identical_no_change_runs_is_one_row() {
-        let (_dir, store) = store().await;
-        let changed = run(&store, "a", "interval", ApplyResult::Changed).await;
-        let first = run(&store, "a", "interval", ApplyResult::NoChange).await;
-        assert_ne!(first, changed, "a no_change after a change starts a streak");
-        for _ in 0..5 {
+        for (_dir, store) in stores().await {
+            let changed = run(&store, "a", "interval", ApplyResult::Changed).await;
+            let first = run(&store, "a", "interval", ApplyResult::NoChange).await;
+            assert_ne!(first, changed, "a no_change after a change starts a streak");
+            for _ in 0..5 {
+                assert_eq!(
+                    run(&store, "a", "interval", ApplyResult::NoChange).await,
+                    first
+                );
+            }
+            // Another trigger, another commit, a failure: rows of their own.
+            let cli = run(&store, "a", "cli", ApplyResult::NoChange).await;
+            assert_ne!(cli, first);
+            let other = run(&store, "b", "cli", ApplyResult::NoChange).await;
+            assert_ne!(other, cli);
+            let failed = run(&store, "b", "cli", ApplyResult::Failed).await;
+            let after = run(&store, "b", "cli", ApplyResult::NoChange).await;
+            assert_ne!(after, other, "a failure in between ends the streak");
+            assert_eq!(run(&store, "b", "cli", ApplyResult::NoChange).await, after);
+            let rows = store.history("web", 100).await.expect("history");
+            let repeats: Vec<(i64, i64)> = rows.iter().map(|r| (r.id, r.repeats)).collect();
             assert_eq!(
-                run(&store, "a", "interval", ApplyResult::NoChange).await,
-                first
+                repeats,
+                [
+                    (after, 2),
+                    (failed, 1),
+                    (other, 1),
+                    (cli, 1),
+                    (first, 6),
+                    (changed, 1)
+                ]
             );
+            let streak = rows.iter().find(|r| r.id == first).expect("streak row");
+            assert!(streak.finished_at >= Some(streak.started_at));
+            let state = store
+                .target_state("web")
+                .await
+                .expect("state")
+                .expect("row");
+            assert_eq!(state.last_run_id, Some(after));
         }
-        // Another trigger, another commit, a failure: rows of their own.
-        let cli = run(&store, "a", "cli", ApplyResult::NoChange).await;
-        assert_ne!(cli, first);
-        let other = run(&store, "b", "cli", ApplyResult::NoChange).await;
-        assert_ne!(other, cli);
-        let failed = run(&store, "b", "cli", ApplyResult::Failed).await;
-        let after = run(&store, "b", "cli", ApplyResult::NoChange).await;
-        assert_ne!(after, other, "a failure in between ends the streak");
-        assert_eq!(run(&store, "b", "cli", ApplyResult::NoChange).await, after);
-        let rows = store.history("web", 100).await.expect("history");
-        let repeats: Vec<(i64, i64)> = rows.iter().map(|r| (r.id, r.repeats)).collect();
-        assert_eq!(
-            repeats,
-            [
-                (after, 2),
-                (failed, 1),
-                (other, 1),
-                (cli, 1),
-                (first, 6),
-                (changed, 1)
-            ]
-        );
-        let streak = rows.iter().find(|r| r.id == first).expect("streak row");
-        assert!(streak.finished_at >= Some(streak.started_at));
-        let state = store
-            .target_state("web")
-            .await
-            .expect("state")
-            .expect("row");
-        assert_eq!(state.last_run_id, Some(after));
     }
 
     /// A streak keeps one job row: the job of the run it folded before
     /// goes with the next fold.
     #[tokio::test]
     async fn a_streak_keeps_one_job_row() {
-        let (_dir, store) = store().await;
-        for result in [
-            ApplyResult::Changed,
-            ApplyResult::NoChange,
-            ApplyResult::NoChange,
-            ApplyResult::NoChange,
-        ] {
-            let job: i64 = sqlx::query_scalar(
-                "INSERT INTO jobs (target, state, triggers, created_at, updated_at)
+        for (_dir, store) in stores().await {
+            for result in [
+                ApplyResult::Changed,
+                ApplyResult::NoChange,
+                ApplyResult::NoChange,
+                ApplyResult::NoChange,
+            ] {
+                let job: i64 = sqlx::query_scalar(
+                    "INSERT INTO jobs (target, state, triggers, created_at, updated_at)
                  VALUES ('web', 'running', '[\"interval\"]', 0, 0) RETURNING id",
-            )
-            .fetch_one(store.pool())
-            .await
-            .expect("job");
-            let id = store
-                .begin_run(&NewRun {
-                    target: "web",
-                    job_id: Some(job),
-                    operation: Operation::Apply,
-                    trigger: "interval",
-                    delivery_id: None,
-                    requested_sha: None,
-                    receiver: None,
-                    sha: Some("a"),
-                })
-                .await
-                .expect("begin");
-            let message = format!("{} at a", result.as_str());
-            let streak = store
-                .streak("web", id, Some("a"), "interval", &message)
-                .await
-                .expect("streak")
-                .map_or(Streak::No, Streak::Row);
-            store
-                .finish_run(
-                    id,
-                    "web",
-                    Operation::Apply,
-                    Some("a"),
-                    &status(result, &message),
-                    None,
-                    streak,
                 )
+                .fetch_one(store.pool())
                 .await
-                .expect("finish");
+                .expect("job");
+                let id = store
+                    .begin_run(&NewRun {
+                        target: "web",
+                        job_id: Some(job),
+                        operation: Operation::Apply,
+                        trigger: "interval",
+                        delivery_id: None,
+                        requested_sha: None,
+                        receiver: None,
+                        sha: Some("a"),
+                    })
+                    .await
+                    .expect("begin");
+                let message = format!("{} at a", result.as_str());
+                let streak = store
+                    .streak("web", id, Some("a"), "interval", &message)
+                    .await
+                    .expect("streak")
+                    .map_or(Streak::No, Streak::Row);
+                store
+                    .finish_run(
+                        id,
+                        "web",
+                        Operation::Apply,
+                        Some("a"),
+                        &status(result, &message),
+                        None,
+                        streak,
+                    )
+                    .await
+                    .expect("finish");
+            }
+            let jobs: Vec<(i64, String)> = sqlx::query_as("SELECT id, state FROM jobs ORDER BY id")
+                .fetch_all(store.pool())
+                .await
+                .expect("jobs");
+            assert_eq!(
+                jobs,
+                [(1, "done".to_string()), (4, "done".to_string())],
+                "the changed run's job and the streak's newest"
+            );
         }
-        let jobs: Vec<(i64, String)> = sqlx::query_as("SELECT id, state FROM jobs ORDER BY id")
-            .fetch_all(store.pool())
-            .await
-            .expect("jobs");
-        assert_eq!(
-            jobs,
-            [(1, "done".to_string()), (4, "done".to_string())],
-            "the changed run's job and the streak's newest"
-        );
     }
 
     #[tokio::test]
     async fn pruning_keeps_the_last_run_and_the_last_change_of_each_target() {
-        let (_dir, store) = store().await;
-        let changed = run(&store, "a", "cli", ApplyResult::Changed).await;
-        let failed = run(&store, "a", "cli", ApplyResult::Failed).await;
-        let older_change = run(&store, "b", "cli", ApplyResult::Changed).await;
-        let last_change = run(&store, "c", "cli", ApplyResult::Changed).await;
-        let last = run(&store, "c", "interval", ApplyResult::NoChange).await;
-        // A run still going is never pruned.
-        let going = store.begin_run(&new_run("cli")).await.expect("begin");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        let pruned = store
-            .prune_history(Duration::from_millis(1))
-            .await
-            .expect("prune");
-        assert_eq!(pruned.runs, 3, "{pruned:?}");
-        let ids: Vec<i64> = store
-            .history("web", 100)
-            .await
-            .expect("history")
-            .iter()
-            .map(|r| r.id)
-            .collect();
-        assert_eq!(ids, [going, last, last_change]);
-        for gone in [changed, failed, older_change] {
-            assert!(store.run(gone).await.expect("read").is_none());
+        for (_dir, store) in stores().await {
+            let changed = run(&store, "a", "cli", ApplyResult::Changed).await;
+            let failed = run(&store, "a", "cli", ApplyResult::Failed).await;
+            let older_change = run(&store, "b", "cli", ApplyResult::Changed).await;
+            let last_change = run(&store, "c", "cli", ApplyResult::Changed).await;
+            let last = run(&store, "c", "interval", ApplyResult::NoChange).await;
+            // A run still going is never pruned.
+            let going = store.begin_run(&new_run("cli")).await.expect("begin");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let pruned = store
+                .prune_history(Duration::from_millis(1))
+                .await
+                .expect("prune");
+            assert_eq!(pruned.runs, 3, "{pruned:?}");
+            let ids: Vec<i64> = store
+                .history("web", 100)
+                .await
+                .expect("history")
+                .iter()
+                .map(|r| r.id)
+                .collect();
+            assert_eq!(ids, [going, last, last_change]);
+            for gone in [changed, failed, older_change] {
+                assert!(store.run(gone).await.expect("read").is_none());
+            }
+            // Nothing old enough: nothing goes.
+            let pruned = store
+                .prune_history(Duration::from_secs(3600))
+                .await
+                .expect("prune");
+            assert_eq!(pruned, Pruned::default());
         }
-        // Nothing old enough: nothing goes.
-        let pruned = store
-            .prune_history(Duration::from_secs(3600))
-            .await
-            .expect("prune");
-        assert_eq!(pruned, Pruned::default());
     }
 }

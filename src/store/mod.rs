@@ -25,13 +25,29 @@ pub mod plans;
 pub mod previews;
 pub mod sets;
 pub mod statuses;
+#[cfg(test)]
+pub mod testing;
 
-static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
+static PG_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
+
+/// The key of the PostgreSQL advisory lock every write transaction takes
+/// (`begin_write`): writes take turns across every instance sharing the
+/// database, as SQLite's `BEGIN IMMEDIATE` makes them on one host.
+const PG_WRITE_LOCK: i64 = 0x6472_6966_746c_0001;
+
+/// Which database a [`Store`] is on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Sqlite,
+    Postgres,
+}
 
 /// A state database error, naming the file and what was being done.
 #[derive(Debug, thiserror::Error)]
 #[error("state database {path}: {what} failed: {source}")]
 pub struct StoreError {
+    /// The database file, or a PostgreSQL URL without its password.
     pub path: PathBuf,
     pub what: &'static str,
     #[source]
@@ -44,6 +60,8 @@ pub struct Store {
     pool: db::Pool,
     /// One connection, for `begin_write`'s transactions.
     writes: db::Pool,
+    kind: Kind,
+    /// The file, or the PostgreSQL URL without its password.
     path: PathBuf,
     /// Write transactions of this process take turns here rather than in
     /// SQLite's busy handler, whose back-off sleeps turn contention into
@@ -51,8 +69,8 @@ pub struct Store {
     writer: std::sync::Arc<tokio::sync::Mutex<()>>,
     /// The file opened: a database deleted or replaced under a running
     /// process is caught before anything is written into a file nobody
-    /// will read again.
-    identity: Identity,
+    /// will read again. None on PostgreSQL.
+    identity: Option<Identity>,
     /// Small writes that arrive together commit together (`group`).
     group: group::Group,
 }
@@ -133,6 +151,23 @@ fn sqlite_url(path: &Path) -> String {
     }
     url.push_str("?mode=rwc");
     url
+}
+
+/// `url` with its password (if any) replaced by `***`: what errors and
+/// logs may show.
+pub fn without_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _password)) => format!("{scheme}://{user}:***@{host}{tail}"),
+            None => url.to_string(),
+        },
+        None => url.to_string(),
+    }
 }
 
 /// Milliseconds since the Unix epoch.
@@ -367,9 +402,9 @@ impl Store {
                     match AnyPoolOptions::new()
                         .max_connections(max)
                         .after_connect(|conn, _meta| {
-                            Box::pin(async move {
-                                sqlx::raw_sql(PRAGMAS).execute(conn).await.map(drop)
-                            })
+                            Box::pin(
+                                async move { sqlx::raw_sql(PRAGMAS).execute(conn).await.map(drop) },
+                            )
                         })
                         // A commit that failed (a full disk) can leave a pooled
                         // connection marked inside a transaction, and every later
@@ -415,11 +450,69 @@ impl Store {
         Ok(Store {
             pool,
             writes,
+            kind: Kind::Sqlite,
             path: path.to_path_buf(),
             writer: Default::default(),
-            identity,
+            identity: Some(identity),
             group: Default::default(),
         })
+    }
+
+    /// Connect to the PostgreSQL database at `url` (a `postgres://` URL,
+    /// its password included if it needs one) and migrate it. Several
+    /// instances may start at once: sqlx takes an advisory lock while it
+    /// migrates, and the later ones find the migrations applied. Errors
+    /// name the URL without its password.
+    pub async fn open_postgres(url: &str) -> Result<Store, StoreError> {
+        let shown = PathBuf::from(without_password(url));
+        let err = |what, source| StoreError {
+            path: shown.clone(),
+            what,
+            source,
+        };
+        sqlx::any::install_default_drivers();
+        let pool = AnyPoolOptions::new()
+            .max_connections(8)
+            .after_connect(|conn, _meta| {
+                Box::pin(async move {
+                    // An acknowledged request is committed on disk: never
+                    // with `synchronous_commit = off`, whatever the server's
+                    // default says.
+                    let sync: String = sqlx::query_scalar("SHOW synchronous_commit")
+                        .fetch_one(&mut *conn)
+                        .await?;
+                    if sync == "off" {
+                        sqlx::raw_sql("SET synchronous_commit = on")
+                            .execute(&mut *conn)
+                            .await?;
+                    }
+                    Ok(())
+                })
+            })
+            .before_acquire(|conn, _meta| {
+                Box::pin(async move { Ok(!sqlx::Connection::is_in_transaction(conn)) })
+            })
+            .connect(url)
+            .await
+            .map_err(|e| err("connecting", e))?;
+        PG_MIGRATOR
+            .run(&pool)
+            .await
+            .map_err(|e| err("migrating", e.into()))?;
+        Ok(Store {
+            writes: pool.clone(),
+            pool,
+            kind: Kind::Postgres,
+            path: shown,
+            writer: Default::default(),
+            identity: None,
+            group: Default::default(),
+        })
+    }
+
+    /// Which database this is.
+    pub fn kind(&self) -> Kind {
+        self.kind
     }
 
     /// Is the file at the database's path still the one this process has
@@ -428,22 +521,41 @@ impl Store {
     /// an ERROR naming the path (once). The pool asks before handing out
     /// any connection.
     pub fn check_identity(&self) -> Result<(), StoreError> {
-        self.identity.check().map_err(|e| StoreError {
+        let Some(identity) = &self.identity else {
+            return Ok(());
+        };
+        identity.check().map_err(|e| StoreError {
             path: self.path.clone(),
             what: "checking it is still the file opened",
             source: sqlx::Error::Io(e),
         })
     }
 
-    /// Begin an IMMEDIATE transaction, after this process's earlier writers.
+    /// Begin a write transaction, after this process's earlier writers
+    /// and any other process's: SQLite's `BEGIN IMMEDIATE`, or on
+    /// PostgreSQL a transaction that first takes the advisory lock every
+    /// writer takes (held until it commits or rolls back). Either way the
+    /// reads a write transaction makes see no other writer's work until it
+    /// ends.
     pub async fn begin_write(&self, what: &'static str) -> Result<WriteTx, StoreError> {
         self.check_identity()?;
         let turn = self.writer.clone().lock_owned().await;
-        let tx = self
-            .writes
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(self.err(what))?;
+        let tx = match self.kind {
+            Kind::Sqlite => self
+                .writes
+                .begin_with("BEGIN IMMEDIATE")
+                .await
+                .map_err(self.err(what))?,
+            Kind::Postgres => {
+                let mut tx = self.writes.begin().await.map_err(self.err(what))?;
+                sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                    .bind(PG_WRITE_LOCK)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(self.err(what))?;
+                tx
+            }
+        };
         Ok(WriteTx { tx, _turn: turn })
     }
 
@@ -768,13 +880,22 @@ impl Store {
         names: &[String],
     ) -> Result<Vec<Candidate>, StoreError> {
         let names = serde_json::to_string(names).unwrap_or_else(|_| "[]".into());
-        sqlx::query_as::<_, Candidate>(
-            "SELECT t.name, t.last_run_at, t.paused_at IS NOT NULL AS paused,
-                    (EXISTS (SELECT 1 FROM jobs j WHERE j.target = t.name AND j.state = 'queued')
-                     OR EXISTS (SELECT 1 FROM jobs j WHERE j.target = t.name AND j.state = 'running'))
-                        AS active
-             FROM targets t WHERE t.name IN (SELECT value FROM json_each($1))",
-        )
+        sqlx::query_as::<_, Candidate>(match self.kind {
+            Kind::Postgres => {
+                "SELECT t.name, t.last_run_at, t.paused_at IS NOT NULL AS paused,
+                        (EXISTS (SELECT 1 FROM jobs j WHERE j.target = t.name AND j.state = 'queued')
+                         OR EXISTS (SELECT 1 FROM jobs j WHERE j.target = t.name AND j.state = 'running'))
+                            AS active
+                 FROM targets t WHERE t.name IN (SELECT jsonb_array_elements_text($1::jsonb))"
+            }
+            Kind::Sqlite => {
+                "SELECT t.name, t.last_run_at, t.paused_at IS NOT NULL AS paused,
+                        (EXISTS (SELECT 1 FROM jobs j WHERE j.target = t.name AND j.state = 'queued')
+                         OR EXISTS (SELECT 1 FROM jobs j WHERE j.target = t.name AND j.state = 'running'))
+                            AS active
+                 FROM targets t WHERE t.name IN (SELECT value FROM json_each($1))"
+            }
+        })
         .bind(names)
         .fetch_all(&self.pool)
         .await

@@ -168,7 +168,7 @@ impl Ledger for Store {
             .bind(&d.post_hook)
             .bind(d.hook_timeout_ms)
             .bind(&d.hook_nonce)
-            .bind(d.destructive())
+            .bind(i64::from(d.destructive()))
             .fetch_one(&mut *tx)
             .await;
             let id = match r {

@@ -256,7 +256,7 @@ impl Store {
             .bind(p.policy)
             .bind(p.summary)
             .bind(p.diff)
-            .bind(p.destructive)
+            .bind(i64::from(p.destructive))
             .bind(p.artifact)
             .bind(p.state)
             .bind(p.decided_by)
@@ -575,7 +575,7 @@ impl Store {
             source: sqlx::Error::Io(std::io::Error::other(e.to_string())),
         })?;
         let WriteTx { mut tx, _turn } = self.begin_write("making a key").await?;
-        sqlx::query("INSERT OR IGNORE INTO keys (name, value) VALUES ($1, $2)")
+        sqlx::query("INSERT INTO keys (name, value) VALUES ($1, $2) ON CONFLICT DO NOTHING")
             .bind(name)
             .bind(&fresh[..])
             .execute(&mut *tx)
@@ -639,121 +639,120 @@ mod tests {
     #[tokio::test]
     async fn plans_and_nomad_deployments_are_one_ledger_and_a_target_has_one_open_plan() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = Store::open(&dir.path().join("state/driftless.db"))
-            .await
-            .expect("open");
-        let nomad = |job: &str| NewDeployment {
-            target: "jobs".into(),
-            key: JobKey {
-                cluster: "c".into(),
-                namespace: "default".into(),
-                job: job.into(),
-            },
-            file: "j.nomad.hcl".into(),
-            commit_sha: "c1".into(),
-            spec_hash: "s".into(),
-            policy: Policy::Auto,
-            state: "detected",
-            job_modify_index: 1,
-            diff: "{}".into(),
-            diff_summary: "".into(),
-            pre_hook: None,
-            post_hook: None,
-            hook_timeout_ms: None,
-            hook_nonce: "n".into(),
-        };
-        let a = store.insert(&nomad("web")).await.expect("nomad");
-        let b = store
-            .insert_plan(&new_plan("net", "c1"))
-            .await
-            .expect("plan")
-            .id;
-        let c = store.insert(&nomad("api")).await.expect("nomad");
-        store
-            .move_plan(
-                b,
-                PlanState::PendingApproval,
-                PlanState::Superseded,
-                "newer",
-            )
-            .await
-            .expect("move");
-        let d = store
-            .insert_plan(&new_plan("net", "c2"))
-            .await
-            .expect("plan")
-            .id;
-        assert!(a < b && b < c && c < d, "{a} {b} {c} {d}");
-        let listed: Vec<(i64, String)> = store
-            .plans(None, 10)
-            .await
-            .expect("list")
-            .into_iter()
-            .map(|p| (p.id, p.backend))
-            .collect();
-        assert_eq!(
-            listed,
-            [
-                (d, "terraform"),
-                (c, "nomad"),
-                (b, "terraform"),
-                (a, "nomad")
-            ]
-            .map(|(i, b)| (i, b.to_string()))
-        );
-        let web = store
-            .plan_record(a)
-            .await
-            .expect("read")
-            .expect("nomad row");
-        assert_eq!(
-            (web.job.as_deref(), web.state, web.plan_hash.as_str()),
-            (Some("web"), PlanState::Detected, "s")
-        );
-        assert!(
-            store.insert(&nomad("web")).await.is_err(),
-            "two open for one job"
-        );
-        assert!(store.open_plan("jobs").await.expect("open").is_none());
-
-        let second = store.insert_plan(&new_plan("net", "c3")).await;
-        assert!(second.is_err(), "two open plans for one target");
-        assert_eq!(
-            store.open_plan("net").await.expect("open").map(|p| p.id),
-            Some(d)
-        );
-        // A decision names the state it leaves: only once.
-        store
-            .decide_plan(d, Some("h"), "token:ops", true)
-            .await
-            .expect("approve");
-        let twice = store.decide_plan(d, Some("h"), "token:ops", true).await;
-        assert!(
-            matches!(twice, Err(DecisionError::Conflict(ref m)) if m.contains("is `approved`")),
-            "{twice:?}"
-        );
-        let said: Vec<(i64, String, String)> = store
-            .deployment_events("net")
-            .await
-            .expect("events")
-            .iter()
-            .map(|e| {
-                (
-                    e["deployment"].as_i64().unwrap_or(0),
-                    e["actor"].as_str().unwrap_or("").to_string(),
-                    e["to"].as_str().unwrap_or("").to_string(),
+        for store in crate::store::testing::stores(dir.path()).await {
+            let nomad = |job: &str| NewDeployment {
+                target: "jobs".into(),
+                key: JobKey {
+                    cluster: "c".into(),
+                    namespace: "default".into(),
+                    job: job.into(),
+                },
+                file: "j.nomad.hcl".into(),
+                commit_sha: "c1".into(),
+                spec_hash: "s".into(),
+                policy: Policy::Auto,
+                state: "detected",
+                job_modify_index: 1,
+                diff: "{}".into(),
+                diff_summary: "".into(),
+                pre_hook: None,
+                post_hook: None,
+                hook_timeout_ms: None,
+                hook_nonce: "n".into(),
+            };
+            let a = store.insert(&nomad("web")).await.expect("nomad");
+            let b = store
+                .insert_plan(&new_plan("net", "c1"))
+                .await
+                .expect("plan")
+                .id;
+            let c = store.insert(&nomad("api")).await.expect("nomad");
+            store
+                .move_plan(
+                    b,
+                    PlanState::PendingApproval,
+                    PlanState::Superseded,
+                    "newer",
                 )
-            })
-            .collect();
-        assert_eq!(
-            said,
-            [
-                (b, "driftless", "pending_approval"),
-                (b, "driftless", "superseded"),
-                (d, "driftless", "pending_approval"),
-                (d, "token:ops", "approved"),
-            ]
-            .map(|(i, a, t)| (i, a.to_string(), t.to_string()))
-        );
+                .await
+                .expect("move");
+            let d = store
+                .insert_plan(&new_plan("net", "c2"))
+                .await
+                .expect("plan")
+                .id;
+            assert!(a < b && b < c && c < d, "{a} {b} {c} {d}");
+            let listed: Vec<(i64, String)> = store
+                .plans(None, 10)
+                .await
+                .expect("list")
+                .into_iter()
+                .map(|p| (p.id, p.backend))
+                .collect();
+            assert_eq!(
+                listed,
+                [
+                    (d, "terraform"),
+                    (c, "nomad"),
+                    (b, "terraform"),
+                    (a, "nomad")
+                ]
+                .map(|(i, b)| (i, b.to_string()))
+            );
+            let web = store
+                .plan_record(a)
+                .await
+                .expect("read")
+                .expect("nomad row");
+            assert_eq!(
+                (web.job.as_deref(), web.state, web.plan_hash.as_str()),
+                (Some("web"), PlanState::Detected, "s")
+            );
+            assert!(
+                store.insert(&nomad("web")).await.is_err(),
+                "two open for one job"
+            );
+            assert!(store.open_plan("jobs").await.expect("open").is_none());
+
+            let second = store.insert_plan(&new_plan("net", "c3")).await;
+            assert!(second.is_err(), "two open plans for one target");
+            assert_eq!(
+                store.open_plan("net").await.expect("open").map(|p| p.id),
+                Some(d)
+            );
+            // A decision names the state it leaves: only once.
+            store
+                .decide_plan(d, Some("h"), "token:ops", true)
+                .await
+                .expect("approve");
+            let twice = store.decide_plan(d, Some("h"), "token:ops", true).await;
+            assert!(
+                matches!(twice, Err(DecisionError::Conflict(ref m)) if m.contains("is `approved`")),
+                "{twice:?}"
+            );
+            let said: Vec<(i64, String, String)> = store
+                .deployment_events("net")
+                .await
+                .expect("events")
+                .iter()
+                .map(|e| {
+                    (
+                        e["deployment"].as_i64().unwrap_or(0),
+                        e["actor"].as_str().unwrap_or("").to_string(),
+                        e["to"].as_str().unwrap_or("").to_string(),
+                    )
+                })
+                .collect();
+            assert_eq!(
+                said,
+                [
+                    (b, "driftless", "pending_approval"),
+                    (b, "driftless", "superseded"),
+                    (d, "driftless", "pending_approval"),
+                    (d, "token:ops", "approved"),
+                ]
+                .map(|(i, a, t)| (i, a.to_string(), t.to_string()))
+            );
+        }
     }
 }

@@ -270,8 +270,8 @@ impl Store {
         .bind(id)
         .bind(head_sha)
         .bind(state)
-        .bind(changes)
-        .bind(destructive)
+        .bind(i64::from(changes))
+        .bind(i64::from(destructive))
         .bind(summary)
         .bind(diff)
         .bind(now)
@@ -372,7 +372,7 @@ impl Store {
         comment_id: &str,
     ) -> Result<(), StoreError> {
         sqlx::query(
-            "UPDATE pull_requests SET sent_version = MAX(sent_version, $2), comment_id = $3,
+            "UPDATE pull_requests SET sent_version = CASE WHEN sent_version > $2 THEN sent_version ELSE $2 END, comment_id = $3,
                     attempts = 0, last_error = NULL, next_attempt_at = $4, updated_at = $4
              WHERE id = $1",
         )
@@ -502,69 +502,68 @@ mod tests {
     #[tokio::test]
     async fn results_belong_to_their_head_and_closed_pull_requests_are_forgotten() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = Store::open(&dir.path().join("driftless.db"))
-            .await
-            .expect("store");
-        let planned = Outcome::Planned {
-            changes: true,
-            destructive: false,
-            summary: "1 to add".into(),
-            diff: "+ x".into(),
-        };
-        let body = |_: &PullRow, p: &[PreviewRow]| Some(format!("{} preview(s)", p.len()));
-        record(&store, &event(1, "aaaa", &["web"], false)).await;
-        let job = store
-            .claim_preview("me")
-            .await
-            .expect("claim")
-            .expect("a job");
-        // A newer head arrives while the older one is planned.
-        record(&store, &event(1, "bbbb", &["web"], false)).await;
-        let kept = store
-            .finish_preview(job.preview.id, "aaaa", &planned, &[], body)
-            .await
-            .expect("finish");
-        assert!(!kept, "a result for an older head was kept");
-        let job = store
-            .claim_preview("me")
-            .await
-            .expect("claim")
-            .expect("the newer head");
-        assert_eq!(job.preview.head_sha, "bbbb");
-        assert!(
-            store
-                .finish_preview(job.preview.id, "bbbb", &planned, &[], body)
+        for store in crate::store::testing::stores(dir.path()).await {
+            let planned = Outcome::Planned {
+                changes: true,
+                destructive: false,
+                summary: "1 to add".into(),
+                diff: "+ x".into(),
+            };
+            let body = |_: &PullRow, p: &[PreviewRow]| Some(format!("{} preview(s)", p.len()));
+            record(&store, &event(1, "aaaa", &["web"], false)).await;
+            let job = store
+                .claim_preview("me")
                 .await
-                .expect("finish")
-        );
-        let pulls = store.pull_requests().await.expect("read");
-        assert_eq!(pulls[0].0.body.as_deref(), Some("1 preview(s)"));
-        assert_eq!((pulls[0].0.version, pulls[0].0.sent_version), (1, 0));
+                .expect("claim")
+                .expect("a job");
+            // A newer head arrives while the older one is planned.
+            record(&store, &event(1, "bbbb", &["web"], false)).await;
+            let kept = store
+                .finish_preview(job.preview.id, "aaaa", &planned, &[], body)
+                .await
+                .expect("finish");
+            assert!(!kept, "a result for an older head was kept");
+            let job = store
+                .claim_preview("me")
+                .await
+                .expect("claim")
+                .expect("the newer head");
+            assert_eq!(job.preview.head_sha, "bbbb");
+            assert!(
+                store
+                    .finish_preview(job.preview.id, "bbbb", &planned, &[], body)
+                    .await
+                    .expect("finish")
+            );
+            let pulls = store.pull_requests().await.expect("read");
+            assert_eq!(pulls[0].0.body.as_deref(), Some("1 preview(s)"));
+            assert_eq!((pulls[0].0.version, pulls[0].0.sent_version), (1, 0));
 
-        // Queued, then closed: dropped, never claimed.
-        record(&store, &event(2, "cccc", &["web"], false)).await;
-        assert_eq!(record(&store, &event(2, "cccc", &[], true)).await, 1);
-        assert!(store.claim_preview("me").await.expect("claim").is_none());
+            // Queued, then closed: dropped, never claimed.
+            record(&store, &event(2, "cccc", &["web"], false)).await;
+            assert_eq!(record(&store, &event(2, "cccc", &[], true)).await, 1);
+            assert!(store.claim_preview("me").await.expect("claim").is_none());
 
-        // Closed long ago: forgotten once its comment is sent.
-        sqlx::query("UPDATE pull_requests SET open = 0, updated_at = 0")
-            .execute(store.pool())
-            .await
-            .expect("age");
-        assert_eq!(
-            store.prune_pull_requests().await.expect("prune"),
-            1,
-            "#2 only: #1's comment is unsent"
-        );
-        store
-            .comment_sent(pulls[0].0.id, 1, "99")
-            .await
-            .expect("sent");
-        sqlx::query("UPDATE pull_requests SET updated_at = 0")
-            .execute(store.pool())
-            .await
-            .expect("age");
-        assert_eq!(store.prune_pull_requests().await.expect("prune"), 1);
-        assert!(store.pull_requests().await.expect("read").is_empty());
+            // Closed long ago: forgotten once its comment is sent.
+            sqlx::query("UPDATE pull_requests SET open = 0, updated_at = 0")
+                .execute(store.pool())
+                .await
+                .expect("age");
+            assert_eq!(
+                store.prune_pull_requests().await.expect("prune"),
+                1,
+                "#2 only: #1's comment is unsent"
+            );
+            store
+                .comment_sent(pulls[0].0.id, 1, "99")
+                .await
+                .expect("sent");
+            sqlx::query("UPDATE pull_requests SET updated_at = 0")
+                .execute(store.pool())
+                .await
+                .expect("age");
+            assert_eq!(store.prune_pull_requests().await.expect("prune"), 1);
+            assert!(store.pull_requests().await.expect("read").is_empty());
+        }
     }
 }

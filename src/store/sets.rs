@@ -144,42 +144,43 @@ mod tests {
     #[tokio::test]
     async fn members_are_added_orphaned_destroyed_and_added_again() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = Store::open(&dir.path().join("db")).await.expect("store");
-        let add = MembershipChange {
-            added: vec![
-                ("s-web", "stacks/web", "compose"),
-                ("s-db", "stacks/db", "compose"),
-            ],
-            ..Default::default()
-        };
-        store.record_members("s-", "aaa", &add).await.expect("add");
-        let gone = MembershipChange {
-            orphaned: vec!["s-web"],
-            destroyed: vec!["s-web"],
-            ..Default::default()
-        };
-        store
-            .record_members("s-", "bbb", &gone)
-            .await
-            .expect("orphan");
-        let rows = store.set_members().await.expect("rows");
-        assert_eq!(rows.len(), 2);
-        assert_eq!(rows[0].target, "s-db");
-        assert_eq!(rows[0].orphaned_at, None);
-        assert_eq!(rows[1].orphaned_sha.as_deref(), Some("bbb"));
-        assert!(rows[1].destroyed_at.is_some());
-        // Its target row was made with it.
-        assert!(store.target_state("s-web").await.expect("state").is_some());
-        let back = MembershipChange {
-            added: vec![("s-web", "stacks/web", "compose")],
-            ..Default::default()
-        };
-        store
-            .record_members("s-", "ccc", &back)
-            .await
-            .expect("again");
-        let rows = store.set_members().await.expect("rows");
-        assert_eq!(rows[1].added_sha, "ccc");
-        assert_eq!((rows[1].orphaned_at, rows[1].destroyed_at), (None, None));
+        for store in crate::store::testing::stores(dir.path()).await {
+            let add = MembershipChange {
+                added: vec![
+                    ("s-web", "stacks/web", "compose"),
+                    ("s-db", "stacks/db", "compose"),
+                ],
+                ..Default::default()
+            };
+            store.record_members("s-", "aaa", &add).await.expect("add");
+            let gone = MembershipChange {
+                orphaned: vec!["s-web"],
+                destroyed: vec!["s-web"],
+                ..Default::default()
+            };
+            store
+                .record_members("s-", "bbb", &gone)
+                .await
+                .expect("orphan");
+            let rows = store.set_members().await.expect("rows");
+            assert_eq!(rows.len(), 2);
+            assert_eq!(rows[0].target, "s-db");
+            assert_eq!(rows[0].orphaned_at, None);
+            assert_eq!(rows[1].orphaned_sha.as_deref(), Some("bbb"));
+            assert!(rows[1].destroyed_at.is_some());
+            // Its target row was made with it.
+            assert!(store.target_state("s-web").await.expect("state").is_some());
+            let back = MembershipChange {
+                added: vec![("s-web", "stacks/web", "compose")],
+                ..Default::default()
+            };
+            store
+                .record_members("s-", "ccc", &back)
+                .await
+                .expect("again");
+            let rows = store.set_members().await.expect("rows");
+            assert_eq!(rows[1].added_sha, "ccc");
+            assert_eq!((rows[1].orphaned_at, rows[1].destroyed_at), (None, None));
+        }
     }
 }

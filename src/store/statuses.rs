@@ -264,7 +264,7 @@ impl Store {
     /// stays due.
     pub async fn status_sent(&self, id: i64, version: i64) -> Result<(), StoreError> {
         sqlx::query(
-            "UPDATE forge_statuses SET sent_version = MAX(sent_version, $2), attempts = 0,
+            "UPDATE forge_statuses SET sent_version = CASE WHEN sent_version > $2 THEN sent_version ELSE $2 END, attempts = 0,
                     last_error = NULL, next_attempt_at = $3, updated_at = $3
              WHERE id = $1",
         )

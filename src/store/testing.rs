@@ -1,0 +1,163 @@
+//! Tests only: a throwaway PostgreSQL cluster (Debian's `postgresql`
+//! package), one per test process, and a fresh database in it per test.
+//!
+//! `initdb` makes the cluster in a temporary directory as the `postgres`
+//! user (PostgreSQL refuses to run as root); the server listens on a Unix
+//! socket in that directory only, never on TCP. It lives as long as the
+//! test process: a shell waits for its stdin (a pipe this process holds)
+//! to close, then stops the server (`pg_ctl stop`: `runuser` does not pass signals on) and removes
+//! the directory. This module
+//! must not be used outside tests.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+struct Cluster {
+    socket_dir: PathBuf,
+    /// The shell that stops the server when its stdin closes.
+    _keeper: Child,
+}
+
+/// The directory holding PostgreSQL's programs (`initdb`, `postgres`).
+fn bin_dir() -> Result<PathBuf, String> {
+    if let Some(dir) = std::env::var_os("DRIFTLESS_PG_BIN") {
+        return Ok(PathBuf::from(dir));
+    }
+    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .map_err(|e| format!("/usr/lib/postgresql: {e} (install Debian's postgresql)"))?
+        .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
+        .filter(|p| p.join("initdb").exists())
+        .collect();
+    found.sort();
+    found
+        .pop()
+        .ok_or_else(|| "no /usr/lib/postgresql/*/bin/initdb (install postgresql)".into())
+}
+
+fn run(cmd: &mut Command) -> Result<(), String> {
+    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{cmd:?}: {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+fn start() -> Result<Cluster, String> {
+    let bin = bin_dir()?;
+    static N: AtomicU64 = AtomicU64::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "driftless-pg-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    run(Command::new("chown").arg("postgres:").arg(&dir))?;
+    let data = dir.join("data");
+    run(Command::new("runuser")
+        .args(["-u", "postgres", "--"])
+        .arg(bin.join("initdb"))
+        .args([
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--no-sync",
+            "-D",
+        ])
+        .arg(&data))?;
+    // fsync off: these tests check what driftless writes and reads, not
+    // PostgreSQL's own durability; it makes every commit cheap.
+    let script = format!(
+        "runuser -u postgres -- '{postgres}' -D '{data}' -k '{dir}' -c listen_addresses= \
+         -c fsync=off -c max_connections=300 >'{dir}/log' 2>&1 & pid=$!; \
+         cat >/dev/null; runuser -u postgres -- '{pg_ctl}' -D '{data}' -m immediate stop; \
+         wait $pid; rm -rf '{dir}'",
+        pg_ctl = bin.join("pg_ctl").display(),
+        postgres = bin.join("postgres").display(),
+        data = data.display(),
+        dir = dir.display(),
+    );
+    let mut keeper = Command::new("sh")
+        .args(["-c", &script])
+        .stdin(Stdio::piped())
+        // Not the test's own output: whoever reads it would wait for the
+        // cluster to stop too.
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("starting postgres: {e}"))?;
+    let socket = dir.join(".s.PGSQL.5432");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !socket.exists() {
+        if Instant::now() > deadline || keeper.try_wait().ok().flatten().is_some() {
+            let log = std::fs::read_to_string(dir.join("log")).unwrap_or_default();
+            return Err(format!(
+                "postgres did not start in {}:\n{log}",
+                dir.display()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The pipe stays open for the life of the process: its writer is
+    // never closed.
+    std::mem::forget(keeper.stdin.take());
+    Ok(Cluster {
+        socket_dir: dir,
+        _keeper: keeper,
+    })
+}
+
+fn cluster() -> &'static Cluster {
+    static CLUSTER: OnceLock<Cluster> = OnceLock::new();
+    CLUSTER.get_or_init(|| match start() {
+        Ok(c) => c,
+        Err(e) => panic!("a throwaway PostgreSQL cluster: {e}"),
+    })
+}
+
+fn url(socket_dir: &Path, db: &str) -> String {
+    format!(
+        "postgres://postgres@localhost/{db}?host={}",
+        socket_dir.display()
+    )
+}
+
+/// The URL of a new, empty database in this process's cluster.
+pub async fn database() -> String {
+    use sqlx::Connection;
+    static N: AtomicU64 = AtomicU64::new(0);
+    let socket_dir = tokio::task::spawn_blocking(|| cluster().socket_dir.clone())
+        .await
+        .expect("cluster");
+    sqlx::any::install_default_drivers();
+    let name = format!("t{}", N.fetch_add(1, Ordering::Relaxed));
+    let mut conn = sqlx::AnyConnection::connect(&url(&socket_dir, "postgres"))
+        .await
+        .expect("connect to the cluster");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&mut conn)
+        .await
+        .expect("create database");
+    url(&socket_dir, &name)
+}
+
+/// A store on SQLite in `dir`, and one on a new PostgreSQL database: a
+/// test runs its body on each.
+pub async fn stores(dir: &Path) -> Vec<super::Store> {
+    let sqlite = super::Store::open(&dir.join("driftless.db"))
+        .await
+        .expect("sqlite store");
+    let pg = super::Store::open_postgres(&database().await)
+        .await
+        .expect("postgres store");
+    vec![sqlite, pg]
+}
