@@ -10,7 +10,7 @@ use std::sync::atomic::AtomicBool;
 use crate::config::{Live, Settings, Target};
 use crate::metrics::Metrics;
 use crate::queue::Queue;
-use crate::store::{Store, StoreError};
+use crate::store::{PgOptions, Store, StoreError};
 
 /// Everything but git. Cheap to clone.
 #[derive(Clone)]
@@ -32,7 +32,26 @@ impl App {
     /// Open the state database, register the configured targets and take
     /// the `[[target_sets]]` members it lists (not orphaned) as targets.
     pub async fn open(settings: Settings) -> Result<App, StoreError> {
-        let store = Store::open(&settings.database_path()).await?;
+        let store = match &settings.database {
+            None => Store::open(&settings.database_path()).await?,
+            Some(db) => {
+                let password = match &db.password {
+                    None => None,
+                    Some(p) => Some(p.load().map_err(|e| StoreError {
+                        path: db.shown_url().into(),
+                        what: "reading [database] password_file",
+                        source: sqlx::Error::Configuration(e.into()),
+                    })?),
+                };
+                Store::open_postgres_with(&PgOptions {
+                    url: db.url().to_string(),
+                    password,
+                    sslmode: db.sslmode.clone(),
+                    ca_file: db.ca_file.clone(),
+                })
+                .await?
+            }
+        };
         let names: Vec<(&str, &str)> = settings
             .targets
             .iter()

@@ -194,8 +194,17 @@ fn main() -> ExitCode {
         }
         _ => "warn",
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("RUST_LOG")
+    // PostgreSQL's notices ("relation … already exists, skipping" at every
+    // start's migration check) are not news, unless asked for by name.
+    let quiet = "sqlx::postgres::notice=warn"
+        .parse()
+        .expect("a valid directive");
+    let asked = std::env::var("RUST_LOG").is_ok_and(|v| v.contains("sqlx"));
+    let mut filter = tracing_subscriber::EnvFilter::try_from_env("RUST_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    if !asked {
+        filter = filter.add_directive(quiet);
+    }
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -249,7 +258,26 @@ async fn run(args: Args) -> anyhow::Result<u8> {
     let app = App::open(settings)
         .await
         .context("cannot open the state database")?;
-    // Only the commands that converge get git.
+    // Only the commands that converge get git; on PostgreSQL they hold the
+    // database for this process while they run (`Store::hold_instance`).
+    let _instance = if matches!(
+        args.command,
+        Command::Serve
+            | Command::Tick { .. }
+            | Command::Plan { .. }
+            | Command::Outputs { .. }
+            | Command::Destroy { .. }
+            | Command::Retry { .. }
+    ) {
+        Some(
+            app.store
+                .hold_instance()
+                .await
+                .context("cannot run backends with this database")?,
+        )
+    } else {
+        None
+    };
     let rec = || Reconciler::new(app.clone());
     let report = match args.command {
         Command::Serve => {

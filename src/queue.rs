@@ -515,8 +515,8 @@ impl Queue {
     pub async fn activity(&self) -> Result<Vec<Activity>, StoreError> {
         sqlx::query_as::<_, Activity>(
             "SELECT target,
-                    SUM(state = 'queued') AS queued,
-                    SUM(state = 'running') AS running
+                    COUNT(*) FILTER (WHERE state = 'queued') AS queued,
+                    COUNT(*) FILTER (WHERE state = 'running') AS running
              FROM jobs WHERE state IN ('queued', 'running') GROUP BY target",
         )
         .fetch_all(self.store.pool())

@@ -26,6 +26,7 @@ use crate::paths::resolve;
 pub use crate::secret::SecretRef;
 
 mod checks;
+pub mod database;
 mod decrypt;
 pub mod graph;
 mod server;
@@ -125,6 +126,9 @@ pub struct Settings {
     pub forges: Vec<crate::notify::forge::ForgeConfig>,
     /// `[history]`: how long runs are kept.
     pub history: History,
+    /// `[database]`: a PostgreSQL database instead of SQLite in
+    /// `state_dir`.
+    pub database: Option<database::Database>,
     /// `[[target_sets]]`: targets made from directories. Their members, as
     /// far as they are known, are in `targets` (each with its `set`).
     pub target_sets: Vec<TargetSet>,
@@ -469,6 +473,7 @@ struct RawTop {
     #[serde(default)]
     forges: Vec<Value>,
     history: Option<RawHistory>,
+    database: Option<database::RawDatabase>,
 }
 
 #[derive(Deserialize)]
@@ -760,6 +765,9 @@ fn validate(
             .verify
             .and_then(|v| verify::validate_verify(v, "defaults", base, machine, problems)),
     };
+    let database = top
+        .database
+        .and_then(|d| database::validate_database(d, base, problems));
     let history = History {
         keep: duration(
             "history",
@@ -835,6 +843,7 @@ fn validate(
         notifiers,
         forges,
         history,
+        database,
         target_sets,
     })
 }

@@ -7,6 +7,7 @@
 //! it is told; it decides nothing about when to tick or what a result means.
 
 use std::path::{Path, PathBuf};
+use std::str::FromStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
@@ -25,7 +26,7 @@ pub mod plans;
 pub mod previews;
 pub mod sets;
 pub mod statuses;
-#[cfg(test)]
+#[doc(hidden)]
 pub mod testing;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
@@ -35,6 +36,24 @@ static PG_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postg
 /// (`begin_write`): writes take turns across every instance sharing the
 /// database, as SQLite's `BEGIN IMMEDIATE` makes them on one host.
 const PG_WRITE_LOCK: i64 = 0x6472_6966_746c_0001;
+
+/// The key of the PostgreSQL advisory lock the one process running
+/// backends holds (`Store::hold_instance`).
+const PG_INSTANCE_LOCK: i64 = 0x6472_6966_746c_0002;
+
+/// What `[database]` gives to connect to PostgreSQL with.
+#[derive(Clone, Default)]
+pub struct PgOptions {
+    /// `postgres://…`, as written.
+    pub url: String,
+    pub password: Option<String>,
+    pub sslmode: Option<String>,
+    pub ca_file: Option<PathBuf>,
+}
+
+/// This process's hold on the database (`Store::hold_instance`): released
+/// when dropped, or when the process ends however it ends.
+pub struct InstanceGuard(#[allow(dead_code)] Option<db::Conn>);
 
 /// Which database a [`Store`] is on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -151,23 +170,6 @@ fn sqlite_url(path: &Path) -> String {
     }
     url.push_str("?mode=rwc");
     url
-}
-
-/// `url` with its password (if any) replaced by `***`: what errors and
-/// logs may show.
-pub fn without_password(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _password)) => format!("{scheme}://{user}:***@{host}{tail}"),
-            None => url.to_string(),
-        },
-        None => url.to_string(),
-    }
 }
 
 /// Milliseconds since the Unix epoch.
@@ -464,7 +466,12 @@ impl Store {
     /// migrates, and the later ones find the migrations applied. Errors
     /// name the URL without its password.
     pub async fn open_postgres(url: &str) -> Result<Store, StoreError> {
-        let shown = PathBuf::from(without_password(url));
+        Self::open_postgres_shown(url, crate::redact::url_without_password(url)).await
+    }
+
+    /// As [`Store::open_postgres`], named `shown` in errors.
+    async fn open_postgres_shown(url: &str, shown: String) -> Result<Store, StoreError> {
+        let shown = PathBuf::from(shown);
         let err = |what, source| StoreError {
             path: shown.clone(),
             what,
@@ -508,6 +515,73 @@ impl Store {
             identity: None,
             group: Default::default(),
         })
+    }
+
+    /// Connect to PostgreSQL as `[database]` says: the password and TLS
+    /// settings go into the connection, not into anything shown.
+    pub async fn open_postgres_with(opts: &PgOptions) -> Result<Store, StoreError> {
+        use sqlx::ConnectOptions;
+        use sqlx::postgres::{PgConnectOptions, PgSslMode};
+        let err = |what, source| StoreError {
+            path: PathBuf::from(crate::redact::url_without_password(&opts.url)),
+            what,
+            source,
+        };
+        let mut pg =
+            PgConnectOptions::from_str(&opts.url).map_err(|e| err("reading its url", e))?;
+        if let Some(password) = &opts.password {
+            pg = pg.password(password);
+        }
+        if let Some(mode) = &opts.sslmode {
+            let mode = PgSslMode::from_str(mode).map_err(|e| err("reading its sslmode", e))?;
+            pg = pg.ssl_mode(mode);
+        }
+        if let Some(ca) = &opts.ca_file {
+            pg = pg.ssl_root_cert(ca);
+        }
+        // Named by the URL as written (no password), not the one built.
+        Store::open_postgres_shown(
+            pg.to_url_lossy().as_str(),
+            crate::redact::url_without_password(&opts.url),
+        )
+        .await
+    }
+
+    /// Hold this database for the one process on any host that runs
+    /// backends with it (`serve`, or a one-shot `tick`, `plan`, …) while the
+    /// returned guard lives. On SQLite the target locks on the one host
+    /// already keep applies apart: nothing to hold. On PostgreSQL a session
+    /// advisory lock is taken on a connection of the guard's own; another
+    /// process holding it is refused, named, at once. (Several instances
+    /// applying on one PostgreSQL database need a target lock that outlives
+    /// a killed instance's backend command on any host: not built yet.)
+    pub async fn hold_instance(&self) -> Result<InstanceGuard, StoreError> {
+        use sqlx::Connection;
+        if self.kind == Kind::Sqlite {
+            return Ok(InstanceGuard(None));
+        }
+        let what = "holding the database for this instance";
+        let mut conn = self.pool.acquire().await.map_err(self.err(what))?.detach();
+        let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+            .bind(PG_INSTANCE_LOCK)
+            .fetch_one(&mut conn)
+            .await
+            .map_err(self.err(what))?;
+        if !got {
+            let _ = conn.close().await;
+            return Err(StoreError {
+                path: self.path.clone(),
+                what,
+                source: sqlx::Error::Protocol(
+                    "another driftless process (`serve`, or a one-shot tick, plan or destroy) \
+                     runs backends with this database now; on PostgreSQL one process at a time \
+                     may — ask it through the API (`POST /api/v1/targets/<t>/reconcile`), or stop \
+                     it first"
+                        .into(),
+                ),
+            });
+        }
+        Ok(InstanceGuard(Some(conn)))
     }
 
     /// Which database this is.

@@ -1,4 +1,5 @@
-//! Tests only: a throwaway PostgreSQL cluster (Debian's `postgresql`
+//! For tests only (the unit tests and `tests/it`; nothing in the daemon or
+//! the CLI calls it): a throwaway PostgreSQL cluster (Debian's `postgresql`
 //! package), one per test process, and a fresh database in it per test.
 //!
 //! `initdb` makes the cluster in a temporary directory as the `postgres`

@@ -25,6 +25,7 @@ mod notify;
 mod packaging;
 mod page;
 mod pi;
+mod postgres;
 mod previews;
 mod pulumi;
 mod server_limits;
