@@ -35,6 +35,12 @@ impl App {
         let store = match &settings.database {
             None => Store::open(&settings.database_path()).await?,
             Some(db) => {
+                // Git checkouts and locks stay on each host, in state_dir.
+                std::fs::create_dir_all(&settings.state_dir).map_err(|e| StoreError {
+                    path: settings.state_dir.clone(),
+                    what: "creating the state directory",
+                    source: sqlx::Error::Io(e),
+                })?;
                 let password = match &db.password {
                     None => None,
                     Some(p) => Some(p.load().map_err(|e| StoreError {
@@ -66,7 +72,10 @@ impl App {
             settings.with_members(members)
         };
         Ok(App {
-            queue: Queue::new(store.clone()),
+            queue: match &settings.database {
+                Some(db) => Queue::new(store.clone()).with_lease(db.lease),
+                None => Queue::new(store.clone()),
+            },
             store,
             live: Live::new(settings),
             metrics: Arc::new(Metrics::new()),

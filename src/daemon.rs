@@ -278,7 +278,19 @@ async fn set_refresher(rec: Reconciler, wake: Arc<Notify>, mut shutdown: watch::
 /// work: leave the job alone. Jobs of this process are never touched, and a
 /// job must have been quiet for `min_quiet` (live owners heartbeat), which
 /// covers the instants between marking a job running and taking the lock.
+///
+/// On PostgreSQL, other instances' jobs run on other hosts, where a free
+/// file lock here says nothing: a job is dead there only once its lease
+/// has run out by the server's clock (its keepers stop its commands before
+/// that).
 async fn recover_dead_jobs(engine: &Reconciler, min_quiet: Duration) -> Result<bool, DaemonError> {
+    if engine.app().store.kind() == crate::store::Kind::Postgres {
+        let dead = engine.app().queue.recover_expired().await?;
+        if !dead.is_empty() {
+            warn!(jobs = ?dead, "requeued jobs whose lease ran out (their instance died or lost the database)");
+        }
+        return Ok(!dead.is_empty());
+    }
     let locks = engine.app().settings().locks_dir();
     let mut dead = Vec::new();
     for job in engine.app().queue.running().await? {

@@ -37,6 +37,7 @@ pub mod forge;
 pub mod git;
 pub mod glob;
 pub mod http;
+pub mod keeper;
 pub mod ledger;
 pub mod lock;
 pub mod metrics;

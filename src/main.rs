@@ -187,6 +187,11 @@ enum TokenCommand {
 }
 
 fn main() -> ExitCode {
+    // A command's keeper (on PostgreSQL): no config, no logging, no clap.
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if argv.get(1).is_some_and(|a| a == driftless::keeper::ARG) {
+        return driftless::keeper::main(&argv[2..]);
+    }
     let args = Args::parse();
     let default_level = match args.command {
         Command::Serve | Command::Tick { .. } | Command::Retry { .. } | Command::Destroy { .. } => {
@@ -258,26 +263,7 @@ async fn run(args: Args) -> anyhow::Result<u8> {
     let app = App::open(settings)
         .await
         .context("cannot open the state database")?;
-    // Only the commands that converge get git; on PostgreSQL they hold the
-    // database for this process while they run (`Store::hold_instance`).
-    let _instance = if matches!(
-        args.command,
-        Command::Serve
-            | Command::Tick { .. }
-            | Command::Plan { .. }
-            | Command::Outputs { .. }
-            | Command::Destroy { .. }
-            | Command::Retry { .. }
-    ) {
-        Some(
-            app.store
-                .hold_instance()
-                .await
-                .context("cannot run backends with this database")?,
-        )
-    } else {
-        None
-    };
+    // Only the commands that converge get git.
     let rec = || Reconciler::new(app.clone());
     let report = match args.command {
         Command::Serve => {

@@ -30,6 +30,37 @@ pub async fn with_inherited_fd<F: Future>(fd: RawFd, fut: F) -> F::Output {
     INHERITED_FD.scope(fd, fut).await
 }
 
+/// A program every command is started through — `argv`, then `--`, then
+/// the command's own argv — and bytes it reads from a pipe whose descriptor
+/// number is in [`WRAPPER_FD_ENV`] (never in its argv or environment). On
+/// PostgreSQL this is the keeper of the job's lease (`keeper`); this module
+/// neither reads nor shows the bytes.
+#[derive(Clone)]
+pub struct Wrapper {
+    pub argv: Vec<String>,
+    pub secret: std::sync::Arc<Vec<u8>>,
+}
+
+/// The environment variable naming the wrapper's pipe.
+pub const WRAPPER_FD_ENV: &str = "DRIFTLESS_KEEPER_FD";
+
+tokio::task_local! {
+    /// The wrapper of every command started in this task.
+    static WRAPPER: Wrapper;
+}
+
+/// Run `fut` so that every command it starts goes through `wrapper`, if any.
+pub async fn with_wrapper<F: Future>(wrapper: Option<Wrapper>, fut: F) -> F::Output {
+    match wrapper {
+        Some(w) => WRAPPER.scope(w, fut).await,
+        None => fut.await,
+    }
+}
+
+/// Larger than this and writing the wrapper's bytes into its pipe before
+/// it starts could block.
+const WRAPPER_SECRET_MAX: usize = 32 * 1024;
+
 use crate::redact::{self, Redactor};
 
 /// How much of the interleaved output is kept for the run record.
@@ -218,6 +249,15 @@ fn signal_group(pgid: i32, signal: i32) {
     }
 }
 
+/// SIGKILLs a process group when dropped, unless its id was set to 0.
+struct GroupGuard(i32);
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        signal_group(self.0, libc::SIGKILL);
+    }
+}
+
 /// Run `spec` to completion (or its deadline) and capture its output.
 pub async fn run(spec: &Spec, redactor: &Redactor) -> Result<Output, ProcessError> {
     let program = spec.argv.first().ok_or(ProcessError::Empty)?;
@@ -230,9 +270,54 @@ pub async fn run(spec: &Spec, redactor: &Redactor) -> Result<Output, ProcessErro
     let mut out = Stream::new(true).map_err(spawn_err)?;
     let mut err = Stream::new(false).map_err(spawn_err)?;
     let mut capture = Capture::default();
-    let mut cmd = Command::new(program);
-    cmd.args(&spec.argv[1..])
-        .current_dir(&spec.cwd)
+    let wrapper = WRAPPER.try_with(Wrapper::clone).ok();
+    let mut cmd = match &wrapper {
+        None => {
+            let mut c = Command::new(program);
+            c.args(&spec.argv[1..]);
+            c
+        }
+        Some(w) => {
+            let Some(keeper) = w.argv.first() else {
+                return Err(ProcessError::Empty);
+            };
+            let mut c = Command::new(keeper);
+            c.args(&w.argv[1..]).arg("--").args(&spec.argv);
+            c
+        }
+    };
+    // The wrapper's bytes, in a pipe it inherits (kept open until the
+    // command has started).
+    let mut wrapper_pipe = None;
+    if let Some(w) = &wrapper {
+        use std::io::Write;
+        use std::os::fd::AsRawFd;
+        let pipe_err = |e: std::io::Error| ProcessError::Spawn {
+            program: program.clone(),
+            cwd: spec.cwd.display().to_string(),
+            reason: format!("cannot pass its keeper what it needs: {e}"),
+        };
+        if w.secret.len() > WRAPPER_SECRET_MAX {
+            return Err(pipe_err(std::io::Error::other("too much to pass")));
+        }
+        let (reader, mut writer) = std::io::pipe().map_err(pipe_err)?;
+        writer.write_all(&w.secret).map_err(pipe_err)?;
+        drop(writer);
+        let fd = reader.as_raw_fd();
+        cmd.env(WRAPPER_FD_ENV, fd.to_string());
+        // SAFETY: fcntl is async-signal-safe; it only clears FD_CLOEXEC on
+        // the child's copy of the descriptor table.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        wrapper_pipe = Some(reader);
+    }
+    cmd.current_dir(&spec.cwd)
         .envs(&spec.env)
         .env("GIT_TERMINAL_PROMPT", "0")
         .stdin(if spec.stdin.is_some() {
@@ -262,6 +347,10 @@ pub async fn run(spec: &Spec, redactor: &Redactor) -> Result<Output, ProcessErro
         reason: e.to_string(),
     })?;
     let pgid = child.id().map(|p| p as i32).unwrap_or(0);
+    // A run dropped before its command ended (its tick was stopped: its
+    // lease was lost) takes the command's whole group down with it, not
+    // only the leader `kill_on_drop` reaches.
+    let mut group = GroupGuard(pgid);
     if let (Some(data), Some(mut stdin)) = (spec.stdin.clone(), child.stdin.take()) {
         tokio::spawn(async move {
             use tokio::io::AsyncWriteExt;
@@ -272,6 +361,7 @@ pub async fn run(spec: &Spec, redactor: &Redactor) -> Result<Output, ProcessErro
     }
     // The command's copies of the files were moved into it; ours stay.
     drop(cmd);
+    drop(wrapper_pipe);
 
     let mut timed_out = false;
     let wait_err = |e: std::io::Error| ProcessError::Wait {
@@ -307,6 +397,7 @@ pub async fn run(spec: &Spec, redactor: &Redactor) -> Result<Output, ProcessErro
             break s;
         }
     };
+    group.0 = 0;
     out.drain(&mut capture, true);
     err.drain(&mut capture, true);
     let stdout = String::from_utf8_lossy(&capture.stdout).into_owned();

@@ -12,12 +12,12 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sqlx::FromRow;
 
 use crate::model::{BoxFuture, Trigger};
 use crate::store::Kind;
-use crate::store::db::{JsonText, is_postgres, json_field};
+use crate::store::db::{JsonText, PG_NOW_MS, is_postgres, json_field};
 use crate::store::previews::{self, PullEvent};
 use crate::store::statuses::{self, NewStatus};
 use crate::store::{Batch, BatchTx, Store, StoreError, WriteTx, now_ms};
@@ -26,6 +26,52 @@ use crate::store::{Batch, BatchTx, Store, StoreError, WriteTx, now_ms};
 pub const LEASE: Duration = Duration::from_secs(30);
 /// A job interrupted this many times is given up (the next interval retries).
 pub const MAX_ATTEMPTS: i64 = 5;
+
+/// A running job's claim, renewed by each process that must stop when it
+/// is lost: the worker running the job and, on PostgreSQL, the keeper of
+/// every command the job starts (`keeper`), which outlives a killed
+/// instance for as long as its command does. Nothing in it is secret.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Lease {
+    pub job: i64,
+    pub owner: String,
+    pub lease_ms: i64,
+}
+
+impl Lease {
+    /// How long a renewal lasts.
+    pub fn duration(&self) -> Duration {
+        Duration::from_millis(self.lease_ms.max(0) as u64)
+    }
+
+    /// Extend the claim from now. `false` when the job is no longer this
+    /// owner's — on PostgreSQL, also when the claim already ran out by the
+    /// server's clock: its holders stopped before that (they stop a margin
+    /// ahead of it by their own clocks), and another instance may be taking
+    /// the job over.
+    pub async fn renew(&self, conn: &mut crate::store::db::Conn) -> Result<bool, sqlx::Error> {
+        let now = now_ms();
+        let sql = if is_postgres(conn) {
+            format!(
+                "UPDATE jobs SET lease_until = {PG_NOW_MS} + $3, updated_at = $4
+                 WHERE id = $1 AND state = 'running' AND lease_owner = $2
+                   AND lease_until >= {PG_NOW_MS}"
+            )
+        } else {
+            "UPDATE jobs SET lease_until = $4 + $3, updated_at = $4
+             WHERE id = $1 AND state = 'running' AND lease_owner = $2"
+                .to_string()
+        };
+        let r = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(self.job)
+            .bind(&self.owner)
+            .bind(self.lease_ms)
+            .bind(now)
+            .execute(conn)
+            .await?;
+        Ok(r.rows_affected() == 1)
+    }
+}
 
 /// A request to reconcile one target.
 #[derive(Debug, Clone)]
@@ -105,11 +151,16 @@ pub struct Job {
     pub delivery_ids: Vec<String>,
     pub attempts: i64,
     pub receiver: Option<String>,
+    /// When the statement that claimed it (and started its lease) was
+    /// sent, by this process's monotonic clock: its lease runs out no
+    /// sooner than a lease after this.
+    pub leased_at: std::time::Instant,
 }
 
 impl Job {
     fn from_row(r: JobRow) -> Job {
         Job {
+            leased_at: std::time::Instant::now(),
             id: r.id,
             target: r.target,
             triggers: r.triggers,
@@ -171,12 +222,47 @@ pub struct Activity {
 pub struct Queue {
     store: Store,
     owner: String,
+    lease: Duration,
 }
 
 impl Queue {
     pub fn new(store: Store) -> Queue {
         let owner = format!("pid{}-{:08x}", std::process::id(), fastrand::u32(..));
-        Queue { store, owner }
+        Queue {
+            store,
+            owner,
+            lease: LEASE,
+        }
+    }
+
+    /// The same queue, its claims lasting `lease` without a renewal
+    /// (`[database] lease`).
+    pub fn with_lease(mut self, lease: Duration) -> Queue {
+        self.lease = lease;
+        self
+    }
+
+    /// How long a claim lasts without a renewal.
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    /// What a [`Lease`] holder renews this job's claim with.
+    pub fn lease_of(&self, job_id: i64) -> Lease {
+        Lease {
+            job: job_id,
+            owner: self.owner.clone(),
+            lease_ms: self.lease.as_millis() as i64,
+        }
+    }
+
+    /// Where a lease is written and judged from: the local clock (`$n`, the
+    /// time bound) on SQLite, the server's on PostgreSQL (`PG_NOW_MS`).
+    fn clock(&self, bound: &'static str) -> &'static str {
+        match self.store.kind() {
+            Kind::Sqlite => bound,
+            Kind::Postgres => PG_NOW_MS,
+        }
     }
 
     pub fn owner(&self) -> &str {
@@ -280,15 +366,16 @@ impl Queue {
         if runnable.is_none() {
             return Ok(None);
         }
+        let since = self.clock("$1");
         let row = sqlx::query_as::<_, JobRow>(sqlx::AssertSqlSafe(format!(
-            "UPDATE jobs SET state = 'running', lease_owner = $2, lease_until = $3,
+            "UPDATE jobs SET state = 'running', lease_owner = $2, lease_until = {since} + $3,
                     attempts = attempts + 1, updated_at = $1
              WHERE id = (SELECT j.id FROM jobs j WHERE {RUNNABLE} ORDER BY j.id LIMIT 1)
              RETURNING id, target, triggers, requested_sha, delivery_ids, attempts, receiver"
         )))
         .bind(now)
         .bind(&self.owner)
-        .bind(now + LEASE.as_millis() as i64);
+        .bind(self.lease.as_millis() as i64);
         self.job_written("claiming a job", row).await
     }
 
@@ -305,12 +392,16 @@ impl Queue {
         A: sqlx::IntoArguments<crate::store::db::Db> + 'q,
     {
         let WriteTx { mut tx, _turn } = self.store.begin_write(what).await?;
+        let sent = std::time::Instant::now();
         let row = query
             .fetch_optional(&mut *tx)
             .await
             .map_err(self.store.err(what))?;
         tx.commit().await.map_err(self.store.err(what))?;
-        Ok(row.map(Job::from_row))
+        Ok(row.map(|r| Job {
+            leased_at: sent,
+            ..Job::from_row(r)
+        }))
     }
 
     /// Create a job that is running from the start, for a one-shot `tick`
@@ -332,21 +423,27 @@ impl Queue {
         let now = now_ms();
         let WriteTx { mut tx, _turn } = self.store.begin_write(what).await?;
         let pg = is_postgres(&tx);
-        let row = sqlx::query_as::<_, JobRow>(if pg {
-            "INSERT INTO jobs (target, state, triggers, lease_owner, lease_until, attempts, created_at, updated_at)
-             VALUES ($1, 'running', jsonb_build_array($2::text)::text, $3, $4, 1, $5, $5)
-             ON CONFLICT DO NOTHING
-             RETURNING id, target, triggers, requested_sha, delivery_ids, attempts, receiver"
+        let since = self.clock("$5");
+        let sent = std::time::Instant::now();
+        let row = sqlx::query_as::<_, JobRow>(sqlx::AssertSqlSafe(if pg {
+            format!(
+                "INSERT INTO jobs (target, state, triggers, lease_owner, lease_until, attempts, created_at, updated_at)
+                 VALUES ($1, 'running', jsonb_build_array($2::text)::text, $3, {since} + $4, 1, $5, $5)
+                 ON CONFLICT DO NOTHING
+                 RETURNING id, target, triggers, requested_sha, delivery_ids, attempts, receiver"
+            )
         } else {
-            "INSERT INTO jobs (target, state, triggers, lease_owner, lease_until, attempts, created_at, updated_at)
-             VALUES ($1, 'running', json_array($2), $3, $4, 1, $5, $5)
-             ON CONFLICT DO NOTHING
-             RETURNING id, target, triggers, requested_sha, delivery_ids, attempts, receiver"
-        })
+            format!(
+                "INSERT INTO jobs (target, state, triggers, lease_owner, lease_until, attempts, created_at, updated_at)
+                 VALUES ($1, 'running', json_array($2), $3, {since} + $4, 1, $5, $5)
+                 ON CONFLICT DO NOTHING
+                 RETURNING id, target, triggers, requested_sha, delivery_ids, attempts, receiver"
+            )
+        }))
         .bind(target)
         .bind(trigger.as_str())
         .bind(&self.owner)
-        .bind(now + LEASE.as_millis() as i64)
+        .bind(self.lease.as_millis() as i64)
         .bind(now)
         .fetch_optional(&mut *tx)
         .await
@@ -370,24 +467,26 @@ impl Queue {
             .map_err(self.store.err(what))?;
         }
         tx.commit().await.map_err(self.store.err(what))?;
-        Ok(row.map(Job::from_row))
+        Ok(row.map(|r| Job {
+            leased_at: sent,
+            ..Job::from_row(r)
+        }))
     }
 
-    /// Extend the lease. `false` when the job is no longer ours.
+    /// Extend the lease. `false` when the job is no longer ours (on
+    /// PostgreSQL, also when its lease already ran out: whoever held it has
+    /// stopped by then, and another instance may be taking it over).
     pub async fn heartbeat(&self, job_id: i64) -> Result<bool, StoreError> {
-        let now = now_ms();
-        let r = sqlx::query(
-            "UPDATE jobs SET lease_until = $3, updated_at = $4
-             WHERE id = $1 AND state = 'running' AND lease_owner = $2",
-        )
-        .bind(job_id)
-        .bind(&self.owner)
-        .bind(now + LEASE.as_millis() as i64)
-        .bind(now)
-        .execute(self.store.pool())
-        .await
-        .map_err(self.store.err("renewing a job lease"))?;
-        Ok(r.rows_affected() == 1)
+        let mut conn = self
+            .store
+            .pool()
+            .acquire()
+            .await
+            .map_err(self.store.err("renewing a job lease"))?;
+        self.lease_of(job_id)
+            .renew(&mut conn)
+            .await
+            .map_err(self.store.err("renewing a job lease"))
     }
 
     /// The job is over: `outcome` says how (`changed`, `failed`, `skipped: …`).
@@ -417,6 +516,18 @@ impl Queue {
     pub async fn requeue(&self, job_id: i64, delay: Duration) -> Result<(), StoreError> {
         let what = "requeueing a job";
         let WriteTx { mut tx, _turn } = self.store.begin_write(what).await?;
+        // A job taken over meanwhile (its lease ran out) is not ours to move.
+        let ours: Option<i64> = sqlx::query_scalar(
+            "SELECT id FROM jobs WHERE id = $1 AND state = 'running' AND lease_owner = $2",
+        )
+        .bind(job_id)
+        .bind(&self.owner)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(self.store.err(what))?;
+        if ours.is_none() {
+            return Ok(());
+        }
         interrupt_runs(
             &mut tx,
             job_id,
@@ -433,16 +544,26 @@ impl Queue {
 
     /// Jobs whose lease expired go back to the queue (their process died);
     /// the runs they left open are marked `interrupted`. Returns the ids.
+    /// On PostgreSQL, by the server's clock, checked again in the write
+    /// transaction: a lease renewed meanwhile is left alone.
     pub async fn recover_expired(&self) -> Result<Vec<i64>, StoreError> {
-        let expired: Vec<i64> = sqlx::query_scalar(
-            "SELECT id FROM jobs WHERE state = 'running' AND lease_until < $1 ORDER BY id",
-        )
-        .bind(now_ms())
-        .fetch_all(self.store.pool())
-        .await
-        .map_err(self.store.err("recovering interrupted jobs"))?;
-        self.recover(&expired).await?;
-        Ok(expired)
+        let what = "recovering interrupted jobs";
+        let expired: Vec<i64> = match self.store.kind() {
+            Kind::Sqlite => sqlx::query_scalar(
+                "SELECT id FROM jobs WHERE state = 'running' AND lease_until < $1 ORDER BY id",
+            )
+            .bind(now_ms())
+            .fetch_all(self.store.pool())
+            .await
+            .map_err(self.store.err(what))?,
+            Kind::Postgres => sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                "SELECT id FROM jobs WHERE state = 'running' AND lease_until < {PG_NOW_MS} ORDER BY id"
+            )))
+            .fetch_all(self.store.pool())
+            .await
+            .map_err(self.store.err(what))?,
+        };
+        self.recover_only(&expired, true).await
     }
 
     /// Every job marked running.
@@ -469,20 +590,40 @@ impl Queue {
     /// and mark the runs they left open `interrupted`. A job interrupted
     /// [`MAX_ATTEMPTS`] times is closed instead.
     pub async fn recover(&self, ids: &[i64]) -> Result<(), StoreError> {
+        self.recover_only(ids, false).await.map(drop)
+    }
+
+    /// [`Queue::recover`]; with `expired`, only the jobs whose lease has
+    /// run out by the time the write transaction reads them (by the
+    /// server's clock on PostgreSQL). Returns the ids recovered.
+    async fn recover_only(&self, ids: &[i64], expired: bool) -> Result<Vec<i64>, StoreError> {
+        let mut done = Vec::new();
         if ids.is_empty() {
-            return Ok(());
+            return Ok(done);
         }
         let what = "recovering interrupted jobs";
         let now = now_ms();
+        let still = match (expired, self.store.kind()) {
+            (false, _) => String::new(),
+            (true, Kind::Sqlite) => "AND lease_until < $2".to_string(),
+            (true, Kind::Postgres) => format!("AND lease_until < {PG_NOW_MS}"),
+        };
+        let bind_now = expired && self.store.kind() == Kind::Sqlite;
         let WriteTx { mut tx, _turn } = self.store.begin_write(what).await?;
         for id in ids {
-            let attempts: Option<i64> =
-                sqlx::query_scalar("SELECT attempts FROM jobs WHERE id = $1 AND state = 'running'")
-                    .bind(id)
-                    .fetch_optional(&mut *tx)
-                    .await
-                    .map_err(self.store.err(what))?;
+            let mut read = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                "SELECT attempts FROM jobs WHERE id = $1 AND state = 'running' {still}"
+            )))
+            .bind(id);
+            if bind_now {
+                read = read.bind(now);
+            }
+            let attempts: Option<i64> = read
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(self.store.err(what))?;
             let Some(attempts) = attempts else { continue };
+            done.push(*id);
             interrupt_runs(
                 &mut tx,
                 *id,
@@ -508,7 +649,7 @@ impl Queue {
             }
         }
         tx.commit().await.map_err(self.store.err(what))?;
-        Ok(())
+        Ok(done)
     }
 
     /// Queued and running counts per target.

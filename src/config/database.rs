@@ -5,11 +5,12 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::Deserialize;
 
 use super::Problem;
-use super::checks::problem;
+use super::checks::{duration, problem};
 use crate::paths::resolve;
 use crate::redact::url_without_password as without_password;
 use crate::secret::SecretRef;
@@ -27,7 +28,17 @@ pub struct Database {
     pub sslmode: Option<String>,
     /// `ca_file`: the certificate authority that signed the server's.
     pub ca_file: Option<PathBuf>,
+    /// `lease`: how long a running job's claim lasts without a renewal —
+    /// how long an instance that died keeps its targets from the others,
+    /// and how long a database outage a running command survives (its
+    /// keeper stops it before the claim can run out).
+    pub lease: Duration,
 }
+
+/// The default `lease`.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+const MIN_LEASE: Duration = Duration::from_secs(3);
+const MAX_LEASE: Duration = Duration::from_secs(3600);
 
 impl fmt::Debug for Database {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -36,6 +47,7 @@ impl fmt::Debug for Database {
             .field("password", &self.password)
             .field("sslmode", &self.sslmode)
             .field("ca_file", &self.ca_file)
+            .field("lease", &self.lease)
             .finish()
     }
 }
@@ -69,6 +81,7 @@ pub(super) struct RawDatabase {
     password_file: Option<String>,
     sslmode: Option<String>,
     ca_file: Option<String>,
+    lease: Option<String>,
 }
 
 /// Check `[database]`; `None` (with problems pushed) when it is unusable.
@@ -127,10 +140,29 @@ pub(super) fn validate_database(
             format!("{} is not a readable file", ca.display()),
         ));
     }
+    let lease = duration(
+        "database",
+        "lease",
+        raw.lease.as_deref(),
+        DEFAULT_LEASE,
+        MAX_LEASE,
+        problems,
+    );
+    if lease < MIN_LEASE {
+        problems.push(problem(
+            "database",
+            "lease",
+            format!(
+                "`{}` is too short: a lease is renewed every third of it, over the network (at least 3s)",
+                humantime::format_duration(lease)
+            ),
+        ));
+    }
     if problems.len() > before {
         return None;
     }
     Some(Database {
+        lease,
         url,
         password: raw.password_file.map(|p| SecretRef::parse(&p, base)),
         sslmode: raw.sslmode,
@@ -165,6 +197,7 @@ mod tests {
                 password_file: None,
                 sslmode: Some("verify-full".into()),
                 ca_file: None,
+                lease: None,
             },
             Path::new("/etc/driftless"),
             &mut problems,
@@ -172,6 +205,7 @@ mod tests {
         .expect("valid");
         assert!(!format!("{db:?}").contains("s3cret"), "{db:?}");
         assert_eq!(db.url(), "postgres://u:s3cret@db/d");
+        assert_eq!(db.lease, DEFAULT_LEASE);
     }
 
     #[test]
@@ -183,13 +217,17 @@ mod tests {
                 password_file: Some("/run/pw".into()),
                 sslmode: Some("sometimes".into()),
                 ca_file: Some("/nonexistent/ca.pem".into()),
+                lease: Some("2s".into()),
             },
             Path::new("/etc"),
             &mut problems,
         );
         assert!(db.is_none());
         let keys: Vec<&str> = problems.iter().map(|p| p.key.as_str()).collect();
-        assert_eq!(keys, ["url", "password_file", "sslmode", "ca_file"]);
+        assert_eq!(
+            keys,
+            ["url", "password_file", "sslmode", "ca_file", "lease"]
+        );
         assert!(
             !problems.iter().any(|p| p.message.contains("pw@")),
             "{problems:?}"

@@ -138,3 +138,8 @@ pub fn encode_text(
 pub fn is_postgres(conn: &Conn) -> bool {
     conn.backend_name() == <sqlx::Postgres as sqlx::Database>::NAME
 }
+
+/// The PostgreSQL server's clock in milliseconds since the Unix epoch.
+/// Job leases are written and judged by this one clock, so instances on
+/// hosts whose clocks disagree still agree on when a lease ran out.
+pub const PG_NOW_MS: &str = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)";

@@ -37,10 +37,6 @@ static PG_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postg
 /// database, as SQLite's `BEGIN IMMEDIATE` makes them on one host.
 const PG_WRITE_LOCK: i64 = 0x6472_6966_746c_0001;
 
-/// The key of the PostgreSQL advisory lock the one process running
-/// backends holds (`Store::hold_instance`).
-const PG_INSTANCE_LOCK: i64 = 0x6472_6966_746c_0002;
-
 /// What `[database]` gives to connect to PostgreSQL with.
 #[derive(Clone, Default)]
 pub struct PgOptions {
@@ -50,10 +46,6 @@ pub struct PgOptions {
     pub sslmode: Option<String>,
     pub ca_file: Option<PathBuf>,
 }
-
-/// This process's hold on the database (`Store::hold_instance`): released
-/// when dropped, or when the process ends however it ends.
-pub struct InstanceGuard(#[allow(dead_code)] Option<db::Conn>);
 
 /// Which database a [`Store`] is on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -92,6 +84,29 @@ pub struct Store {
     identity: Option<Identity>,
     /// Small writes that arrive together commit together (`group`).
     group: group::Group,
+    /// How a helper process (a command's keeper) connects to the same
+    /// PostgreSQL database: the URL with its password. None on SQLite.
+    connect: Option<ConnectUrl>,
+}
+
+/// A URL that may hold a password: never shown.
+#[derive(Clone)]
+pub struct ConnectUrl(String);
+
+impl ConnectUrl {
+    pub fn new(url: String) -> ConnectUrl {
+        ConnectUrl(url)
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for ConnectUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ConnectUrl(***)")
+    }
 }
 
 /// The (device, inode) of the database file opened.
@@ -457,6 +472,7 @@ impl Store {
             writer: Default::default(),
             identity: Some(identity),
             group: Default::default(),
+            connect: None,
         })
     }
 
@@ -514,6 +530,7 @@ impl Store {
             writer: Default::default(),
             identity: None,
             group: Default::default(),
+            connect: Some(ConnectUrl(url.to_string())),
         })
     }
 
@@ -547,41 +564,10 @@ impl Store {
         .await
     }
 
-    /// Hold this database for the one process on any host that runs
-    /// backends with it (`serve`, or a one-shot `tick`, `plan`, …) while the
-    /// returned guard lives. On SQLite the target locks on the one host
-    /// already keep applies apart: nothing to hold. On PostgreSQL a session
-    /// advisory lock is taken on a connection of the guard's own; another
-    /// process holding it is refused, named, at once. (Several instances
-    /// applying on one PostgreSQL database need a target lock that outlives
-    /// a killed instance's backend command on any host: not built yet.)
-    pub async fn hold_instance(&self) -> Result<InstanceGuard, StoreError> {
-        use sqlx::Connection;
-        if self.kind == Kind::Sqlite {
-            return Ok(InstanceGuard(None));
-        }
-        let what = "holding the database for this instance";
-        let mut conn = self.pool.acquire().await.map_err(self.err(what))?.detach();
-        let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
-            .bind(PG_INSTANCE_LOCK)
-            .fetch_one(&mut conn)
-            .await
-            .map_err(self.err(what))?;
-        if !got {
-            let _ = conn.close().await;
-            return Err(StoreError {
-                path: self.path.clone(),
-                what,
-                source: sqlx::Error::Protocol(
-                    "another driftless process (`serve`, or a one-shot tick, plan or destroy) \
-                     runs backends with this database now; on PostgreSQL one process at a time \
-                     may — ask it through the API (`POST /api/v1/targets/<t>/reconcile`), or stop \
-                     it first"
-                        .into(),
-                ),
-            });
-        }
-        Ok(InstanceGuard(Some(conn)))
+    /// How a helper process connects to this PostgreSQL database (None on
+    /// SQLite).
+    pub fn connect_url(&self) -> Option<&ConnectUrl> {
+        self.connect.as_ref()
     }
 
     /// Which database this is.

@@ -151,6 +151,29 @@ pub async fn database() -> String {
     url(&socket_dir, &name)
 }
 
+/// Run `sql` (statements separated by `;`) on the database at `url`; on
+/// the cluster's `postgres` database when `url` is None.
+pub async fn execute(url: Option<&str>, sql: &str) {
+    use sqlx::Connection;
+    sqlx::any::install_default_drivers();
+    let url = match url {
+        Some(u) => u.to_string(),
+        None => {
+            let socket_dir = tokio::task::spawn_blocking(|| cluster().socket_dir.clone())
+                .await
+                .expect("cluster");
+            self::url(&socket_dir, "postgres")
+        }
+    };
+    let mut conn = sqlx::AnyConnection::connect(&url)
+        .await
+        .expect("connect to the cluster");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_string()))
+        .execute(&mut conn)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
+
 /// A store on SQLite in `dir`, and one on a new PostgreSQL database: a
 /// test runs its body on each.
 pub async fn stores(dir: &Path) -> Vec<super::Store> {

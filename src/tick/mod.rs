@@ -76,6 +76,8 @@ pub enum TickError {
     NoCheckout { target: String },
     #[error("target `{target}`: {message}")]
     Backend { target: String, message: String },
+    #[error("target `{target}`: the tick stopped: {why}")]
+    LeaseLost { target: String, why: String },
     #[error("{set}: {source}")]
     Set {
         set: String,
@@ -149,6 +151,11 @@ impl Reconciler {
     /// target is locked elsewhere, `Busy` is returned and the job is left to
     /// the caller.
     pub async fn run_job(&self, job: &Job) -> Result<Ticked, TickError> {
+        // Boxed: the tick's future is large, and debug builds copy it.
+        self.with_lease(job, Box::pin(self.run_claimed(job))).await
+    }
+
+    async fn run_claimed(&self, job: &Job) -> Result<Ticked, TickError> {
         let target = self.target(&job.target)?;
         // Which fetch of the repository this job may use: one started since
         // the job began (its requests all came before), or for the interval
@@ -298,7 +305,13 @@ impl Reconciler {
             if job.is_some() {
                 break;
             }
-            if attempt == 10 {
+            if attempt == 10 && self.app.store.kind() == crate::store::Kind::Postgres {
+                // Another host's job is dead only once its lease ran out.
+                let dead = self.app.queue.recover_expired().await?;
+                if !dead.is_empty() {
+                    tracing::warn!(target_name = name, jobs = ?dead, "recovered jobs whose lease ran out");
+                }
+            } else if attempt == 10 {
                 let dead: Vec<i64> = self
                     .app
                     .queue
@@ -322,8 +335,87 @@ impl Reconciler {
         let Some(job) = job else {
             return Ok(Ticked::Busy);
         };
-        self.run_locked(&target, &job, op, lock, std::time::Instant::now())
-            .await
+        self.with_lease(
+            &job,
+            Box::pin(self.run_locked(&target, &job, op, lock, std::time::Instant::now())),
+        )
+        .await
+    }
+
+    /// Run `work`, a job's whole tick, while keeping the job's lease alive.
+    /// On PostgreSQL the lease is what keeps other instances off the
+    /// target: when it could run out before it is renewed (the database
+    /// is unreachable, or the job was taken over), `work` is dropped — its
+    /// commands' process groups killed with it — and the tick fails.
+    async fn with_lease<F>(&self, job: &Job, work: F) -> Result<Ticked, TickError>
+    where
+        F: std::future::Future<Output = Result<Ticked, TickError>>,
+    {
+        // From the claim on, for the whole job (a first clone may be slow):
+        // renewed every third of the lease; on PostgreSQL a deadline a
+        // tenth ahead of the lease's end, counted from each renewal's send.
+        let pg = self.app.store.kind() == crate::store::Kind::Postgres;
+        let (lost_tx, lost) = tokio::sync::oneshot::channel::<String>();
+        let heartbeat = {
+            let queue = self.app.queue.clone();
+            let id = job.id;
+            let lease = queue.lease();
+            let margin = lease / 10;
+            let leased_at = tokio::time::Instant::from_std(job.leased_at);
+            tokio::spawn(async move {
+                let mut deadline = leased_at + lease - margin;
+                let mut next = leased_at + lease / 3;
+                loop {
+                    tokio::time::sleep_until(if pg { next.min(deadline) } else { next }).await;
+                    let now = tokio::time::Instant::now();
+                    if pg && now >= deadline {
+                        let _ = lost_tx.send("its lease could not be renewed in time".into());
+                        return;
+                    }
+                    let renewal = queue.heartbeat(id);
+                    let renewed = if pg {
+                        match tokio::time::timeout(deadline - now, renewal).await {
+                            Ok(r) => r,
+                            Err(_) => {
+                                let _ =
+                                    lost_tx.send("its lease could not be renewed in time".into());
+                                return;
+                            }
+                        }
+                    } else {
+                        renewal.await
+                    };
+                    match renewed {
+                        Ok(true) => {
+                            deadline = now + lease - margin;
+                            next = now + lease / 3;
+                        }
+                        Ok(false) => {
+                            error!(job = id, "lost the lease of a running job");
+                            // On SQLite the target's file lock, held by the
+                            // tick and its commands, keeps applies apart.
+                            if pg {
+                                let _ = lost_tx.send("its lease was taken over".into());
+                            }
+                            return;
+                        }
+                        Err(e) => {
+                            warn!(job = id, error = %e, "cannot renew job lease");
+                            next = tokio::time::Instant::now() + lease / 15;
+                        }
+                    }
+                }
+            })
+        };
+        let outcome = tokio::select! {
+            outcome = work => outcome,
+            Ok(why) = lost => {
+                error!(target = %job.target, job = job.id, %why, "tick stopped: another instance may take the job over");
+                Err(TickError::LeaseLost { target: job.target.clone(), why })
+            }
+        };
+        heartbeat.abort();
+        outcome
     }
 
     /// Converge under the held lock; the run's record closes the job, still
@@ -337,32 +429,20 @@ impl Reconciler {
         lock: TargetLock,
         since: std::time::Instant,
     ) -> Result<Ticked, TickError> {
-        // Keep the job's lease alive for as long as the tick runs.
-        let heartbeat = {
-            let queue = self.app.queue.clone();
-            let id = job.id;
-            tokio::spawn(async move {
-                loop {
-                    tokio::time::sleep(crate::queue::LEASE / 3).await;
-                    match queue.heartbeat(id).await {
-                        Ok(true) => {}
-                        Ok(false) => {
-                            error!(job = id, "lost the lease of a running job");
-                            break;
-                        }
-                        Err(e) => warn!(job = id, error = %e, "cannot renew job lease"),
-                    }
-                }
-            })
-        };
+        let wrapper = self
+            .app
+            .store
+            .connect_url()
+            .map(|url| crate::keeper::wrapper(url, self.app.queue.lease_of(job.id)));
         // Commands inherit the lock: if driftless dies mid-apply, the target
-        // stays locked until the orphaned command is done.
-        let outcome = crate::process::with_inherited_fd(
+        // stays locked until the orphaned command is done — on this host.
+        // On PostgreSQL each also goes through a keeper that renews the
+        // job's lease for as long as it lives (`keeper`): for every host.
+        let converge = crate::process::with_inherited_fd(
             lock.as_raw_fd(),
-            self.converge(target, Some(job), op, since),
-        )
-        .await;
-        heartbeat.abort();
+            crate::process::with_wrapper(wrapper, self.converge(target, Some(job), op, since)),
+        );
+        let outcome = converge.await;
         // A run that was recorded closed its job in the same transaction
         // (`Store::finish_run`): a full disk after it cannot make it run
         // again.

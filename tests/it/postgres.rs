@@ -18,57 +18,281 @@ fn on_postgres(url: &str, targets: &str) -> Setup {
     Setup::new(&format!("[database]\nurl = {}\n\n{targets}", toml_str(url)))
 }
 
+/// Run `sql` on the database at `url` (the cluster's `postgres` one when
+/// None).
+fn sql(url: Option<&str>, sql: &str) {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(driftless::store::testing::execute(url, sql))
+}
+
+/// The lines of `log` (empty when it does not exist yet).
+fn lines(log: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// An exec target `app` whose apply appends `start` to `log`, sleeps
+/// `secs`, then appends `end`: applies that overlapped show as two
+/// `start`s in a row.
+fn slow_target(remote: &Remote, log: &std::path::Path, secs: u32) -> String {
+    exec_target(
+        "app",
+        &remote.url(),
+        "path = \"app\"",
+        &format!(
+            "apply = [\"sh\", \"-c\", \"echo start >> {log}; sleep {secs}; echo end >> {log}\"]",
+            log = log.display()
+        ),
+    )
+}
+
+/// No two `start`s without an `end` between them.
+fn assert_no_overlap(log: &std::path::Path) {
+    let lines = lines(log);
+    for pair in lines.windows(2) {
+        assert!(
+            !(pair[0] == "start" && pair[1] == "start"),
+            "two applies of one target overlapped: {lines:?}"
+        );
+    }
+}
+
 /// A tick applies and is recorded in PostgreSQL (no SQLite file appears);
-/// `status` and `history` read it back from any process; while `serve`
-/// holds the database, a one-shot tick elsewhere is refused, saying why,
-/// and works again once the daemon stopped.
+/// `status` and `history` read it back from another host (another state
+/// directory); while one host's daemon applies the target, a one-shot tick
+/// on the other finds it busy (exit 75) and applies nothing, and works
+/// once the apply is over.
 #[test]
-fn runs_are_recorded_in_postgres_and_one_process_runs_backends() {
+fn runs_are_recorded_in_postgres_and_a_target_applies_on_one_host_at_a_time() {
     let root = tempfile::tempdir().expect("tempdir");
     let remote = Remote::new(root.path(), "infra");
     let first = remote.commit(&[("app/config", "v1\n")], "first");
     let log = root.path().join("applied.log");
-    let s = on_postgres(
-        &database(),
-        &exec_target(
-            "app",
-            &remote.url(),
-            "path = \"app\"",
-            &format!(
-                "apply = [\"sh\", \"-c\", \"cat config >> {}\"]",
-                log.display()
-            ),
-        ),
+    let url = database();
+    let token = "ops-token-0123456789abcdef";
+    let config = format!(
+        "[database]\nurl = {}\n\n{}{}",
+        toml_str(&url),
+        slow_target(&remote, &log, 4),
+        token_table("ops", token, &["reconcile:app"])
     );
-    let out = s.run(&["tick", "app"]);
+    let a = Setup::new(&config);
+    let b = Setup::new(&config);
+    let out = a.run(&["tick", "app"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let app = s.target_status("app");
+    let app = b.target_status("app");
     assert_eq!(app["last_result"], "changed", "{app}");
     assert_eq!(app["last_applied_sha"], first.as_str(), "{app}");
-    assert_eq!(s.history("app").len(), 1);
+    assert_eq!(b.history("app").len(), 1);
     assert!(
-        !s.db().exists(),
+        !a.db().exists() && !b.db().exists(),
         "a SQLite database was made beside [database]"
     );
 
     let second = remote.commit(&[("app/config", "v2\n")], "second");
-    let daemon = s.serve();
-    let out = s.run(&["tick", "app"]);
-    assert!(!out.status.success(), "a second process ran backends");
-    let err = text(&out.stderr);
-    assert!(err.contains("another driftless process"), "{err}");
-    assert_eq!(s.target_status("app")["last_applied_sha"], first.as_str());
-    // `status` needs no hold: it reads while the daemon runs.
-    assert_eq!(s.status().len(), 1);
-    daemon.stop();
-    let out = s.run(&["tick", "app"]);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    assert_eq!(s.target_status("app")["last_applied_sha"], second.as_str());
+    let daemon = a.serve();
+    let r = http(
+        daemon.port,
+        "POST",
+        "/api/v1/targets/app/reconcile",
+        &[("Authorization", &format!("Bearer {token}"))],
+        b"",
+    );
+    assert_eq!(r.status, 202, "{}", r.body);
+    wait_for(Duration::from_secs(60), "host a's apply to start", || {
+        lines(&log).len() == 3
+    });
+    let out = b.run(&["tick", "app"]);
     assert_eq!(
-        std::fs::read_to_string(&log).expect("applied"),
-        "v1\nv2\n",
+        out.status.code(),
+        Some(75),
+        "host b's tick while host a applies: {}",
+        text(&out.stderr)
+    );
+    wait_for(Duration::from_secs(60), "host a's apply to end", || {
+        lines(&log).len() == 4
+    });
+    wait_for(
+        Duration::from_secs(30),
+        "host a's run to be recorded",
+        || b.target_status("app")["last_applied_sha"] == second.as_str(),
+    );
+    daemon.stop();
+    let out = b.run(&["tick", "app"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_no_overlap(&log);
+    assert_eq!(
+        lines(&log),
+        ["start", "end", "start", "end"],
         "each commit applied once"
     );
+}
+
+/// The daemon applying a target is killed with SIGKILL mid-apply; its
+/// command goes on, orphaned. Another host's daemon on the same database
+/// takes the job over only after the command ended — its keeper renewed
+/// the job's lease for as long as it lived, though the lease is a tenth of
+/// the command's time — and applies it again. Nothing overlaps.
+#[test]
+fn an_orphaned_command_keeps_its_target_from_every_other_host() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(&[("app/config", "v1\n")], "first");
+    let log = root.path().join("applied.log");
+    let config = format!(
+        "[database]\nurl = {}\nlease = \"3s\"\n\n{}",
+        toml_str(&database()),
+        slow_target(&remote, &log, 10)
+    );
+    let a = Setup::new(&config);
+    let b = Setup::new(&config);
+    let daemon = a.serve();
+    wait_for(Duration::from_secs(60), "host a's apply to start", || {
+        lines(&log) == ["start"]
+    });
+    daemon.kill9();
+    let other = b.serve();
+    wait_for(
+        Duration::from_secs(90),
+        "host b to apply after the orphan",
+        || lines(&log).len() >= 4,
+    );
+    assert_no_overlap(&log);
+    assert_eq!(lines(&log), ["start", "end", "start", "end"]);
+    wait_for(
+        Duration::from_secs(30),
+        "host b's run to be recorded",
+        || b.target_status("app")["last_result"] == "changed",
+    );
+    let results: Vec<String> = b
+        .history("app")
+        .iter()
+        .map(|r| r["result"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert!(results.contains(&"interrupted".to_string()), "{results:?}");
+    other.stop();
+}
+
+/// A job taken from the daemon running it (its claim given to another
+/// instance) has its command killed by the command's keeper within a
+/// lease, rather than left to run beside the new owner.
+#[test]
+fn a_command_whose_job_was_taken_over_is_killed() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(&[("app/config", "v1\n")], "first");
+    let log = root.path().join("applied.log");
+    let url = database();
+    let config = format!(
+        "[database]\nurl = {}\nlease = \"3s\"\n\n{}",
+        toml_str(&url),
+        slow_target(&remote, &log, 37)
+    );
+    let a = Setup::new(&config);
+    let daemon = a.serve();
+    wait_for(Duration::from_secs(60), "the apply to start", || {
+        lines(&log) == ["start"]
+    });
+    let sleeping = || {
+        let out = std::process::Command::new("pgrep")
+            .args(["-f", "sleep 37"])
+            .output()
+            .expect("pgrep");
+        !out.stdout.is_empty()
+    };
+    assert!(sleeping(), "the command is not running");
+    sql(
+        Some(&url),
+        "UPDATE jobs SET lease_owner = 'another-instance' WHERE state = 'running'",
+    );
+    wait_for(Duration::from_secs(5), "the command to be killed", || {
+        !sleeping()
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(lines(&log), ["start"], "the command went on");
+    let all = daemon.log_text();
+    assert!(all.contains("lost the lease"), "{all}");
+    daemon.stop();
+}
+
+/// The database refuses the daemon mid-apply (its connections terminated,
+/// new ones refused): the daemon answers 503 and is not ready, the
+/// command's keeper stops it before the job's lease can run out, and once
+/// the database takes connections again the daemon is ready and recovers
+/// by itself, applying again. Nothing overlaps.
+#[test]
+fn a_database_outage_stops_the_command_and_the_daemon_recovers() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(&[("app/config", "v1\n")], "first");
+    let log = root.path().join("applied.log");
+    let url = database();
+    let name = url
+        .split_once("localhost/")
+        .and_then(|(_, rest)| rest.split('?').next())
+        .expect("database name")
+        .to_string();
+    let token = "ops-token-0123456789abcdef";
+    let config = format!(
+        "[database]\nurl = {}\nlease = \"3s\"\n\n{}{}",
+        toml_str(&url),
+        slow_target(&remote, &log, 8),
+        token_table("ops", token, &["reconcile:app"])
+    );
+    let a = Setup::new(&config);
+    let daemon = a.serve();
+    wait_for(Duration::from_secs(60), "the apply to start", || {
+        lines(&log) == ["start"]
+    });
+    sql(
+        None,
+        &format!(
+            "ALTER DATABASE {name} ALLOW_CONNECTIONS false;
+             SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"
+        ),
+    );
+    let outage = std::time::Instant::now();
+    // Nothing is acknowledged that cannot be recorded, and the daemon says
+    // it is not ready.
+    let reconcile = || {
+        http(
+            daemon.port,
+            "POST",
+            "/api/v1/targets/app/reconcile",
+            &[("Authorization", &format!("Bearer {token}"))],
+            b"",
+        )
+        .status
+    };
+    assert_eq!(reconcile(), 503);
+    assert_eq!(http_get(daemon.port, "/readyz").map(|(c, _)| c), Some(503));
+    std::thread::sleep(Duration::from_secs(5).saturating_sub(outage.elapsed()));
+    sql(
+        None,
+        &format!("ALTER DATABASE {name} ALLOW_CONNECTIONS true"),
+    );
+    wait_for(
+        Duration::from_secs(30),
+        "the daemon to be ready again",
+        || http_get(daemon.port, "/readyz").is_some_and(|(c, _)| c == 200),
+    );
+    wait_for(Duration::from_secs(90), "the daemon to apply again", || {
+        lines(&log).len() >= 3
+    });
+    assert_eq!(
+        lines(&log),
+        ["start", "start", "end"],
+        "the first command outlived the lease"
+    );
+    let all = daemon.log_text();
+    assert!(all.contains("lease"), "{all}");
+    daemon.stop();
 }
 
 /// A database that cannot be opened is named by its URL without the
