@@ -12,7 +12,11 @@
 # (SQLite, synchronous=FULL) and queues a job before answering 202; the
 # target is an exec target on a local repository, so the jobs also run.
 # Then the same flood with a wrong signature: its rate, and that nothing
-# was written.
+# was written. Then the signed flood again at a driftless whose state is in
+# PostgreSQL (`[database]`: a throwaway cluster from Debian's postgresql,
+# fsync and synchronous_commit at their safe defaults, on a Unix socket),
+# with its ratios to SQLite's and webhook's rates; skipped, saying so,
+# without PostgreSQL or root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 duration=${1:-10s}
@@ -31,7 +35,16 @@ else
   bin=$DRIFTLESS_BIN   # measure another build
 fi
 work=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"' EXIT
+pgbin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1 || true)
+cleanup() {
+  kill $(jobs -p) 2>/dev/null || true
+  wait 2>/dev/null || true
+  if [ -f "$work/pg/postmaster.pid" ]; then
+    su postgres -s /bin/sh -c "'$pgbin/pg_ctl' -D '$work/pg' -m immediate stop" >/dev/null 2>&1 || true
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
 
 git init -q --bare -b main "$work/remote.git"
 git init -q -b main "$work/src"
@@ -162,3 +175,25 @@ refused=$(grep -c "unexpected status 401" "$work/unsigned.err" || true)
 after=$(count_deliveries)
 echo "== the same flood with a wrong signature"
 printf '%-30s %10s req/s   p99 %8s   refused (401) %s   deliveries written %s\n' "driftless unsigned" "$rps" "$p99" "$refused" "$((after - before))"
+
+# The signed flood at a driftless on PostgreSQL.
+if [ -z "$pgbin" ] || [ "$(id -u)" -ne 0 ]; then
+  echo "== PostgreSQL: skipped (needs Debian's postgresql and root to run initdb as postgres)"
+  exit 0
+fi
+chmod 711 "$work"
+mkdir -p "$work/pg" "$work/pgsock"
+chown postgres "$work/pg" "$work/pgsock"
+su postgres -s /bin/sh -c "'$pgbin/initdb' -D '$work/pg' -A trust -U postgres" >/dev/null
+su postgres -s /bin/sh -c "'$pgbin/pg_ctl' -D '$work/pg' -o \"-k '$work/pgsock' -c listen_addresses=''\" -l '$work/pgsock/server.log' -w start" >/dev/null
+port_p=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+sed -e "s|^state_dir = .*|state_dir = \"$work/state-pg\"|" -e "s|127.0.0.1:$port_d|127.0.0.1:$port_p|" \
+  "$work/driftless.toml" > "$work/driftless-pg.toml"
+printf '[database]\nurl = "postgres://postgres@localhost/postgres?host=%s"\n' "$work/pgsock" >> "$work/driftless-pg.toml"
+"$bin" --config "$work/driftless-pg.toml" serve 2>"$work/driftless-pg.log" &
+for _ in $(seq 100); do (echo > /dev/tcp/127.0.0.1/$port_p) 2>/dev/null && break; sleep 0.1; done
+echo "warm-up: driftless on PostgreSQL $(curl_code "http://127.0.0.1:$port_p/hooks/github" "$sig" "$work/body.json")"
+echo "== signed GitHub pushes at driftless on PostgreSQL $("$pgbin/postgres" --version | awk '{ print $3 }'), wrk -t2 -c$conns -d$duration"
+run driftless-postgres "http://127.0.0.1:$port_p/hooks/github"
+awk -v p="$(cat "$work/driftless-postgres.rps")" -v s="$(cat "$work/driftless.rps")" -v w="$(cat "$work/adnanh-webhook.rps")" \
+  'BEGIN { printf "%-30s %10.2f x SQLite   %.2f x webhook (requests per second)\n", "ratio (PostgreSQL)", p / s, p / w }'

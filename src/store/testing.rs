@@ -185,3 +185,108 @@ pub async fn stores(dir: &Path) -> Vec<super::Store> {
         .expect("postgres store");
     vec![sqlite, pg]
 }
+
+/// A cluster of one test's own, which the test may stop (as a crash:
+/// `pg_ctl -m immediate`) and start again; the shared one stays up for the
+/// other tests. Stopped and removed when dropped.
+pub struct OwnCluster {
+    dir: PathBuf,
+    bin: PathBuf,
+}
+
+impl OwnCluster {
+    /// `initdb` and start a new cluster.
+    pub fn new() -> OwnCluster {
+        let bin = bin_dir().unwrap_or_else(|e| panic!("a PostgreSQL cluster: {e}"));
+        static N: AtomicU64 = AtomicU64::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "driftless-pg-own-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let made = std::fs::create_dir_all(&dir)
+            .map_err(|e| format!("{}: {e}", dir.display()))
+            .and_then(|()| run(Command::new("chown").arg("postgres:").arg(&dir)))
+            .and_then(|()| {
+                run(Command::new("runuser")
+                    .args(["-u", "postgres", "--"])
+                    .arg(bin.join("initdb"))
+                    .args([
+                        "-U",
+                        "postgres",
+                        "--auth=trust",
+                        "-E",
+                        "UTF8",
+                        "--no-sync",
+                        "-D",
+                    ])
+                    .arg(dir.join("data")))
+            });
+        if let Err(e) = made {
+            panic!("a PostgreSQL cluster: {e}");
+        }
+        let c = OwnCluster { dir, bin };
+        c.start();
+        c
+    }
+
+    fn pg_ctl(&self, args: &[&str]) -> Result<(), String> {
+        run(Command::new("runuser")
+            .args(["-u", "postgres", "--"])
+            .arg(self.bin.join("pg_ctl"))
+            .arg("-D")
+            .arg(self.dir.join("data"))
+            .args(args))
+    }
+
+    /// Start the server and wait until it takes connections.
+    pub fn start(&self) {
+        let options = format!(
+            "-k '{}' -c listen_addresses= -c fsync=off -c max_connections=100",
+            self.dir.display()
+        );
+        let log = self.dir.join("log");
+        if let Err(e) = self.pg_ctl(&["-o", &options, "-l", &log.to_string_lossy(), "-w", "start"])
+        {
+            let log = std::fs::read_to_string(&log).unwrap_or_default();
+            panic!("starting postgres: {e}\n{log}");
+        }
+    }
+
+    /// Stop the server at once, as if it crashed.
+    pub fn crash(&self) {
+        if let Err(e) = self.pg_ctl(&["-m", "immediate", "-w", "stop"]) {
+            panic!("stopping postgres: {e}");
+        }
+    }
+
+    /// The URL of database `db` (made by [`OwnCluster::create`]).
+    pub fn url(&self, db: &str) -> String {
+        url(&self.dir, db)
+    }
+
+    /// Make database `db`; returns its URL.
+    pub fn create(&self, db: &str) -> String {
+        let admin = self.url("postgres");
+        let sql = format!("CREATE DATABASE {db}");
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+            .block_on(execute(Some(&admin), &sql));
+        self.url(db)
+    }
+}
+
+impl Drop for OwnCluster {
+    fn drop(&mut self) {
+        let _ = self.pg_ctl(&["-m", "immediate", "stop"]);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Default for OwnCluster {
+    fn default() -> OwnCluster {
+        OwnCluster::new()
+    }
+}

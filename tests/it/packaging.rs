@@ -248,6 +248,35 @@ fn the_image_builds_and_runs_as_a_user_runs_it() {
         .output()
         .expect("docker-compose");
     succeeded(&out, "docker-compose config docker/compose.yaml");
+    // Its PostgreSQL profile: a database service in the `postgres`
+    // profile only (docker-compose v1 shows profiles rather than filtering).
+    let out = Command::new("docker-compose")
+        .args([
+            "-f",
+            "docker/compose.yaml",
+            "--profile",
+            "postgres",
+            "config",
+        ])
+        .current_dir(repo_root)
+        .output()
+        .expect("docker-compose");
+    let rendered = succeeded(&out, "docker-compose --profile postgres config");
+    let postgres = rendered
+        .split("\n  postgres:\n")
+        .nth(1)
+        .expect("a postgres service");
+    assert!(
+        postgres.contains("profiles:\n    - postgres\n"),
+        "{rendered}"
+    );
+    assert!(
+        !rendered
+            .split("\n  postgres:\n")
+            .next()
+            .is_some_and(|driftless| driftless.contains("profiles:")),
+        "driftless itself must not need a profile: {rendered}"
+    );
 
     // The binary image the build argument names, then the Dockerfile.
     let binary = stripped_binary(&root.path().join("binary"));

@@ -318,3 +318,65 @@ fn a_password_in_the_url_is_never_shown() {
         "{all}"
     );
 }
+
+/// The PostgreSQL server itself crashes mid-apply (`pg_ctl -m immediate
+/// stop`) and is started again 5 s later: what was acknowledged before
+/// (an API reconcile answered 202) is applied after, what came during the
+/// outage was refused (503), the command running at the crash was stopped
+/// before its lease could run out, and the daemon recovers by itself.
+#[test]
+fn a_server_crash_and_restart_loses_nothing_acknowledged() {
+    let cluster = driftless::store::testing::OwnCluster::new();
+    let url = cluster.create("crash");
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(&[("app/config", "v1\n")], "first");
+    let log = root.path().join("applied.log");
+    let token = "ops-token-0123456789abcdef";
+    let config = format!(
+        "[database]\nurl = {}\nlease = \"3s\"\n\n{}{}",
+        toml_str(&url),
+        slow_target(&remote, &log, 8),
+        token_table("ops", token, &["reconcile:app"])
+    );
+    let a = Setup::new(&config);
+    let daemon = a.serve();
+    let reconcile = || {
+        http(
+            daemon.port,
+            "POST",
+            "/api/v1/targets/app/reconcile",
+            &[("Authorization", &format!("Bearer {token}"))],
+            b"",
+        )
+        .status
+    };
+    wait_for(Duration::from_secs(60), "the first apply to start", || {
+        lines(&log) == ["start"]
+    });
+    // Acknowledged: it must run after the one running now.
+    assert_eq!(reconcile(), 202);
+    cluster.crash();
+    let down = std::time::Instant::now();
+    assert_eq!(reconcile(), 503);
+    assert_eq!(http_get(daemon.port, "/readyz").map(|(c, _)| c), Some(503));
+    std::thread::sleep(Duration::from_secs(5).saturating_sub(down.elapsed()));
+    assert_eq!(lines(&log), ["start"], "the command outlived its lease");
+    cluster.start();
+    wait_for(
+        Duration::from_secs(30),
+        "the daemon to be ready again",
+        || http_get(daemon.port, "/readyz").is_some_and(|(c, _)| c == 200),
+    );
+    wait_for(
+        Duration::from_secs(90),
+        "the acknowledged reconcile to be applied",
+        || lines(&log).len() >= 3,
+    );
+    assert_eq!(lines(&log), ["start", "start", "end"]);
+    wait_for(Duration::from_secs(30), "the run to be recorded", || {
+        let t = a.target_status("app");
+        t["last_result"] == "changed" && t["queued"] == false && t["running"] == false
+    });
+    daemon.stop();
+}
