@@ -70,6 +70,8 @@ pub struct Daemon {
     health: Arc<Health>,
     wake: Arc<Notify>,
     _serving: crate::lock::ServeLock,
+    /// On PostgreSQL: other instances see this one alive (its previews).
+    _alive: crate::store::Liveness,
 }
 
 impl Daemon {
@@ -120,7 +122,13 @@ impl Daemon {
             .await?;
         recover_dead_jobs(&rec, Duration::ZERO).await?;
         // Only a serving daemon plans previews, and only one serves this
-        // state directory: a preview left running is a dead process's.
+        // state directory: a preview left running is a dead process's (on
+        // PostgreSQL, one whose instance holds no liveness lock).
+        let alive = rec
+            .app()
+            .store
+            .hold_liveness(rec.app().queue.owner())
+            .await?;
         let previews = rec.app().store.requeue_previews().await?;
         if previews > 0 {
             warn!(
@@ -139,6 +147,7 @@ impl Daemon {
             health,
             wake,
             _serving: serving,
+            _alive: alive,
         })
     }
 
@@ -162,6 +171,7 @@ impl Daemon {
             health,
             wake,
             _serving,
+            _alive,
         } = self;
         let settings = rec.app().settings().clone();
         info!(%addr, targets = settings.targets.len(), workers = settings.server.workers,
@@ -320,6 +330,21 @@ async fn reaper(engine: Reconciler, wake: Arc<Notify>, mut shutdown: watch::Rece
             Ok(true) => wake.notify_waiters(),
             Ok(false) => {}
             Err(e) => error!(error = %e, "cannot look for interrupted jobs"),
+        }
+        // On PostgreSQL other instances die while this one lives: their
+        // previews are taken over here.
+        if engine.app().store.kind() == crate::store::Kind::Postgres {
+            match engine.app().store.requeue_previews().await {
+                Ok(0) => {}
+                Ok(n) => {
+                    warn!(
+                        previews = n,
+                        "requeued pull request previews an instance that is gone left unfinished"
+                    );
+                    wake.notify_waiters();
+                }
+                Err(e) => error!(error = %e, "cannot look for interrupted previews"),
+            }
         }
     }
 }

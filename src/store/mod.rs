@@ -37,6 +37,21 @@ static PG_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postg
 /// database, as SQLite's `BEGIN IMMEDIATE` makes them on one host.
 const PG_WRITE_LOCK: i64 = 0x6472_6966_746c_0001;
 
+/// The first key of the two-key advisory locks each instance holds on its
+/// owner name for as long as it lives (`Store::hold_liveness`).
+const PG_LIVENESS: i32 = 0x6472_6966;
+
+/// The second key of `owner`'s liveness lock.
+fn liveness_key(owner: &str) -> i32 {
+    use sha2::Digest;
+    let d = sha2::Sha256::digest(owner.as_bytes());
+    i32::from_be_bytes([d[0], d[1], d[2], d[3]])
+}
+
+/// An instance's liveness lock on PostgreSQL (`Store::hold_liveness`):
+/// released when dropped, or when the process ends however it ends.
+pub struct Liveness(#[allow(dead_code)] Option<db::Conn>);
+
 /// What `[database]` gives to connect to PostgreSQL with.
 #[derive(Clone, Default)]
 pub struct PgOptions {
@@ -562,6 +577,52 @@ impl Store {
             crate::redact::url_without_password(&opts.url),
         )
         .await
+    }
+
+    /// Say, for as long as the returned guard lives, that the process
+    /// owning `owner`'s claims is alive: on PostgreSQL a session advisory
+    /// lock on a connection of the guard's own, which the server drops
+    /// when the process dies (or that connection does — then its previews
+    /// may be planned again elsewhere; previews never apply). Nothing on
+    /// SQLite, where one daemon serves a state directory.
+    pub async fn hold_liveness(&self, owner: &str) -> Result<Liveness, StoreError> {
+        if self.kind == Kind::Sqlite {
+            return Ok(Liveness(None));
+        }
+        let what = "holding this instance's liveness lock";
+        let mut conn = self.pool.acquire().await.map_err(self.err(what))?.detach();
+        sqlx::query("SELECT pg_advisory_lock($1, $2)")
+            .bind(PG_LIVENESS)
+            .bind(liveness_key(owner))
+            .execute(&mut conn)
+            .await
+            .map_err(self.err(what))?;
+        Ok(Liveness(Some(conn)))
+    }
+
+    /// Whether the process owning `owner`'s claims holds its liveness lock
+    /// (PostgreSQL; always true on SQLite).
+    pub async fn is_alive(&self, owner: &str) -> Result<bool, StoreError> {
+        if self.kind == Kind::Sqlite {
+            return Ok(true);
+        }
+        let what = "looking for an instance's liveness lock";
+        let mut conn = self.pool.acquire().await.map_err(self.err(what))?;
+        let free: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1, $2)")
+            .bind(PG_LIVENESS)
+            .bind(liveness_key(owner))
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(self.err(what))?;
+        if free {
+            sqlx::query("SELECT pg_advisory_unlock($1, $2)")
+                .bind(PG_LIVENESS)
+                .bind(liveness_key(owner))
+                .execute(&mut *conn)
+                .await
+                .map_err(self.err(what))?;
+        }
+        Ok(!free)
     }
 
     /// How a helper process connects to this PostgreSQL database (None on

@@ -211,17 +211,46 @@ impl Store {
     }
 
     /// Previews left `running` by a process that is gone go back to the
-    /// queue (called when the daemon starts: it is the only one planning
-    /// previews for this state directory).
+    /// queue. On SQLite (called when the daemon starts: it is the only one
+    /// planning previews for this state directory) every running one. On
+    /// PostgreSQL, where other instances plan previews too, only those of
+    /// an owner that holds no liveness lock (`Store::hold_liveness`): its
+    /// process is gone.
     pub async fn requeue_previews(&self) -> Result<u64, StoreError> {
-        sqlx::query(
-            "UPDATE previews SET state = 'queued', owner = NULL, started_at = NULL
-             WHERE state = 'running'",
-        )
-        .execute(self.pool())
-        .await
-        .map_err(self.err("requeueing interrupted previews"))
-        .map(|r| r.rows_affected())
+        let what = "requeueing interrupted previews";
+        if self.kind() == super::Kind::Sqlite {
+            return sqlx::query(
+                "UPDATE previews SET state = 'queued', owner = NULL, started_at = NULL
+                 WHERE state = 'running'",
+            )
+            .execute(self.pool())
+            .await
+            .map_err(self.err(what))
+            .map(|r| r.rows_affected());
+        }
+        let owners: Vec<Option<String>> =
+            sqlx::query_scalar("SELECT DISTINCT owner FROM previews WHERE state = 'running'")
+                .fetch_all(self.pool())
+                .await
+                .map_err(self.err(what))?;
+        let mut requeued = 0;
+        for owner in owners {
+            if let Some(o) = &owner
+                && self.is_alive(o).await?
+            {
+                continue;
+            }
+            requeued += sqlx::query(
+                "UPDATE previews SET state = 'queued', owner = NULL, started_at = NULL
+                 WHERE state = 'running' AND owner IS NOT DISTINCT FROM $1",
+            )
+            .bind(owner)
+            .execute(self.pool())
+            .await
+            .map_err(self.err(what))?
+            .rows_affected();
+        }
+        Ok(requeued)
     }
 
     /// Preview `id` claimed at `head_sha` ended with `outcome`. Kept only
@@ -564,6 +593,38 @@ mod tests {
                 .expect("age");
             assert_eq!(store.prune_pull_requests().await.expect("prune"), 1);
             assert!(store.pull_requests().await.expect("read").is_empty());
+        }
+    }
+
+    /// On PostgreSQL a preview is taken from its owner only once the owner
+    /// is gone (its liveness lock released); on SQLite, where the daemon
+    /// starting is the only one, at once.
+    #[tokio::test]
+    async fn a_running_preview_stays_with_a_live_owner() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for store in crate::store::testing::stores(dir.path()).await {
+            record(&store, &event(1, "aaaa", &["web"], false)).await;
+            let alive = store.hold_liveness("other").await.expect("liveness");
+            let job = store.claim_preview("other").await.expect("claim");
+            assert!(job.is_some());
+            let pg = store.kind() == crate::store::Kind::Postgres;
+            let requeued = store.requeue_previews().await.expect("requeue");
+            assert_eq!(requeued, if pg { 0 } else { 1 }, "{:?}", store.kind());
+            if pg {
+                assert!(store.is_alive("other").await.expect("alive"));
+                drop(alive);
+                // The server releases the lock when the connection closes.
+                let mut gone = false;
+                for _ in 0..50 {
+                    if !store.is_alive("other").await.expect("alive") {
+                        gone = true;
+                        break;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+                assert!(gone, "the liveness lock outlived its guard");
+                assert_eq!(store.requeue_previews().await.expect("requeue"), 1);
+            }
         }
     }
 }

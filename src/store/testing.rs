@@ -108,6 +108,27 @@ fn start() -> Result<Cluster, String> {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+    // The socket appears before the server takes connections ("the
+    // database system is starting up"): wait until it answers.
+    loop {
+        let ready = Command::new(bin.join("pg_isready"))
+            .arg("-q")
+            .arg("-h")
+            .arg(&dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        if ready {
+            break;
+        }
+        if Instant::now() > deadline {
+            let log = std::fs::read_to_string(dir.join("log")).unwrap_or_default();
+            return Err(format!(
+                "postgres did not take connections in {}:\n{log}",
+                dir.display()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
     // The pipe stays open for the life of the process: its writer is
     // never closed.
     std::mem::forget(keeper.stdin.take());
