@@ -413,4 +413,40 @@ mod tests {
         assert_eq!(backoff(FIRST_RETRY, 30), Duration::from_secs(600));
         assert_eq!(backoff(Duration::from_secs(1), 3), Duration::from_secs(4));
     }
+
+    /// Two senders — two instances, each with its own connections — look
+    /// at the same due notifications at once: each is attempted once.
+    #[tokio::test]
+    async fn two_senders_attempt_each_notification_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for store in crate::store::testing::stores(dir.path()).await {
+            store
+                .register_targets(&[("web", "exec")])
+                .await
+                .expect("register");
+            for i in 0..40 {
+                sqlx::query(
+                    "INSERT INTO notifications (uid, notifier, target, event, document, state,
+                                                attempts, next_attempt_at, created_at)
+                     VALUES ($1, 'gone', 'web', 'failed', '{}', 'pending', 0, 0, 0)",
+                )
+                .bind(format!("n{i}"))
+                .execute(store.pool())
+                .await
+                .expect("insert");
+            }
+            let other = match store.kind() {
+                crate::store::Kind::Sqlite => Store::open(store.path()).await,
+                crate::store::Kind::Postgres => {
+                    Store::open_postgres(&store.path().display().to_string()).await
+                }
+            }
+            .expect("a second store");
+            let a = Sender::new(&[], &[], store.clone()).expect("sender");
+            let b = Sender::new(&[], &[], other).expect("sender");
+            let (x, y) = tokio::join!(a.deliver_due(), b.deliver_due());
+            let (x, y) = (x.expect("a"), y.expect("b"));
+            assert_eq!(x + y, 40, "{:?}: {x} + {y}", store.kind());
+        }
+    }
 }

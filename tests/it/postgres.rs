@@ -380,3 +380,43 @@ fn a_server_crash_and_restart_loses_nothing_acknowledged() {
     });
     daemon.stop();
 }
+
+/// Two instances on one database, both scheduling the same target: its
+/// first interval tick runs once, not once per instance, and the failure
+/// it ends with is sent once, though both instances' outbox senders look
+/// (end to end; that two senders racing for the same rows attempt each
+/// once is `notify::outbox::tests::two_senders_…`, on both databases).
+#[test]
+fn two_instances_run_an_interval_tick_once_and_send_its_notification_once() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(&[("app/config", "v1\n")], "first");
+    let sink = Service::http_sink(root.path(), 0);
+    let config = format!(
+        "[database]\nurl = {}\n\n[[notifiers]]\nname = \"hook\"\nkind = \"webhook\"\nurl = \"http://127.0.0.1:{}/hook\"\n\n{}",
+        toml_str(&database()),
+        sink.port,
+        exec_target(
+            "app",
+            &remote.url(),
+            "notify = [\"hook\"]\npath = \"app\"\ninterval = \"1h\"",
+            "apply = [\"sh\", \"-c\", \"sleep 1; echo the disk is full >&2; exit 1\"]",
+        )
+    );
+    let a = Setup::new(&config);
+    let b = Setup::new(&config);
+    let first = a.serve();
+    let second = b.serve();
+    wait_for(Duration::from_secs(60), "the failure to be sent", || {
+        !sink.requests().is_empty()
+    });
+    // Both senders look every 2 s: a second send would have come by now.
+    std::thread::sleep(Duration::from_secs(7));
+    let sent = sink.requests();
+    assert_eq!(sent.len(), 1, "{sent:#?}");
+    let runs = b.history("app");
+    assert_eq!(runs.len(), 1, "{runs:#?}");
+    assert_eq!(runs[0]["result"], "failed");
+    first.stop();
+    second.stop();
+}
