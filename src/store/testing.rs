@@ -51,17 +51,9 @@ fn run(cmd: &mut Command) -> Result<(), String> {
     }
 }
 
-fn start() -> Result<Cluster, String> {
-    let bin = bin_dir()?;
-    static N: AtomicU64 = AtomicU64::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "driftless-pg-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    run(Command::new("chown").arg("postgres:").arg(&dir))?;
-    let data = dir.join("data");
+/// A new cluster in `dir/data`, `dir` handed to the `postgres` user.
+fn initdb(bin: &Path, dir: &Path) -> Result<(), String> {
+    run(Command::new("chown").arg("postgres:").arg(dir))?;
     run(Command::new("runuser")
         .args(["-u", "postgres", "--"])
         .arg(bin.join("initdb"))
@@ -74,7 +66,20 @@ fn start() -> Result<Cluster, String> {
             "--no-sync",
             "-D",
         ])
-        .arg(&data))?;
+        .arg(dir.join("data")))
+}
+
+fn start() -> Result<Cluster, String> {
+    let bin = bin_dir()?;
+    static N: AtomicU64 = AtomicU64::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "driftless-pg-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    initdb(&bin, &dir)?;
+    let data = dir.join("data");
     // fsync off: these tests check what driftless writes and reads, not
     // PostgreSQL's own durability; it makes every commit cheap.
     let script = format!(
@@ -227,22 +232,7 @@ impl OwnCluster {
         ));
         let made = std::fs::create_dir_all(&dir)
             .map_err(|e| format!("{}: {e}", dir.display()))
-            .and_then(|()| run(Command::new("chown").arg("postgres:").arg(&dir)))
-            .and_then(|()| {
-                run(Command::new("runuser")
-                    .args(["-u", "postgres", "--"])
-                    .arg(bin.join("initdb"))
-                    .args([
-                        "-U",
-                        "postgres",
-                        "--auth=trust",
-                        "-E",
-                        "UTF8",
-                        "--no-sync",
-                        "-D",
-                    ])
-                    .arg(dir.join("data")))
-            });
+            .and_then(|()| initdb(&bin, &dir));
         if let Err(e) = made {
             panic!("a PostgreSQL cluster: {e}");
         }

@@ -20,22 +20,9 @@ const TARGETS: usize = 4;
 #[test]
 fn no_accepted_push_is_lost_across_kill_9() {
     let _one_at_a_time = heavy();
-    let pushes: usize = std::env::var("DRIFTLESS_CHAOS_PUSHES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1000);
+    let pushes = pushes();
     let root = tempfile::tempdir().expect("tempdir");
-    let remote = Remote::new(root.path(), "infra");
-    let files: Vec<(String, String)> = (0..TARGETS)
-        .map(|i| (format!("t{i}/v"), "0".to_string()))
-        .collect();
-    let refs: Vec<(&str, &str)> = files
-        .iter()
-        .map(|(a, b)| (a.as_str(), b.as_str()))
-        .collect();
-    remote.commit(&refs, "first");
-    let secret = root.path().join("secret");
-    std::fs::write(&secret, SECRET).expect("write");
+    let (remote, secret) = repository(root.path());
     let mut cfg = format!(
         "[[receivers]]\nname = \"github\"\nforge = \"github\"\nsecret_file = {}\n\n",
         toml_str(&secret.display().to_string())
@@ -228,6 +215,31 @@ fn no_accepted_push_is_lost_across_kill_9() {
     assert_eq!(running, 0, "jobs left running");
 }
 
+/// `DRIFTLESS_CHAOS_PUSHES`, or 1000.
+fn pushes() -> usize {
+    std::env::var("DRIFTLESS_CHAOS_PUSHES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000)
+}
+
+/// The repository the pushes go to (a file `t<i>/v` per target), and the
+/// receiver's secret in a file.
+fn repository(root: &std::path::Path) -> (Remote, std::path::PathBuf) {
+    let remote = Remote::new(root, "infra");
+    let files: Vec<(String, String)> = (0..TARGETS)
+        .map(|i| (format!("t{i}/v"), "0".to_string()))
+        .collect();
+    let refs: Vec<(&str, &str)> = files
+        .iter()
+        .map(|(a, b)| (a.as_str(), b.as_str()))
+        .collect();
+    remote.commit(&refs, "first");
+    let secret = root.join("secret");
+    std::fs::write(&secret, SECRET).expect("write");
+    (remote, secret)
+}
+
 /// POST a delivery; `None` when the daemon is not there to answer.
 fn try_post(port: u16, body: &[u8], sig: &str, delivery: &str) -> Option<u16> {
     use std::io::{Read, Write};
@@ -246,9 +258,9 @@ fn try_post(port: u16, body: &[u8], sig: &str, delivery: &str) -> Option<u16> {
 }
 
 /// Three instances (`serve`, each with its own state directory, as on three
-/// hosts) on one PostgreSQL database; signed pushes spread across them
-/// while one or another is `kill -9`ed and restarted at random, its
-/// running commands orphaned. Every accepted delivery is on record and
+/// hosts) started at once on one new PostgreSQL database; signed pushes
+/// spread across them while one or another is `kill -9`ed and restarted
+/// at random, its running commands orphaned. Every accepted delivery is on record and
 /// applied, every target at or past its newest accepted commit, no job is
 /// left running — and no two applies of a target ever overlapped, whoever
 /// ran them and however they were orphaned: each apply writes `start` and,
@@ -260,27 +272,14 @@ fn try_post(port: u16, body: &[u8], sig: &str, delivery: &str) -> Option<u16> {
 fn three_instances_on_postgres_lose_nothing_and_never_overlap() {
     const INSTANCES: usize = 3;
     let _one_at_a_time = heavy();
-    let pushes: usize = std::env::var("DRIFTLESS_CHAOS_PUSHES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1000);
+    let pushes = pushes();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("rt");
     let url = rt.block_on(driftless::store::testing::database());
     let root = tempfile::tempdir().expect("tempdir");
-    let remote = Remote::new(root.path(), "infra");
-    let files: Vec<(String, String)> = (0..TARGETS)
-        .map(|i| (format!("t{i}/v"), "0".to_string()))
-        .collect();
-    let refs: Vec<(&str, &str)> = files
-        .iter()
-        .map(|(a, b)| (a.as_str(), b.as_str()))
-        .collect();
-    remote.commit(&refs, "first");
-    let secret = root.path().join("secret");
-    std::fs::write(&secret, SECRET).expect("write");
+    let (remote, secret) = repository(root.path());
     let logs: Vec<std::path::PathBuf> = (0..TARGETS)
         .map(|i| root.path().join(format!("t{i}.log")))
         .collect();
@@ -308,8 +307,16 @@ fn three_instances_on_postgres_lose_nothing_and_never_overlap() {
     let setups: Vec<Setup> = (0..INSTANCES).map(|_| Setup::new(&cfg)).collect();
     let mut ports = Vec::new();
     let mut first = Vec::new();
-    for s in &setups {
-        let d = s.serve();
+    // All three start at once on the empty database: the migrations are
+    // applied by whichever gets there first, and the others wait for them.
+    let started: Vec<Daemon> = std::thread::scope(|scope| {
+        let handles: Vec<_> = setups.iter().map(|s| scope.spawn(|| s.serve())).collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("an instance started"))
+            .collect()
+    });
+    for (s, d) in setups.iter().zip(started) {
         let port = d.port;
         let fixed = std::fs::read_to_string(&s.config)
             .expect("config")

@@ -28,6 +28,21 @@ fn sql(url: Option<&str>, sql: &str) {
         .block_on(driftless::store::testing::execute(url, sql))
 }
 
+/// A token allowed to reconcile `app`.
+const TOKEN: &str = "ops-token-0123456789abcdef";
+
+/// `POST /api/v1/targets/app/reconcile` with [`TOKEN`]: the status.
+fn reconcile(port: u16) -> u16 {
+    http(
+        port,
+        "POST",
+        "/api/v1/targets/app/reconcile",
+        &[("Authorization", &format!("Bearer {TOKEN}"))],
+        b"",
+    )
+    .status
+}
+
 /// The lines of `log` (empty when it does not exist yet).
 fn lines(log: &std::path::Path) -> Vec<String> {
     std::fs::read_to_string(log)
@@ -75,12 +90,11 @@ fn runs_are_recorded_in_postgres_and_a_target_applies_on_one_host_at_a_time() {
     let first = remote.commit(&[("app/config", "v1\n")], "first");
     let log = root.path().join("applied.log");
     let url = database();
-    let token = "ops-token-0123456789abcdef";
     let config = format!(
         "[database]\nurl = {}\n\n{}{}",
         toml_str(&url),
         slow_target(&remote, &log, 4),
-        token_table("ops", token, &["reconcile:app"])
+        token_table("ops", TOKEN, &["reconcile:app"])
     );
     let a = Setup::new(&config);
     let b = Setup::new(&config);
@@ -97,14 +111,7 @@ fn runs_are_recorded_in_postgres_and_a_target_applies_on_one_host_at_a_time() {
 
     let second = remote.commit(&[("app/config", "v2\n")], "second");
     let daemon = a.serve();
-    let r = http(
-        daemon.port,
-        "POST",
-        "/api/v1/targets/app/reconcile",
-        &[("Authorization", &format!("Bearer {token}"))],
-        b"",
-    );
-    assert_eq!(r.status, 202, "{}", r.body);
+    assert_eq!(reconcile(daemon.port), 202);
     wait_for(Duration::from_secs(60), "host a's apply to start", || {
         lines(&log).len() == 3
     });
@@ -238,12 +245,11 @@ fn a_database_outage_stops_the_command_and_the_daemon_recovers() {
         .and_then(|(_, rest)| rest.split('?').next())
         .expect("database name")
         .to_string();
-    let token = "ops-token-0123456789abcdef";
     let config = format!(
         "[database]\nurl = {}\nlease = \"3s\"\n\n{}{}",
         toml_str(&url),
         slow_target(&remote, &log, 8),
-        token_table("ops", token, &["reconcile:app"])
+        token_table("ops", TOKEN, &["reconcile:app"])
     );
     let a = Setup::new(&config);
     let daemon = a.serve();
@@ -260,17 +266,7 @@ fn a_database_outage_stops_the_command_and_the_daemon_recovers() {
     let outage = std::time::Instant::now();
     // Nothing is acknowledged that cannot be recorded, and the daemon says
     // it is not ready.
-    let reconcile = || {
-        http(
-            daemon.port,
-            "POST",
-            "/api/v1/targets/app/reconcile",
-            &[("Authorization", &format!("Bearer {token}"))],
-            b"",
-        )
-        .status
-    };
-    assert_eq!(reconcile(), 503);
+    assert_eq!(reconcile(daemon.port), 503);
     assert_eq!(http_get(daemon.port, "/readyz").map(|(c, _)| c), Some(503));
     std::thread::sleep(Duration::from_secs(5).saturating_sub(outage.elapsed()));
     sql(
@@ -332,33 +328,22 @@ fn a_server_crash_and_restart_loses_nothing_acknowledged() {
     let remote = Remote::new(root.path(), "infra");
     remote.commit(&[("app/config", "v1\n")], "first");
     let log = root.path().join("applied.log");
-    let token = "ops-token-0123456789abcdef";
     let config = format!(
         "[database]\nurl = {}\nlease = \"3s\"\n\n{}{}",
         toml_str(&url),
         slow_target(&remote, &log, 8),
-        token_table("ops", token, &["reconcile:app"])
+        token_table("ops", TOKEN, &["reconcile:app"])
     );
     let a = Setup::new(&config);
     let daemon = a.serve();
-    let reconcile = || {
-        http(
-            daemon.port,
-            "POST",
-            "/api/v1/targets/app/reconcile",
-            &[("Authorization", &format!("Bearer {token}"))],
-            b"",
-        )
-        .status
-    };
     wait_for(Duration::from_secs(60), "the first apply to start", || {
         lines(&log) == ["start"]
     });
     // Acknowledged: it must run after the one running now.
-    assert_eq!(reconcile(), 202);
+    assert_eq!(reconcile(daemon.port), 202);
     cluster.crash();
     let down = std::time::Instant::now();
-    assert_eq!(reconcile(), 503);
+    assert_eq!(reconcile(daemon.port), 503);
     assert_eq!(http_get(daemon.port, "/readyz").map(|(c, _)| c), Some(503));
     std::thread::sleep(Duration::from_secs(5).saturating_sub(down.elapsed()));
     assert_eq!(lines(&log), ["start"], "the command outlived its lease");
