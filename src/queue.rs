@@ -1371,6 +1371,79 @@ mod tests {
         }
     }
 
+    /// A worker whose job was taken over (its lease ran out, another
+    /// process recovered and claimed it) records its run when it ends but
+    /// does not close the job the other process now runs.
+    #[tokio::test]
+    async fn a_run_whose_job_was_taken_over_leaves_the_job_alone() {
+        for (_d, q) in queues().await {
+            let store = q.store().clone();
+            store
+                .register_targets(&[("web", "exec")])
+                .await
+                .expect("register");
+            q.enqueue(&req("web", Trigger::Manual, None, None))
+                .await
+                .expect("enqueue");
+            let job = q.claim().await.expect("claim").expect("job");
+            let run = store
+                .begin_run(&crate::store::NewRun {
+                    target: "web",
+                    job_id: Some(job.id),
+                    operation: crate::store::Operation::Apply,
+                    trigger: "manual",
+                    delivery_id: None,
+                    requested_sha: None,
+                    receiver: None,
+                    sha: None,
+                })
+                .await
+                .expect("run");
+            sqlx::query("UPDATE jobs SET lease_until = 0 WHERE id = $1")
+                .bind(job.id)
+                .execute(store.pool())
+                .await
+                .expect("expire");
+            let other = Queue::new(store.clone());
+            assert_eq!(
+                other.recover_expired().await.expect("recover"),
+                vec![job.id]
+            );
+            let taken = other.claim().await.expect("claim").expect("taken over");
+            assert_eq!(taken.id, job.id);
+            store
+                .finish_run(
+                    run,
+                    "web",
+                    crate::store::Operation::Apply,
+                    Some("abc"),
+                    &crate::model::Status {
+                        result: crate::model::ApplyResult::Changed,
+                        message: "applied".into(),
+                        output_tail: String::new(),
+                        digest: None,
+                    },
+                    None,
+                    crate::store::history::Streak::No,
+                )
+                .await
+                .expect("finish");
+            let row = q.job(job.id).await.expect("read").expect("job row");
+            assert_eq!(row.state.as_str(), "running", "{:?}", store.kind());
+            assert!(
+                other.heartbeat(job.id).await.expect("hb"),
+                "{:?}",
+                store.kind()
+            );
+            let runs: i64 =
+                sqlx::query_scalar("SELECT COUNT(*) FROM runs WHERE result = 'changed'")
+                    .fetch_one(store.pool())
+                    .await
+                    .expect("runs");
+            assert_eq!(runs, 1, "the run was not recorded as it ended");
+        }
+    }
+
     #[tokio::test]
     async fn start_now_refuses_a_second_running_job() {
         for (_d, q) in queues().await {

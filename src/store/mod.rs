@@ -803,6 +803,16 @@ impl Store {
         let now = now_ms();
         let what = "recording a run's result";
         let WriteTx { mut tx, _turn } = self.begin_write(what).await?;
+        // A run whose job was taken from this process (its lease ran out:
+        // whoever recovered the job marked the run interrupted) is recorded
+        // as it ended, but its job — another process's now — is left alone.
+        let taken: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM runs WHERE id = $1 AND result = 'interrupted'",
+        )
+        .bind(run_id)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(self.err(what))?;
         let kept = history::fold(&mut tx, target, streak, run_id, now, status)
             .await
             .map_err(self.err(what))?;
@@ -824,17 +834,19 @@ impl Store {
         let run_id = kept;
         // The run's job is over with it, in the same transaction: a job
         // whose run is recorded is never run again.
-        sqlx::query(
-            "UPDATE jobs SET state = 'done', run_id = $1, outcome = $2, lease_owner = NULL,
-                    lease_until = NULL, updated_at = $3
-             WHERE id = (SELECT job_id FROM runs WHERE id = $1) AND state = 'running'",
-        )
-        .bind(run_id)
-        .bind(status.result.as_str())
-        .bind(now)
-        .execute(&mut *tx)
-        .await
-        .map_err(self.err(what))?;
+        if taken == 0 {
+            sqlx::query(
+                "UPDATE jobs SET state = 'done', run_id = $1, outcome = $2, lease_owner = NULL,
+                        lease_until = NULL, updated_at = $3
+                 WHERE id = (SELECT job_id FROM runs WHERE id = $1) AND state = 'running'",
+            )
+            .bind(run_id)
+            .bind(status.result.as_str())
+            .bind(now)
+            .execute(&mut *tx)
+            .await
+            .map_err(self.err(what))?;
+        }
         // The result and, with a notice, what the owners were told: one
         // statement ($8 says whether the notice's columns are written).
         const TOLD: &str = "failing_since = CASE WHEN $8 THEN $9 ELSE failing_since END,
