@@ -1326,6 +1326,23 @@ mod tests {
         }
     }
 
+    /// A manual apply of `web` begun for job `job`: its run id.
+    async fn begin_manual_run(store: &Store, job: i64) -> i64 {
+        store
+            .begin_run(&crate::store::NewRun {
+                target: "web",
+                job_id: Some(job),
+                operation: crate::store::Operation::Apply,
+                trigger: "manual",
+                delivery_id: None,
+                requested_sha: None,
+                receiver: None,
+                sha: None,
+            })
+            .await
+            .expect("run")
+    }
+
     #[tokio::test]
     async fn expired_leases_are_recovered_and_runs_interrupted() {
         for (_d, q) in queues().await {
@@ -1338,19 +1355,7 @@ mod tests {
                 .register_targets(&[("web", "exec")])
                 .await
                 .expect("register");
-            let run = store
-                .begin_run(&crate::store::NewRun {
-                    target: "web",
-                    job_id: Some(job.id),
-                    operation: crate::store::Operation::Apply,
-                    trigger: "manual",
-                    delivery_id: None,
-                    requested_sha: None,
-                    receiver: None,
-                    sha: None,
-                })
-                .await
-                .expect("run");
+            let run = begin_manual_run(&store, job.id).await;
             // not expired yet
             assert!(q.recover_expired().await.expect("recover").is_empty());
             sqlx::query("UPDATE jobs SET lease_until = 0 WHERE id = $1")
@@ -1386,19 +1391,7 @@ mod tests {
                 .await
                 .expect("enqueue");
             let job = q.claim().await.expect("claim").expect("job");
-            let run = store
-                .begin_run(&crate::store::NewRun {
-                    target: "web",
-                    job_id: Some(job.id),
-                    operation: crate::store::Operation::Apply,
-                    trigger: "manual",
-                    delivery_id: None,
-                    requested_sha: None,
-                    receiver: None,
-                    sha: None,
-                })
-                .await
-                .expect("run");
+            let run = begin_manual_run(&store, job.id).await;
             sqlx::query("UPDATE jobs SET lease_until = 0 WHERE id = $1")
                 .bind(job.id)
                 .execute(store.pool())

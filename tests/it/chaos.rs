@@ -129,24 +129,7 @@ fn no_accepted_push_is_lost_across_kill_9() {
     });
 
     // Every target is at or past its newest accepted commit.
-    let mut lost = 0;
-    for t in 0..TARGETS {
-        let Some((_, newest, _)) = accepted.iter().rev().find(|(x, _, _)| *x == t) else {
-            continue;
-        };
-        let st = s.target_status(&format!("t{t}"));
-        let applied = st["last_applied_sha"].as_str().unwrap_or("").to_string();
-        let ok = !applied.is_empty()
-            && std::process::Command::new("git")
-                .args(["merge-base", "--is-ancestor", newest, &applied])
-                .current_dir(&remote.work)
-                .status()
-                .is_ok_and(|s| s.success());
-        if !ok {
-            lost += 1;
-            eprintln!("t{t}: newest accepted {newest}, applied {applied:?}: {st}");
-        }
-    }
+    let lost = targets_behind(&s, &remote, &accepted);
     // Every accepted delivery id is on record, and nothing is stuck running.
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -213,6 +196,30 @@ fn no_accepted_push_is_lost_across_kill_9() {
         "accepted deliveries not on record: {missing:?}"
     );
     assert_eq!(running, 0, "jobs left running");
+}
+
+/// How many targets are not at or past their newest accepted commit
+/// (`accepted`: target, commit, delivery), as `setup`'s `status` says.
+fn targets_behind(setup: &Setup, remote: &Remote, accepted: &[(usize, String, String)]) -> usize {
+    let mut lost = 0;
+    for t in 0..TARGETS {
+        let Some((_, newest, _)) = accepted.iter().rev().find(|(x, _, _)| *x == t) else {
+            continue;
+        };
+        let st = setup.target_status(&format!("t{t}"));
+        let applied = st["last_applied_sha"].as_str().unwrap_or("").to_string();
+        let ok = !applied.is_empty()
+            && std::process::Command::new("git")
+                .args(["merge-base", "--is-ancestor", newest, &applied])
+                .current_dir(&remote.work)
+                .status()
+                .is_ok_and(|s| s.success());
+        if !ok {
+            lost += 1;
+            eprintln!("t{t}: newest accepted {newest}, applied {applied:?}: {st}");
+        }
+    }
+    lost
 }
 
 /// `DRIFTLESS_CHAOS_PUSHES`, or 1000.
@@ -402,25 +409,8 @@ fn three_instances_on_postgres_lose_nothing_and_never_overlap() {
             .all(|t| t["queued"] == false && t["running"] == false)
     });
 
-    let mut lost = 0;
-    for t in 0..TARGETS {
-        let Some((_, newest, _)) = accepted.iter().rev().find(|(x, _, _)| *x == t) else {
-            continue;
-        };
-        // Read from another instance than the one the waiting asked.
-        let st = setups[1].target_status(&format!("t{t}"));
-        let applied = st["last_applied_sha"].as_str().unwrap_or("").to_string();
-        let ok = !applied.is_empty()
-            && std::process::Command::new("git")
-                .args(["merge-base", "--is-ancestor", newest, &applied])
-                .current_dir(&remote.work)
-                .status()
-                .is_ok_and(|s| s.success());
-        if !ok {
-            lost += 1;
-            eprintln!("t{t}: newest accepted {newest}, applied {applied:?}: {st}");
-        }
-    }
+    // Read from another instance than the one the waiting asked.
+    let lost = targets_behind(&setups[1], &remote, &accepted);
     let (recorded, running): (Vec<String>, i64) = rt.block_on(async {
         let store = driftless::store::Store::open_postgres(&url)
             .await
