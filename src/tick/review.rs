@@ -7,6 +7,8 @@
 //! result recording, and never apply a plan nobody approved (but a plan
 //! that deletes or replaces nothing under `approve_destructive`).
 
+use std::path::Path;
+
 use tracing::{info, warn};
 
 use super::{BACKSTOP, Findings, Planned, Reconciler, RunInfo, TickError, Ticked};
@@ -194,6 +196,9 @@ impl Reconciler {
                 },
             )
         };
+        // A plan made again because the approved one's file is elsewhere
+        // and it came out different: it waits for approval in its place.
+        let mut replanned: Option<(i64, Plan)> = None;
         if let Some(mut open) = store.open_plan(&target.name).await? {
             if open.state == PlanState::Applying {
                 // A tick died while the backend applied it.
@@ -251,21 +256,46 @@ impl Reconciler {
                 return wait(msg).await;
             } else {
                 // Approved: applied now, if nobody moved it meanwhile.
-                let msg = format!(
-                    "applying exactly the plan approved by {}",
-                    open.decided_by.as_deref().unwrap_or("?")
-                );
-                if !store
-                    .move_plan(open.id, PlanState::Approved, PlanState::Applying, &msg)
-                    .await?
+                let mut note = None;
+                let mine = self.app.settings().plans_dir(&target.name);
+                if let Some(file) = open
+                    .artifact
+                    .clone()
+                    .filter(|a| !(Path::new(a).starts_with(&mine) && Path::new(a).exists()))
                 {
-                    let msg = format!(
-                        "deployment {} changed state meanwhile; nothing applied",
-                        open.id
-                    );
-                    return stay(quiet(msg)).await;
+                    // Made by another instance (or its file lost): planned
+                    // again here, applied only when the same plan.
+                    match self
+                        .plan_again(target, backend.as_ref(), &open, &file)
+                        .await?
+                    {
+                        Again::Same(new_file, said) => {
+                            open.artifact = new_file;
+                            note = Some(said);
+                        }
+                        Again::Differs(plan) => replanned = Some((open.id, plan)),
+                        Again::Stop(status) => return stay(status).await,
+                    }
                 }
-                return self.apply_recorded(target, run, seen, backend, open).await;
+                if replanned.is_none() {
+                    let msg = format!(
+                        "applying exactly the plan approved by {}",
+                        open.decided_by.as_deref().unwrap_or("?")
+                    );
+                    if !store
+                        .move_plan(open.id, PlanState::Approved, PlanState::Applying, &msg)
+                        .await?
+                    {
+                        let msg = format!(
+                            "deployment {} changed state meanwhile; nothing applied",
+                            open.id
+                        );
+                        return stay(quiet(msg)).await;
+                    }
+                    return self
+                        .apply_recorded(target, run, seen, backend, open, note)
+                        .await;
+                }
             }
         } else if !retry
             && let Some(last) = store.latest_plan(&target.name).await?
@@ -294,7 +324,12 @@ impl Reconciler {
             return stay(status).await;
         }
 
-        let plan = match self.plan_with(target, backend.as_ref()).await {
+        let superseded = replanned.as_ref().map(|(id, _)| *id);
+        let planned = match replanned {
+            Some((_, p)) => Ok(p),
+            None => self.plan_with(target, backend.as_ref()).await,
+        };
+        let plan = match planned {
             Ok(p) => p,
             Err(e) => {
                 self.prune_plans(target, None);
@@ -351,13 +386,19 @@ impl Reconciler {
         };
         if unattended {
             return self
-                .apply_recorded(target, run, seen, backend, stored)
+                .apply_recorded(target, run, seen, backend, stored, None)
                 .await;
         }
         info!(target = %target.name, deployment = stored.id, commit = %seen.short(),
               summary = %stored.summary, destructive = stored.destructive, "a plan waits for approval");
         let msg = format!(
-            "deployment {} waits for approval: {}{} at {}",
+            "{}deployment {} waits for approval: {}{} at {}",
+            superseded
+                .map(|id| format!(
+                    "deployment {id} was not applied: the plan made again on this host, where \
+                     its plan file is not, differs from the approved one; "
+                ))
+                .unwrap_or_default(),
             stored.id,
             stored.summary,
             if stored.destructive {
@@ -379,6 +420,7 @@ impl Reconciler {
         seen: &CommitId,
         backend: Box<dyn backend::Backend>,
         plan: StoredPlan,
+        note: Option<String>,
     ) -> Result<Ticked, TickError> {
         let to_apply = PlanToApply {
             hash: plan
@@ -425,10 +467,11 @@ impl Reconciler {
             );
         }
         status.message = format!(
-            "deployment {} ({} at {}, approved by {by}): {}",
+            "deployment {} ({} at {}, approved by {by}){}: {}",
             plan.id,
             plan.summary,
             seen.short(),
+            note.map(|n| format!(", {n}")).unwrap_or_default(),
             status.message
         );
         let done = (
@@ -455,6 +498,66 @@ impl Reconciler {
             },
         )
         .await
+    }
+
+    /// An approved plan whose file `file` is not on this host (another
+    /// instance made it, or the file was lost): the plan is made again
+    /// here. The same hash means the same changes the same way, so the new
+    /// plan's file is applied in its place; a different one supersedes the
+    /// approval, and the new plan waits for a person (it is never applied
+    /// on the strength of an approval given to another plan).
+    async fn plan_again(
+        &self,
+        target: &Target,
+        backend: &dyn backend::Backend,
+        open: &StoredPlan,
+        file: &str,
+    ) -> Result<Again, TickError> {
+        let approved = open.backend_hash.as_deref().unwrap_or(&open.plan_hash);
+        let plan = match self.plan_with(target, backend).await {
+            Ok(p) => p,
+            Err(e) => {
+                self.prune_plans(target, None);
+                return Ok(Again::Stop(Status::failed(format!(
+                    "deployment {} is approved, but its plan file {file} is not on this host and                      planning it again here failed: {e}; nothing applied, it stays approved",
+                    open.id
+                ))));
+            }
+        };
+        if plan.hash == approved {
+            info!(target = %target.name, deployment = open.id, file,
+                  "the approved plan's file is not here; the plan made again is the same");
+            let said = format!(
+                "made again on this host (its plan file {file} is not here) and found the same"
+            );
+            let artifact = plan.artifact.as_ref().map(|a| a.display().to_string());
+            return Ok(Again::Same(artifact, said));
+        }
+        let msg = format!(
+            "not applied: its plan file {file} is not on this host, and the plan made again here              differs from the approved one (the state or the real world moved since); the new              plan waits for approval"
+        );
+        if !self
+            .app
+            .store
+            .move_plan(open.id, PlanState::Approved, PlanState::Superseded, &msg)
+            .await?
+        {
+            self.discard(target, backend, &plan.hash, plan.artifact.as_deref())
+                .await;
+            self.prune_plans(target, None);
+            return Ok(Again::Stop(Status {
+                result: ApplyResult::NoChange,
+                message: format!(
+                    "deployment {} changed state meanwhile; nothing applied",
+                    open.id
+                ),
+                output_tail: String::new(),
+                digest: None,
+            }));
+        }
+        warn!(target = %target.name, deployment = open.id, file,
+              "the approved plan's file is not here and the plan made again differs: nothing applied");
+        Ok(Again::Differs(plan))
     }
 
     /// Let go of a plan that will not be applied: what the backend holds
@@ -659,6 +762,16 @@ impl Reconciler {
 }
 
 /// The target's path as a person reads it (`.` for the repository root).
+/// What [`Reconciler::plan_again`] found.
+enum Again {
+    /// The same plan: apply this file (if the backend keeps one), saying so.
+    Same(Option<String>, String),
+    /// Another plan; the approved one is superseded.
+    Differs(Plan),
+    /// Nothing more this tick: the run ends with this status.
+    Stop(Status),
+}
+
 pub(super) fn shown_path(target: &Target) -> String {
     if target.path.as_os_str().is_empty() {
         ".".to_string()

@@ -562,11 +562,7 @@ fn an_approved_change_set_is_executed_by_its_id_and_others_are_deleted() {
         token: OPS,
     };
     let calls = |action: &str| f.calls(action);
-    let plan_files = || {
-        std::fs::read_dir(f.s.state.join("plans/site"))
-            .map(|d| d.count())
-            .unwrap_or(0)
-    };
+    let plan_files = || f.s.plan_files("site").len();
 
     let (code, out) = f.tick();
     assert_eq!(code, Some(0), "{out}");

@@ -405,3 +405,143 @@ fn two_instances_run_an_interval_tick_once_and_send_its_notification_once() {
     first.stop();
     second.stop();
 }
+
+/// Review gates across instances. A terraform plan made on host a is
+/// approved and applied on host b, where its plan file is not: b plans
+/// again and applies only because its plan is the same (same hash); the
+/// file on a is never used. When the state moved between the approval and
+/// the apply, b's plan differs: nothing is applied, the approval is
+/// superseded, and b's plan waits for a person in its place.
+#[test]
+fn an_approved_plan_made_on_another_host_is_applied_only_if_planned_the_same() {
+    let root = tempfile::tempdir().expect("tempdir");
+    // The state both hosts share, as a remote backend would hold it.
+    let state = root.path().join("shared/net.tfstate");
+    let tf = format!(
+        "terraform {{\n  backend \"local\" {{\n    path = {}\n  }}\n}}\n\n\
+         variable \"greeting\" {{\n  type = string\n}}\n\n\
+         resource \"terraform_data\" \"greeting\" {{\n  input = var.greeting\n}}\n",
+        toml_str(&state.display().to_string())
+    );
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(
+        &[
+            ("network/main.tf", &tf),
+            ("network/prod.tfvars", "greeting = \"v1\"\n"),
+        ],
+        "v1",
+    );
+    let config = format!(
+        "[database]\nurl = {}\n\n[[targets]]\nname = \"net\"\nrepo = {}\npath = \"network\"\n\
+         timeout = \"2m\"\ninterval = \"1h\"\npolicy = \"approval\"\n[targets.backend]\n\
+         kind = \"terraform\"\nvar_files = [\"prod.tfvars\"]\n\
+         env = {{ TF_CLI_CONFIG_FILE = \"/dev/null\" }}\n\n{}",
+        toml_str(&database()),
+        toml_str(&remote.url()),
+        token_table("ops", TOKEN, &["approve:net", "reconcile:net", "read"])
+    );
+    let a = Setup::new(&config);
+    let b = Setup::new(&config);
+
+    // Host a plans; host b's daemon is where it gets approved and applied.
+    let out = a.run(&["tick", "net"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let on_a = a.plan_files("net");
+    assert_eq!(on_a.len(), 1, "{on_a:?}");
+    let d = b.serve();
+    let ops = Approver {
+        port: d.port,
+        token: TOKEN,
+    };
+    let p1 = ops.pending();
+    assert_eq!(p1.len(), 1, "{p1:?}");
+    ops.approve(&p1[0]);
+    let deployment = |id: &serde_json::Value| {
+        ops.call(
+            "GET",
+            &format!("/api/v1/deployments/{id}"),
+            serde_json::Value::Null,
+        )
+    };
+    wait_for(Duration::from_secs(120), "host b to apply it", || {
+        deployment(&p1[0]["id"])["state"] == "applied"
+    });
+    assert_eq!(greeting_in_state(&state).as_deref(), Some("v1"));
+    let run = &b.history("net")[0];
+    assert!(
+        run["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("made again on this host (its plan file ")
+                && m.contains("and found the same")),
+        "{run}"
+    );
+    assert_eq!(
+        a.plan_files("net"),
+        on_a,
+        "host a's plan file was not left alone"
+    );
+
+    // The next commit, planned on a; then the state moves under it.
+    remote.commit(&[("network/prod.tfvars", "greeting = \"v2\"\n")], "v2");
+    let out = a.run(&["tick", "net"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let p2 = ops.pending();
+    assert_eq!(p2.len(), 1, "{p2:?}");
+    let scratch = root.path().join("outside");
+    std::fs::create_dir_all(&scratch).expect("mkdir");
+    std::fs::write(scratch.join("main.tf"), &tf).expect("write");
+    for args in [
+        &["init", "-input=false"][..],
+        &[
+            "apply",
+            "-input=false",
+            "-auto-approve",
+            "-var",
+            "greeting=outside",
+        ],
+    ] {
+        let out = std::process::Command::new("terraform")
+            .args(args)
+            .current_dir(&scratch)
+            .env("TF_CLI_CONFIG_FILE", "/dev/null")
+            .output()
+            .expect("terraform");
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+    ops.approve(&p2[0]);
+    wait_for(Duration::from_secs(120), "host b to plan again", || {
+        deployment(&p2[0]["id"])["state"] == "superseded"
+    });
+    let old = deployment(&p2[0]["id"]);
+    assert!(
+        old["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("differs from the approved one")),
+        "{old}"
+    );
+    assert_eq!(
+        greeting_in_state(&state).as_deref(),
+        Some("outside"),
+        "applied unapproved"
+    );
+    let p3 = ops.pending();
+    assert_eq!(p3.len(), 1, "{p3:?}");
+    assert_ne!(p3[0]["id"], p2[0]["id"]);
+    assert_eq!(p3[0]["commit"], p2[0]["commit"]);
+    // Approved, b applies its own plan: its file is on b.
+    ops.approve(&p3[0]);
+    wait_for(
+        Duration::from_secs(120),
+        "host b to apply the new plan",
+        || deployment(&p3[0]["id"])["state"] == "applied",
+    );
+    assert_eq!(greeting_in_state(&state).as_deref(), Some("v2"));
+    let run = &b.history("net")[0];
+    assert!(
+        run["message"]
+            .as_str()
+            .is_some_and(|m| !m.contains("made again") && m.contains("Apply complete")),
+        "{run}"
+    );
+    d.stop();
+}

@@ -879,24 +879,6 @@ impl Api<'_> {
     }
 }
 
-/// What the terraform state says `terraform_data.greeting` holds.
-fn greeting_in_state(workdir: &std::path::Path) -> Option<String> {
-    let state = std::fs::read_to_string(workdir.join("terraform.tfstate")).ok()?;
-    let v: serde_json::Value = serde_json::from_str(&state).ok()?;
-    v["resources"]
-        .as_array()?
-        .iter()
-        .find(|r| r["name"] == "greeting")
-        .and_then(|r| r["instances"][0]["attributes"]["input"]["value"].as_str())
-        .map(str::to_string)
-}
-
-fn plan_files(s: &Setup) -> Vec<std::path::PathBuf> {
-    std::fs::read_dir(s.state.join("plans/net"))
-        .map(|d| d.flatten().map(|e| e.path()).collect())
-        .unwrap_or_default()
-}
-
 /// `policy = "approval"` against real terraform, through the daemon, its
 /// API and the CLI: a push waits and changes nothing until a person with
 /// the approve scope approves exactly the plan shown (a stale hash is 409);
@@ -948,7 +930,7 @@ fn an_approval_target_applies_exactly_the_approved_plan_and_nothing_else() {
         "applied before approval"
     );
     assert_eq!(
-        plan_files(&s).len(),
+        s.plan_files("net").len(),
         1,
         "the plan file is kept for its approval"
     );
@@ -1011,9 +993,12 @@ fn an_approval_target_applies_exactly_the_approved_plan_and_nothing_else() {
     );
     let applied = api.wait_state(id1, "applied");
     assert_eq!(applied["decided_by"], "token:ops", "{applied}");
-    assert_eq!(greeting_in_state(&workdir).as_deref(), Some("hello"));
+    assert_eq!(
+        greeting_in_state(&workdir.join("terraform.tfstate")).as_deref(),
+        Some("hello")
+    );
     assert_eq!(s.target_status("net")["last_applied_sha"], first);
-    assert!(plan_files(&s).is_empty(), "{:?}", plan_files(&s));
+    assert!(s.plan_files("net").is_empty(), "{:?}", s.plan_files("net"));
     let last = &s.history("net")[0];
     assert_eq!(last["result"], "changed", "{last}");
     assert!(
@@ -1045,8 +1030,11 @@ fn an_approval_target_applies_exactly_the_approved_plan_and_nothing_else() {
     let late = api.approve(id2, OPS, p2["plan_hash"].as_str().expect("hash"));
     assert_eq!(late.status, 409, "{}", late.body);
     assert!(late.body.contains("superseded"), "{}", late.body);
-    assert_eq!(plan_files(&s).len(), 1, "{:?}", plan_files(&s));
-    assert_eq!(greeting_in_state(&workdir).as_deref(), Some("hello"));
+    assert_eq!(s.plan_files("net").len(), 1, "{:?}", s.plan_files("net"));
+    assert_eq!(
+        greeting_in_state(&workdir.join("terraform.tfstate")).as_deref(),
+        Some("hello")
+    );
 
     // Someone changes the state after the plan was made: terraform refuses
     // the approved plan file, nothing is applied.
@@ -1072,7 +1060,10 @@ fn an_approval_target_applies_exactly_the_approved_plan_and_nothing_else() {
         ),
         "{failed}"
     );
-    assert_eq!(greeting_in_state(&workdir).as_deref(), Some("by-hand"));
+    assert_eq!(
+        greeting_in_state(&workdir.join("terraform.tfstate")).as_deref(),
+        Some("by-hand")
+    );
     assert_eq!(s.target_status("net")["last_applied_sha"], first);
     // It holds the target: no new plan until a retry.
     let run = api.reconcile();
@@ -1105,7 +1096,10 @@ fn an_approval_target_applies_exactly_the_approved_plan_and_nothing_else() {
         200
     );
     api.wait_state(id4, "applied");
-    assert_eq!(greeting_in_state(&workdir).as_deref(), Some("ciao"));
+    assert_eq!(
+        greeting_in_state(&workdir.join("terraform.tfstate")).as_deref(),
+        Some("ciao")
+    );
     assert_eq!(s.target_status("net")["last_applied_sha"], third);
 
     // Told once per plan that waited, once of the superseded one; the
@@ -1175,7 +1169,10 @@ fn approve_destructive_applies_creations_and_waits_on_replacements() {
     wait_for(Duration::from_secs(120), "the first apply recorded", || {
         s.target_status("net")["last_applied_sha"] == first
     });
-    assert_eq!(greeting_in_state(&workdir).as_deref(), Some("hello"));
+    assert_eq!(
+        greeting_in_state(&workdir.join("terraform.tfstate")).as_deref(),
+        Some("hello")
+    );
     let all = api.call(
         "GET",
         "/api/v1/deployments",
@@ -1205,7 +1202,10 @@ fn approve_destructive_applies_creations_and_waits_on_replacements() {
     let p = api.wait_pending(&[]);
     let id = p["id"].as_i64().expect("id");
     assert_eq!(p["destructive"], true, "{p}");
-    assert_eq!(greeting_in_state(&workdir).as_deref(), Some("hello"));
+    assert_eq!(
+        greeting_in_state(&workdir.join("terraform.tfstate")).as_deref(),
+        Some("hello")
+    );
     let r = api.call(
         "POST",
         &format!("/api/v1/deployments/{id}/reject"),
@@ -1217,7 +1217,7 @@ fn approve_destructive_applies_creations_and_waits_on_replacements() {
     wait_for(
         Duration::from_secs(60),
         "the rejected plan's file removed",
-        || plan_files(&s).is_empty(),
+        || s.plan_files("net").is_empty(),
     );
     let run = api.reconcile();
     assert_eq!(run["result"], "no_change", "{run}");
@@ -1228,7 +1228,10 @@ fn approve_destructive_applies_creations_and_waits_on_replacements() {
         "{run}"
     );
     assert!(api.pending().is_empty());
-    assert_eq!(greeting_in_state(&workdir).as_deref(), Some("hello"));
+    assert_eq!(
+        greeting_in_state(&workdir.join("terraform.tfstate")).as_deref(),
+        Some("hello")
+    );
     assert_eq!(s.target_status("net")["last_applied_sha"], first);
 }
 

@@ -285,6 +285,13 @@ impl Setup {
         self.state.join("checkouts").join(target)
     }
 
+    /// The plan files `target`'s plans left in this setup's state dir.
+    pub fn plan_files(&self, target: &str) -> Vec<PathBuf> {
+        std::fs::read_dir(self.state.join("plans").join(target))
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default()
+    }
+
     pub fn serve(&self) -> Daemon {
         Daemon::start(self)
     }
@@ -1058,6 +1065,18 @@ impl Approver<'_> {
         );
         assert_state_keeps_out(&s.state, canary);
     }
+}
+
+/// What the terraform state file `state` says `terraform_data.greeting`
+/// holds.
+pub fn greeting_in_state(state: &Path) -> Option<String> {
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(state).ok()?).ok()?;
+    v["resources"]
+        .as_array()?
+        .iter()
+        .find(|r| r["name"] == "greeting")
+        .and_then(|r| r["instances"][0]["attributes"]["input"]["value"].as_str())
+        .map(str::to_string)
 }
 
 /// A `policy = "detect"` target after ticks that found a difference from
