@@ -303,14 +303,47 @@ impl Queue {
             .ok_or_else(|| self.store.err("queueing a job")(no_job(&req.target)))
     }
 
-    /// Queue several requests in one write (the scheduler's due targets
-    /// of one pass): all of them are on disk when this returns, or none.
-    pub async fn enqueue_all(&self, reqs: Vec<Request>) -> Result<(), StoreError> {
-        if reqs.is_empty() {
-            return Ok(());
+    /// Queue the interval ticks of the targets the scheduler found due,
+    /// each with when its last run started as the scheduler read it, in
+    /// one write. Each is checked again inside that write, where no other
+    /// instance's write can land in between: it is queued only if nothing
+    /// of it is queued or running, it is not paused, and its last run is
+    /// still the one read (another instance may have queued, run and
+    /// finished it since: then it is not due). The targets queued; all of
+    /// them are on disk when this returns, or none.
+    pub async fn enqueue_due(
+        &self,
+        due: Vec<(Request, Option<i64>)>,
+    ) -> Result<Vec<String>, StoreError> {
+        if due.is_empty() {
+            return Ok(Vec::new());
         }
-        self.store.batched("queueing jobs", Requests(reqs)).await?;
-        Ok(())
+        let kind = self.store.kind();
+        let due = std::sync::Arc::new(due);
+        self.store
+            .grouped("queueing interval ticks", move |tx| {
+                let due = due.clone();
+                Box::pin(async move {
+                    let names: Vec<String> = due.iter().map(|(r, _)| r.target.clone()).collect();
+                    let now: HashMap<String, crate::store::Candidate> =
+                        crate::store::candidates_on(tx, kind, &names)
+                            .await?
+                            .into_iter()
+                            .map(|c| (c.name.clone(), c))
+                            .collect();
+                    let still: Vec<&Request> = due
+                        .iter()
+                        .filter(|(r, read)| {
+                            now.get(&r.target)
+                                .is_some_and(|c| !c.active && !c.paused && c.last_run_at == *read)
+                        })
+                        .map(|(r, _)| r)
+                        .collect();
+                    enqueue_many(tx, &still).await?;
+                    Ok(still.iter().map(|r| r.target.clone()).collect())
+                })
+            })
+            .await
     }
 
     /// Record a webhook delivery and queue its requests (a pull request's
@@ -1434,6 +1467,64 @@ mod tests {
                     .await
                     .expect("runs");
             assert_eq!(runs, 1, "the run was not recorded as it ended");
+        }
+    }
+
+    /// The scheduler's due targets are checked again inside the write that
+    /// queues them: a target another instance queued, ran and finished
+    /// after the scheduler read it gets no second interval tick.
+    #[tokio::test]
+    async fn an_interval_tick_is_not_queued_for_a_target_run_since_it_was_read() {
+        for (_d, q) in queues().await {
+            let store = q.store().clone();
+            store
+                .register_targets(&[("web", "exec")])
+                .await
+                .expect("register");
+            let read = |store: Store| async move {
+                let c = store
+                    .schedule_candidates(&["web".to_string()])
+                    .await
+                    .expect("candidates");
+                assert_eq!(c.len(), 1);
+                assert!(!c[0].active && !c[0].paused);
+                c[0].last_run_at
+            };
+            let before = read(store.clone()).await;
+            // Meanwhile another instance runs the target's interval tick.
+            q.enqueue(&req("web", Trigger::Interval, None, None))
+                .await
+                .expect("enqueue");
+            let job = q.claim().await.expect("claim").expect("job");
+            let run = begin_manual_run(&store, job.id).await;
+            q.finish(job.id, Some(run), "no_change")
+                .await
+                .expect("finish");
+            let interval = || req("web", Trigger::Interval, None, None);
+            let queued = q
+                .enqueue_due(vec![(interval(), before)])
+                .await
+                .expect("enqueue_due");
+            assert!(queued.is_empty(), "{:?}: {queued:?}", store.kind());
+            assert!(
+                q.claim().await.expect("claim").is_none(),
+                "{:?}",
+                store.kind()
+            );
+            // Read again, it is due by what it reads.
+            let after = read(store.clone()).await;
+            assert_ne!(after, before);
+            let queued = q
+                .enqueue_due(vec![(interval(), after)])
+                .await
+                .expect("enqueue_due");
+            assert_eq!(queued, ["web"], "{:?}", store.kind());
+            // Queued once: a second look finds it active.
+            let queued = q
+                .enqueue_due(vec![(interval(), after)])
+                .await
+                .expect("enqueue_due");
+            assert!(queued.is_empty(), "{:?}: {queued:?}", store.kind());
         }
     }
 

@@ -139,7 +139,7 @@ impl Scheduler {
         }
         // Every target due in this pass is queued in one write (one
         // transaction, one fsync), not one each.
-        let (mut due, mut intervals) = (Vec::new(), Vec::new());
+        let (mut due, mut intervals) = (Vec::new(), HashMap::new());
         for c in self.queue.store().schedule_candidates(&candidates).await? {
             known.insert(c.name.clone(), c.last_run_at);
             let Some(t) = settings.target(&c.name) else {
@@ -150,24 +150,29 @@ impl Scheduler {
             }
             let j = self.jitter.get(&t.name).copied().unwrap_or_default();
             if now >= due_at(t.interval, j, c.last_run_at, now) {
-                due.push(Request {
+                let req = Request {
                     target: t.name.clone(),
                     trigger: Trigger::Interval,
                     sha: None,
                     delivery_id: None,
                     receiver: None,
-                });
-                intervals.push((t.name.clone(), t.interval));
+                };
+                due.push((req, c.last_run_at));
+                intervals.insert(t.name.clone(), t.interval);
             }
         }
-        let queued = due.len();
-        self.queue.enqueue_all(due).await?;
-        for (name, interval) in intervals {
+        // Checked again in the write itself: another instance may have run
+        // a target since it was read.
+        let queued = self.queue.enqueue_due(due).await?;
+        for name in &queued {
             debug!(target = %name, "interval tick queued");
-            self.jitter.insert(name.clone(), jitter(interval));
+            if let Some(interval) = intervals.get(name) {
+                self.jitter.insert(name.clone(), jitter(*interval));
+            }
             // Not due again before it has run (its run moves this on).
-            known.insert(name, Some(now));
+            known.insert(name.clone(), Some(now));
         }
+        let queued = queued.len();
         // One worker woken per job queued (waking them all for one job made
         // every idle worker look for it: most of a quiet daemon's reads).
         // A job no woken worker takes waits for a worker's next look.

@@ -306,6 +306,41 @@ pub struct Candidate {
     pub active: bool,
 }
 
+/// [`Store::schedule_candidates`]'s query: the targets named in `$1`, a
+/// JSON array.
+fn candidates_sql(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Postgres => {
+            "SELECT t.name, t.last_run_at, t.paused_at IS NOT NULL AS paused,
+                    (EXISTS (SELECT 1 FROM jobs j WHERE j.target = t.name AND j.state = 'queued')
+                     OR EXISTS (SELECT 1 FROM jobs j WHERE j.target = t.name AND j.state = 'running'))
+                        AS active
+             FROM targets t WHERE t.name IN (SELECT jsonb_array_elements_text($1::jsonb))"
+        }
+        Kind::Sqlite => {
+            "SELECT t.name, t.last_run_at, t.paused_at IS NOT NULL AS paused,
+                    (EXISTS (SELECT 1 FROM jobs j WHERE j.target = t.name AND j.state = 'queued')
+                     OR EXISTS (SELECT 1 FROM jobs j WHERE j.target = t.name AND j.state = 'running'))
+                        AS active
+             FROM targets t WHERE t.name IN (SELECT value FROM json_each($1))"
+        }
+    }
+}
+
+/// [`Store::schedule_candidates`] read again on `conn`, inside a write
+/// (where no other instance's write can land between it and the write).
+pub(crate) async fn candidates_on(
+    conn: &mut db::Conn,
+    kind: Kind,
+    names: &[String],
+) -> Result<Vec<Candidate>, sqlx::Error> {
+    let names = serde_json::to_string(names).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
+    sqlx::query_as::<_, Candidate>(candidates_sql(kind))
+        .bind(names)
+        .fetch_all(conn)
+        .await
+}
+
 /// The `targets` columns a [`TargetState`] is read from.
 const TARGET_STATE: &str = "name, backend, last_applied_sha, last_result, last_message, \
      last_run_id, last_run_at, consecutive_failures, backend_digest, paused_at, paused_by, \
@@ -1013,26 +1048,11 @@ impl Store {
         names: &[String],
     ) -> Result<Vec<Candidate>, StoreError> {
         let names = serde_json::to_string(names).unwrap_or_else(|_| "[]".into());
-        sqlx::query_as::<_, Candidate>(match self.kind {
-            Kind::Postgres => {
-                "SELECT t.name, t.last_run_at, t.paused_at IS NOT NULL AS paused,
-                        (EXISTS (SELECT 1 FROM jobs j WHERE j.target = t.name AND j.state = 'queued')
-                         OR EXISTS (SELECT 1 FROM jobs j WHERE j.target = t.name AND j.state = 'running'))
-                            AS active
-                 FROM targets t WHERE t.name IN (SELECT jsonb_array_elements_text($1::jsonb))"
-            }
-            Kind::Sqlite => {
-                "SELECT t.name, t.last_run_at, t.paused_at IS NOT NULL AS paused,
-                        (EXISTS (SELECT 1 FROM jobs j WHERE j.target = t.name AND j.state = 'queued')
-                         OR EXISTS (SELECT 1 FROM jobs j WHERE j.target = t.name AND j.state = 'running'))
-                            AS active
-                 FROM targets t WHERE t.name IN (SELECT value FROM json_each($1))"
-            }
-        })
-        .bind(names)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(self.err("reading which targets are due"))
+        sqlx::query_as::<_, Candidate>(candidates_sql(self.kind))
+            .bind(names)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(self.err("reading which targets are due"))
     }
 
     /// The newest runs of a target, newest first.
