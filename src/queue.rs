@@ -921,13 +921,16 @@ fn json_text<T: Serialize>(v: &T) -> Result<String, sqlx::Error> {
 /// Queue `reqs` in order, in one statement, each folded into its target's
 /// queued job if there is one (an earlier request of the same statement
 /// made it, or it was there): the job each target's requests are in now,
-/// one row per request in no particular order.
+/// at least one row per target in no particular order.
 async fn enqueue_many(
     conn: &mut crate::store::db::Conn,
     reqs: &[&Request],
 ) -> Result<Vec<Queued>, sqlx::Error> {
     if reqs.is_empty() {
         return Ok(Vec::new());
+    }
+    if is_postgres(conn) {
+        return enqueue_folded(conn, reqs).await;
     }
     let rows: Vec<serde_json::Value> = reqs
         .iter()
@@ -941,9 +944,6 @@ async fn enqueue_many(
             ])
         })
         .collect();
-    if is_postgres(conn) {
-        return enqueue_each(conn, reqs).await;
-    }
     // `excluded` is the row a request would have made: its trigger and
     // delivery id are the first elements of its lists.
     sqlx::query_as(
@@ -974,47 +974,89 @@ async fn enqueue_many(
     .await
 }
 
-/// `enqueue_many` on PostgreSQL: one upsert per request, in order.
-/// PostgreSQL will not let one `INSERT … ON CONFLICT DO UPDATE` touch a row
-/// twice, which a batch holding two requests for one target would.
-async fn enqueue_each(
+/// The most delivery ids a job keeps: the first 99 and the newest.
+const DELIVERY_IDS_KEPT: usize = 100;
+
+/// `enqueue_many` on PostgreSQL, in one statement too. PostgreSQL will not
+/// let one `INSERT … ON CONFLICT DO UPDATE` touch a row twice, which two
+/// requests for one target would: so each target's requests are folded
+/// here first, as the upsert would fold them one after another (triggers
+/// each once, in order; the newest sha and receiver given; delivery ids in
+/// order, at most 100: the first 99 and the newest), and the statement
+/// folds each target's one row into its queued job the same way. One row
+/// per target.
+async fn enqueue_folded(
     conn: &mut crate::store::db::Conn,
     reqs: &[&Request],
 ) -> Result<Vec<Queued>, sqlx::Error> {
-    let now = now_ms();
-    let mut out = Vec::with_capacity(reqs.len());
-    for r in reqs {
-        let q = sqlx::query_as::<_, Queued>(
-            "INSERT INTO jobs (target, state, triggers, requested_sha, delivery_ids, receiver, created_at, updated_at)
-             VALUES ($1, 'queued', jsonb_build_array($2::text)::text, $3,
-                     CASE WHEN $4::text IS NULL THEN '[]' ELSE jsonb_build_array($4::text)::text END,
-                     $5, $6, $6)
-             ON CONFLICT (target) WHERE state = 'queued' DO UPDATE SET
-                 triggers = CASE WHEN jobs.triggers::jsonb @> jsonb_build_array($2::text)
-                                 THEN jobs.triggers
-                                 ELSE (jobs.triggers::jsonb || jsonb_build_array($2::text))::text END,
-                 requested_sha = COALESCE(excluded.requested_sha, jobs.requested_sha),
-                 delivery_ids = CASE WHEN $4::text IS NULL THEN jobs.delivery_ids
-                                     WHEN jsonb_array_length(jobs.delivery_ids::jsonb) >= 100
-                                     THEN jsonb_set(jobs.delivery_ids::jsonb, '{-1}', to_jsonb($4::text))::text
-                                     ELSE (jobs.delivery_ids::jsonb || jsonb_build_array($4::text))::text END,
-                 receiver = COALESCE(excluded.receiver, jobs.receiver),
-                 updated_at = excluded.updated_at
-             RETURNING target, id, created_at = updated_at AS fresh,
-                       EXISTS (SELECT 1 FROM targets WHERE name = jobs.target AND paused_at IS NOT NULL)
-                           AS paused",
-        )
-        .bind(&r.target)
-        .bind(r.trigger.as_str())
-        .bind(&r.sha)
-        .bind(&r.delivery_id)
-        .bind(&r.receiver)
-        .bind(now)
-        .fetch_one(&mut *conn)
-        .await?;
-        out.push(q);
+    struct Fold<'r> {
+        target: &'r str,
+        triggers: Vec<&'static str>,
+        sha: Option<&'r str>,
+        deliveries: Vec<&'r str>,
+        receiver: Option<&'r str>,
     }
-    Ok(out)
+    let mut folds: Vec<Fold<'_>> = Vec::new();
+    let mut at: HashMap<&str, usize> = HashMap::new();
+    for r in reqs {
+        let i = *at.entry(r.target.as_str()).or_insert_with(|| {
+            folds.push(Fold {
+                target: &r.target,
+                triggers: Vec::new(),
+                sha: None,
+                deliveries: Vec::new(),
+                receiver: None,
+            });
+            folds.len() - 1
+        });
+        let f = &mut folds[i];
+        if !f.triggers.contains(&r.trigger.as_str()) {
+            f.triggers.push(r.trigger.as_str());
+        }
+        f.sha = r.sha.as_deref().or(f.sha);
+        f.receiver = r.receiver.as_deref().or(f.receiver);
+        if let Some(d) = &r.delivery_id {
+            f.deliveries.push(d);
+        }
+    }
+    let rows: Vec<serde_json::Value> = folds
+        .into_iter()
+        .map(|mut f| {
+            if f.deliveries.len() > DELIVERY_IDS_KEPT {
+                let newest = f.deliveries[f.deliveries.len() - 1];
+                f.deliveries.truncate(DELIVERY_IDS_KEPT - 1);
+                f.deliveries.push(newest);
+            }
+            serde_json::json!([f.target, f.triggers, f.sha, f.deliveries, f.receiver])
+        })
+        .collect();
+    sqlx::query_as::<_, Queued>(
+        "INSERT INTO jobs (target, state, triggers, requested_sha, delivery_ids, receiver, created_at, updated_at)
+         SELECT r ->> 0, 'queued', (r -> 1)::text, r ->> 2, (r -> 3)::text, r ->> 4, $2, $2
+         FROM jsonb_array_elements($1::jsonb) WITH ORDINALITY AS x(r, n) WHERE true ORDER BY n
+         ON CONFLICT (target) WHERE state = 'queued' DO UPDATE SET
+             triggers = (jobs.triggers::jsonb || COALESCE(
+                 (SELECT jsonb_agg(t ORDER BY o)
+                  FROM jsonb_array_elements(excluded.triggers::jsonb) WITH ORDINALITY AS n(t, o)
+                  WHERE NOT jobs.triggers::jsonb @> jsonb_build_array(t)),
+                 '[]'::jsonb))::text,
+             requested_sha = COALESCE(excluded.requested_sha, jobs.requested_sha),
+             delivery_ids = (SELECT CASE WHEN jsonb_array_length(c) <= 100 THEN c
+                                        ELSE (SELECT jsonb_agg(e ORDER BY o)
+                                              FROM jsonb_array_elements(c) WITH ORDINALITY AS k(e, o)
+                                              WHERE o < 100 OR o = jsonb_array_length(c)) END
+                             FROM (SELECT jobs.delivery_ids::jsonb || excluded.delivery_ids::jsonb
+                                          AS c) AS both_ids)::text,
+             receiver = COALESCE(excluded.receiver, jobs.receiver),
+             updated_at = excluded.updated_at
+         RETURNING target, id, created_at = updated_at AS fresh,
+                   EXISTS (SELECT 1 FROM targets WHERE name = jobs.target AND paused_at IS NOT NULL)
+                       AS paused",
+    )
+    .bind(json_text(&rows)?)
+    .bind(now_ms())
+    .fetch_all(&mut *conn)
+    .await
 }
 
 /// Where a job is in its life: queued, then running (claimed by a worker),
@@ -1240,6 +1282,65 @@ mod tests {
             requests: reqs,
             pulls: Vec::new(),
             statuses: Vec::new(),
+        }
+    }
+
+    /// Requests written in one statement fold into a target's job exactly
+    /// as the same requests written one after another do: triggers each
+    /// once in order, the newest sha and receiver, the first 99 delivery
+    /// ids and the newest. (On PostgreSQL a batch is folded per target
+    /// before its one upsert.)
+    #[tokio::test]
+    async fn requests_written_together_fold_as_one_after_another() {
+        for (_d, q) in queues().await {
+            let reqs = |target: &str| -> Vec<Request> {
+                (0..300)
+                    .map(|i| Request {
+                        target: target.into(),
+                        trigger: match i % 7 {
+                            3 => Trigger::Interval,
+                            5 => Trigger::Manual,
+                            _ => Trigger::Webhook,
+                        },
+                        sha: (i % 7 != 3).then(|| format!("sha{i}")),
+                        delivery_id: (i % 7 < 3).then(|| format!("d{i}")),
+                        receiver: (i % 11 == 0).then(|| format!("r{i}")),
+                    })
+                    .collect()
+            };
+            // With a queued job for each first (its first requests), or
+            // none; then the rest: one at a time for `seq`, in one
+            // statement for `bat`.
+            for head in [20, 0] {
+                let (seq_t, bat_t) = (format!("seq{head}"), format!("bat{head}"));
+                for r in reqs(&seq_t).iter().chain(&reqs(&bat_t)[..head]) {
+                    q.enqueue(r).await.expect("enqueue");
+                }
+                let bat = Requests(reqs(&bat_t)[head..].to_vec());
+                let mut tx = q.store().pool().begin().await.expect("begin");
+                Requests::run(&mut tx, vec![&bat]).await.expect("batch");
+                tx.commit().await.expect("commit");
+                let mut jobs = [
+                    q.claim().await.expect("claim").expect("a job"),
+                    q.claim().await.expect("claim").expect("a job"),
+                ];
+                assert!(q.claim().await.expect("claim").is_none());
+                jobs.sort_by(|a, b| a.target.cmp(&b.target));
+                let [bat, seq] = [&jobs[0], &jobs[1]];
+                let kind = (q.store().kind(), head);
+                assert_eq!(seq.triggers, bat.triggers, "{kind:?}");
+                assert_eq!(seq.requested_sha, bat.requested_sha, "{kind:?}");
+                assert_eq!(seq.receiver, bat.receiver, "{kind:?}");
+                assert_eq!(seq.delivery_ids, bat.delivery_ids, "{kind:?}");
+                assert_eq!(seq.delivery_ids.len(), 100, "{kind:?}");
+                assert_eq!(
+                    seq.triggers,
+                    [Trigger::Webhook, Trigger::Interval, Trigger::Manual]
+                );
+                assert_eq!(seq.requested_sha.as_deref(), Some("sha299"));
+                assert_eq!(seq.receiver.as_deref(), Some("r297"));
+                assert_eq!(seq.delivery_ids.last().map(String::as_str), Some("d296"));
+            }
         }
     }
 
