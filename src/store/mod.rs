@@ -606,12 +606,26 @@ impl Store {
         if let Some(ca) = &opts.ca_file {
             pg = pg.ssl_root_cert(ca);
         }
+        // sqlx's `to_url_lossy` writes a certificate file (`sslrootcert`,
+        // the client's `sslcert` and `sslkey`) as `file: <path>` — its
+        // `CertificateInput`'s Display — which its own URL parser then
+        // reads back as a file of that name ("No such file or directory"):
+        // the URL given to the `Any` driver names the path itself.
+        let mut url = pg.to_url_lossy();
+        let pairs: Vec<(String, String)> = url
+            .query_pairs()
+            .map(|(k, v)| {
+                let v = match (k.as_ref(), v.strip_prefix("file: ")) {
+                    ("sslrootcert" | "sslcert" | "sslkey", Some(path)) => path.to_string(),
+                    _ => v.into_owned(),
+                };
+                (k.into_owned(), v)
+            })
+            .collect();
+        url.query_pairs_mut().clear().extend_pairs(pairs);
         // Named by the URL as written (no password), not the one built.
-        Store::open_postgres_shown(
-            pg.to_url_lossy().as_str(),
-            crate::redact::url_without_password(&opts.url),
-        )
-        .await
+        Store::open_postgres_shown(url.as_str(), crate::redact::url_without_password(&opts.url))
+            .await
     }
 
     /// Say, for as long as the returned guard lives, that the process

@@ -218,6 +218,8 @@ pub async fn stores(dir: &Path) -> Vec<super::Store> {
 pub struct OwnCluster {
     dir: PathBuf,
     bin: PathBuf,
+    /// With TLS: the loopback TCP port it also listens on.
+    tls_port: Option<u16>,
 }
 
 impl OwnCluster {
@@ -236,9 +238,66 @@ impl OwnCluster {
         if let Err(e) = made {
             panic!("a PostgreSQL cluster: {e}");
         }
-        let c = OwnCluster { dir, bin };
+        let c = OwnCluster {
+            dir,
+            bin,
+            tls_port: None,
+        };
         c.start();
         c
+    }
+
+    /// `initdb` and start a new cluster that also listens on a loopback
+    /// TCP port, taking TLS connections only there (`hostnossl … reject`),
+    /// with the server certificate `cert` and its key `key`.
+    pub fn with_tls(cert: &Path, key: &Path) -> OwnCluster {
+        let bin = bin_dir().unwrap_or_else(|e| panic!("a PostgreSQL cluster: {e}"));
+        static N: AtomicU64 = AtomicU64::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "driftless-pg-tls-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap_or_else(|e| panic!("a free port: {e}"));
+        let data = dir.join("data");
+        let made = std::fs::create_dir_all(&dir)
+            .map_err(|e| format!("{}: {e}", dir.display()))
+            .and_then(|()| initdb(&bin, &dir))
+            .and_then(|()| {
+                let hba = data.join("pg_hba.conf");
+                let old = std::fs::read_to_string(&hba).map_err(|e| e.to_string())?;
+                std::fs::write(&hba, format!("hostnossl all all all reject\n{old}"))
+                    .map_err(|e| e.to_string())?;
+                for (from, to) in [(cert, "server.crt"), (key, "server.key")] {
+                    std::fs::copy(from, data.join(to)).map_err(|e| format!("{to}: {e}"))?;
+                }
+                run(Command::new("chown")
+                    .arg("postgres:")
+                    .arg(data.join("server.crt"))
+                    .arg(data.join("server.key")))?;
+                run(Command::new("chmod")
+                    .arg("600")
+                    .arg(data.join("server.key")))
+            });
+        if let Err(e) = made {
+            panic!("a PostgreSQL cluster with TLS: {e}");
+        }
+        let c = OwnCluster {
+            dir,
+            bin,
+            tls_port: Some(port),
+        };
+        c.start();
+        c
+    }
+
+    /// The URL of database `db` over TCP (a cluster made `with_tls`).
+    pub fn tcp_url(&self, db: &str) -> String {
+        let port = self.tls_port.unwrap_or(5432);
+        format!("postgres://postgres@127.0.0.1:{port}/{db}")
     }
 
     fn pg_ctl(&self, args: &[&str]) -> Result<(), String> {
@@ -252,8 +311,12 @@ impl OwnCluster {
 
     /// Start the server and wait until it takes connections.
     pub fn start(&self) {
+        let listen = match self.tls_port {
+            Some(port) => format!("-p {port} -c listen_addresses=127.0.0.1 -c ssl=on"),
+            None => "-c listen_addresses=".to_string(),
+        };
         let options = format!(
-            "-k '{}' -c listen_addresses= -c fsync=off -c max_connections=100",
+            "-k '{}' {listen} -c fsync=off -c max_connections=100",
             self.dir.display()
         );
         let log = self.dir.join("log");
@@ -273,7 +336,14 @@ impl OwnCluster {
 
     /// The URL of database `db` (made by [`OwnCluster::create`]).
     pub fn url(&self, db: &str) -> String {
-        url(&self.dir, db)
+        match self.tls_port {
+            // The socket's name carries the port.
+            Some(port) => format!(
+                "postgres://postgres@localhost:{port}/{db}?host={}",
+                self.dir.display()
+            ),
+            None => url(&self.dir, db),
+        }
     }
 
     /// Make database `db`; returns its URL.

@@ -545,3 +545,52 @@ fn an_approved_plan_made_on_another_host_is_applied_only_if_planned_the_same() {
     );
     d.stop();
 }
+
+/// `[database]` over TLS, against a server that refuses connections
+/// without it: with `sslmode = "verify-full"` and the `ca_file` that signed
+/// the server's certificate, runs are recorded there; a server certificate
+/// from another CA is refused, and so is a connection without TLS, each
+/// saying so and naming the database.
+#[test]
+fn the_database_is_reached_over_tls_verified_against_its_ca_file() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let ca = TestCa::new(&root.path().join("ca"));
+    let (cert, key) = ca.issue("postgres", true);
+    let other = TestCa::new(&root.path().join("other"));
+    let cluster = driftless::store::testing::OwnCluster::with_tls(&cert, &key);
+    cluster.create("tls");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(&[("app/config", "v1\n")], "first");
+    let setup = |tls: &str| {
+        Setup::new(&format!(
+            "[database]\nurl = {}\n{tls}\n\n{}",
+            toml_str(&cluster.tcp_url("tls")),
+            exec_target("app", &remote.url(), "path = \"app\"", "apply = [\"true\"]")
+        ))
+    };
+    let ca_file = |ca: &TestCa| format!("ca_file = {}", toml_str(&ca.pem().display().to_string()));
+
+    let good = setup(&format!("sslmode = \"verify-full\"\n{}", ca_file(&ca)));
+    let out = good.run(&["tick", "app"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(good.history("app").len(), 1);
+
+    let wrong = setup(&format!("sslmode = \"verify-full\"\n{}", ca_file(&other)));
+    let out = wrong.run(&["tick", "app"]);
+    let said = text(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains(&cluster.tcp_url("tls")) && said.to_lowercase().contains("certificate"),
+        "{said}"
+    );
+
+    let plain = setup("sslmode = \"disable\"");
+    let out = plain.run(&["tick", "app"]);
+    let said = text(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains(&cluster.tcp_url("tls")) && said.contains("no encryption"),
+        "{said}"
+    );
+    assert_eq!(good.history("app").len(), 1, "a run recorded without TLS");
+}
