@@ -234,10 +234,25 @@ fn main() -> ExitCode {
     match runtime.block_on(run(args)) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", said(&e));
             ExitCode::from(cli::EXIT_FAILED)
         }
     }
+}
+
+/// An error and its causes on one line, each cause once: most errors here
+/// already say their cause in their own message, which `{:#}` would
+/// repeat ("…: BadSignature: …: BadSignature: BadSignature").
+fn said(e: &anyhow::Error) -> String {
+    let mut out = e.to_string();
+    for cause in e.chain().skip(1) {
+        let cause = cause.to_string();
+        if !out.contains(&cause) {
+            out.push_str(": ");
+            out.push_str(&cause);
+        }
+    }
+    out
 }
 
 async fn run(args: Args) -> anyhow::Result<u8> {
