@@ -946,7 +946,8 @@ async fn enqueue_many(
         .collect();
     // `excluded` is the row a request would have made: its trigger and
     // delivery id are the first elements of its lists.
-    sqlx::query_as(
+    upsert_jobs(
+        conn,
         "INSERT INTO jobs (target, state, triggers, requested_sha, delivery_ids, receiver, created_at, updated_at)
          SELECT r.value ->> 0, 'queued', json_array(r.value ->> 1), r.value ->> 2,
                 CASE WHEN r.value ->> 3 IS NULL THEN '[]' ELSE json_array(r.value ->> 3) END,
@@ -963,14 +964,28 @@ async fn enqueue_many(
                                  THEN json_set(jobs.delivery_ids, '$[#-1]', excluded.delivery_ids ->> 0)
                                  ELSE json_insert(jobs.delivery_ids, '$[#]', excluded.delivery_ids ->> 0) END,
              receiver = COALESCE(excluded.receiver, jobs.receiver),
-             updated_at = excluded.updated_at
+             updated_at = excluded.updated_at",
+        &rows,
+    )
+    .await
+}
+
+/// A jobs upsert `sql` of `rows` (a JSON array, `$1`) at now (`$2`), each
+/// row's job returned as a [`Queued`].
+async fn upsert_jobs(
+    conn: &mut crate::store::db::Conn,
+    sql: &str,
+    rows: &[serde_json::Value],
+) -> Result<Vec<Queued>, sqlx::Error> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "{sql}
          RETURNING target, id, created_at = updated_at AS fresh,
                    EXISTS (SELECT 1 FROM targets WHERE name = jobs.target AND paused_at IS NOT NULL)
-                       AS paused",
-    )
+                       AS paused"
+    )))
     .bind(json_text(&rows)?)
     .bind(now_ms())
-    .fetch_all(&mut *conn)
+    .fetch_all(conn)
     .await
 }
 
@@ -1030,7 +1045,8 @@ async fn enqueue_folded(
             serde_json::json!([f.target, f.triggers, f.sha, f.deliveries, f.receiver])
         })
         .collect();
-    sqlx::query_as::<_, Queued>(
+    upsert_jobs(
+        conn,
         "INSERT INTO jobs (target, state, triggers, requested_sha, delivery_ids, receiver, created_at, updated_at)
          SELECT r ->> 0, 'queued', (r -> 1)::text, r ->> 2, (r -> 3)::text, r ->> 4, $2, $2
          FROM jsonb_array_elements($1::jsonb) WITH ORDINALITY AS x(r, n) WHERE true ORDER BY n
@@ -1048,14 +1064,9 @@ async fn enqueue_folded(
                              FROM (SELECT jobs.delivery_ids::jsonb || excluded.delivery_ids::jsonb
                                           AS c) AS both_ids)::text,
              receiver = COALESCE(excluded.receiver, jobs.receiver),
-             updated_at = excluded.updated_at
-         RETURNING target, id, created_at = updated_at AS fresh,
-                   EXISTS (SELECT 1 FROM targets WHERE name = jobs.target AND paused_at IS NOT NULL)
-                       AS paused",
+             updated_at = excluded.updated_at",
+        &rows,
     )
-    .bind(json_text(&rows)?)
-    .bind(now_ms())
-    .fetch_all(&mut *conn)
     .await
 }
 

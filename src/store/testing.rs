@@ -225,6 +225,40 @@ pub struct OwnCluster {
 impl OwnCluster {
     /// `initdb` and start a new cluster.
     pub fn new() -> OwnCluster {
+        OwnCluster::made(None, |_| Ok(()))
+    }
+
+    /// `initdb` and start a new cluster that also listens on a loopback
+    /// TCP port, taking TLS connections only there (`hostnossl … reject`),
+    /// with the server certificate `cert` and its key `key`.
+    pub fn with_tls(cert: &Path, key: &Path) -> OwnCluster {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap_or_else(|e| panic!("a free port: {e}"));
+        OwnCluster::made(Some(port), |data| {
+            let hba = data.join("pg_hba.conf");
+            let old = std::fs::read_to_string(&hba).map_err(|e| e.to_string())?;
+            std::fs::write(&hba, format!("hostnossl all all all reject\n{old}"))
+                .map_err(|e| e.to_string())?;
+            for (from, to) in [(cert, "server.crt"), (key, "server.key")] {
+                std::fs::copy(from, data.join(to)).map_err(|e| format!("{to}: {e}"))?;
+            }
+            run(Command::new("chown")
+                .arg("postgres:")
+                .arg(data.join("server.crt"))
+                .arg(data.join("server.key")))?;
+            run(Command::new("chmod")
+                .arg("600")
+                .arg(data.join("server.key")))
+        })
+    }
+
+    /// `initdb` a new cluster, `prepare` its data directory, start it.
+    fn made(
+        tls_port: Option<u16>,
+        prepare: impl FnOnce(&Path) -> Result<(), String>,
+    ) -> OwnCluster {
         let bin = bin_dir().unwrap_or_else(|e| panic!("a PostgreSQL cluster: {e}"));
         static N: AtomicU64 = AtomicU64::new(0);
         let dir = std::env::temp_dir().join(format!(
@@ -234,62 +268,12 @@ impl OwnCluster {
         ));
         let made = std::fs::create_dir_all(&dir)
             .map_err(|e| format!("{}: {e}", dir.display()))
-            .and_then(|()| initdb(&bin, &dir));
+            .and_then(|()| initdb(&bin, &dir))
+            .and_then(|()| prepare(&dir.join("data")));
         if let Err(e) = made {
             panic!("a PostgreSQL cluster: {e}");
         }
-        let c = OwnCluster {
-            dir,
-            bin,
-            tls_port: None,
-        };
-        c.start();
-        c
-    }
-
-    /// `initdb` and start a new cluster that also listens on a loopback
-    /// TCP port, taking TLS connections only there (`hostnossl … reject`),
-    /// with the server certificate `cert` and its key `key`.
-    pub fn with_tls(cert: &Path, key: &Path) -> OwnCluster {
-        let bin = bin_dir().unwrap_or_else(|e| panic!("a PostgreSQL cluster: {e}"));
-        static N: AtomicU64 = AtomicU64::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "driftless-pg-tls-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .unwrap_or_else(|e| panic!("a free port: {e}"));
-        let data = dir.join("data");
-        let made = std::fs::create_dir_all(&dir)
-            .map_err(|e| format!("{}: {e}", dir.display()))
-            .and_then(|()| initdb(&bin, &dir))
-            .and_then(|()| {
-                let hba = data.join("pg_hba.conf");
-                let old = std::fs::read_to_string(&hba).map_err(|e| e.to_string())?;
-                std::fs::write(&hba, format!("hostnossl all all all reject\n{old}"))
-                    .map_err(|e| e.to_string())?;
-                for (from, to) in [(cert, "server.crt"), (key, "server.key")] {
-                    std::fs::copy(from, data.join(to)).map_err(|e| format!("{to}: {e}"))?;
-                }
-                run(Command::new("chown")
-                    .arg("postgres:")
-                    .arg(data.join("server.crt"))
-                    .arg(data.join("server.key")))?;
-                run(Command::new("chmod")
-                    .arg("600")
-                    .arg(data.join("server.key")))
-            });
-        if let Err(e) = made {
-            panic!("a PostgreSQL cluster with TLS: {e}");
-        }
-        let c = OwnCluster {
-            dir,
-            bin,
-            tls_port: Some(port),
-        };
+        let c = OwnCluster { dir, bin, tls_port };
         c.start();
         c
     }
