@@ -1,4 +1,5 @@
-//! The durable job queue: what should be reconciled, in SQLite.
+//! The durable job queue: what should be reconciled, in the state database
+//! (SQLite, or PostgreSQL shared by several instances).
 //!
 //! A request (interval, manual, webhook, cli) becomes a row before anyone is
 //! told it was accepted. At most one *queued* job per target — a newer request
