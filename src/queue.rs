@@ -1473,6 +1473,16 @@ mod tests {
     }
 
     /// A manual apply of `web` begun for job `job`: its run id.
+    /// The queue's store, with the target `web` (an exec target) known.
+    async fn with_web(q: &Queue) -> Store {
+        let store = q.store().clone();
+        store
+            .register_targets(&[("web", "exec")])
+            .await
+            .expect("register");
+        store
+    }
+
     async fn begin_manual_run(store: &Store, job: i64) -> i64 {
         store
             .begin_run(&crate::store::NewRun {
@@ -1496,11 +1506,7 @@ mod tests {
                 .await
                 .expect("enqueue");
             let job = q.claim().await.expect("claim").expect("job");
-            let store = q.store().clone();
-            store
-                .register_targets(&[("web", "exec")])
-                .await
-                .expect("register");
+            let store = with_web(&q).await;
             let run = begin_manual_run(&store, job.id).await;
             // not expired yet
             assert!(q.recover_expired().await.expect("recover").is_empty());
@@ -1528,11 +1534,7 @@ mod tests {
     #[tokio::test]
     async fn a_run_whose_job_was_taken_over_leaves_the_job_alone() {
         for (_d, q) in queues().await {
-            let store = q.store().clone();
-            store
-                .register_targets(&[("web", "exec")])
-                .await
-                .expect("register");
+            let store = with_web(&q).await;
             q.enqueue(&req("web", Trigger::Manual, None, None))
                 .await
                 .expect("enqueue");
@@ -1589,11 +1591,7 @@ mod tests {
     #[tokio::test]
     async fn an_interval_tick_is_not_queued_for_a_target_run_since_it_was_read() {
         for (_d, q) in queues().await {
-            let store = q.store().clone();
-            store
-                .register_targets(&[("web", "exec")])
-                .await
-                .expect("register");
+            let store = with_web(&q).await;
             let read = |store: Store| async move {
                 let c = store
                     .schedule_candidates(&["web".to_string()])
