@@ -21,7 +21,7 @@ use crate::store::Kind;
 use crate::store::db::{JsonText, PG_NOW_MS, is_postgres, json_field};
 use crate::store::previews::{self, PullEvent};
 use crate::store::statuses::{self, NewStatus};
-use crate::store::{Batch, BatchTx, Store, StoreError, WriteTx, now_ms};
+use crate::store::{Batch, BatchTx, Store, StoreError, now_ms};
 
 /// How long a claim lasts without a heartbeat.
 pub const LEASE: Duration = Duration::from_secs(30);
@@ -425,7 +425,7 @@ impl Queue {
     where
         A: sqlx::IntoArguments<crate::store::db::Db> + 'q,
     {
-        let WriteTx { mut tx, _turn } = self.store.begin_write(what).await?;
+        let mut tx = self.store.begin_write(what).await?;
         let sent = std::time::Instant::now();
         let row = query
             .fetch_optional(&mut *tx)
@@ -455,7 +455,7 @@ impl Queue {
     ) -> Result<Option<Job>, StoreError> {
         let what = "starting a job";
         let now = now_ms();
-        let WriteTx { mut tx, _turn } = self.store.begin_write(what).await?;
+        let mut tx = self.store.begin_write(what).await?;
         let pg = is_postgres(&tx);
         let since = self.clock("$5");
         let sent = std::time::Instant::now();
@@ -549,7 +549,7 @@ impl Queue {
     /// into a newer queued job for the same target if one arrived meanwhile.
     pub async fn requeue(&self, job_id: i64, delay: Duration) -> Result<(), StoreError> {
         let what = "requeueing a job";
-        let WriteTx { mut tx, _turn } = self.store.begin_write(what).await?;
+        let mut tx = self.store.begin_write(what).await?;
         // A job taken over meanwhile (its lease ran out) is not ours to move.
         let ours: Option<i64> = sqlx::query_scalar(
             "SELECT id FROM jobs WHERE id = $1 AND state = 'running' AND lease_owner = $2",
@@ -643,7 +643,7 @@ impl Queue {
             (true, Kind::Postgres) => format!("AND lease_until < {PG_NOW_MS}"),
         };
         let bind_now = expired && self.store.kind() == Kind::Sqlite;
-        let WriteTx { mut tx, _turn } = self.store.begin_write(what).await?;
+        let mut tx = self.store.begin_write(what).await?;
         for id in ids {
             let mut read = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
                 "SELECT attempts FROM jobs WHERE id = $1 AND state = 'running' {still}"
@@ -705,7 +705,7 @@ impl Queue {
     pub async fn set_dependencies(&self, pairs: &[(String, String)]) -> Result<(), StoreError> {
         let what = "recording the dependencies between targets";
         let rows = serde_json::to_string(pairs).unwrap_or_else(|_| "[]".into());
-        let WriteTx { mut tx, _turn } = self.store.begin_write(what).await?;
+        let mut tx = self.store.begin_write(what).await?;
         sqlx::query("DELETE FROM target_deps")
             .execute(&mut *tx)
             .await
@@ -1329,7 +1329,7 @@ mod tests {
                     q.enqueue(r).await.expect("enqueue");
                 }
                 let bat = Requests(reqs(&bat_t)[head..].to_vec());
-                let mut tx = q.store().pool().begin().await.expect("begin");
+                let mut tx = q.store().begin_write("test").await.expect("begin");
                 Requests::run(&mut tx, vec![&bat]).await.expect("batch");
                 tx.commit().await.expect("commit");
                 let mut jobs = [
@@ -1382,7 +1382,7 @@ mod tests {
                 push("d1", "web", "yyy"), // earlier in this batch
                 push("d3", "web", "ccc"),
             ];
-            let mut tx = q.store().pool().begin().await.expect("begin");
+            let mut tx = q.store().begin_write("test").await.expect("begin");
             let out = Intake::run(&mut tx, batch.iter().collect())
                 .await
                 .expect("batch");

@@ -177,7 +177,7 @@ impl Sender {
             // Committed explicitly: a claim whose commit failed must not be
             // sent as if it held.
             let what = "claiming a notification";
-            let crate::store::WriteTx { mut tx, _turn } = self.store.begin_write(what).await?;
+            let mut tx = self.store.begin_write(what).await?;
             let claimed = claimed
                 .fetch_optional(&mut *tx)
                 .await

@@ -17,8 +17,8 @@ use sqlx::types::Type;
 pub type Db = sqlx::Any;
 /// A pool of connections to the state database.
 pub type Pool = sqlx::AnyPool;
-/// A transaction on the state database.
-pub type Tx = sqlx::Transaction<'static, Db>;
+/// A write transaction on the state database (the store's `write`).
+pub type Tx = super::WriteTx;
 /// One connection to the state database.
 pub type Conn = sqlx::AnyConnection;
 /// A row read from the state database.

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Store, StoreError, WriteTx};
+use super::{Store, StoreError};
 use crate::model::BoxFuture;
 
 /// The most writes one transaction takes.
@@ -255,7 +255,7 @@ impl Failed {
 /// Every write of `batch` in one transaction, committed.
 async fn run_batch(store: &Store, batch: &mut [Item]) -> Result<(), Failed> {
     let what = batch.first().map_or("a grouped write", |i| i.what);
-    let WriteTx { mut tx, _turn } = store.begin_write(what).await.map_err(Failed::Transaction)?;
+    let mut tx = store.begin_write(what).await.map_err(Failed::Transaction)?;
     let mut rest = &mut batch[..];
     while let Some((first, _)) = rest.split_first_mut() {
         let what = first.what;

@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use super::{Store, StoreError, WriteTx, now_ms};
+use super::{Store, StoreError, now_ms};
 use crate::model::Status;
 
 /// Rows one pruning transaction deletes at most.
@@ -242,7 +242,7 @@ impl Store {
         let what = "pruning the history";
         let mut total = 0;
         loop {
-            let WriteTx { mut tx, _turn } = self.begin_write(what).await?;
+            let mut tx = self.begin_write(what).await?;
             // `$1` the cutoff, `$2` the batch, `$3` the extra list if any
             // (PostgreSQL refuses a value for a parameter a statement
             // does not name).
@@ -256,7 +256,6 @@ impl Store {
                 .map_err(self.err(what))?
                 .rows_affected();
             tx.commit().await.map_err(self.err(what))?;
-            drop(_turn);
             total += n;
             if n < BATCH as u64 {
                 return Ok(total);

@@ -8,6 +8,7 @@
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
@@ -28,6 +29,8 @@ pub mod sets;
 pub mod statuses;
 #[doc(hidden)]
 pub mod testing;
+mod write;
+pub use write::WriteTx;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 static PG_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
@@ -46,6 +49,21 @@ fn liveness_key(owner: &str) -> i32 {
     use sha2::Digest;
     let d = sha2::Sha256::digest(owner.as_bytes());
     i32::from_be_bytes([d[0], d[1], d[2], d[3]])
+}
+
+/// Set up a new PostgreSQL session: an acknowledged request is committed
+/// on disk, so never with `synchronous_commit = off`, whatever the
+/// server's default says.
+async fn pg_session(conn: &mut db::Conn) -> Result<(), sqlx::Error> {
+    let sync: String = sqlx::query_scalar("SHOW synchronous_commit")
+        .fetch_one(&mut *conn)
+        .await?;
+    if sync == "off" {
+        sqlx::raw_sql("SET synchronous_commit = on")
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(())
 }
 
 /// An instance's liveness lock on PostgreSQL (`Store::hold_liveness`):
@@ -84,15 +102,14 @@ pub struct StoreError {
 #[derive(Clone, Debug)]
 pub struct Store {
     pool: db::Pool,
-    /// One connection, for `begin_write`'s transactions.
-    writes: db::Pool,
+    /// The one connection write transactions take turns on (`write`).
+    /// Taking turns here rather than in SQLite's busy handler, whose
+    /// back-off sleeps turn contention into latency spikes; other
+    /// processes still meet the busy timeout.
+    writer: write::Writer,
     kind: Kind,
     /// The file, or the PostgreSQL URL without its password.
     path: PathBuf,
-    /// Write transactions of this process take turns here rather than in
-    /// SQLite's busy handler, whose back-off sleeps turn contention into
-    /// latency spikes. Other processes still meet the busy timeout.
-    writer: std::sync::Arc<tokio::sync::Mutex<()>>,
     /// The file opened: a database deleted or replaced under a running
     /// process is caught before anything is written into a file nobody
     /// will read again. None on PostgreSQL.
@@ -154,12 +171,6 @@ impl Identity {
             "the file was {how} while driftless had it open; restart driftless"
         )))
     }
-}
-
-/// A write transaction and this process's turn to write; commit it.
-pub struct WriteTx {
-    pub tx: db::Tx,
-    pub(crate) _turn: tokio::sync::OwnedMutexGuard<()>,
 }
 
 impl StoreError {
@@ -513,13 +524,19 @@ impl Store {
         // their own: its page cache stays warm, where a write on any of
         // the pool's connections would make the next one read every page
         // again (SQLite drops a connection's cache when another wrote).
-        let writes = connect(1).await.map_err(|e| err("opening", e))?;
+        let open: write::Open = Arc::new(move || {
+            let url = url.clone();
+            Box::pin(async move {
+                let mut conn = <db::Conn as sqlx::Connection>::connect(&url).await?;
+                sqlx::raw_sql(PRAGMAS).execute(&mut conn).await?;
+                Ok(conn)
+            })
+        });
         Ok(Store {
             pool,
-            writes,
+            writer: write::Writer::new(open, "BEGIN IMMEDIATE".into()),
             kind: Kind::Sqlite,
             path: path.to_path_buf(),
-            writer: Default::default(),
             identity: Some(identity),
             group: Default::default(),
             connect: None,
@@ -546,22 +563,7 @@ impl Store {
         sqlx::any::install_default_drivers();
         let pool = AnyPoolOptions::new()
             .max_connections(8)
-            .after_connect(|conn, _meta| {
-                Box::pin(async move {
-                    // An acknowledged request is committed on disk: never
-                    // with `synchronous_commit = off`, whatever the server's
-                    // default says.
-                    let sync: String = sqlx::query_scalar("SHOW synchronous_commit")
-                        .fetch_one(&mut *conn)
-                        .await?;
-                    if sync == "off" {
-                        sqlx::raw_sql("SET synchronous_commit = on")
-                            .execute(&mut *conn)
-                            .await?;
-                    }
-                    Ok(())
-                })
-            })
+            .after_connect(|conn, _meta| Box::pin(pg_session(conn)))
             .before_acquire(|conn, _meta| {
                 Box::pin(async move { Ok(!sqlx::Connection::is_in_transaction(conn)) })
             })
@@ -572,12 +574,21 @@ impl Store {
             .run(&pool)
             .await
             .map_err(|e| err("migrating", e.into()))?;
+        let connect = url.to_string();
+        let open: write::Open = Arc::new(move || {
+            let url = connect.clone();
+            Box::pin(async move {
+                let mut conn = <db::Conn as sqlx::Connection>::connect(&url).await?;
+                pg_session(&mut conn).await?;
+                Ok(conn)
+            })
+        });
+        let begin = format!("BEGIN; SELECT pg_advisory_xact_lock({PG_WRITE_LOCK})");
         Ok(Store {
-            writes: pool.clone(),
             pool,
+            writer: write::Writer::new(open, begin),
             kind: Kind::Postgres,
             path: shown,
-            writer: Default::default(),
             identity: None,
             group: Default::default(),
             connect: Some(ConnectUrl(url.to_string())),
@@ -709,24 +720,7 @@ impl Store {
     /// ends.
     pub async fn begin_write(&self, what: &'static str) -> Result<WriteTx, StoreError> {
         self.check_identity()?;
-        let turn = self.writer.clone().lock_owned().await;
-        let tx = match self.kind {
-            Kind::Sqlite => self
-                .writes
-                .begin_with("BEGIN IMMEDIATE")
-                .await
-                .map_err(self.err(what))?,
-            Kind::Postgres => {
-                let mut tx = self.writes.begin().await.map_err(self.err(what))?;
-                sqlx::query("SELECT pg_advisory_xact_lock($1)")
-                    .bind(PG_WRITE_LOCK)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(self.err(what))?;
-                tx
-            }
-        };
-        Ok(WriteTx { tx, _turn: turn })
+        self.writer.begin().await.map_err(self.err(what))
     }
 
     pub fn pool(&self) -> &db::Pool {
@@ -766,7 +760,7 @@ impl Store {
             return Ok(());
         }
         let now = now_ms();
-        let WriteTx { mut tx, _turn } = self.begin_write(what).await?;
+        let mut tx = self.begin_write(what).await?;
         for (name, backend) in missing {
             sqlx::query(UPSERT_TARGET)
                 .bind(name)
@@ -791,7 +785,7 @@ impl Store {
         run: &NewRun<'_>,
     ) -> Result<(i64, Option<TargetState>), StoreError> {
         let now = now_ms();
-        let WriteTx { mut tx, _turn } = self.begin_write("recording a run").await?;
+        let mut tx = self.begin_write("recording a run").await?;
         let id: i64 = sqlx::query_scalar(
             "INSERT INTO runs (target, job_id, operation, trigger, delivery_id, requested_sha, started_at, receiver, sha)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING id",
@@ -851,7 +845,7 @@ impl Store {
     ) -> Result<i64, StoreError> {
         let now = now_ms();
         let what = "recording a run's result";
-        let WriteTx { mut tx, _turn } = self.begin_write(what).await?;
+        let mut tx = self.begin_write(what).await?;
         // A run whose job was taken from this process (its lease ran out:
         // whoever recovered the job marked the run interrupted) is recorded
         // as it ended, but its job — another process's now — is left alone.
@@ -1308,24 +1302,20 @@ mod tests {
         for _ in 0..8 {
             held.push(store.pool().acquire().await.expect("connection"));
         }
-        held.push(
-            store
-                .writes
-                .acquire()
-                .await
-                .expect("the writes' connection"),
-        );
-        for c in &mut held {
+        // And the connection every write transaction runs on.
+        let mut write = store.begin_write("test").await.expect("a write");
+        let conns = held.iter_mut().map(|c| &mut **c).chain([&mut *write]);
+        for c in conns {
             let sync: i64 = sqlx::query_scalar("PRAGMA synchronous")
-                .fetch_one(&mut **c)
+                .fetch_one(&mut *c)
                 .await
                 .expect("pragma");
             let journal: String = sqlx::query_scalar("PRAGMA journal_mode")
-                .fetch_one(&mut **c)
+                .fetch_one(&mut *c)
                 .await
                 .expect("pragma");
             let fk: i64 = sqlx::query_scalar("PRAGMA foreign_keys")
-                .fetch_one(&mut **c)
+                .fetch_one(&mut *c)
                 .await
                 .expect("pragma");
             assert_eq!((sync, journal.as_str(), fk), (2, "wal", 1));

@@ -9,7 +9,7 @@
 
 use sqlx::Row;
 
-use super::{Store, StoreError, WriteTx, now_ms};
+use super::{Store, StoreError, now_ms};
 pub use crate::ledger::Deployment;
 use crate::ledger::{Change, JobKey, Ledger, LedgerError, NewDeployment};
 use crate::model::BoxFuture;
@@ -138,7 +138,7 @@ impl Ledger for Store {
     fn insert<'a>(&'a self, d: &'a NewDeployment) -> BoxFuture<'a, Result<i64, LedgerError>> {
         Box::pin(async move {
             let what = "recording a Nomad deployment";
-            let WriteTx { mut tx, _turn } = self
+            let mut tx = self
                 .begin_write(what)
                 .await
                 .map_err(|e| LedgerError::Store(e.to_string()))?;
@@ -206,7 +206,7 @@ impl Ledger for Store {
     ) -> BoxFuture<'a, Result<(), LedgerError>> {
         Box::pin(async move {
             let what = "changing a Nomad deployment's state";
-            let WriteTx { mut tx, _turn } = self
+            let mut tx = self
                 .begin_write(what)
                 .await
                 .map_err(|e| LedgerError::Store(e.to_string()))?;

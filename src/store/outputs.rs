@@ -3,7 +3,7 @@
 //! when a consumer runs. This module decides nothing about when to record
 //! or what a missing output means.
 
-use super::{Store, StoreError, WriteTx, now_ms};
+use super::{Store, StoreError, now_ms};
 
 /// A JSON object of outputs, as a backend reports them.
 pub type Outputs = serde_json::Map<String, serde_json::Value>;
@@ -19,7 +19,7 @@ impl Store {
     ) -> Result<bool, StoreError> {
         let what = "recording a target's outputs";
         let json = serde_json::Value::Object(outputs.clone()).to_string();
-        let WriteTx { mut tx, _turn } = self.begin_write(what).await?;
+        let mut tx = self.begin_write(what).await?;
         let before: Option<String> =
             sqlx::query_scalar("SELECT outputs FROM target_outputs WHERE target = $1")
                 .bind(target)

@@ -13,7 +13,7 @@
 use serde::Serialize;
 use sqlx::FromRow;
 
-use super::{Store, StoreError, WriteTx, now_ms};
+use super::{Store, StoreError, now_ms};
 
 /// Why an approval or rejection was refused (the API answers 409/404).
 #[derive(Debug, thiserror::Error)]
@@ -238,7 +238,7 @@ impl Store {
     /// first.
     pub async fn insert_plan(&self, p: &NewPlan<'_>) -> Result<StoredPlan, StoreError> {
         let what = "recording a plan";
-        let WriteTx { mut tx, _turn } = self.begin_write(what).await?;
+        let mut tx = self.begin_write(what).await?;
         let now = now_ms();
         let decided_at = p.decided_by.map(|_| now);
         let q = format!(
@@ -352,7 +352,7 @@ impl Store {
         message: &str,
     ) -> Result<bool, StoreError> {
         let what = "changing a plan's state";
-        let WriteTx { mut tx, _turn } = self.begin_write(what).await?;
+        let mut tx = self.begin_write(what).await?;
         let target: Option<String> = sqlx::query_scalar(
             "UPDATE deployments SET state = $3, message = $4, updated_at = $5,
                     artifact = CASE WHEN $3 IN ('pending_approval', 'approved', 'applying')
@@ -399,7 +399,7 @@ impl Store {
         message: &str,
     ) -> Result<bool, StoreError> {
         let what = "carrying a plan to a newer commit";
-        let WriteTx { mut tx, _turn } = self.begin_write(what).await?;
+        let mut tx = self.begin_write(what).await?;
         let target: Option<String> = sqlx::query_scalar(
             "UPDATE deployments SET commit_sha = $4, updated_at = $5
              WHERE id = $1 AND state = $2 AND commit_sha = $3 RETURNING target",
@@ -445,7 +445,7 @@ impl Store {
         approve: bool,
     ) -> Result<StoredPlan, DecisionError> {
         let what = "recording a decision on a deployment";
-        let WriteTx { mut tx, _turn } = self.begin_write(what).await?;
+        let mut tx = self.begin_write(what).await?;
         let q = format!("SELECT {COLUMNS} FROM deployments WHERE id = $1");
         let p = sqlx::query_as::<_, StoredPlan>(sqlx::AssertSqlSafe(q))
             .bind(id)
@@ -574,7 +574,7 @@ impl Store {
             what: "making a key",
             source: sqlx::Error::Io(std::io::Error::other(e.to_string())),
         })?;
-        let WriteTx { mut tx, _turn } = self.begin_write("making a key").await?;
+        let mut tx = self.begin_write("making a key").await?;
         sqlx::query("INSERT INTO keys (name, value) VALUES ($1, $2) ON CONFLICT DO NOTHING")
             .bind(name)
             .bind(&fresh[..])

@@ -12,7 +12,7 @@ use serde::Serialize;
 use sqlx::FromRow;
 
 use super::statuses::{self, HasId, NewStatus};
-use super::{Store, StoreError, WriteTx, now_ms};
+use super::{Store, StoreError, now_ms};
 
 /// How long a closed pull request is remembered (a reopened one within it
 /// keeps its comment id; after it, the marker finds the comment again).
@@ -173,6 +173,10 @@ pub(crate) async fn record_event(
     Ok(0)
 }
 
+/// The previews waiting to be planned, of pull requests still open (`p`).
+const QUEUED_PREVIEWS: &str = "previews p JOIN pull_requests r ON r.id = p.pull_request
+     WHERE p.state = 'queued' AND r.open = 1";
+
 /// A claimed preview with its pull request.
 #[derive(Debug, Clone)]
 pub struct Claimed {
@@ -184,11 +188,22 @@ impl Store {
     /// Claim the oldest queued preview of an open pull request for `owner`.
     pub async fn claim_preview(&self, owner: &str) -> Result<Option<Claimed>, StoreError> {
         let what = "claiming a preview";
-        let WriteTx { mut tx, _turn } = self.begin_write(what).await?;
+        // Looked for first with a read, which waits for no writer: the
+        // preview worker wakes with the apply workers, at every delivery
+        // that makes a job, and mostly finds nothing to take.
+        let queued: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT p.id FROM {QUEUED_PREVIEWS} LIMIT 1"
+        )))
+        .fetch_optional(self.pool())
+        .await
+        .map_err(self.err("looking for a preview to claim"))?;
+        if queued.is_none() {
+            return Ok(None);
+        }
+        let mut tx = self.begin_write(what).await?;
         let q = format!(
             "UPDATE previews SET state = 'running', owner = $1, started_at = $2
-             WHERE id = (SELECT p.id FROM previews p JOIN pull_requests r ON r.id = p.pull_request
-                         WHERE p.state = 'queued' AND r.open = 1 ORDER BY p.queued_at, p.id LIMIT 1)
+             WHERE id = (SELECT p.id FROM {QUEUED_PREVIEWS} ORDER BY p.queued_at, p.id LIMIT 1)
              RETURNING {PREVIEW_COLUMNS}"
         );
         let Some(preview) = sqlx::query_as::<_, PreviewRow>(sqlx::AssertSqlSafe(q))
@@ -270,7 +285,7 @@ impl Store {
     ) -> Result<bool, StoreError> {
         let what = "recording a preview";
         let now = now_ms();
-        let WriteTx { mut tx, _turn } = self.begin_write(what).await?;
+        let mut tx = self.begin_write(what).await?;
         let (state, changes, destructive, summary, diff) = match outcome {
             Outcome::Unaffected => ("unaffected", false, false, None, None),
             Outcome::Planned {
@@ -454,7 +469,7 @@ impl Store {
     pub async fn prune_pull_requests(&self) -> Result<u64, StoreError> {
         let what = "forgetting closed pull requests";
         let cutoff = now_ms() - PULL_MEMORY.as_millis() as i64;
-        let WriteTx { mut tx, _turn } = self.begin_write(what).await?;
+        let mut tx = self.begin_write(what).await?;
         let old = "SELECT id FROM pull_requests
                    WHERE open = 0 AND updated_at < $1 AND (sent_version >= version OR given_up = 1)";
         sqlx::query(sqlx::AssertSqlSafe(format!(
@@ -519,7 +534,7 @@ mod tests {
     }
 
     async fn record(store: &Store, e: &PullEvent) -> u64 {
-        let WriteTx { mut tx, _turn } = store.begin_write("test").await.expect("tx");
+        let mut tx = store.begin_write("test").await.expect("tx");
         let n = record_event(&mut tx, e).await.expect("record");
         tx.commit().await.expect("commit");
         n

@@ -7,7 +7,7 @@
 //! membership: the tick's `sets` module compares directories and says what
 //! changed.
 
-use super::{Store, StoreError, UPSERT_TARGET, WriteTx, now_ms};
+use super::{Store, StoreError, UPSERT_TARGET, now_ms};
 
 /// One row of `set_members`.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
@@ -58,7 +58,7 @@ impl Store {
     ) -> Result<(), StoreError> {
         let what = "recording notifications about a target set";
         let now = now_ms();
-        let WriteTx { mut tx, _turn } = self.begin_write(what).await?;
+        let mut tx = self.begin_write(what).await?;
         for o in outbox {
             sqlx::query(
                 "INSERT INTO notifications (uid, notifier, target, run_id, event, document,
@@ -89,7 +89,7 @@ impl Store {
     ) -> Result<(), StoreError> {
         let what = "recording the members of a target set";
         let now = now_ms();
-        let WriteTx { mut tx, _turn } = self.begin_write(what).await?;
+        let mut tx = self.begin_write(what).await?;
         for (target, dir, backend) in &change.added {
             sqlx::query(
                 "INSERT INTO set_members (target, target_set, dir, added_sha, added_at)

@@ -9,7 +9,7 @@
 use serde::Serialize;
 use sqlx::FromRow;
 
-use super::{Store, StoreError, WriteTx, now_ms};
+use super::{Store, StoreError, now_ms};
 
 /// The state of a status, in driftless's words (`notify::forge` gives
 /// each forge its own).
@@ -173,7 +173,7 @@ impl Store {
             return Ok(());
         }
         let what = "recording commit statuses";
-        let WriteTx { mut tx, _turn } = self.begin_write(what).await?;
+        let mut tx = self.begin_write(what).await?;
         for s in statuses {
             record(&mut tx, s, only_first)
                 .await
@@ -212,7 +212,7 @@ impl Store {
         R: for<'r> FromRow<'r, crate::store::db::Row> + Send + Unpin + HasId,
     {
         let now = now_ms();
-        let WriteTx { mut tx, _turn } = self.begin_write(what).await?;
+        let mut tx = self.begin_write(what).await?;
         let q = format!(
             "UPDATE {table} SET next_attempt_at = $2
              WHERE id IN (SELECT id FROM {table}

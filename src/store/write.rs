@@ -1,0 +1,281 @@
+//! The one connection this process writes through, and its transactions.
+//!
+//! Write transactions take turns on a connection of their own, held here
+//! rather than in a pool: a pool tests a connection with a round trip to
+//! its database as it hands it out and again as it takes it back, and
+//! every write waits on the write before it, so those round trips were on
+//! the path of every webhook delivery. A transaction begins with the lock
+//! every writer takes (SQLite's `BEGIN IMMEDIATE`; on PostgreSQL, `BEGIN`
+//! and the advisory write lock in one round trip) and is committed, or
+//! rolled back when dropped. A connection that failed to begin or commit is
+//! closed (closing it rolls back whatever it held) and the next write opens
+//! a new one. This module runs no statement beyond those.
+
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard};
+
+use super::db::Conn;
+use crate::model::BoxFuture;
+
+/// Opens a new write connection, set up like the pool's.
+pub(super) type Open = Arc<dyn Fn() -> BoxFuture<'static, Result<Conn, sqlx::Error>> + Send + Sync>;
+
+/// The write connection and the turn to use it. Cheap to clone.
+#[derive(Clone)]
+pub(super) struct Writer {
+    /// None until the first write, and after a connection was closed.
+    slot: Arc<Mutex<Option<Conn>>>,
+    /// A transaction was dropped without a commit: roll it back before
+    /// anything else runs on the connection.
+    unfinished: Arc<AtomicBool>,
+    open: Open,
+    /// What begins a write transaction.
+    begin: Arc<str>,
+}
+
+impl std::fmt::Debug for Writer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Writer")
+            .field("begin", &self.begin)
+            .finish()
+    }
+}
+
+/// A write transaction, holding this process's turn to write: use it as a
+/// connection, then [`WriteTx::commit`]. Dropped uncommitted, it is rolled
+/// back before the next write begins (at once, by a task, when dropped
+/// inside the runtime).
+pub struct WriteTx {
+    conn: OwnedMappedMutexGuard<Option<Conn>, Conn>,
+    writer: Writer,
+    committed: bool,
+}
+
+impl Writer {
+    pub(super) fn new(open: Open, begin: String) -> Writer {
+        Writer {
+            slot: Default::default(),
+            unfinished: Default::default(),
+            open,
+            begin: begin.into(),
+        }
+    }
+
+    /// Wait for this process's turn, then begin a write transaction. A
+    /// connection found broken as the transaction begins (the database
+    /// server restarted since the last write) is replaced, once.
+    pub(super) async fn begin(&self) -> Result<WriteTx, sqlx::Error> {
+        let mut slot = self.slot.clone().lock_owned().await;
+        self.settle(&mut slot).await;
+        let mut fresh = false;
+        loop {
+            let conn = match slot.as_mut() {
+                Some(conn) => conn,
+                None => {
+                    fresh = true;
+                    slot.insert((self.open)().await?)
+                }
+            };
+            match sqlx::raw_sql(sqlx::AssertSqlSafe(self.begin.clone()))
+                .execute(&mut *conn)
+                .await
+            {
+                Ok(_) => break,
+                Err(e) => {
+                    // Whatever state it is in, it is not used again.
+                    *slot = None;
+                    if fresh || !connection_lost(&e) {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        let conn = OwnedMutexGuard::try_map(slot, Option::as_mut)
+            .map_err(|_| sqlx::Error::WorkerCrashed)?;
+        Ok(WriteTx {
+            conn,
+            writer: self.clone(),
+            committed: false,
+        })
+    }
+
+    /// Roll back the transaction a dropped [`WriteTx`] left open, if any;
+    /// a connection that cannot is closed.
+    async fn settle(&self, slot: &mut Option<Conn>) {
+        if !self.unfinished.swap(false, Ordering::SeqCst) {
+            return;
+        }
+        if let Some(conn) = slot.as_mut()
+            && sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await.is_err()
+        {
+            *slot = None;
+        }
+    }
+}
+
+impl WriteTx {
+    /// Commit. A commit that fails is rolled back like a dropped
+    /// transaction (or its connection closed), and the error returned.
+    pub async fn commit(mut self) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql("COMMIT").execute(&mut *self.conn).await?;
+        self.committed = true;
+        Ok(())
+    }
+}
+
+impl Deref for WriteTx {
+    type Target = Conn;
+    fn deref(&self) -> &Conn {
+        &self.conn
+    }
+}
+
+impl DerefMut for WriteTx {
+    fn deref_mut(&mut self) -> &mut Conn {
+        &mut self.conn
+    }
+}
+
+impl Drop for WriteTx {
+    fn drop(&mut self) {
+        if self.committed {
+            return;
+        }
+        // The turn is given up as this returns; the next to take it (a
+        // writer, or this task) rolls back first. Outside the runtime (the
+        // process is ending) the next write does, if there is one.
+        self.writer.unfinished.store(true, Ordering::SeqCst);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let writer = self.writer.clone();
+            rt.spawn(async move {
+                let mut slot = writer.slot.clone().lock_owned().await;
+                writer.settle(&mut slot).await;
+            });
+        }
+    }
+}
+
+/// The connection is gone rather than the statement refused: the socket
+/// closed, or the server ended the session (SQLSTATE class 08, connection
+/// exception; 57P, an operator's shutdown or restart).
+fn connection_lost(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_) => true,
+        sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(d) => d
+            .code()
+            .is_some_and(|c| c.starts_with("08") || c.starts_with("57P")),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::store::{Store, testing};
+
+    async fn deliveries(store: &Store) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM deliveries")
+            .fetch_one(store.pool())
+            .await
+            .expect("count")
+    }
+
+    /// A write transaction dropped without a commit (an error returned
+    /// half-way) is rolled back at once: another process, or another
+    /// instance on the same PostgreSQL database, writes straight after,
+    /// without waiting for this one's next write, and sees nothing of it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_transaction_dropped_uncommitted_is_rolled_back_at_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("driftless.db");
+        let url = testing::database().await;
+        let pairs = [
+            (
+                Store::open(&path).await.expect("sqlite"),
+                Store::open(&path).await.expect("sqlite, again"),
+            ),
+            (
+                Store::open_postgres(&url).await.expect("postgres"),
+                Store::open_postgres(&url).await.expect("postgres, again"),
+            ),
+        ];
+        for (one, other) in pairs {
+            let mut tx = one.begin_write("test").await.expect("begin");
+            sqlx::query(
+                "INSERT INTO deliveries (receiver, delivery_id, received_at, outcome)
+                 VALUES ('r', 'dropped', 0, 'ok')",
+            )
+            .execute(&mut *tx)
+            .await
+            .expect("insert");
+            drop(tx);
+            // SQLite's busy timeout, or the advisory lock, would hold the
+            // other writer far longer than this if the lock were kept.
+            let tx = tokio::time::timeout(Duration::from_secs(3), other.begin_write("test"))
+                .await
+                .unwrap_or_else(|_| {
+                    panic!(
+                        "{}: the dropped transaction kept the lock",
+                        one.path().display()
+                    )
+                })
+                .expect("begin");
+            tx.commit().await.expect("commit");
+            assert_eq!(deliveries(&other).await, 0, "{}", one.path().display());
+            // And the first one writes on.
+            let tx = one.begin_write("test").await.expect("begin again");
+            tx.commit().await.expect("commit");
+        }
+    }
+
+    /// The database server ended the write connection's session between
+    /// two writes (a restart, an administrator): the next write opens a
+    /// new connection and succeeds rather than failing once.
+    #[tokio::test]
+    async fn a_write_connection_the_server_closed_is_replaced() {
+        let url = testing::database().await;
+        let store = Store::open_postgres(&url).await.expect("postgres");
+        let tx = store.begin_write("test").await.expect("begin");
+        tx.commit().await.expect("commit");
+        let name = url
+            .split('?')
+            .next()
+            .and_then(|s| s.rsplit('/').next())
+            .expect("a database name");
+        let ended: i64 = {
+            use sqlx::Connection;
+            let admin_url = url.replace(&format!("/{name}?"), "/postgres?");
+            let mut admin = sqlx::AnyConnection::connect(&admin_url)
+                .await
+                .expect("connect");
+            // OFFSET 0: the sessions are chosen before any is ended.
+            sqlx::query_scalar(
+                "SELECT count(*) FROM (SELECT pid FROM pg_stat_activity WHERE datname = $1 OFFSET 0) s
+                 WHERE pg_terminate_backend(s.pid)",
+            )
+            .bind(name)
+            .fetch_one(&mut admin)
+            .await
+            .expect("terminate")
+        };
+        assert!(ended >= 1, "no session of {name} to end");
+        let mut tx = store
+            .begin_write("test")
+            .await
+            .expect("a write after the session ended");
+        sqlx::query(
+            "INSERT INTO deliveries (receiver, delivery_id, received_at, outcome)
+             VALUES ('r', 'after', 0, 'ok')",
+        )
+        .execute(&mut *tx)
+        .await
+        .expect("insert");
+        tx.commit().await.expect("commit");
+        assert_eq!(deliveries(&store).await, 1);
+    }
+}
