@@ -922,7 +922,16 @@ fn json_text<T: Serialize>(v: &T) -> Result<String, sqlx::Error> {
 /// Queue `reqs` in order, in one statement, each folded into its target's
 /// queued job if there is one (an earlier request of the same statement
 /// made it, or it was there): the job each target's requests are in now,
-/// at least one row per target in no particular order.
+/// one row per target in no particular order.
+///
+/// Each target's requests are folded here first, as the upsert would fold
+/// them one after another (triggers each once, in order; the newest sha
+/// and receiver given; delivery ids in order, at most 100: the first 99
+/// and the newest), and the statement folds each target's one row into
+/// its queued job the same way. One row per target: PostgreSQL will not
+/// let one `INSERT … ON CONFLICT DO UPDATE` touch a row twice, and on
+/// SQLite a burst of deliveries for one target costs one fold of its
+/// job's lists instead of one per delivery.
 async fn enqueue_many(
     conn: &mut crate::store::db::Conn,
     reqs: &[&Request],
@@ -930,81 +939,6 @@ async fn enqueue_many(
     if reqs.is_empty() {
         return Ok(Vec::new());
     }
-    if is_postgres(conn) {
-        return enqueue_folded(conn, reqs).await;
-    }
-    let rows: Vec<serde_json::Value> = reqs
-        .iter()
-        .map(|r| {
-            serde_json::json!([
-                r.target,
-                r.trigger.as_str(),
-                r.sha,
-                r.delivery_id,
-                r.receiver
-            ])
-        })
-        .collect();
-    // `excluded` is the row a request would have made: its trigger and
-    // delivery id are the first elements of its lists.
-    upsert_jobs(
-        conn,
-        "INSERT INTO jobs (target, state, triggers, requested_sha, delivery_ids, receiver, created_at, updated_at)
-         SELECT r.value ->> 0, 'queued', json_array(r.value ->> 1), r.value ->> 2,
-                CASE WHEN r.value ->> 3 IS NULL THEN '[]' ELSE json_array(r.value ->> 3) END,
-                r.value ->> 4, $2, $2
-         FROM json_each($1) AS r WHERE true ORDER BY r.key
-         ON CONFLICT (target) WHERE state = 'queued' DO UPDATE SET
-             triggers = CASE WHEN EXISTS (SELECT 1 FROM json_each(jobs.triggers)
-                                          WHERE value = excluded.triggers ->> 0)
-                             THEN jobs.triggers
-                             ELSE json_insert(jobs.triggers, '$[#]', excluded.triggers ->> 0) END,
-             requested_sha = COALESCE(excluded.requested_sha, jobs.requested_sha),
-             delivery_ids = CASE WHEN excluded.delivery_ids ->> 0 IS NULL THEN jobs.delivery_ids
-                                 WHEN json_array_length(jobs.delivery_ids) >= 100
-                                 THEN json_set(jobs.delivery_ids, '$[#-1]', excluded.delivery_ids ->> 0)
-                                 ELSE json_insert(jobs.delivery_ids, '$[#]', excluded.delivery_ids ->> 0) END,
-             receiver = COALESCE(excluded.receiver, jobs.receiver),
-             updated_at = excluded.updated_at",
-        &rows,
-    )
-    .await
-}
-
-/// A jobs upsert `sql` of `rows` (a JSON array, `$1`) at now (`$2`), each
-/// row's job returned as a [`Queued`].
-async fn upsert_jobs(
-    conn: &mut crate::store::db::Conn,
-    sql: &str,
-    rows: &[serde_json::Value],
-) -> Result<Vec<Queued>, sqlx::Error> {
-    sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "{sql}
-         RETURNING target, id, created_at = updated_at AS fresh,
-                   EXISTS (SELECT 1 FROM targets WHERE name = jobs.target AND paused_at IS NOT NULL)
-                       AS paused"
-    )))
-    .bind(json_text(&rows)?)
-    .bind(now_ms())
-    .fetch_all(conn)
-    .await
-}
-
-/// The most delivery ids a job keeps: the first 99 and the newest.
-const DELIVERY_IDS_KEPT: usize = 100;
-
-/// `enqueue_many` on PostgreSQL, in one statement too. PostgreSQL will not
-/// let one `INSERT … ON CONFLICT DO UPDATE` touch a row twice, which two
-/// requests for one target would: so each target's requests are folded
-/// here first, as the upsert would fold them one after another (triggers
-/// each once, in order; the newest sha and receiver given; delivery ids in
-/// order, at most 100: the first 99 and the newest), and the statement
-/// folds each target's one row into its queued job the same way. One row
-/// per target.
-async fn enqueue_folded(
-    conn: &mut crate::store::db::Conn,
-    reqs: &[&Request],
-) -> Result<Vec<Queued>, sqlx::Error> {
     struct Fold<'r> {
         target: &'r str,
         triggers: Vec<&'static str>,
@@ -1046,8 +980,7 @@ async fn enqueue_folded(
             serde_json::json!([f.target, f.triggers, f.sha, f.deliveries, f.receiver])
         })
         .collect();
-    upsert_jobs(
-        conn,
+    let sql = if is_postgres(conn) {
         "INSERT INTO jobs (target, state, triggers, requested_sha, delivery_ids, receiver, created_at, updated_at)
          SELECT r ->> 0, 'queued', (r -> 1)::text, r ->> 2, (r -> 3)::text, r ->> 4, $2, $2
          FROM jsonb_array_elements($1::jsonb) WITH ORDINALITY AS x(r, n) WHERE true ORDER BY n
@@ -1065,11 +998,53 @@ async fn enqueue_folded(
                              FROM (SELECT jobs.delivery_ids::jsonb || excluded.delivery_ids::jsonb
                                           AS c) AS both_ids)::text,
              receiver = COALESCE(excluded.receiver, jobs.receiver),
-             updated_at = excluded.updated_at",
-        &rows,
-    )
+             updated_at = excluded.updated_at"
+    } else {
+        // `n` numbers the job's list and then the new one, from 0.
+        "INSERT INTO jobs (target, state, triggers, requested_sha, delivery_ids, receiver, created_at, updated_at)
+         SELECT r.value ->> 0, 'queued', r.value -> 1, r.value ->> 2, r.value -> 3, r.value ->> 4, $2, $2
+         FROM json_each($1) AS r WHERE true ORDER BY r.key
+         ON CONFLICT (target) WHERE state = 'queued' DO UPDATE SET
+             triggers = (SELECT json_group_array(value ORDER BY n) FROM (
+                 SELECT value, key AS n FROM json_each(jobs.triggers)
+                 UNION ALL
+                 SELECT value, json_array_length(jobs.triggers) + key FROM json_each(excluded.triggers)
+                 WHERE value NOT IN (SELECT value FROM json_each(jobs.triggers)))),
+             requested_sha = COALESCE(excluded.requested_sha, jobs.requested_sha),
+             delivery_ids = (SELECT json_group_array(value ORDER BY n) FROM (
+                 SELECT value, n, count(*) OVER () AS total FROM (
+                     SELECT value, key AS n FROM json_each(jobs.delivery_ids)
+                     UNION ALL
+                     SELECT value, json_array_length(jobs.delivery_ids) + key
+                     FROM json_each(excluded.delivery_ids)))
+                 WHERE n < 99 OR n = total - 1),
+             receiver = COALESCE(excluded.receiver, jobs.receiver),
+             updated_at = excluded.updated_at"
+    };
+    upsert_jobs(conn, sql, &rows).await
+}
+
+/// A jobs upsert `sql` of `rows` (a JSON array, `$1`) at now (`$2`), each
+/// row's job returned as a [`Queued`].
+async fn upsert_jobs(
+    conn: &mut crate::store::db::Conn,
+    sql: &str,
+    rows: &[serde_json::Value],
+) -> Result<Vec<Queued>, sqlx::Error> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "{sql}
+         RETURNING target, id, created_at = updated_at AS fresh,
+                   EXISTS (SELECT 1 FROM targets WHERE name = jobs.target AND paused_at IS NOT NULL)
+                       AS paused"
+    )))
+    .bind(json_text(&rows)?)
+    .bind(now_ms())
+    .fetch_all(conn)
     .await
 }
+
+/// The most delivery ids a job keeps: the first 99 and the newest.
+const DELIVERY_IDS_KEPT: usize = 100;
 
 /// Where a job is in its life: queued, then running (claimed by a worker),
 /// then done (run, folded into another job, or given up).
