@@ -362,11 +362,13 @@ impl Queue {
     /// Forget delivery ids older than [`DELIVERY_MEMORY`].
     pub async fn prune_deliveries(&self) -> Result<u64, StoreError> {
         let cutoff = now_ms() - DELIVERY_MEMORY.as_millis() as i64;
-        let r = sqlx::query("DELETE FROM deliveries WHERE received_at < $1")
-            .bind(cutoff)
-            .execute(self.store.pool())
-            .await
-            .map_err(self.store.err("forgetting old deliveries"))?;
+        let r = self
+            .store
+            .write_one(
+                "forgetting old deliveries",
+                sqlx::query("DELETE FROM deliveries WHERE received_at < $1").bind(cutoff),
+            )
+            .await?;
         Ok(r.rows_affected())
     }
 
@@ -401,38 +403,34 @@ impl Queue {
             return Ok(None);
         }
         let since = self.clock("$1");
-        let row = sqlx::query_as::<_, JobRow>(sqlx::AssertSqlSafe(format!(
+        let sql: std::sync::Arc<str> = format!(
             "UPDATE jobs SET state = 'running', lease_owner = $2, lease_until = {since} + $3,
                     attempts = attempts + 1, updated_at = $1
              WHERE id = (SELECT j.id FROM jobs j WHERE {RUNNABLE} ORDER BY j.id LIMIT 1)
              RETURNING id, target, triggers, requested_sha, delivery_ids, attempts, receiver"
-        )))
-        .bind(now)
-        .bind(&self.owner)
-        .bind(self.lease.as_millis() as i64);
-        self.job_written("claiming a job", row).await
-    }
-
-    /// Run a write that returns a job row, in an explicit transaction: an
-    /// autocommit `... RETURNING` hands back its row before the commit, and
-    /// a commit that fails (a full disk) would go unnoticed, leaving a job
-    /// id that was never stored.
-    async fn job_written<'q, A>(
-        &self,
-        what: &'static str,
-        query: sqlx::query::QueryAs<'q, crate::store::db::Db, JobRow, A>,
-    ) -> Result<Option<Job>, StoreError>
-    where
-        A: sqlx::IntoArguments<crate::store::db::Db> + 'q,
-    {
-        let mut tx = self.store.begin_write(what).await?;
-        let sent = std::time::Instant::now();
-        let row = query
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(self.store.err(what))?;
-        tx.commit().await.map_err(self.store.err(what))?;
-        Ok(row.map(|r| Job {
+        )
+        .into();
+        let (owner, lease_ms) = (self.owner.clone(), self.lease.as_millis() as i64);
+        // A grouped write: under a stream of deliveries the claim shares
+        // their commit rather than taking a turn (and an fsync) of its own.
+        // Answered after that commit, so the row is stored.
+        let claimed = self
+            .store
+            .grouped("claiming a job", move |tx| {
+                let (sql, owner) = (sql.clone(), owner.clone());
+                Box::pin(async move {
+                    let sent = std::time::Instant::now();
+                    let row = sqlx::query_as::<_, JobRow>(sqlx::AssertSqlSafe(sql))
+                        .bind(now)
+                        .bind(owner)
+                        .bind(lease_ms)
+                        .fetch_optional(&mut **tx)
+                        .await?;
+                    Ok(row.map(|r| (r, sent)))
+                })
+            })
+            .await?;
+        Ok(claimed.map(|(r, sent)| Job {
             leased_at: sent,
             ..Job::from_row(r)
         }))
@@ -511,16 +509,15 @@ impl Queue {
     /// PostgreSQL, also when its lease already ran out: whoever held it has
     /// stopped by then, and another instance may be taking it over).
     pub async fn heartbeat(&self, job_id: i64) -> Result<bool, StoreError> {
-        let mut conn = self
-            .store
-            .pool()
-            .acquire()
+        let what = "renewing a job lease";
+        let mut tx = self.store.begin_write(what).await?;
+        let ours = self
+            .lease_of(job_id)
+            .renew(&mut tx)
             .await
-            .map_err(self.store.err("renewing a job lease"))?;
-        self.lease_of(job_id)
-            .renew(&mut conn)
-            .await
-            .map_err(self.store.err("renewing a job lease"))
+            .map_err(self.store.err(what))?;
+        tx.commit().await.map_err(self.store.err(what))?;
+        Ok(ours)
     }
 
     /// The job is over: `outcome` says how (`changed`, `failed`, `skipped: …`).
@@ -530,19 +527,28 @@ impl Queue {
         run_id: Option<i64>,
         outcome: &str,
     ) -> Result<(), StoreError> {
-        sqlx::query(
-            "UPDATE jobs SET state = 'done', run_id = $2, outcome = $3, lease_owner = NULL,
-                    lease_until = NULL, updated_at = $4
-             WHERE id = $1",
-        )
-        .bind(job_id)
-        .bind(run_id)
-        .bind(outcome)
-        .bind(now_ms())
-        .execute(self.store.pool())
-        .await
-        .map_err(self.store.err("finishing a job"))?;
-        Ok(())
+        let (outcome, now) = (outcome.to_string(), now_ms());
+        // Grouped, like the claim: it shares the commit of the writes
+        // beside it.
+        self.store
+            .grouped("finishing a job", move |tx| {
+                let outcome = outcome.clone();
+                Box::pin(async move {
+                    sqlx::query(
+                        "UPDATE jobs SET state = 'done', run_id = $2, outcome = $3, lease_owner = NULL,
+                                lease_until = NULL, updated_at = $4
+                         WHERE id = $1",
+                    )
+                    .bind(job_id)
+                    .bind(run_id)
+                    .bind(outcome)
+                    .bind(now)
+                    .execute(&mut **tx)
+                    .await?;
+                    Ok(())
+                })
+            })
+            .await
     }
 
     /// Put a running job back in the queue to run after `delay`, folding it
@@ -727,7 +733,7 @@ impl Queue {
     /// Queued jobs for targets that are no longer configured are closed.
     pub async fn drop_unknown(&self, targets: &[String]) -> Result<u64, StoreError> {
         let names = serde_json::to_string(targets).unwrap_or_else(|_| "[]".into());
-        let r = sqlx::query(match self.store.kind() {
+        let r = self.store.write_one("closing jobs of removed targets", sqlx::query(match self.store.kind() {
             Kind::Postgres => {
                 "UPDATE jobs SET state = 'done', outcome = 'target no longer configured', updated_at = $2
                  WHERE state = 'queued' AND target NOT IN (SELECT jsonb_array_elements_text($1::jsonb))"
@@ -738,10 +744,8 @@ impl Queue {
             }
         })
         .bind(names)
-        .bind(now_ms())
-        .execute(self.store.pool())
-        .await
-        .map_err(self.store.err("closing jobs of removed targets"))?;
+        .bind(now_ms()))
+            .await?;
         Ok(r.rows_affected())
     }
 }
@@ -1485,11 +1489,8 @@ mod tests {
             let run = begin_manual_run(&store, job.id).await;
             // not expired yet
             assert!(q.recover_expired().await.expect("recover").is_empty());
-            sqlx::query("UPDATE jobs SET lease_until = 0 WHERE id = $1")
-                .bind(job.id)
-                .execute(store.pool())
-                .await
-                .expect("expire");
+            let expire = sqlx::query("UPDATE jobs SET lease_until = 0 WHERE id = $1").bind(job.id);
+            store.write_one("test", expire).await.expect("expire");
             assert_eq!(q.recover_expired().await.expect("recover"), vec![job.id]);
             let r = store.run(run).await.expect("read").expect("run row");
             assert_eq!(r.result.as_deref(), Some("interrupted"));
@@ -1515,11 +1516,8 @@ mod tests {
                 .expect("enqueue");
             let job = q.claim().await.expect("claim").expect("job");
             let run = begin_manual_run(&store, job.id).await;
-            sqlx::query("UPDATE jobs SET lease_until = 0 WHERE id = $1")
-                .bind(job.id)
-                .execute(store.pool())
-                .await
-                .expect("expire");
+            let expire = sqlx::query("UPDATE jobs SET lease_until = 0 WHERE id = $1").bind(job.id);
+            store.write_one("test", expire).await.expect("expire");
             let other = Queue::new(store.clone());
             assert_eq!(
                 other.recover_expired().await.expect("recover"),

@@ -270,13 +270,9 @@ mod tests {
     async fn a_target_that_ran_since_the_last_reading_is_not_queued() {
         let toml = "[[targets]]\nname = \"a\"\nrepo = \"https://h/o/r\"\ninterval = \"1h\"\n[targets.backend]\nkind = \"exec\"\napply = [\"true\"]\n";
         let (_dir, mut sched, queue) = setup(toml).await;
-        let pool = queue.store().pool().clone();
         let two_hours_ago = now_ms() - 2 * 3600 * 1000;
-        sqlx::query("UPDATE targets SET last_run_at = $1")
-            .bind(two_hours_ago)
-            .execute(&pool)
-            .await
-            .expect("update");
+        let q = sqlx::query("UPDATE targets SET last_run_at = $1").bind(two_hours_ago);
+        queue.store().write_one("test", q).await.expect("update");
         // A push's job is queued: not queued again, but the reading (two
         // hours ago) is remembered.
         let job = queue
@@ -291,16 +287,10 @@ mod tests {
             .expect("enqueue");
         assert_eq!(sched.once().await.expect("once"), 0);
         // It ran now.
-        sqlx::query("UPDATE jobs SET state = 'done' WHERE id = $1")
-            .bind(job)
-            .execute(&pool)
-            .await
-            .expect("done");
-        sqlx::query("UPDATE targets SET last_run_at = $1")
-            .bind(now_ms())
-            .execute(&pool)
-            .await
-            .expect("update");
+        let q = sqlx::query("UPDATE jobs SET state = 'done' WHERE id = $1").bind(job);
+        queue.store().write_one("test", q).await.expect("done");
+        let q = sqlx::query("UPDATE targets SET last_run_at = $1").bind(now_ms());
+        queue.store().write_one("test", q).await.expect("update");
         assert_eq!(
             sched.once().await.expect("once"),
             0,

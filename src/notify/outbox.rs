@@ -314,15 +314,15 @@ impl Sender {
         match result {
             Ok(()) => {
                 info!(notifier = %n.notifier, target = %n.target, event = %n.event, id = n.id, "notification sent");
-                sqlx::query(
+                let q = sqlx::query(
                     "UPDATE notifications SET state = 'sent', sent_at = $2, attempts = attempts + 1,
                             last_error = NULL WHERE id = $1",
                 )
                 .bind(n.id)
-                .bind(now)
-                .execute(self.store.pool())
-                .await
-                .map_err(self.store.err("recording a sent notification"))?;
+                .bind(now);
+                self.store
+                    .write_one("recording a sent notification", q)
+                    .await?;
             }
             Err(e) => {
                 let attempts = n.attempts + 1;
@@ -333,32 +333,32 @@ impl Sender {
                 if attempts >= max {
                     error!(notifier = %n.notifier, target = %n.target, event = %n.event, id = n.id,
                            attempts, error = %e, "notification given up");
-                    sqlx::query(
+                    let q = sqlx::query(
                         "UPDATE notifications SET state = 'given_up', attempts = $2, last_error = $3
                          WHERE id = $1",
                     )
                     .bind(n.id)
                     .bind(attempts)
-                    .bind(&e.0)
-                    .execute(self.store.pool())
-                    .await
-                    .map_err(self.store.err("recording a failed notification"))?;
+                    .bind(&e.0);
+                    self.store
+                        .write_one("recording a failed notification", q)
+                        .await?;
                 } else {
                     let wait = backoff(first, attempts);
                     warn!(notifier = %n.notifier, target = %n.target, event = %n.event, id = n.id,
                           attempts, retry_in = %humantime::format_duration(wait), error = %e,
                           "notification failed; will retry");
-                    sqlx::query(
+                    let q = sqlx::query(
                         "UPDATE notifications SET attempts = $2, last_error = $3, next_attempt_at = $4
                          WHERE id = $1",
                     )
                     .bind(n.id)
                     .bind(attempts)
                     .bind(&e.0)
-                    .bind(now + wait.as_millis() as i64)
-                    .execute(self.store.pool())
-                    .await
-                    .map_err(self.store.err("recording a failed notification"))?;
+                    .bind(now + wait.as_millis() as i64);
+                    self.store
+                        .write_one("recording a failed notification", q)
+                        .await?;
                 }
             }
         }
@@ -425,15 +425,13 @@ mod tests {
                 .await
                 .expect("register");
             for i in 0..40 {
-                sqlx::query(
+                let q = sqlx::query(
                     "INSERT INTO notifications (uid, notifier, target, event, document, state,
                                                 attempts, next_attempt_at, created_at)
                      VALUES ($1, 'gone', 'web', 'failed', '{}', 'pending', 0, 0, 0)",
                 )
-                .bind(format!("n{i}"))
-                .execute(store.pool())
-                .await
-                .expect("insert");
+                .bind(format!("n{i}"));
+                store.write_one("test", q).await.expect("insert");
             }
             let other = match store.kind() {
                 crate::store::Kind::Sqlite => Store::open(store.path()).await,

@@ -400,13 +400,15 @@ mod tests {
                 ApplyResult::NoChange,
                 ApplyResult::NoChange,
             ] {
+                let mut tx = store.begin_write("test").await.expect("begin");
                 let job: i64 = sqlx::query_scalar(
                     "INSERT INTO jobs (target, state, triggers, created_at, updated_at)
                  VALUES ('web', 'running', '[\"interval\"]', 0, 0) RETURNING id",
                 )
-                .fetch_one(store.pool())
+                .fetch_one(&mut *tx)
                 .await
                 .expect("job");
+                tx.commit().await.expect("commit");
                 let id = store
                     .begin_run(&NewRun {
                         target: "web",

@@ -479,10 +479,18 @@ impl Store {
                     let id = identity.clone();
                     match AnyPoolOptions::new()
                         .max_connections(max)
+                        // And read only: every write takes its turn on the
+                        // write connection (`Store::write_one`), so one that
+                        // does not is refused here, in every test, rather
+                        // than left to lose races in SQLite's busy handler.
                         .after_connect(|conn, _meta| {
-                            Box::pin(
-                                async move { sqlx::raw_sql(PRAGMAS).execute(conn).await.map(drop) },
-                            )
+                            Box::pin(async move {
+                                sqlx::raw_sql(PRAGMAS).execute(&mut *conn).await?;
+                                sqlx::raw_sql("PRAGMA query_only = ON")
+                                    .execute(conn)
+                                    .await
+                                    .map(drop)
+                            })
                         })
                         // A commit that failed (a full disk) can leave a pooled
                         // connection marked inside a transaction, and every later
@@ -511,27 +519,32 @@ impl Store {
             }
         };
         let pool = connect(8).await.map_err(|e| err("opening", e))?;
-        // Two processes starting at once may race on the first migration:
-        // the loser retries once and finds it applied.
-        if let Err(e) = MIGRATOR.run(&pool).await {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            MIGRATOR
-                .run(&pool)
-                .await
-                .map_err(|_| err("migrating", e.into()))?;
-        }
         // Write transactions take turns (`writer`) on one connection of
         // their own: its page cache stays warm, where a write on any of
         // the pool's connections would make the next one read every page
         // again (SQLite drops a connection's cache when another wrote).
-        let open: write::Open = Arc::new(move || {
+        let open: write::Open = {
             let url = url.clone();
-            Box::pin(async move {
-                let mut conn = <db::Conn as sqlx::Connection>::connect(&url).await?;
-                sqlx::raw_sql(PRAGMAS).execute(&mut conn).await?;
-                Ok(conn)
+            Arc::new(move || {
+                let url = url.clone();
+                Box::pin(async move {
+                    let mut conn = <db::Conn as sqlx::Connection>::connect(&url).await?;
+                    sqlx::raw_sql(PRAGMAS).execute(&mut conn).await?;
+                    Ok(conn)
+                })
             })
-        });
+        };
+        // Migrated on a connection like the writer's: the pool's only read.
+        // Two processes starting at once may race on the first migration:
+        // the loser retries once and finds it applied.
+        let migrate = || async {
+            let mut conn = open().await.map_err(sqlx::migrate::MigrateError::from)?;
+            MIGRATOR.run(&mut conn).await
+        };
+        if let Err(e) = migrate().await {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            migrate().await.map_err(|_| err("migrating", e.into()))?;
+        }
         Ok(Store {
             pool,
             writer: write::Writer::new(open, "BEGIN IMMEDIATE".into()),
@@ -723,6 +736,25 @@ impl Store {
         self.writer.begin().await.map_err(self.err(what))
     }
 
+    /// Run one statement as a write transaction of its own, taking its
+    /// turn with every other write. Never on the pool: there a write
+    /// meets the write connection in SQLite's busy handler, whose back-off
+    /// sleeps lost every race to a steady stream of deliveries (finishing
+    /// a job took over a second under a flood).
+    pub async fn write_one<'q, A>(
+        &self,
+        what: &'static str,
+        q: sqlx::query::Query<'q, db::Db, A>,
+    ) -> Result<sqlx::any::AnyQueryResult, StoreError>
+    where
+        A: sqlx::IntoArguments<db::Db> + 'q,
+    {
+        let mut tx = self.begin_write(what).await?;
+        let r = q.execute(&mut *tx).await.map_err(self.err(what))?;
+        tx.commit().await.map_err(self.err(what))?;
+        Ok(r)
+    }
+
     pub fn pool(&self) -> &db::Pool {
         &self.pool
     }
@@ -817,12 +849,10 @@ impl Store {
 
     /// Record which commit the run is about to apply.
     pub async fn set_run_sha(&self, run_id: i64, sha: &str) -> Result<(), StoreError> {
-        sqlx::query("UPDATE runs SET sha = $2 WHERE id = $1")
+        let q = sqlx::query("UPDATE runs SET sha = $2 WHERE id = $1")
             .bind(run_id)
-            .bind(sha)
-            .execute(&self.pool)
-            .await
-            .map_err(self.err("recording the run's commit"))?;
+            .bind(sha);
+        self.write_one("recording the run's commit", q).await?;
         Ok(())
     }
 
@@ -1093,22 +1123,18 @@ impl Store {
 
     /// A real write, to tell whether the database takes writes (/readyz).
     pub async fn probe_write(&self) -> Result<(), StoreError> {
-        self.check_identity()?;
-        sqlx::query(
+        let q = sqlx::query(
             "INSERT INTO health (id, probed_at) VALUES (1, $1)
              ON CONFLICT (id) DO UPDATE SET probed_at = excluded.probed_at",
         )
-        .bind(now_ms())
-        .execute(&self.pool)
-        .await
-        .map(|_| ())
-        .map_err(self.err("writing a health probe"))
+        .bind(now_ms());
+        self.write_one("writing a health probe", q).await.map(drop)
     }
 
     /// Pause (`by` = who) or resume (`None`) a target. Returns whether the
     /// state changed.
     pub async fn set_paused(&self, target: &str, by: Option<&str>) -> Result<bool, StoreError> {
-        let r = match by {
+        let q = match by {
             Some(who) => sqlx::query(
                 "UPDATE targets SET paused_at = $2, paused_by = $3, updated_at = $2
                  WHERE name = $1 AND paused_at IS NULL",
@@ -1122,10 +1148,8 @@ impl Store {
             )
             .bind(target)
             .bind(now_ms()),
-        }
-        .execute(&self.pool)
-        .await
-        .map_err(self.err("pausing or resuming a target"))?;
+        };
+        let r = self.write_one("pausing or resuming a target", q).await?;
         Ok(r.rows_affected() == 1)
     }
 

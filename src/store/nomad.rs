@@ -62,28 +62,20 @@ impl Store {
         job: &str,
         by: Option<&str>,
     ) -> Result<bool, StoreError> {
-        let r = match by {
-            Some(by) => {
-                sqlx::query(
-                    "INSERT INTO nomad_job_pauses (target, job, paused_by, paused_at)
+        let q = match by {
+            Some(by) => sqlx::query(
+                "INSERT INTO nomad_job_pauses (target, job, paused_by, paused_at)
                  VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
-                )
+            )
+            .bind(target)
+            .bind(job)
+            .bind(by)
+            .bind(now_ms()),
+            None => sqlx::query("DELETE FROM nomad_job_pauses WHERE target = $1 AND job = $2")
                 .bind(target)
-                .bind(job)
-                .bind(by)
-                .bind(now_ms())
-                .execute(self.pool())
-                .await
-            }
-            None => {
-                sqlx::query("DELETE FROM nomad_job_pauses WHERE target = $1 AND job = $2")
-                    .bind(target)
-                    .bind(job)
-                    .execute(self.pool())
-                    .await
-            }
-        }
-        .map_err(self.err("pausing a job"))?;
+                .bind(job),
+        };
+        let r = self.write_one("pausing a job", q).await?;
         Ok(r.rows_affected() > 0)
     }
 

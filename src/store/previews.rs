@@ -234,14 +234,16 @@ impl Store {
     pub async fn requeue_previews(&self) -> Result<u64, StoreError> {
         let what = "requeueing interrupted previews";
         if self.kind() == super::Kind::Sqlite {
-            return sqlx::query(
-                "UPDATE previews SET state = 'queued', owner = NULL, started_at = NULL
+            return self
+                .write_one(
+                    what,
+                    sqlx::query(
+                        "UPDATE previews SET state = 'queued', owner = NULL, started_at = NULL
                  WHERE state = 'running'",
-            )
-            .execute(self.pool())
-            .await
-            .map_err(self.err(what))
-            .map(|r| r.rows_affected());
+                    ),
+                )
+                .await
+                .map(|r| r.rows_affected());
         }
         let owners: Vec<Option<String>> =
             sqlx::query_scalar("SELECT DISTINCT owner FROM previews WHERE state = 'running'")
@@ -255,15 +257,17 @@ impl Store {
             {
                 continue;
             }
-            requeued += sqlx::query(
-                "UPDATE previews SET state = 'queued', owner = NULL, started_at = NULL
+            requeued += self
+                .write_one(
+                    what,
+                    sqlx::query(
+                        "UPDATE previews SET state = 'queued', owner = NULL, started_at = NULL
                  WHERE state = 'running' AND owner IS NOT DISTINCT FROM $1",
-            )
-            .bind(owner)
-            .execute(self.pool())
-            .await
-            .map_err(self.err(what))?
-            .rows_affected();
+                    )
+                    .bind(owner),
+                )
+                .await?
+                .rows_affected();
         }
         Ok(requeued)
     }
@@ -367,29 +371,31 @@ impl Store {
     /// A claimed preview that could not start (its checkout was busy):
     /// queued again as it was.
     pub async fn requeue_preview(&self, id: i64) -> Result<(), StoreError> {
-        sqlx::query(
-            "UPDATE previews SET state = 'queued', owner = NULL, started_at = NULL
+        self.write_one(
+            "queueing a preview again",
+            sqlx::query(
+                "UPDATE previews SET state = 'queued', owner = NULL, started_at = NULL
              WHERE id = $1 AND state = 'running'",
+            )
+            .bind(id),
         )
-        .bind(id)
-        .execute(self.pool())
         .await
-        .map_err(self.err("queueing a preview again"))
         .map(|_| ())
     }
 
     /// A preview that will not be planned (its target is gone or no
     /// longer previews): dropped, nothing else changes.
     pub async fn drop_preview(&self, id: i64) -> Result<(), StoreError> {
-        sqlx::query(
-            "UPDATE previews SET state = 'dropped', finished_at = $2
+        self.write_one(
+            "dropping a preview",
+            sqlx::query(
+                "UPDATE previews SET state = 'dropped', finished_at = $2
              WHERE id = $1 AND state = 'running'",
+            )
+            .bind(id)
+            .bind(now_ms()),
         )
-        .bind(id)
-        .bind(now_ms())
-        .execute(self.pool())
         .await
-        .map_err(self.err("dropping a preview"))
         .map(|_| ())
     }
 
@@ -415,7 +421,7 @@ impl Store {
         version: i64,
         comment_id: &str,
     ) -> Result<(), StoreError> {
-        sqlx::query(
+        self.write_one("recording a sent pull request comment", sqlx::query(
             "UPDATE pull_requests SET sent_version = CASE WHEN sent_version > $2 THEN sent_version ELSE $2 END, comment_id = $3,
                     attempts = 0, last_error = NULL, next_attempt_at = $4, updated_at = $4
              WHERE id = $1",
@@ -423,10 +429,8 @@ impl Store {
         .bind(id)
         .bind(version)
         .bind(comment_id)
-        .bind(now_ms())
-        .execute(self.pool())
-        .await
-        .map_err(self.err("recording a sent pull request comment"))
+        .bind(now_ms()))
+            .await
         .map(|_| ())
     }
 
@@ -589,10 +593,8 @@ mod tests {
             assert!(store.claim_preview("me").await.expect("claim").is_none());
 
             // Closed long ago: forgotten once its comment is sent.
-            sqlx::query("UPDATE pull_requests SET open = 0, updated_at = 0")
-                .execute(store.pool())
-                .await
-                .expect("age");
+            let q = sqlx::query("UPDATE pull_requests SET open = 0, updated_at = 0");
+            store.write_one("test", q).await.expect("age");
             assert_eq!(
                 store.prune_pull_requests().await.expect("prune"),
                 1,
@@ -602,10 +604,8 @@ mod tests {
                 .comment_sent(pulls[0].0.id, 1, "99")
                 .await
                 .expect("sent");
-            sqlx::query("UPDATE pull_requests SET updated_at = 0")
-                .execute(store.pool())
-                .await
-                .expect("age");
+            let q = sqlx::query("UPDATE pull_requests SET updated_at = 0");
+            store.write_one("test", q).await.expect("age");
             assert_eq!(store.prune_pull_requests().await.expect("prune"), 1);
             assert!(store.pull_requests().await.expect("read").is_empty());
         }

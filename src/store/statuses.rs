@@ -248,32 +248,31 @@ impl Store {
                     given_up = CASE WHEN $4 IS NULL THEN 1 ELSE 0 END, updated_at = $5
              WHERE id = $1 AND version = $2"
         );
-        sqlx::query(sqlx::AssertSqlSafe(q))
-            .bind(id)
-            .bind(version)
-            .bind(error)
-            .bind(next)
-            .bind(now_ms())
-            .execute(self.pool())
-            .await
-            .map_err(self.err(what))
-            .map(|_| ())
+        self.write_one(
+            what,
+            sqlx::query(sqlx::AssertSqlSafe(q))
+                .bind(id)
+                .bind(version)
+                .bind(error)
+                .bind(next)
+                .bind(now_ms()),
+        )
+        .await
+        .map(|_| ())
     }
 
     /// Row `id` was sent at `version`. A newer state recorded meanwhile
     /// stays due.
     pub async fn status_sent(&self, id: i64, version: i64) -> Result<(), StoreError> {
-        sqlx::query(
+        self.write_one("recording a sent commit status", sqlx::query(
             "UPDATE forge_statuses SET sent_version = CASE WHEN sent_version > $2 THEN sent_version ELSE $2 END, attempts = 0,
                     last_error = NULL, next_attempt_at = $3, updated_at = $3
              WHERE id = $1",
         )
         .bind(id)
         .bind(version)
-        .bind(now_ms())
-        .execute(self.pool())
-        .await
-        .map_err(self.err("recording a sent commit status"))
+        .bind(now_ms()))
+            .await
         .map(|_| ())
     }
 

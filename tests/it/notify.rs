@@ -329,10 +329,8 @@ fn matrix_messages_arrive_once_even_when_sent_twice() {
         .expect("rt");
     rt.block_on(async {
         let store = driftless::store::Store::open(&s.db()).await.expect("db");
-        sqlx::query("UPDATE notifications SET state = 'pending', next_attempt_at = 0")
-            .execute(store.pool())
-            .await
-            .expect("reset");
+        let q = sqlx::query("UPDATE notifications SET state = 'pending', next_attempt_at = 0");
+        store.write_one("test", q).await.expect("reset");
     });
     assert_eq!(s.run(&["tick", "app"]).status.code(), Some(1)); // delivers the due row again
     let pending = text(&s.run(&["notify", "pending"]).stdout);
