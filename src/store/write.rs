@@ -6,10 +6,12 @@
 //! every write waits on the write before it, so those round trips were on
 //! the path of every webhook delivery. A transaction begins with the lock
 //! every writer takes (SQLite's `BEGIN IMMEDIATE`; on PostgreSQL, `BEGIN`
-//! and the advisory write lock in one round trip) and is committed, or
-//! rolled back when dropped. A connection that failed to begin or commit is
-//! closed (closing it rolls back whatever it held) and the next write opens
-//! a new one. This module runs no statement beyond those.
+//! and the advisory write lock in one round trip) and is committed; one
+//! dropped uncommitted, whose commit failed, or whose caller went away
+//! half-way is rolled back before anything else runs on the connection. A
+//! connection that cannot begin or roll back is closed (closing it rolls
+//! back whatever it held) and the next write opens a new one. This module
+//! runs no statement beyond those.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
@@ -79,10 +81,14 @@ impl Writer {
                     slot.insert((self.open)().await?)
                 }
             };
-            match sqlx::raw_sql(sqlx::AssertSqlSafe(self.begin.clone()))
+            // Armed until the transaction is handed over: a caller that
+            // goes away while it begins leaves it to be rolled back.
+            let abandoned = Abandoned(Some(self));
+            let begun = sqlx::raw_sql(sqlx::AssertSqlSafe(self.begin.clone()))
                 .execute(&mut *conn)
-                .await
-            {
+                .await;
+            abandoned.disarm();
+            match begun {
                 Ok(_) => break,
                 Err(e) => {
                     // Whatever state it is in, it is not used again.
@@ -100,6 +106,20 @@ impl Writer {
             writer: self.clone(),
             committed: false,
         })
+    }
+
+    /// A transaction was left open: roll it back as soon as the turn is
+    /// free (by a task), or, outside the runtime (the process is ending),
+    /// before the next write if there is one.
+    fn settle_soon(&self) {
+        self.unfinished.store(true, Ordering::SeqCst);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let writer = self.clone();
+            rt.spawn(async move {
+                let mut slot = writer.slot.clone().lock_owned().await;
+                writer.settle(&mut slot).await;
+            });
+        }
     }
 
     /// Roll back the transaction a dropped [`WriteTx`] left open, if any;
@@ -145,15 +165,25 @@ impl Drop for WriteTx {
             return;
         }
         // The turn is given up as this returns; the next to take it (a
-        // writer, or this task) rolls back first. Outside the runtime (the
-        // process is ending) the next write does, if there is one.
-        self.writer.unfinished.store(true, Ordering::SeqCst);
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let writer = self.writer.clone();
-            rt.spawn(async move {
-                let mut slot = writer.slot.clone().lock_owned().await;
-                writer.settle(&mut slot).await;
-            });
+        // writer, or the task) rolls back first.
+        self.writer.settle_soon();
+    }
+}
+
+/// A `BEGIN` on its way: if the caller goes away before its answer, the
+/// transaction it may have opened is rolled back.
+struct Abandoned<'w>(Option<&'w Writer>);
+
+impl Abandoned<'_> {
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Abandoned<'_> {
+    fn drop(&mut self) {
+        if let Some(writer) = self.0 {
+            writer.settle_soon();
         }
     }
 }
@@ -177,6 +207,17 @@ mod tests {
     use std::time::Duration;
 
     use crate::store::{Store, testing};
+
+    async fn insert_delivery(tx: &mut crate::store::WriteTx, id: &str) {
+        sqlx::query(
+            "INSERT INTO deliveries (receiver, delivery_id, received_at, outcome)
+             VALUES ('r', $1, 0, 'ok')",
+        )
+        .bind(id)
+        .execute(&mut **tx)
+        .await
+        .expect("insert");
+    }
 
     async fn deliveries(store: &Store) -> i64 {
         sqlx::query_scalar("SELECT count(*) FROM deliveries")
@@ -206,13 +247,7 @@ mod tests {
         ];
         for (one, other) in pairs {
             let mut tx = one.begin_write("test").await.expect("begin");
-            sqlx::query(
-                "INSERT INTO deliveries (receiver, delivery_id, received_at, outcome)
-                 VALUES ('r', 'dropped', 0, 'ok')",
-            )
-            .execute(&mut *tx)
-            .await
-            .expect("insert");
+            insert_delivery(&mut tx, "dropped").await;
             drop(tx);
             // SQLite's busy timeout, or the advisory lock, would hold the
             // other writer far longer than this if the lock were kept.
@@ -230,6 +265,52 @@ mod tests {
             // And the first one writes on.
             let tx = one.begin_write("test").await.expect("begin again");
             tx.commit().await.expect("commit");
+        }
+    }
+
+    /// A caller that goes away while its transaction begins (a client
+    /// hung up) leaves nothing open: the next writer, here or in another
+    /// process, writes at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_transaction_whose_caller_went_away_as_it_began_is_rolled_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("driftless.db");
+        let url = testing::database().await;
+        let pairs = [
+            (
+                Store::open(&path).await.expect("sqlite"),
+                Store::open(&path).await.expect("sqlite, again"),
+            ),
+            (
+                Store::open_postgres(&url).await.expect("postgres"),
+                Store::open_postgres(&url).await.expect("postgres, again"),
+            ),
+        ];
+        for (one, other) in pairs {
+            let shown = one.path().display().to_string();
+            // The connection is open: the next begin goes straight to BEGIN.
+            let tx = one.begin_write("test").await.expect("begin");
+            tx.commit().await.expect("commit");
+            let mut begun = Box::pin(one.begin_write("test"));
+            // Polled once (BEGIN sent, its answer not yet read), then dropped.
+            tokio::select! {
+                biased;
+                _ = &mut begun => {}
+                _ = std::future::ready(()) => {}
+            }
+            drop(begun);
+            let tx = tokio::time::timeout(Duration::from_secs(3), other.begin_write("test"))
+                .await
+                .unwrap_or_else(|_| panic!("{shown}: the abandoned BEGIN kept the lock"))
+                .expect("begin");
+            tx.commit().await.expect("commit");
+            let mut tx = one
+                .begin_write("test")
+                .await
+                .unwrap_or_else(|e| panic!("{shown}: {e}"));
+            insert_delivery(&mut tx, "after").await;
+            tx.commit().await.expect("commit");
+            assert_eq!(deliveries(&one).await, 1, "{shown}");
         }
     }
 
@@ -268,13 +349,7 @@ mod tests {
             .begin_write("test")
             .await
             .expect("a write after the session ended");
-        sqlx::query(
-            "INSERT INTO deliveries (receiver, delivery_id, received_at, outcome)
-             VALUES ('r', 'after', 0, 'ok')",
-        )
-        .execute(&mut *tx)
-        .await
-        .expect("insert");
+        insert_delivery(&mut tx, "after").await;
         tx.commit().await.expect("commit");
         assert_eq!(deliveries(&store).await, 1);
     }
