@@ -524,6 +524,11 @@ fn an_approved_plan_made_on_another_host_is_applied_only_if_planned_the_same() {
         Some("outside"),
         "applied unapproved"
     );
+    // The new plan is recorded just after the approved one is marked
+    // superseded (its own write): wait for it rather than race it.
+    wait_for(Duration::from_secs(30), "the new plan to wait", || {
+        !ops.pending().is_empty()
+    });
     let p3 = ops.pending();
     assert_eq!(p3.len(), 1, "{p3:?}");
     assert_ne!(p3[0]["id"], p2[0]["id"]);
