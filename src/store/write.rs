@@ -219,6 +219,23 @@ mod tests {
         .expect("insert");
     }
 
+    /// Two stores on one SQLite file, as two processes have, and two on one
+    /// PostgreSQL database, as two instances have.
+    async fn two_of_each(dir: &std::path::Path) -> [(Store, Store); 2] {
+        let path = dir.join("driftless.db");
+        let url = testing::database().await;
+        [
+            (
+                Store::open(&path).await.expect("sqlite"),
+                Store::open(&path).await.expect("sqlite, again"),
+            ),
+            (
+                Store::open_postgres(&url).await.expect("postgres"),
+                Store::open_postgres(&url).await.expect("postgres, again"),
+            ),
+        ]
+    }
+
     async fn deliveries(store: &Store) -> i64 {
         sqlx::query_scalar("SELECT count(*) FROM deliveries")
             .fetch_one(store.pool())
@@ -233,18 +250,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_transaction_dropped_uncommitted_is_rolled_back_at_once() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("driftless.db");
-        let url = testing::database().await;
-        let pairs = [
-            (
-                Store::open(&path).await.expect("sqlite"),
-                Store::open(&path).await.expect("sqlite, again"),
-            ),
-            (
-                Store::open_postgres(&url).await.expect("postgres"),
-                Store::open_postgres(&url).await.expect("postgres, again"),
-            ),
-        ];
+        let pairs = two_of_each(dir.path()).await;
         for (one, other) in pairs {
             let mut tx = one.begin_write("test").await.expect("begin");
             insert_delivery(&mut tx, "dropped").await;
@@ -274,18 +280,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_transaction_whose_caller_went_away_as_it_began_is_rolled_back() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("driftless.db");
-        let url = testing::database().await;
-        let pairs = [
-            (
-                Store::open(&path).await.expect("sqlite"),
-                Store::open(&path).await.expect("sqlite, again"),
-            ),
-            (
-                Store::open_postgres(&url).await.expect("postgres"),
-                Store::open_postgres(&url).await.expect("postgres, again"),
-            ),
-        ];
+        let pairs = two_of_each(dir.path()).await;
         for (one, other) in pairs {
             let shown = one.path().display().to_string();
             // The connection is open: the next begin goes straight to BEGIN.
