@@ -21,7 +21,7 @@ use crate::store::Kind;
 use crate::store::db::{JsonText, PG_NOW_MS, is_postgres, json_field};
 use crate::store::previews::{self, PullEvent};
 use crate::store::statuses::{self, NewStatus};
-use crate::store::{Batch, BatchTx, Store, StoreError, now_ms};
+use crate::store::{Batch, BatchTx, Store, StoreError, direct, now_ms};
 
 /// How long a claim lasts without a heartbeat.
 pub const LEASE: Duration = Duration::from_secs(30);
@@ -410,26 +410,16 @@ impl Queue {
              RETURNING id, target, triggers, requested_sha, delivery_ids, attempts, receiver"
         )
         .into();
-        let (owner, lease_ms) = (self.owner.clone(), self.lease.as_millis() as i64);
         // A grouped write: under a stream of deliveries the claim shares
         // their commit rather than taking a turn (and an fsync) of its own.
         // Answered after that commit, so the row is stored.
-        let claimed = self
-            .store
-            .grouped("claiming a job", move |tx| {
-                let (sql, owner) = (sql.clone(), owner.clone());
-                Box::pin(async move {
-                    let sent = std::time::Instant::now();
-                    let row = sqlx::query_as::<_, JobRow>(sqlx::AssertSqlSafe(sql))
-                        .bind(now)
-                        .bind(owner)
-                        .bind(lease_ms)
-                        .fetch_optional(&mut **tx)
-                        .await?;
-                    Ok(row.map(|r| (r, sent)))
-                })
-            })
-            .await?;
+        let claim = Claim {
+            sql,
+            now,
+            owner: self.owner.clone(),
+            lease_ms: self.lease.as_millis() as i64,
+        };
+        let claimed = self.store.batched("claiming a job", claim).await?;
         Ok(claimed.map(|(r, sent)| Job {
             leased_at: sent,
             ..Job::from_row(r)
@@ -527,28 +517,15 @@ impl Queue {
         run_id: Option<i64>,
         outcome: &str,
     ) -> Result<(), StoreError> {
-        let (outcome, now) = (outcome.to_string(), now_ms());
         // Grouped, like the claim: it shares the commit of the writes
         // beside it.
-        self.store
-            .grouped("finishing a job", move |tx| {
-                let outcome = outcome.clone();
-                Box::pin(async move {
-                    sqlx::query(
-                        "UPDATE jobs SET state = 'done', run_id = $2, outcome = $3, lease_owner = NULL,
-                                lease_until = NULL, updated_at = $4
-                         WHERE id = $1",
-                    )
-                    .bind(job_id)
-                    .bind(run_id)
-                    .bind(outcome)
-                    .bind(now)
-                    .execute(&mut **tx)
-                    .await?;
-                    Ok(())
-                })
-            })
-            .await
+        let finish = Finish {
+            job_id,
+            run_id,
+            outcome: outcome.to_string(),
+            now: now_ms(),
+        };
+        self.store.batched("finishing a job", finish).await
     }
 
     /// Put a running job back in the queue to run after `delay`, folding it
@@ -776,90 +753,302 @@ impl Batch for Intake {
         all: Vec<&'t Intake>,
     ) -> BoxFuture<'t, Result<Vec<Accepted>, sqlx::Error>> {
         Box::pin(async move {
-            let ids: Vec<(&str, &str, &str)> = all
-                .iter()
-                .filter_map(|i| {
-                    Some((
-                        i.receiver.as_str(),
-                        i.delivery_id.as_deref()?,
-                        i.outcome.as_str(),
-                    ))
-                })
-                .collect();
-            let mut new: HashSet<(String, String)> = if ids.is_empty() {
-                HashSet::new()
-            } else {
-                sqlx::query_as::<_, (String, String)>(if is_postgres(tx) {
-                    "INSERT INTO deliveries (receiver, delivery_id, received_at, outcome)
-                     SELECT d.value ->> 0, d.value ->> 1, $2, d.value ->> 2
-                     FROM jsonb_array_elements($1::jsonb) WITH ORDINALITY AS d(value, key)
-                     ORDER BY d.key
-                     ON CONFLICT DO NOTHING
-                     RETURNING receiver, delivery_id"
+            let new: HashSet<(String, String)> = match delivery_rows(&all)? {
+                None => HashSet::new(),
+                Some(rows) => sqlx::query_as::<_, (String, String)>(if is_postgres(tx) {
+                    DELIVERIES_PG
                 } else {
-                    "INSERT INTO deliveries (receiver, delivery_id, received_at, outcome)
-                     SELECT d.value ->> 0, d.value ->> 1, $2, d.value ->> 2
-                     FROM json_each($1) AS d WHERE true ORDER BY d.key
-                     ON CONFLICT DO NOTHING
-                     RETURNING receiver, delivery_id"
+                    DELIVERIES_SQLITE
                 })
-                .bind(json_text(&ids)?)
+                .bind(rows)
                 .bind(now_ms())
                 .fetch_all(&mut **tx)
                 .await?
                 .into_iter()
-                .collect()
+                .collect(),
             };
-            // A delivery is taken once: by the first of the batch with its id.
-            let taken: Vec<bool> = all
-                .iter()
-                .map(|i| match &i.delivery_id {
-                    None => true,
-                    Some(id) => new.remove(&(i.receiver.clone(), id.clone())),
-                })
-                .collect();
-            let reqs: Vec<&Request> = all
-                .iter()
-                .zip(&taken)
-                .filter(|(_, t)| **t)
-                .flat_map(|(i, _)| i.requests.iter())
-                .collect();
-            let jobs: HashMap<String, Queued> = enqueue_many(tx, &reqs)
-                .await?
-                .into_iter()
-                .map(|q| (q.target.clone(), q))
-                .collect();
-            let mut out = Vec::with_capacity(all.len());
-            for (i, taken) in all.iter().zip(taken) {
-                if !taken {
-                    out.push(Accepted::Duplicate);
+            let taken = taken(&all, new);
+            let jobs = enqueue_many(tx, &taken_requests(&all, &taken)).await?;
+            let mut out = accepted(&all, &taken, &jobs)?;
+            for (i, a) in all.iter().zip(&mut out) {
+                let Accepted::Queued {
+                    dropped_previews, ..
+                } = a
+                else {
                     continue;
-                }
-                let (mut queued, mut paused, mut new_job) = (Vec::new(), Vec::new(), false);
-                for req in &i.requests {
-                    let q = jobs.get(&req.target).ok_or_else(|| no_job(&req.target))?;
-                    new_job |= q.fresh;
-                    if q.paused {
-                        paused.push(req.target.clone());
-                    }
-                    queued.push((req.target.clone(), q.id));
-                }
-                let mut dropped = 0;
+                };
                 for p in &i.pulls {
-                    dropped += previews::record_event(tx, p).await?;
+                    *dropped_previews += previews::record_event(tx, p).await?;
                 }
                 for s in &i.statuses {
                     statuses::record(tx, s, true).await?;
                 }
-                out.push(Accepted::Queued {
-                    jobs: queued,
-                    paused,
-                    dropped_previews: dropped,
-                    new_job,
-                });
             }
             Ok(out)
         })
+    }
+
+    /// The same two statements on SQLite's write thread, for a batch with
+    /// no pull request events or statuses.
+    fn direct(all: Vec<&Intake>) -> Option<direct::Job<Vec<Accepted>>> {
+        if all
+            .iter()
+            .any(|i| !i.pulls.is_empty() || !i.statuses.is_empty())
+        {
+            return None;
+        }
+        let all: Vec<Intake> = all.into_iter().cloned().collect();
+        Some(Box::new(move |tx| {
+            let all: Vec<&Intake> = all.iter().collect();
+            let new: HashSet<(String, String)> = match delivery_rows(&all)? {
+                None => HashSet::new(),
+                Some(rows) => {
+                    let mut stmt = tx
+                        .prepare_cached(DELIVERIES_SQLITE)
+                        .map_err(direct::failure)?;
+                    stmt.query_map(
+                        rusqlite::named_params! { "$1": rows, "$2": now_ms() },
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )
+                    .and_then(|rows| rows.collect::<Result<HashSet<_>, _>>())
+                    .map_err(direct::failure)?
+                }
+            };
+            let taken = taken(&all, new);
+            let jobs = enqueue_direct(tx, &taken_requests(&all, &taken))?;
+            accepted(&all, &taken, &jobs)
+        }))
+    }
+}
+
+/// Inserts the deliveries of a batch (`$1`, a JSON array of [receiver,
+/// delivery id, outcome]) received at `$2`; returns the new ones.
+const DELIVERIES_PG: &str = "INSERT INTO deliveries (receiver, delivery_id, received_at, outcome)
+     SELECT d.value ->> 0, d.value ->> 1, $2, d.value ->> 2
+     FROM jsonb_array_elements($1::jsonb) WITH ORDINALITY AS d(value, key)
+     ORDER BY d.key
+     ON CONFLICT DO NOTHING
+     RETURNING receiver, delivery_id";
+const DELIVERIES_SQLITE: &str =
+    "INSERT INTO deliveries (receiver, delivery_id, received_at, outcome)
+     SELECT d.value ->> 0, d.value ->> 1, $2, d.value ->> 2
+     FROM json_each($1) AS d WHERE true ORDER BY d.key
+     ON CONFLICT DO NOTHING
+     RETURNING receiver, delivery_id";
+
+/// The deliveries of `all` that have an id, as the `$1` of `DELIVERIES_*`;
+/// None if none has.
+fn delivery_rows(all: &[&Intake]) -> Result<Option<String>, sqlx::Error> {
+    let ids: Vec<(&str, &str, &str)> = all
+        .iter()
+        .filter_map(|i| {
+            Some((
+                i.receiver.as_str(),
+                i.delivery_id.as_deref()?,
+                i.outcome.as_str(),
+            ))
+        })
+        .collect();
+    if ids.is_empty() {
+        return Ok(None);
+    }
+    json_text(&ids).map(Some)
+}
+
+/// A delivery is taken once: by the first of the batch with its id (`new`:
+/// the ids the insert wrote). One without an id is always taken.
+fn taken(all: &[&Intake], mut new: HashSet<(String, String)>) -> Vec<bool> {
+    all.iter()
+        .map(|i| match &i.delivery_id {
+            None => true,
+            Some(id) => new.remove(&(i.receiver.clone(), id.clone())),
+        })
+        .collect()
+}
+
+/// The requests of the deliveries taken, in order.
+fn taken_requests<'a>(all: &[&'a Intake], taken: &[bool]) -> Vec<&'a Request> {
+    all.iter()
+        .zip(taken)
+        .filter(|(_, t)| **t)
+        .flat_map(|(i, _)| i.requests.iter())
+        .collect()
+}
+
+/// What each delivery of `all` hears, from the jobs its requests are in
+/// (previews dropped are counted by the caller).
+fn accepted(
+    all: &[&Intake],
+    taken: &[bool],
+    jobs: &[Queued],
+) -> Result<Vec<Accepted>, sqlx::Error> {
+    let jobs: HashMap<&str, &Queued> = jobs.iter().map(|q| (q.target.as_str(), q)).collect();
+    let mut out = Vec::with_capacity(all.len());
+    for (i, taken) in all.iter().zip(taken) {
+        if !taken {
+            out.push(Accepted::Duplicate);
+            continue;
+        }
+        let (mut queued, mut paused, mut new_job) = (Vec::new(), Vec::new(), false);
+        for req in &i.requests {
+            let q = jobs
+                .get(req.target.as_str())
+                .ok_or_else(|| no_job(&req.target))?;
+            new_job |= q.fresh;
+            if q.paused {
+                paused.push(req.target.clone());
+            }
+            queued.push((req.target.clone(), q.id));
+        }
+        out.push(Accepted::Queued {
+            jobs: queued,
+            paused,
+            dropped_previews: 0,
+            new_job,
+        });
+    }
+    Ok(out)
+}
+
+/// A worker's claim of the next runnable job: `sql` (`$1` now, `$2` the
+/// owner, `$3` the lease) returns it, leased.
+struct Claim {
+    sql: std::sync::Arc<str>,
+    now: i64,
+    owner: String,
+    lease_ms: i64,
+}
+
+/// A claimed job, and when its lease was taken.
+type Claimed = Option<(JobRow, std::time::Instant)>;
+
+impl Batch for Claim {
+    type Out = Claimed;
+
+    /// A statement each, in order: each claim takes the job the ones
+    /// before it left.
+    fn run<'t>(
+        tx: &'t mut BatchTx,
+        all: Vec<&'t Claim>,
+    ) -> BoxFuture<'t, Result<Vec<Claimed>, sqlx::Error>> {
+        Box::pin(async move {
+            let mut out = Vec::with_capacity(all.len());
+            for c in all {
+                let sent = std::time::Instant::now();
+                let row = sqlx::query_as::<_, JobRow>(sqlx::AssertSqlSafe(c.sql.to_string()))
+                    .bind(c.now)
+                    .bind(&c.owner)
+                    .bind(c.lease_ms)
+                    .fetch_optional(&mut **tx)
+                    .await?;
+                out.push(row.map(|r| (r, sent)));
+            }
+            Ok(out)
+        })
+    }
+
+    fn direct(all: Vec<&Claim>) -> Option<direct::Job<Vec<Claimed>>> {
+        let all: Vec<Claim> = all
+            .into_iter()
+            .map(|c| Claim {
+                sql: c.sql.clone(),
+                owner: c.owner.clone(),
+                ..*c
+            })
+            .collect();
+        Some(Box::new(move |tx| {
+            let mut out = Vec::with_capacity(all.len());
+            for c in &all {
+                let sent = std::time::Instant::now();
+                let mut stmt = tx.prepare_cached(&c.sql).map_err(direct::failure)?;
+                let mut rows = stmt
+                    .query(rusqlite::named_params! { "$1": c.now, "$2": c.owner, "$3": c.lease_ms })
+                    .map_err(direct::failure)?;
+                let row = match rows.next().map_err(direct::failure)? {
+                    None => None,
+                    Some(r) => Some(job_row(r).map_err(direct::failure)?),
+                };
+                // Stepped to its end, so the update is done.
+                while rows.next().map_err(direct::failure)?.is_some() {}
+                out.push(row.map(|r| (r, sent)));
+            }
+            Ok(out)
+        }))
+    }
+}
+
+/// A [`JobRow`] from SQLite's write thread (the columns `RETURNING id,
+/// target, triggers, requested_sha, delivery_ids, attempts, receiver`).
+fn job_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<JobRow> {
+    fn json<T: serde::de::DeserializeOwned>(
+        r: &rusqlite::Row<'_>,
+        i: usize,
+    ) -> rusqlite::Result<T> {
+        let text: String = r.get(i)?;
+        serde_json::from_str(&text).map_err(|e| {
+            rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, Box::new(e))
+        })
+    }
+    Ok(JobRow {
+        id: r.get(0)?,
+        target: r.get(1)?,
+        triggers: json(r, 2)?,
+        requested_sha: r.get(3)?,
+        delivery_ids: json(r, 4)?,
+        attempts: r.get(5)?,
+        receiver: r.get(6)?,
+    })
+}
+
+/// A job is over: `outcome` says how, `run_id` the run it made if any.
+struct Finish {
+    job_id: i64,
+    run_id: Option<i64>,
+    outcome: String,
+    now: i64,
+}
+
+const FINISH: &str =
+    "UPDATE jobs SET state = 'done', run_id = $2, outcome = $3, lease_owner = NULL,
+         lease_until = NULL, updated_at = $4
+     WHERE id = $1";
+
+impl Batch for Finish {
+    type Out = ();
+
+    fn run<'t>(
+        tx: &'t mut BatchTx,
+        all: Vec<&'t Finish>,
+    ) -> BoxFuture<'t, Result<Vec<()>, sqlx::Error>> {
+        Box::pin(async move {
+            for f in &all {
+                sqlx::query(FINISH)
+                    .bind(f.job_id)
+                    .bind(f.run_id)
+                    .bind(&f.outcome)
+                    .bind(f.now)
+                    .execute(&mut **tx)
+                    .await?;
+            }
+            Ok(vec![(); all.len()])
+        })
+    }
+
+    fn direct(all: Vec<&Finish>) -> Option<direct::Job<Vec<()>>> {
+        let all: Vec<(i64, Option<i64>, String, i64)> = all
+            .into_iter()
+            .map(|f| (f.job_id, f.run_id, f.outcome.clone(), f.now))
+            .collect();
+        Some(Box::new(move |tx| {
+            let mut stmt = tx.prepare_cached(FINISH).map_err(direct::failure)?;
+            for f in &all {
+                stmt.execute(
+                    rusqlite::named_params! { "$1": f.0, "$2": f.1, "$3": f.2, "$4": f.3 },
+                )
+                .map_err(direct::failure)?;
+            }
+            Ok(vec![(); all.len()])
+        }))
     }
 }
 
@@ -877,24 +1066,37 @@ impl Batch for Requests {
     ) -> BoxFuture<'t, Result<Vec<Vec<Queued>>, sqlx::Error>> {
         Box::pin(async move {
             let reqs: Vec<&Request> = all.iter().flat_map(|r| r.0.iter()).collect();
-            let jobs: HashMap<String, Queued> = enqueue_many(tx, &reqs)
-                .await?
-                .into_iter()
-                .map(|q| (q.target.clone(), q))
-                .collect();
-            all.iter()
-                .map(|r| {
-                    r.0.iter()
-                        .map(|req| {
-                            jobs.get(&req.target)
-                                .cloned()
-                                .ok_or_else(|| no_job(&req.target))
-                        })
-                        .collect()
+            let jobs = enqueue_many(tx, &reqs).await?;
+            each_callers(&all, &jobs)
+        })
+    }
+
+    /// The same statement on SQLite's write thread.
+    fn direct(all: Vec<&Requests>) -> Option<direct::Job<Vec<Vec<Queued>>>> {
+        let all: Vec<Requests> = all.into_iter().map(|r| Requests(r.0.clone())).collect();
+        Some(Box::new(move |tx| {
+            let all: Vec<&Requests> = all.iter().collect();
+            let reqs: Vec<&Request> = all.iter().flat_map(|r| r.0.iter()).collect();
+            let jobs = enqueue_direct(tx, &reqs)?;
+            each_callers(&all, &jobs)
+        }))
+    }
+}
+
+/// The jobs each caller's requests are in, in its order.
+fn each_callers(all: &[&Requests], jobs: &[Queued]) -> Result<Vec<Vec<Queued>>, sqlx::Error> {
+    let jobs: HashMap<&str, &Queued> = jobs.iter().map(|q| (q.target.as_str(), q)).collect();
+    all.iter()
+        .map(|r| {
+            r.0.iter()
+                .map(|req| {
+                    jobs.get(req.target.as_str())
+                        .map(|q| (*q).clone())
+                        .ok_or_else(|| no_job(&req.target))
                 })
                 .collect()
         })
-    }
+        .collect()
 }
 
 /// The job a request is in now.
@@ -943,6 +1145,44 @@ async fn enqueue_many(
     if reqs.is_empty() {
         return Ok(Vec::new());
     }
+    let sql = if is_postgres(conn) {
+        ENQUEUE_PG
+    } else {
+        ENQUEUE_SQLITE
+    };
+    upsert_jobs(conn, sql, &fold_requests(reqs)).await
+}
+
+/// [`enqueue_many`] on SQLite's write thread.
+fn enqueue_direct(
+    tx: &rusqlite::Transaction<'_>,
+    reqs: &[&Request],
+) -> Result<Vec<Queued>, sqlx::Error> {
+    if reqs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let rows = json_text(&fold_requests(reqs))?;
+    let mut stmt = tx
+        .prepare_cached(&format!("{ENQUEUE_SQLITE} {RETURNING_QUEUED}"))
+        .map_err(direct::failure)?;
+    stmt.query_map(
+        rusqlite::named_params! { "$1": rows, "$2": now_ms() },
+        |r| {
+            Ok(Queued {
+                target: r.get(0)?,
+                id: r.get(1)?,
+                fresh: r.get(2)?,
+                paused: r.get(3)?,
+            })
+        },
+    )
+    .and_then(|rows| rows.collect())
+    .map_err(direct::failure)
+}
+
+/// `reqs` folded into one row per target, in the order each target first
+/// came: the `$1` of `ENQUEUE_*`.
+fn fold_requests(reqs: &[&Request]) -> Vec<serde_json::Value> {
     struct Fold<'r> {
         target: &'r str,
         triggers: Vec<&'static str>,
@@ -973,7 +1213,7 @@ async fn enqueue_many(
             f.deliveries.push(d);
         }
     }
-    let rows: Vec<serde_json::Value> = folds
+    folds
         .into_iter()
         .map(|mut f| {
             if f.deliveries.len() > DELIVERY_IDS_KEPT {
@@ -983,9 +1223,12 @@ async fn enqueue_many(
             }
             serde_json::json!([f.target, f.triggers, f.sha, f.deliveries, f.receiver])
         })
-        .collect();
-    let sql = if is_postgres(conn) {
-        "INSERT INTO jobs (target, state, triggers, requested_sha, delivery_ids, receiver, created_at, updated_at)
+        .collect()
+}
+
+/// Upserts `$1`'s rows ([target, triggers, sha, delivery ids, receiver])
+/// into their targets' queued jobs at `$2`.
+const ENQUEUE_PG: &str = "INSERT INTO jobs (target, state, triggers, requested_sha, delivery_ids, receiver, created_at, updated_at)
          SELECT r ->> 0, 'queued', (r -> 1)::text, r ->> 2, (r -> 3)::text, r ->> 4, $2, $2
          FROM jsonb_array_elements($1::jsonb) WITH ORDINALITY AS x(r, n) WHERE true ORDER BY n
          ON CONFLICT (target) WHERE state = 'queued' DO UPDATE SET
@@ -1002,10 +1245,9 @@ async fn enqueue_many(
                              FROM (SELECT jobs.delivery_ids::jsonb || excluded.delivery_ids::jsonb
                                           AS c) AS both_ids)::text,
              receiver = COALESCE(excluded.receiver, jobs.receiver),
-             updated_at = excluded.updated_at"
-    } else {
-        // `n` numbers the job's list and then the new one, from 0.
-        "INSERT INTO jobs (target, state, triggers, requested_sha, delivery_ids, receiver, created_at, updated_at)
+             updated_at = excluded.updated_at";
+/// `n` numbers the job's list and then the new one, from 0.
+const ENQUEUE_SQLITE: &str = "INSERT INTO jobs (target, state, triggers, requested_sha, delivery_ids, receiver, created_at, updated_at)
          SELECT r.value ->> 0, 'queued', r.value -> 1, r.value ->> 2, r.value -> 3, r.value ->> 4, $2, $2
          FROM json_each($1) AS r WHERE true ORDER BY r.key
          ON CONFLICT (target) WHERE state = 'queued' DO UPDATE SET
@@ -1023,10 +1265,11 @@ async fn enqueue_many(
                      FROM json_each(excluded.delivery_ids)))
                  WHERE n < 99 OR n = total - 1),
              receiver = COALESCE(excluded.receiver, jobs.receiver),
-             updated_at = excluded.updated_at"
-    };
-    upsert_jobs(conn, sql, &rows).await
-}
+             updated_at = excluded.updated_at";
+
+/// What an `ENQUEUE_*` upsert returns of each job: a [`Queued`].
+const RETURNING_QUEUED: &str = "RETURNING target, id, created_at = updated_at AS fresh,
+     EXISTS (SELECT 1 FROM targets WHERE name = jobs.target AND paused_at IS NOT NULL) AS paused";
 
 /// A jobs upsert `sql` of `rows` (a JSON array, `$1`) at now (`$2`), each
 /// row's job returned as a [`Queued`].
@@ -1035,16 +1278,11 @@ async fn upsert_jobs(
     sql: &str,
     rows: &[serde_json::Value],
 ) -> Result<Vec<Queued>, sqlx::Error> {
-    sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "{sql}
-         RETURNING target, id, created_at = updated_at AS fresh,
-                   EXISTS (SELECT 1 FROM targets WHERE name = jobs.target AND paused_at IS NOT NULL)
-                       AS paused"
-    )))
-    .bind(json_text(&rows)?)
-    .bind(now_ms())
-    .fetch_all(conn)
-    .await
+    sqlx::query_as(sqlx::AssertSqlSafe(format!("{sql} {RETURNING_QUEUED}")))
+        .bind(json_text(&rows)?)
+        .bind(now_ms())
+        .fetch_all(conn)
+        .await
 }
 
 /// The most delivery ids a job keeps: the first 99 and the newest.

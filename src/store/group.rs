@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Store, StoreError};
+use super::{Store, StoreError, direct};
 use crate::model::BoxFuture;
 
 /// The most writes one transaction takes.
@@ -43,6 +43,14 @@ pub trait Batch: Send + Sync + Sized + 'static {
         tx: &'t mut Tx,
         all: Vec<&'t Self>,
     ) -> BoxFuture<'t, Result<Vec<Self::Out>, sqlx::Error>>;
+
+    /// The same writes as `run`, as one job for SQLite's write thread
+    /// (`direct`), where they are written without a hand-off for each
+    /// statement; None (the default) where these cannot be written there.
+    /// A batch of nothing but this kind goes there on SQLite.
+    fn direct(_all: Vec<&Self>) -> Option<direct::Job<Vec<Self::Out>>> {
+        None
+    }
 }
 
 /// A [`Batch`] write with the slot its answer goes to, its kind erased.
@@ -51,7 +59,9 @@ struct Slot<B: Batch> {
     out: Arc<Mutex<Option<B::Out>>>,
 }
 
-type Erased = Box<dyn Any + Send>;
+type Erased = Box<dyn Any + Send + Sync>;
+/// A [`DirectJob`]'s answers, their kind erased.
+type Answers = Box<dyn Any + Send>;
 type Many =
     for<'t> fn(&'t mut Tx, &'t mut [&'t mut Erased]) -> BoxFuture<'t, Result<(), sqlx::Error>>;
 
@@ -78,11 +88,45 @@ fn run_many<'t, B: Batch>(
     })
 }
 
+/// `B::direct` over erased slots (every one a `Slot<B>`): the job for
+/// SQLite's write thread, its answers erased; None where `B` has none for
+/// these.
+type DirectJob = fn(&[&Erased]) -> Option<direct::Job<Answers>>;
+
+fn direct_job<B: Batch>(slots: &[&Erased]) -> Option<direct::Job<Answers>> {
+    let inputs: Vec<&B> = slots
+        .iter()
+        .filter_map(|s| s.downcast_ref::<Slot<B>>())
+        .map(|s| &s.input)
+        .collect();
+    let job = B::direct(inputs)?;
+    Some(Box::new(move |tx| {
+        job(tx).map(|outs| Box::new(outs) as Answers)
+    }))
+}
+
+/// Put the answers of a [`DirectJob`] in their slots.
+type Fill = fn(&[&Erased], Answers);
+
+fn fill<B: Batch>(slots: &[&Erased], outs: Answers) {
+    let Ok(outs) = outs.downcast::<Vec<B::Out>>() else {
+        return;
+    };
+    let slots = slots.iter().filter_map(|s| s.downcast_ref::<Slot<B>>());
+    for (slot, out) in slots.zip(*outs) {
+        if let Ok(mut o) = slot.out.lock() {
+            *o = Some(out);
+        }
+    }
+}
+
 enum Work {
     One(One),
     Many {
         kind: TypeId,
         run: Many,
+        direct: DirectJob,
+        fill: Fill,
         slot: Erased,
     },
 }
@@ -142,6 +186,8 @@ impl Store {
         let work = Work::Many {
             kind: TypeId::of::<B>(),
             run: run_many::<B>,
+            direct: direct_job::<B>,
+            fill: fill::<B>,
             slot,
         };
         self.send(what, work).await?;
@@ -255,6 +301,12 @@ impl Failed {
 /// Every write of `batch` in one transaction, committed.
 async fn run_batch(store: &Store, batch: &mut [Item]) -> Result<(), Failed> {
     let what = batch.first().map_or("a grouped write", |i| i.what);
+    if let Some(done) = run_direct(store, batch).await {
+        return done.map_err(|f| match f {
+            direct::Failure::Write(e) => Failed::Write(store.err(what)(e)),
+            direct::Failure::Transaction(e) => Failed::Transaction(store.err(what)(e)),
+        });
+    }
     let mut tx = store.begin_write(what).await.map_err(Failed::Transaction)?;
     let mut rest = &mut batch[..];
     while let Some((first, _)) = rest.split_first_mut() {
@@ -292,6 +344,62 @@ async fn run_batch(store: &Store, batch: &mut [Item]) -> Result<(), Failed> {
     tx.commit()
         .await
         .map_err(|e| Failed::Transaction(store.err(what)(e)))
+}
+
+/// The direct jobs of `batch`, one per run of one kind, and where each
+/// run's answers go; None unless every write has one.
+#[allow(clippy::type_complexity)]
+fn direct_jobs(batch: &[Item]) -> Option<(Vec<direct::Job<Answers>>, Vec<(Vec<&Erased>, Fill)>)> {
+    let mut jobs = Vec::new();
+    let mut runs: Vec<(Vec<&Erased>, Fill)> = Vec::new();
+    let mut rest = batch;
+    while let Some(first) = rest.first() {
+        let Work::Many {
+            kind, direct, fill, ..
+        } = &first.work
+        else {
+            return None;
+        };
+        let mut slots = Vec::new();
+        while let Some(Item {
+            work: Work::Many { kind: k, slot, .. },
+            ..
+        }) = rest.first()
+        {
+            if k != kind {
+                break;
+            }
+            slots.push(slot);
+            rest = &rest[1..];
+        }
+        jobs.push(direct(&slots)?);
+        runs.push((slots, *fill));
+    }
+    Some((jobs, runs))
+}
+
+/// On SQLite, a batch whose every write has a job for the write thread
+/// (a [`Batch`] kind's `direct`, for each run of one kind), run there as
+/// one transaction in the turn to write; None where it is not such a batch
+/// (nothing has run).
+async fn run_direct(store: &Store, batch: &mut [Item]) -> Option<Result<(), direct::Failure>> {
+    let on = store.direct.as_ref()?;
+    let (jobs, runs) = direct_jobs(batch)?;
+    let all: direct::Job<Vec<Answers>> =
+        Box::new(move |tx| jobs.into_iter().map(|job| job(tx)).collect());
+    let _turn = store.writer.turn().await;
+    if let Err(e) = store.check_identity() {
+        return Some(Err(direct::Failure::Transaction(e.source)));
+    }
+    match on.run(all).await {
+        Ok(outs) => {
+            for ((slots, fill), outs) in runs.into_iter().zip(outs) {
+                fill(&slots, outs);
+            }
+            Some(Ok(()))
+        }
+        Err(e) => Some(Err(e)),
+    }
 }
 
 #[cfg(test)]
@@ -349,6 +457,30 @@ mod tests {
             assert_eq!(rows, 63);
         }
     }
+    /// Each write answered with its own result (`n * 10`, from `round`
+    /// on), but 113's: it fails, naming the table it spoiled.
+    async fn expect_answers(
+        round: i64,
+        all: Vec<tokio::task::JoinHandle<Result<i64, StoreError>>>,
+    ) {
+        for (n, h) in (round..).zip(all) {
+            match h.await.expect("task") {
+                Ok(v) => assert_eq!(v, n * 10),
+                Err(e) => {
+                    assert_eq!(n, 113, "{e}");
+                    assert!(e.to_string().contains("no_such_table"), "{e}");
+                }
+            }
+        }
+    }
+
+    async fn count_deliveries(store: &Store) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM deliveries")
+            .fetch_one(store.pool())
+            .await
+            .expect("count")
+    }
+
     /// A kind of write that is written together.
     struct Row(i64);
 
@@ -421,22 +553,146 @@ mod tests {
                     }
                 }));
                 }
-                for (n, h) in (round..).zip(all) {
-                    match h.await.expect("task") {
-                        Ok(v) => assert_eq!(v, n * 10),
-                        Err(e) => {
-                            assert_eq!(n, 113, "{e}");
-                            assert!(e.to_string().contains("no_such_table"), "{e}");
-                        }
-                    }
-                }
+                expect_answers(round, all).await;
             }
-            let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM deliveries")
-                .fetch_one(store.pool())
-                .await
-                .expect("count");
-            assert_eq!(rows, 127);
+            assert_eq!(count_deliveries(&store).await, 127);
             assert_eq!(WIDEST.load(std::sync::atomic::Ordering::Relaxed), 4);
         }
+    }
+
+    /// Two kinds of write that SQLite's write thread can run (`direct`):
+    /// `Pair(n, second)`, the second kind's writes named `p…`.
+    struct Pair(i64, bool);
+
+    /// Every write `Pair`'s direct jobs wrote.
+    static DIRECT_WRITES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+    /// The statement for `Pair`s: `$1` their numbers; 113 spoils it.
+    fn pair_sql(ids: &[i64], prefix: &str, each: &str) -> String {
+        let table = if ids.contains(&113) {
+            "no_such_table"
+        } else {
+            "deliveries"
+        };
+        format!(
+            "INSERT INTO {table} (receiver, delivery_id, received_at, outcome)
+             SELECT 'r', '{prefix}' || value, 0, 'ok' FROM {each}"
+        )
+    }
+
+    impl Batch for Pair {
+        type Out = i64;
+        fn run<'t>(
+            tx: &'t mut Tx,
+            all: Vec<&'t Pair>,
+        ) -> BoxFuture<'t, Result<Vec<i64>, sqlx::Error>> {
+            Box::pin(async move {
+                let ids: Vec<i64> = all.iter().map(|r| r.0).collect();
+                let prefix = if all.iter().any(|p| p.1) { "p" } else { "d" };
+                let each = if crate::store::db::is_postgres(tx) {
+                    "jsonb_array_elements_text($1::jsonb) AS e(value)"
+                } else {
+                    "json_each($1)"
+                };
+                sqlx::query(sqlx::AssertSqlSafe(pair_sql(&ids, prefix, each)))
+                    .bind(serde_json::to_string(&ids).unwrap_or_default())
+                    .execute(&mut **tx)
+                    .await?;
+                Ok(ids.iter().map(|n| n * 10).collect())
+            })
+        }
+
+        fn direct(all: Vec<&Pair>) -> Option<direct::Job<Vec<i64>>> {
+            let ids: Vec<i64> = all.iter().map(|r| r.0).collect();
+            let prefix = if all.iter().any(|p| p.1) { "p" } else { "d" };
+            Some(Box::new(move |tx| {
+                tx.execute(
+                    &pair_sql(&ids, prefix, "json_each($1)"),
+                    [serde_json::to_string(&ids).unwrap_or_default()],
+                )
+                .map_err(direct::failure)?;
+                DIRECT_WRITES.fetch_add(ids.len(), std::sync::atomic::Ordering::Relaxed);
+                Ok(ids.iter().map(|n| n * 10).collect())
+            }))
+        }
+    }
+
+    /// On SQLite a batch of writes that all have direct jobs is written on
+    /// the write thread, as one transaction: each write answered with its
+    /// own result, the one that fails failing alone, and the write turn
+    /// free again at once for the other connection.
+    #[tokio::test]
+    async fn writes_with_direct_jobs_are_written_there_and_fail_alone() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for store in crate::store::testing::stores(dir.path()).await {
+            let sqlite = store.kind() == crate::store::Kind::Sqlite;
+            let before = DIRECT_WRITES.load(std::sync::atomic::Ordering::Relaxed);
+            for round in [0i64, 100] {
+                let mut all = Vec::new();
+                for n in round..round + 40 {
+                    let store = store.clone();
+                    // Runs of each kind: 0-9 one, 10-19 the other, …
+                    let second = (n / 10) % 2 == 1;
+                    all.push(tokio::spawn(async move {
+                        store.batched("test batch", Pair(n, second)).await
+                    }));
+                }
+                expect_answers(round, all).await;
+            }
+            assert_eq!(count_deliveries(&store).await, 79);
+            let direct = DIRECT_WRITES.load(std::sync::atomic::Ordering::Relaxed) - before;
+            if sqlite {
+                // Every write that committed, at least once.
+                assert!(direct >= 79, "{direct} writes ran on the write thread");
+                // The failed transaction holds nothing: the other
+                // connection writes at once.
+                tokio::time::timeout(
+                    std::time::Duration::from_secs(3),
+                    store.write_one(
+                        "test",
+                        sqlx::query(
+                            "INSERT INTO deliveries (receiver, delivery_id, received_at, outcome)
+                             VALUES ('r', 'after', 0, 'ok')",
+                        ),
+                    ),
+                )
+                .await
+                .expect("the write lock is free")
+                .expect("write");
+            } else {
+                assert_eq!(direct, 0, "PostgreSQL has no write thread");
+            }
+        }
+    }
+
+    /// An error on the write thread keeps SQLite's code: a full disk is
+    /// still recognised as one, a unique violation as one.
+    #[test]
+    fn direct_errors_keep_sqlite_s_code() {
+        let e = |code: i32| {
+            direct::failure(rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(code),
+                Some("from SQLite".into()),
+            ))
+        };
+        let store_error = |source| StoreError {
+            path: "state.db".into(),
+            what: "test",
+            source,
+        };
+        assert!(store_error(e(13)).is_disk_trouble(), "SQLITE_FULL");
+        assert!(
+            store_error(e(10 | (4 << 8))).is_disk_trouble(),
+            "SQLITE_IOERR_WRITE"
+        );
+        assert!(!store_error(e(1)).is_disk_trouble());
+        let unique = e(2067);
+        assert!(
+            unique
+                .as_database_error()
+                .is_some_and(|d| d.is_unique_violation()),
+            "{unique}"
+        );
+        assert!(unique.to_string().contains("from SQLite"), "{unique}");
     }
 }

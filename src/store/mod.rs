@@ -18,6 +18,7 @@ use sqlx::any::AnyPoolOptions;
 use crate::model::{ApplyResult, Status};
 
 pub mod db;
+pub mod direct;
 mod group;
 pub use group::{Batch, Tx as BatchTx};
 pub mod history;
@@ -119,6 +120,9 @@ pub struct Store {
     /// How a helper process (a command's keeper) connects to the same
     /// PostgreSQL database: the URL with its password. None on SQLite.
     connect: Option<ConnectUrl>,
+    /// SQLite's connection on a thread of its own, for batches of writes
+    /// that can run there in one call (`direct`). None on PostgreSQL.
+    direct: Option<direct::Direct>,
 }
 
 /// A URL that may hold a password: never shown.
@@ -187,6 +191,12 @@ impl StoreError {
         }
     }
 }
+
+/// Set on every SQLite connection: WAL, `synchronous=FULL` (a job is on
+/// disk before a webhook gets its 2xx), foreign keys, and how long to wait
+/// for another process's write.
+const PRAGMAS: &str = "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; \
+     PRAGMA foreign_keys = ON; PRAGMA busy_timeout = 15000;";
 
 /// SQLITE_BUSY or SQLITE_LOCKED.
 fn is_busy(e: &sqlx::Error) -> bool {
@@ -455,11 +465,6 @@ impl Store {
                 .map_err(|e| err("creating it", e.into()))?;
         }
         let url = sqlite_url(path);
-        // Set on every connection: WAL, `synchronous=FULL` (a job is on
-        // disk before a webhook gets its 2xx), foreign keys, and how long
-        // to wait for another process's write.
-        const PRAGMAS: &str = "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; \
-             PRAGMA foreign_keys = ON; PRAGMA busy_timeout = 15000;";
         // A brand-new database is switched to WAL on the first connection,
         // which takes an exclusive lock SQLite does not wait for: a second
         // process opening it at that instant gets SQLITE_BUSY at once. Retry
@@ -553,6 +558,7 @@ impl Store {
             identity: Some(identity),
             group: Default::default(),
             connect: None,
+            direct: Some(direct::Direct::new(path.to_path_buf(), PRAGMAS)),
         })
     }
 
@@ -605,6 +611,7 @@ impl Store {
             identity: None,
             group: Default::default(),
             connect: Some(ConnectUrl(url.to_string())),
+            direct: None,
         })
     }
 

@@ -108,6 +108,16 @@ impl Writer {
         })
     }
 
+    /// Wait for this process's turn to write, beginning nothing here: for
+    /// a transaction made on another connection (SQLite's `direct`), which
+    /// must not overlap one of this connection's. The turn is held until
+    /// the guard is dropped.
+    pub(super) async fn turn(&self) -> OwnedMutexGuard<Option<Conn>> {
+        let mut slot = self.slot.clone().lock_owned().await;
+        self.settle(&mut slot).await;
+        slot
+    }
+
     /// A transaction was left open: roll it back as soon as the turn is
     /// free (by a task), or, outside the runtime (the process is ending),
     /// before the next write if there is one.

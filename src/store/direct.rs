@@ -1,0 +1,197 @@
+//! SQLite only: a second write connection, owned by a thread of its own,
+//! on which a batch of one kind's writes (webhook deliveries and their
+//! jobs) runs as one call — `BEGIN IMMEDIATE`, the statements, `COMMIT` —
+//! and is answered once. Through sqlx each statement is a hand-off to its
+//! SQLite thread and back; under a flood of deliveries those hand-offs,
+//! not SQLite's work, were most of a batch's time.
+//!
+//! The caller holds this process's turn to write (`write::Writer::turn`)
+//! for as long as a job runs, so this connection never writes beside the
+//! other one. A job that fails is rolled back; a connection that cannot
+//! roll back is closed, and the next job opens another. This module knows
+//! nothing of deliveries or jobs: it runs the job it is given.
+
+use std::borrow::Cow;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, mpsc};
+
+use rusqlite::{Connection, Transaction, TransactionBehavior};
+use tokio::sync::oneshot;
+
+/// The statements of one transaction, on the connection's thread. Its
+/// errors are statements' (a [`Failure::Write`]); the transaction is begun
+/// and committed around it.
+pub type Job<T> = Box<dyn FnOnce(&Transaction<'_>) -> Result<T, sqlx::Error> + Send>;
+
+/// Why a job's transaction did not commit.
+#[derive(Debug)]
+pub enum Failure {
+    /// The connection could not be opened, or the transaction could not
+    /// begin or commit.
+    Transaction(sqlx::Error),
+    /// A statement of the job failed: nothing of it is kept.
+    Write(sqlx::Error),
+}
+
+type Erased = Box<dyn FnOnce(&Path, &mut Option<Connection>) + Send>;
+
+/// The thread's inbox, started by the first job. Cheap to clone.
+#[derive(Clone)]
+pub(super) struct Direct {
+    path: PathBuf,
+    /// Set up like every connection of the store.
+    pragmas: &'static str,
+    inbox: Arc<Mutex<Option<mpsc::Sender<Erased>>>>,
+}
+
+impl std::fmt::Debug for Direct {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Direct").field("path", &self.path).finish()
+    }
+}
+
+impl Direct {
+    pub(super) fn new(path: PathBuf, pragmas: &'static str) -> Direct {
+        Direct {
+            path,
+            pragmas,
+            inbox: Default::default(),
+        }
+    }
+
+    /// Run `job` in a transaction of its own on the thread's connection,
+    /// and answer once it is committed (or not). The caller must hold the
+    /// turn to write until this returns.
+    pub(super) async fn run<T: Send + 'static>(&self, job: Job<T>) -> Result<T, Failure> {
+        let (done, answer) = oneshot::channel();
+        let pragmas = self.pragmas;
+        let erased: Erased = Box::new(move |path, slot| {
+            let _ = done.send(transact(path, pragmas, slot, job));
+        });
+        let lost = || Failure::Transaction(sqlx::Error::WorkerCrashed);
+        {
+            let mut inbox = self.inbox.lock().map_err(|_| lost())?;
+            let sender = match inbox.as_ref() {
+                Some(s) => s.clone(),
+                None => {
+                    let (tx, rx) = mpsc::channel::<Erased>();
+                    let path = self.path.clone();
+                    std::thread::Builder::new()
+                        .name("driftless-sqlite-writer".into())
+                        .spawn(move || {
+                            let mut conn = None;
+                            // Ends when every store sharing it is gone.
+                            while let Ok(job) = rx.recv() {
+                                job(&path, &mut conn);
+                            }
+                        })
+                        .map_err(|e| Failure::Transaction(sqlx::Error::Io(e)))?;
+                    inbox.insert(tx).clone()
+                }
+            };
+            if sender.send(erased).is_err() {
+                // The thread is gone (it panicked): the next job starts one.
+                *inbox = None;
+                return Err(lost());
+            }
+        }
+        answer.await.map_err(|_| lost())?
+    }
+}
+
+/// Open the connection if need be, then begin, run `job`, commit. Whatever
+/// failed, the connection is left outside any transaction, or closed.
+fn transact<T>(
+    path: &Path,
+    pragmas: &str,
+    slot: &mut Option<Connection>,
+    job: Job<T>,
+) -> Result<T, Failure> {
+    let conn = match slot {
+        Some(conn) => conn,
+        None => {
+            let conn = Connection::open(path)
+                .and_then(|c| c.execute_batch(pragmas).map(|()| c))
+                .map_err(|e| Failure::Transaction(failure(e)))?;
+            slot.insert(conn)
+        }
+    };
+    let result = Transaction::new_unchecked(conn, TransactionBehavior::Immediate)
+        .map_err(|e| Failure::Transaction(failure(e)))
+        .and_then(|tx| {
+            // Dropped on an error: rolled back.
+            let v = job(&tx).map_err(Failure::Write)?;
+            tx.commit().map_err(|e| Failure::Transaction(failure(e)))?;
+            Ok(v)
+        });
+    if result.is_err() && !conn.is_autocommit() {
+        // The rollback on drop failed: try once more, else close it.
+        if conn.execute_batch("ROLLBACK").is_err() || !conn.is_autocommit() {
+            *slot = None;
+        }
+    }
+    result
+}
+
+/// rusqlite's error as sqlx's, SQLite's extended result code kept as the
+/// code (so a full disk is still recognised as one).
+pub fn failure(e: rusqlite::Error) -> sqlx::Error {
+    match e {
+        rusqlite::Error::SqliteFailure(f, message) => {
+            sqlx::Error::Database(Box::new(SqliteError {
+                code: f.extended_code,
+                message: message.unwrap_or_else(|| f.to_string()),
+            }))
+        }
+        other => sqlx::Error::Protocol(other.to_string()),
+    }
+}
+
+/// A statement's failure on the direct connection, as sqlx reports one.
+#[derive(Debug)]
+struct SqliteError {
+    code: i32,
+    message: String,
+}
+
+impl std::fmt::Display for SqliteError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "(code: {}) {}", self.code, self.message)
+    }
+}
+
+impl std::error::Error for SqliteError {}
+
+impl sqlx::error::DatabaseError for SqliteError {
+    fn message(&self) -> &str {
+        &self.message
+    }
+
+    fn code(&self) -> Option<Cow<'_, str>> {
+        Some(self.code.to_string().into())
+    }
+
+    fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        self
+    }
+
+    fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+        self
+    }
+
+    fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+        self
+    }
+
+    fn kind(&self) -> sqlx::error::ErrorKind {
+        use sqlx::error::ErrorKind;
+        // SQLite's extended codes for SQLITE_CONSTRAINT (19).
+        match self.code {
+            2067 | 1555 => ErrorKind::UniqueViolation,
+            787 => ErrorKind::ForeignKeyViolation,
+            1299 => ErrorKind::NotNullViolation,
+            275 => ErrorKind::CheckViolation,
+            _ => ErrorKind::Other,
+        }
+    }
+}
