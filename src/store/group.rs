@@ -9,8 +9,11 @@
 //! gathers while the previous one commits. Writes of one [`Batch`] kind
 //! next to each other in a batch run together, so the kind can write them
 //! all with one statement (a batch of webhook deliveries: one insert for
-//! the deliveries, one for their jobs) instead of a statement each. This
-//! module runs what it is given; it knows nothing of deliveries or jobs.
+//! the deliveries, one for their jobs) instead of a statement each. On
+//! SQLite, a batch whose every write is of a kind that has a `direct` job
+//! is written on `store::direct`'s thread instead, in one call, taking the
+//! same turn to write. This module runs what it is given; it knows nothing
+//! of deliveries or jobs.
 
 use std::any::{Any, TypeId};
 use std::sync::{Arc, Mutex, OnceLock};
