@@ -564,8 +564,8 @@ mod tests {
     }
 
     /// Two kinds of write that SQLite's write thread can run (`direct`):
-    /// `Pair(n, second)`, the second kind's writes named `p…`.
-    struct Pair(i64, bool);
+    /// `Pair::<false>` and `Pair::<true>`, whose writes are named `p…`.
+    struct Pair<const SECOND: bool>(i64);
 
     /// Every write `Pair`'s direct jobs wrote.
     static DIRECT_WRITES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -583,15 +583,15 @@ mod tests {
         )
     }
 
-    impl Batch for Pair {
+    impl<const SECOND: bool> Batch for Pair<SECOND> {
         type Out = i64;
         fn run<'t>(
             tx: &'t mut Tx,
-            all: Vec<&'t Pair>,
+            all: Vec<&'t Pair<SECOND>>,
         ) -> BoxFuture<'t, Result<Vec<i64>, sqlx::Error>> {
             Box::pin(async move {
                 let ids: Vec<i64> = all.iter().map(|r| r.0).collect();
-                let prefix = if all.iter().any(|p| p.1) { "p" } else { "d" };
+                let prefix = if SECOND { "p" } else { "d" };
                 let each = if crate::store::db::is_postgres(tx) {
                     "jsonb_array_elements_text($1::jsonb) AS e(value)"
                 } else {
@@ -605,9 +605,9 @@ mod tests {
             })
         }
 
-        fn direct(all: Vec<&Pair>) -> Option<direct::Job<Vec<i64>>> {
+        fn direct(all: Vec<&Pair<SECOND>>) -> Option<direct::Job<Vec<i64>>> {
             let ids: Vec<i64> = all.iter().map(|r| r.0).collect();
-            let prefix = if all.iter().any(|p| p.1) { "p" } else { "d" };
+            let prefix = if SECOND { "p" } else { "d" };
             Some(Box::new(move |tx| {
                 tx.execute(
                     &pair_sql(&ids, prefix, "json_each($1)"),
@@ -635,9 +635,12 @@ mod tests {
                 for n in round..round + 40 {
                     let store = store.clone();
                     // Runs of each kind: 0-9 one, 10-19 the other, …
-                    let second = (n / 10) % 2 == 1;
                     all.push(tokio::spawn(async move {
-                        store.batched("test batch", Pair(n, second)).await
+                        if (n / 10) % 2 == 1 {
+                            store.batched("test batch", Pair::<true>(n)).await
+                        } else {
+                            store.batched("test batch", Pair::<false>(n)).await
+                        }
                     }));
                 }
                 expect_answers(round, all).await;
