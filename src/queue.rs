@@ -935,7 +935,7 @@ impl Batch for Claim {
             let mut out = Vec::with_capacity(all.len());
             for c in all {
                 let sent = std::time::Instant::now();
-                let row = sqlx::query_as::<_, JobRow>(sqlx::AssertSqlSafe(c.sql.to_string()))
+                let row = sqlx::query_as::<_, JobRow>(sqlx::AssertSqlSafe(c.sql.clone()))
                     .bind(c.now)
                     .bind(&c.owner)
                     .bind(c.lease_ms)
