@@ -1,9 +1,10 @@
-//! SQLite only: a second write connection, owned by a thread of its own,
-//! on which a batch of one kind's writes (webhook deliveries and their
-//! jobs) runs as one call — `BEGIN IMMEDIATE`, the statements, `COMMIT` —
-//! and is answered once. Through sqlx each statement is a hand-off to its
-//! SQLite thread and back; under a flood of deliveries those hand-offs,
-//! not SQLite's work, were most of a batch's time.
+//! SQLite only: a second write connection, used by the group's writer
+//! thread (`group`), on which a batch of writes (webhook deliveries and
+//! their jobs, a worker's claims and finishes) runs as one blocking call —
+//! `BEGIN IMMEDIATE`, the statements, `COMMIT`. Through sqlx each
+//! statement is a hand-off to its SQLite thread and back; under a flood of
+//! deliveries those hand-offs, not SQLite's work, were most of a batch's
+//! time. It must never be called on a runtime's worker thread.
 //!
 //! The caller holds this process's turn to write (`write::Writer::turn`)
 //! for as long as a job runs, so this connection never writes beside the
@@ -13,10 +14,9 @@
 
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, Mutex};
 
 use rusqlite::{Connection, Transaction, TransactionBehavior};
-use tokio::sync::oneshot;
 
 /// The statements of one transaction, on the connection's thread. Its
 /// errors are statements' (a [`Failure::Write`]); the transaction is begun
@@ -33,15 +33,13 @@ pub enum Failure {
     Write(sqlx::Error),
 }
 
-type Erased = Box<dyn FnOnce(&Path, &mut Option<Connection>) + Send>;
-
-/// The thread's inbox, started by the first job. Cheap to clone.
+/// The connection, opened by the first job. Cheap to clone.
 #[derive(Clone)]
 pub(super) struct Direct {
     path: PathBuf,
     /// Set up like every connection of the store.
     pragmas: &'static str,
-    inbox: Arc<Mutex<Option<mpsc::Sender<Erased>>>>,
+    conn: Arc<Mutex<Option<Connection>>>,
 }
 
 impl std::fmt::Debug for Direct {
@@ -55,47 +53,25 @@ impl Direct {
         Direct {
             path,
             pragmas,
-            inbox: Default::default(),
+            conn: Default::default(),
         }
     }
 
-    /// Run `job` in a transaction of its own on the thread's connection,
-    /// and answer once it is committed (or not). The caller must hold the
-    /// turn to write until this returns.
-    pub(super) async fn run<T: Send + 'static>(&self, job: Job<T>) -> Result<T, Failure> {
-        let (done, answer) = oneshot::channel();
-        let pragmas = self.pragmas;
-        let erased: Erased = Box::new(move |path, slot| {
-            let _ = done.send(transact(path, pragmas, slot, job));
+    /// Run `job` in a transaction of its own and return once it is
+    /// committed (or not). This blocks the calling thread for the whole
+    /// transaction, fsync included: only the group's writer thread calls
+    /// it, never a runtime's worker. The caller must hold the turn to
+    /// write until this returns.
+    pub(super) fn run<T>(&self, job: Job<T>) -> Result<T, Failure> {
+        // A job that panicked left the connection in a state nobody
+        // knows: it is closed, and the next job opens another.
+        let mut slot = self.conn.lock().unwrap_or_else(|poisoned| {
+            self.conn.clear_poison();
+            let mut slot = poisoned.into_inner();
+            *slot = None;
+            slot
         });
-        let lost = || Failure::Transaction(sqlx::Error::WorkerCrashed);
-        {
-            let mut inbox = self.inbox.lock().map_err(|_| lost())?;
-            let sender = match inbox.as_ref() {
-                Some(s) => s.clone(),
-                None => {
-                    let (tx, rx) = mpsc::channel::<Erased>();
-                    let path = self.path.clone();
-                    std::thread::Builder::new()
-                        .name("driftless-sqlite-writer".into())
-                        .spawn(move || {
-                            let mut conn = None;
-                            // Ends when every store sharing it is gone.
-                            while let Ok(job) = rx.recv() {
-                                job(&path, &mut conn);
-                            }
-                        })
-                        .map_err(|e| Failure::Transaction(sqlx::Error::Io(e)))?;
-                    inbox.insert(tx).clone()
-                }
-            };
-            if sender.send(erased).is_err() {
-                // The thread is gone (it panicked): the next job starts one.
-                *inbox = None;
-                return Err(lost());
-            }
-        }
-        answer.await.map_err(|_| lost())?
+        transact(&self.path, self.pragmas, &mut slot, job)
     }
 }
 

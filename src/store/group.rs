@@ -1,19 +1,20 @@
 //! Group commit: small writes that arrive together share one transaction,
-//! and so one fsync. A single writer task takes every write waiting at that
-//! moment (at most [`MAX_BATCH`]), runs them in one transaction, commits,
-//! and only then answers each caller: nobody hears "done" before the commit
-//! is on disk, and if the commit fails every caller hears that. A write
-//! that fails rolls the batch back, and its writes are then run again one
-//! transaction each, so one bad write never takes the others with it (and
-//! the common case pays for no savepoints). Under load the next batch
-//! gathers while the previous one commits. Writes of one [`Batch`] kind
-//! next to each other in a batch run together, so the kind can write them
-//! all with one statement (a batch of webhook deliveries: one insert for
-//! the deliveries, one for their jobs) instead of a statement each. On
-//! SQLite, a batch whose every write is of a kind that has a `direct` job
-//! is written on `store::direct`'s thread instead, in one call, taking the
-//! same turn to write. This module runs what it is given; it knows nothing
-//! of deliveries or jobs.
+//! and so one fsync. A single writer (on SQLite a thread of its own, on
+//! PostgreSQL a task) takes every write waiting at that moment (at most
+//! [`MAX_BATCH`]), runs them in one transaction, commits, and only then
+//! answers each caller: nobody hears "done" before the commit is on disk,
+//! and if the commit fails every caller hears that. A write that fails
+//! rolls the batch back, and its writes are then run again one transaction
+//! each, so one bad write never takes the others with it (and the common
+//! case pays for no savepoints). Under load the next batch gathers while
+//! the previous one commits. Writes of one [`Batch`] kind next to each
+//! other in a batch run together, so the kind can write them all with one
+//! statement (a batch of webhook deliveries: one insert for the
+//! deliveries, one for their jobs) instead of a statement each. On SQLite,
+//! a batch whose every write is of a kind that has a `direct` job is
+//! written on `store::direct`'s connection instead, in one blocking call on
+//! the writer thread, taking the same turn to write. This module runs what
+//! it is given; it knows nothing of deliveries or jobs.
 
 use std::any::{Any, TypeId};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -140,7 +141,7 @@ struct Item {
     done: oneshot::Sender<Result<(), StoreError>>,
 }
 
-/// The writer task's inbox, started by the first grouped write.
+/// The writer's inbox, started by the first grouped write.
 #[derive(Clone, Debug, Default)]
 pub(super) struct Group {
     inbox: Arc<OnceLock<mpsc::UnboundedSender<Item>>>,
@@ -202,11 +203,7 @@ impl Store {
     /// its commit.
     async fn send(&self, what: &'static str, work: Work) -> Result<(), StoreError> {
         let (done, answer) = oneshot::channel();
-        let inbox = self.group.inbox.get_or_init(|| {
-            let (tx, rx) = mpsc::unbounded_channel();
-            tokio::spawn(writer(self.clone(), rx));
-            tx
-        });
+        let inbox = self.group.inbox.get_or_init(|| start_writer(self));
         inbox
             .send(Item { what, work, done })
             .map_err(|_| self.lost(what))?;
@@ -222,18 +219,63 @@ impl Store {
     }
 }
 
-/// The writer: a batch at a time, for as long as anyone can send.
-async fn writer(store: Store, mut rx: mpsc::UnboundedReceiver<Item>) {
-    while let Some(first) = rx.recv().await {
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(item) => batch.push(item),
-                Err(_) => break,
-            }
+/// Start the writer and give its inbox. On SQLite it is a thread of its
+/// own: it gathers each batch and writes it there (`direct`) the moment the
+/// last one committed, without waiting for a turn on the runtime's workers,
+/// which a flood of deliveries keeps busy (a quarter of its time went to
+/// that wait when it was a task). Elsewhere, and should the thread not
+/// start, it is a task on the runtime, writing through sqlx.
+fn start_writer(store: &Store) -> mpsc::UnboundedSender<Item> {
+    // The writer's store has an inbox of its own, never used: one holding
+    // this one's sender would keep the writer waiting forever.
+    let own = Store {
+        group: Group::default(),
+        ..store.clone()
+    };
+    if own.direct.is_some() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let handle = tokio::runtime::Handle::current();
+        let thread = own.clone();
+        let spawned = std::thread::Builder::new()
+            .name("driftless-sqlite-writer".into())
+            .spawn(move || {
+                // Ends when every store that can send is gone.
+                while let Some(first) = rx.blocking_recv() {
+                    let batch = gather(first, &mut rx);
+                    handle.block_on(commit(&thread, batch));
+                }
+            });
+        match spawned {
+            Ok(_) => return tx,
+            Err(e) => tracing::warn!(error = %e,
+                "cannot start SQLite's writer thread; writing through sqlx instead"),
         }
-        commit(&store, batch).await;
     }
+    // Without the thread nothing may block a worker: no direct writes.
+    let own = Store {
+        direct: None,
+        ..own
+    };
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(first) = rx.recv().await {
+            let batch = gather(first, &mut rx);
+            commit(&own, batch).await;
+        }
+    });
+    tx
+}
+
+/// `first` and every write waiting behind it, up to [`MAX_BATCH`].
+fn gather(first: Item, rx: &mut mpsc::UnboundedReceiver<Item>) -> Vec<Item> {
+    let mut batch = vec![first];
+    while batch.len() < MAX_BATCH {
+        match rx.try_recv() {
+            Ok(item) => batch.push(item),
+            Err(_) => break,
+        }
+    }
+    batch
 }
 
 /// The same failure for every write of a batch whose transaction could not
@@ -394,7 +436,8 @@ async fn run_direct(store: &Store, batch: &mut [Item]) -> Option<Result<(), dire
     if let Err(e) = store.check_identity() {
         return Some(Err(direct::Failure::Transaction(e.source)));
     }
-    match on.run(all).await {
+    // Blocking: this runs on the writer thread (`start_writer`).
+    match on.run(all) {
         Ok(outs) => {
             for ((slots, fill), outs) in runs.into_iter().zip(outs) {
                 fill(&slots, outs);

@@ -120,8 +120,9 @@ pub struct Store {
     /// How a helper process (a command's keeper) connects to the same
     /// PostgreSQL database: the URL with its password. None on SQLite.
     connect: Option<ConnectUrl>,
-    /// SQLite's connection on a thread of its own, for batches of writes
-    /// that can run there in one call (`direct`). None on PostgreSQL.
+    /// SQLite's second write connection, on which the group's writer
+    /// thread writes a batch in one blocking call (`direct`). None on
+    /// PostgreSQL.
     direct: Option<direct::Direct>,
 }
 
