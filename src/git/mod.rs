@@ -144,8 +144,8 @@ pub struct Git {
 }
 
 std::thread_local! {
-    /// The caches this (blocking pool) thread opened for reading, kept
-    /// open: opening one reads its configuration and object database
+    /// The caches this (blocking pool) thread opened for reading, and the
+    /// remotes on this machine it read tips from, kept open: opening one reads its configuration and object database
     /// afresh, which was most of what reading one tree cost. gix looks at
     /// the disk again for an object it does not find (a pack a later fetch
     /// added). Per thread: gix's repository handles are not `Send` as this
@@ -732,6 +732,26 @@ fn fetch_inner(
     ssh_log: Option<&Path>,
 ) -> FetchResult {
     let err = |reason: String| fetch_err(remote, branch, &reason);
+    // Branches where git keeps them; other refs (a forge's pull request
+    // heads) under refs/driftless/.
+    let local = match wanted.strip_prefix("refs/heads/") {
+        Some(b) => format!("refs/remotes/origin/{b}"),
+        None => format!(
+            "refs/driftless/{}",
+            wanted.strip_prefix("refs/").unwrap_or(wanted)
+        ),
+    };
+    // A remote on this machine whose tip the cache already holds at the
+    // tracking ref: nothing to fetch, no lock taken, and no process started
+    // (for a local remote gix runs `git-upload-pack`). Both refs are read
+    // from disk through handles this thread keeps open (`with_cache`): a
+    // ref is read afresh on every lookup, only opening is saved (under a
+    // flood of pushes, opening both repositories was most of a no-op job).
+    if let Some(tip) = local_tip(remote, wanted)
+        && with_cache(dir, |repo| peeled(repo, &local)) == Some(tip)
+    {
+        return Ok(tip.to_hex().to_string());
+    }
     std::fs::create_dir_all(dir.parent().unwrap_or(dir)).map_err(|e| err(chain(&e)))?;
     // Serialise fetches into this cache across processes.
     let lock_path = dir.with_extension("lock");
@@ -774,28 +794,6 @@ fn fetch_inner(
         config
             .set_value(&gix::config::tree::Core::SSH_COMMAND, cmd.as_str())
             .map_err(|e| err(format!("cannot configure ssh: {}", chain(&e))))?;
-    }
-    // Branches where git keeps them; other refs (a forge's pull request
-    // heads) under refs/driftless/.
-    let local = match wanted.strip_prefix("refs/heads/") {
-        Some(b) => format!("refs/remotes/origin/{b}"),
-        None => format!(
-            "refs/driftless/{}",
-            wanted.strip_prefix("refs/").unwrap_or(wanted)
-        ),
-    };
-    // A remote on this machine whose tip the cache already holds at the
-    // tracking ref: nothing to fetch, and no process started (for a local
-    // remote gix runs `git-upload-pack`).
-    if let Some(tip) = local_tip(remote, wanted)
-        && repo
-            .try_find_reference(local.as_str())
-            .ok()
-            .flatten()
-            .and_then(|mut r| r.peel_to_id().ok())
-            .is_some_and(|id| id.detach() == tip)
-    {
-        return Ok(tip.to_hex().to_string());
     }
     let refspec = format!("+{wanted}:{local}");
     let remote_handle = repo
@@ -913,8 +911,12 @@ fn local_tip(remote: &str, wanted: &str) -> Option<gix::ObjectId> {
         None if remote.starts_with('/') => remote,
         None => return None,
     };
-    let repo = gix::open_opts(path, gix::open::Options::isolated()).ok()?;
-    let mut found = repo.try_find_reference(wanted).ok()??;
+    with_cache(Path::new(path), |repo| peeled(repo, wanted))
+}
+
+/// The object the reference `name` points at in `repo`, read from disk.
+fn peeled(repo: &gix::Repository, name: &str) -> Option<gix::ObjectId> {
+    let mut found = repo.try_find_reference(name).ok()??;
     Some(found.peel_to_id().ok()?.detach())
 }
 
