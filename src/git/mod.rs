@@ -145,10 +145,11 @@ pub struct Git {
 
 std::thread_local! {
     /// The caches this (blocking pool) thread opened for reading, and the
-    /// remotes on this machine it read tips from, kept open: opening one reads its configuration and object database
-    /// afresh, which was most of what reading one tree cost. gix looks at
-    /// the disk again for an object it does not find (a pack a later fetch
-    /// added). Per thread: gix's repository handles are not `Send` as this
+    /// remotes on this machine it read tips from, kept open: opening one
+    /// reads its configuration and object database afresh, which was most
+    /// of what reading one tree cost. gix looks at the disk again for an
+    /// object it does not find (a pack a later fetch added), and reads a
+    /// reference from disk at every lookup. Per thread: gix's repository handles are not `Send` as this
     /// crate builds gix.
     static OPENED: std::cell::RefCell<HashMap<PathBuf, gix::Repository>> =
         std::cell::RefCell::new(HashMap::new());
