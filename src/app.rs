@@ -26,6 +26,11 @@ pub struct App {
     /// Rung when a push reached the repository of a `[[target_sets]]`
     /// entry: its directories are listed again.
     pub sets_wake: Arc<tokio::sync::Notify>,
+    /// Rung when a pull request preview was queued (or requeued): the
+    /// preview worker looks at once. Apart from the apply workers' wake, so
+    /// that the many jobs of a push flood don't each send it to the
+    /// database for nothing.
+    pub previews_wake: Arc<tokio::sync::Notify>,
 }
 
 impl App {
@@ -81,6 +86,7 @@ impl App {
             metrics: Arc::new(Metrics::new()),
             outbox_wake: Default::default(),
             sets_wake: Default::default(),
+            previews_wake: Default::default(),
         })
     }
 

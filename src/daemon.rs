@@ -225,7 +225,7 @@ impl Daemon {
             )));
         }
 
-        let previewer = tokio::spawn(previewer(rec.clone(), wake.clone(), shutdown.clone()));
+        let previewer = tokio::spawn(previewer(rec.clone(), shutdown.clone()));
 
         let mut done = shutdown.clone();
         let _ = done.wait_for(|s| *s).await;
@@ -341,7 +341,7 @@ async fn reaper(engine: Reconciler, wake: Arc<Notify>, mut shutdown: watch::Rece
                         previews = n,
                         "requeued pull request previews an instance that is gone left unfinished"
                     );
-                    wake.notify_waiters();
+                    engine.app().previews_wake.notify_one();
                 }
                 Err(e) => error!(error = %e, "cannot look for interrupted previews"),
             }
@@ -406,8 +406,9 @@ async fn worker(
 /// The one preview worker: pull request previews, one at a time, beside
 /// the apply workers and never holding a target's apply lock (a preview
 /// neither waits for an apply nor blocks one).
-async fn previewer(engine: Reconciler, wake: Arc<Notify>, mut shutdown: watch::Receiver<bool>) {
+async fn previewer(engine: Reconciler, mut shutdown: watch::Receiver<bool>) {
     let store = engine.app().store.clone();
+    let wake = engine.app().previews_wake.clone();
     loop {
         if *shutdown.borrow() {
             return;

@@ -275,11 +275,15 @@ pub(super) async fn receive(
                 app.sets_wake.notify_one();
             }
             info!(receiver = %name, delivery = id.unwrap_or("-"), %outcome, "webhook delivery accepted");
-            // Wake the workers (and the preview worker) now rather than at
-            // their next poll, when there is something new to claim: a
-            // request folded into a queued job adds nothing to claim.
-            if new_job || !pulls.is_empty() {
+            // Wake the workers now rather than at their next poll, when
+            // there is something new to claim: a request folded into a
+            // queued job adds nothing to claim. The preview worker, when a
+            // pull request was heard.
+            if new_job {
                 s.wake.notify_waiters();
+            }
+            if !pulls.is_empty() {
+                app.previews_wake.notify_one();
             }
             let queued = jobs
                 .into_iter()

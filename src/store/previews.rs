@@ -189,8 +189,8 @@ impl Store {
     pub async fn claim_preview(&self, owner: &str) -> Result<Option<Claimed>, StoreError> {
         let what = "claiming a preview";
         // Looked for first with a read, which waits for no writer: the
-        // preview worker wakes with the apply workers, at every delivery
-        // that makes a job, and mostly finds nothing to take.
+        // preview worker also looks at every idle poll, and mostly finds
+        // nothing to take.
         let queued: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "SELECT p.id FROM {QUEUED_PREVIEWS} LIMIT 1"
         )))
