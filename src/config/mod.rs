@@ -29,6 +29,7 @@ mod checks;
 pub mod database;
 mod decrypt;
 pub mod graph;
+mod repo_url;
 mod server;
 mod sets;
 mod target;
@@ -36,6 +37,7 @@ mod verify;
 
 pub use checks::valid_name;
 use checks::{duration, problem, serde_problem};
+pub use repo_url::normalize_repo;
 pub use server::valid_scope;
 use server::{validate_receivers, validate_server, validate_tokens};
 pub use sets::{Expansion, TargetSet, literal_part};
@@ -227,6 +229,9 @@ pub struct Target {
     /// A URL (`https://`, `ssh://`, `git://`, `file://`, `user@host:path`) or
     /// an absolute local path (relative ones are resolved at load time).
     pub repo: String,
+    /// `repo` normalised ([`normalize_repo`]): what the repository URLs of
+    /// a push or pull request are compared with.
+    pub repo_key: String,
     pub branch: String,
     /// `tag = "v*"`: the target follows the highest version tag matching
     /// this pattern instead of `branch`.

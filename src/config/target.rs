@@ -389,6 +389,7 @@ pub(super) fn validate_target(
         policy,
         set: None,
         name: raw.name,
+        repo_key: super::normalize_repo(&repo),
         repo,
         branch,
         path: rel,
