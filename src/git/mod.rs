@@ -749,7 +749,7 @@ fn fetch_inner(
     // ref is read afresh on every lookup, only opening is saved (under a
     // flood of pushes, opening both repositories was most of a no-op job).
     if let Some(tip) = local_tip(remote, wanted)
-        && with_cache(dir, |repo| peeled(repo, &local)) == Some(tip)
+        && with_cache(dir, |repo| target_id(repo, &local)) == Some(tip)
     {
         return Ok(tip.to_hex().to_string());
     }
@@ -902,8 +902,8 @@ fn fetch_inner(
     Ok(tip)
 }
 
-/// The commit `wanted` points at in a remote on this machine (a path or a
-/// `file://` URL), read from its refs as `git ls-remote` would, without a
+/// The object `wanted` points at in a remote on this machine (a path or a
+/// `file://` URL), read from its refs as `git ls-remote` shows it, without a
 /// process; `None` for any other remote, or when it cannot be read (the
 /// fetch then says why).
 fn local_tip(remote: &str, wanted: &str) -> Option<gix::ObjectId> {
@@ -912,12 +912,18 @@ fn local_tip(remote: &str, wanted: &str) -> Option<gix::ObjectId> {
         None if remote.starts_with('/') => remote,
         None => return None,
     };
-    with_cache(Path::new(path), |repo| peeled(repo, wanted))
+    with_cache(Path::new(path), |repo| target_id(repo, wanted))
 }
 
-/// The object the reference `name` points at in `repo`, read from disk.
-fn peeled(repo: &gix::Repository, name: &str) -> Option<gix::ObjectId> {
+/// The object the reference `name` points at in `repo`, read from disk:
+/// its target as written (what a fetch records and answers, a tag object
+/// for an annotated tag), without reading the object; a symbolic
+/// reference is followed and peeled.
+fn target_id(repo: &gix::Repository, name: &str) -> Option<gix::ObjectId> {
     let mut found = repo.try_find_reference(name).ok()??;
+    if let Some(id) = found.target().try_id() {
+        return Some(id.to_owned());
+    }
     Some(found.peel_to_id().ok()?.detach())
 }
 
