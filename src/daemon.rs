@@ -370,6 +370,10 @@ async fn worker(
     health: Arc<Health>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    // The target this worker ran last, when it is looking again right
+    // after: a job may be queued for it that idle workers passed over
+    // while it ran (a delivery wakes none for a job behind a running one).
+    let mut just_ran: Option<String> = None;
     loop {
         if *shutdown.borrow() {
             return;
@@ -380,13 +384,16 @@ async fn worker(
         match engine.app().queue.claim().await {
             Ok(Some(job)) => {
                 health.store_failing.store(false, Ordering::Relaxed);
+                // Taking another target's job, this worker leaves the one
+                // behind its last to another worker: wake one for it.
+                if just_ran.take().is_some_and(|t| t != job.target) {
+                    wake.notify_one();
+                }
                 process(n, &engine, &job, &health).await;
-                // Another job may be queued for the target we just ran, which
-                // idle workers passed over while it ran: this worker looks
-                // again at once, and one more is woken for it.
-                wake.notify_one();
+                just_ran = Some(job.target.clone());
             }
             Ok(None) => {
+                just_ran = None;
                 health.store_failing.store(false, Ordering::Relaxed);
                 tokio::select! {
                     _ = &mut notified => {}
@@ -395,6 +402,9 @@ async fn worker(
                 }
             }
             Err(e) => {
+                if just_ran.take().is_some() {
+                    wake.notify_one();
+                }
                 health.store_failing.store(true, Ordering::Relaxed);
                 error!(worker = n, error = %e, "cannot claim a job");
                 nap(ERROR_RETRY, &mut shutdown).await;

@@ -99,7 +99,8 @@ pub enum Accepted {
         /// Queued previews a closed pull request dropped.
         dropped_previews: u64,
         /// A request made a new job (rather than folding into a queued
-        /// one): a worker has something new to claim.
+        /// one) that no running job holds back: a worker has something
+        /// new to claim.
         new_job: bool,
     },
 }
@@ -1105,7 +1106,12 @@ struct Queued {
     target: String,
     id: i64,
     /// A new job rather than a fold into a queued one (a fold within the
-    /// same millisecond may say new: only a worker wakes for nothing).
+    /// same millisecond may say new: only a worker wakes for nothing), and
+    /// no job of its target running: a worker can take it now. One behind
+    /// a running job is taken when that one ends, by its worker, which
+    /// looks again at once; waking another for it would only send that
+    /// one to the database for nothing (under a flood of pushes to one
+    /// target, three reads a job).
     #[sqlx(try_from = "crate::store::db::Flag")]
     fresh: bool,
     /// Its target is paused (read in the same statement): the job waits.
@@ -1284,7 +1290,10 @@ const ENQUEUE_SQLITE: &str = "INSERT INTO jobs (target, state, triggers, request
              updated_at = excluded.updated_at";
 
 /// What an `ENQUEUE_*` upsert returns of each job: a [`Queued`].
-const RETURNING_QUEUED: &str = "RETURNING target, id, created_at = updated_at AS fresh,
+const RETURNING_QUEUED: &str = "RETURNING target, id,
+     created_at = updated_at
+       AND NOT EXISTS (SELECT 1 FROM jobs r WHERE r.target = jobs.target AND r.state = 'running')
+       AS fresh,
      EXISTS (SELECT 1 FROM targets WHERE name = jobs.target AND paused_at IS NOT NULL) AS paused";
 
 /// A jobs upsert `sql` of `rows` (a JSON array, `$1`) at now (`$2`), each
@@ -1594,6 +1603,31 @@ mod tests {
                 assert_eq!(seq.receiver.as_deref(), Some("r297"));
                 assert_eq!(seq.delivery_ids.last().map(String::as_str), Some("d296"));
             }
+        }
+    }
+
+    /// A delivery wakes a worker only for a job one can take now: one
+    /// queued behind its target's running job is left to that job's
+    /// worker, which looks again when it ends.
+    #[tokio::test]
+    async fn a_job_behind_a_running_one_wakes_no_worker() {
+        for (_d, q) in queues().await {
+            let push =
+                |d: &str| intake(d, vec![req("web", Trigger::Webhook, Some("aaa"), Some(d))]);
+            let woke = |a: Accepted| match a {
+                Accepted::Queued { new_job, .. } => new_job,
+                Accepted::Duplicate => panic!("taken as a duplicate"),
+            };
+            assert!(woke(q.accept(push("d1")).await.expect("accept")));
+            // Folded into the queued job: nothing new.
+            assert!(!woke(q.accept(push("d2")).await.expect("accept")));
+            let job = q.claim().await.expect("claim").expect("a job");
+            assert!(!woke(q.accept(push("d3")).await.expect("accept")));
+            q.finish(job.id, None, "changed").await.expect("finish");
+            let next = q.claim().await.expect("claim").expect("the job behind");
+            assert_eq!(next.delivery_ids, vec!["d3"]);
+            q.finish(next.id, None, "no_change").await.expect("finish");
+            assert!(woke(q.accept(push("d4")).await.expect("accept")));
         }
     }
 
