@@ -40,7 +40,8 @@ pub fn route<'a>(settings: &'a Settings, push: &Push) -> Vec<&'a Target> {
 /// The `[[target_sets]]` whose repository and branch a (branch) push is
 /// to: their directories may have changed.
 pub fn route_sets<'a>(settings: &'a Settings, push: &Push) -> Vec<&'a crate::config::TargetSet> {
-    if push.tag.is_some() {
+    // Without sets, the payload's URLs are not normalised a second time.
+    if push.tag.is_some() || settings.target_sets.is_empty() {
         return Vec::new();
     }
     let given = normalized(&push.repo_urls);
