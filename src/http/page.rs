@@ -12,7 +12,8 @@
 //! Reject button per waiting deployment: `POST /deployments/{id}/{verb}`, a
 //! form whose CSRF token is an HMAC (a per-process key) over the viewer's
 //! token name, the deployment, the verb and the plan hash; a request that
-//! a browser marks as coming from another site is refused as well. The
+//! a browser marks as coming from another site, or whose `Origin` (else
+//! `Referer`) is not the page's own origin, is refused as well. The
 //! decision is the API's (`api::decide`): nothing is applied here.
 
 use std::fmt::Write as _;
@@ -267,6 +268,47 @@ fn csrf_mac(key: &[u8; 32], name: &str, id: i64, verb: &str, hash: &str) -> Hmac
     mac
 }
 
+/// Whether a form post comes from the page's own origin: its `Origin`
+/// header or, without one, its `Referer`, against `[server] public_url`
+/// when set, else the scheme the browser names and the request's `Host`.
+/// A post with neither header is not a browser's cross-site form (every
+/// browser sends `Origin` on a cross-origin POST); its CSRF token decides.
+/// `Err` says which header named what.
+fn same_origin(headers: &HeaderMap, public_url: Option<&str>) -> Result<(), String> {
+    let (name, value) = match (headers.get(header::ORIGIN), headers.get(header::REFERER)) {
+        (Some(o), _) => ("Origin", o),
+        (None, Some(r)) => ("Referer", r),
+        (None, None) => return Ok(()),
+    };
+    let named = value.to_str().unwrap_or("").trim();
+    let refused = || {
+        let mut shown: String = named.chars().filter(|c| !c.is_control()).take(80).collect();
+        if shown.is_empty() {
+            shown = "an unreadable value".into();
+        }
+        Err(format!("{name}: {shown}"))
+    };
+    let Ok(from_url) = reqwest::Url::parse(named) else {
+        return refused();
+    };
+    let from = from_url.origin();
+    if !from.is_tuple() {
+        return refused();
+    }
+    let own = match public_url {
+        Some(u) => reqwest::Url::parse(u).ok().map(|u| u.origin()),
+        None => headers
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .and_then(|host| reqwest::Url::parse(&format!("{}://{host}/", from_url.scheme())).ok())
+            .map(|u| u.origin()),
+    };
+    match own {
+        Some(own) if own == from => Ok(()),
+        _ => refused(),
+    }
+}
+
 /// What an Approve or Reject form sends.
 #[derive(Deserialize)]
 pub(super) struct DecideForm {
@@ -309,6 +351,15 @@ pub(super) async fn decide(
         return refusal(
             StatusCode::FORBIDDEN,
             "Refused: this form was sent from another site.",
+        );
+    }
+    // Whatever the browser says of the fetch, the origin it names must be
+    // the page's own (older browsers, privacy extensions, `Origin: null`
+    // from a sandboxed frame or a data: URL).
+    if let Err(why) = same_origin(&headers, s.app.settings().server.public_url.as_deref()) {
+        return refusal(
+            StatusCode::FORBIDDEN,
+            &format!("Refused: this form was sent from another site ({why})."),
         );
     }
     let Ok(form) = serde_urlencoded::from_bytes::<DecideForm>(&body) else {

@@ -391,6 +391,49 @@ fn a_person_approves_a_plan_from_the_page_and_other_sites_cannot() {
         refused.contains("Refused: this form was sent from another site."),
         "{refused}"
     );
+    // The same token from a client that sends no `Sec-Fetch-Site`: the
+    // origin it names decides (another site, a sandboxed `null`, a
+    // Referer elsewhere when there is no Origin, another port).
+    let own = format!("http://127.0.0.1:{}", intake.port);
+    let other_port = format!("http://127.0.0.1:{}", intake.port.wrapping_add(1));
+    for (header, value) in [
+        ("Origin", "https://evil.example"),
+        ("Origin", "null"),
+        ("Origin", other_port.as_str()),
+        ("Referer", "https://evil.example/x.html"),
+    ] {
+        let r = http(
+            intake.port,
+            "POST",
+            &format!("/deployments/{id}/approve"),
+            &[
+                ("Authorization", &basic(&ops)),
+                ("Content-Type", "application/x-www-form-urlencoded"),
+                (header, value),
+            ],
+            format!("plan_hash={hash}&csrf={csrf}").as_bytes(),
+        );
+        assert_eq!(r.status, 403, "{header}: {value}: {}", r.body);
+        assert!(
+            r.body.contains("sent from another site") && r.body.contains(header),
+            "{}",
+            r.body
+        );
+    }
+    // The page's own origin with a wrong token is still refused by the
+    // token, not by the origin.
+    let r = http(
+        intake.port,
+        "POST",
+        &format!("/deployments/{id}/approve"),
+        &[
+            ("Authorization", &basic(&ops)),
+            ("Content-Type", "application/x-www-form-urlencoded"),
+            ("Origin", own.as_str()),
+        ],
+        format!("plan_hash={hash}&csrf={}", "cd".repeat(32)).as_bytes(),
+    );
+    assert!(r.body.contains("CSRF token does not match"), "{}", r.body);
     let pending = |token: &str| {
         api_call(
             intake.port,
