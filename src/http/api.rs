@@ -8,13 +8,13 @@
 use std::time::{Duration, Instant};
 
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use tracing::info;
 
 use super::AppState;
-use super::caller::{ApiError, Caller};
+use super::caller::{self, ApiError, ApiPath, ApiQuery, Caller};
 use crate::auth::Verb;
 use crate::model::Trigger;
 use crate::queue::{JobStatus, Request};
@@ -66,7 +66,7 @@ pub(super) async fn list_targets(
 pub(super) async fn get_target(
     State(s): State<AppState>,
     caller: Caller,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
 ) -> Answer<TargetStatus> {
     caller.require(Verb::Read, &name)?;
     match status::target(&s.app, &name).await {
@@ -85,15 +85,15 @@ pub(super) struct RunsQuery {
 pub(super) async fn runs(
     State(s): State<AppState>,
     caller: Caller,
-    Path(name): Path<String>,
-    Query(q): Query<RunsQuery>,
+    ApiPath(name): ApiPath<String>,
+    ApiQuery(q): ApiQuery<RunsQuery>,
 ) -> Answer<Vec<RunView>> {
     caller.require(Verb::Read, &name)?;
     known(&s, &name)?;
     let runs = s
         .app
         .store
-        .history(&name, q.limit.unwrap_or(20).clamp(1, 1000))
+        .history(&name, caller::limit(q.limit, 20, 1000)?)
         .await
         .map_err(ApiError::unavailable)?;
     Ok(Json(runs.iter().map(RunView::from).collect()))
@@ -103,7 +103,7 @@ pub(super) async fn runs(
 pub(super) async fn run(
     State(s): State<AppState>,
     caller: Caller,
-    Path(id): Path<i64>,
+    ApiPath(id): ApiPath<i64>,
 ) -> Answer<RunView> {
     let run = s
         .app
@@ -130,7 +130,7 @@ async fn readable_job(s: &AppState, caller: &Caller, id: i64) -> Result<JobView,
 pub(super) async fn job(
     State(s): State<AppState>,
     caller: Caller,
-    Path(id): Path<i64>,
+    ApiPath(id): ApiPath<i64>,
 ) -> Answer<JobView> {
     readable_job(&s, &caller, id).await.map(Json)
 }
@@ -160,8 +160,8 @@ pub(super) enum Reconciled {
 pub(super) async fn reconcile(
     State(s): State<AppState>,
     caller: Caller,
-    Path(name): Path<String>,
-    Query(q): Query<ReconcileQuery>,
+    ApiPath(name): ApiPath<String>,
+    ApiQuery(q): ApiQuery<ReconcileQuery>,
 ) -> Result<(StatusCode, Json<Reconciled>), ApiError> {
     queue_and_watch(s, caller, name, q, Trigger::Manual).await
 }
@@ -173,8 +173,8 @@ pub(super) async fn reconcile(
 pub(super) async fn retry(
     State(s): State<AppState>,
     caller: Caller,
-    Path(name): Path<String>,
-    Query(q): Query<ReconcileQuery>,
+    ApiPath(name): ApiPath<String>,
+    ApiQuery(q): ApiQuery<ReconcileQuery>,
 ) -> Result<(StatusCode, Json<Reconciled>), ApiError> {
     queue_and_watch(s, caller, name, q, Trigger::Retry).await
 }
@@ -313,7 +313,7 @@ async fn set_paused(
 pub(super) async fn pause(
     State(s): State<AppState>,
     caller: Caller,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
 ) -> Answer<Paused> {
     set_paused(&s, &caller, name, None, true).await
 }
@@ -322,7 +322,7 @@ pub(super) async fn pause(
 pub(super) async fn resume(
     State(s): State<AppState>,
     caller: Caller,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
 ) -> Answer<Paused> {
     set_paused(&s, &caller, name, None, false).await
 }
@@ -331,7 +331,7 @@ pub(super) async fn resume(
 pub(super) async fn pause_job(
     State(s): State<AppState>,
     caller: Caller,
-    Path((name, job)): Path<(String, String)>,
+    ApiPath((name, job)): ApiPath<(String, String)>,
 ) -> Answer<Paused> {
     set_paused(&s, &caller, name, Some(job), true).await
 }
@@ -340,7 +340,7 @@ pub(super) async fn pause_job(
 pub(super) async fn resume_job(
     State(s): State<AppState>,
     caller: Caller,
-    Path((name, job)): Path<(String, String)>,
+    ApiPath((name, job)): ApiPath<(String, String)>,
 ) -> Answer<Paused> {
     set_paused(&s, &caller, name, Some(job), false).await
 }
@@ -390,9 +390,9 @@ fn plan_json(p: &StoredPlan) -> serde_json::Value {
 pub(super) async fn deployments(
     State(s): State<AppState>,
     caller: Caller,
-    Query(q): Query<DeploymentsQuery>,
+    ApiQuery(q): ApiQuery<DeploymentsQuery>,
 ) -> Answer<Vec<serde_json::Value>> {
-    let limit = q.limit.unwrap_or(200).clamp(1, 1000);
+    let limit = caller::limit(q.limit, 200, 1000)?;
     let all = s
         .app
         .store
@@ -422,7 +422,7 @@ async fn deployment_by_id(s: &AppState, id: i64) -> Result<StoredPlan, ApiError>
 pub(super) async fn deployment(
     State(s): State<AppState>,
     caller: Caller,
-    Path(id): Path<i64>,
+    ApiPath(id): ApiPath<i64>,
 ) -> Answer<serde_json::Value> {
     let d = deployment_by_id(&s, id).await?;
     caller.require(Verb::Read, &d.target)?;
@@ -526,7 +526,7 @@ pub(super) async fn decide(
 pub(super) async fn approve(
     State(s): State<AppState>,
     caller: Caller,
-    Path(id): Path<i64>,
+    ApiPath(id): ApiPath<i64>,
     body: axum::body::Bytes,
 ) -> Answer<serde_json::Value> {
     approve_or_reject(s, caller, id, body, true).await
@@ -536,7 +536,7 @@ pub(super) async fn approve(
 pub(super) async fn reject(
     State(s): State<AppState>,
     caller: Caller,
-    Path(id): Path<i64>,
+    ApiPath(id): ApiPath<i64>,
     body: axum::body::Bytes,
 ) -> Answer<serde_json::Value> {
     approve_or_reject(s, caller, id, body, false).await

@@ -128,3 +128,94 @@ impl Caller {
         auth::reads_anything(&self.0)
     }
 }
+
+/// `Query<T>` whose refusal is JSON naming the parameter at fault
+/// (`query parameter `limit`: invalid digit found in string`, `duplicate
+/// field `limit``), never axum's plain-text 400.
+pub struct ApiQuery<T>(pub T);
+
+impl<T, S> FromRequestParts<S> for ApiQuery<T>
+where
+    T: serde::de::DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<ApiQuery<T>, ApiError> {
+        let query = parts.uri.query().unwrap_or("");
+        let de = serde_urlencoded::Deserializer::new(form_urlencoded::parse(query.as_bytes()));
+        serde_path_to_error::deserialize(de)
+            .map(ApiQuery)
+            .map_err(|e| {
+                let at = e.path().to_string();
+                let inner = e.into_inner();
+                if at == "." {
+                    ApiError::bad_request(format!("query string: {inner}"))
+                } else {
+                    ApiError::bad_request(format!("query parameter `{at}`: {inner}"))
+                }
+            })
+    }
+}
+
+/// A query's `limit`: `default` when absent, else within `1..=max`;
+/// anything outside is refused, naming the parameter (not clamped).
+pub fn limit(given: Option<i64>, default: i64, max: i64) -> Result<i64, ApiError> {
+    match given {
+        None => Ok(default),
+        Some(n) if (1..=max).contains(&n) => Ok(n),
+        Some(n) => Err(ApiError::bad_request(format!(
+            "query parameter `limit`: must be from 1 to {max}, not {n}"
+        ))),
+    }
+}
+
+/// `Path<T>` whose refusal is JSON saying which part of the path is not
+/// what the endpoint takes (`/api/v1/runs/abc`: "`abc` in the path is not
+/// a whole number"), never axum's plain-text 400.
+pub struct ApiPath<T>(pub T);
+
+impl<T, S> FromRequestParts<S> for ApiPath<T>
+where
+    T: serde::de::DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, s: &S) -> Result<ApiPath<T>, ApiError> {
+        use axum::extract::path::ErrorKind;
+        use axum::extract::rejection::PathRejection;
+        match axum::extract::Path::<T>::from_request_parts(parts, s).await {
+            Ok(axum::extract::Path(t)) => Ok(ApiPath(t)),
+            Err(PathRejection::FailedToDeserializePathParams(e)) => {
+                let message = match e.kind() {
+                    ErrorKind::ParseError {
+                        value,
+                        expected_type,
+                    }
+                    | ErrorKind::ParseErrorAtIndex {
+                        value,
+                        expected_type,
+                        ..
+                    }
+                    | ErrorKind::ParseErrorAtKey {
+                        value,
+                        expected_type,
+                        ..
+                    } => {
+                        let what =
+                            if expected_type.starts_with('i') || expected_type.starts_with('u') {
+                                "a whole number"
+                            } else {
+                                expected_type
+                            };
+                        format!("`{value}` in the path is not {what}")
+                    }
+                    _ => format!("the path: {}", e.body_text()),
+                };
+                Err(ApiError::bad_request(message))
+            }
+            Err(other) => Err(ApiError::new(other.status(), other.body_text())),
+        }
+    }
+}

@@ -325,6 +325,34 @@ fn tokens_and_scopes() {
     assert_eq!(applied(&w, "db").last(), Some(&sha));
     let r = post("/api/v1/targets/db/reconcile?wait=soon", &w.token("admin"));
     assert_eq!(r.status, 400);
+
+    // Every refusal is JSON naming what is at fault: a duplicate or
+    // unparsable parameter, a limit out of range (refused, not clamped),
+    // an id that is not a number, an unknown endpoint.
+    let admin = w.token("admin");
+    for (path, names) in [
+        ("/api/v1/targets/db/runs?limit=1&limit=2", "`limit`"),
+        ("/api/v1/targets/db/runs?limit=ten", "`limit`"),
+        ("/api/v1/targets/db/runs?limit=-1", "`limit`"),
+        ("/api/v1/targets/db/runs?limit=0", "`limit`"),
+        ("/api/v1/targets/db/runs?limit=1001", "`limit`"),
+        ("/api/v1/deployments?limit=-1", "`limit`"),
+        ("/api/v1/deployments?state=a&state=b", "`state`"),
+        ("/api/v1/runs/abc", "`abc`"),
+        ("/api/v1/jobs/1x", "`1x`"),
+        ("/api/v1/deployments/-", "`-`"),
+    ] {
+        let r = get(path, Some(&admin));
+        assert_eq!(r.status, 400, "{path}: {r:?}");
+        let error = r.json()["error"].as_str().map(str::to_string);
+        assert!(
+            error.as_deref().is_some_and(|e| e.contains(names)),
+            "{path}: {r:?}"
+        );
+    }
+    let r = get("/api/v1/nothing-here", Some(&admin));
+    assert_eq!(r.status, 404, "{r:?}");
+    assert!(r.json()["error"].is_string(), "{r:?}");
     drop(daemon);
 }
 
