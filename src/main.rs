@@ -239,7 +239,7 @@ fn main() -> ExitCode {
     match runtime.block_on(run(args)) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("error: {}", said(&e));
+            eprintln!("error: {}", driftless::redact::printable(&said(&e)));
             ExitCode::from(cli::EXIT_FAILED)
         }
     }
@@ -263,12 +263,12 @@ fn said(e: &anyhow::Error) -> String {
 async fn run(args: Args) -> anyhow::Result<u8> {
     if let Command::Check = args.command {
         let r = cli::check(&args.config).await;
-        print!("{}", r.stdout);
+        print!("{}", driftless::redact::printable(&r.stdout));
         return Ok(r.code);
     }
     if let Command::Graph { dot } = args.command {
         let r = cli::graph(&args.config, dot);
-        print!("{}", r.stdout);
+        print!("{}", driftless::redact::printable(&r.stdout));
         return Ok(r.code);
     }
     if let Command::Token {
@@ -276,7 +276,7 @@ async fn run(args: Args) -> anyhow::Result<u8> {
     } = &args.command
     {
         let r = cli::token_new(name);
-        print!("{}", r.stdout);
+        print!("{}", driftless::redact::printable(&r.stdout));
         return Ok(r.code);
     }
     let settings = config::load(&args.config)?;
@@ -333,6 +333,6 @@ async fn run(args: Args) -> anyhow::Result<u8> {
         }
         Command::Events { target, json } => cli::events(&app, &target, json).await?,
     };
-    print!("{}", report.stdout);
+    print!("{}", driftless::redact::printable(&report.stdout));
     Ok(report.code)
 }

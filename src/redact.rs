@@ -3,7 +3,9 @@
 //! Everything driftless prints, stores or sends that came from a command or a
 //! remote (output tails, error messages, git errors) passes through a
 //! [`Redactor`] first. It replaces the secret values it was told about and
-//! credentials embedded in URLs (`https://user:token@host`). It must not be
+//! credentials embedded in URLs (`https://user:token@host`), after taking
+//! out terminal control sequences ([`printable`]: a repository's command
+//! must not rewrite the screen of whoever reads its output). It must not be
 //! bypassed by "just this one log line".
 
 /// The marker that replaces a secret.
@@ -30,11 +32,16 @@ impl Redactor {
     /// masked: they would shred ordinary text and are not worth protecting.
     pub fn add(&mut self, secret: impl Into<String>) {
         let s = secret.into();
-        if s.len() >= 4 && !self.secrets.contains(&s) {
-            self.secrets.push(s);
-            // Longest first, so a secret containing another is masked whole.
-            self.secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+        // Text is masked after its controls are taken out: a secret that
+        // carries one is looked for in that form too.
+        let shown = printable(&s).into_owned();
+        for s in [s, shown] {
+            if s.len() >= 4 && !self.secrets.contains(&s) {
+                self.secrets.push(s);
+            }
         }
+        // Longest first, so a secret containing another is masked whole.
+        self.secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
     }
 
     pub fn with(mut self, secret: impl Into<String>) -> Self {
@@ -42,8 +49,11 @@ impl Redactor {
         self
     }
 
+    /// `text` with terminal control sequences taken out ([`printable`]),
+    /// then credentials in URLs and every known secret masked. Controls go
+    /// first, so a secret split by a colour code is still found whole.
     pub fn redact(&self, text: &str) -> String {
-        let mut out = strip_url_credentials(text);
+        let mut out = strip_url_credentials(&printable(text));
         for s in &self.secrets {
             if out.contains(s.as_str()) {
                 out = out.replace(s.as_str(), MASK);
@@ -93,6 +103,79 @@ fn strip_url_credentials(text: &str) -> String {
     out
 }
 
+/// `text` safe to print on a terminal: escape sequences (CSI `ESC [ … X`,
+/// the 8-bit CSI, OSC/DCS/PM/APC strings up to BEL or `ESC \`, two-character
+/// escapes) and every other control character are taken out but newline,
+/// tab, NUL and the four information separators (`\x1c`–`\x1f`: terminals
+/// ignore them, and tools' machine formats use them, as `git log
+/// --format=%x1f` does); `\r\n` becomes `\n` and a lone `\r` a newline (it
+/// would let a line overwrite what was printed before it). Text that a repository's
+/// command printed can otherwise move the cursor, rewrite the screen or
+/// set a terminal's title when `plan`, `history` or `status` shows it.
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    let kept = |c: char| matches!(c, '\n' | '\t' | '\0' | '\u{1c}'..='\u{1f}');
+    if !text.chars().any(|c| c.is_control() && !kept(c)) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    // A control sequence's parameters and intermediates, up to and
+    // including its final byte; a malformed one ends at the first other
+    // character, which is kept.
+    let csi = |chars: &mut std::iter::Peekable<std::str::Chars<'_>>| {
+        while let Some(&c) = chars.peek() {
+            match c {
+                '\u{20}'..='\u{3f}' => {
+                    chars.next();
+                }
+                '\u{40}'..='\u{7e}' => {
+                    chars.next();
+                    return;
+                }
+                _ => return,
+            }
+        }
+    };
+    while let Some(c) = chars.next() {
+        match c {
+            c if kept(c) => out.push(c),
+            '\r' => {
+                if chars.peek() != Some(&'\n') {
+                    out.push('\n');
+                }
+            }
+            '\u{9b}' => csi(&mut chars),
+            '\u{1b}' => match chars.peek() {
+                Some('[') => {
+                    chars.next();
+                    csi(&mut chars);
+                }
+                Some(']' | 'P' | 'X' | '^' | '_') => {
+                    chars.next();
+                    while let Some(c) = chars.next() {
+                        if c == '\u{7}' || c == '\u{9c}' {
+                            break;
+                        }
+                        if c == '\u{1b}' {
+                            if chars.peek() == Some(&'\\') {
+                                chars.next();
+                            }
+                            break;
+                        }
+                    }
+                }
+                Some('\u{20}'..='\u{7e}') => {
+                    chars.next();
+                }
+                _ => {}
+            },
+            c if c.is_control() => {}
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// Keep at most the last `max` bytes of `text`, cut at a char boundary, with a
 /// marker saying how much was dropped.
 pub fn tail(text: &str, max: usize) -> String {
@@ -139,6 +222,24 @@ pub fn url_without_password(url: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn terminal_controls_are_taken_out() {
+        use super::printable;
+        assert_eq!(printable("plain\n\tline"), "plain\n\tline");
+        assert_eq!(
+            printable("\u{1b}[31mred\u{1b}[0m \u{1b}]0;title\u{7}x \u{1b}]8;;http://e\u{1b}\\y"),
+            "red x y"
+        );
+        assert_eq!(printable("a\r\nb\rc\u{7}\u{8}\u{9b}2Jd\u{1b}c"), "a\nb\ncd");
+        // Separators that machine formats use (and terminals ignore) stay.
+        assert_eq!(printable("a\u{1f}b\u{0}c\u{1b}[0m"), "a\u{1f}b\u{0}c");
+        // A malformed sequence ends at the first character it cannot hold.
+        assert_eq!(printable("\u{1b}[12\nnext"), "\nnext");
+        // A secret split by a colour code is still masked.
+        let r = super::Redactor::new().with("hunter2-long");
+        assert_eq!(r.redact("pw=hunter2\u{1b}[0m-long"), "pw=[REDACTED]");
+    }
+
     use super::*;
 
     #[test]

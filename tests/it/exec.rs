@@ -605,3 +605,67 @@ fn one_shot_ticks_prune_the_history_now_and_then() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(ids(&s), [4, 3], "the last run and the last change stay");
 }
+
+/// What a repository's command prints cannot drive the terminal of whoever
+/// reads it: escape sequences (colours, a screen clear, a window title)
+/// and carriage returns are taken out of the run's message and output
+/// tail as stored, of a plan, and of everything the CLI prints.
+#[test]
+fn a_commands_terminal_escapes_are_neither_stored_nor_printed() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(
+        &[
+            (
+                "app/apply.sh",
+                "printf 'ok\\033[2J\\033]0;pwned\\007 done\\r\\n'\n\
+                 printf 'bad\\033[31m red\\rhidden\\n' >&2\nexit 1\n",
+            ),
+            (
+                "app/plan.sh",
+                "printf '+ \\033[1mthing\\033[0m (create)\\033]8;;http://x\\033\\\\\\n'\n",
+            ),
+        ],
+        "first",
+    );
+    let s = Setup::new(&exec_target(
+        "app",
+        &remote.url(),
+        "path = \"app\"",
+        "apply = [\"sh\", \"apply.sh\"]\nplan = [\"sh\", \"plan.sh\"]",
+    ));
+    let esc = |what: &str, s: &str| {
+        assert!(
+            !s.contains('\u{1b}') && !s.contains('\r') && !s.contains('\u{7}'),
+            "{what} carries a control character: {s:?}"
+        );
+    };
+    let out = s.run(&["tick", "app"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    esc("tick's output", &(text(&out.stdout) + &text(&out.stderr)));
+    let st = s.target_status("app");
+    let message = st["last_message"].as_str().unwrap_or("").to_string();
+    esc("the stored message", &message);
+    // A lone carriage return is a line break: what it would have hidden
+    // is shown.
+    assert!(message.contains("hidden"), "{message:?}");
+    let runs = s.history("app");
+    let tail = runs[0]["output_tail"].as_str().unwrap_or("").to_string();
+    esc("the stored output", &tail);
+    assert!(
+        tail.contains("ok done") && tail.contains("bad red\nhidden"),
+        "{tail:?}"
+    );
+    for args in [
+        &["history", "app"][..],
+        &["status"][..],
+        &["plan", "app"][..],
+    ] {
+        let out = s.run(args);
+        let all = text(&out.stdout) + &text(&out.stderr);
+        esc(&args.join(" "), &all);
+        if args[0] == "plan" {
+            assert!(all.contains("+ thing (create)"), "{all}");
+        }
+    }
+}
