@@ -315,12 +315,13 @@ fn is_sops(bytes: &[u8]) -> bool {
 
 /// Write `bytes` to a new file beside `path` and rename it over `path`
 /// (the old inode, which a container may have mounted, is left alone),
-/// keeping `path`'s permissions.
+/// readable by its owner only: 0600, or 0700 where `path` was executable.
 fn replace(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(path)
-        .map(|m| m.permissions().mode())
-        .unwrap_or(0o600);
+        .map(|m| m.permissions().mode() & 0o100)
+        .unwrap_or(0)
+        | 0o600;
     let tmp = path.with_file_name(format!(
         ".{}.driftless-tmp",
         path.file_name().unwrap_or_default().to_string_lossy()
@@ -331,9 +332,17 @@ fn replace(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
+/// Write `bytes` to `path`, created 0600 (plaintext is never readable by
+/// others, not even between its creation and a `chmod`).
 fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
-    let mut f = std::fs::File::create(path)?;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
     f.write_all(bytes)?;
     f.sync_all()
 }

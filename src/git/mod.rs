@@ -130,6 +130,14 @@ struct FetchSlot {
     last: Option<(Instant, FetchResult)>,
 }
 
+/// What [`Git::dirs_at`] found: the matching directories, and the
+/// symbolic links where a directory was looked for.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Dirs {
+    pub dirs: Vec<String>,
+    pub links: Vec<String>,
+}
+
 /// Fetches remotes into caches and moves checkouts. Cheap to clone.
 #[derive(Clone)]
 pub struct Git {
@@ -403,6 +411,12 @@ impl Git {
             dir: dir.display().to_string(),
             reason,
         };
+        // Checkouts hold decrypted secrets and local state for the length
+        // of an apply: their root is the service user's alone, whatever
+        // the umask or the state directory's mode (systemd makes it 0755).
+        if let Some(root) = dir.parent() {
+            private_dir(root).map_err(|e| err(chain(&e)))?;
+        }
         if !dir.join(".git").is_dir() {
             std::fs::create_dir_all(&dir).map_err(|e| err(chain(&e)))?;
             git_cli(&dir, &["init", "-q", "."]).await.map_err(&err)?;
@@ -490,15 +504,12 @@ impl Git {
 
     /// The directories at commit `sha` in `remote`'s cache whose path
     /// matches `pattern` level by level (`stacks/*`: each level a glob, see
-    /// `glob::glob_match`; no level matches across a `/`), sorted.
-    /// Submodules and files are not directories; a level that is not there
-    /// matches nothing. Read by gix: no process, no checkout moves.
-    pub async fn dirs_at(
-        &self,
-        remote: &str,
-        sha: &str,
-        pattern: &str,
-    ) -> Result<Vec<String>, GitError> {
+    /// `glob::glob_match`; no level matches across a `/`), sorted, and the
+    /// symbolic links found where a directory was looked for (a link is
+    /// never followed: it may point anywhere). Submodules and files are not
+    /// directories; a level that is not there matches nothing. Read by gix:
+    /// no process, no checkout moves.
+    pub async fn dirs_at(&self, remote: &str, sha: &str, pattern: &str) -> Result<Dirs, GitError> {
         let (cache, sha_s, pattern) =
             (self.cache_dir(remote), sha.to_string(), pattern.to_string());
         let found = tokio::task::spawn_blocking(move || {
@@ -506,6 +517,7 @@ impl Git {
                 let levels: Vec<&str> = pattern.split('/').collect();
                 let root = repo.find_commit(object_id(&sha_s)?).ok()?.tree_id().ok()?;
                 let mut at: Vec<(String, gix::ObjectId)> = vec![(String::new(), root.detach())];
+                let mut links = Vec::new();
                 for level in levels {
                     let mut next = Vec::new();
                     for (path, id) in at {
@@ -513,12 +525,20 @@ impl Git {
                         for entry in tree.iter() {
                             let entry = entry.ok()?;
                             let name = entry.inner.filename.to_string();
-                            if entry.inner.mode.is_tree() && crate::glob::glob_match(level, &name) {
-                                let full = if path.is_empty() {
-                                    name
-                                } else {
-                                    format!("{path}/{name}")
-                                };
+                            let mode = entry.inner.mode;
+                            if !(mode.is_tree() || mode.is_link())
+                                || !crate::glob::glob_match(level, &name)
+                            {
+                                continue;
+                            }
+                            let full = if path.is_empty() {
+                                name
+                            } else {
+                                format!("{path}/{name}")
+                            };
+                            if mode.is_link() {
+                                links.push(full);
+                            } else {
                                 next.push((full, entry.inner.oid.to_owned()));
                             }
                         }
@@ -527,7 +547,8 @@ impl Git {
                 }
                 let mut dirs: Vec<String> = at.into_iter().map(|(p, _)| p).collect();
                 dirs.sort();
-                Some(dirs)
+                links.sort();
+                Some(Dirs { dirs, links })
             })
         })
         .await
@@ -686,6 +707,21 @@ fn is_ssh(remote: &str) -> bool {
     remote.starts_with("ssh://")
         || remote.starts_with("git+ssh://")
         || (!remote.contains("://") && remote.contains('@') && remote.contains(':'))
+}
+
+/// `dir`, created if need be, readable by its owner only (0700); an
+/// existing one that others may read is made so.
+fn private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    match std::fs::metadata(dir) {
+        Ok(m) if m.permissions().mode() & 0o077 == 0 => Ok(()),
+        Ok(_) => std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir),
+        Err(e) => Err(e),
+    }
 }
 
 /// Fetch, and for ssh remotes add what ssh itself said (it writes its

@@ -177,6 +177,18 @@ fn sops_files_are_decrypted_for_the_apply_alone_and_never_shown() {
             .contains(CANARY),
         "the apply should be running on the plaintext"
     );
+    // The plaintext is its owner's alone, and so is every checkout.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &Path| {
+            std::fs::metadata(p)
+                .map(|m| m.permissions().mode() & 0o777)
+                .expect("metadata")
+        };
+        assert_eq!(mode(&checkout.join("db.enc.yaml")), 0o600);
+        assert_eq!(mode(&checkout.join("secrets/api.json")), 0o600);
+        assert_eq!(mode(&s.state.join("checkouts")), 0o700);
+    }
     assert!(
         s.state.join("decrypted/app").exists(),
         "the note of the decrypted files"
