@@ -126,12 +126,24 @@ fn known_members(settings: &Settings, rows: &[crate::store::sets::SetMember]) ->
     let mut members = Vec::new();
     let mut taken = std::collections::HashSet::new();
     for set in &settings.target_sets {
-        let dirs: Vec<String> = rows
+        let ours: Vec<&crate::store::sets::SetMember> = rows
             .iter()
             .filter(|r| r.set == set.name_prefix && r.orphaned_at.is_none())
-            .map(|r| r.dir.clone())
             .collect();
-        let made = settings.expand(set, &dirs, &taken);
+        let dirs: Vec<String> = ours.iter().map(|r| r.dir.clone()).collect();
+        let now = ours
+            .iter()
+            .map(|r| (r.target.clone(), r.dir.clone()))
+            .collect();
+        let made = settings.expand(
+            set,
+            &crate::config::Found {
+                dirs: &dirs,
+                links: &[],
+                taken: &taken,
+                members: &now,
+            },
+        );
         for p in made.refused {
             tracing::warn!(problem = %p, "a target set's member cannot be made");
         }

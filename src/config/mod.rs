@@ -40,7 +40,7 @@ use checks::{duration, problem, serde_problem};
 pub use repo_url::normalize_repo;
 pub use server::valid_scope;
 use server::{validate_receivers, validate_server, validate_tokens};
-pub use sets::{Expansion, TargetSet, literal_part};
+pub use sets::{Expansion, Found, TargetSet, literal_part};
 #[cfg(test)]
 use target::url_credentials;
 use target::validate_target;

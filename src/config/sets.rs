@@ -43,6 +43,19 @@ pub struct TargetSet {
     base: PathBuf,
 }
 
+/// What a set's pattern found at one commit, and what it must respect.
+#[derive(Debug, Clone, Copy)]
+pub struct Found<'a> {
+    /// The directories `paths` matched.
+    pub dirs: &'a [String],
+    /// Symbolic links where a directory was looked for (refused).
+    pub links: &'a [String],
+    /// Names other sets' members have.
+    pub taken: &'a HashSet<String>,
+    /// This set's members now: name -> directory.
+    pub members: &'a BTreeMap<String, String>,
+}
+
 /// What a set's directories make: its members, and the directories
 /// refused, each with why.
 #[derive(Debug, Default)]
@@ -244,17 +257,26 @@ fn bad_pattern(paths: &str) -> Option<&'static str> {
 }
 
 impl Settings {
-    /// The sets's members for `dirs` (directories `set.paths` matched at
-    /// some commit). A `[[targets]]` entry of a member's name overrides it
-    /// (no member is made); a name `taken` by another set's member, two
-    /// directories making one name, or a directory making no valid name is
-    /// refused, named in `refused`; a member whose keys fail is refused
-    /// with their problems.
-    pub fn expand(&self, set: &TargetSet, dirs: &[String], taken: &HashSet<String>) -> Expansion {
+    /// The set's members for what `set.paths` matched at some commit. A
+    /// `[[targets]]` entry of a member's name overrides it (no member is
+    /// made). Refused, each named in `refused`: a symbolic link where a
+    /// directory was looked for, a name `taken` by another set's member, a
+    /// directory making no valid name, two directories making one name —
+    /// unless one of them is the member of that name already
+    /// (`found.members`): that one stays the member and only the newcomer
+    /// is refused — and a member whose keys fail, with their problems.
+    pub fn expand(&self, set: &TargetSet, found: &Found<'_>) -> Expansion {
         let mut out = Expansion::default();
         let label = set.label();
+        for link in found.links {
+            out.refused.push(problem(
+                &label,
+                "paths",
+                format!("`{link}` is a symbolic link, not a directory: a target set never follows one (it may point anywhere); make it a directory"),
+            ));
+        }
         let mut by_name: BTreeMap<String, Vec<&String>> = BTreeMap::new();
-        for dir in dirs {
+        for dir in found.dirs {
             match set.member_name(dir) {
                 Some(n) => by_name.entry(n).or_default().push(dir),
                 None => out.refused.push(problem(
@@ -264,14 +286,28 @@ impl Settings {
                 )),
             }
         }
-        for (name, dirs) in by_name {
+        for (name, mut dirs) in by_name {
             if let [first, second, ..] = dirs.as_slice() {
-                out.refused.push(problem(
-                    &label,
-                    "paths",
-                    format!("directories `{first}` and `{second}` both make target `{name}`: neither is a member; rename one"),
-                ));
-                continue;
+                let Some(kept) = found
+                    .members
+                    .get(&name)
+                    .and_then(|m| dirs.iter().copied().find(|d| *d == m))
+                else {
+                    out.refused.push(problem(
+                        &label,
+                        "paths",
+                        format!("directories `{first}` and `{second}` both make target `{name}`: neither is a member; rename one"),
+                    ));
+                    continue;
+                };
+                for dir in dirs.iter().filter(|d| **d != kept) {
+                    out.refused.push(problem(
+                        &label,
+                        "paths",
+                        format!("directory `{dir}` makes target `{name}`, which directory `{kept}` already is: `{dir}` is not a member (and `{name}` is left alone); rename it"),
+                    ));
+                }
+                dirs = vec![kept];
             }
             if self
                 .targets
@@ -281,7 +317,7 @@ impl Settings {
                 // A [[targets]] entry of this name is the member.
                 continue;
             }
-            if taken.contains(&name) {
+            if found.taken.contains(&name) {
                 out.refused.push(problem(
                     &label,
                     "name_prefix",
@@ -359,7 +395,7 @@ mod tests {
         assert_eq!(set.sample.repo, "https://h/o/r");
         assert_eq!(set.sample.interval, Duration::from_secs(120));
         let dirs = vec!["stacks/web".to_string(), "stacks/Media Server".to_string()];
-        let e = s.expand(set, &dirs, &HashSet::new());
+        let e = s.expand(set, &found(&dirs, &HashSet::new(), &BTreeMap::new()));
         assert!(e.refused.is_empty(), "{:?}", e.refused);
         let names: Vec<_> = e.members.iter().map(|t| t.name.as_str()).collect();
         assert_eq!(names, ["s-media-server", "s-web"]);
@@ -378,7 +414,7 @@ mod tests {
             .map(|d| d.to_string())
             .collect();
         let taken: HashSet<String> = ["s-x".to_string()].into();
-        let e = s.expand(set, &dirs, &taken);
+        let e = s.expand(set, &found(&dirs, &taken, &BTreeMap::new()));
         assert!(e.members.is_empty(), "{:?}", e.members);
         let why: Vec<String> = e.refused.iter().map(|p| p.to_string()).collect();
         assert_eq!(why.len(), 2, "{why:?}");
@@ -390,6 +426,32 @@ mod tests {
             why[1].contains("`s-x`, which another set's member already is"),
             "{why:?}"
         );
+        // The member of that name already keeps it; only the newcomer is
+        // refused.
+        let members: BTreeMap<String, String> =
+            [("s-a_b".to_string(), "stacks/a_b".to_string())].into();
+        let e = s.expand(set, &found(&dirs, &taken, &members));
+        let names: Vec<_> = e.members.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["s-a_b"]);
+        assert_eq!(e.members[0].path, PathBuf::from("stacks/a_b"));
+        let why: Vec<String> = e.refused.iter().map(|p| p.to_string()).collect();
+        assert!(
+            why[0].contains("directory `stacks/A_b` makes target `s-a_b`, which directory `stacks/a_b` already is"),
+            "{why:?}"
+        );
+    }
+
+    fn found<'a>(
+        dirs: &'a [String],
+        taken: &'a HashSet<String>,
+        members: &'a BTreeMap<String, String>,
+    ) -> Found<'a> {
+        Found {
+            dirs,
+            links: &[],
+            taken,
+            members,
+        }
     }
 
     #[test]

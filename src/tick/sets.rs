@@ -18,14 +18,14 @@
 //! Refreshes of every set take turns. This module must not apply anything
 //! (destroys go through `tick_now_as`, the one path to a backend).
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::time::Instant;
 
 use tracing::{info, warn};
 
 use super::{Reconciler, TickError, Ticked};
 use crate::backend::ApplyResult;
-use crate::config::{Expansion, Problem, Settings, Target, TargetSet};
+use crate::config::{Expansion, Found, Problem, Settings, Target, TargetSet};
 use crate::model::Trigger;
 use crate::queue::Request;
 use crate::store::Operation;
@@ -73,8 +73,17 @@ pub async fn list_sets(
                 .map(|d| (tip, d)),
             Err(e) => Err(e),
         };
-        out.push(listed.map(|(tip, dirs)| {
-            let made = settings.expand(set, &dirs, &taken);
+        out.push(listed.map(|(tip, found)| {
+            // `check` knows no members: what the tip makes on its own.
+            let made = settings.expand(
+                set,
+                &Found {
+                    dirs: &found.dirs,
+                    links: &found.links,
+                    taken: &taken,
+                    members: &Default::default(),
+                },
+            );
             taken.extend(made.members.iter().map(|m| m.name.clone()));
             (tip, made)
         }));
@@ -109,7 +118,7 @@ impl Reconciler {
             .fetch_since(&s.repo, &s.branch, &s.git, since)
             .await
             .map_err(git_err)?;
-        let dirs = self
+        let listed = self
             .git
             .dirs_at(&s.repo, &tip, &set.paths)
             .await
@@ -121,8 +130,19 @@ impl Reconciler {
             .filter(|t| t.set.is_some() && !ours(t))
             .map(|t| t.name.clone())
             .collect();
-        let made = settings.expand(&set, &dirs, &taken);
         let before: Vec<&Target> = settings.targets.iter().filter(ours).collect();
+        let dir_of = |t: &Target| t.path.to_string_lossy().into_owned();
+        let current: BTreeMap<String, String> =
+            before.iter().map(|t| (t.name.clone(), dir_of(t))).collect();
+        let made = settings.expand(
+            &set,
+            &Found {
+                dirs: &listed.dirs,
+                links: &listed.links,
+                taken: &taken,
+                members: &current,
+            },
+        );
         let mut out = SetRefresh {
             sha: tip.clone(),
             refused: made.refused,
@@ -138,12 +158,21 @@ impl Reconciler {
             .iter()
             .filter(|m| !before.iter().any(|b| b.name == m.name))
             .collect();
-        let gone: Vec<&Target> = before
+        // A member is gone when its directory is gone from the tip, and
+        // for no other reason: one the set no longer makes although its
+        // directory is there (its keys fail now, say; refused above) stays
+        // a member as it was.
+        let (gone, kept): (Vec<&Target>, Vec<&Target>) = before
             .iter()
             .copied()
             .filter(|b| !made.members.iter().any(|m| m.name == b.name))
-            .collect();
+            .partition(|b| !listed.dirs.contains(&dir_of(b)));
         let mut members: Vec<Target> = made.members.clone();
+        for t in kept {
+            warn!(set = %set.label(), target = %t.name,
+                  "a target set's member is no longer made from its directory (see the problems above); it stays a member as it was");
+            members.push(t.clone());
+        }
         for t in &gone {
             // Nothing applied, nothing to destroy.
             let applied = self

@@ -348,3 +348,75 @@ fn directories_that_make_no_target_are_told_once() {
     });
     assert!(daemon.stop().success());
 }
+
+/// With `destroy_removed`, a pushed directory whose name maps to an
+/// existing member's (`A_b` beside `a_b`, `..x` beside `x`) is refused —
+/// the member keeps its name, its directory and its state, and nothing is
+/// destroyed — and a symbolic link where a directory is looked for is
+/// refused by name, never followed or skipped in silence.
+#[test]
+fn a_pushed_directory_never_takes_a_members_name_nor_destroys_it() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "homelab");
+    remote.commit(
+        &[
+            ("stacks/a_b/v", "1"),
+            ("stacks/x/v", "1"),
+            ("stacks/ok/v", "1"),
+        ],
+        "first",
+    );
+    let s = setup(root.path(), &remote, true, false);
+    let daemon = s.serve();
+    wait_for(Duration::from_secs(30), "the three members' runs", || {
+        ["a_b", "x", "ok"]
+            .iter()
+            .all(|d| applied(root.path(), &format!("{d}.applied")) == ["1"])
+    });
+    remote.commit(
+        &[("stacks/A_b/v", "new"), ("stacks/..x/v", "new")],
+        "lookalikes",
+    );
+    remote.symlink("stacks/link", "../elsewhere", "a link");
+    let tip = remote.commit(&[("stacks/ok/v", "2")], "ok 2");
+    push(
+        &remote,
+        daemon.port,
+        &tip,
+        &["stacks/A_b/v", "stacks/..x/v", "stacks/link", "stacks/ok/v"],
+        "lookalikes",
+    );
+    wait_for(
+        Duration::from_secs(30),
+        "ok's second run and the refusals",
+        || {
+            let log = daemon.log_text();
+            applied(root.path(), "ok.applied") == ["1", "2"] && log.contains("`stacks/..x`")
+        },
+    );
+    // (On a main that destroyed the member, its destroy followed the
+    // refusal at once.)
+    std::thread::sleep(Duration::from_secs(1));
+    // The set was listed at the tip: nothing was destroyed, and the
+    // members keep their directories.
+    for d in ["a_b", "x", "A_b", "..x"] {
+        assert!(
+            applied(root.path(), &format!("{d}.destroyed")).is_empty(),
+            "{d} was destroyed"
+        );
+    }
+    for (name, dir) in [("s-a_b", "stacks/a_b"), ("s-x", "stacks/x")] {
+        let st = s.target_status(name);
+        assert!(st["destroyed_at"].is_null(), "{st}");
+        assert!(st["orphaned_since"].is_null(), "{st}");
+        assert_eq!(st["path"], dir, "{st}");
+    }
+    assert_eq!(applied(root.path(), "A_b.applied"), Vec::<String>::new());
+    let shown = text(&s.run(&["status"]).stdout);
+    assert!(!shown.contains("destroyed"), "{shown}");
+    // `check` names the link among what the tip refuses.
+    let out = s.run(&["check"]);
+    let said = text(&out.stdout) + &text(&out.stderr);
+    assert!(said.contains("`stacks/link` is a symbolic link"), "{said}");
+    assert!(daemon.stop().success());
+}
