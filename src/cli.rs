@@ -435,6 +435,28 @@ pub async fn history(
     })
 }
 
+/// `driftless retry --accept-rewind <target>`: the tip its newest run
+/// refused as a rewind may be applied (the retry that follows applies it).
+pub async fn accept_rewind(app: &App, target: &str) -> Result<(), TickError> {
+    known(app, target)?;
+    let who = format!(
+        "cli:{}",
+        std::env::var("USER").unwrap_or_else(|_| "unknown".into())
+    );
+    match crate::tick::accept_rewind(app, target, &who).await? {
+        Ok(sha) => {
+            eprintln!(
+                "accepted: `{target}` may apply {sha}, which does not descend from the commit it last applied"
+            );
+            Ok(())
+        }
+        Err(why) => Err(TickError::Refused {
+            target: target.to_string(),
+            why,
+        }),
+    }
+}
+
 /// `driftless pause|resume <target>`
 pub async fn pause(
     app: &App,

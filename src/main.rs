@@ -140,6 +140,11 @@ enum Command {
     Retry {
         /// The target's name.
         target: String,
+        /// Accept the branch tip its newest run refused for not descending
+        /// from the commit last applied (a force push under `verify`):
+        /// that commit, and no other, may be applied.
+        #[arg(long)]
+        accept_rewind: bool,
     },
     /// The append-only record of a target's Nomad deployment state changes:
     /// who, what, when, from which state.
@@ -328,7 +333,13 @@ async fn run(args: Args) -> anyhow::Result<u8> {
         Command::Deployments { pending, json } => cli::deployments(&app, pending, json).await,
         Command::Approve { id } => cli::approve_or_reject(&app, id, true).await,
         Command::Reject { id } => cli::approve_or_reject(&app, id, false).await,
-        Command::Retry { target } => {
+        Command::Retry {
+            target,
+            accept_rewind,
+        } => {
+            if accept_rewind {
+                cli::accept_rewind(&app, &target).await?;
+            }
             cli::tick(&rec(), &[target], false, Operation::Apply, Trigger::Retry).await?
         }
         Command::Events { target, json } => cli::events(&app, &target, json).await?,

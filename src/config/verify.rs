@@ -13,6 +13,7 @@ struct RawVerify {
     allowed_signers_file: Option<String>,
     gpg_keyring_file: Option<String>,
     mode: Option<String>,
+    allow_rewind: Option<bool>,
 }
 
 pub(super) fn validate_verify(
@@ -79,6 +80,7 @@ pub(super) fn validate_verify(
         allowed_signers_file,
         gpg_keyring_file,
         every_commit,
+        allow_rewind: raw.allow_rewind.unwrap_or(false),
     })
 }
 

@@ -33,6 +33,10 @@ pub struct Verification {
     /// `mode = "all"`: every commit since the last applied one, not only the
     /// commit to apply.
     pub every_commit: bool,
+    /// `allow_rewind = true`: a branch tip that does not descend from the
+    /// commit last applied (a force push) is applied without a person
+    /// accepting it first.
+    pub allow_rewind: bool,
 }
 
 /// Why a commit is refused, or why none could be checked.

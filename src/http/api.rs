@@ -138,6 +138,9 @@ pub(super) async fn job(
 #[derive(Deserialize)]
 pub(super) struct ReconcileQuery {
     wait: Option<String>,
+    /// `retry` only: `1` accepts the branch tip the newest run refused as
+    /// not descending from the commit last applied (needs `approve`).
+    accept_rewind: Option<String>,
 }
 
 /// What `POST .../reconcile` answers.
@@ -213,6 +216,26 @@ async fn queue_and_watch(
             "target `{name}` is paused (by {}); resume it first",
             st.paused_by.as_deref().unwrap_or("?")
         )));
+    }
+    match q.accept_rewind.as_deref().map(str::trim) {
+        None | Some("0" | "false") => {}
+        Some("1" | "true") if trigger == Trigger::Retry => {
+            caller.require(Verb::Approve, &name)?;
+            crate::tick::accept_rewind(&s.app, &name, caller.name())
+                .await
+                .map_err(ApiError::unavailable)?
+                .map_err(ApiError::conflict)?;
+        }
+        Some("1" | "true") => {
+            return Err(ApiError::bad_request(
+                "query parameter `accept_rewind`: only `retry` accepts a rewind",
+            ));
+        }
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "query parameter `accept_rewind`: `1` or `0`, not `{other}`"
+            )));
+        }
     }
     let job = s
         .app

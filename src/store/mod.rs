@@ -314,6 +314,10 @@ pub struct TargetState {
     pub drift_hash: Option<String>,
     pub drift_summary: Option<String>,
     pub drift_since: Option<i64>,
+    /// A branch tip that does not descend from the commit last applied,
+    /// which a person accepted (`retry --accept-rewind`); cleared by the
+    /// next successful apply.
+    pub rewind_accepted: Option<String>,
 }
 
 /// A target the scheduler may queue (see [`Store::schedule_candidates`]).
@@ -366,7 +370,8 @@ pub(crate) async fn candidates_on(
 /// The `targets` columns a [`TargetState`] is read from.
 const TARGET_STATE: &str = "name, backend, last_applied_sha, last_result, last_message, \
      last_run_id, last_run_at, consecutive_failures, backend_digest, paused_at, paused_by, \
-     failing_since, last_notified_at, last_notified_message, drift_hash, drift_summary, drift_since";
+     failing_since, last_notified_at, last_notified_message, drift_hash, drift_summary, drift_since, \
+     rewind_accepted";
 
 /// A change to a target's recorded drift, written with its run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -941,12 +946,12 @@ impl Store {
             }
             (_, Operation::Apply) => {
                 "last_result = $5, last_message = $2, last_run_id = $3,
-                 consecutive_failures = 0, last_applied_sha = $6,
+                 consecutive_failures = 0, last_applied_sha = $6, rewind_accepted = NULL,
                  backend_digest = COALESCE($7, backend_digest), updated_at = $4"
             }
             (_, Operation::Destroy) => {
                 "last_result = $5, last_message = $2, last_run_id = $3,
-                 consecutive_failures = 0, last_applied_sha = NULL,
+                 consecutive_failures = 0, last_applied_sha = NULL, rewind_accepted = NULL,
                  backend_digest = NULL, updated_at = $4"
             }
         };
@@ -1158,6 +1163,19 @@ impl Store {
             .bind(now_ms()),
         };
         let r = self.write_one("pausing or resuming a target", q).await?;
+        Ok(r.rows_affected() == 1)
+    }
+
+    /// A person accepts that `target` may apply `sha`, a branch tip that
+    /// does not descend from the commit it last applied. Returns whether
+    /// the target has a row to note it on.
+    pub async fn accept_rewind(&self, target: &str, sha: &str) -> Result<bool, StoreError> {
+        let q =
+            sqlx::query("UPDATE targets SET rewind_accepted = $2, updated_at = $3 WHERE name = $1")
+                .bind(target)
+                .bind(sha)
+                .bind(now_ms());
+        let r = self.write_one("accepting a rewind", q).await?;
         Ok(r.rows_affected() == 1)
     }
 

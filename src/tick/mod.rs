@@ -14,9 +14,11 @@ mod depends;
 mod notices;
 mod preview;
 mod review;
+mod rewind;
 mod sets;
 
 pub use preview::Previewed;
+pub use rewind::{REWIND_REFUSED, accept as accept_rewind};
 pub use sets::{SetRefresh, list_sets};
 
 use std::time::Duration;
@@ -47,6 +49,9 @@ struct RunInfo {
     started_ms: i64,
     /// The target's state before this run (read under the target's lock).
     prev: Option<TargetState>,
+    /// Said first in the run's message, whatever its result: the tip does
+    /// not descend from the commit last applied (`tick::rewind`).
+    note: Option<String>,
 }
 
 /// What a run found besides its status, written with it.
@@ -78,6 +83,9 @@ pub enum TickError {
     Backend { target: String, message: String },
     #[error("target `{target}`: the tick stopped: {why}")]
     LeaseLost { target: String, why: String },
+    /// A person's request that cannot be done as asked (nothing was).
+    #[error("target `{target}`: {why}")]
+    Refused { target: String, why: String },
     #[error("{set}: {source}")]
     Set {
         set: String,
@@ -508,6 +516,7 @@ impl Reconciler {
                 started,
                 started_ms,
                 prev: state,
+                note: None,
             };
             if let Err(e) = &leftovers {
                 error!(target = %target.name, error = %e,
@@ -562,7 +571,7 @@ impl Reconciler {
                 ..run_row
             })
             .await?;
-        let run = RunInfo {
+        let mut run = RunInfo {
             id: run_id,
             op,
             trigger: trigger.clone(),
@@ -570,6 +579,7 @@ impl Reconciler {
             started,
             started_ms,
             prev: state.clone(),
+            note: None,
         };
         match leftovers {
             Ok(0) => {}
@@ -584,17 +594,33 @@ impl Reconciler {
 
         // Before the checkout moves or a backend runs: a followed tag must
         // not go backwards (and be signed, with `verify`); a verifying
-        // target's commits are checked in the cache. A refusal fails the
+        // target's commits are checked in the cache; a branch tip that does
+        // not descend from the commit last applied is refused under
+        // `verify` until accepted (`tick::rewind`). A refusal fails the
         // run; the last applied commit stays.
         let refusal = match (&followed, &tip, &target.verify) {
             (Some(t), Some(Ok(_)), _) => self.tag_may_apply(target, t).await.err(),
-            (None, Some(Ok(sha)), Some(v)) if op == Operation::Apply => {
+            (None, Some(Ok(sha)), v) if op == Operation::Apply => {
                 let last = state.as_ref().and_then(|s| s.last_applied_sha.as_deref());
-                self.git
-                    .verify(&target.name, &target.repo, sha.as_str(), last, v)
-                    .await
-                    .err()
-                    .map(|e| e.to_string())
+                let unsigned = match v {
+                    Some(v) => self
+                        .git
+                        .verify(&target.name, &target.repo, sha.as_str(), last, v)
+                        .await
+                        .err()
+                        .map(|e| e.to_string()),
+                    None => None,
+                };
+                match unsigned {
+                    Some(why) => Some(why),
+                    None => match self.rewind(target, sha.as_str(), state.as_ref()).await {
+                        Ok(note) => {
+                            run.note = note;
+                            None
+                        }
+                        Err(why) => Some(why),
+                    },
+                }
             }
             _ => None,
         };
@@ -841,6 +867,14 @@ impl Reconciler {
         findings: Findings,
     ) -> Result<Ticked, TickError> {
         let sha = applied;
+        let mut status = status;
+        if let Some(note) = &run.note {
+            status.message = if status.message.is_empty() {
+                note.clone()
+            } else {
+                format!("{note}; {}", status.message)
+            };
+        }
         let Findings {
             drift,
             plan_done,

@@ -366,3 +366,165 @@ fn gpg_signed_commits_with_mode_all_refuse_an_unsigned_one_under_a_signed_tip() 
     let ran = tick(&s, &[]);
     assert_refused(&s, &log, 2, ran, &stale, "has expired", &tip);
 }
+
+/// A force push of a verified target's branch back to an older signed
+/// commit is refused, naming both commits, until a person accepts that
+/// very commit (`retry --accept-rewind`, or the API with `approve`); the
+/// acceptance is spent by the apply, so the next rewind is refused again.
+/// `allow_rewind = true` applies rewinds, saying so; without `verify` a
+/// rewind is applied and the run and a WARN say "rewound from X to Y".
+#[test]
+fn a_force_push_back_to_an_older_signed_commit_waits_for_a_person() {
+    const OPS: &str = "ops-token-rewind-41";
+    const BOT: &str = "bot-token-rewind-41";
+    let root = tempfile::tempdir().expect("tempdir");
+    let (alice, alice_pub) = ssh_key(root.path(), "alice");
+    let remote = Remote::new(root.path(), "infra");
+    let log = root.path().join("applies.log");
+    let verify = verify_ssh_table(root.path(), "alice@example.net", &alice_pub);
+    let s = setup(&remote, &log, &verify);
+    let tokens = format!(
+        "{}{}",
+        token_table("ops", OPS, &["reconcile:app", "approve:app", "read"]),
+        token_table("bot", BOT, &["reconcile:app", "read"])
+    );
+    let config = std::fs::read_to_string(&s.config).expect("config");
+    std::fs::write(&s.config, format!("{config}{tokens}")).expect("config");
+    let as_alice = format!("user.signingkey={}", alice.display());
+    let signed =
+        |v: &str| remote.commit_signed(&[("v", v)], v, &["gpg.format=ssh", &as_alice], &[]);
+    let short = |sha: &str| sha[..12].to_string();
+
+    let old = signed("1");
+    assert_eq!(tick(&s, &[]).1["result"], "changed");
+    let new = signed("2");
+    assert_eq!(tick(&s, &[]).1["result"], "changed");
+    assert_eq!(applies(&log), 2);
+
+    // Back to the older signed commit: refused, naming both, nothing moves.
+    remote.force_to(&old);
+    let ran = tick(&s, &[]);
+    let message = ran.1["message"].as_str().unwrap_or("").to_string();
+    assert!(
+        message.contains(&format!("rewound from {} to {}", short(&new), short(&old)))
+            && message.contains(&new)
+            && message.contains("--accept-rewind app"),
+        "{message}"
+    );
+    assert_refused(&s, &log, 2, ran, &old, "does not descend", &new);
+    // Again at the interval: still refused.
+    let ran = tick(&s, &[]);
+    assert_refused(&s, &log, 2, ran, &old, "does not descend", &new);
+
+    // A person accepts it: that commit is applied, and the run says so.
+    let out = s.run(&["retry", "--accept-rewind", "app"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let run = s.history("app").into_iter().next().expect("a run");
+    assert_eq!(run["result"], "changed", "{run}");
+    assert!(
+        run["message"].as_str().is_some_and(|m| m.contains(&format!(
+            "rewound from {} to {} (accepted by a person)",
+            short(&new),
+            short(&old)
+        ))),
+        "{run}"
+    );
+    assert_eq!(last_applied(&s), old);
+    assert_eq!(applies(&log), 3);
+    // Nothing left to accept.
+    let out = s.run(&["retry", "--accept-rewind", "app"]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        text(&out.stderr).contains("nothing to accept"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // The acceptance was spent: forward, then back again, is refused again.
+    let newer = signed("3");
+    assert_eq!(tick(&s, &[]).1["result"], "changed");
+    remote.force_to(&old);
+    let ran = tick(&s, &[]);
+    assert_refused(&s, &log, 4, ran, &old, "does not descend", &newer);
+    // Through the API: a token without `approve` may not accept it; one
+    // with it may, and the next tick applies it.
+    let intake = Intake::start(&s);
+    let path = "/api/v1/targets/app/retry?accept_rewind=1";
+    let r = api_call(intake.port, "POST", path, BOT, &serde_json::Value::Null);
+    assert_eq!(r.status, 403, "{r:?}");
+    let ran = tick(&s, &[]);
+    assert_refused(&s, &log, 4, ran, &old, "does not descend", &newer);
+    let r = api_call(intake.port, "POST", path, OPS, &serde_json::Value::Null);
+    assert_eq!(r.status, 202, "{r:?}");
+    drop(intake);
+    assert_eq!(tick(&s, &[]).1["result"], "changed");
+    assert_eq!(last_applied(&s), old);
+
+    // allow_rewind = true: applied, and said.
+    let config = std::fs::read_to_string(&s.config).expect("config");
+    std::fs::write(
+        &s.config,
+        config.replace(&verify, &format!("{verify}\nallow_rewind = true")),
+    )
+    .expect("config");
+    let newest = signed("4");
+    assert_eq!(tick(&s, &[]).1["result"], "changed");
+    remote.force_to(&old);
+    let (code, run) = tick(&s, &[]);
+    assert_eq!(
+        (code, &run["result"]),
+        (Some(0), &"changed".into()),
+        "{run}"
+    );
+    assert!(
+        run["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with(&format!(
+                "rewound from {} to {}",
+                short(&newest),
+                short(&old)
+            ))),
+        "{run}"
+    );
+}
+
+#[test]
+fn without_verify_a_rewind_is_applied_and_said() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    let log = root.path().join("applies.log");
+    let s = setup(&remote, &log, "");
+    let old = remote.commit(&[("v", "1")], "one");
+    assert!(s.run(&["tick", "app"]).status.success());
+    let new = remote.commit(&[("v", "2")], "two");
+    assert!(s.run(&["tick", "app"]).status.success());
+    remote.force_to(&old);
+    let out = s.run(&["tick", "app"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let said = format!("rewound from {} to {}", &new[..12], &old[..12]);
+    assert!(text(&out.stderr).contains("WARN"), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains(&said), "{}", text(&out.stdout));
+    assert_eq!(last_applied(&s), old);
+    assert_eq!(applies(&log), 3);
+    // Forward again: nothing to say.
+    remote.force_to(&new);
+    let out = s.run(&["tick", "app"]);
+    assert!(
+        !text(&out.stdout).contains("rewound"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_eq!(last_applied(&s), new);
+    // A history of its own (neither ahead nor behind) is said as such.
+    let other = remote.force_commit(&old, &[("w", "x")], "elsewhere");
+    let out = s.run(&["tick", "app"]);
+    assert!(
+        text(&out.stdout).contains(&format!(
+            "history rewritten from {} to {}",
+            &new[..12],
+            &other[..12]
+        )),
+        "{}",
+        text(&out.stdout)
+    );
+}

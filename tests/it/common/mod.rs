@@ -115,6 +115,12 @@ impl Remote {
         git(&self.work, &["rev-parse", "HEAD"])
     }
 
+    /// Force-push `main` back to `sha` (an older commit): no new commit.
+    pub fn force_to(&self, sha: &str) {
+        git(&self.work, &["reset", "-q", "--hard", sha]);
+        git(&self.work, &["push", "-q", "--force", "origin", "main"]);
+    }
+
     /// Commit `files` on a branch off `main` (the same branch again for the
     /// same `git_ref`, on top of what it has) and push it where a forge
     /// keeps a pull request's head (`refs/pull/<n>/head`, GitLab's
