@@ -32,13 +32,14 @@ struct Args {
 enum Command {
     /// Run the daemon: interval scheduler, workers, HTTP endpoints.
     Serve,
-    /// Reconcile targets once, now (for systemd timers and cron).
-    /// Exit 0: no_change/changed; 1: failed; 75: a target's lock is held elsewhere.
+    /// Reconcile targets once, now, in dependency order (for systemd timers
+    /// and cron). Exit 0: no_change/changed; 1: failed or blocked; 75: a
+    /// target's lock is held elsewhere.
     Tick {
         /// Target names.
         #[arg(required_unless_present = "all")]
         targets: Vec<String>,
-        /// Every configured target, one after another.
+        /// Every configured target, one after another in dependency order.
         #[arg(long, conflicts_with = "targets")]
         all: bool,
     },
@@ -60,8 +61,10 @@ enum Command {
         limit: i64,
     },
     /// What applying a target's branch tip now would change, changing
-    /// nothing (terraform). Exit 0: no changes; 2: changes; 1: failed or the
-    /// backend cannot plan; 75: a tick holds the target's lock.
+    /// nothing: the backend's own plan, for every backend that can plan.
+    /// Exit 0: no changes; 2: changes; 1: failed, or the target cannot plan
+    /// (an exec or pi target without a `plan` command); 75: a tick holds
+    /// the target's lock.
     Plan {
         /// The target's name.
         target: String,
@@ -146,8 +149,9 @@ enum Command {
         #[arg(long)]
         accept_rewind: bool,
     },
-    /// The append-only record of a target's Nomad deployment state changes:
-    /// who, what, when, from which state.
+    /// The append-only record of a target's deployment state changes, for
+    /// every backend that plans (Nomad's deployments and the plans that wait
+    /// for a person): who, what, when, from which state.
     Events {
         /// The target's name.
         target: String,

@@ -14,12 +14,23 @@ use serde_json::Value;
 pub type KeyProblem = (String, String);
 
 /// Read `table` as a `T`, or every problem found in it.
-pub fn read<T: DeserializeOwned>(mut table: Value) -> Result<T, Vec<KeyProblem>> {
+pub fn read<T: DeserializeOwned>(table: Value) -> Result<T, Vec<KeyProblem>> {
+    match read_partly(table) {
+        (Some(t), problems) if problems.is_empty() => Ok(t),
+        (_, problems) => Err(problems),
+    }
+}
+
+/// Every problem found in `table`, and the `T` read from what is left
+/// once each bad key is set aside (`None` when that is not possible: a
+/// required key is missing, or a problem names no key), so a caller can
+/// go on checking the rest of what the table says.
+pub fn read_partly<T: DeserializeOwned>(mut table: Value) -> (Option<T>, Vec<KeyProblem>) {
     let mut problems: Vec<KeyProblem> = Vec::new();
+    let mut removed: Vec<Vec<String>> = Vec::new();
     for _ in 0..64 {
         let err = match serde_path_to_error::deserialize::<_, T>(&table) {
-            Ok(t) if problems.is_empty() => return Ok(t),
-            Ok(_) => return Err(problems),
+            Ok(t) => return (Some(t), problems),
             Err(e) => e,
         };
         let path: Vec<String> = err
@@ -42,6 +53,11 @@ pub fn read<T: DeserializeOwned>(mut table: Value) -> Result<T, Vec<KeyProblem>>
         if let Some(n) = named.filter(|n| path.last() != Some(n)) {
             key.push(n);
         }
+        // A key set aside for its own problem is now missing: one problem
+        // is one line, not "invalid type" and then "missing field".
+        if msg.starts_with("missing field") && removed.contains(&key) {
+            return (None, problems);
+        }
         let label = if key.is_empty() {
             "(table)".to_string()
         } else {
@@ -51,10 +67,11 @@ pub fn read<T: DeserializeOwned>(mut table: Value) -> Result<T, Vec<KeyProblem>>
         // A missing field cannot be set aside; neither can a problem with no
         // key to remove.
         if msg.starts_with("missing field") || key.is_empty() || !remove(&mut table, &key) {
-            return Err(problems);
+            return (None, problems);
         }
+        removed.push(key);
     }
-    Err(problems)
+    (None, problems)
 }
 
 /// Remove the value at `path` (object keys, array indexes as numbers);
@@ -114,6 +131,10 @@ mod tests {
         assert!(e[1].1.contains("invalid type"), "{e:?}");
         let e = read::<T>(serde_json::json!({ "port": 1 })).expect_err("missing");
         assert_eq!(e[0].0, "name");
+        // A required key of the wrong type is one problem, not two.
+        let e = read::<T>(serde_json::json!({ "name": 7 })).expect_err("wrong type");
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(e[0].0 == "name" && e[0].1.contains("invalid type"), "{e:?}");
         assert!(read::<T>(serde_json::json!({ "name": "ok" })).is_ok());
     }
 }

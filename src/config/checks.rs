@@ -13,28 +13,32 @@ pub(super) fn problem(section: &str, key: &str, message: impl Into<String>) -> P
     }
 }
 
-/// serde's "unknown field `x`, expected one of …" names the key; pull it out
-/// so the problem's `key` is right.
-pub(super) fn serde_problem(section: &str, prefix: &str, err: &serde_json::Error) -> Problem {
-    let msg = err.to_string();
-    let key = msg
-        .split('`')
-        .nth(1)
-        .filter(|_| msg.starts_with("unknown field") || msg.starts_with("missing field"))
-        .map(|k| format!("{prefix}{k}"))
-        .unwrap_or_else(|| prefix.trim_end_matches('.').to_string());
-    let key = if key.is_empty() {
-        "(table)".into()
-    } else {
-        key
-    };
-    // serde_json appends " at line 0 column 0" to errors from `from_value`.
-    let msg = msg
-        .split(" at line ")
-        .next()
-        .unwrap_or(msg.as_str())
-        .to_string();
-    problem(section, &key, msg)
+/// Read one table into its struct (`crate::schema::read_partly`), every
+/// problem named by its full key under `section`: `prefix` (`verify.`)
+/// then the key's path in the table (`workers`, `history.keep`), so a
+/// value of the wrong type names its key, never `(table)`. The struct read
+/// from the rest of the table when a bad key could be set aside, so the
+/// caller goes on checking the other keys (the problems already make the
+/// configuration invalid); `None` when it could not be read at all.
+pub(super) fn read_table<T: serde::de::DeserializeOwned>(
+    raw: Value,
+    section: &str,
+    prefix: &str,
+    problems: &mut Vec<Problem>,
+) -> Option<T> {
+    let (read, found) = crate::schema::read_partly(raw);
+    for (key, msg) in found {
+        let key = if key == "(table)" {
+            match prefix.trim_end_matches('.') {
+                "" => key,
+                p => p.to_string(),
+            }
+        } else {
+            format!("{prefix}{key}")
+        };
+        problems.push(problem(section, &key, msg));
+    }
+    read
 }
 
 pub(super) fn duration(
@@ -71,8 +75,8 @@ pub(super) fn duration(
                 label,
                 key,
                 format!(
-                    "`{raw}` is longer than the most this key takes ({})",
-                    humantime::format_duration(max)
+                    "`{raw}` is longer than the most this key takes (at most {})",
+                    in_accepted_units(max)
                 ),
             ));
             default
@@ -86,6 +90,20 @@ pub(super) fn duration(
             ));
             default
         }
+    }
+}
+
+/// `d` in the units a duration key accepts (s, m, h, d), in the largest
+/// one that says it exactly: `3650d`, `24h`, `90s` — never in the months
+/// and years `humantime` would write, which the keys refuse.
+pub(super) fn in_accepted_units(d: Duration) -> String {
+    let secs = d.as_secs();
+    match secs {
+        0 => "0s".to_string(),
+        s if s % 86_400 == 0 => format!("{}d", s / 86_400),
+        s if s % 3_600 == 0 => format!("{}h", s / 3_600),
+        s if s % 60 == 0 => format!("{}m", s / 60),
+        s => format!("{s}s"),
     }
 }
 

@@ -22,13 +22,7 @@ pub(super) fn validate_decrypt(
     machine: bool,
     problems: &mut Vec<Problem>,
 ) -> Option<Sops> {
-    let raw: RawDecrypt = match serde_json::from_value(raw) {
-        Ok(r) => r,
-        Err(e) => {
-            problems.push(serde_problem(section, "decrypt.", &e));
-            return None;
-        }
-    };
+    let raw = read_table::<RawDecrypt>(raw, section, "decrypt.", problems)?;
     match raw.sops {
         Some(true) => {}
         Some(false) => return None,

@@ -15,7 +15,6 @@ use super::checks::problem;
 /// name twice, and one cycle (a → b → a) if the graph has any.
 pub(super) fn validate(targets: &[Target], problems: &mut Vec<Problem>) {
     let known: BTreeSet<&str> = targets.iter().map(|t| t.name.as_str()).collect();
-    let mut sound = true;
     for t in targets {
         let label = format!("targets[{}]", t.name);
         let mut seen = BTreeSet::new();
@@ -29,13 +28,31 @@ pub(super) fn validate(targets: &[Target], problems: &mut Vec<Problem>) {
             } else {
                 None
             };
-            if let Some(why) = why {
+            let Some(why) = why else { continue };
+            // A dependency an input brought is the input's problem: named
+            // by the input's key, not by a `depends_on` nobody wrote.
+            let from: Vec<&str> = t
+                .inputs
+                .iter()
+                .filter(|i| i.target == *d)
+                .map(|i| i.name.as_str())
+                .collect();
+            if from.is_empty() {
                 problems.push(problem(&label, "depends_on", why));
-                sound = false;
+            } else {
+                for name in from {
+                    problems.push(problem(
+                        &label,
+                        &format!("inputs.{name}"),
+                        format!("{why} (the target this input's output comes from)"),
+                    ));
+                }
             }
         }
     }
-    if sound && let Some(cycle) = cycle(targets) {
+    // Beside the problems above, not only once they are fixed (a name
+    // that is not a target, or the target itself, makes no cycle).
+    if let Some(cycle) = cycle(targets) {
         problems.push(problem(
             &format!("targets[{}]", cycle[0]),
             "depends_on",
@@ -48,7 +65,8 @@ pub(super) fn validate(targets: &[Target], problems: &mut Vec<Problem>) {
 }
 
 /// A cycle, as the names around it with the first repeated at the end
-/// (`a → b → c → a`), or `None`. Names not among the targets are ignored.
+/// (`a → b → c → a`), or `None`. Names not among the targets, and a
+/// target naming itself (refused on its own), are ignored.
 pub fn cycle(targets: &[Target]) -> Option<Vec<String>> {
     let index: HashMap<&str, usize> = targets
         .iter()
@@ -70,7 +88,9 @@ pub fn cycle(targets: &[Target]) -> Option<Vec<String>> {
             if *edge < deps.len() {
                 let next = index.get(deps[*edge].as_str()).copied();
                 *edge += 1;
-                let Some(next) = next else { continue };
+                let Some(next) = next.filter(|&n| n != node) else {
+                    continue;
+                };
                 match mark[next] {
                     0 => {
                         mark[next] = 1;

@@ -36,7 +36,7 @@ mod target;
 mod verify;
 
 pub use checks::valid_name;
-use checks::{duration, problem, serde_problem};
+use checks::{duration, problem, read_table};
 pub use repo_url::normalize_repo;
 pub use server::valid_scope;
 use server::{validate_receivers, validate_server, validate_tokens};
@@ -707,13 +707,7 @@ fn validate(
     machine: bool,
     problems: &mut Vec<Problem>,
 ) -> Option<Settings> {
-    let top: RawTop = match serde_json::from_value(raw) {
-        Ok(t) => t,
-        Err(e) => {
-            problems.push(serde_problem("", "", &e));
-            return None;
-        }
-    };
+    let top = read_table::<RawTop>(raw, "", "", problems)?;
     let state_dir = match top.state_dir.as_deref() {
         Some("") => {
             problems.push(problem("", "state_dir", "must not be empty"));
@@ -1325,10 +1319,10 @@ mod tests {
         assert_eq!(p.len(), 2, "{p:?}");
         assert!(
             p[0].message
-                .contains("longer than the most this key takes (7days)"),
+                .contains("longer than the most this key takes (at most 7d)"),
             "{p:?}"
         );
-        assert!(p[1].message.contains("(1day)"), "{p:?}");
+        assert!(p[1].message.contains("(at most 1d)"), "{p:?}");
         // [history] keep: 90 days unless said, in the same units.
         let history = |keep: &str| format!("[history]\nkeep = \"{keep}\"\n{}", toml("5m", "30m"));
         let keep = |k: &str| load_str(&history(k)).map(|s| s.history.keep);

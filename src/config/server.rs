@@ -51,12 +51,8 @@ pub(super) fn validate_server(raw: Option<Value>, problems: &mut Vec<Problem>) -
         metrics: PageAccess::Open,
     };
     let Some(raw) = raw else { return server };
-    let raw: RawServer = match serde_json::from_value(raw) {
-        Ok(r) => r,
-        Err(e) => {
-            problems.push(serde_problem("server", "", &e));
-            return server;
-        }
+    let Some(raw) = read_table::<RawServer>(raw, "server", "", problems) else {
+        return server;
     };
     if let Some(listen) = raw.listen {
         match listen.parse() {
@@ -182,12 +178,8 @@ pub(super) fn validate_receivers(
             .and_then(Value::as_str)
             .map(|n| format!("receivers[{n}]"))
             .unwrap_or_else(|| format!("receivers[{i}]"));
-        let r: RawReceiver = match serde_json::from_value(raw) {
-            Ok(r) => r,
-            Err(e) => {
-                problems.push(serde_problem(&label, "", &e));
-                continue;
-            }
+        let Some(r) = read_table::<RawReceiver>(raw, &label, "", problems) else {
+            continue;
         };
         if !valid_name(&r.name) {
             problems.push(problem(
@@ -265,12 +257,8 @@ pub(super) fn validate_tokens(raw: Vec<Value>, problems: &mut Vec<Problem>) -> V
             .and_then(Value::as_str)
             .map(|n| format!("tokens[{n}]"))
             .unwrap_or_else(|| format!("tokens[{i}]"));
-        let t: RawToken = match serde_json::from_value(raw) {
-            Ok(t) => t,
-            Err(e) => {
-                problems.push(serde_problem(&label, "", &e));
-                continue;
-            }
+        let Some(t) = read_table::<RawToken>(raw, &label, "", problems) else {
+            continue;
         };
         let before = problems.len();
         let digest = t.sha256.trim().to_ascii_lowercase();

@@ -67,13 +67,7 @@ pub(super) fn validate_target(
             }
         },
     };
-    let raw: RawTarget = match serde_json::from_value(raw) {
-        Ok(r) => r,
-        Err(e) => {
-            problems.push(serde_problem(label, "", &e));
-            return None;
-        }
-    };
+    let raw = read_table::<RawTarget>(raw, label, "", problems)?;
     if !valid_name(&raw.name) {
         problems.push(problem(
             label,

@@ -23,13 +23,7 @@ pub(super) fn validate_verify(
     machine: bool,
     problems: &mut Vec<Problem>,
 ) -> Option<Verification> {
-    let raw: RawVerify = match serde_json::from_value(raw) {
-        Ok(r) => r,
-        Err(e) => {
-            problems.push(serde_problem(section, "verify.", &e));
-            return None;
-        }
-    };
+    let raw = read_table::<RawVerify>(raw, section, "verify.", problems)?;
     let every_commit = match raw.mode.as_deref() {
         None | Some("head") => false,
         Some("all") => true,

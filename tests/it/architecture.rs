@@ -281,3 +281,131 @@ fn the_bundled_example_config_is_valid() {
         .expect("run check");
     assert!(out.status.success(), "{}", crate::common::text(&out.stdout));
 }
+
+/// The README's CLI table and each command's `--help` say the same: the
+/// same commands, the same flags, the same exit codes — and where the
+/// README says a command is for every backend or runs in dependency
+/// order, the help does not say otherwise. Read from both, so neither can
+/// drift from the other again.
+#[test]
+fn every_commands_help_says_what_the_readme_says() {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+        .expect("README");
+    let table = readme
+        .split("## The CLI")
+        .nth(1)
+        .and_then(|t| t.split("\n## ").next())
+        .expect("the README's CLI section");
+    let help = |args: &[&str]| {
+        let out = std::process::Command::new(crate::common::bin())
+            .args(args)
+            .arg("--help")
+            .output()
+            .expect("--help");
+        crate::common::text(&out.stdout)
+    };
+    let flags = |text: &str| -> BTreeSet<String> {
+        text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+            .filter(|w| w.starts_with("--") && w.len() > 2)
+            .filter(|w| !matches!(*w, "--help" | "--config" | "--version"))
+            .map(str::to_string)
+            .collect()
+    };
+    // "Exit 0: …; 2: …; 1: …; 75: …": the codes it names.
+    let exit_codes = |text: &str| -> BTreeSet<String> {
+        let Some(rest) = text.split("Exit ").nth(1) else {
+            return BTreeSet::new();
+        };
+        rest.split(';')
+            .filter_map(|part| part.trim().split(':').next())
+            .filter(|code| !code.is_empty() && code.chars().all(|c| c.is_ascii_digit()))
+            .map(str::to_string)
+            .collect()
+    };
+    // What the README says of each command (`token new`: a command and
+    // its subcommand), over every row naming it: its flags, the exit
+    // codes, and the phrases below where its rows use them.
+    type Said<'a> = (BTreeSet<String>, BTreeSet<String>, Vec<&'a str>);
+    let mut documented: BTreeMap<Vec<String>, Said> = BTreeMap::new();
+    for row in table.lines().filter(|l| l.starts_with("| `driftless ")) {
+        let cells: Vec<&str> = row.split(" | ").collect();
+        let (usage, what) = (cells[0], cells.get(1).copied().unwrap_or(""));
+        // `driftless pause <target>` / `resume <target>`: each one.
+        for u in usage.split('`').skip(1).step_by(2) {
+            let u = u.trim_start_matches("driftless ");
+            let args: Vec<String> = u
+                .split(' ')
+                .take_while(|w| w.chars().next().is_some_and(|c| c.is_ascii_lowercase()))
+                .map(str::to_string)
+                .collect();
+            let entry = documented.entry(args).or_default();
+            entry.0.extend(flags(u));
+            entry.1.extend(exit_codes(what));
+            for phrase in ["dependency order", "blocked", "every backend"] {
+                if what.contains(phrase) {
+                    entry.2.push(phrase);
+                }
+            }
+        }
+    }
+    for (args, (readme_flags, codes, phrases)) in &documented {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let said = help(&args);
+        assert!(
+            !said.is_empty(),
+            "`driftless {}` has no --help",
+            args.join(" ")
+        );
+        // The flags --help lists as options (not those its prose names).
+        let options = said.split("Options:").nth(1).unwrap_or("");
+        let options: String = options
+            .lines()
+            .filter(|l| l.trim_start().starts_with('-'))
+            .map(|l| l.split("  ").find(|p| !p.trim().is_empty()).unwrap_or(""))
+            .collect::<Vec<_>>()
+            .join(" ");
+        assert_eq!(
+            readme_flags,
+            &flags(&options),
+            "`driftless {}`: the README's flags and --help's differ\n{said}",
+            args.join(" ")
+        );
+        let said_flat = said.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert_eq!(
+            codes,
+            &exit_codes(&said_flat),
+            "`driftless {}`: the README's exit codes and --help's differ\n{said}",
+            args.join(" ")
+        );
+        for phrase in phrases {
+            assert!(
+                said_flat.contains(phrase),
+                "`driftless {}`: the README says \"{phrase}\", --help does not\n{said}",
+                args.join(" ")
+            );
+        }
+    }
+    let documented: BTreeSet<String> = documented
+        .keys()
+        .filter_map(|a| a.first().cloned())
+        .collect();
+    // Every command --help lists is in the README's table.
+    let listed = help(&[]);
+    let commands: BTreeSet<String> = listed
+        .split("Commands:")
+        .nth(1)
+        .unwrap_or("")
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|c| *c != "help")
+        .map(str::to_string)
+        .collect();
+    assert!(!commands.is_empty(), "{listed}");
+    let missing: Vec<&String> = commands.difference(&documented).collect();
+    assert!(
+        missing.is_empty(),
+        "not in the README's CLI table: {missing:?}"
+    );
+}

@@ -574,3 +574,63 @@ fn a_policy_needs_a_backend_that_can_plan() {
         );
     }
 }
+
+/// Each problem of `check` names its full key, once: a value of the wrong
+/// type (`server.workers`, `targets[t].interval`, `history.keep`), a
+/// required backend key of the wrong type (one line, not "invalid type"
+/// and then "missing field"), an input naming an unknown target (by the
+/// input's key, not `depends_on`), a dependency cycle beside the other
+/// problems, and a limit in the units the key accepts.
+#[test]
+fn check_names_the_key_at_fault_once_each_time() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exec = |name: &str, extra: &str| {
+        format!(
+            "[[targets]]\nname = \"{name}\"\nrepo = \"https://git.example.net/infra.git\"\n{extra}\n\
+             [targets.backend]\nkind = \"exec\"\napply = [\"./go\"]\n\n"
+        )
+    };
+    let config = write(
+        dir.path(),
+        &format!(
+            "state_dir = \"state\"\n[server]\nworkers = \"four\"\n[history]\nkeep = 7\n\n{}{}{}{}{}\
+             [[targets]]\nname = \"typed\"\nrepo = \"https://git.example.net/infra.git\"\n\
+             [targets.backend]\nkind = \"exec\"\napply = \"./go\"\n",
+            exec("t", "interval = 30"),
+            exec("a", "depends_on = [\"b\"]"),
+            exec("b", "depends_on = [\"a\"]"),
+            exec("consumer", "inputs = { simple = \"nowhere.outputs.id\" }"),
+            exec("old", "timeout = \"20d\""),
+        ),
+    );
+    let out = driftless(&config, &["check"]);
+    assert_eq!(out.status.code(), Some(1));
+    let said = text(&out.stdout) + &text(&out.stderr);
+    for (line, what) in [
+        ("server: key `workers`", "invalid type"),
+        ("key `history.keep`", "invalid type"),
+        ("targets[t]: key `interval`", "invalid type"),
+        ("targets[typed]: key `backend.apply`", "invalid type"),
+        (
+            "targets[consumer]: key `inputs.simple`",
+            "no target named `nowhere`",
+        ),
+        (
+            "targets[a]: key `depends_on`",
+            "a dependency cycle: a → b → a",
+        ),
+        ("targets[old]: key `timeout`", "(at most 1d)"),
+    ] {
+        assert!(
+            said.lines().any(|l| l.contains(line) && l.contains(what)),
+            "no line with {line} and {what}:\n{said}"
+        );
+    }
+    assert!(!said.contains("(table)"), "{said}");
+    assert!(!said.contains("missing field `apply`"), "{said}");
+    assert!(
+        !said.contains("targets[consumer]: key `depends_on`"),
+        "{said}"
+    );
+    assert!(!said.contains("years") && !said.contains("days"), "{said}");
+}
