@@ -1333,6 +1333,7 @@ mod tests {
                 state: plans::PlanState::PendingApproval,
                 decided_by: None,
                 message: "waits",
+                made_from: None,
             })
             .await
             .expect("a new plan");

@@ -180,6 +180,11 @@ pub struct StoredPlan {
     pub pre_hook: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub post_hook: Option<String>,
+    /// What the plan was made from beside its commit (the tick's JSON:
+    /// inputs as recorded, digests; migration 0018); `None` for Nomad's
+    /// and for plans recorded before it was kept.
+    #[serde(skip)]
+    pub made_from: Option<String>,
 }
 
 impl StoredPlan {
@@ -225,12 +230,14 @@ pub struct NewPlan<'a> {
     pub state: PlanState,
     pub decided_by: Option<&'a str>,
     pub message: &'a str,
+    /// What it is made from beside its commit (see [`StoredPlan::made_from`]).
+    pub made_from: Option<&'a str>,
 }
 
 const COLUMNS: &str = "id, target, backend, commit_sha, plan_hash, policy, summary, diff, \
      destructive, artifact, state, decided_by, decided_at, message, created_at, updated_at, \
      backend_hash, cluster, namespace, job, file, job_modify_index, registered_index, pre_hook, \
-     post_hook";
+     post_hook, made_from";
 
 impl Store {
     /// Record a plan before it is shown or applied. Fails when the target
@@ -244,8 +251,8 @@ impl Store {
         let q = format!(
             "INSERT INTO deployments (target, backend, commit_sha, plan_hash, policy, summary,
                                 diff, destructive, artifact, state, decided_by, decided_at,
-                                message, created_at, updated_at, backend_hash)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $14, $15)
+                                message, created_at, updated_at, backend_hash, made_from)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $14, $15, $16)
              RETURNING {COLUMNS}"
         );
         let plan = sqlx::query_as::<_, StoredPlan>(sqlx::AssertSqlSafe(q))
@@ -264,6 +271,7 @@ impl Store {
             .bind(p.message)
             .bind(now)
             .bind(p.backend_hash)
+            .bind(p.made_from)
             .fetch_one(&mut *tx)
             .await
             .map_err(self.err(what))?;
@@ -456,8 +464,9 @@ impl Store {
         if p.state != PlanState::PendingApproval {
             let why = match p.state {
                 PlanState::Superseded => format!(
-                    "deployment {id} was superseded by a newer commit of target `{}`; look at its new plan",
-                    p.target
+                    "deployment {id} of target `{}` was superseded ({}); look at its new plan",
+                    p.target,
+                    p.message.as_deref().unwrap_or("by a newer commit")
                 ),
                 s => format!("deployment {id} is `{}`, not pending approval", s.as_str()),
             };
@@ -629,6 +638,7 @@ mod tests {
             state: PlanState::PendingApproval,
             decided_by: None,
             message: "waits",
+            made_from: None,
         }
     }
 

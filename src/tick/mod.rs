@@ -11,6 +11,7 @@
 //! plan (detect, approvals, `driftless plan`), `notices` who hears of a run.
 
 mod depends;
+mod identity;
 mod notices;
 mod preview;
 mod review;
@@ -52,6 +53,9 @@ struct RunInfo {
     /// Said first in the run's message, whatever its result: the tip does
     /// not descend from the commit last applied (`tick::rewind`).
     note: Option<String>,
+    /// What a plan this run makes is made from, beside its commit (the
+    /// ticks that review plans; `tick::identity`).
+    made_from: Option<identity::MadeFrom>,
 }
 
 /// What a run found besides its status, written with it.
@@ -517,6 +521,7 @@ impl Reconciler {
                 started_ms,
                 prev: state,
                 note: None,
+                made_from: None,
             };
             if let Err(e) = &leftovers {
                 error!(target = %target.name, error = %e,
@@ -580,6 +585,7 @@ impl Reconciler {
             started_ms,
             prev: state.clone(),
             note: None,
+            made_from: None,
         };
         match leftovers {
             Ok(0) => {}
@@ -696,6 +702,20 @@ impl Reconciler {
 
         let retry = job.is_some_and(|j| j.triggers.contains(&Trigger::Retry));
         let mut ctx = self.context(target, &synced, state.and_then(|s| s.backend_digest), retry);
+        let reviews = op == Operation::Apply && target.tick_policy().reviews();
+        // The key a digest of decrypted values is kept under, read before
+        // anything is decrypted (a failure then leaves no plaintext).
+        let key = match (reviews, &target.decrypt) {
+            (true, Some(_)) => Some(self.app.store.key("plan_hash").await?),
+            _ => None,
+        };
+        if reviews {
+            run.made_from = Some(identity::MadeFrom {
+                inputs: inputs.recorded.clone(),
+                decrypted: None,
+                backend: identity::backend_digest(&target.backend),
+            });
+        }
         with_inputs(&mut ctx, inputs);
         // SOPS files: decrypted for the backend alone, encrypted again after
         // it, whatever it did; every value masked in what it reports.
@@ -705,6 +725,10 @@ impl Reconciler {
                 Ok(o) => {
                     for v in &o.secrets {
                         ctx.redactor.add(v.clone());
+                    }
+                    if let (Some(m), Some(key)) = (run.made_from.as_mut(), &key) {
+                        // Keyed: a digest of secrets is not kept bare.
+                        m.decrypted = Some(identity::keyed(key, &o.secrets));
                     }
                     Some(o)
                 }

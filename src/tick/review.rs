@@ -199,6 +199,9 @@ impl Reconciler {
         // A plan made again because the approved one's file is elsewhere
         // and it came out different: it waits for approval in its place.
         let mut replanned: Option<(i64, Plan)> = None;
+        // An approved plan superseded here: the new plan's run says why
+        // the approved one was not applied.
+        let mut not_applied: Option<String> = None;
         if let Some(mut open) = store.open_plan(&target.name).await? {
             if open.state == PlanState::Applying {
                 // A tick died while the backend applied it.
@@ -215,12 +218,16 @@ impl Reconciler {
                 self.prune_plans(target, None);
                 return stay(Status::failed(msg)).await;
             }
+            // What it was made from beside its commit (inputs, decrypted
+            // files, the backend table): a change supersedes it as a new
+            // commit does, and it says which.
+            let changed = made_from_changes(run, &open);
             // A newer commit that changes nothing under the target's path
             // (another directory of a monorepo) gives the same files: the
             // plan is carried to it, not made again and asked again.
-            if open.commit_sha != seen.as_str()
-                && self.same_inputs(target, &open.commit_sha, seen).await
-            {
+            let same_tree = open.commit_sha == seen.as_str()
+                || self.same_inputs(target, &open.commit_sha, seen).await;
+            if open.commit_sha != seen.as_str() && same_tree && changed.is_empty() {
                 let msg = format!(
                     "carried to commit {}: nothing under `{}` changed since {}",
                     seen.short(),
@@ -236,13 +243,35 @@ impl Reconciler {
                     open.commit_sha = seen.as_str().to_string();
                 }
             }
-            if open.commit_sha != seen.as_str() {
-                let msg = format!("superseded by commit {}", seen.short());
+            if open.commit_sha != seen.as_str() || !changed.is_empty() {
+                // Why, in words: the files under its path changed with the
+                // commit, or what else it was made from did.
+                let mut why = Vec::new();
+                if !same_tree {
+                    why.push(format!("commit {} changed its files", seen.short()));
+                }
+                why.extend(changed.iter().cloned());
+                let msg = if same_tree {
+                    format!("superseded: {}", why.join("; "))
+                } else {
+                    format!(
+                        "superseded by commit {}{}",
+                        seen.short(),
+                        changed.iter().map(|c| format!("; {c}")).collect::<String>()
+                    )
+                };
                 store
                     .move_plan(open.id, open.state, PlanState::Superseded, &msg)
                     .await?;
                 info!(target = %target.name, deployment = open.id, commit = %seen.short(),
-                      "a newer commit supersedes the plan that waited");
+                      why = %msg, "a plan that waited is superseded");
+                if open.state == PlanState::Approved {
+                    not_applied = Some(format!(
+                        "deployment {} was approved but not applied: {}",
+                        open.id,
+                        why.join("; ")
+                    ));
+                }
                 self.discard_stored(target, backend.as_ref(), &open).await;
                 self.prune_plans(target, None);
             } else if open.state == PlanState::PendingApproval {
@@ -300,6 +329,7 @@ impl Reconciler {
         } else if !retry
             && let Some(last) = store.latest_plan(&target.name).await?
             && matches!(last.state, PlanState::Rejected | PlanState::Failed)
+            && made_from_changes(run, &last).is_empty()
             && self.same_inputs(target, &last.commit_sha, seen).await
         {
             let msg = format!(
@@ -338,7 +368,14 @@ impl Reconciler {
         };
         if !plan.changes {
             self.prune_plans(target, None);
-            let msg = format!("no changes: the real world matches {}", seen.short());
+            let msg = format!(
+                "{}no changes: the real world matches {}",
+                not_applied
+                    .as_ref()
+                    .map(|n| format!("{n}; "))
+                    .unwrap_or_default(),
+                seen.short()
+            );
             let matches = Some(seen.as_str());
             return self
                 .finish_with(
@@ -352,6 +389,7 @@ impl Reconciler {
                 .await;
         }
         let unattended = target.policy == Policy::ApproveDestructive && !plan.destructive;
+        let made_from = run.made_from.as_ref().map(|m| m.stored());
         let artifact = plan.artifact.as_ref().map(|a| a.display().to_string());
         let shown = self.shown_hash(&plan.hash).await?;
         let new = NewPlan {
@@ -376,6 +414,7 @@ impl Reconciler {
             } else {
                 "waits for approval"
             },
+            made_from: made_from.as_deref(),
         };
         let stored = match store.insert_plan(&new).await {
             Ok(p) => p,
@@ -392,7 +431,8 @@ impl Reconciler {
         info!(target = %target.name, deployment = stored.id, commit = %seen.short(),
               summary = %stored.summary, destructive = stored.destructive, "a plan waits for approval");
         let msg = format!(
-            "{}deployment {} waits for approval: {}{} at {}",
+            "{}{}deployment {} waits for approval: {}{} at {}",
+            not_applied.map(|n| format!("{n}; ")).unwrap_or_default(),
             superseded
                 .map(|id| format!(
                     "deployment {id} was not applied: the plan made again on this host, where \
@@ -777,5 +817,15 @@ pub(super) fn shown_path(target: &Target) -> String {
         ".".to_string()
     } else {
         target.path.display().to_string()
+    }
+}
+
+/// What changed in what `plan` was made from, beside its commit, for the
+/// run that looks at it (`tick::identity`); empty when nothing did, or
+/// when this run does not review plans.
+fn made_from_changes(run: &RunInfo, plan: &StoredPlan) -> Vec<String> {
+    match &run.made_from {
+        Some(now) => now.changes_since(plan.made_from.as_deref()),
+        None => Vec::new(),
     }
 }

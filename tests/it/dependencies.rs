@@ -738,3 +738,138 @@ fn terraform_exec_and_compose_converge_as_a_chain_passing_outputs() {
         assert!(said.contains(&format!("{t}: no_change")), "{said}");
     }
 }
+
+/// A plan a person approves is the plan that runs, inputs included: a
+/// terraform target under `policy = "approval"` takes `greeting` from an
+/// exec target. When the producer's output changes in a commit that leaves
+/// the consumer's files alone, an approved plan made with the old value is
+/// not applied — the run says "inputs changed: `greeting`", never "the plan
+/// changed" — and a waiting one is superseded the same way; the new plan,
+/// approved, applies the new value.
+#[test]
+fn an_approved_plan_made_with_old_inputs_is_superseded_not_applied() {
+    const OPS: &str = "ops-token-dependencies-identity-41";
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(
+        &[
+            ("base/v", "1"),
+            ("base/out.sh", "printf '{\"v\": \"%s\"}\\n' \"$(cat v)\"\n"),
+            (
+                "net/main.tf",
+                "variable \"greeting\" {\n  type = string\n}\n\
+                 resource \"terraform_data\" \"g\" {\n  input = var.greeting\n}\n",
+            ),
+        ],
+        "first",
+    );
+    let s = Setup::new(&format!(
+        "{}{}\n[[targets]]\nname = \"net\"\nrepo = \"{}\"\npath = \"net\"\ninterval = \"1h\"\n\
+         policy = \"approval\"\ninputs = {{ greeting = \"base.outputs.v\" }}\n\
+         [targets.backend]\nkind = \"terraform\"\nenv = {{ TF_CLI_CONFIG_FILE = \"/dev/null\" }}\n",
+        token_table("ops", OPS, &["approve:net", "read"]),
+        exec_target(
+            "base",
+            &remote.url(),
+            "path = \"base\"\ninterval = \"1h\"",
+            "apply = [\"true\"]\noutputs = [\"sh\", \"out.sh\"]",
+        ),
+        remote.url()
+    ));
+    let tick = |args: &[&str]| {
+        let out = s.run(args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}{}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+    };
+    let producer = |v: &str| {
+        remote.commit(&[("base/v", v)], &format!("base {v}"));
+        tick(&["tick", "base"]);
+    };
+    let state = s.state.join("checkouts/net/net/terraform.tfstate");
+    let applied_value = || {
+        std::fs::read_to_string(&state)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|v| {
+                v["resources"][0]["instances"][0]["attributes"]["input"]["value"]
+                    .as_str()
+                    .map(str::to_string)
+            })
+    };
+    tick(&["tick", "--all"]);
+    let intake = Intake::start(&s);
+    let who = Approver {
+        port: intake.port,
+        token: OPS,
+    };
+    let deployment = |id: i64| {
+        who.call(
+            "GET",
+            &format!("/api/v1/deployments/{id}"),
+            serde_json::Value::Null,
+        )
+    };
+    let first = who.pending();
+    assert_eq!(first.len(), 1, "{first:?}");
+    who.approve(&first[0]);
+
+    // The producer's output changes; the consumer's files do not.
+    producer("2");
+    tick(&["tick", "net"]);
+    let run = s.history("net")[0].clone();
+    let message = run["message"].as_str().unwrap_or("").to_string();
+    assert!(
+        message.contains("was approved but not applied: inputs changed: `greeting`"),
+        "{message}"
+    );
+    assert!(!message.contains("the plan changed"), "{message}");
+    assert_eq!(applied_value(), None, "the old value was applied");
+    let id = first[0]["id"].as_i64().expect("id");
+    let old = deployment(id);
+    assert_eq!(old["state"], "superseded", "{old}");
+    assert_eq!(
+        old["message"], "superseded: inputs changed: `greeting`",
+        "{old}"
+    );
+
+    // Its successor, made with the new value, is the one that applies.
+    let second = who.pending();
+    assert_eq!(second.len(), 1, "{second:?}");
+    who.approve(&second[0]);
+    tick(&["tick", "net"]);
+    assert_eq!(applied_value().as_deref(), Some("2"));
+    assert_eq!(s.history("net")[0]["result"], "changed");
+
+    // A plan that waits is superseded the same way, and its approval is
+    // refused, saying why.
+    producer("3");
+    tick(&["tick", "net"]);
+    let third = who.pending();
+    assert_eq!(third.len(), 1, "{third:?}");
+    producer("4");
+    tick(&["tick", "net"]);
+    let fourth = who.pending();
+    assert_eq!(fourth.len(), 1, "{fourth:?}");
+    assert_ne!(fourth[0]["id"], third[0]["id"]);
+    let third_id = third[0]["id"].as_i64().expect("id");
+    assert_eq!(
+        deployment(third_id)["message"],
+        "superseded: inputs changed: `greeting`"
+    );
+    let r = api_call(
+        intake.port,
+        "POST",
+        &format!("/api/v1/deployments/{third_id}/approve"),
+        OPS,
+        &serde_json::json!({ "plan_hash": third[0]["plan_hash"] }),
+    );
+    assert_eq!(r.status, 409, "{r:?}");
+    assert!(r.body.contains("inputs changed"), "{r:?}");
+    who.approve(&fourth[0]);
+    tick(&["tick", "net"]);
+    assert_eq!(applied_value().as_deref(), Some("4"));
+}
