@@ -80,13 +80,19 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Tear a target down (at the commit last applied).
+    /// Tear a target down (at the commit last applied). Its recorded outputs
+    /// are forgotten and the targets that depend on it are blocked until it
+    /// is applied again: with any, it is refused without --force.
     Destroy {
         /// The target's name.
         target: String,
         /// Required: destroying is not undone by anything.
         #[arg(long)]
         yes: bool,
+        /// Destroy it although other targets depend on it (they are blocked
+        /// until it is applied again).
+        #[arg(long)]
+        force: bool,
     },
     /// Validate the configuration and list every problem.
     Check,
@@ -310,11 +316,26 @@ async fn run(args: Args) -> anyhow::Result<u8> {
         } => cli::history(&app, &target, json, limit).await?,
         Command::Plan { target, json } => cli::plan(&rec(), &target, json).await?,
         Command::Outputs { target, json } => cli::outputs(&rec(), &target, json).await?,
-        Command::Destroy { target, yes } => {
+        Command::Destroy { target, yes, force } => {
             if !yes {
                 anyhow::bail!(
                     "destroy tears down everything target `{target}` manages; pass --yes to confirm"
                 );
+            }
+            let settings = app.settings();
+            let dependents: Vec<String> =
+                driftless::config::graph::dependents(&settings.targets, &target)
+                    .iter()
+                    .map(|t| format!("`{}`", t.name))
+                    .collect();
+            if !dependents.is_empty() {
+                let list = dependents.join(", ");
+                if !force {
+                    anyhow::bail!(
+                        "{list} depend(s) on `{target}`: destroying it leaves them blocked until                          `{target}` is applied again; pass --force to go on"
+                    );
+                }
+                eprintln!("note: {list} stay(s) blocked until `{target}` is applied again");
             }
             eprintln!(
                 "note: a running daemon will apply `{target}` again at its next tick unless you remove it from the configuration"

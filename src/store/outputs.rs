@@ -45,6 +45,14 @@ impl Store {
         Ok(!same)
     }
 
+    /// Forget `target`'s recorded outputs (it was destroyed).
+    pub async fn forget_outputs(&self, target: &str) -> Result<(), StoreError> {
+        let q = sqlx::query("DELETE FROM target_outputs WHERE target = $1").bind(target);
+        self.write_one("forgetting a destroyed target's outputs", q)
+            .await
+            .map(drop)
+    }
+
     /// The outputs recorded for `target`, if any.
     pub async fn outputs_of(&self, target: &str) -> Result<Option<Outputs>, StoreError> {
         let what = "reading a target's recorded outputs";

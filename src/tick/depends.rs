@@ -38,6 +38,21 @@ impl Reconciler {
     /// Why `target` may not run now, naming the dependency at fault, or
     /// `None` when every target it depends on has converged.
     pub(super) async fn blocked_by(&self, target: &Target) -> Result<Option<String>, TickError> {
+        // A job of a dependency still queued or running goes first, as the
+        // queue's claim order has it: a one-shot `tick` (a timer, a person)
+        // keeps the order a daemon keeps, on the same state.
+        let activity = self.app.queue.activity().await?;
+        for dep in &target.depends_on {
+            if let Some(a) = activity
+                .iter()
+                .find(|a| a.target == *dep && (a.queued > 0 || a.running > 0))
+            {
+                let what = if a.running > 0 { "running" } else { "queued" };
+                return Ok(Some(format!(
+                    "blocked by `{dep}`: a job of it is {what}, and it converges first"
+                )));
+            }
+        }
         for dep in &target.depends_on {
             let state = self.app.store.target_state(dep).await?;
             let (result, message) = match &state {
@@ -47,6 +62,16 @@ impl Reconciler {
             let said = || first_line(message.unwrap_or(""));
             let why = match result {
                 None => Some("it has not run yet".to_string()),
+                // Its last run tore it down: nothing of it exists until
+                // it is applied again.
+                Some("changed" | "no_change")
+                    if state.as_ref().is_some_and(|s| s.last_applied_sha.is_none())
+                        && self.destroyed_last(state.as_ref()).await? =>
+                {
+                    Some(format!(
+                        "it was destroyed (`driftless destroy {dep}`): nothing of it exists until it is applied again"
+                    ))
+                }
                 Some("changed" | "no_change") => match self.app.store.open_plan(dep).await? {
                     Some(p) if p.state == PlanState::PendingApproval => {
                         Some("its plan waits for approval".to_string())
@@ -66,6 +91,23 @@ impl Reconciler {
             }
         }
         Ok(None)
+    }
+
+    /// Whether the last run of the target whose state is `state` was a
+    /// destroy.
+    async fn destroyed_last(
+        &self,
+        state: Option<&crate::store::TargetState>,
+    ) -> Result<bool, TickError> {
+        let Some(id) = state.and_then(|s| s.last_run_id) else {
+            return Ok(false);
+        };
+        Ok(self
+            .app
+            .store
+            .run(id)
+            .await?
+            .is_some_and(|r| r.operation == "destroy"))
     }
 
     /// After `target` converged: queue each target that depends on it and

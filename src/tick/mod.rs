@@ -858,6 +858,12 @@ impl Reconciler {
                             )),
                         }
                     }
+                    // A destroyed target's outputs describe nothing that
+                    // exists: forgotten, so no input reads them.
+                    ApplyResult::Changed | ApplyResult::NoChange if op == Operation::Destroy => {
+                        self.app.store.forget_outputs(&target.name).await?;
+                        status
+                    }
                     _ => status,
                 }
             }

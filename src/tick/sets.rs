@@ -175,14 +175,19 @@ impl Reconciler {
         }
         for t in &gone {
             // Nothing applied, nothing to destroy.
-            let applied = self
-                .app
-                .store
-                .target_state(&t.name)
-                .await?
-                .is_some_and(|s| s.last_applied_sha.is_some());
+            let state = self.app.store.target_state(&t.name).await?;
+            let applied = state.as_ref().is_some_and(|s| s.last_applied_sha.is_some());
             if !set.destroy_removed || !applied {
                 out.orphaned.push(t.name.clone());
+                continue;
+            }
+            // A paused target runs nothing, its destroy included: it stays
+            // a member, paused, until `resume`; the next listing destroys it.
+            if state.as_ref().is_some_and(|s| s.paused_at.is_some()) {
+                warn!(target = %t.name, set = %set.label(),
+                      "a paused member's directory is gone: its destroy waits for `driftless resume`");
+                out.destroy_pending.push(t.name.clone());
+                members.push((*t).clone());
                 continue;
             }
             match self

@@ -873,3 +873,107 @@ fn an_approved_plan_made_with_old_inputs_is_superseded_not_applied() {
     tick(&["tick", "net"]);
     assert_eq!(applied_value().as_deref(), Some("4"));
 }
+
+/// A destroyed target has not converged: `destroy` of a target others
+/// depend on is refused without `--force`, naming them; with it, the
+/// destroyed target's outputs are forgotten and its dependents are
+/// `blocked` ("it was destroyed") until it is applied again. And a one-shot
+/// `tick` keeps the queue's order: with a push for `net` queued behind its
+/// pause, `tick dns` records `blocked` naming `net` instead of applying
+/// the new commit before it.
+#[test]
+fn a_destroyed_or_queued_dependency_holds_its_dependents() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(
+        &[
+            ("net/id", "n1"),
+            ("net/out.sh", "printf '{\"id\": \"%s\"}\\n' \"$(cat id)\"\n"),
+            ("dns/v", "1"),
+        ],
+        "first",
+    );
+    let got = root.path().join("dns.got");
+    let secret = root.path().join("hook-secret");
+    std::fs::write(&secret, SECRET).expect("secret");
+    let s = Setup::new(&format!(
+        "[[receivers]]\nname = \"github\"\nforge = \"github\"\nsecret_file = {}\n\n{}{}",
+        toml_str(&secret.display().to_string()),
+        exec_target(
+            "net",
+            &remote.url(),
+            "path = \"net\"\ninterval = \"1h\"",
+            "apply = [\"true\"]\ndestroy = [\"true\"]\noutputs = [\"sh\", \"out.sh\"]",
+        ),
+        exec_target(
+            "dns",
+            &remote.url(),
+            "path = \"dns\"\ninterval = \"1h\"\ninputs = { NET_ID = \"net.outputs.id\" }",
+            &format!(
+                "apply = [\"sh\", \"-c\", {}]\nalways = true",
+                toml_str(&format!("echo \"$NET_ID $(cat v)\" >> {}", got.display()))
+            ),
+        ),
+    ));
+    succeeded(&s.run(&["tick", "--all"]), "tick --all");
+    assert_eq!(log_lines(&got), ["n1 1"]);
+
+    // Refused without --force, naming the dependent; nothing destroyed.
+    let out = s.run(&["destroy", "net", "--yes"]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        text(&out.stderr).contains("`dns`") && text(&out.stderr).contains("--force"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(s.history("net")[0]["operation"], "apply");
+    let out = s.run(&["destroy", "net", "--yes", "--force"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(s.history("net")[0]["operation"], "destroy");
+    let out = s.run(&["tick", "dns"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    let run = &s.history("dns")[0];
+    assert_eq!(run["result"], "blocked", "{run}");
+    assert!(
+        run["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("blocked by `net`: it was destroyed")),
+        "{run}"
+    );
+    assert_eq!(
+        log_lines(&got),
+        ["n1 1"],
+        "dns ran with a destroyed net's outputs"
+    );
+    succeeded(&s.run(&["tick", "net"]), "tick net");
+    succeeded(&s.run(&["tick", "dns"]), "tick dns");
+    assert_eq!(log_lines(&got), ["n1 1", "n1 1"]);
+
+    // A push for both, `net` paused: its job waits queued, and a one-shot
+    // tick of `dns` does not overtake it.
+    succeeded(&s.run(&["pause", "net"]), "pause net");
+    let intake = Intake::start(&s);
+    let sha = remote.commit(&[("net/id", "n2"), ("dns/v", "2")], "both");
+    let body = github_push_body(&remote.url(), &sha, &["net/id", "dns/v"]);
+    let r = deliver_github_push(intake.port, SECRET, &body, "both-1");
+    assert_eq!(r.status, 202, "{r:?}");
+    drop(intake);
+    let out = s.run(&["tick", "dns"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    let run = &s.history("dns")[0];
+    assert!(
+        run["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("blocked by `net`: a job of it is queued")),
+        "{run}"
+    );
+    assert_eq!(log_lines(&got), ["n1 1", "n1 1"], "dns overtook net");
+    // Resumed, a daemon runs the push's jobs: `net` first, then `dns`
+    // with its new output.
+    succeeded(&s.run(&["resume", "net"]), "resume net");
+    let daemon = s.serve();
+    wait_for(Duration::from_secs(60), "both to converge in order", || {
+        log_lines(&got).last().map(String::as_str) == Some("n2 2")
+    });
+    drop(daemon);
+}

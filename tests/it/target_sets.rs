@@ -420,3 +420,32 @@ fn a_pushed_directory_never_takes_a_members_name_nor_destroys_it() {
     assert!(said.contains("`stacks/link` is a symbolic link"), "{said}");
     assert!(daemon.stop().success());
 }
+
+/// A paused member runs nothing, its destroy included: with
+/// `destroy_removed`, removing its directory leaves it a paused member
+/// (`tick --all` destroys nothing and the pause stays) until `resume`,
+/// after which the next listing destroys it.
+#[test]
+fn a_paused_members_destroy_waits_for_resume() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "homelab");
+    remote.commit(&[("stacks/app/v", "1"), ("stacks/ok/v", "1")], "first");
+    let s = setup(root.path(), &remote, true, false);
+    succeeded(&s.run(&["tick", "--all"]), "tick --all");
+    assert_eq!(applied(root.path(), "app.applied"), ["1"]);
+    succeeded(&s.run(&["pause", "s-app"]), "pause");
+    std::fs::remove_dir_all(remote.work.join("stacks/app")).expect("rm");
+    remote.commit(&[("stacks/ok/v", "2")], "remove app");
+    succeeded(&s.run(&["tick", "--all"]), "tick --all");
+    assert_eq!(applied(root.path(), "ok.applied"), ["1", "2"]);
+    assert!(
+        applied(root.path(), "app.destroyed").is_empty(),
+        "a paused member was destroyed"
+    );
+    let st = s.target_status("s-app");
+    assert_eq!(st["paused"], true, "{st}");
+    assert!(st["destroyed_at"].is_null(), "{st}");
+    succeeded(&s.run(&["resume", "s-app"]), "resume");
+    succeeded(&s.run(&["tick", "--all"]), "tick --all");
+    assert_eq!(applied(root.path(), "app.destroyed"), ["1"]);
+}
