@@ -457,6 +457,19 @@ pub async fn accept_rewind(app: &App, target: &str) -> Result<(), TickError> {
     }
 }
 
+/// `driftless forget <target>`: start it clean (see `Reconciler::forget`).
+pub async fn forget(rec: &Reconciler, target: &str) -> Result<Report, TickError> {
+    let removed = rec.forget(target).await?;
+    let mut stdout = format!(
+        "{target}: forgotten: its next tick starts from a fresh checkout, as if it never applied
+"
+    );
+    for p in removed {
+        let _ = writeln!(stdout, "  removed {}", p.display());
+    }
+    Ok(Report { stdout, code: 0 })
+}
+
 /// `driftless pause|resume <target>`
 pub async fn pause(
     app: &App,

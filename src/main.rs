@@ -165,6 +165,15 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Start a target clean: its checkout (with its untracked files, such
+    /// as terraform's local state), preview checkout, plan files and
+    /// followed-tag note removed, and what it last applied forgotten (its
+    /// runs stay). For a target whose `repo` changed, or a removed
+    /// target's name given to a new one.
+    Forget {
+        /// The target's name.
+        target: String,
+    },
     /// API tokens.
     Token {
         #[command(subcommand)]
@@ -368,6 +377,7 @@ async fn run(args: Args) -> anyhow::Result<u8> {
             cli::tick(&rec(), &[target], false, Operation::Apply, Trigger::Retry).await?
         }
         Command::Events { target, json } => cli::events(&app, &target, json).await?,
+        Command::Forget { target } => cli::forget(&rec(), &target).await?,
     };
     print!("{}", driftless::redact::printable(&report.stdout));
     Ok(report.code)

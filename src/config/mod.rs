@@ -669,6 +669,24 @@ pub fn check(path: &Path) -> Result<Settings, ConfigError> {
                 .into_iter()
                 .map(|(key, msg)| problem(&section, &format!("backend.{key}"), msg)),
         );
+        // A checkout belongs to one repository, path and backend kind.
+        let dir = crate::git::checkout_root(&settings.state_dir).join(&t.name);
+        let want = crate::git::checkout_identity(&t.repo_key, &t.path, t.backend.kind());
+        if let Ok(Some(had)) = crate::git::checkout_of(&dir)
+            && had != want
+        {
+            problems.push(problem(
+                &section,
+                "repo",
+                format!(
+                    "the checkout {} is a checkout of {}, not of {}: its untracked files belong                      to that one; move what you need from it, then `driftless forget {}` to start                      clean",
+                    dir.display(),
+                    had.trim().replace('\n', ", "),
+                    want.trim().replace('\n', ", "),
+                    t.name
+                ),
+            ));
+        }
     }
     for n in &settings.notifiers {
         for (key, secret) in n.secrets() {

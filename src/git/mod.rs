@@ -130,6 +130,42 @@ struct FetchSlot {
     last: Option<(Instant, FetchResult)>,
 }
 
+/// Where the targets' checkouts live under a state directory.
+pub fn checkout_root(state_dir: &Path) -> PathBuf {
+    state_dir.join("checkouts")
+}
+
+/// What a target's checkout is a checkout of, as noted in it
+/// (`.git/driftless-of`): the repository (its normalised URL), the path in
+/// it and the backend kind. Untracked files in a checkout (terraform's
+/// local state, `.terraform/`) belong to what made them: a checkout is
+/// never reused for another repository, path or kind of backend.
+pub fn checkout_identity(repo_key: &str, path: &Path, backend: &str) -> String {
+    format!(
+        "repository {repo_key}\npath {}\nbackend {backend}\n",
+        if path.as_os_str().is_empty() {
+            ".".to_string()
+        } else {
+            path.display().to_string()
+        }
+    )
+}
+
+/// What the checkout at `dir` was noted to be a checkout of, if anything
+/// (a checkout made before this was kept has no note; it is adopted).
+pub fn checkout_of(dir: &Path) -> Result<Option<String>, std::io::Error> {
+    match std::fs::read_to_string(dir.join(".git").join("driftless-of")) {
+        Ok(s) => Ok(Some(s)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Note in the checkout at `dir` what it is a checkout of.
+pub fn note_checkout_of(dir: &Path, identity: &str) -> Result<(), std::io::Error> {
+    std::fs::write(dir.join(".git").join("driftless-of"), identity)
+}
+
 /// What [`Git::dirs_at`] found: the matching directories, and the
 /// symbolic links where a directory was looked for.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -196,7 +232,7 @@ impl Git {
     pub fn new(state_dir: &Path) -> Self {
         Git {
             cache_root: state_dir.join("git"),
-            checkout_root: state_dir.join("checkouts"),
+            checkout_root: checkout_root(state_dir),
             preview_root: state_dir.join("previews").join("checkouts"),
             verify_root: state_dir.join("verify"),
             slots: Default::default(),
@@ -558,6 +594,11 @@ impl Git {
             remote: remote.to_string(),
             sha: sha.to_string(),
         })
+    }
+
+    /// Where target `target`'s checkout is (whether or not there is one).
+    pub fn checkout_path(&self, target: &str) -> PathBuf {
+        self.checkout_dir(target)
     }
 
     /// The commit the target's checkout is at, if it has one.

@@ -1166,6 +1166,21 @@ impl Store {
         Ok(r.rows_affected() == 1)
     }
 
+    /// Forget what `target` applied (`driftless forget`): its last applied
+    /// commit, digest and accepted rewind; its runs stay.
+    pub async fn forget_target(&self, target: &str) -> Result<(), StoreError> {
+        let q = sqlx::query(
+            "UPDATE targets SET last_applied_sha = NULL, backend_digest = NULL,
+                    rewind_accepted = NULL, updated_at = $2
+             WHERE name = $1",
+        )
+        .bind(target)
+        .bind(now_ms());
+        self.write_one("forgetting what a target applied", q)
+            .await
+            .map(drop)
+    }
+
     /// A person accepts that `target` may apply `sha`, a branch tip that
     /// does not descend from the commit it last applied. Returns whether
     /// the target has a row to note it on.

@@ -11,6 +11,7 @@
 //! plan (detect, approvals, `driftless plan`), `notices` who hears of a run.
 
 mod depends;
+mod forget;
 mod identity;
 mod notices;
 mod preview;
@@ -646,6 +647,13 @@ impl Reconciler {
                 .await;
         }
 
+        // A checkout belongs to one repository, path and backend kind.
+        if let Err(why) = self.own_checkout(target) {
+            if let (None, Some(Ok(sha))) = (&already, &tip) {
+                self.app.store.set_run_sha(run_id, sha.as_str()).await?;
+            }
+            return self.finish(target, &run, None, Status::failed(why)).await;
+        }
         // git: the branch tip for apply; for destroy, what was last applied.
         let synced = match (op, tip) {
             (Operation::Apply, Some(Ok(sha))) => {
@@ -679,10 +687,13 @@ impl Reconciler {
                 }
             }
         };
-        let synced = match synced {
+        let synced = match synced.map_err(|e| e.to_string()).and_then(|s| {
+            self.note_checkout(target)?;
+            Ok(s)
+        }) {
             Ok(s) => s,
             Err(e) => {
-                let status = Status::failed(e.to_string());
+                let status = Status::failed(e);
                 return self.finish(target, &run, None, status).await;
             }
         };

@@ -716,11 +716,13 @@ impl Reconciler {
                 .await
                 .map_err(|e| err(e.to_string()))?;
         }
+        self.own_checkout(&target).map_err(err)?;
         let synced = self
             .git
             .checkout(target.source(), &tip)
             .await
             .map_err(|e| err(e.to_string()))?;
+        self.note_checkout(&target).map_err(err)?;
         let mut ctx = self.context(
             &target,
             &synced,

@@ -1297,3 +1297,76 @@ fn kill_9_mid_apply_of_an_approved_plan_fails_it_and_never_applies_it_twice() {
         "the approved plan was applied twice"
     );
 }
+
+/// A checkout belongs to one repository: when a target's `repo` changes,
+/// the old checkout (with terraform's local state of the old repository's
+/// resources) is not reused — the tick and `check` refuse, naming both
+/// repositories and `driftless forget`, and nothing is planned or
+/// destroyed; after `forget`, the target starts clean.
+#[test]
+fn a_checkout_is_never_reused_for_another_repository() {
+    terraform_available();
+    let root = tempfile::tempdir().expect("tempdir");
+    let (old, _) = network(
+        root.path(),
+        "resource \"terraform_data\" \"old\" {\n  input = \"kept\"\n}\n",
+    );
+    let new = Remote::new(root.path(), "other");
+    new.commit(
+        &[
+            (
+                "network/main.tf",
+                "resource \"terraform_data\" \"new\" {\n  input = \"fresh\"\n}\n",
+            ),
+            ("network/prod.tfvars", ""),
+        ],
+        "another repository",
+    );
+    let s = setup(&old);
+    let (code, said) = tick(&s);
+    assert_eq!(code, Some(0), "{said}");
+    let state = s.state.join("checkouts/net/network/terraform.tfstate");
+    let resources = || std::fs::read_to_string(&state).unwrap_or_default();
+    assert!(resources().contains("terraform_data") && resources().contains("\"old\""));
+
+    // The target now names another repository.
+    let config = std::fs::read_to_string(&s.config).expect("config");
+    std::fs::write(&s.config, config.replace(&old.url(), &new.url())).expect("config");
+    let (code, said) = tick(&s);
+    assert_eq!(code, Some(1), "{said}");
+    let message = s.history("net")[0]["message"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    // Both repositories named, as normalised (`file:<path>`, lowercase,
+    // without `.git`).
+    let named = |r: &Remote| {
+        let path = r.bare.display().to_string().to_lowercase();
+        message.contains(path.trim_end_matches(".git"))
+    };
+    assert!(
+        named(&old) && named(&new),
+        "{} {} {message}",
+        old.bare.display(),
+        new.bare.display()
+    );
+    assert!(message.contains("driftless forget net"), "{message}");
+    assert!(
+        resources().contains("\"old\""),
+        "the old repository's resource was destroyed"
+    );
+    let out = s.run(&["check"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stdout).contains("targets[net]: key `repo`")
+            && text(&out.stdout).contains("driftless forget net"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    // Forgotten, it starts clean from the new repository.
+    succeeded(&s.run(&["forget", "net"]), "forget");
+    let (code, said) = tick(&s);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(resources().contains("\"new\"") && !resources().contains("\"old\""));
+}
