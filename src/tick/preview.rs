@@ -151,9 +151,14 @@ impl Reconciler {
             Err(e) => return Outcome::Failed(e.to_string()),
         };
         let mut ctx = self.context(target, &synced, last_digest, false);
+        // The inputs a preview plans with are today's: it says which.
+        let mut inputs_used = None;
         if !target.inputs.is_empty() {
             match self.resolve_inputs(target).await {
-                Ok(Ok(v)) => super::with_inputs(&mut ctx, v),
+                Ok(Ok(v)) => {
+                    inputs_used = Some(inputs_line(target, &v.recorded));
+                    super::with_inputs(&mut ctx, v)
+                }
                 Ok(Err(why)) => return Outcome::Failed(why),
                 Err(e) => return Outcome::Failed(e.to_string()),
             }
@@ -174,7 +179,10 @@ impl Reconciler {
                 changes: plan.changes,
                 destructive: plan.destructive,
                 summary: plan.summary,
-                diff: plan.diff,
+                diff: match inputs_used {
+                    Some(line) => format!("{line}\n{}", plan.diff),
+                    None => plan.diff,
+                },
             },
         }
     }
@@ -254,6 +262,29 @@ fn html(s: &str) -> String {
 /// (`None`: nothing to say yet and no comment to correct). A table with
 /// one row per target the pull request touches, then each plan's lines in
 /// a collapsed section, cut to the forge's `limit` with a note where.
+/// The line a preview's plan starts with when the target takes inputs:
+/// each input, where it comes from and a fingerprint of the value as
+/// recorded (a sensitive one's is of its keyed digest): which inputs the
+/// plan used, never a value.
+fn inputs_line(target: &Target, recorded: &std::collections::BTreeMap<String, String>) -> String {
+    use sha2::{Digest, Sha256};
+    let each: Vec<String> = target
+        .inputs
+        .iter()
+        .map(|i| {
+            let print = recorded
+                .get(&i.name)
+                .map(|v| hex::encode(Sha256::digest(v.as_bytes()))[..12].to_string())
+                .unwrap_or_else(|| "-".into());
+            format!(
+                "`{}` = {}.outputs.{} (fingerprint {print})",
+                i.name, i.target, i.output
+            )
+        })
+        .collect();
+    format!("planned with the inputs recorded now: {}", each.join(", "))
+}
+
 pub(crate) fn render_comment(
     pull: &PullRow,
     previews: &[PreviewRow],

@@ -35,10 +35,23 @@ struct Fx {
 /// file `release-plan` (`Fx::release`), and the apply with `slow-apply` for
 /// `release-apply` (two minutes at most).
 fn fx(kind: &'static str, previews: &str) -> Fx {
+    fx_with(kind, previews, false)
+}
+
+/// [`fx`], and with `base`: an exec target `base` whose output `v` is
+/// `base/v`, which `app` takes as the input `BASE_V`.
+fn fx_with(kind: &'static str, previews: &str, base: bool) -> Fx {
     let root = tempfile::tempdir().expect("tempdir");
     let forge = ForgeStandin::start(root.path());
     let remote = Remote::new(root.path(), "infra");
-    let main = remote.commit(&[("app/v", "1\n"), ("docs/README", "hi\n")], "first");
+    let mut files = vec![("app/v", "1\n"), ("docs/README", "hi\n")];
+    if base {
+        files.extend([
+            ("base/v", "produced-value"),
+            ("base/out.sh", "printf '{\"v\": \"%s\"}\\n' \"$(cat v)\"\n"),
+        ]);
+    }
+    let main = remote.commit(&files, "first");
     let secret_file = root.path().join("hook-secret");
     std::fs::write(&secret_file, SECRET).expect("write");
     let plans = root.path().join("plans.log");
@@ -64,14 +77,29 @@ fn fx(kind: &'static str, previews: &str) -> Fx {
         hold("slow-apply", &root.path().join("release-apply")),
         a = applies.display()
     );
+    let producer = if base {
+        exec_target(
+            "base",
+            &remote.url(),
+            "path = \"base\"\ninterval = \"1h\"",
+            "apply = [\"true\"]\noutputs = [\"sh\", \"out.sh\"]",
+        )
+    } else {
+        String::new()
+    };
+    let takes = if base {
+        "\ninputs = { BASE_V = \"base.outputs.v\" }"
+    } else {
+        ""
+    };
     let s = Setup::new(&format!(
-        "[[receivers]]\nname = \"{kind}\"\nforge = \"{kind}\"\nsecret_file = {}\n\n{}{}",
+        "[[receivers]]\nname = \"{kind}\"\nforge = \"{kind}\"\nsecret_file = {}\n\n{}{}{producer}",
         toml_str(&secret_file.display().to_string()),
         exec_target(
             "app",
             &remote.url(),
             &format!(
-                "path = \"app\"\nforge = \"f\"\nforge_repo = \"{repo}\"\ninterval = \"1h\"\npreviews = {previews}"
+                "path = \"app\"\nforge = \"f\"\nforge_repo = \"{repo}\"\ninterval = \"1h\"\npreviews = {previews}{takes}"
             ),
             &format!("{plan}\n{apply}"),
         ),
@@ -564,4 +592,36 @@ fn the_comment_is_found_by_its_marker_and_survives_a_forge_that_is_down() {
         log.contains("WARN") && log.contains("pull request comment failed"),
         "{log}"
     );
+}
+
+/// A preview plans with the inputs recorded now, and says which: its plan
+/// in the comment starts with each input, where it comes from and a
+/// fingerprint of its value (never the value), so a reader can tell a
+/// preview made before the producer's outputs changed.
+#[test]
+fn a_preview_says_which_inputs_it_planned_with() {
+    let f = fx_with("github", "true", true);
+    let d = f.serve();
+    let (_, answer) = f.open(&d, 9, &[("app/v", "2\n")], "opened", false);
+    assert_eq!(answer["previews"], serde_json::json!(["app"]), "{answer}");
+    wait_for(Duration::from_secs(60), "the preview comment", || {
+        f.comments(9)
+            .first()
+            .is_some_and(|c| c["body"].as_str().is_some_and(|b| b.contains("~ app.v 2")))
+    });
+    let body = f.comments(9)[0]["body"].as_str().unwrap_or("").to_string();
+    use sha2::Digest as _;
+    let print = hex::encode(sha2::Sha256::digest(b"\"produced-value\""));
+    assert!(
+        body.contains(&format!(
+            "planned with the inputs recorded now: `BASE_V` = base.outputs.v (fingerprint {})",
+            &print[..12]
+        )),
+        "{body}"
+    );
+    assert!(
+        !body.contains("produced-value"),
+        "the input's value is in the comment: {body}"
+    );
+    drop(d);
 }
