@@ -322,18 +322,23 @@ fn a_person_approves_a_plan_from_the_page_and_other_sites_cannot() {
     assert_eq!(r.status, 403, "{}", r.body);
     assert!(r.body.contains("HTTP Basic"), "{}", r.body);
     // The page's forms need their CSRF token.
-    let form = |body: &str| {
+    // The approve form posted with the ops token, and `extra` headers.
+    let post_form = |extra: &[(&str, &str)], body: &str| {
+        let auth = basic(&ops);
+        let mut headers = vec![
+            ("Authorization", auth.as_str()),
+            ("Content-Type", "application/x-www-form-urlencoded"),
+        ];
+        headers.extend_from_slice(extra);
         http(
             intake.port,
             "POST",
             &format!("/deployments/{id}/approve"),
-            &[
-                ("Authorization", &basic(&ops)),
-                ("Content-Type", "application/x-www-form-urlencoded"),
-            ],
+            &headers,
             body.as_bytes(),
         )
     };
+    let form = |body: &str| post_form(&[], body);
     let r = form(&format!("plan_hash={hash}&csrf={}", "ab".repeat(32)));
     assert_eq!(r.status, 403, "{}", r.body);
     assert!(r.body.contains("CSRF token does not match"), "{}", r.body);
@@ -397,17 +402,7 @@ fn a_person_approves_a_plan_from_the_page_and_other_sites_cannot() {
     let own = format!("http://127.0.0.1:{}", intake.port);
     let other_port = format!("http://127.0.0.1:{}", intake.port.wrapping_add(1));
     let post_from = |header: &str, value: &str, csrf: &str| {
-        http(
-            intake.port,
-            "POST",
-            &format!("/deployments/{id}/approve"),
-            &[
-                ("Authorization", &basic(&ops)),
-                ("Content-Type", "application/x-www-form-urlencoded"),
-                (header, value),
-            ],
-            format!("plan_hash={hash}&csrf={csrf}").as_bytes(),
-        )
+        post_form(&[(header, value)], &format!("plan_hash={hash}&csrf={csrf}"))
     };
     for (header, value) in [
         ("Origin", "https://evil.example"),
