@@ -153,11 +153,22 @@ struct Capture {
     combined: Vec<u8>,
 }
 
-fn push_capped(buf: &mut Vec<u8>, line: &[u8], cap: usize) {
-    buf.extend_from_slice(line);
+/// Append `chunk` to `buf`; past twice `cap`, keep only the last `cap`
+/// bytes. The cut is made in redacted text: the buffer is redacted whole
+/// first, so a secret the cut would cross is already masked and no piece of
+/// it survives (a raw cut could keep its second half, which the final
+/// redaction no longer recognises). Redacting text twice changes nothing,
+/// and a secret whose first bytes end the kept text is still found whole
+/// once the rest arrives.
+fn push_capped(buf: &mut Vec<u8>, chunk: &[u8], cap: usize, redactor: &Redactor) {
+    buf.extend_from_slice(chunk);
     if buf.len() > cap * 2 {
-        let cut = buf.len() - cap;
-        buf.drain(..cut);
+        let text = redactor.redact(&String::from_utf8_lossy(buf));
+        let mut start = text.len().saturating_sub(cap);
+        while !text.is_char_boundary(start) {
+            start += 1;
+        }
+        *buf = text.as_bytes()[start..].to_vec();
     }
 }
 
@@ -197,8 +208,9 @@ impl Stream {
     }
 
     /// Move what the command wrote since the last call into `cap`, line by
-    /// line; at `eof`, the unfinished last line too.
-    fn drain(&mut self, cap: &mut Capture, eof: bool) {
+    /// line; at `eof`, the unfinished last line too (and an unfinished line
+    /// longer than [`STREAM_CAP`], which is never dropped unredacted).
+    fn drain(&mut self, cap: &mut Capture, eof: bool, redactor: &Redactor) {
         use std::os::unix::fs::FileExt;
         let mut buf = vec![0u8; 64 * 1024];
         loop {
@@ -211,7 +223,7 @@ impl Stream {
             }
         }
         let mut rest = std::mem::take(&mut self.partial);
-        let upto = if eof {
+        let upto = if eof || rest.len() > STREAM_CAP {
             rest.len()
         } else {
             rest.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1)
@@ -225,13 +237,8 @@ impl Stream {
         } else {
             &mut cap.stderr
         };
-        push_capped(stream, &rest, STREAM_CAP);
-        push_capped(&mut cap.combined, &rest, TAIL_BYTES);
-        // Bound the pending partial line like the streams themselves.
-        if self.partial.len() > STREAM_CAP {
-            let cut = self.partial.len() - STREAM_CAP;
-            self.partial.drain(..cut);
-        }
+        push_capped(stream, &rest, STREAM_CAP, redactor);
+        push_capped(&mut cap.combined, &rest, TAIL_BYTES, redactor);
     }
 }
 
@@ -378,8 +385,8 @@ pub async fn run(spec: &Spec, redactor: &Redactor) -> Result<Output, ProcessErro
             s = child.wait() => break s.map_err(wait_err)?,
             _ = tokio::time::sleep(sleep) => {}
         }
-        out.drain(&mut capture, false);
-        err.drain(&mut capture, false);
+        out.drain(&mut capture, false, redactor);
+        err.drain(&mut capture, false, redactor);
         if deadline.is_some_and(|d| Instant::now() >= d) {
             timed_out = true;
             signal_group(pgid, libc::SIGTERM);
@@ -398,8 +405,8 @@ pub async fn run(spec: &Spec, redactor: &Redactor) -> Result<Output, ProcessErro
         }
     };
     group.0 = 0;
-    out.drain(&mut capture, true);
-    err.drain(&mut capture, true);
+    out.drain(&mut capture, true, redactor);
+    err.drain(&mut capture, true, redactor);
     let stdout = String::from_utf8_lossy(&capture.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&capture.stderr).into_owned();
     let combined = String::from_utf8_lossy(&capture.combined).into_owned();
@@ -407,7 +414,8 @@ pub async fn run(spec: &Spec, redactor: &Redactor) -> Result<Output, ProcessErro
         code: status.code(),
         stdout: redactor.redact(&stdout),
         stderr: redactor.redact(&stderr),
-        // Redact before cutting, so a secret on the cut is not half-shown.
+        // Redact before cutting, so a secret on the cut is not half-shown
+        // (`push_capped` keeps to the same rule).
         tail: redact::tail(&redactor.redact(&combined), TAIL_BYTES),
         timed_out,
         duration: started.elapsed(),
@@ -455,6 +463,30 @@ mod tests {
         assert_eq!(out.stderr, "err\n");
         assert!(out.tail.contains("out [REDACTED]") && out.tail.contains("err"));
         assert!(!out.timed_out);
+    }
+
+    /// A secret on the spot where the kept tail begins is masked, not cut
+    /// in two: ~20 KB, the secret, then a little less than the tail's size,
+    /// all in one write, so the buffer is trimmed once with the secret
+    /// straddling the cut.
+    #[tokio::test]
+    async fn no_piece_of_a_secret_survives_a_cut() {
+        let secret = "Zq8vW3nR5tY1kP7mX2cB9dF4";
+        let r = Redactor::new().with(secret);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("out");
+        let after = TAIL_BYTES - 12;
+        let text = format!("{}\n{secret}\n{}\n", "x".repeat(20_000), "y".repeat(after));
+        std::fs::write(&file, &text).expect("write");
+        let out = run(&sh(&format!("cat {}", file.display())), &r)
+            .await
+            .expect("run");
+        assert!(out.tail.len() <= TAIL_BYTES + 64, "{}", out.tail.len());
+        for w in secret.as_bytes().windows(6) {
+            let w = std::str::from_utf8(w).expect("ascii");
+            assert!(!out.tail.contains(w), "{w:?} of the secret is in the tail");
+            assert!(!out.stdout.contains(w), "{w:?} of the secret is in stdout");
+        }
     }
 
     #[tokio::test]

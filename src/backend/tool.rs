@@ -87,7 +87,8 @@ const PLAN_MAX_BYTES: usize = 64 * 1024;
 /// tag.
 pub fn line_plan(kind: &str, digest: &str, stdout: &str, redactor: &Redactor) -> super::Plan {
     use sha2::{Digest as _, Sha256};
-    let diff = redactor.redact(&crate::redact::tail(stdout, PLAN_MAX_BYTES));
+    // Redacted before it is cut, so no piece of a secret is left at the cut.
+    let diff = crate::redact::tail(&redactor.redact(stdout), PLAN_MAX_BYTES);
     let lines: Vec<&str> = diff.lines().filter(|l| !l.trim().is_empty()).collect();
     let (mut add, mut change, mut destroy, mut other) = (0, 0, 0, 0);
     for l in &lines {

@@ -11,22 +11,22 @@ use std::time::Duration;
 use crate::common::*;
 use sha2::{Digest, Sha256};
 
-const HOOK: &str = "canary-hook-secret-5d1c";
-const API: &str = "canary-api-token-8e2f";
-const API_WRONG: &str = "canary-api-wrong-token-3a9b";
-const SMTP: &str = "canary-smtp-password-77c4";
-const SLACK: &str = "canary-slack-url-1f6e";
-const MATRIX: &str = "canary-matrix-token-b40d";
-const NOTIFY_SIG: &str = "canary-notify-signing-92aa";
-const GIT: &str = "canary-git-token-c3e8";
-const GIT_WRONG: &str = "canary-git-wrong-token-0d5f";
-const TF_VAR: &str = "canary-tf-sensitive-6b21";
-const ENV: &str = "canary-backend-env-e7f3";
+const HOOK: &str = "CnryHookQ5d1cXw9";
+const API: &str = "CnryApiTkn8e2fLp4";
+const API_WRONG: &str = "CnryApiWrong3a9bRt";
+const SMTP: &str = "CnrySmtpPw77c4Jd";
+const SLACK: &str = "CnrySlackUrl1f6eMq";
+const MATRIX: &str = "CnryMtxTkb40dVz2";
+const NOTIFY_SIG: &str = "CnryNtfySig92aaKe";
+const GIT: &str = "CnryGitTkc3e8Hu";
+const GIT_WRONG: &str = "CnryGitWrong0d5fPb";
+const TF_VAR: &str = "CnryTfSens6b21Yo";
+const ENV: &str = "CnryBkEnve7f3Ga";
 /// A value in a SOPS-encrypted file, decrypted for an apply.
-const SOPS: &str = "canary-sops-value-2b8d";
+const SOPS: &str = "CnrySopsVal2b8dNi";
 /// Characters that JSON, URLs and shells escape: a leak in an escaped form
 /// would not show as the raw string.
-const QUOTED: &str = "canary \"q/+% x-5e1a";
+const QUOTED: &str = "Cnry \"q/+% x-5e1aTs";
 
 const ALL: [&str; 13] = [
     HOOK, API, API_WRONG, SMTP, SLACK, MATRIX, NOTIFY_SIG, GIT, GIT_WRONG, TF_VAR, ENV, QUOTED,
@@ -61,6 +61,13 @@ fn forms(c: &str) -> Vec<String> {
     out.dedup();
     out
 }
+
+/// Shell that prints, last, ~20 KB, then `$API_KEY` alone on a line, then
+/// 12 bytes less than a run's output tail (16 KiB), in one write: the
+/// tail's cut then falls inside the secret, and a cut made before redaction
+/// would keep its last 12 characters. (What the command printed before
+/// comes 0.3 s earlier, so that it is read first and the cut stays there.)
+const BIG_OUTPUT: &str = "f=$(mktemp); { head -c 20000 /dev/zero | tr '\\\\0' x; echo; printf '%s\\\\n' \\\"$API_KEY\\\"; head -c 16370 /dev/zero | tr '\\\\0' y; echo; } > $f; cat $f; rm -f $f;";
 
 const MAIN_TF: &str = r#"
 variable "db_password" {
@@ -109,6 +116,15 @@ fn state_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
     }
 }
 
+/// How many consecutive characters of a canary count as a piece of it.
+const PIECE: usize = 8;
+
+/// Every piece of `c` ([`PIECE`] characters long).
+fn pieces(c: &str) -> Vec<&str> {
+    let idx: Vec<usize> = c.char_indices().map(|(i, _)| i).chain([c.len()]).collect();
+    idx.windows(PIECE + 1).map(|w| &c[w[0]..w[PIECE]]).collect()
+}
+
 fn assert_clean(what: &str, text: &str) {
     for c in ALL {
         for f in forms(c) {
@@ -116,6 +132,12 @@ fn assert_clean(what: &str, text: &str) {
                 !text.contains(&f),
                 "canary {c:?} found in {what}, as {f:?}:\n{text}"
             );
+        }
+        for p in pieces(c) {
+            if let Some(at) = text.find(p) {
+                let around: String = text[at..].chars().take(80).collect();
+                panic!("{PIECE} characters of canary {c:?} ({p:?}) found in {what}: {around:?}");
+            }
         }
     }
 }
@@ -240,7 +262,7 @@ token_file = {git_token}
 ca_file = {ca}
 [targets.backend]
 kind = "exec"
-apply = ["sh", "-c", "echo using key $API_KEY and $QUOTED; echo failed: key $API_KEY rejected >&2; exit 1"]
+apply = ["sh", "-c", "echo using key $API_KEY and $QUOTED; echo failed: key $API_KEY rejected >&2; sleep 0.3; {big} exit 1"]
 always = true
 env = {{ API_KEY = "env:CANARY_BACKEND_ENV", QUOTED = "env:CANARY_QUOTED" }}
 
@@ -269,6 +291,22 @@ kind = "exec"
 apply = ["sh", "-c", "cat secret.yaml; cat secret.yaml >&2; exit 1"]
 always = true
 
+# The plan path: a detected plan (daemon and `tick`), `plan` and `retry`
+# read the decrypted file too.
+[[targets]]
+name = "sopsplan"
+repo = "{repo}"
+path = "sops"
+interval = "1h"
+policy = "detect"
+[targets.decrypt]
+sops = true
+age_key_file = {age_key_file}
+[targets.backend]
+kind = "exec"
+plan = ["sh", "-c", "echo '~ secret'; cat secret.yaml; cat secret.yaml >&2"]
+apply = ["sh", "-c", "cat secret.yaml"]
+
 [[targets]]
 name = "tf"
 repo = "{repo}"
@@ -281,6 +319,7 @@ env = {{ TF_CLI_CONFIG_FILE = "/dev/null", TF_VAR_db_password = "env:CANARY_TF_V
 "#,
         sink = sink.port,
         smtp_port = smtp.port,
+        big = BIG_OUTPUT,
         repo = remote.url(),
     );
     let s = Setup::new(&cfg);
@@ -297,7 +336,7 @@ env = {{ TF_CLI_CONFIG_FILE = "/dev/null", TF_VAR_db_password = "env:CANARY_TF_V
     // Every target runs once at start-up: app fails (notifications),
     // wronggit fails at git, tf creates its resource.
     wait_for(Duration::from_secs(120), "every target's first run", || {
-        ["app", "wronggit", "tf", "sops"]
+        ["app", "wronggit", "tf", "sops", "sopsplan"]
             .iter()
             .all(|t| s.history(t).first().is_some_and(|r| !r["result"].is_null()))
     });
@@ -374,10 +413,12 @@ env = {{ TF_CLI_CONFIG_FILE = "/dev/null", TF_VAR_db_password = "env:CANARY_TF_V
         "/api/v1/targets/wronggit/runs".into(),
         "/api/v1/targets/tf/runs".into(),
         "/api/v1/targets/sops/runs".into(),
+        "/api/v1/targets/sopsplan/runs".into(),
+        "/api/v1/deployments".into(),
         "/metrics".into(),
         "/readyz".into(),
     ];
-    for t in ["app", "wronggit", "tf", "sops"] {
+    for t in ["app", "wronggit", "tf", "sops", "sopsplan"] {
         for run in s.history(t) {
             paths.push(format!("/api/v1/runs/{}", run["id"]));
             paths.push(format!("/api/v1/jobs/{}", run["job"]));
@@ -427,6 +468,12 @@ env = {{ TF_CLI_CONFIG_FILE = "/dev/null", TF_VAR_db_password = "env:CANARY_TF_V
         &["tick", "wronggit"],
         &["tick", "tf"],
         &["tick", "sops"],
+        &["tick", "sopsplan"],
+        &["plan", "sopsplan"],
+        &["retry", "sopsplan"],
+        &["plan", "app"],
+        &["retry", "app"],
+        &["history", "sopsplan", "--json"],
         &["history", "sops", "--json"],
         &["status"],
         &["status", "--json"],
@@ -441,6 +488,9 @@ env = {{ TF_CLI_CONFIG_FILE = "/dev/null", TF_VAR_db_password = "env:CANARY_TF_V
     ] {
         seen.push_str(&cli(args));
     }
+    // `plan` read the decrypted file, and showed it masked.
+    let plan = cli(&["plan", "sopsplan"]);
+    assert!(plan.contains("value: [REDACTED]"), "{plan}");
     // The sensitive output is masked, the plain one shown.
     let outputs = cli(&["outputs", "tf"]);
     assert!(outputs.contains("not-a-secret"), "{outputs}");
@@ -495,6 +545,13 @@ env = {{ TF_CLI_CONFIG_FILE = "/dev/null", TF_VAR_db_password = "env:CANARY_TF_V
                 assert!(
                     !t.contains(&form),
                     "canary {c:?} stored in {} as {form:?}",
+                    f.display()
+                );
+            }
+            for p in pieces(c) {
+                assert!(
+                    !t.contains(p),
+                    "{PIECE} characters of canary {c:?} ({p:?}) stored in {}",
                     f.display()
                 );
             }
