@@ -13,18 +13,32 @@ its status codes and the behaviour that hurts a client:
       status): body state (error|failure|pending|success), target_url,
       description, context (default "default"); `Authorization: Bearer` or
       `token`; 201 with the status; 422 for another state; at most 1000
-      statuses per sha and context (422 after that).
+      statuses per sha and context (422 after that). A description over
+      140 characters is 422 "description is too long (maximum is 140
+      characters)" (GitHub's validation answer; it counts characters, not
+      bytes). A token without write access to statuses is 403 "Resource
+      not accessible by personal access token" (GitHub REST
+      "Troubleshooting": 403 for insufficient permissions).
   POST /api/v1/repos/{owner}/{repo}/statuses/{sha}   Gitea and Forgejo
       (swagger `repoCreateStatus`, `CreateStatusOption`): the same fields,
       states pending|success|error|failure|warning; `Authorization: token`;
-      201.
+      201. The description is a TEXT column (models/git/commit_status.go):
+      no length limit. A token without the write:repository scope is 403.
   POST /api/v4/projects/{id}/statuses/{sha}          GitLab "Set the pipeline
       status of a commit" (doc/api/commits.md): `id` the project id or its
       URL-encoded path; state pending|running|success|failed|canceled
       (else 400); `name` (or `context`) the status name, default
-      "default"; `PRIVATE-TOKEN`; 201. Posting the state the status already
-      has answers 400 {"message": "Cannot transition status via :<event>
-      from :<state> ..."} (a known GitLab behaviour, gitlab-foss#25807).
+      "default"; `PRIVATE-TOKEN`; 201. A status is found again to update
+      only while it is pending or running
+      (app/services/ci/create_commit_status_service.rb,
+      `external_commit_status_scope`: `running_or_pending`), so posting
+      pending or running to a status already in that state answers 400
+      {"message": "Cannot transition status via :<event> from :<state>
+      ..."} (gitlab-foss#25807), while success, failed or canceled again
+      make a new status. A description over 255 characters is 400 with the
+      model's validation errors (lib/api/commit_statuses.rb: "Must be 255
+      characters or fewer"; the service's `bad_request(commit_status.errors
+      .messages)`). A token without the api scope is 403 "403 Forbidden".
 
 Pull request comments (every pull request is an issue on GitHub and
 Gitea; GitLab calls them notes on a merge request):
@@ -48,7 +62,8 @@ Gitea; GitLab calls them notes on a merge request):
 Comment ids are large numbers, as on the real forges, and every listing
 starts with a comment a person wrote.
 
-A wrong or missing token is 401 on every forge; a sha that is not 40 hex
+A wrong or missing token is 401 on every forge; TOKEN followed by "-ro"
+is a valid token that may only read (403 on every status and comment); a sha that is not 40 hex
 digits is 422. Test controls (not any forge's), under /_standin/:
   GET  journal      every API request in order: method, path, the auth
                     header's scheme and whether it matched, body
@@ -163,7 +178,7 @@ class Handler(BaseHTTPRequestHandler):
             repo, number, cid = f"{m[1]}/{m[2]}", int(m[3]), None
         else:
             repo, number, cid = f"{m[1]}/{m[2]}", None, int(m[3])
-        scheme, ok = self.auth(forge)
+        scheme, ok, readonly = self.auth(forge)
         JOURNAL.append({"method": method, "path": path, "forge": forge, "repo": repo,
                         "number": number, "comment": cid, "auth": scheme, "auth_ok": ok,
                         "body": body, "down": DOWN["down"]})
@@ -172,6 +187,9 @@ class Handler(BaseHTTPRequestHandler):
             return True
         if not ok:
             self.answer(401, {"message": "401 Unauthorized"})
+            return True
+        if readonly and method != "GET":
+            self.forbidden(forge)
             return True
         edit_method = "PUT" if forge == "gitlab" else "PATCH"
         if kind == "list" and method == "GET":
@@ -232,14 +250,27 @@ class Handler(BaseHTTPRequestHandler):
                 self.api(body)
 
     def auth(self, forge):
+        """(the auth header's scheme, valid, read-only)"""
         if forge == "gitlab":
             given = self.headers.get("PRIVATE-TOKEN")
-            return "PRIVATE-TOKEN", given == TOKEN
+            return "PRIVATE-TOKEN", given in (TOKEN, TOKEN + "-ro"), given == TOKEN + "-ro"
         h = self.headers.get("Authorization") or ""
         scheme, _, value = h.partition(" ")
-        ok = value == TOKEN and (
+        ok = value in (TOKEN, TOKEN + "-ro") and (
             scheme in ("Bearer", "token") if forge == "github" else scheme == "token")
-        return scheme or "-", ok
+        return scheme or "-", ok, value == TOKEN + "-ro"
+
+    def forbidden(self, forge):
+        """The forge's answer to a token that may only read."""
+        if forge == "github":
+            return self.answer(403, {
+                "message": "Resource not accessible by personal access token",
+                "documentation_url": "https://docs.github.com/rest/commits/statuses#create-a-commit-status",
+                "status": "403"})
+        if forge == "gitlab":
+            return self.answer(403, {"message": "403 Forbidden"})
+        return self.answer(403, {"message":
+            "token does not have at least one of required scope(s): [write:repository]"})
 
     def api(self, body):
         path = self.path.split("?", 1)[0]
@@ -254,7 +285,7 @@ class Handler(BaseHTTPRequestHandler):
             forge, repo, sha = "gitlab", unquote(m[1]), m[2]
         else:
             return self.answer(404, {"message": "Not Found"})
-        scheme, ok = self.auth(forge)
+        scheme, ok, readonly = self.auth(forge)
         JOURNAL.append({"method": "POST", "path": path, "forge": forge, "repo": repo,
                         "sha": sha, "auth": scheme, "auth_ok": ok, "body": body,
                         "down": DOWN["down"]})
@@ -263,6 +294,19 @@ class Handler(BaseHTTPRequestHandler):
         if not ok:
             return self.answer(401, {"message": "Bad credentials" if forge == "github"
                                      else "401 Unauthorized"})
+        if readonly:
+            return self.forbidden(forge)
+        description = body.get("description") or ""
+        if forge == "github" and len(description) > 140:
+            return self.answer(422, {
+                "message": "Validation Failed",
+                "errors": [{"resource": "Status", "code": "custom", "field": "description",
+                            "message": "description is too long (maximum is 140 characters)"}],
+                "documentation_url": "https://docs.github.com/rest/commits/statuses#create-a-commit-status",
+                "status": "422"})
+        if forge == "gitlab" and len(description) > 255:
+            return self.answer(400, {"message": {
+                "description": ["is too long (maximum is 255 characters)"]}})
         if not SHA.match(sha):
             return self.answer(422, {"message": "sha must be 40 hex digits"})
         state = body.get("state")
@@ -280,7 +324,7 @@ class Handler(BaseHTTPRequestHandler):
                                          "errors": [{"field": "state", "code": "invalid"}]})
         key = (forge, repo, sha, context)
         states = STATUSES.setdefault(key, [])
-        if forge == "gitlab" and states and states[-1] == state:
+        if forge == "gitlab" and states and states[-1] == state and state in ("pending", "running"):
             return self.answer(400, {"message":
                 f"Cannot transition status via :{GITLAB_EVENT[state]} from :{state} "
                 f"(Reason(s): Status cannot transition via \"{GITLAB_EVENT[state]}\")"})

@@ -17,7 +17,7 @@ pub(super) async fn send(
 ) -> Result<(), SendError> {
     let mailbox = |a: &str| -> Result<Mailbox, SendError> {
         a.parse()
-            .map_err(|e| SendError(format!("`{a}` is not a usable address: {e}")))
+            .map_err(|e| SendError::new(format!("`{a}` is not a usable address: {e}")))
     };
     let mut msg = Message::builder()
         .from(mailbox(&cfg.from)?)
@@ -28,10 +28,11 @@ pub(super) async fn send(
     }
     let msg = msg
         .body(doc.text())
-        .map_err(|e| SendError(format!("cannot build the message: {e}")))?;
+        .map_err(|e| SendError::new(format!("cannot build the message: {e}")))?;
 
-    let smtp_err =
-        |e: lettre::transport::smtp::Error| SendError(format!("SMTP: {}", crate::error::chain(&e)));
+    let smtp_err = |e: lettre::transport::smtp::Error| {
+        SendError::new(format!("SMTP: {}", crate::error::chain(&e)))
+    };
     let builder = match cfg.tls {
         Tls::Starttls => {
             AsyncSmtpTransport::<Tokio1Executor>::starttls_relay(&cfg.host).map_err(smtp_err)?

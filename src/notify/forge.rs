@@ -10,7 +10,9 @@
 //!   /repos/{owner}/{repo}/statuses/{sha}`, JSON `state` (`error`,
 //!   `failure`, `pending`, `success`), `target_url`, `description`,
 //!   `context`; `Authorization: Bearer <token>`; 201. At most 1000 statuses
-//!   per sha and context (then 422).
+//!   per sha and context (then 422); a description of at most 140
+//!   characters (then 422; see [`Kind::description_limit`] for each forge).
+//!   A refusal the forge would repeat is a [`SendError::permanent`].
 //! - Gitea and Forgejo (swagger `repoCreateStatus`): `POST
 //!   /repos/{owner}/{repo}/statuses/{sha}` under `/api/v1`, the same four
 //!   fields (`CreateStatusOption`; states also `warning`); `Authorization:
@@ -47,7 +49,7 @@ use std::path::Path;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{SendError, bounded};
+use super::{SendError, bounded, bounded_chars};
 use crate::secret::SecretRef;
 pub use crate::store::statuses::State;
 
@@ -70,6 +72,25 @@ impl Kind {
             // GitHub's documented limit; Gitea and Forgejo store a longer
             // text, but the same bound keeps a comment readable.
             Kind::GitHub | Kind::Gitea | Kind::Forgejo => 65_536,
+        }
+    }
+
+    /// The longest status description the forge takes, in characters:
+    /// - GitHub refuses a longer one with 422 "description is too long
+    ///   (maximum is 140 characters)" (the validation error of "Create a
+    ///   commit status"), so the status is never set;
+    /// - GitLab: 255 ("Short description of the status. Must be 255
+    ///   characters or fewer.", `lib/api/commit_statuses.rb` and
+    ///   doc/api/commits.md "Set the pipeline status of a commit"; the
+    ///   model's validation error is a 400 from
+    ///   `Ci::CreateCommitStatusService#unsafe_execute`);
+    /// - Gitea and Forgejo keep it in a TEXT column (`models/git/
+    ///   commit_status.go`, `Description string \`xorm:"TEXT"\``): no limit.
+    pub fn description_limit(self) -> Option<usize> {
+        match self {
+            Kind::GitHub => Some(140),
+            Kind::GitLab => Some(255),
+            Kind::Gitea | Kind::Forgejo => None,
         }
     }
 
@@ -169,9 +190,6 @@ pub struct Status<'a> {
     pub target_url: Option<&'a str>,
 }
 
-/// The longest description every forge takes (GitHub cuts at 140).
-const DESCRIPTION_MAX: usize = 140;
-
 /// The first line of driftless's comment on a pull request: hidden when
 /// rendered, and how the comment is found again.
 pub const COMMENT_MARKER: &str = "<!-- driftless:preview -->";
@@ -190,8 +208,11 @@ impl ForgeConfig {
         let token = self
             .token
             .load()
-            .map_err(|e| SendError(format!("forge `{}`: {e}", self.name)))?;
-        let description = bounded(s.description, DESCRIPTION_MAX);
+            .map_err(|e| SendError::new(format!("forge `{}`: {e}", self.name)))?;
+        let description = match self.kind.description_limit() {
+            Some(max) => bounded_chars(s.description, max),
+            None => s.description.to_string(),
+        };
         let mut body = json!({
             "state": s.state.on(self.kind),
             "description": description,
@@ -223,6 +244,7 @@ impl ForgeConfig {
         if code.is_success() {
             return Ok(());
         }
+        let spent = ratelimit_spent(&resp);
         let answer = resp.text().await.unwrap_or_default();
         if self.kind == Kind::GitLab
             && code == reqwest::StatusCode::BAD_REQUEST
@@ -231,11 +253,43 @@ impl ForgeConfig {
             // Already in this state: a status sent again after a crash.
             return Ok(());
         }
-        Err(SendError(format!(
+        let message = format!(
             "forge `{}` answered {code}: {}",
             self.name,
             bounded(answer.trim(), 300)
-        )))
+        );
+        Err(if refused_for_good(self.kind, code, spent, &answer) {
+            SendError::permanent(message)
+        } else {
+            SendError::new(message)
+        })
+    }
+}
+
+/// GitHub's sign that its primary rate limit is spent.
+fn ratelimit_spent(resp: &reqwest::Response) -> bool {
+    resp.headers()
+        .get("x-ratelimit-remaining")
+        .is_some_and(|v| v.as_bytes() == b"0")
+}
+
+/// Whether the forge refused this request in a way it would repeat: a
+/// validation error (GitHub and Gitea/Forgejo 422; GitLab 400, its
+/// validation answer — the repeated-state 400 is handled before) or a
+/// GitHub 403 that is not a rate limit (GitHub REST "Rate limits": a spent
+/// primary limit is 403 or 429 with `x-ratelimit-remaining: 0`, a
+/// secondary one names "secondary rate limit" in its message; both pass
+/// with time). Anything else — 5xx, 408, 409 (GitLab's "Another update to
+/// this commit status is in progress"), 429, a token that may be fixed
+/// (401, 404) — is worth trying again.
+fn refused_for_good(kind: Kind, code: reqwest::StatusCode, spent: bool, answer: &str) -> bool {
+    match code.as_u16() {
+        422 => true,
+        400 => kind == Kind::GitLab,
+        403 => {
+            kind == Kind::GitHub && !spent && !answer.to_ascii_lowercase().contains("rate limit")
+        }
+        _ => false,
     }
 }
 
@@ -259,20 +313,30 @@ impl ForgeConfig {
             Some(b) => req.json(b),
             None => req,
         };
-        req.send()
-            .await
-            .map_err(|e| SendError(format!("forge `{}`: {}", self.name, SendError::http(e).0)))
+        req.send().await.map_err(|e| {
+            SendError::new(format!(
+                "forge `{}`: {}",
+                self.name,
+                SendError::http(e).message
+            ))
+        })
     }
 
     /// A refusal, in words that name the forge and what it said.
     async fn refused(&self, what: &str, resp: reqwest::Response) -> SendError {
         let code = resp.status();
+        let spent = ratelimit_spent(&resp);
         let answer = resp.text().await.unwrap_or_default();
-        SendError(format!(
+        let message = format!(
             "forge `{}` answered {code} to {what}: {}",
             self.name,
             bounded(answer.trim(), 300)
-        ))
+        );
+        if refused_for_good(self.kind, code, spent, &answer) {
+            SendError::permanent(message)
+        } else {
+            SendError::new(message)
+        }
     }
 
     /// The API path of pull request `number`'s comments (GitLab: notes).
@@ -329,7 +393,7 @@ impl ForgeConfig {
                     .await);
             }
             let list: Vec<Value> = resp.json().await.map_err(|e| {
-                SendError(format!(
+                SendError::new(format!(
                     "forge `{}` sent a comment list that is not JSON: {e}",
                     self.name
                 ))
@@ -362,7 +426,7 @@ impl ForgeConfig {
         let token = self
             .token
             .load()
-            .map_err(|e| SendError(format!("forge `{}`: {e}", self.name)))?;
+            .map_err(|e| SendError::new(format!("forge `{}`: {e}", self.name)))?;
         let doc = json!({ "body": body });
         let existing = match known {
             Some(id) => Some(id.to_string()),
@@ -400,13 +464,13 @@ impl ForgeConfig {
             return Err(self.refused("creating the preview comment", resp).await);
         }
         let created: Value = resp.json().await.map_err(|e| {
-            SendError(format!(
+            SendError::new(format!(
                 "forge `{}` created the comment but its answer is not JSON: {e}",
                 self.name
             ))
         })?;
         comment_id(&created).ok_or_else(|| {
-            SendError(format!(
+            SendError::new(format!(
                 "forge `{}` created the comment but gave no `id`",
                 self.name
             ))

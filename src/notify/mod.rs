@@ -114,6 +114,19 @@ pub struct EventDoc {
 /// Messages in notifications are cut to this many bytes.
 pub const MESSAGE_MAX: usize = 4000;
 
+/// `s` in at most `max` characters (Unicode scalar values, as the forges'
+/// validations count them), the marker ` […]` included when it is cut.
+pub fn bounded_chars(s: &str, max: usize) -> String {
+    const MARK: &str = " […]";
+    if s.chars().count() <= max {
+        return s.to_string();
+    }
+    let keep = max.saturating_sub(MARK.chars().count());
+    let mut out: String = s.chars().take(keep).collect();
+    out.push_str(MARK);
+    out
+}
+
 /// Cut `s` to at most `max` bytes at a char boundary, marking the cut.
 pub fn bounded(s: &str, max: usize) -> String {
     if s.len() <= max {
@@ -807,7 +820,7 @@ impl NotifierConfig {
 /// Read a notifier's secret `r` (its config key is `key`) for one send.
 fn read_secret(key: &str, r: &SecretRef) -> Result<String, SendError> {
     r.load()
-        .map_err(|e| SendError(format!("cannot read `{key}`: {}", e.reason)))
+        .map_err(|e| SendError::new(format!("cannot read `{key}`: {}", e.reason)))
 }
 
 fn is_loopback(host: &str) -> bool {
@@ -819,13 +832,42 @@ fn is_loopback(host: &str) -> bool {
 
 /// A failed delivery, safe to log: it names no URL, token or password.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct SendError(pub String);
+#[error("{message}")]
+pub struct SendError {
+    pub message: String,
+    pub retry: Retry,
+}
+
+/// Whether sending the same thing again could succeed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retry {
+    /// The service or the way to it failed: try again after the backoff.
+    Later,
+    /// The service refused this request and would refuse it again (a
+    /// validation error): retrying only repeats the refusal.
+    Never,
+}
 
 impl SendError {
+    /// A failure worth retrying.
+    pub fn new(message: impl Into<String>) -> SendError {
+        SendError {
+            message: message.into(),
+            retry: Retry::Later,
+        }
+    }
+
+    /// A refusal that the same request would get again.
+    pub fn permanent(message: impl Into<String>) -> SendError {
+        SendError {
+            message: message.into(),
+            retry: Retry::Never,
+        }
+    }
+
     /// From an HTTP client error, without the URL (it may hold a secret).
     fn http(e: reqwest::Error) -> SendError {
-        SendError(crate::error::chain(&e.without_url()))
+        SendError::new(crate::error::chain(&e.without_url()))
     }
 
     /// An HTTP answer that was not a success.
@@ -835,7 +877,7 @@ impl SendError {
             return Ok(());
         }
         let body = resp.text().await.unwrap_or_default();
-        Err(SendError(format!(
+        Err(SendError::new(format!(
             "answered {status}: {}",
             bounded(body.trim(), 300)
         )))

@@ -60,7 +60,7 @@ pub(super) async fn send(
     doc: &EventDoc,
 ) -> Result<(), SendError> {
     let (base, topic) = split_topic_url(url)
-        .ok_or_else(|| SendError("the topic URL is not https://host/topic".into()))?;
+        .ok_or_else(|| SendError::new("the topic URL is not https://host/topic"))?;
     let mut body = json!({
         "topic": topic,
         "title": format!("driftless: {}", doc.headline()),

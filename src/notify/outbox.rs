@@ -24,7 +24,7 @@ use tokio::sync::{Notify, watch};
 use tracing::{error, info, warn};
 
 use super::forge::ForgeConfig;
-use super::{EventDoc, NotifierConfig, SendError};
+use super::{EventDoc, NotifierConfig, Retry, SendError};
 use crate::store::{Store, StoreError, format_ms, now_ms};
 
 /// Attempts before a notification is given up (a notifier's `attempts`).
@@ -134,7 +134,7 @@ impl Sender {
             .user_agent(concat!("driftless/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| {
-                SendError(format!(
+                SendError::new(format!(
                     "cannot build the HTTP client: {}",
                     crate::error::chain(&e)
                 ))
@@ -147,7 +147,7 @@ impl Sender {
         let n = self
             .notifiers
             .get(notifier)
-            .ok_or_else(|| SendError(format!("no notifier named `{notifier}`")))?;
+            .ok_or_else(|| SendError::new(format!("no notifier named `{notifier}`")))?;
         n.send(self.http()?, doc).await
     }
 
@@ -189,11 +189,11 @@ impl Sender {
                 self.notifiers.get(&n.notifier),
                 serde_json::from_str::<EventDoc>(&n.document),
             ) {
-                (None, _) => Err(SendError(format!(
+                (None, _) => Err(SendError::new(format!(
                     "notifier `{}` is no longer configured",
                     n.notifier
                 ))),
-                (_, Err(e)) => Err(SendError(format!("unreadable event document: {e}"))),
+                (_, Err(e)) => Err(SendError::new(format!("unreadable event document: {e}"))),
                 (Some(cfg), Ok(doc)) => match self.http() {
                     Ok(http) => cfg.send(http, &doc).await,
                     Err(e) => Err(e),
@@ -212,7 +212,7 @@ impl Sender {
         for r in &rows {
             let Some(body) = &r.body else { continue };
             let result = match self.forges.get(&r.forge) {
-                None => Err(SendError(format!(
+                None => Err(SendError::new(format!(
                     "forge `{}` is no longer configured",
                     r.forge
                 ))),
@@ -232,7 +232,7 @@ impl Sender {
                 }
                 Err(e) => {
                     let attempts = r.attempts + 1;
-                    let next = (attempts < MAX_ATTEMPTS)
+                    let next = (attempts < MAX_ATTEMPTS && e.retry == Retry::Later)
                         .then(|| now_ms() + backoff(FIRST_RETRY, attempts).as_millis() as i64);
                     if next.is_none() {
                         error!(forge = %r.forge, repo = %r.repo, number = r.number, attempts,
@@ -242,7 +242,7 @@ impl Sender {
                               error = %e, "pull request comment failed; will retry");
                     }
                     self.store
-                        .comment_failed(r.id, r.version, &e.0, next)
+                        .comment_failed(r.id, r.version, &e.message, next)
                         .await?;
                 }
             }
@@ -256,7 +256,7 @@ impl Sender {
         let rows = self.store.claim_statuses(CLAIM.as_millis() as i64).await?;
         for r in &rows {
             let result = match self.forges.get(&r.forge) {
-                None => Err(SendError(format!(
+                None => Err(SendError::new(format!(
                     "forge `{}` is no longer configured",
                     r.forge
                 ))),
@@ -283,11 +283,19 @@ impl Sender {
                 }
                 Err(e) => {
                     let attempts = r.attempts + 1;
-                    if attempts >= MAX_ATTEMPTS {
+                    if e.retry == Retry::Never {
+                        // The forge would refuse it again: say so now,
+                        // instead of after ten refusals.
+                        error!(forge = %r.forge, target = %r.target, sha = %r.sha, attempts,
+                               error = %e, "commit status refused by the forge; given up");
+                        self.store
+                            .status_failed(r.id, r.version, &e.message, None)
+                            .await?;
+                    } else if attempts >= MAX_ATTEMPTS {
                         error!(forge = %r.forge, target = %r.target, sha = %r.sha, attempts,
                                error = %e, "commit status given up");
                         self.store
-                            .status_failed(r.id, r.version, &e.0, None)
+                            .status_failed(r.id, r.version, &e.message, None)
                             .await?;
                     } else {
                         let wait = backoff(FIRST_RETRY, attempts);
@@ -296,7 +304,7 @@ impl Sender {
                               "commit status failed; will retry");
                         let next = now_ms() + wait.as_millis() as i64;
                         self.store
-                            .status_failed(r.id, r.version, &e.0, Some(next))
+                            .status_failed(r.id, r.version, &e.message, Some(next))
                             .await?;
                     }
                 }
@@ -330,7 +338,7 @@ impl Sender {
                     .notifiers
                     .get(&n.notifier)
                     .map_or((MAX_ATTEMPTS, FIRST_RETRY), |c| (c.attempts, c.retry_after));
-                if attempts >= max {
+                if attempts >= max || e.retry == Retry::Never {
                     error!(notifier = %n.notifier, target = %n.target, event = %n.event, id = n.id,
                            attempts, error = %e, "notification given up");
                     let q = sqlx::query(
@@ -339,7 +347,7 @@ impl Sender {
                     )
                     .bind(n.id)
                     .bind(attempts)
-                    .bind(&e.0);
+                    .bind(&e.message);
                     self.store
                         .write_one("recording a failed notification", q)
                         .await?;
@@ -354,7 +362,7 @@ impl Sender {
                     )
                     .bind(n.id)
                     .bind(attempts)
-                    .bind(&e.0)
+                    .bind(&e.message)
                     .bind(now + wait.as_millis() as i64);
                     self.store
                         .write_one("recording a failed notification", q)

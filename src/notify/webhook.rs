@@ -16,7 +16,7 @@ pub(super) async fn send(
     secret: Option<String>,
     doc: &EventDoc,
 ) -> Result<(), SendError> {
-    let body = serde_json::to_vec(doc).map_err(|e| SendError(e.to_string()))?;
+    let body = serde_json::to_vec(doc).map_err(|e| SendError::new(e.to_string()))?;
     let mut req = http
         .post(url)
         .header("Content-Type", "application/json")
@@ -31,7 +31,7 @@ pub(super) async fn send(
     }
     if let Some(secret) = secret {
         let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes())
-            .map_err(|e| SendError(format!("cannot use secret_file: {e}")))?;
+            .map_err(|e| SendError::new(format!("cannot use secret_file: {e}")))?;
         mac.update(&body);
         req = req.header(
             "X-Driftless-Signature-256",

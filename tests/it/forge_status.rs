@@ -65,8 +65,7 @@ fn tick(s: &Setup) -> (Option<i32>, String) {
 /// GitHub, Gitea, Forgejo and GitLab: a success on the commit a run
 /// applied and a failure on the one it could not, each in the forge's own
 /// endpoint, auth header and state names, with the run's message and its
-/// link; GitLab's project path URL-encoded, and its refusal to set a state
-/// a status already has taken for what it is (the status is there).
+/// link; GitLab's project path URL-encoded.
 #[test]
 fn each_forge_gets_the_runs_state_on_the_commit_it_applied() {
     for (kind, auth, failed, repo) in [
@@ -130,8 +129,8 @@ fn each_forge_gets_the_runs_state_on_the_commit_it_applied() {
         let (code, said) = tick(&s);
         assert_eq!(code, Some(1), "{kind}: {said}");
         assert_eq!(forge.states(&bad, "driftless/app"), [failed], "{kind}");
-        // The same result again: recorded again, and GitLab's "Cannot
-        // transition" answer to the same state is not a failure.
+        // The same result again: recorded again, and taken by every forge
+        // (GitLab makes a new status for a final state sent again).
         tick(&s);
         let rows = sql_rows(
             &s.db(),
@@ -309,5 +308,129 @@ fn a_commit_folded_into_a_newer_push_is_superseded() {
             &shas[1][..12]
         ),
         "{older}"
+    );
+}
+
+/// An exec target `app` whose run fails with a message of more than 500
+/// characters (ten `é`, two bytes each, then `x`s), its statuses on forge
+/// `f` of `kind`, whose token is `token_file`.
+fn long_failure(
+    root: &std::path::Path,
+    forge: &ForgeStandin,
+    kind: &str,
+    repo: &str,
+    token_file: &std::path::Path,
+) -> (Setup, String) {
+    let remote = Remote::new(root, "infra");
+    let sha = remote.commit(
+        &[(
+            "app/fail.sh",
+            "{ printf 'éééééééééé'; head -c 490 /dev/zero | tr '\\0' x; echo; } >&2\nexit 1\n",
+        )],
+        "first",
+    );
+    let table = forge.table("f", kind).replace(
+        &toml_str(&forge.token_file.display().to_string()),
+        &toml_str(&token_file.display().to_string()),
+    );
+    let s = Setup::new(&format!(
+        "{}{table}",
+        exec_target(
+            "app",
+            &remote.url(),
+            &format!("path = \"app\"\nforge = \"f\"\nforge_repo = \"{repo}\""),
+            "apply = [\"sh\", \"fail.sh\"]",
+        ),
+    ));
+    (s, sha)
+}
+
+/// A failed run with a long message still leaves its state on the commit:
+/// the description is cut by characters, its marker included, to the
+/// forge's own limit — GitHub 140 (it refuses 141 with 422), GitLab 255
+/// (400) — and Gitea and Forgejo, which keep it as TEXT, get it whole.
+#[test]
+fn a_long_failure_message_fits_each_forges_description_limit() {
+    for (kind, failed, limit, repo) in [
+        ("github", "failure", Some(140), "me/infra"),
+        ("gitlab", "failed", Some(255), "group/infra"),
+        ("gitea", "failure", None, "me/infra"),
+    ] {
+        let root = tempfile::tempdir().expect("tempdir");
+        let forge = ForgeStandin::start(root.path());
+        let (s, sha) = long_failure(root.path(), &forge, kind, repo, &forge.token_file);
+        let (code, said) = tick(&s);
+        assert_eq!(code, Some(1), "{kind}: {said}");
+        assert_eq!(
+            forge.states(&sha, "driftless/app"),
+            [failed],
+            "{kind}: the forge did not take the status: {:#?}\n{said}",
+            forge.journal()
+        );
+        let j = forge.journal();
+        let sent = j.last().expect("a request")["body"]["description"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        assert!(sent.contains("éééééééééé"), "{kind}: {sent}");
+        match limit {
+            Some(max) => {
+                assert_eq!(sent.chars().count(), max, "{kind}: {sent}");
+                assert!(sent.ends_with(" […]"), "{kind}: {sent}");
+            }
+            None => assert!(sent.contains(&"x".repeat(490)), "{kind}: {sent}"),
+        }
+        let rows = sql_rows(
+            &s.db(),
+            "SELECT last_error, sent_version FROM forge_statuses",
+        );
+        assert_eq!(
+            rows[0]["last_error"],
+            serde_json::Value::Null,
+            "{kind}: {rows:?}"
+        );
+    }
+}
+
+/// A status the forge refuses for a reason that sending it again cannot
+/// change (GitHub 403 "Resource not accessible", a token that may only
+/// read; the same holds for a 422) is given up at the first answer, with
+/// an ERROR that names the forge and what it said — not retried on the
+/// backoff as if the forge were down. `notify pending --all` shows why.
+#[test]
+fn a_status_the_forge_refuses_for_good_is_given_up_at_once() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let forge = ForgeStandin::start(root.path());
+    let readonly = root.path().join("forge-token-ro");
+    std::fs::write(&readonly, format!("{}-ro\n", forge.token)).expect("write");
+    let (s, sha) = long_failure(root.path(), &forge, "github", "me/infra", &readonly);
+    let (code, said) = tick(&s);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(
+        said.contains("ERROR")
+            && said.contains("forge `f` answered 403")
+            && said.contains("Resource not accessible"),
+        "{said}"
+    );
+    let rows = sql_rows(
+        &s.db(),
+        &format!("SELECT attempts, given_up, sent_version FROM forge_statuses WHERE sha = '{sha}'"),
+    );
+    assert_eq!(
+        rows,
+        [serde_json::json!({"attempts": 1, "given_up": 1, "sent_version": 0})],
+        "{said}"
+    );
+    let posts = forge
+        .journal()
+        .iter()
+        .filter(|r| r["sha"] == sha.as_str())
+        .count();
+    assert_eq!(posts, 1, "{:#?}", forge.journal());
+    let pending = text(&s.run(&["notify", "pending", "--all"]).stdout);
+    assert!(pending.contains("answered 403"), "{pending}");
+    assert!(
+        !said.contains(&forge.token),
+        "the forge token in the output"
     );
 }
