@@ -1386,5 +1386,90 @@ mod tests {
                 .expect("pragma");
             assert_eq!((sync, journal.as_str(), fk), (2, "wal", 1));
         }
+        drop(write);
+        // And the group's direct connection, where webhook deliveries and
+        // their jobs are committed before their 2xx.
+        let direct = store
+            .direct
+            .clone()
+            .expect("SQLite has a direct connection");
+        let (sync, journal, fk) = tokio::task::spawn_blocking(move || {
+            direct.run(Box::new(|tx| {
+                let one = |q: &str| -> Result<String, sqlx::Error> {
+                    tx.query_row(q, [], |r| {
+                        r.get::<_, i64>(0)
+                            .map(|v| v.to_string())
+                            .or_else(|_| r.get::<_, String>(0))
+                    })
+                    .map_err(direct::failure)
+                };
+                Ok((
+                    one("PRAGMA synchronous")?,
+                    one("PRAGMA journal_mode")?,
+                    one("PRAGMA foreign_keys")?,
+                ))
+            }))
+        })
+        .await
+        .expect("the direct connection's thread")
+        .map_err(|e| format!("{e:?}"))
+        .expect("a transaction on the direct connection");
+        assert_eq!(
+            (sync.as_str(), journal.as_str(), fk.as_str()),
+            ("2", "wal", "1"),
+            "the direct connection"
+        );
+    }
+
+    /// Every place in the source that opens a database connection, by
+    /// file, and how many times: a connection opened anywhere else (or
+    /// once more here) may write without the pragmas above, so it must be
+    /// looked at and added to the test above before this list.
+    #[test]
+    fn no_connection_is_opened_outside_the_known_places() {
+        const OPENERS: [&str; 4] = [
+            "Connection::open(",
+            "::connect(",
+            "connect_with(",
+            "PoolOptions::new()",
+        ];
+        // (file, count): SQLite's pool and write connection (which the
+        // migrator uses too) and PostgreSQL's; the direct connection; the
+        // keeper's PostgreSQL lease connection (it only renews a lease);
+        // the throwaway PostgreSQL clusters of the tests.
+        let known: &[(&str, usize)] = &[
+            ("src/store/mod.rs", 4),
+            ("src/store/direct.rs", 1),
+            ("src/keeper.rs", 1),
+            ("src/store/testing.rs", 2),
+        ];
+        let mut found = Vec::new();
+        let mut stack = vec![std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src")];
+        while let Some(dir) = stack.pop() {
+            for e in std::fs::read_dir(&dir).expect("src").flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    stack.push(p);
+                    continue;
+                }
+                let text = std::fs::read_to_string(&p).unwrap_or_default();
+                // Only the code before a file's unit tests.
+                let code = text.split("#[cfg(test)]").next().unwrap_or("");
+                let n: usize = OPENERS.iter().map(|o| code.matches(o).count()).sum();
+                if n > 0 {
+                    let rel = p
+                        .strip_prefix(env!("CARGO_MANIFEST_DIR"))
+                        .expect("under the crate")
+                        .display()
+                        .to_string();
+                    found.push((rel, n));
+                }
+            }
+        }
+        found.sort();
+        let mut known: Vec<(String, usize)> =
+            known.iter().map(|(f, n)| (f.to_string(), *n)).collect();
+        known.sort();
+        assert_eq!(found, known);
     }
 }
