@@ -286,6 +286,12 @@ fn a_failed_dependency_blocks_its_dependents_told_once_until_it_recovers() {
     let w = world(Some(&sink), 0, true);
     let daemon = w.setup.serve();
     wait_for(Duration::from_secs(60), "the first round", || idle(&w));
+    let applied_sha = |t: &str| w.setup.target_status(t)["last_applied_sha"].clone();
+    let (dns_sha, app_sha) = (applied_sha("dns"), applied_sha("app"));
+    assert!(
+        dns_sha.is_string() && app_sha.is_string(),
+        "{dns_sha} {app_sha}"
+    );
 
     // network fails: dns does not run (blocked by network), nor app
     // (blocked by dns); each told once.
@@ -309,6 +315,13 @@ fn a_failed_dependency_blocks_its_dependents_told_once_until_it_recovers() {
     assert!(why.contains("blocked by `dns`"), "{why}");
     assert_eq!(applied(&w, "dns"), ["1"], "a blocked target ran");
     assert_eq!(applied(&w, "app"), ["1"], "a blocked target ran");
+    // A blocked run keeps the commit last applied: nothing of the new one
+    // was applied.
+    assert_eq!(
+        (applied_sha("dns"), applied_sha("app")),
+        (dns_sha.clone(), app_sha.clone()),
+        "a blocked run moved the commit last applied"
+    );
 
     // Another push while network still fails: blocked again, not told again.
     push(
