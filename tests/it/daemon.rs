@@ -453,3 +453,67 @@ async fn a_daemon_built_on_port_0_serves_applies_and_stops_when_told() {
         .await
         .expect("a new daemon once the first stopped");
 }
+
+/// A one-shot `tick` killed mid-apply leaves its command running (it holds
+/// the target's lock); a daemon started then, given a push for the same
+/// target, waits for that orphan before it applies — its interval run and
+/// the push's alike — and the killed tick's run does not stay `running`.
+#[test]
+fn a_one_shot_tick_killed_mid_apply_never_overlaps_the_daemon() {
+    const SECRET: &str = "one-shot-kill-secret";
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(&[("app/x", "1")], "first");
+    let log = root.path().join("apply.log");
+    let secret = root.path().join("hook-secret");
+    std::fs::write(&secret, SECRET).expect("write");
+    let s = Setup::new(&format!(
+        "[[receivers]]\nname = \"github\"\nforge = \"github\"\nsecret_file = {}\n\n{}",
+        toml_str(&secret.display().to_string()),
+        exec_target(
+            "app",
+            &remote.url(),
+            "path = \"app\"\ninterval = \"1h\"",
+            &format!(
+                "apply = [\"sh\", \"-c\", \"echo start $$ >> {l}; sleep 4; echo end $$ >> {l}\"]\nalways = true",
+                l = log.display()
+            ),
+        ),
+    ));
+    let mut tick = std::process::Command::new(bin())
+        .args(["--config", s.config.to_str().expect("utf8"), "tick", "app"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start a one-shot tick");
+    wait_for(Duration::from_secs(30), "the tick's apply to start", || {
+        log_lines(&log).len() == 1
+    });
+    tick.kill().expect("kill -9 the tick");
+    let _ = tick.wait();
+
+    let daemon = s.serve();
+    let sha = remote.commit(&[("app/x", "2")], "second");
+    let body = github_push_body(&remote.url(), &sha, &["app/x"]);
+    let r = deliver_github_push(daemon.port, SECRET, &body, "one-shot-kill-1");
+    assert_eq!(r.status, 202, "{}", r.body);
+    wait_for(Duration::from_secs(60), "the pushed commit applied", || {
+        idle(&s, "app") && s.target_status("app")["last_applied_sha"] == sha.as_str()
+    });
+    let lines = log_lines(&log);
+    let applies = assert_no_overlap("app", &lines);
+    assert!(
+        applies >= 2,
+        "the orphan or the daemon's apply is missing: {lines:?}"
+    );
+    let runs = s.history("app");
+    assert!(
+        runs.iter().all(|r| !r["result"].is_null()),
+        "a run left running: {runs:#?}"
+    );
+    assert!(
+        runs.iter().any(|r| r["trigger"] == "cli"),
+        "the killed tick's run is not on record: {runs:#?}"
+    );
+    drop(daemon);
+}
