@@ -15,6 +15,8 @@ use crate::common::*;
 
 const SECRET: &str = "preview-hook-secret";
 const CANARY: &str = "canary-preview-secret-61f0";
+/// A value in a SOPS file of the target: a preview must never see it.
+const SOPS_CANARY: &str = "canary-preview-sops-7d2e";
 
 struct Fx {
     root: tempfile::TempDir,
@@ -41,16 +43,49 @@ fn fx(kind: &'static str, previews: &str) -> Fx {
 /// [`fx`], and with `base`: an exec target `base` whose output `v` is
 /// `base/v`, which `app` takes as the input `BASE_V`.
 fn fx_with(kind: &'static str, previews: &str, base: bool) -> Fx {
+    fx_opts(kind, previews, base, false)
+}
+
+/// [`fx_with`], and with `sops`: `app/secret.yaml` holds `value:
+/// SOPS_CANARY` encrypted for an age key `app` decrypts with, and the plan
+/// prints its `value` line too.
+fn fx_opts(kind: &'static str, previews: &str, base: bool, sops: bool) -> Fx {
     let root = tempfile::tempdir().expect("tempdir");
     let forge = ForgeStandin::start(root.path());
     let remote = Remote::new(root.path(), "infra");
-    let mut files = vec![("app/v", "1\n"), ("docs/README", "hi\n")];
+    let mut files = vec![
+        ("app/v", "1\n".to_string()),
+        ("docs/README", "hi\n".to_string()),
+    ];
     if base {
         files.extend([
-            ("base/v", "produced-value"),
-            ("base/out.sh", "printf '{\"v\": \"%s\"}\\n' \"$(cat v)\"\n"),
+            ("base/v", "produced-value".to_string()),
+            (
+                "base/out.sh",
+                "printf '{\"v\": \"%s\"}\\n' \"$(cat v)\"\n".to_string(),
+            ),
         ]);
     }
+    let mut decrypt = String::new();
+    let mut show_secret = "";
+    if sops {
+        let (key, recipient) = age_key(root.path(), "age.key");
+        files.push((
+            "app/secret.yaml",
+            sops_encrypt(
+                root.path(),
+                "secret.yaml",
+                &format!("value: {SOPS_CANARY}\n"),
+                &recipient,
+            ),
+        ));
+        decrypt = format!(
+            "\n[targets.decrypt]\nsops = true\nage_key_file = {}",
+            toml_str(&key.display().to_string())
+        );
+        show_secret = "; grep '^value' secret.yaml";
+    }
+    let files: Vec<(&str, &str)> = files.iter().map(|(p, c)| (*p, c.as_str())).collect();
     let main = remote.commit(&files, "first");
     let secret_file = root.path().join("hook-secret");
     std::fs::write(&secret_file, SECRET).expect("write");
@@ -68,7 +103,7 @@ fn fx_with(kind: &'static str, previews: &str, base: bool) -> Fx {
         )
     };
     let plan = format!(
-        "plan = [\"sh\", \"-c\", \"{}; cat v >> {p}; echo \\\"~ app.v $(cat v) $SECRET\\\"\"]",
+        "plan = [\"sh\", \"-c\", \"{}; cat v >> {p}; echo \\\"~ app.v $(cat v) $SECRET\\\"{show_secret}\"]",
         hold("slow-plan", &root.path().join("release-plan")),
         p = plans.display()
     );
@@ -99,7 +134,7 @@ fn fx_with(kind: &'static str, previews: &str, base: bool) -> Fx {
             "app",
             &remote.url(),
             &format!(
-                "path = \"app\"\nforge = \"f\"\nforge_repo = \"{repo}\"\ninterval = \"1h\"\npreviews = {previews}{takes}"
+                "path = \"app\"\nforge = \"f\"\nforge_repo = \"{repo}\"\ninterval = \"1h\"\npreviews = {previews}{takes}{decrypt}"
             ),
             &format!("{plan}\n{apply}"),
         ),
@@ -624,4 +659,32 @@ fn a_preview_says_which_inputs_it_planned_with() {
         "the input's value is in the comment: {body}"
     );
     drop(d);
+}
+
+/// A pull request's code is not trusted with the target's secrets: the
+/// preview of a target with `[targets.decrypt]` plans the SOPS file as it
+/// is in git, encrypted, while the target's own runs decrypt it; the value
+/// is in no comment, status, and no file of the state directory.
+#[test]
+fn a_preview_never_decrypts() {
+    let f = fx_opts("github", "true", false, true);
+    let d = f.serve();
+    // The target's own run decrypted it (its plan showed it masked).
+    let (head, _) = f.open(&d, 9, &[("app/v", "2\n")], "opened", false);
+    wait_for(Duration::from_secs(60), "the preview comment", || {
+        f.comments(9).len() == 1
+    });
+    let body = f.comments(9)[0]["body"].as_str().unwrap_or("").to_string();
+    assert!(body.contains(&head[..12]), "{body}");
+    assert!(
+        body.contains("value: ENC[AES256_GCM,"),
+        "the preview did not plan the encrypted file: {body}"
+    );
+    assert!(!body.contains("value: [REDACTED]"), "decrypted: {body}");
+    assert!(!body.contains(SOPS_CANARY), "{body}");
+    for r in f.forge.journal() {
+        assert!(!r.to_string().contains(SOPS_CANARY), "{r}");
+    }
+    drop(d);
+    assert_state_keeps_out(&f.s.state, SOPS_CANARY);
 }

@@ -528,3 +528,95 @@ fn without_verify_a_rewind_is_applied_and_said() {
         text(&out.stdout)
     );
 }
+
+/// An unsigned tip is refused on every path that checks out or plans, not
+/// only `tick`'s: `plan` (whose command would run the commit's code),
+/// `retry`, a `detect` target's plan, and the daemon's jobs. None of them
+/// runs the plan or apply command, moves the checkout, or the commit last
+/// applied.
+#[test]
+fn an_unsigned_tip_is_refused_on_every_path_that_checks_out() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let (alice, alice_pub) = ssh_key(root.path(), "alice");
+    let remote = Remote::new(root.path(), "infra");
+    let ran = root.path().join("ran.log");
+    let verify = verify_ssh_table(root.path(), "alice@example.net", &alice_pub);
+    let backend = format!(
+        "[targets.backend]\nkind = \"exec\"\n\
+         plan = [\"sh\", \"-c\", \"echo plan >> {l}; echo '~ v'\"]\n\
+         apply = [\"sh\", \"-c\", \"echo apply >> {l}\"]\nalways = true\n",
+        l = ran.display()
+    );
+    let secret = root.path().join("hook-secret");
+    std::fs::write(&secret, "verify-paths-secret").expect("write");
+    let s = Setup::new(&format!(
+        "[[receivers]]\nname = \"github\"\nforge = \"github\"\nsecret_file = {secret}\n\n\
+         [[targets]]\nname = \"app\"\nrepo = \"{repo}\"\ninterval = \"1h\"\n{verify}\n{backend}\n\
+         [[targets]]\nname = \"watch\"\nrepo = \"{repo}\"\ninterval = \"1h\"\npolicy = \"detect\"\n{verify}\n{backend}",
+        repo = remote.url(),
+        secret = toml_str(&secret.display().to_string()),
+    ));
+    let as_alice = format!("user.signingkey={}", alice.display());
+    let first = remote.commit_signed(&[("v", "1")], "signed", &["gpg.format=ssh", &as_alice], &[]);
+    for t in ["app", "watch"] {
+        let out = s.run(&["tick", t]);
+        assert!(out.status.success(), "{t}: {}", text(&out.stderr));
+    }
+    let before = log_lines(&ran).len();
+    assert!(before >= 2, "{:?}", log_lines(&ran));
+    let unsigned = remote.commit(&[("v", "2")], "unsigned");
+    let refused = |what: &str, out: &std::process::Output| {
+        let said = text(&out.stdout) + &text(&out.stderr);
+        assert_ne!(out.status.code(), Some(0), "{what}: {said}");
+        assert!(
+            said.contains(&format!("commit {unsigned} refused")) && said.contains("not signed"),
+            "{what}: {said}"
+        );
+        assert_eq!(log_lines(&ran).len(), before, "{what} ran a command");
+        for t in ["app", "watch"] {
+            assert_eq!(
+                git(&s.checkout(t), &["rev-parse", "HEAD"]),
+                first,
+                "{what}: {t}'s checkout moved"
+            );
+        }
+        assert_eq!(last_applied(&s), first, "{what}");
+    };
+    refused("plan", &s.run(&["plan", "app"]));
+    refused("retry", &s.run(&["retry", "app"]));
+    refused("detect", &s.run(&["tick", "watch"]));
+    let out = s.run(&["tick", "app"]);
+    refused("tick", &out);
+
+    // The daemon's jobs, from a signed push of another unsigned commit.
+    let daemon = s.serve();
+    let unsigned = remote.commit(&[("v", "3")], "unsigned again");
+    let body = github_push_body(&remote.url(), &unsigned, &["v"]);
+    let r = deliver_github_push(daemon.port, "verify-paths-secret", &body, "verify-paths-1");
+    assert_eq!(r.status, 202, "{}", r.body);
+    wait_for(
+        std::time::Duration::from_secs(60),
+        "the daemon's runs",
+        || {
+            ["app", "watch"].iter().all(|t| {
+                s.history(t)
+                    .iter()
+                    .any(|r| r["trigger"] == "webhook" && !r["result"].is_null())
+            })
+        },
+    );
+    drop(daemon);
+    for t in ["app", "watch"] {
+        let run = s
+            .history(t)
+            .into_iter()
+            .find(|r| r["trigger"] == "webhook")
+            .expect("a push's run");
+        let message = run["message"].as_str().unwrap_or("");
+        assert!(
+            run["result"] == "failed" && message.contains(&format!("commit {unsigned} refused")),
+            "{t}: {run}"
+        );
+    }
+    assert_eq!(log_lines(&ran).len(), before, "the daemon ran a command");
+}
