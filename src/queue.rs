@@ -25,8 +25,16 @@ use crate::store::{Batch, BatchTx, Store, StoreError, direct, now_ms};
 
 /// How long a claim lasts without a heartbeat.
 pub const LEASE: Duration = Duration::from_secs(30);
-/// A job interrupted this many times is given up (the next interval retries).
+/// A job whose runs driftless died during this many times is not run
+/// again: its next claim records a failed run that says so, and owners are
+/// told (`tick`), so a job that takes driftless down cannot do it forever
+/// and is never closed without a word.
 pub const MAX_ATTEMPTS: i64 = 5;
+
+/// The message of a run left open when its process died; counted by
+/// [`Queue::interruptions`].
+pub const INTERRUPTED: &str =
+    "driftless stopped during this run (the process died or was killed); the job was queued again";
 
 /// A running job's claim, renewed by each process that must stop when it
 /// is lost: the worker running the job and, on PostgreSQL, the keeper of
@@ -605,8 +613,9 @@ impl Queue {
     }
 
     /// Put jobs that were running when their process died back in the queue
-    /// and mark the runs they left open `interrupted`. A job interrupted
-    /// [`MAX_ATTEMPTS`] times is closed instead.
+    /// and mark the runs they left open `interrupted`. Every one goes back:
+    /// one interrupted [`MAX_ATTEMPTS`] times is ended by its next run, a
+    /// failure that says why ([`Queue::interruptions`]).
     pub async fn recover(&self, ids: &[i64]) -> Result<(), StoreError> {
         self.recover_only(ids, false).await.map(drop)
     }
@@ -640,34 +649,32 @@ impl Queue {
                 .fetch_optional(&mut *tx)
                 .await
                 .map_err(self.store.err(what))?;
-            let Some(attempts) = attempts else { continue };
+            if attempts.is_none() {
+                continue;
+            }
             done.push(*id);
-            interrupt_runs(
-                &mut tx,
-                *id,
-                "driftless stopped during this run (the process died or was killed); the job was queued again",
-            )
-            .await
-            .map_err(self.store.err(what))?;
-            if attempts >= MAX_ATTEMPTS {
-                sqlx::query(
-                    "UPDATE jobs SET state = 'done', outcome = $2, lease_owner = NULL,
-                            lease_until = NULL, updated_at = $3 WHERE id = $1",
-                )
-                .bind(id)
-                .bind(format!("gave up after {attempts} interrupted attempts"))
-                .bind(now)
-                .execute(&mut *tx)
+            interrupt_runs(&mut tx, *id, INTERRUPTED)
                 .await
                 .map_err(self.store.err(what))?;
-            } else {
-                requeue_in(&mut tx, *id, now)
-                    .await
-                    .map_err(self.store.err(what))?;
-            }
+            requeue_in(&mut tx, *id, now)
+                .await
+                .map_err(self.store.err(what))?;
         }
         tx.commit().await.map_err(self.store.err(what))?;
         Ok(done)
+    }
+
+    /// How many of job `job_id`'s runs were left open by a process that
+    /// died (marked [`INTERRUPTED`] by [`Queue::recover`]).
+    pub async fn interruptions(&self, job_id: i64) -> Result<i64, StoreError> {
+        sqlx::query_scalar(
+            "SELECT COUNT(*) FROM runs WHERE job_id = $1 AND result = 'interrupted' AND message = $2",
+        )
+        .bind(job_id)
+        .bind(INTERRUPTED)
+        .fetch_one(self.store.pool())
+        .await
+        .map_err(self.store.err("counting a job's interrupted runs"))
     }
 
     /// Queued and running counts per target.

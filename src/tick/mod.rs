@@ -493,7 +493,26 @@ impl Reconciler {
             sha: None,
         };
         let mut early = None;
-        if op == Operation::Apply
+        // A job driftless died during again and again is not run again by
+        // itself (the claim count is a cheap first look: each interrupted
+        // run was a claim).
+        if let Some(j) = job
+            && j.attempts > crate::queue::MAX_ATTEMPTS
+        {
+            let n = self.app.queue.interruptions(j.id).await?;
+            if n >= crate::queue::MAX_ATTEMPTS {
+                early = Some(Status::failed(format!(
+                    "not run: driftless was stopped (it died or was killed) during each of this \
+                     job's last {n} runs, so it is not run again by itself — a job that brings \
+                     driftless down must not do it forever. The daemon's log around those \
+                     `interrupted` runs says why; `driftless retry {}` or a new push runs the \
+                     target again",
+                    target.name
+                )));
+            }
+        }
+        if early.is_none()
+            && op == Operation::Apply
             && !target.depends_on.is_empty()
             && let Some(why) = self.blocked_by(target).await?
         {

@@ -17,6 +17,85 @@ use crate::common::*;
 const SECRET: &str = "chaos-hook-secret";
 const TARGETS: usize = 4;
 
+/// A push the daemon answered 2xx.
+struct Accepted {
+    target: usize,
+    sha: String,
+    delivery: String,
+    /// Its place in the stream: the n-th commit (the history is linear, so
+    /// a commit is at or past this one when its place is at least this).
+    n: i64,
+    /// When its first attempt was sent (Unix ms): a run that covers it
+    /// started after this.
+    sent_ms: i64,
+}
+
+fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// A run as the per-delivery check reads it: target, commit, the commit
+/// its push asked for, start (Unix ms), result, message.
+type RunRow = (
+    String,
+    Option<String>,
+    Option<String>,
+    i64,
+    Option<String>,
+    Option<String>,
+);
+
+/// What the SQLite chaos test reads once everything settled: the
+/// delivery ids on record, jobs still running, (job accepted, run started)
+/// of webhook jobs, every run, jobs closed in silence.
+type Read = (Vec<String>, i64, Vec<(i64, i64)>, Vec<RunRow>, Outcomes);
+
+/// (a job's outcome, how many jobs ended so).
+type Outcomes = Vec<(String, i64)>;
+
+const RUNS: &str = "SELECT target, sha, requested_sha, started_at, result, message FROM runs";
+
+/// The accepted deliveries no run accounts for: for each, a run of its
+/// target that started after it was sent must have applied (or found
+/// applied) its commit or a later one — or, for a job driftless died
+/// during `queue::MAX_ATTEMPTS` times, have failed saying so (the owners
+/// are told) for that commit or a later one. `place` maps a commit to its
+/// place in the stream.
+fn unaccounted<'a>(
+    accepted: &'a [Accepted],
+    runs: &[RunRow],
+    place: &std::collections::HashMap<String, i64>,
+) -> Vec<&'a str> {
+    let at = |sha: &Option<String>| sha.as_ref().and_then(|s| place.get(s)).copied();
+    accepted
+        .iter()
+        .filter(|a| {
+            let name = format!("t{}", a.target);
+            !runs
+                .iter()
+                .any(|(target, sha, requested, started, result, message)| {
+                    if *target != name || *started < a.sent_ms {
+                        return false;
+                    }
+                    match result.as_deref() {
+                        Some("changed" | "no_change") => at(sha).is_some_and(|n| n >= a.n),
+                        Some("failed") => {
+                            message
+                                .as_deref()
+                                .is_some_and(|m| m.starts_with("not run: driftless was stopped"))
+                                && at(requested).is_some_and(|n| n >= a.n)
+                        }
+                        _ => false,
+                    }
+                })
+        })
+        .map(|a| a.delivery.as_str())
+        .collect()
+}
+
 #[test]
 fn no_accepted_push_is_lost_across_kill_9() {
     let _one_at_a_time = heavy();
@@ -54,12 +133,6 @@ fn no_accepted_push_is_lost_across_kill_9() {
     let kills = Arc::new(AtomicUsize::new(0));
     // When each kill happened (Unix ms).
     let kill_times: Arc<Mutex<Vec<i64>>> = Default::default();
-    let now_ms = || {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as i64)
-            .unwrap_or(0)
-    };
     let killer = {
         let (stop, kills, daemon, config, kill_times) = (
             stop.clone(),
@@ -79,7 +152,7 @@ fn no_accepted_push_is_lost_across_kill_9() {
                 if let Some(old) = d.take() {
                     old.kill9();
                     kills.fetch_add(1, Ordering::Relaxed);
-                    kill_times.lock().expect("lock").push(now_ms());
+                    kill_times.lock().expect("lock").push(unix_ms());
                 }
                 std::thread::sleep(Duration::from_millis(fastrand::u64(0..300)));
                 *d = Some(Daemon::start_with(&config, &setup_dir));
@@ -89,7 +162,8 @@ fn no_accepted_push_is_lost_across_kill_9() {
 
     // The stream: a commit per push, then the signed delivery, retried a
     // little like a forge would while the daemon is down.
-    let mut accepted: Vec<(usize, String, String)> = Vec::new(); // (target, sha, delivery)
+    let mut accepted: Vec<Accepted> = Vec::new();
+    let mut place = std::collections::HashMap::new();
     let mut sent = 0;
     let stream_started = std::time::Instant::now();
     for n in 0..pushes {
@@ -98,14 +172,22 @@ fn no_accepted_push_is_lost_across_kill_9() {
             &[(&format!("t{t}/v"), &n.to_string())],
             &format!("push {n}"),
         );
+        place.insert(sha.clone(), n as i64);
         let body = github_push_body(&remote.url(), &sha, &[&format!("t{t}/v")]);
         let sig = format!("sha256={}", hmac_hex(SECRET, &body));
         let delivery = format!("chaos-{n}");
+        let sent_ms = unix_ms();
         for _attempt in 0..3 {
             sent += 1;
             let r = try_post(port, &body, &sig, &delivery);
             if matches!(r, Some(200..=299)) {
-                accepted.push((t, sha.clone(), delivery.clone()));
+                accepted.push(Accepted {
+                    target: t,
+                    sha: sha.clone(),
+                    delivery: delivery.clone(),
+                    n: n as i64,
+                    sent_ms,
+                });
                 break;
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -135,8 +217,19 @@ fn no_accepted_push_is_lost_across_kill_9() {
         .enable_all()
         .build()
         .expect("rt");
-    let (recorded, running, spans): (Vec<String>, i64, Vec<(i64, i64)>) = rt.block_on(async {
+    let (recorded, running, spans, runs, closed): Read = rt.block_on(async {
         let store = driftless::store::Store::open(&s.db()).await.expect("db");
+        let runs = sqlx::query_as(RUNS)
+            .fetch_all(store.pool())
+            .await
+            .expect("runs");
+        // A job closed without a run of its own that is neither folded,
+        // skipped nor unaffected: closed in silence.
+        let closed: Outcomes = sqlx::query_as(NO_RUN)
+            .fetch_all(store.pool())
+            .await
+            .expect("jobs");
+        let closed = silent(&closed);
         let ids = sqlx::query_scalar("SELECT delivery_id FROM deliveries")
             .fetch_all(store.pool())
             .await
@@ -153,7 +246,7 @@ fn no_accepted_push_is_lost_across_kill_9() {
         .fetch_all(store.pool())
         .await
         .expect("runs");
-        (ids, running, spans)
+        (ids, running, spans, runs, closed)
     });
     let kill_times = kill_times.lock().expect("lock").clone();
     // Accepted before a kill, applied after it: the queue carried it
@@ -164,15 +257,19 @@ fn no_accepted_push_is_lost_across_kill_9() {
         .count();
     let missing: Vec<&String> = accepted
         .iter()
-        .map(|(_, _, d)| d)
+        .map(|a| &a.delivery)
         .filter(|d| !recorded.contains(d))
         .collect();
+    let unrun = unaccounted(&accepted, &runs, &place);
+    let gave_up = given_up(&runs);
     report(&format!(
-        "chaos: {pushes} pushes, {sent} deliveries sent, {} accepted, {} kills, {survived} jobs accepted before a kill and run after it, {} lost, {} accepted ids missing",
+        "chaos: {pushes} pushes, {sent} deliveries sent, {} accepted, {} kills, {survived} jobs accepted before a kill and run after it, {} lost, {} accepted ids missing, {} accepted deliveries without a run after them, {gave_up} jobs failed as interrupted {} times, closed in silence: {closed:?}",
         accepted.len(),
         kills.load(Ordering::Relaxed),
         lost,
-        missing.len()
+        missing.len(),
+        unrun.len(),
+        driftless::queue::MAX_ATTEMPTS,
     ));
     // The daemon was killed about every half second to second (the killer
     // waits 0.2-0.9 s, kills, waits 0-0.3 s, restarts), ...
@@ -195,15 +292,55 @@ fn no_accepted_push_is_lost_across_kill_9() {
         missing.is_empty(),
         "accepted deliveries not on record: {missing:?}"
     );
+    assert!(
+        unrun.is_empty(),
+        "accepted deliveries with no run of their target after them at or past their commit: {unrun:?}"
+    );
+    assert!(closed.is_empty(), "jobs closed without a run: {closed:?}");
     assert_eq!(running, 0, "jobs left running");
+}
+
+/// Jobs closed with no run, by outcome.
+const NO_RUN: &str = "SELECT COALESCE(outcome, '(none)'), COUNT(*) FROM jobs
+     WHERE state = 'done' AND run_id IS NULL GROUP BY outcome";
+
+/// Of `no_run` (outcome, count), the jobs closed in silence: neither merged
+/// into another job (which the per-delivery check follows), skipped (paused, a busy interval tick, a removed
+/// target) nor left alone by a push that did not affect their target.
+fn silent(no_run: &[(String, i64)]) -> Outcomes {
+    no_run
+        .iter()
+        .filter(|(o, _)| {
+            !(o.starts_with("skipped")
+                || o.starts_with("unaffected")
+                || o.starts_with("merged into job"))
+                && o != "target no longer configured"
+        })
+        .cloned()
+        .collect()
+}
+
+/// How many runs failed because driftless died during their job too often.
+fn given_up(runs: &[RunRow]) -> usize {
+    runs.iter()
+        .filter(|r| {
+            r.5.as_deref()
+                .is_some_and(|m| m.starts_with("not run: driftless was stopped"))
+        })
+        .count()
 }
 
 /// How many targets are not at or past their newest accepted commit
 /// (`accepted`: target, commit, delivery), as `setup`'s `status` says.
-fn targets_behind(setup: &Setup, remote: &Remote, accepted: &[(usize, String, String)]) -> usize {
+fn targets_behind(setup: &Setup, remote: &Remote, accepted: &[Accepted]) -> usize {
     let mut lost = 0;
     for t in 0..TARGETS {
-        let Some((_, newest, _)) = accepted.iter().rev().find(|(x, _, _)| *x == t) else {
+        let Some(newest) = accepted
+            .iter()
+            .rev()
+            .find(|a| a.target == t)
+            .map(|a| &a.sha)
+        else {
             continue;
         };
         let st = setup.target_status(&format!("t{t}"));
@@ -366,7 +503,8 @@ fn three_instances_on_postgres_lose_nothing_and_never_overlap() {
         })
     };
 
-    let mut accepted: Vec<(usize, String, String)> = Vec::new();
+    let mut accepted: Vec<Accepted> = Vec::new();
+    let mut place = std::collections::HashMap::new();
     let mut sent = 0;
     let mut answered_by = [0usize; INSTANCES];
     for n in 0..pushes {
@@ -375,6 +513,8 @@ fn three_instances_on_postgres_lose_nothing_and_never_overlap() {
             &[(&format!("t{t}/v"), &n.to_string())],
             &format!("push {n}"),
         );
+        place.insert(sha.clone(), n as i64);
+        let sent_ms = unix_ms();
         let body = github_push_body(&remote.url(), &sha, &[&format!("t{t}/v")]);
         let sig = format!("sha256={}", hmac_hex(SECRET, &body));
         let delivery = format!("chaos-pg-{n}");
@@ -384,7 +524,13 @@ fn three_instances_on_postgres_lose_nothing_and_never_overlap() {
             let i = (from + attempt) % INSTANCES;
             sent += 1;
             if matches!(try_post(ports[i], &body, &sig, &delivery), Some(200..=299)) {
-                accepted.push((t, sha.clone(), delivery.clone()));
+                accepted.push(Accepted {
+                    target: t,
+                    sha: sha.clone(),
+                    delivery: delivery.clone(),
+                    n: n as i64,
+                    sent_ms,
+                });
                 answered_by[i] += 1;
                 break;
             }
@@ -411,25 +557,37 @@ fn three_instances_on_postgres_lose_nothing_and_never_overlap() {
 
     // Read from another instance than the one the waiting asked.
     let lost = targets_behind(&setups[1], &remote, &accepted);
-    let (recorded, running): (Vec<String>, i64) = rt.block_on(async {
-        let store = driftless::store::Store::open_postgres(&url)
-            .await
-            .expect("db");
-        let ids = sqlx::query_scalar("SELECT delivery_id FROM deliveries")
-            .fetch_all(store.pool())
-            .await
-            .expect("deliveries");
-        let running = sqlx::query_scalar("SELECT COUNT(*) FROM jobs WHERE state = 'running'")
-            .fetch_one(store.pool())
-            .await
-            .expect("jobs");
-        (ids, running)
-    });
+    let (recorded, running, runs, closed): (Vec<String>, i64, Vec<RunRow>, Outcomes) =
+        rt.block_on(async {
+            let store = driftless::store::Store::open_postgres(&url)
+                .await
+                .expect("db");
+            let runs = sqlx::query_as(RUNS)
+                .fetch_all(store.pool())
+                .await
+                .expect("runs");
+            let closed: Outcomes = sqlx::query_as(NO_RUN)
+                .fetch_all(store.pool())
+                .await
+                .expect("jobs");
+            let closed = silent(&closed);
+            let ids = sqlx::query_scalar("SELECT delivery_id FROM deliveries")
+                .fetch_all(store.pool())
+                .await
+                .expect("deliveries");
+            let running = sqlx::query_scalar("SELECT COUNT(*) FROM jobs WHERE state = 'running'")
+                .fetch_one(store.pool())
+                .await
+                .expect("jobs");
+            (ids, running, runs, closed)
+        });
     let missing: Vec<&String> = accepted
         .iter()
-        .map(|(_, _, d)| d)
+        .map(|a| &a.delivery)
         .filter(|d| !recorded.contains(d))
         .collect();
+    let unrun = unaccounted(&accepted, &runs, &place);
+    let gave_up = given_up(&runs);
     let mut applies = 0;
     let mut overlaps = 0;
     for log in &logs {
@@ -445,10 +603,12 @@ fn three_instances_on_postgres_lose_nothing_and_never_overlap() {
             .count();
     }
     report(&format!(
-        "chaos on PostgreSQL: {INSTANCES} instances, {pushes} pushes, {sent} deliveries sent, {} accepted (by instance: {answered_by:?}), {} kills, {applies} applies, {overlaps} overlapping, {lost} lost, {} accepted ids missing",
+        "chaos on PostgreSQL: {INSTANCES} instances, {pushes} pushes, {sent} deliveries sent, {} accepted (by instance: {answered_by:?}), {} kills, {applies} applies, {overlaps} overlapping, {lost} lost, {} accepted ids missing, {} accepted deliveries without a run after them, {gave_up} jobs failed as interrupted {} times, closed in silence: {closed:?}",
         accepted.len(),
         kills.load(Ordering::Relaxed),
-        missing.len()
+        missing.len(),
+        unrun.len(),
+        driftless::queue::MAX_ATTEMPTS,
     ));
     assert!(kills.load(Ordering::Relaxed) > 0, "nothing was killed");
     assert!(
@@ -466,5 +626,10 @@ fn three_instances_on_postgres_lose_nothing_and_never_overlap() {
         missing.is_empty(),
         "accepted deliveries not on record: {missing:?}"
     );
+    assert!(
+        unrun.is_empty(),
+        "accepted deliveries with no run of their target after them at or past their commit: {unrun:?}"
+    );
+    assert!(closed.is_empty(), "jobs closed without a run: {closed:?}");
     assert_eq!(running, 0, "jobs left running");
 }

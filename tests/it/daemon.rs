@@ -517,3 +517,112 @@ fn a_one_shot_tick_killed_mid_apply_never_overlaps_the_daemon() {
     );
     drop(daemon);
 }
+
+/// A job whose run takes driftless down (here the command kills the daemon)
+/// is not run for ever, nor closed without a word: after
+/// `queue::MAX_ATTEMPTS` interrupted runs its next claim records a failed
+/// run that says why, the owners are told, and a new push runs the target
+/// again.
+#[test]
+fn a_job_that_keeps_killing_the_daemon_fails_with_its_reason_and_owners_are_told() {
+    const SECRET: &str = "job-kills-daemon-secret";
+    let root = tempfile::tempdir().expect("tempdir");
+    let sink = Service::http_sink(root.path(), 0);
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(&[("app/x", "1")], "first");
+    let log = root.path().join("apply.log");
+    let secret = root.path().join("hook-secret");
+    std::fs::write(&secret, SECRET).expect("write");
+    // With `boom` in the commit the command kills its parent, the daemon,
+    // after 3 s (time for a restarted daemon to answer /healthz first).
+    let s = Setup::new(&format!(
+        "[defaults]\nnotify = [\"hook\"]\n\n[[notifiers]]\nname = \"hook\"\nkind = \"webhook\"\nurl = \"http://127.0.0.1:{}/hook\"\n\n\
+         [[receivers]]\nname = \"github\"\nforge = \"github\"\nsecret_file = {}\n\n{}",
+        sink.port,
+        toml_str(&secret.display().to_string()),
+        exec_target(
+            "app",
+            &remote.url(),
+            "path = \"app\"\ninterval = \"1h\"",
+            &format!(
+                "apply = [\"sh\", \"-c\", \"echo run >> {l}; if [ -f boom ]; then sleep 3; kill -9 $PPID; sleep 1; fi\"]\nalways = true",
+                l = log.display()
+            ),
+        ),
+    ));
+    let mut daemon = s.serve();
+    wait_for(Duration::from_secs(30), "the first run", || {
+        s.history("app")
+            .first()
+            .is_some_and(|r| r["result"] == "changed")
+    });
+    let boom = remote.commit(&[("app/boom", "")], "a commit whose apply kills driftless");
+    let body = github_push_body(&remote.url(), &boom, &["app/boom"]);
+    let r = deliver_github_push(daemon.port, SECRET, &body, "kills-1");
+    assert_eq!(r.status, 202, "{}", r.body);
+    let given_up = |s: &Setup| {
+        s.history("app").first().is_some_and(|r| {
+            r["result"] == "failed"
+                && r["message"]
+                    .as_str()
+                    .is_some_and(|m| m.starts_with("not run: driftless was stopped"))
+        })
+    };
+    let mut restarts = 0;
+    while !given_up(&s) {
+        assert!(
+            daemon.exited_within(Duration::from_secs(60)),
+            "the daemon was not killed and the job did not end: {:#?}",
+            s.history("app")
+        );
+        restarts += 1;
+        assert!(
+            restarts <= 8,
+            "restarted {restarts} times: {:#?}",
+            s.history("app")
+        );
+        daemon = s.serve();
+        wait_for(
+            Duration::from_secs(60),
+            "the recovered job's next run",
+            || given_up(&s) || daemon.exited_within(Duration::from_millis(10)),
+        );
+    }
+    let runs = s.history("app");
+    let interrupted = runs.iter().filter(|r| r["result"] == "interrupted").count();
+    assert_eq!(interrupted, 5, "{runs:#?}");
+    let message = runs[0]["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains("during each of this job's last 5 runs")
+            && message.contains("driftless retry app"),
+        "{message}"
+    );
+    assert_eq!(runs[0]["sha"], serde_json::Value::Null, "{}", runs[0]);
+    // The command did not run a sixth time; the owners were told.
+    assert_eq!(log_lines(&log).len(), 1 + 5, "{:?}", log_lines(&log));
+    wait_for(Duration::from_secs(30), "the owners told", || {
+        sink.requests().iter().any(|r| {
+            r["body"].as_str().is_some_and(|b| {
+                b.contains("\"event\":\"failed\"") && b.contains("not run: driftless was stopped")
+            })
+        })
+    });
+    // A new push runs the target again.
+    remote.delete("app/boom", "no more boom");
+    let fixed = remote.commit(&[("app/x", "2")], "fixed");
+    let body = github_push_body(&remote.url(), &fixed, &["app/x"]);
+    let r = deliver_github_push(daemon.port, SECRET, &body, "kills-2");
+    assert_eq!(r.status, 202, "{}", r.body);
+    let applied = || s.target_status("app")["last_applied_sha"] == fixed.as_str();
+    let start = std::time::Instant::now();
+    while !applied() && start.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        applied(),
+        "the fixed commit was not applied: {:#?}\n{}",
+        s.history("app"),
+        daemon.log_text()
+    );
+    drop(daemon);
+}

@@ -440,6 +440,19 @@ impl Daemon {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Whether the process ended (by itself, or killed by someone else)
+    /// within `limit`.
+    pub fn exited_within(&mut self, limit: Duration) -> bool {
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
+
     /// SIGKILL, no chance to clean up.
     pub fn kill9(mut self) {
         let _ = self.child.kill();
