@@ -60,7 +60,11 @@ written from the file cited beside it:
   `steps` [{op, urn, provider, oldState, newState, diffReasons,
   replaceReasons, detailedDiff}], `changeSummary` (count per op),
   `duration` (nanoseconds). Secret values show as "[secret]". It changes
-  nothing and takes no lock.
+  nothing and takes no lock. Like the real CLI's, the document is not
+  byte-stable: the root `pulumi:pulumi:Stack` step comes first, every new
+  state carries `created`/`modified` set at preview time, and the steps of
+  independent resources come in a random order (the parallel step
+  executor), dependents after what they name.
 - A resource's `options: {replaceOnChanges: [prop, ...]}` (Pulumi YAML's
   resource option; the engine's applyReplaceOnChanges in
   pkg/resource/deploy/step_generator.go turns a diff of one of those
@@ -78,6 +82,7 @@ Every invocation is appended to $PULUMI_STANDIN_LOG (argv, cwd) if set.
 import getpass
 import hashlib
 import json
+import random
 import os
 import re
 import socket
@@ -392,24 +397,62 @@ def cmd_preview(o):
     desired = desired_resources(proj, env)
     steps, summary = [], {}
 
-    def resource_v3(u, typ, props):
-        return {"urn": u, "custom": True, "type": typ, "inputs": props, "outputs": props}
+    # The time of this preview, as the new states carry it: `created` and
+    # `modified` of a resource state are written by stack.SerializeResource
+    # (pkg/backend/display/json.go, stateForJSONOutput passes s.Created and
+    # s.Modified), and a step's new state gets them when the preview runs.
+    now = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{time.time_ns() % 10**9:09d}Z"
 
+    def resource_v3(u, typ, props, stamp=None):
+        r = {"urn": u, "custom": True, "type": typ, "inputs": props, "outputs": props}
+        if stamp:
+            r["created"] = stamp
+            r["modified"] = stamp
+        return r
+
+    # The root stack resource comes first (the program registers it before
+    # anything else): created by the first update, the same after.
+    root = urn(stack, proj, f"{proj['name']}-{stack}", "pulumi:pulumi:Stack")
+    root_op = "same" if state.get("resources") else "create"
+    summary[root_op] = 1
+    steps.append({"op": root_op, "urn": root, "provider": "", "detailedDiff": None,
+                  "newState": resource_v3(root, "pulumi:pulumi:Stack", {}, now)})
+
+    changes = []
     for name, d in desired.items():
         u = urn(stack, proj, name, d["type"])
         old = res.get(name)
         op = step_op(proj, name, old, d)
         summary[op] = summary.get(op, 0) + 1
         step = {"op": op, "urn": u, "provider": "", "detailedDiff": None,
-                "newState": resource_v3(u, d["type"], d["properties"])}
+                "newState": resource_v3(u, d["type"], d["properties"], now)}
         if old is not None:
             step["oldState"] = resource_v3(u, old["type"], old["properties"])
         if op == "update":
             step["diffReasons"] = changed_keys(old["properties"], d["properties"])
         if op == "replace":
             step["replaceReasons"] = changed_keys(old["properties"], d["properties"])
-        steps.append(step)
-    for name in [n for n in res if n not in desired]:
+        changes.append((name, step))
+    # The engine's step executor runs the steps of resources that do not
+    # depend on each other in parallel, and ShowPreviewDigest appends each
+    # as its ResourcePreEvent arrives: in no fixed order, but never before
+    # the resources it depends on (pkg/resource/deploy/step_executor.go).
+    # So: a random order that keeps each resource after those its
+    # properties name (`${other.prop}`).
+    raw = proj.get("resources") or {}
+
+    def needs(name):
+        text = json.dumps(raw.get(name, {}).get("properties") or {})
+        return {n for n in desired if n != name and "${" + n + "." in text}
+
+    pending = dict(changes)
+    while pending:
+        ready = [n for n in pending if not (needs(n) & set(pending))]
+        pick = random.choice(ready or list(pending))
+        steps.append(pending.pop(pick))
+    deletes = [n for n in res if n not in desired]
+    random.shuffle(deletes)
+    for name in deletes:
         u = urn(stack, proj, name, res[name]["type"])
         summary["delete"] = summary.get("delete", 0) + 1
         steps.append({"op": "delete", "urn": u, "provider": "", "detailedDiff": None,

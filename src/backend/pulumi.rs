@@ -11,8 +11,9 @@
 //!
 //! It can plan: `preview --json` (with `--refresh` as `up` has it), whose
 //! document's steps become one line per resource and operation (name and
-//! type, never a value; deletes and replaces are destructive), hashed over
-//! the whole document but its duration. Pulumi's update plans (`preview
+//! type, never a value; deletes and replaces are destructive; the root
+//! stack resource is none), hashed over a normal form of the steps
+//! ([`normal_form`]: the real CLI's document is not byte-stable). Pulumi's update plans (`preview
 //! --save-plan`, `up --plan`) are [PREVIEW]/[EXPERIMENTAL] and hidden in
 //! the CLI (pulumi/pulumi v3.259 pkg/cmd/pulumi/operations/up.go), so an
 //! approved plan is applied by previewing again and running `up` only if
@@ -397,17 +398,17 @@ impl Pulumi {
                 .collect();
             return Err(self.why(&spec, &out, &errors));
         }
-        let Some(mut doc) = doc else {
+        let Some(doc) = doc else {
             return Err(format!(
                 "`{}` printed something that is not a JSON document; is `{}` the Pulumi CLI (3.x)?",
                 spec.display(),
                 self.cfg.binary
             ));
         };
-        Ok(self.summarise_preview(&mut doc))
+        Ok(self.summarise_preview(&doc))
     }
 
-    fn summarise_preview(&self, doc: &mut Value) -> Plan {
+    fn summarise_preview(&self, doc: &Value) -> Plan {
         let (mut add, mut change, mut destroy) = (0u64, 0u64, 0u64);
         let mut lines: Vec<String> = Vec::new();
         let mut seen = std::collections::BTreeSet::new();
@@ -418,6 +419,11 @@ impl Pulumi {
                 .as_str()
                 .or_else(|| step["oldState"]["type"].as_str())
                 .unwrap_or("?");
+            // The root stack resource holds the stack's outputs, not a
+            // resource of the cloud: its step is no change to show.
+            if ty == ROOT_STACK_TYPE {
+                continue;
+            }
             let name = urn.rsplit("::").next().unwrap_or(urn);
             let sign = match op {
                 "create" | "import" => "+",
@@ -442,12 +448,9 @@ impl Pulumi {
             }
             lines.push(format!("{sign} {name} ({ty}, {op})"));
         }
-        if let Some(o) = doc.as_object_mut() {
-            o.remove("duration");
-        }
         let mut h = Sha256::new();
-        h.update(b"driftless-pulumi-plan-v1\0");
-        h.update(doc.to_string().as_bytes());
+        h.update(b"driftless-pulumi-plan-v2\0");
+        h.update(normal_form(doc).to_string().as_bytes());
         Plan::of_lines(
             &lines,
             (add, change, destroy),
@@ -526,6 +529,71 @@ impl Pulumi {
 /// The engine's colour markup (`<{%reset%}>`, `<{%fg 1%}>`), which
 /// `--json` diagnostics keep (pulumi's diag/colors; display/events.go
 /// strips only ANSI codes), removed.
+/// The type of the stack's root resource (`resource.RootStackType` in
+/// pulumi/pulumi sdk/go/common/resource/stack.go).
+const ROOT_STACK_TYPE: &str = "pulumi:pulumi:Stack";
+
+/// What an approval holds a preview to: per resource step, sorted by URN
+/// then op — `urn`, `op`, `diffReasons` and `replaceReasons` (sorted),
+/// `detailedDiff`'s keys with their kind and whether it is an input diff,
+/// and the `inputs` of the new state and of the old one (what the state,
+/// refreshed, holds now: a change made in the cloud since the approval
+/// changes the plan). From pulumi/pulumi pkg/backend/display/json.go
+/// (`ShowPreviewDigest`) and pkg/display/json.go (`PreviewDigest`,
+/// `PreviewStep`), what is left out and why:
+/// - the order of `steps`: appended as `ResourcePreEvent`s arrive, which
+///   the engine's parallel step executor emits in no fixed order for
+///   resources that do not depend on each other;
+/// - `oldState`/`newState` but their inputs: `stack.SerializeResource`
+///   writes the state's `created` and `modified` times (set for the new
+///   state at preview time) and its outputs, which a preview only guesses;
+/// - `provider`: a provider reference, whose id is made when the provider
+///   is first created;
+/// - `duration`, `changeSummary` (a count of the steps kept), `config`
+///   (what the program makes of it is in the inputs), `diagnostics` (what
+///   the program printed, timestamps and all) and `maybeCorrupt`;
+/// - the root stack resource's step (its outputs, not a cloud resource).
+fn normal_form(doc: &Value) -> Value {
+    let sorted = |v: &Value| {
+        let mut keys: Vec<String> = v
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|k| k.as_str().map(str::to_string))
+            .collect();
+        keys.sort();
+        keys.dedup();
+        keys
+    };
+    let mut steps: Vec<Value> = doc["steps"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|step| {
+            let ty = step["newState"]["type"]
+                .as_str()
+                .or_else(|| step["oldState"]["type"].as_str());
+            ty != Some(ROOT_STACK_TYPE)
+        })
+        .map(|step| {
+            serde_json::json!({
+                "urn": step["urn"],
+                "op": step["op"],
+                "diffReasons": sorted(&step["diffReasons"]),
+                "replaceReasons": sorted(&step["replaceReasons"]),
+                // Maps: serialized with their keys sorted.
+                "detailedDiff": step["detailedDiff"],
+                "inputs": step["newState"]["inputs"],
+                "oldInputs": step["oldState"]["inputs"],
+            })
+        })
+        .collect();
+    steps.sort_by(|a, b| {
+        (a["urn"].as_str(), a["op"].as_str()).cmp(&(b["urn"].as_str(), b["op"].as_str()))
+    });
+    Value::Array(steps)
+}
+
 fn strip_colors(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;

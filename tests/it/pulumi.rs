@@ -546,3 +546,81 @@ fn a_pulumi_detect_target_previews_and_never_runs_up() {
     );
     assert!(f.cloud()[URN].is_null(), "{}", f.cloud());
 }
+
+/// The real `pulumi preview --json` is not byte-stable (new states carry
+/// `created`/`modified` set at preview time; independent resources' steps
+/// come in the order the parallel step executor emits them), and the
+/// stand-in is not either: an approved preview of an unchanged program
+/// still holds when the apply previews again, and the root stack resource
+/// is no change of its own.
+#[test]
+fn a_pulumi_approval_holds_across_previews_that_differ_only_in_time_and_order() {
+    const OPS: &str = "ops-token-pulumi-5c1e";
+    let f = fixture("");
+    let cfg = std::fs::read_to_string(&f.s.config).expect("config");
+    let cfg = cfg.replacen(
+        "[targets.backend]",
+        "policy = \"approval\"\ninterval = \"1h\"\n[targets.backend]",
+        1,
+    ) + &token_table("ops", OPS, &["approve:site", "read"]);
+    std::fs::write(&f.s.config, cfg).expect("config");
+    let mut many = program(1, "");
+    let at = many.find("outputs:").expect("outputs");
+    let more: String = (1..=5)
+        .map(|i| {
+            format!("  extra{i}:\n    type: test:index:Bucket\n    properties:\n      name: extra-{i}\n      size: {i}\n")
+        })
+        .collect();
+    many.insert_str(at, &more);
+    f.remote
+        .commit(&[("stack/Pulumi.yaml", &many)], "six buckets");
+    let intake = Intake::start(&f.s);
+    let who = Approver {
+        port: intake.port,
+        token: OPS,
+    };
+    let (code, out) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    let p = who.pending();
+    assert_eq!(p.len(), 1, "{p:?}");
+    let diff = p[0]["diff"].as_str().unwrap_or("");
+    assert_eq!(diff.lines().count(), 6, "{diff}");
+    assert!(!diff.contains("pulumi:pulumi:Stack"), "{diff}");
+    assert_eq!(
+        p[0]["summary"], "6 to add, 0 to change, 0 to destroy",
+        "{p:?}"
+    );
+
+    // Two previews of the program as it is now differ, byte for byte.
+    let checkout = f.s.checkout("site").join("stack");
+    let preview = || {
+        let out = std::process::Command::new("python3")
+            .arg(standin())
+            .args(["preview", "--non-interactive", "--json", "--stack", "prod"])
+            .current_dir(&checkout)
+            .env(
+                "PULUMI_BACKEND_URL",
+                format!("file://{}", f.backend.display()),
+            )
+            .env("PULUMI_CONFIG_PASSPHRASE", PASSPHRASE)
+            .env("HOME", f.root.path())
+            .output()
+            .expect("the stand-in");
+        succeeded(&out, "pulumi preview")
+    };
+    let (one, two) = (preview(), preview());
+    assert_ne!(one, two, "the stand-in's previews are byte-stable");
+    assert!(one.contains("\"created\""), "{one}");
+
+    who.approve(&p[0]);
+    let (code, out) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        !out.contains("the plan changed since it was approved"),
+        "{out}"
+    );
+    let ups = f.calls().iter().filter(|c| c[0] == "up").count();
+    assert_eq!(ups, 1, "{:?}", f.calls());
+    assert_eq!(f.status().0, "changed", "{out}");
+    assert_eq!(f.cloud().as_object().map(|o| o.len()), Some(6));
+}
