@@ -8,7 +8,7 @@ No forge server can be installed here. Each endpoint is written from the
 forge's published API description (facts only, cited per route below), with
 its status codes and the behaviour that hurts a client:
 
-  POST /repos/{owner}/{repo}/statuses/{sha}          GitHub REST, "Create a
+  POST [/api/v3]/repos/{owner}/{repo}/statuses/{sha} GitHub REST, "Create a
       commit status" (github/rest-api-description, repos/create-commit-
       status): body state (error|failure|pending|success), target_url,
       description, context (default "default"); `Authorization: Bearer` or
@@ -62,7 +62,10 @@ Gitea; GitLab calls them notes on a merge request):
 Comment ids are large numbers, as on the real forges, and every listing
 starts with a comment a person wrote.
 
-A wrong or missing token is 401 on every forge; TOKEN followed by "-ro"
+GitHub's routes are served at the root (api.github.com) and under /api/v3
+(GitHub Enterprise Server, whose API root that is; a stand-in on
+127.0.0.1 is such a server to driftless). A wrong or missing token is 401
+on every forge; TOKEN followed by "-ro"
 is a valid token that may only read (403 on every status and comment); a sha that is not 40 hex
 digits is 422. Test controls (not any forge's), under /_standin/:
   GET  journal      every API request in order: method, path, the auth
@@ -71,6 +74,10 @@ digits is 422. Test controls (not any forge's), under /_standin/:
   GET  comments     every comment: forge, repo, number, id, body, edits
   POST down {"down": true|false}   answer every API request 503 while down
   POST delete {"id": N}            delete a comment, as a person would
+  POST orphan {"sha": S}           a commit no branch contains: GitLab
+                                   answers 404 "References for commit Not
+                                   Found" for it unless `ref` is given
+                                   (Ci::CreateCommitStatusService#validate)
 """
 
 import json
@@ -86,12 +93,15 @@ LOCK = threading.Lock()
 JOURNAL = []
 STATUSES = {}  # (forge, repo, sha, context) -> list of states, in order
 DOWN = {"down": False}
+# Commits no branch contains (a force-pushed head, a fork's merge request):
+# GitLab needs `ref` for them.
+ORPHANS = set()
 
-GITHUB = re.compile(r"^/repos/([^/]+)/([^/]+)/statuses/([^/]+)$")
+GITHUB = re.compile(r"^(?:/api/v3)?/repos/([^/]+)/([^/]+)/statuses/([^/]+)$")
 GITEA = re.compile(r"^/api/v1/repos/([^/]+)/([^/]+)/statuses/([^/]+)$")
 GITLAB = re.compile(r"^/api/v4/projects/([^/]+)/statuses/([^/]+)$")
-GITHUB_COMMENTS = re.compile(r"^/repos/([^/]+)/([^/]+)/issues/(\d+)/comments$")
-GITHUB_COMMENT = re.compile(r"^/repos/([^/]+)/([^/]+)/issues/comments/(\d+)$")
+GITHUB_COMMENTS = re.compile(r"^(?:/api/v3)?/repos/([^/]+)/([^/]+)/issues/(\d+)/comments$")
+GITHUB_COMMENT = re.compile(r"^(?:/api/v3)?/repos/([^/]+)/([^/]+)/issues/comments/(\d+)$")
 GITEA_COMMENTS = re.compile(r"^/api/v1/repos/([^/]+)/([^/]+)/issues/(\d+)/comments$")
 GITEA_COMMENT = re.compile(r"^/api/v1/repos/([^/]+)/([^/]+)/issues/comments/(\d+)$")
 GITLAB_NOTES = re.compile(r"^/api/v4/projects/([^/]+)/merge_requests/(\d+)/notes$")
@@ -241,6 +251,10 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/_standin/down":
             DOWN["down"] = bool(body.get("down"))
             return self.answer(200, DOWN)
+        if self.path == "/_standin/orphan":
+            with LOCK:
+                ORPHANS.add(body.get("sha"))
+            return self.answer(200, {})
         if self.path == "/_standin/delete":
             with LOCK:
                 COMMENTS[:] = [c for c in COMMENTS if c["id"] != body.get("id")]
@@ -310,6 +324,8 @@ class Handler(BaseHTTPRequestHandler):
         if not SHA.match(sha):
             return self.answer(422, {"message": "sha must be 40 hex digits"})
         state = body.get("state")
+        if forge == "gitlab" and not body.get("ref") and sha in ORPHANS:
+            return self.answer(404, {"message": "404 References for commit Not Found"})
         if forge == "gitlab":
             context = body.get("name") or body.get("context") or "default"
             if state not in GITLAB_EVENT:

@@ -222,6 +222,7 @@ pub(super) async fn receive(
                 state: crate::store::statuses::State::Pending,
                 description: "queued".into(),
                 target_url: None,
+                git_ref: t.tag.is_none().then(|| t.branch.clone()),
                 supersedes_queued_before: None,
             })
         })

@@ -120,8 +120,10 @@ impl Kind {
 pub struct ForgeConfig {
     pub name: String,
     pub kind: Kind,
-    /// The API root: `https://api.github.com`, `https://gitea.example.net`
-    /// (driftless adds `/api/v1`), `https://gitlab.example.net` (`/api/v4`).
+    /// The API root: `https://api.github.com`, a GitHub Enterprise server
+    /// `https://github.example.net` (driftless adds `/api/v3`, unless the
+    /// URL has a path of its own), `https://gitea.example.net` (driftless
+    /// adds `/api/v1`), `https://gitlab.example.net` (`/api/v4`).
     pub api_url: String,
     pub token: SecretRef,
 }
@@ -145,12 +147,22 @@ impl ForgeConfig {
                 format!("`{}` is not one of {}", raw.kind, Kind::NAMES),
             )]
         })?;
-        let api_url = raw.api_url.trim_end_matches('/').to_string();
-        if !(api_url.starts_with("https://") || api_url.starts_with("http://")) {
+        let mut api_url = raw.api_url.trim_end_matches('/').to_string();
+        let Some((_, rest)) = api_url
+            .split_once("://")
+            .filter(|(scheme, _)| matches!(*scheme, "https" | "http"))
+        else {
             return Err(vec![(
                 "api_url".to_string(),
                 format!("`{api_url}` is not an http(s) URL"),
             )]);
+        };
+        // GitHub Enterprise Server serves its REST API under /api/v3 of the
+        // server ("REST API endpoints": `http(s)://HOSTNAME/api/v3`); github.com
+        // at api.github.com. A server's bare URL gets the prefix, as Gitea's
+        // and GitLab's get theirs.
+        if kind == Kind::GitHub && !rest.contains('/') && rest != "api.github.com" {
+            api_url.push_str("/api/v3");
         }
         Ok(ForgeConfig {
             name: raw.name,
@@ -188,6 +200,8 @@ pub struct Status<'a> {
     pub state: State,
     pub description: &'a str,
     pub target_url: Option<&'a str>,
+    /// The branch or head ref the commit is on (sent to GitLab as `ref`).
+    pub git_ref: Option<&'a str>,
 }
 
 /// The first line of driftless's comment on a pull request: hidden when
@@ -232,6 +246,14 @@ impl ForgeConfig {
             }
             Kind::GitLab => {
                 body["name"] = s.context.into();
+                // Without it GitLab refuses a commit no branch contains
+                // (404 "References for commit Not Found": a fork's merge
+                // request, a force-pushed head) and finds the pending
+                // status to update by name and ref
+                // (Ci::CreateCommitStatusService#ref, #external_commit_status_scope).
+                if let Some(r) = s.git_ref {
+                    body["ref"] = r.into();
+                }
                 format!(
                     "{}/api/v4/projects/{}/statuses/{sha}",
                     self.api_url,
@@ -537,6 +559,29 @@ mod tests {
         ] {
             assert_eq!(repo_of(url).as_deref(), want, "{url}");
         }
+    }
+
+    #[test]
+    fn a_github_enterprise_server_url_gets_its_api_root() {
+        let parse = |url: &str| {
+            let v = serde_json::json!({
+                "name": "f", "kind": "github", "api_url": url, "token_file": "env:T"
+            });
+            ForgeConfig::from_value(v, Path::new("/")).map(|f| f.api_url)
+        };
+        assert_eq!(
+            parse("https://api.github.com/").as_deref(),
+            Ok("https://api.github.com")
+        );
+        assert_eq!(
+            parse("https://github.example.net").as_deref(),
+            Ok("https://github.example.net/api/v3")
+        );
+        assert_eq!(
+            parse("https://github.example.net/api/v3/").as_deref(),
+            Ok("https://github.example.net/api/v3")
+        );
+        assert!(parse("ftp://github.example.net").is_err());
     }
 
     #[test]

@@ -268,6 +268,7 @@ impl Sender {
                         state: r.state,
                         description: &r.description,
                         target_url: r.target_url.as_deref(),
+                        git_ref: r.git_ref.as_deref(),
                     };
                     match self.http() {
                         Ok(http) => f.send(http, &s).await,

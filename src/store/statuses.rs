@@ -54,6 +54,9 @@ pub struct NewStatus {
     pub state: State,
     pub description: String,
     pub target_url: Option<String>,
+    /// The branch, or a pull request's head ref, the commit is on (GitLab's
+    /// `ref`); none for a target that follows tags.
+    pub git_ref: Option<String>,
     /// A run's status: the commits of this context still `pending`
     /// ("queued") since before this time (Unix ms) were pushed before the
     /// run fetched, so the commit it ran includes them; they become
@@ -73,6 +76,7 @@ pub struct StatusRow {
     pub state: State,
     pub description: String,
     pub target_url: Option<String>,
+    pub git_ref: Option<String>,
     pub version: i64,
     pub sent_version: i64,
     pub attempts: i64,
@@ -94,7 +98,7 @@ impl HasId for StatusRow {
 }
 
 const COLUMNS: &str = "id, forge, repo, sha, context, target, state, description, target_url, \
-     version, sent_version, attempts, next_attempt_at, last_error, given_up";
+     git_ref, version, sent_version, attempts, next_attempt_at, last_error, given_up";
 
 /// Record `s` in the caller's transaction. `only_first`: only when the
 /// commit has no state for this context yet (a queued push says `pending`,
@@ -112,7 +116,7 @@ pub(crate) async fn record(
     } else {
         "DO UPDATE SET state = excluded.state, description = excluded.description,
              target_url = excluded.target_url, target = excluded.target,
-             version = forge_statuses.version + 1, attempts = 0,
+             git_ref = excluded.git_ref, version = forge_statuses.version + 1, attempts = 0,
              next_attempt_at = excluded.next_attempt_at, last_error = NULL, given_up = 0,
              updated_at = excluded.updated_at
          WHERE forge_statuses.state IS NOT excluded.state
@@ -122,8 +126,8 @@ pub(crate) async fn record(
     };
     let q = format!(
         "INSERT INTO forge_statuses (forge, repo, sha, context, target, state, description,
-             target_url, version, next_attempt_at, created_at, updated_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 1, $9, $9, $9)
+             target_url, git_ref, version, next_attempt_at, created_at, updated_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $10, 1, $9, $9, $9)
          ON CONFLICT (forge, repo, sha, context) {on_conflict}"
     );
     sqlx::query(sqlx::AssertSqlSafe(q))
@@ -136,6 +140,7 @@ pub(crate) async fn record(
         .bind(&s.description)
         .bind(&s.target_url)
         .bind(now)
+        .bind(&s.git_ref)
         .execute(&mut **tx)
         .await?;
     if let Some(before) = s.supersedes_queued_before {

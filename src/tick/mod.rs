@@ -215,6 +215,7 @@ impl Reconciler {
                     state: crate::store::statuses::State::Success,
                     description: format!("nothing to apply: {reason}"),
                     target_url: None,
+                    git_ref: target.tag.is_none().then(|| target.branch.clone()),
                     supersedes_queued_before: None,
                 };
                 self.app.store.record_statuses(&[done], false).await?;

@@ -247,6 +247,7 @@ impl Reconciler {
             target: target.name.clone(),
             state,
             description,
+            git_ref: target.tag.is_none().then(|| target.branch.clone()),
             supersedes_queued_before: Some(run.started_ms),
             target_url: self
                 .app

@@ -204,6 +204,9 @@ impl Reconciler {
             state,
             description: says,
             target_url: None,
+            // The pull request's head ref (GitLab: refs/merge-requests/N/head),
+            // which holds the head of a fork's merge request too.
+            git_ref: Some(p.head_ref.clone()),
             supersedes_queued_before: None,
         })
     }

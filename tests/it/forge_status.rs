@@ -434,3 +434,42 @@ fn a_status_the_forge_refuses_for_good_is_given_up_at_once() {
         "the forge token in the output"
     );
 }
+
+/// GitLab statuses name their `ref` (the target's branch): GitLab refuses
+/// a status for a commit no branch contains without it (404 "References
+/// for commit Not Found"), and finds the pending status to update by name
+/// and ref — the same `ref` goes with `pending` and with the result. On a
+/// GitHub Enterprise server (any GitHub API URL but api.github.com without
+/// a path of its own) the API root is `/api/v3`.
+#[test]
+fn gitlab_statuses_name_their_ref_and_github_enterprise_is_under_api_v3() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let forge = ForgeStandin::start(root.path());
+    let (_remote, s, sha) = setup(root.path(), &forge, "gitlab", "group/infra");
+    forge.orphan(&sha);
+    let (code, said) = tick(&s);
+    assert_eq!(code, Some(0), "{said}");
+    assert_eq!(
+        forge.states(&sha, "driftless/app"),
+        ["success"],
+        "{:#?}",
+        forge.journal()
+    );
+    for r in forge.journal() {
+        assert_eq!(r["body"]["ref"], "main", "{r}");
+    }
+
+    let root = tempfile::tempdir().expect("tempdir");
+    let forge = ForgeStandin::start(root.path());
+    let (_remote, s, sha) = setup(root.path(), &forge, "github", "me/infra");
+    let (code, said) = tick(&s);
+    assert_eq!(code, Some(0), "{said}");
+    assert_eq!(forge.states(&sha, "driftless/app"), ["success"]);
+    let j = forge.journal();
+    assert!(
+        j.iter().all(|r| r["path"]
+            .as_str()
+            .is_some_and(|p| p.starts_with("/api/v3/repos/me/infra/statuses/"))),
+        "{j:#?}"
+    );
+}

@@ -2020,6 +2020,13 @@ impl ForgeStandin {
         r.json()
     }
 
+    /// Mark `sha` as on no branch (GitLab then needs `ref` for it).
+    pub fn orphan(&self, sha: &str) {
+        let body = serde_json::json!({ "sha": sha }).to_string();
+        let r = http(self.port, "POST", "/_standin/orphan", &[], body.as_bytes());
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+
     /// Every status request so far, in order.
     pub fn journal(&self) -> Vec<Value> {
         self.get("journal").as_array().cloned().unwrap_or_default()
