@@ -52,6 +52,17 @@ Test controls (not Nomad's), under /_standin/:
   POST eval_delay {Seconds}        evaluations stay pending this long (the
                                    scheduler is asynchronous): no deployment
                                    exists until the evaluation is processed
+  POST eval_on_read {On}           evaluations are processed only when one is
+                                   read (GET /v1/evaluation/:id): the
+                                   scheduler writes the plan with its
+                                   deployment, then marks the evaluation
+                                   complete (scheduler/generic_sched.go,
+                                   GenericScheduler.Process: the plan is
+                                   submitted in `process`, then
+                                   setStatus(EvalStatusComplete)), between
+                                   a client's
+                                   read of the deployments and of the
+                                   evaluation
   POST delay {Path, Method, Seconds}  sleep before answering matching
                                    requests (the request still runs)
   POST fail {Path, Status, Body, Times}  answer the next Times requests whose
@@ -86,6 +97,11 @@ failures = []      # {Path, Status, Body, Times}
 delays = []        # {Path, Method, Seconds}: sleep before answering
 hook_outcomes = {} # parameterized job ID -> complete | failed | failed_then_complete | running
 eval_delay = [0.0]
+# Evaluations processed only when one is read: the scheduler finishes an
+# evaluation — its deployment first, then the evaluation marked complete —
+# exactly between a client's read of the deployments and its read of the
+# evaluation.
+eval_on_read = [False]
 journal = []
 arrived = []       # {method, path} as requests arrive, before any delay
 # ACL tokens: secret -> "management" | {namespace glob: set of capabilities}
@@ -553,7 +569,8 @@ def new_eval(key, job, updating):
           "CreateIndex": i, "ModifyIndex": i, "_due": time.time() + eval_delay[0],
           "_updating": updating}
     evals[ev["ID"]] = ev
-    process_evals()
+    if not eval_on_read[0]:
+        process_evals()
     return ev
 
 
@@ -726,7 +743,8 @@ class Handler(BaseHTTPRequestHandler):
             if re.fullmatch(d["Path"], url.path) and d.get("Method", self.command) == self.command:
                 time.sleep(d["Seconds"])
         with lock:
-            process_evals()
+            if not eval_on_read[0] or (self.command == "GET" and url.path.startswith("/v1/evaluation/")):
+                process_evals()
             if url.path.startswith("/_standin/"):
                 return self.standin(url.path[len("/_standin/"):], body)
             journal.append({"method": self.command, "path": url.path, "query": url.query,
@@ -772,6 +790,9 @@ class Handler(BaseHTTPRequestHandler):
             return self.reply(200, {})
         if what == "eval_delay":
             eval_delay[0] = float(body["Seconds"])
+            return self.reply(200, {})
+        if what == "eval_on_read":
+            eval_on_read[0] = bool(body.get("On"))
             return self.reply(200, {})
         if what == "gc":
             # nomad/core_sched.go, jobGC: dead jobs (dispatched children
@@ -896,6 +917,12 @@ class Handler(BaseHTTPRequestHandler):
         missing = [k for k in sorted(required) if k not in meta]
         if missing:
             return 500, f"Dispatch did not provide required meta keys: [{' '.join(missing)}]"
+        # validateDispatchRequest: the payload rule of the parameterized block.
+        payload = body.get("Payload") or ""
+        if pj.get("Payload") == "forbidden" and payload:
+            return 500, "Payload is not permitted by parameterized job"
+        if pj.get("Payload") == "required" and not payload:
+            return 500, "Payload is not provided but required by parameterized job"
         token_ = body.get("IdempotencyToken") or (q.get("idempotency_token") or [None])[0]
         if token_:
             for child in jobs.values():

@@ -432,6 +432,9 @@ struct HookJob {
     ok: bool,
     meta_required: Vec<String>,
     meta_optional: Vec<String>,
+    /// Its `parameterized` block says `payload = "required"`: a dispatch
+    /// without one is refused, and driftless sends none.
+    payload_required: bool,
 }
 
 /// The hook jobs in the target's path, by job ID.
@@ -1100,8 +1103,10 @@ impl Nomad {
 
     /// The hooks `p` names must be parameterized jobs of this target's path,
     /// reconciled this tick, whose dispatch driftless can make: Nomad
-    /// refuses meta keys the job does not declare and requires the ones in
-    /// `meta_required` (nomad/job_endpoint.go, `validateDispatchRequest`).
+    /// refuses meta keys the job does not declare, requires the ones in
+    /// `meta_required`, and a payload when `payload = "required"`
+    /// (nomad/job_endpoint.go, `validateDispatchRequest`); driftless sends
+    /// none. Checked before anything is registered.
     fn check_hooks(&self, p: &Parsed, hooks: &HookJobs) -> Result<(), String> {
         for (phase, hook) in [("pre", &p.pre_hook), ("post", &p.post_hook)] {
             let Some(hook) = hook else { continue };
@@ -1124,6 +1129,13 @@ impl Nomad {
                 return Err(format!(
                     "{phase} hook `{hook}` requires the dispatch meta key `{k}` (its parameterized block's meta_required), which driftless cannot fill: it can send {}",
                     DISPATCH_META.join(", ")
+                ));
+            }
+            // validateDispatchRequest: "Payload is not provided but required
+            // by parameterized job".
+            if h.payload_required {
+                return Err(format!(
+                    "{phase} hook `{hook}` requires a dispatch payload (its parameterized block's payload = \"required\"), which driftless does not send: make it \"optional\" or \"forbidden\""
                 ));
             }
         }
@@ -1856,6 +1868,34 @@ impl Nomad {
         let status = eval["Status"].as_str().unwrap_or("unknown");
         match status {
             "complete" => {
+                // The scheduler submits the plan, with its deployment, before
+                // it marks the evaluation complete (scheduler/generic_sched.go,
+                // GenericScheduler.Process: `process` submits the plan, then
+                // `setStatus(.., EvalStatusComplete, ..)` updates the eval):
+                // the deployments read before the evaluation may have missed
+                // one made in between. Read after it, they cannot.
+                match self.nomad_deployments(key).await {
+                    Ok(v) => {
+                        if let Some(dep) = v
+                            .iter()
+                            .find(|x| x["JobSpecModifyIndex"].as_i64() == Some(registered))
+                        {
+                            let dep_id = dep["ID"].as_str().unwrap_or("?");
+                            let status = dep["Status"].as_str().unwrap_or("");
+                            return Ok(Followed::Waiting(JobReport {
+                                result: JobResult::NoChange,
+                                line: format!("{}: Nomad deployment {dep_id} {status}", key.job),
+                            }));
+                        }
+                    }
+                    Err(e) => {
+                        return Ok(Followed::Waiting(self.job_error(
+                            &p.file,
+                            Some(&key.job),
+                            e,
+                        )));
+                    }
+                }
                 let msg = format!(
                     "registered; Nomad's evaluation {eval_id} completed without a deployment (nothing to roll out)"
                 );
@@ -2153,6 +2193,8 @@ impl Nomad {
                                 ok: o.result != JobResult::Failed,
                                 meta_required: keys("MetaRequired"),
                                 meta_optional: keys("MetaOptional"),
+                                payload_required: p.job["ParameterizedJob"]["Payload"]
+                                    == "required",
                             },
                         );
                     }

@@ -1669,6 +1669,43 @@ fn a_hook_gets_only_the_meta_its_job_declares_and_one_needing_more_fails_before_
         "{msg}"
     );
     assert_eq!(f.image(), "nginx:1.25");
+
+    // A hook whose dispatch needs a payload (Nomad refuses one without it
+    // at dispatch, after the main job would have been registered): the
+    // same, before any register.
+    f.remote.commit(
+        &[
+            (
+                "jobs/db-migrate.nomad.hcl",
+                &hook_job_with(
+                    "db-migrate",
+                    "    payload = \"required\"\n    meta_required = [\"driftless_deployment\"]",
+                ),
+            ),
+            (
+                "jobs/web.nomad.hcl",
+                &web_job(
+                    "nginx:1.27",
+                    &HOOKS.replace("    driftless_post_hook = \"smoke-test\"\n", ""),
+                ),
+            ),
+        ],
+        "a hook that needs a payload",
+    );
+    let (code, _, j) = f.tick();
+    assert_eq!(code, Some(1));
+    assert!(dispatches(&j, "db-migrate").is_empty(), "{j:#?}");
+    assert!(
+        !j.iter()
+            .any(|r| r["path"] == "/v1/jobs" && r["body"]["Job"]["ID"] == "web"),
+        "registered web: {j:#?}"
+    );
+    let msg = f.message();
+    assert!(
+        msg.contains("requires a dispatch payload") && msg.contains("nothing registered"),
+        "{msg}"
+    );
+    assert_eq!(f.image(), "nginx:1.25");
 }
 
 #[test]
@@ -2408,4 +2445,55 @@ job "web" {
         "nginx:1.28",
         "nothing registered"
     );
+}
+
+/// The scheduler makes the deployment, then marks the evaluation complete:
+/// when it does so between driftless's read of the deployments and its
+/// read of the evaluation, the deployment is not missed — driftless does
+/// not record "completed without a deployment", follows the deployment,
+/// and sees its auto-revert.
+#[test]
+fn an_evaluation_completed_between_two_reads_does_not_hide_its_deployment() {
+    let f = fixture("");
+    f.nomad.control("eval_on_read", json!({ "On": true }));
+    // The register; then the tick that follows it reads the deployments
+    // (none yet), then the evaluation (complete, its deployment made).
+    let (code, out, _) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    let (code, out, j) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    let paths: Vec<&str> = j.iter().filter_map(|r| r["path"].as_str()).collect();
+    let eval_read = paths.iter().position(|p| p.starts_with("/v1/evaluation/"));
+    let deps_read = paths.iter().position(|p| p.ends_with("/deployments"));
+    assert!(
+        matches!((deps_read, eval_read), (Some(a), Some(b)) if a < b),
+        "the race was not set up: {paths:?} {}",
+        f.message()
+    );
+    let d = f.deployments();
+    assert_eq!(
+        d[0]["state"],
+        "applying",
+        "settled before following Nomad's deployment: {d:#?}\n{}",
+        f.message()
+    );
+    assert!(
+        !f.message().contains("without a deployment"),
+        "{}",
+        f.message()
+    );
+    f.nomad.control("eval_on_read", json!({ "On": false }));
+    // The deployment fails and Nomad reverts the job: driftless says so.
+    f.nomad.control(
+        "deployment",
+        json!({ "ID": "web", "Status": "failed", "Description": "Failed due to progress deadline" }),
+    );
+    let (code, _, _) = f.tick();
+    assert_eq!(code, Some(1), "{}", f.message());
+    assert!(
+        f.message().contains("failed") && f.message().contains("progress deadline"),
+        "{}",
+        f.message()
+    );
+    assert_eq!(f.deployments()[0]["state"], "failed");
 }
