@@ -18,9 +18,14 @@ its CloudFormation API reference:
   InsufficientCapabilitiesException "Requires capabilities : [CAPABILITY_IAM]"
   -- enforced here for TemplateBody;
 - runs a change set's execution asynchronously after ExecuteChangeSet has
-  answered: DescribeStacks is eventually consistent (its first answers can
-  still show the previous operation's end state) and the operation's
-  progress is its stack events, stamped by AWS's clock.
+  answered (the API reference: ExecuteChangeSet "updates a stack using the
+  input information that was provided when the specified change set was
+  created"; the stack then goes through its *_IN_PROGRESS statuses) and
+  reports its progress as stack events, stamped by AWS's clock. Its first
+  DescribeStacks answers after the execute can still show the previous
+  operation's end state: that stale read is not a behaviour the API
+  reference documents — it is a hostile case injected here so that a
+  client that trusted the first answer after an execute would be caught.
 
 Test controls:
 

@@ -27,7 +27,8 @@ the README's stand-in section.
   POST /v1/job/:id/dispatch        dispatch a parameterized job
   DELETE /v1/job/:id               deregister (purge=true removes)
 
-Every answer carries X-Nomad-Index.
+Every answer carries X-Nomad-Index but /v1/jobs/parse's: JobsParseRequest
+(command/agent/job_endpoint.go) returns the job without setting an index.
 
 Test controls (not Nomad's), under /_standin/:
   GET  journal                     every API request so far, in order
@@ -495,8 +496,14 @@ def group_diff(o, n):
 
 
 def job_diff(old, new):
-    o = spec(old) if old and not old.get("Stop") else None
+    o = spec(old) if old else None
     n = spec(new)
+    if old and old.get("Stop"):
+        # nomad/structs/diff.go, Job.Diff: Stop is not among the fields it
+        # filters out, and the plan diffs against the stored job, stopped or
+        # not (job_endpoint.go, Plan): registering a stopped job again is an
+        # edit of it, Stop true -> false, not an addition.
+        o, n = dict(o, Stop=True), dict(n, Stop=False)
     if o == n:
         return {"Type": "None", "ID": new["ID"], "Fields": None, "Objects": None, "TaskGroups": None}
     # Job.Diff filters Update (a default for the groups) out of the job's fields.
@@ -722,7 +729,8 @@ class Handler(BaseHTTPRequestHandler):
             data, ctype = json.dumps(body).encode(), "application/json"
         self.send_response(code)
         self.send_header("Content-Type", ctype)
-        self.send_header("X-Nomad-Index", str(index))
+        if urlparse(self.path).path != "/v1/jobs/parse":
+            self.send_header("X-Nomad-Index", str(index))
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)

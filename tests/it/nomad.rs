@@ -716,6 +716,22 @@ fn destroy_with_allow_destroy_deregisters_without_purge() {
             .contains("purge=false")
     );
     assert_eq!(f.nomad.job("web").expect("not purged")["Stop"], true);
+
+    // The stopped job registered again is an edit of it (Stop true ->
+    // false), as Nomad's plan diffs it, not a new job.
+    f.remote.commit(
+        &[("jobs/web.nomad.hcl", &web_job("nginx:1.26", AUTO))],
+        "back",
+    );
+    let (code, out, j) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(registers(&j).len(), 1, "{j:#?}");
+    let msg = f.message();
+    assert!(
+        msg.contains("Stop edited") && !msg.contains("new job"),
+        "{msg}"
+    );
+    assert_eq!(f.nomad.job("web").expect("web")["Stop"], false);
 }
 
 #[test]
