@@ -281,6 +281,33 @@ pub async fn notify_pending(app: &App, all: bool) -> Result<Report, TickError> {
             );
         }
     }
+    let now = crate::store::now_ms();
+    let limits: Vec<_> = app
+        .store
+        .limits()
+        .await?
+        .into_iter()
+        .filter(|l| all || l.paused_until > now)
+        .collect();
+    if !limits.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nRATE-LIMITED DESTINATION          UNTIL                 WHY"
+        );
+        for l in &limits {
+            let _ = writeln!(
+                out,
+                "{:<33} {:<21} {}",
+                l.label,
+                if l.paused_until > now {
+                    crate::store::format_ms(l.paused_until)
+                } else {
+                    "over".to_string()
+                },
+                l.reason
+            );
+        }
+    }
     let comments = app.store.unsent_comments(all).await?;
     if !comments.is_empty() {
         let _ = writeln!(

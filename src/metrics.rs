@@ -1,6 +1,7 @@
 //! Prometheus metrics: webhook deliveries by receiver and outcome, ticks by
 //! target and result, tick duration, and — read from the database at scrape
-//! time — jobs queued, the last successful run and drift per target.
+//! time — jobs queued, the last successful run and drift per target, and
+//! the destinations paused by a rate limit.
 //!
 //! Counting never fails and never blocks; this module only counts and
 //! renders, it decides nothing.
@@ -29,6 +30,12 @@ pub struct TargetLabels {
     pub target: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DestinationLabels {
+    /// `forge \`github\` (api.github.com)`: never a credential.
+    pub destination: String,
+}
+
 fn duration_histogram() -> Histogram {
     // 50 ms … ~7 h
     Histogram::new([
@@ -45,6 +52,7 @@ pub struct Metrics {
     queued: Family<TargetLabels, Gauge>,
     last_success: Family<TargetLabels, Gauge>,
     drift: Family<TargetLabels, Gauge>,
+    paused_until: Family<DestinationLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -65,6 +73,7 @@ impl Metrics {
         let queued = Family::<TargetLabels, Gauge>::default();
         let last_success = Family::<TargetLabels, Gauge>::default();
         let drift = Family::<TargetLabels, Gauge>::default();
+        let paused_until = Family::<DestinationLabels, Gauge>::default();
         registry.register(
             "webhook_deliveries",
             "Webhook deliveries by receiver and outcome",
@@ -91,6 +100,11 @@ impl Metrics {
             "1 while a `detect` target's last plan found the real world differs from git",
             drift.clone(),
         );
+        registry.register(
+            "destination_paused_until_timestamp_seconds",
+            "A forge or notifier destination that answered with a rate limit: nothing is sent to it before this time (Unix time)",
+            paused_until.clone(),
+        );
         Metrics {
             registry,
             deliveries,
@@ -99,6 +113,7 @@ impl Metrics {
             queued,
             last_success,
             drift,
+            paused_until,
         }
     }
 
@@ -132,7 +147,16 @@ impl Metrics {
         queued: &[(String, i64)],
         last_success_ms: &[(String, i64)],
         drifting: &[(String, bool)],
+        paused: &[(String, i64)],
     ) -> String {
+        self.paused_until.clear();
+        for (d, ms) in paused {
+            self.paused_until
+                .get_or_create(&DestinationLabels {
+                    destination: d.clone(),
+                })
+                .set(ms / 1000);
+        }
         for (t, d) in drifting {
             self.drift
                 .get_or_create(&TargetLabels { target: t.clone() })
@@ -171,8 +195,13 @@ mod tests {
             &[("web".into(), 1)],
             &[("web".into(), 1_700_000_000_000)],
             &[("web".into(), true), ("db".into(), false)],
+            &[("forge `gh` (api.github.com)".into(), 1_700_000_600_000)],
         );
         assert!(text.contains("driftless_drift{target=\"web\"} 1"), "{text}");
+        assert!(
+            text.contains("driftless_destination_paused_until_timestamp_seconds{destination=\"forge `gh` (api.github.com)\"} 1700000600"),
+            "{text}"
+        );
         assert!(text.contains("driftless_drift{target=\"db\"} 0"), "{text}");
         assert!(
             text.contains(

@@ -74,6 +74,11 @@ digits is 422. Test controls (not any forge's), under /_standin/:
   GET  comments     every comment: forge, repo, number, id, body, edits
   POST down {"down": true|false}   answer every API request 503 while down
   POST delete {"id": N}            delete a comment, as a person would
+  POST ratelimit {"shape": "primary"|"secondary"|"gitlab", "seconds": N,
+                  "retry_after": S}
+                                   every API request answers the forge's
+                                   rate-limit shape for N seconds (see
+                                   `limited` for the shapes and sources)
   POST orphan {"sha": S}           a commit no branch contains: GitLab
                                    answers 404 "References for commit Not
                                    Found" for it unless `ref` is given
@@ -84,6 +89,7 @@ import json
 import re
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote
 
@@ -96,6 +102,9 @@ DOWN = {"down": False}
 # Commits no branch contains (a force-pushed head, a fork's merge request):
 # GitLab needs `ref` for them.
 ORPHANS = set()
+# A rate limit in force: {"shape": "primary"|"secondary"|"gitlab", "until":
+# epoch seconds, "retry_after": seconds or None}.
+LIMIT = {}
 
 GITHUB = re.compile(r"^(?:/api/v3)?/repos/([^/]+)/([^/]+)/statuses/([^/]+)$")
 GITEA = re.compile(r"^/api/v1/repos/([^/]+)/([^/]+)/statuses/([^/]+)$")
@@ -120,9 +129,11 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
-    def answer(self, code, body):
+    def answer(self, code, body, headers=()):
         data = json.dumps(body).encode()
         self.send_response(code)
+        for k, v in headers:
+            self.send_header(k, v)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -191,9 +202,12 @@ class Handler(BaseHTTPRequestHandler):
         scheme, ok, readonly = self.auth(forge)
         JOURNAL.append({"method": method, "path": path, "forge": forge, "repo": repo,
                         "number": number, "comment": cid, "auth": scheme, "auth_ok": ok,
-                        "body": body, "down": DOWN["down"]})
+                        "body": body, "down": DOWN["down"],
+                        "limited": bool(LIMIT) and time.time() < LIMIT["until"]})
         if DOWN["down"]:
             self.answer(503, {"message": "Service Unavailable"})
+            return True
+        if self.limited(forge):
             return True
         if not ok:
             self.answer(401, {"message": "401 Unauthorized"})
@@ -251,6 +265,13 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/_standin/down":
             DOWN["down"] = bool(body.get("down"))
             return self.answer(200, DOWN)
+        if self.path == "/_standin/ratelimit":
+            with LOCK:
+                LIMIT.clear()
+                LIMIT.update({"shape": body.get("shape", "primary"),
+                              "until": time.time() + float(body.get("seconds", 0)),
+                              "retry_after": body.get("retry_after")})
+            return self.answer(200, {})
         if self.path == "/_standin/orphan":
             with LOCK:
                 ORPHANS.add(body.get("sha"))
@@ -273,6 +294,43 @@ class Handler(BaseHTTPRequestHandler):
         ok = value in (TOKEN, TOKEN + "-ro") and (
             scheme in ("Bearer", "token") if forge == "github" else scheme == "token")
         return scheme or "-", ok, value == TOKEN + "-ro"
+
+    def limited(self, forge):
+        """The answer of a spent rate limit, in the forge's shape, while one
+        is in force; False otherwise.
+        - GitHub REST "Rate limits for the REST API": the primary limit is
+          403 with x-ratelimit-limit/-remaining (0)/-used/-reset (epoch
+          seconds)/-resource and "API rate limit exceeded for ..."; a
+          secondary limit is 403 "You have exceeded a secondary rate
+          limit...", with retry-after when GitHub gives one.
+        - GitLab "Rate limits": 429 "Retry later" with RateLimit-Limit,
+          -Observed, -Remaining, -Reset (epoch seconds), -ResetTime and
+          Retry-After.
+        - Gitea/Forgejo: 429."""
+        if not LIMIT or time.time() >= LIMIT["until"]:
+            return False
+        reset = str(int(LIMIT["until"]) + 1)
+        wait = str(max(1, int(LIMIT["until"] - time.time()) + 1))
+        if forge == "github" and LIMIT["shape"] == "primary":
+            self.answer(403, {"message": "API rate limit exceeded for user ID 1.",
+                              "documentation_url": "https://docs.github.com/rest/overview/rate-limits-for-the-rest-api",
+                              "status": "403"},
+                        [("x-ratelimit-limit", "5000"), ("x-ratelimit-remaining", "0"),
+                         ("x-ratelimit-used", "5000"), ("x-ratelimit-reset", reset),
+                         ("x-ratelimit-resource", "core")])
+        elif forge == "github":
+            extra = [("retry-after", str(LIMIT["retry_after"]))] if LIMIT.get("retry_after") else []
+            self.answer(403, {"message": "You have exceeded a secondary rate limit. Please wait a few minutes before you try again.",
+                              "documentation_url": "https://docs.github.com/rest/overview/rate-limits-for-the-rest-api#about-secondary-rate-limits",
+                              "status": "403"}, extra)
+        elif forge == "gitlab":
+            self.answer(429, {"message": "Retry later"},
+                        [("RateLimit-Limit", "600"), ("RateLimit-Observed", "601"),
+                         ("RateLimit-Remaining", "0"), ("RateLimit-Reset", reset),
+                         ("Retry-After", wait)])
+        else:
+            self.answer(429, {"message": "rate limit exceeded"})
+        return True
 
     def forbidden(self, forge):
         """The forge's answer to a token that may only read."""
@@ -302,9 +360,12 @@ class Handler(BaseHTTPRequestHandler):
         scheme, ok, readonly = self.auth(forge)
         JOURNAL.append({"method": "POST", "path": path, "forge": forge, "repo": repo,
                         "sha": sha, "auth": scheme, "auth_ok": ok, "body": body,
-                        "down": DOWN["down"]})
+                        "down": DOWN["down"],
+                        "limited": bool(LIMIT) and time.time() < LIMIT["until"]})
         if DOWN["down"]:
             return self.answer(503, {"message": "Service Unavailable"})
+        if self.limited(forge):
+            return
         if not ok:
             return self.answer(401, {"message": "Bad credentials" if forge == "github"
                                      else "401 Unauthorized"})

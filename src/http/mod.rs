@@ -252,13 +252,24 @@ async fn metrics(
             ((t.name.clone(), n), (t.name.clone(), d))
         })
         .unzip();
+    let now = crate::store::now_ms();
+    let paused: Vec<(String, i64)> = s
+        .app
+        .store
+        .limits()
+        .await
+        .map_err(ApiError::unavailable)?
+        .into_iter()
+        .filter(|l| l.paused_until > now)
+        .map(|l| (l.label, l.paused_until))
+        .collect();
     Ok((
         // prometheus-client writes the OpenMetrics text format.
         [(
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        s.app.metrics.render(&queued, &last, &drifting),
+        s.app.metrics.render(&queued, &last, &drifting, &paused),
     )
         .into_response())
 }

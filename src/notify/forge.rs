@@ -216,6 +216,18 @@ fn enc(p: &str) -> String {
 }
 
 impl ForgeConfig {
+    /// The destination a rate limit is counted against: the API host and
+    /// the token ([`super::limit::destination`]), and its name in words.
+    pub fn destination(&self) -> Result<(String, String), SendError> {
+        let token = self
+            .token
+            .load()
+            .map_err(|e| SendError::new(format!("forge `{}`: {e}", self.name)))?;
+        let key = super::limit::destination(&self.api_url, &token);
+        let host = key.split('/').next().unwrap_or("").to_string();
+        Ok((key, format!("forge `{}` ({host})", self.name)))
+    }
+
     /// Set `s` on the forge. A failure names the forge and the answer,
     /// never the token.
     pub async fn send(&self, http: &reqwest::Client, s: &Status<'_>) -> Result<(), SendError> {
@@ -267,7 +279,18 @@ impl ForgeConfig {
             return Ok(());
         }
         let spent = ratelimit_spent(&resp);
+        let headers = resp.headers().clone();
         let answer = resp.text().await.unwrap_or_default();
+        if let Some(wait) = super::limit::of_answer(code.as_u16(), &headers, &answer) {
+            return Err(SendError::limited(
+                format!(
+                    "forge `{}` answered {code}: {}",
+                    self.name,
+                    bounded(answer.trim(), 300)
+                ),
+                wait,
+            ));
+        }
         if self.kind == Kind::GitLab
             && code == reqwest::StatusCode::BAD_REQUEST
             && answer.contains("Cannot transition status")
@@ -348,13 +371,16 @@ impl ForgeConfig {
     async fn refused(&self, what: &str, resp: reqwest::Response) -> SendError {
         let code = resp.status();
         let spent = ratelimit_spent(&resp);
+        let headers = resp.headers().clone();
         let answer = resp.text().await.unwrap_or_default();
         let message = format!(
             "forge `{}` answered {code} to {what}: {}",
             self.name,
             bounded(answer.trim(), 300)
         );
-        if refused_for_good(self.kind, code, spent, &answer) {
+        if let Some(wait) = super::limit::of_answer(code.as_u16(), &headers, &answer) {
+            SendError::limited(message, wait)
+        } else if refused_for_good(self.kind, code, spent, &answer) {
             SendError::permanent(message)
         } else {
             SendError::new(message)

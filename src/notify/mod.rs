@@ -12,6 +12,7 @@ mod discord;
 mod email;
 pub mod fingerprint;
 pub mod forge;
+pub mod limit;
 mod matrix;
 mod ntfy;
 pub mod outbox;
@@ -759,6 +760,45 @@ impl NotifierConfig {
             || (event == Event::Blocked && self.events.contains(&Event::Failed))
     }
 
+    /// The destination a rate limit is counted against: the service's host
+    /// and the credential used there ([`limit::destination`]; the URL
+    /// itself where it is the credential), and its name in words.
+    pub fn destination(&self) -> Result<(String, String), SendError> {
+        let (url, credential) = match &self.kind {
+            NotifierKind::Email { config, .. } => (
+                format!("smtp://{}:{}", config.host, config.port.unwrap_or(0)),
+                config.username.clone().unwrap_or_default(),
+            ),
+            NotifierKind::Slack { url } | NotifierKind::Discord { url } => {
+                let u = read_secret("url_file", url)?;
+                (u.clone(), u)
+            }
+            NotifierKind::Matrix {
+                config,
+                access_token,
+            } => (
+                config.homeserver.clone(),
+                read_secret("access_token_file", access_token)?,
+            ),
+            NotifierKind::Webhook { url, .. } => {
+                let u = url.resolve()?;
+                (u.clone(), u)
+            }
+            NotifierKind::Ntfy { url, token, .. } => {
+                let u = url.resolve()?;
+                let t = token
+                    .as_ref()
+                    .map(|t| read_secret("token_file", t))
+                    .transpose()?;
+                let credential = t.unwrap_or_else(|| u.clone());
+                (u, credential)
+            }
+        };
+        let key = limit::destination(&url, &credential);
+        let host = key.split('/').next().unwrap_or("").to_string();
+        Ok((key, format!("notifier `{}` ({host})", self.name)))
+    }
+
     /// Deliver one event. The error never contains a secret.
     pub async fn send(&self, http: &reqwest::Client, doc: &EventDoc) -> Result<(), SendError> {
         match &self.kind {
@@ -846,6 +886,10 @@ pub enum Retry {
     /// The service refused this request and would refuse it again (a
     /// validation error): retrying only repeats the refusal.
     Never,
+    /// The service is rate-limiting this destination: nothing goes to it
+    /// for the wait it named (none: [`limit::FIRST`], doubling), and the
+    /// attempt does not count.
+    Limited(Option<std::time::Duration>),
 }
 
 impl SendError {
@@ -865,6 +909,14 @@ impl SendError {
         }
     }
 
+    /// A rate limit, with the wait the service named.
+    pub fn limited(message: impl Into<String>, wait: Option<std::time::Duration>) -> SendError {
+        SendError {
+            message: message.into(),
+            retry: Retry::Limited(wait),
+        }
+    }
+
     /// From an HTTP client error, without the URL (it may hold a secret).
     fn http(e: reqwest::Error) -> SendError {
         SendError::new(crate::error::chain(&e.without_url()))
@@ -876,11 +928,13 @@ impl SendError {
         if status.is_success() {
             return Ok(());
         }
+        let headers = resp.headers().clone();
         let body = resp.text().await.unwrap_or_default();
-        Err(SendError::new(format!(
-            "answered {status}: {}",
-            bounded(body.trim(), 300)
-        )))
+        let message = format!("answered {status}: {}", bounded(body.trim(), 300));
+        Err(match limit::of_answer(status.as_u16(), &headers, &body) {
+            Some(wait) => SendError::limited(message, wait),
+            None => SendError::new(message),
+        })
     }
 }
 

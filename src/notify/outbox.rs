@@ -24,6 +24,16 @@ use tokio::sync::{Notify, watch};
 use tracing::{error, info, warn};
 
 use super::forge::ForgeConfig;
+use crate::store::limits::Deferred;
+
+/// Whether a destination may be sent to now.
+enum Gate {
+    /// Yes; `limited`: a limit was recorded for it (now over), which a
+    /// success clears.
+    Open { limited: bool },
+    /// No: rate-limited until `until` (Unix ms), for `why`.
+    Paused { until: i64, why: String },
+}
 use super::{EventDoc, NotifierConfig, Retry, SendError};
 use crate::store::{Store, StoreError, format_ms, now_ms};
 
@@ -142,6 +152,74 @@ impl Sender {
         Ok(self.http.get_or_init(|| built))
     }
 
+    /// Whether a destination may be sent to now. `dest` is what
+    /// [`ForgeConfig::destination`] or [`NotifierConfig::destination`]
+    /// said (an error there is the send's to report).
+    async fn gate(&self, dest: &Result<(String, String), SendError>) -> Result<Gate, StoreError> {
+        let Ok((key, label)) = dest else {
+            return Ok(Gate::Open { limited: false });
+        };
+        Ok(match self.store.limit_of(key).await? {
+            Some(l) if l.paused_until > now_ms() => Gate::Paused {
+                until: l.paused_until,
+                why: format!(
+                    "{label} is rate-limited until {}: {}",
+                    crate::store::format_ms(l.paused_until),
+                    l.reason
+                ),
+            },
+            Some(_) => Gate::Open { limited: true },
+            None => Gate::Open { limited: false },
+        })
+    }
+
+    /// After a send to `dest`: a rate limit pauses the destination (for
+    /// every instance) and returns until when, with why; a success ends a
+    /// limit recorded before.
+    async fn settle(
+        &self,
+        dest: &Result<(String, String), SendError>,
+        was_limited: bool,
+        result: &Result<(), &SendError>,
+    ) -> Result<Option<(i64, String)>, StoreError> {
+        let Ok((key, label)) = dest else {
+            return Ok(None);
+        };
+        match result {
+            Ok(()) if was_limited => {
+                self.store.unlimit(key).await?;
+                info!(destination = %label, "rate limit over");
+                Ok(None)
+            }
+            Err(e) => {
+                let Retry::Limited(wait) = e.retry else {
+                    return Ok(None);
+                };
+                let l = self
+                    .store
+                    .limit(
+                        key,
+                        label,
+                        wait.map(|w| w.as_millis() as i64),
+                        (
+                            super::limit::FIRST.as_millis() as i64,
+                            super::limit::MOST.as_millis() as i64,
+                        ),
+                        &e.message,
+                    )
+                    .await?;
+                let until = crate::store::format_ms(l.paused_until);
+                warn!(destination = %label, until = %until, error = %e,
+                      "rate-limited: nothing is sent there until then");
+                Ok(Some((
+                    l.paused_until,
+                    format!("{label} is rate-limited until {until}: {}", e.message),
+                )))
+            }
+            _ => Ok(None),
+        }
+    }
+
     /// Send one event now, outside the outbox (`driftless notify test`).
     pub async fn send_now(&self, notifier: &str, doc: &EventDoc) -> Result<(), SendError> {
         let n = self
@@ -184,6 +262,19 @@ impl Sender {
                 .map_err(self.store.err(what))?;
             tx.commit().await.map_err(self.store.err(what))?;
             let Some(n) = claimed else { continue };
+            let dest = match self.notifiers.get(&n.notifier) {
+                Some(cfg) => cfg.destination(),
+                None => Err(SendError::new("no such notifier")),
+            };
+            let limited = match self.gate(&dest).await? {
+                Gate::Paused { until, why } => {
+                    self.store
+                        .defer(Deferred::Notification, n.id, until, &why)
+                        .await?;
+                    continue;
+                }
+                Gate::Open { limited } => limited,
+            };
             attempted += 1;
             let result = match (
                 self.notifiers.get(&n.notifier),
@@ -199,6 +290,15 @@ impl Sender {
                     Err(e) => Err(e),
                 },
             };
+            if let Some((until, why)) = self
+                .settle(&dest, limited, &result.as_ref().map(|_| ()))
+                .await?
+            {
+                self.store
+                    .defer(Deferred::Notification, n.id, until, &why)
+                    .await?;
+                continue;
+            }
             self.record(&n, result).await?;
         }
         Ok(attempted + self.deliver_statuses().await? + self.deliver_comments().await?)
@@ -211,6 +311,19 @@ impl Sender {
         let rows = self.store.claim_comments(CLAIM.as_millis() as i64).await?;
         for r in &rows {
             let Some(body) = &r.body else { continue };
+            let dest = match self.forges.get(&r.forge) {
+                Some(f) => f.destination(),
+                None => Err(SendError::new("no such forge")),
+            };
+            let limited = match self.gate(&dest).await? {
+                Gate::Paused { until, why } => {
+                    self.store
+                        .defer(Deferred::Comment, r.id, until, &why)
+                        .await?;
+                    continue;
+                }
+                Gate::Open { limited } => limited,
+            };
             let result = match self.forges.get(&r.forge) {
                 None => Err(SendError::new(format!(
                     "forge `{}` is no longer configured",
@@ -224,6 +337,15 @@ impl Sender {
                     Err(e) => Err(e),
                 },
             };
+            if let Some((until, why)) = self
+                .settle(&dest, limited, &result.as_ref().map(|_| ()))
+                .await?
+            {
+                self.store
+                    .defer(Deferred::Comment, r.id, until, &why)
+                    .await?;
+                continue;
+            }
             match result {
                 Ok(id) => {
                     info!(forge = %r.forge, repo = %r.repo, number = r.number, comment = %id,
@@ -255,6 +377,19 @@ impl Sender {
     pub async fn deliver_statuses(&self) -> Result<usize, StoreError> {
         let rows = self.store.claim_statuses(CLAIM.as_millis() as i64).await?;
         for r in &rows {
+            let dest = match self.forges.get(&r.forge) {
+                Some(f) => f.destination(),
+                None => Err(SendError::new("no such forge")),
+            };
+            let limited = match self.gate(&dest).await? {
+                Gate::Paused { until, why } => {
+                    self.store
+                        .defer(Deferred::Status, r.id, until, &why)
+                        .await?;
+                    continue;
+                }
+                Gate::Open { limited } => limited,
+            };
             let result = match self.forges.get(&r.forge) {
                 None => Err(SendError::new(format!(
                     "forge `{}` is no longer configured",
@@ -276,6 +411,15 @@ impl Sender {
                     }
                 }
             };
+            if let Some((until, why)) = self
+                .settle(&dest, limited, &result.as_ref().map(|_| ()))
+                .await?
+            {
+                self.store
+                    .defer(Deferred::Status, r.id, until, &why)
+                    .await?;
+                continue;
+            }
             match result {
                 Ok(()) => {
                     info!(forge = %r.forge, target = %r.target, sha = %r.sha, state = ?r.state,

@@ -22,6 +22,7 @@ pub mod direct;
 mod group;
 pub use group::{Batch, Tx as BatchTx};
 pub mod history;
+pub mod limits;
 pub mod nomad;
 pub mod outputs;
 pub mod plans;

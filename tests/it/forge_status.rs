@@ -473,3 +473,80 @@ fn gitlab_statuses_name_their_ref_and_github_enterprise_is_under_api_v3() {
         "{j:#?}"
     );
 }
+
+/// A forge that says its rate limit is spent (GitHub: 403 with
+/// `x-ratelimit-remaining: 0` and the reset time; GitLab: 429 with
+/// `Retry-After`) gets no further call until the time it named — the
+/// status waits, its attempts not spent, `notify pending` and `/metrics`
+/// show the paused destination and until when — and the status arrives
+/// after the reset, through the daemon's sender.
+#[test]
+fn a_rate_limited_forge_is_left_alone_until_its_reset_and_then_gets_the_status() {
+    for (kind, shape, repo) in [
+        ("github", "primary", "me/infra"),
+        ("gitlab", "gitlab", "group/infra"),
+    ] {
+        let root = tempfile::tempdir().expect("tempdir");
+        let forge = ForgeStandin::start(root.path());
+        let (remote, s, first) = setup(root.path(), &forge, kind, repo);
+        forge.rate_limit(shape, 4.0);
+        let (code, said) = tick(&s);
+        assert_eq!(code, Some(0), "{kind}: {said}");
+        assert!(
+            said.contains("rate-limited") && said.contains("forge `f`"),
+            "{kind}: {said}"
+        );
+        // A second run while limited: its status waits too, no call made.
+        let second = remote.commit(&[("app/v", "2\n")], "second");
+        let (code, said) = tick(&s);
+        assert_eq!(code, Some(0), "{kind}: {said}");
+        let limited_calls = forge
+            .journal()
+            .iter()
+            .filter(|r| r["limited"] == true)
+            .count();
+        assert_eq!(limited_calls, 1, "{kind}: {:#?}", forge.journal());
+        let rows = sql_rows(&s.db(), "SELECT attempts, given_up FROM forge_statuses");
+        assert!(
+            rows.iter()
+                .all(|r| r["attempts"] == 0 && r["given_up"] == 0),
+            "{kind}: {rows:?}"
+        );
+        let pending = text(&s.run(&["notify", "pending"]).stdout);
+        assert!(
+            pending.contains("RATE-LIMITED DESTINATION") && pending.contains("forge `f`"),
+            "{kind}: {pending}"
+        );
+        let daemon = s.serve();
+        let metrics = http(daemon.port, "GET", "/metrics", &[], b"").body;
+        assert!(
+            metrics.contains("driftless_destination_paused_until_timestamp_seconds{destination=\"forge `f` (127.0.0.1:"),
+            "{kind}: {metrics}"
+        );
+        wait_for(
+            std::time::Duration::from_secs(30),
+            "the statuses after the reset",
+            || {
+                forge
+                    .states(&first, "driftless/app")
+                    .last()
+                    .map(String::as_str)
+                    == Some("success")
+                    && forge
+                        .states(&second, "driftless/app")
+                        .last()
+                        .map(String::as_str)
+                        == Some("success")
+            },
+        );
+        let limited_calls = forge
+            .journal()
+            .iter()
+            .filter(|r| r["limited"] == true)
+            .count();
+        assert_eq!(limited_calls, 1, "{kind}: {:#?}", forge.journal());
+        let pending = text(&s.run(&["notify", "pending"]).stdout);
+        assert!(!pending.contains("RATE-LIMITED"), "{kind}: {pending}");
+        drop(daemon);
+    }
+}

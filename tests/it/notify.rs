@@ -588,8 +588,9 @@ fn attempts_and_retry_after_out_of_range_are_named() {
 /// source and API documentation: a failure is one ntfy message (JSON
 /// publish: topic, title, priority high, tags, click to the commit, the
 /// access token as a bearer) and one Discord embed that pings nobody; a
-/// 429 from either is retried until it goes through, never changing the
-/// run; the ntfy token and the Discord webhook token are in no output and
+/// 429 from either pauses that destination for the wait it named (Discord's
+/// Retry-After; ntfy names none: a minute), then the message goes through,
+/// never changing the run; the ntfy token and the Discord webhook token are in no output and
 /// no file of the state directory.
 #[test]
 fn ntfy_and_discord_get_each_event_and_a_rate_limit_is_retried() {
@@ -627,9 +628,50 @@ fn ntfy_and_discord_get_each_event_and_a_rate_limit_is_retried() {
     assert!(j.iter().all(|r| r["answered"] == 429), "{j:#?}");
     assert!(said.contains("WARN") && said.contains("429"), "{said}");
     assert_eq!(s.history("app")[0]["result"], "failed");
+    // Each destination is paused for what it said: Discord its Retry-After
+    // (1 s), ntfy — whose 429 names no time — a minute.
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64;
+    let limits = sql_rows(
+        &s.db(),
+        "SELECT label, paused_until FROM destination_limits ORDER BY label",
+    );
+    let wait = |who: &str| {
+        limits
+            .iter()
+            .find(|l| l["label"].as_str().is_some_and(|x| x.starts_with(who)))
+            .and_then(|l| l["paused_until"].as_i64())
+            .map(|u| u - now_ms)
+    };
+    assert!(
+        wait("notifier `chat`").is_some_and(|w| w <= 2000),
+        "{limits:?}"
+    );
+    assert!(
+        wait("notifier `phone`").is_some_and(|w| (55_000..=61_000).contains(&w)),
+        "{limits:?}"
+    );
 
-    // Past the first retry's wait: the next tick's sender sends both.
+    // Past Discord's wait: the next tick's sender sends its message; ntfy
+    // is not called while its pause holds.
     std::thread::sleep(Duration::from_millis(2200));
+    said += &tick(1);
+    assert_eq!(
+        chat.journal()
+            .iter()
+            .filter(|r| r["route"] == "ntfy")
+            .count(),
+        1,
+        "ntfy was called while paused"
+    );
+    // A minute later (the pause made to have passed): ntfy's too.
+    sql_exec(
+        &s.db(),
+        "UPDATE destination_limits SET paused_until = 0;
+         UPDATE notifications SET next_attempt_at = 0 WHERE state = 'pending';",
+    );
     said += &tick(1);
     let sent: Vec<Value> = chat
         .journal()

@@ -2020,6 +2020,20 @@ impl ForgeStandin {
         r.json()
     }
 
+    /// Answer every API request with the forge's rate-limit `shape`
+    /// (`primary`, `secondary`, `gitlab`) for `seconds`.
+    pub fn rate_limit(&self, shape: &str, seconds: f64) {
+        let body = serde_json::json!({ "shape": shape, "seconds": seconds }).to_string();
+        let r = http(
+            self.port,
+            "POST",
+            "/_standin/ratelimit",
+            &[],
+            body.as_bytes(),
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+
     /// Mark `sha` as on no branch (GitLab then needs `ref` for it).
     pub fn orphan(&self, sha: &str) {
         let body = serde_json::json!({ "sha": sha }).to_string();
