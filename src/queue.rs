@@ -1800,6 +1800,31 @@ mod tests {
             let again = q.claim().await.expect("claim").expect("requeued");
             assert_eq!(again.id, job.id);
             assert_eq!(again.attempts, 2);
+            assert_eq!(q.interruptions(job.id).await.expect("count"), 1);
+            // Every interrupted job goes back, however often: the tick,
+            // not the queue, ends one interrupted MAX_ATTEMPTS times.
+            for n in 2..=MAX_ATTEMPTS + 1 {
+                begin_manual_run(&store, job.id).await;
+                q.recover(&[job.id]).await.expect("recover");
+                assert_eq!(q.interruptions(job.id).await.expect("count"), n);
+                let back = q.claim().await.expect("claim").expect("requeued again");
+                assert_eq!(back.id, job.id);
+            }
+            // A run stopped another way (a tick error) is not counted.
+            begin_manual_run(&store, job.id).await;
+            q.requeue(job.id, std::time::Duration::ZERO)
+                .await
+                .expect("requeue");
+            assert_eq!(
+                q.interruptions(job.id).await.expect("count"),
+                MAX_ATTEMPTS + 1
+            );
+            let back = q
+                .claim()
+                .await
+                .expect("claim")
+                .expect("requeued by the tick");
+            assert_eq!(back.id, job.id);
             // someone else's heartbeat cannot keep it
             let other = Queue::new(store);
             assert!(!other.heartbeat(job.id).await.expect("hb"));

@@ -222,6 +222,49 @@ pub fn url_without_password(url: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    /// Text with no control character is returned as it is, not copied
+    /// (every line driftless shows goes through here).
+    #[test]
+    fn clean_text_is_not_copied() {
+        assert!(matches!(
+            printable("plain text, tabs\tand\nlines"),
+            std::borrow::Cow::Borrowed(_)
+        ));
+        assert!(matches!(
+            printable("a\u{1b}[0m"),
+            std::borrow::Cow::Owned(_)
+        ));
+    }
+
+    /// A redactor's debug form says how many secrets it holds, never one.
+    #[test]
+    fn the_debug_form_shows_no_secret() {
+        let r = Redactor::new().with("hunter2-secret");
+        assert_eq!(format!("{r:?}"), "Redactor(1 secrets)");
+    }
+
+    /// A URL's authority ends at a `/`, whitespace, a quote or a
+    /// backslash: an `@` after it (an npm scope, an e-mail address) is not
+    /// a credential's end, and an authority that starts with `@` has none.
+    #[test]
+    fn a_urls_authority_ends_where_it_ends() {
+        for text in [
+            "https://registry.npmjs.org/@scope/pkg",
+            "see https://example.net mail ops@example.net",
+            "url=\"https://example.net\"@x",
+            "url='https://example.net'@x",
+            "C:\\https://example.net\\@x",
+            "https://@example.net/x",
+        ] {
+            assert_eq!(strip_url_credentials(text), text, "{text}");
+        }
+        assert_eq!(
+            strip_url_credentials("https://user:pw@example.net/x@y"),
+            "https://[REDACTED]@example.net/x@y"
+        );
+    }
     #[test]
     fn terminal_controls_are_taken_out() {
         use super::printable;
@@ -239,8 +282,6 @@ mod tests {
         let r = super::Redactor::new().with("hunter2-long");
         assert_eq!(r.redact("pw=hunter2\u{1b}[0m-long"), "pw=[REDACTED]");
     }
-
-    use super::*;
 
     #[test]
     fn masks_known_values_longest_first() {
