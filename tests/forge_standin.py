@@ -104,7 +104,7 @@ DOWN = {"down": False}
 ORPHANS = set()
 # A rate limit in force: {"shape": "primary"|"secondary"|"gitlab", "until":
 # epoch seconds, "retry_after": seconds or None}.
-LIMIT = {}
+RATE = {}
 
 GITHUB = re.compile(r"^(?:/api/v3)?/repos/([^/]+)/([^/]+)/statuses/([^/]+)$")
 GITEA = re.compile(r"^/api/v1/repos/([^/]+)/([^/]+)/statuses/([^/]+)$")
@@ -203,7 +203,7 @@ class Handler(BaseHTTPRequestHandler):
         JOURNAL.append({"method": method, "path": path, "forge": forge, "repo": repo,
                         "number": number, "comment": cid, "auth": scheme, "auth_ok": ok,
                         "body": body, "down": DOWN["down"],
-                        "limited": bool(LIMIT) and time.time() < LIMIT["until"]})
+                        "limited": bool(RATE) and time.time() < RATE["until"]})
         if DOWN["down"]:
             self.answer(503, {"message": "Service Unavailable"})
             return True
@@ -267,8 +267,8 @@ class Handler(BaseHTTPRequestHandler):
             return self.answer(200, DOWN)
         if self.path == "/_standin/ratelimit":
             with LOCK:
-                LIMIT.clear()
-                LIMIT.update({"shape": body.get("shape", "primary"),
+                RATE.clear()
+                RATE.update({"shape": body.get("shape", "primary"),
                               "until": time.time() + float(body.get("seconds", 0)),
                               "retry_after": body.get("retry_after")})
             return self.answer(200, {})
@@ -307,11 +307,11 @@ class Handler(BaseHTTPRequestHandler):
           -Observed, -Remaining, -Reset (epoch seconds), -ResetTime and
           Retry-After.
         - Gitea/Forgejo: 429."""
-        if not LIMIT or time.time() >= LIMIT["until"]:
+        if not RATE or time.time() >= RATE["until"]:
             return False
-        reset = str(int(LIMIT["until"]) + 1)
-        wait = str(max(1, int(LIMIT["until"] - time.time()) + 1))
-        if forge == "github" and LIMIT["shape"] == "primary":
+        reset = str(int(RATE["until"]) + 1)
+        wait = str(max(1, int(RATE["until"] - time.time()) + 1))
+        if forge == "github" and RATE["shape"] == "primary":
             self.answer(403, {"message": "API rate limit exceeded for user ID 1.",
                               "documentation_url": "https://docs.github.com/rest/overview/rate-limits-for-the-rest-api",
                               "status": "403"},
@@ -319,7 +319,7 @@ class Handler(BaseHTTPRequestHandler):
                          ("x-ratelimit-used", "5000"), ("x-ratelimit-reset", reset),
                          ("x-ratelimit-resource", "core")])
         elif forge == "github":
-            extra = [("retry-after", str(LIMIT["retry_after"]))] if LIMIT.get("retry_after") else []
+            extra = [("retry-after", str(RATE["retry_after"]))] if RATE.get("retry_after") else []
             self.answer(403, {"message": "You have exceeded a secondary rate limit. Please wait a few minutes before you try again.",
                               "documentation_url": "https://docs.github.com/rest/overview/rate-limits-for-the-rest-api#about-secondary-rate-limits",
                               "status": "403"}, extra)
@@ -361,7 +361,7 @@ class Handler(BaseHTTPRequestHandler):
         JOURNAL.append({"method": "POST", "path": path, "forge": forge, "repo": repo,
                         "sha": sha, "auth": scheme, "auth_ok": ok, "body": body,
                         "down": DOWN["down"],
-                        "limited": bool(LIMIT) and time.time() < LIMIT["until"]})
+                        "limited": bool(RATE) and time.time() < RATE["until"]})
         if DOWN["down"]:
             return self.answer(503, {"message": "Service Unavailable"})
         if self.limited(forge):
