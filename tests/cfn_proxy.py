@@ -201,6 +201,20 @@ class Handler(BaseHTTPRequestHandler):
         """What AWS refuses and moto does not."""
         if action not in ("CreateStack", "UpdateStack", "CreateChangeSet"):
             return None
+        # A stack in a state AWS updates nothing from (made by the status
+        # control, as moto has none of them): the API reference's
+        # UpdateStack/CreateChangeSet ValidationError "Stack:<arn> is in
+        # <STATE> state and can not be updated." UPDATE_ROLLBACK_FAILED
+        # needs ContinueUpdateRollback first; ROLLBACK_FAILED and
+        # DELETE_FAILED can only be deleted.
+        stack = params.get("StackName", "")
+        with lock:
+            rule = rewrites.get(stack)
+            stuck = rule["status"] if rule and rule["times"] > 0 and not rule["after_execute"] else None
+        if stuck in ("UPDATE_ROLLBACK_FAILED", "ROLLBACK_FAILED", "DELETE_FAILED"):
+            return aws_error("ValidationError",
+                             f"Stack:arn:aws:cloudformation:us-east-1:123456789012:stack/{stack}/0 "
+                             f"is in {stuck} state and can not be updated.")
         template = params.get("TemplateBody")
         if template is None:
             return None

@@ -11,7 +11,12 @@
 //! `*_COMPLETE` is `changed`; `ROLLBACK_*`/`*_FAILED` is `failed` with the
 //! failing resources' reasons from the stack events. A stack left in
 //! `ROLLBACK_COMPLETE` by a failed create is deleted first (and the message
-//! says so). Every wait is bounded by the target's timeout.
+//! says so). A stack AWS will not update — `UPDATE_ROLLBACK_FAILED`,
+//! `ROLLBACK_FAILED`, `DELETE_FAILED` — fails the run before any change
+//! set, saying what a person must do ([`stuck`]); `REVIEW_IN_PROGRESS` (a
+//! change set made and never executed on a new stack) gets a `CREATE`
+//! change set; `*_IN_PROGRESS` is waited for. Every wait is bounded by the
+//! target's timeout.
 //!
 //! It can plan: the change set is the plan, described by logical id, type
 //! and action (a removal, or a modify AWS says replaces, is destructive),
@@ -252,6 +257,34 @@ pub fn settled(status: &str) -> Settled {
     }
 }
 
+/// What a person must do for a stack in a state AWS updates nothing from
+/// (the CloudFormation API reference: ContinueUpdateRollback, DeleteStack's
+/// `RetainResources`); `None` for any other state.
+pub fn stuck(status: &str, stack: &str) -> Option<String> {
+    let what = match status {
+        "UPDATE_ROLLBACK_FAILED" => format!(
+            "an update failed and so did its rollback: AWS accepts no change until the rollback \
+             is continued. Fix what the stack's events say failed, then run `aws cloudformation \
+             continue-update-rollback --stack-name {stack}` (with `--resources-to-skip` for \
+             resources that cannot roll back); the next run applies again"
+        ),
+        "ROLLBACK_FAILED" => format!(
+            "a create failed and so did its rollback: AWS can only delete the stack. Run `aws \
+             cloudformation delete-stack --stack-name {stack}` (with `--retain-resources` for \
+             those it cannot delete); the next run creates it again"
+        ),
+        "DELETE_FAILED" => format!(
+            "a delete failed: AWS can only delete it again. Fix what the stack's events say \
+             failed, or keep those resources: `aws cloudformation delete-stack --stack-name \
+             {stack} --retain-resources <logical ids>`; the next run creates it again"
+        ),
+        _ => return None,
+    };
+    Some(format!(
+        "stack `{stack}` is in {status} — {what}; nothing was changed"
+    ))
+}
+
 /// A change set failure (or CreateChangeSet error) that only means "no
 /// change".
 pub fn means_no_change(reason: &str) -> bool {
@@ -336,7 +369,7 @@ mod aws {
         }
     }
 
-    use super::{Config, Settled, capabilities_message, means_no_change, settled};
+    use super::{Config, Settled, capabilities_message, means_no_change, settled, stuck};
     use crate::backend::{
         ApplyResult, Backend, BackendError, BoxFuture, Context, Outputs, Plan, PlanToApply, Status,
     };
@@ -673,6 +706,9 @@ mod aws {
                 && s != "REVIEW_IN_PROGRESS"
             {
                 status = self.wait_stack(c, deadline).await?;
+            }
+            if let Some(why) = status.as_deref().and_then(|s| stuck(s, self.stack())) {
+                return Err(why);
             }
             if status.as_deref() == Some("ROLLBACK_COMPLETE") && !recreate {
                 return Err(format!(

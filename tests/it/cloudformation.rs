@@ -739,3 +739,51 @@ fn a_pull_request_preview_deletes_its_change_set_and_executes_none() {
     assert!(!comment.contains(SECRET_KEY));
     assert_eq!(f.s.history("site").len(), 1);
 }
+
+/// A stack AWS will not update fails the run before any change set, in
+/// words that say what a person must do (AWS itself answers CreateChangeSet
+/// with a bare ValidationError): UPDATE_ROLLBACK_FAILED needs its rollback
+/// continued; ROLLBACK_FAILED and DELETE_FAILED can only be deleted.
+#[test]
+fn a_stack_aws_will_not_update_is_named_with_what_to_do() {
+    let f = fixture("parameters_file = \"params.json\"", "2m");
+    assert_eq!(f.tick().0, Some(0));
+    for (n, (state, says)) in [
+        (
+            "UPDATE_ROLLBACK_FAILED",
+            "continue-update-rollback --stack-name site",
+        ),
+        ("ROLLBACK_FAILED", "delete-stack --stack-name site"),
+        ("DELETE_FAILED", "--retain-resources"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        f.remote.commit(
+            &[(
+                "cfn/params.json",
+                &format!("{{\"Greeting\": \"stuck-{n}\"}}"),
+            )],
+            state,
+        );
+        f.moto.fake_status("site", state, 1000);
+        let (code, out) = f.tick();
+        assert_eq!(code, Some(1), "{state}: {out}");
+        let (result, msg) = f.status();
+        assert_eq!(result, "failed", "{state}");
+        assert!(
+            msg.contains(&format!("stack `site` is in {state}"))
+                && msg.contains(says)
+                && msg.contains("nothing was changed"),
+            "{state}: {msg}"
+        );
+        assert!(!msg.contains("ValidationError"), "{state}: {msg}");
+        let created = f
+            .moto
+            .log()
+            .iter()
+            .filter(|r| r["action"] == "CreateChangeSet")
+            .count();
+        assert_eq!(created, 1, "{state}: a change set was asked for");
+    }
+}
