@@ -238,6 +238,18 @@ mod tests {
         ));
     }
 
+    /// A tail keeps at most `max` bytes, cut forward to a character
+    /// boundary, and says how much went.
+    #[test]
+    fn a_tail_keeps_at_most_its_bytes_on_a_character_boundary() {
+        let text = "é".repeat(10); // 20 bytes
+        let t = tail(&text, 5);
+        let kept = t.rsplit('\n').next().unwrap_or("");
+        assert_eq!(kept, "éé", "{t:?}");
+        assert!(t.starts_with("[… 16 bytes omitted …]"), "{t:?}");
+        assert_eq!(tail("short", 5), "short");
+    }
+
     /// A redactor's debug form says how many secrets it holds, never one.
     #[test]
     fn the_debug_form_shows_no_secret() {
