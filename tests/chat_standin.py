@@ -27,7 +27,16 @@ service's own source or published API documentation (facts only):
       50006 "Cannot send an empty message"; another token: 401 code 50027
       "Invalid Webhook Token"; success 204 (no `?wait=true`).
 
-Test controls (neither service's), under /_standin/:
+  POST /services/{T}/{B}/{token}   Slack incoming webhook (api.slack.com
+      "Sending messages using incoming webhooks", "Handling errors";
+      "Rate limits"; Block Kit "Section block": text at most 3000
+      characters): a body that is not JSON is 400 `invalid_payload`; no
+      `text` and no `blocks` is 400 `no_text`; a section whose text is over
+      3000 characters is 400 `invalid_blocks`; a token `disabled` is 404
+      `no_service`; rate-limited: 429 with Retry-After (seconds); success
+      200 `ok`. Answers are plain text, not JSON.
+
+Test controls (no service's), under /_standin/:
   GET  journal     every request in order: route, auth header, JSON body,
                    the status answered
   POST limit {"count": N}   the next N publishes/executes answer 429 (ntfy:
@@ -96,7 +105,8 @@ class Handler(BaseHTTPRequestHandler):
             return self.answer(200, LIMIT)
         with LOCK:
             route = "ntfy" if self.path == "/" else (
-                "discord" if self.path.startswith("/api/webhooks/") else None)
+                "discord" if self.path.startswith("/api/webhooks/") else (
+                    "slack" if self.path.startswith("/services/") else None))
             if route is None:
                 return self.answer(404, {"message": "404: Not Found", "code": 0})
             limited = LIMIT["count"] > 0
@@ -106,12 +116,41 @@ class Handler(BaseHTTPRequestHandler):
                      "authorization": self.headers.get("Authorization"),
                      "limited": limited}
             JOURNAL.append(entry)
+            headers = ()
             if route == "ntfy":
                 code, answer = self.ntfy(body, limited)
+            elif route == "slack":
+                code, answer, headers = self.slack(body, limited)
             else:
                 code, answer, headers = self.discord(body, limited)
             entry["answered"] = code
-            self.answer(code, answer, headers if route == "discord" else ())
+            if route == "slack":
+                return self.answer_text(code, answer, headers)
+            self.answer(code, answer, headers)
+
+    def answer_text(self, code, text, headers=()):
+        data = text.encode()
+        self.send_response(code)
+        for k, v in headers:
+            self.send_header(k, v)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def slack(self, body, limited):
+        if self.path.rstrip("/").endswith("/disabled"):
+            return 404, "no_service", ()
+        if limited:
+            return 429, "rate_limited", [("Retry-After", "1")]
+        if not isinstance(body, dict):
+            return 400, "invalid_payload", ()
+        if not body.get("text") and not body.get("blocks"):
+            return 400, "no_text", ()
+        for b in body.get("blocks") or []:
+            if b.get("type") == "section" and len((b.get("text") or {}).get("text") or "") > 3000:
+                return 400, "invalid_blocks", ()
+        return 200, "ok", ()
 
     def ntfy(self, body, limited):
         if not isinstance(body, dict):

@@ -741,3 +741,52 @@ fn ntfy_and_discord_get_each_event_and_a_rate_limit_is_retried() {
         assert_state_keeps_out(&s.state, secret);
     }
 }
+
+/// Slack's incoming webhook as Slack answers it (`tests/chat_standin.py`):
+/// a long failure message fits the section block's 3000 characters (else
+/// `invalid_blocks`), and a 429 waits for its Retry-After — one call while
+/// limited, no attempt spent — and then goes through.
+#[test]
+fn slack_gets_a_message_it_accepts_and_its_rate_limit_is_waited_out() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let chat = ChatStandin::start(root.path());
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(&[("fail", &"the disk is full ".repeat(400))], "failing");
+    let url_file = root.path().join("slack-url");
+    std::fs::write(
+        &url_file,
+        format!(
+            "http://127.0.0.1:{}/services/T0/B0/secret-slack-token\n",
+            chat.port
+        ),
+    )
+    .expect("write");
+    let s = Setup::new(&format!(
+        "{}\n[[notifiers]]\nname = \"chat\"\nkind = \"slack\"\nurl_file = {}\n",
+        failing_target(&remote, "[\"chat\"]", ""),
+        toml_str(&url_file.display().to_string()),
+    ));
+    chat.rate_limit(1);
+    let out = s.run(&["tick", "app"]);
+    let said = text(&out.stdout) + &text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("rate-limited"), "{said}");
+    let j = chat.journal();
+    assert_eq!(j.len(), 1, "{j:#?}");
+    assert_eq!(j[0]["answered"], 429);
+    std::thread::sleep(Duration::from_millis(1200));
+    let out = s.run(&["tick", "app"]);
+    assert_eq!(out.status.code(), Some(1));
+    let j = chat.journal();
+    let ok: Vec<&Value> = j.iter().filter(|r| r["answered"] == 200).collect();
+    assert_eq!(ok.len(), 1, "{j:#?}");
+    let body = &ok[0]["body"];
+    assert!(
+        body["text"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("driftless: app: failed")),
+        "{body}"
+    );
+    let rows = sql_rows(&s.db(), "SELECT state, attempts FROM notifications");
+    assert_eq!(rows, [serde_json::json!({"state": "sent", "attempts": 1})]);
+}
