@@ -160,14 +160,14 @@ impl Sender {
             return Ok(Gate::Open { limited: false });
         };
         Ok(match self.store.limit_of(key).await? {
-            Some(l) if l.paused_until > now_ms() => Gate::Paused {
-                until: l.paused_until,
-                why: format!(
-                    "{label} is rate-limited until {}: {}",
-                    crate::store::format_ms(l.paused_until),
-                    l.reason
-                ),
-            },
+            Some(l) if l.paused_until > now_ms() => {
+                let until = crate::store::format_ms(l.paused_until);
+                info!(destination = %label, until = %until, "rate-limited: this send waits until then");
+                Gate::Paused {
+                    until: l.paused_until,
+                    why: format!("{label} is rate-limited until {until}: {}", l.reason),
+                }
+            }
             Some(_) => Gate::Open { limited: true },
             None => Gate::Open { limited: false },
         })

@@ -790,3 +790,79 @@ fn slack_gets_a_message_it_accepts_and_its_rate_limit_is_waited_out() {
     let rows = sql_rows(&s.db(), "SELECT state, attempts FROM notifications");
     assert_eq!(rows, [serde_json::json!({"state": "sent", "attempts": 1})]);
 }
+
+/// Synapse's own rate limit (`rc_message`: one message, then one per
+/// 5 s): a message it refuses with 429 M_LIMIT_EXCEEDED and
+/// `retry_after_ms` pauses the destination for that long — no call in
+/// between, no attempt spent — and every message arrives in the end.
+#[test]
+fn matrix_rate_limits_from_synapse_are_waited_out() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(&[("fail", "first failure\n")], "first");
+    let (synapse, token, room) =
+        Service::synapse_with(root.path(), "{per_second: 0.2, burst_count: 1}");
+    let token_file = root.path().join("matrix-token");
+    std::fs::write(&token_file, &token).expect("write");
+    let cfg = format!(
+        "[[notifiers]]\nname = \"matrix\"\nkind = \"matrix\"\nhomeserver = \"http://127.0.0.1:{}\"\n\
+         access_token_file = {}\nroom_id = \"{room}\"\n\n{}",
+        synapse.port,
+        toml_str(&token_file.display().to_string()),
+        failing_target(&remote, "[\"matrix\"]", "")
+    );
+    let s = Setup::new(&cfg);
+    let run = |args: &[&str]| {
+        let out = s.run(args);
+        text(&out.stdout) + &text(&out.stderr)
+    };
+    let mut said = run(&["tick", "app"]);
+    // A new failure, another message, right after.
+    remote.commit(&[("fail", "second failure\n")], "second");
+    said += &run(&["tick", "app"]);
+    assert!(
+        said.contains("rate-limited") && said.contains("M_LIMIT_EXCEEDED"),
+        "{said}"
+    );
+    let now_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_millis() as i64
+    };
+    let until = || {
+        sql_rows(&s.db(), "SELECT paused_until FROM destination_limits")
+            .first()
+            .and_then(|r| r["paused_until"].as_i64())
+            .unwrap_or(0)
+    };
+    let wait = until() - now_ms();
+    assert!(
+        (500..=6_000).contains(&wait),
+        "paused for {wait} ms, not Synapse's retry_after_ms"
+    );
+    let pending = run(&["notify", "pending"]);
+    assert!(pending.contains("notifier `matrix`"), "{pending}");
+    // Each pause waited out, the messages arrive, each sent with one
+    // attempt: the refusals spent none.
+    let started = std::time::Instant::now();
+    while synapse.matrix_messages(&token, &room).len() < 2 {
+        assert!(
+            started.elapsed() < Duration::from_secs(90),
+            "{:#?}",
+            synapse.matrix_messages(&token, &room)
+        );
+        let left = (until() - now_ms()).max(0) as u64;
+        std::thread::sleep(Duration::from_millis(left + 300));
+        run(&["tick", "app"]);
+    }
+    let rows = sql_rows(
+        &s.db(),
+        "SELECT state, attempts FROM notifications ORDER BY id",
+    );
+    assert!(
+        rows.iter()
+            .all(|r| r["state"] == "sent" && r["attempts"] == 1),
+        "{rows:?}"
+    );
+}

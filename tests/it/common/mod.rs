@@ -1426,6 +1426,12 @@ impl Service {
     /// A real Matrix homeserver (Synapse, SQLite) with one user; returns the
     /// server, the user's access token and a room it created.
     pub fn synapse(root: &Path) -> (Service, String, String) {
+        Self::synapse_with(root, "{per_second: 1000, burst_count: 1000}")
+    }
+
+    /// [`Service::synapse`] with Synapse's `rc_message` rate limit (the
+    /// limit on sending messages, `synapse/config/ratelimiting.py`).
+    pub fn synapse_with(root: &Path, rc_message: &str) -> (Service, String, String) {
         let dir = root.join("synapse");
         std::fs::create_dir_all(&dir).expect("mkdir");
         let d = dir.display();
@@ -1440,7 +1446,7 @@ impl Service {
                  media_store_path: {d}/media\nregistration_shared_secret: \"test-shared-secret\"\n\
                  report_stats: false\nsigning_key_path: {d}/signing.key\ntrusted_key_servers: []\n\
                  suppress_key_server_warning: true\nenable_metrics: false\n\
-                 rc_message: {{per_second: 1000, burst_count: 1000}}\n\
+                 rc_message: {rc_message}\n\
                  rc_registration: {{per_second: 1000, burst_count: 1000}}\n\
                  rc_login:\n  address: {{per_second: 1000, burst_count: 1000}}\n  account: {{per_second: 1000, burst_count: 1000}}\n  failed_attempts: {{per_second: 1000, burst_count: 1000}}\n"
             ),
