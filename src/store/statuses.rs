@@ -119,9 +119,9 @@ pub(crate) async fn record(
              git_ref = excluded.git_ref, version = forge_statuses.version + 1, attempts = 0,
              next_attempt_at = excluded.next_attempt_at, last_error = NULL, given_up = 0,
              updated_at = excluded.updated_at
-         WHERE forge_statuses.state IS NOT excluded.state
-            OR forge_statuses.description IS NOT excluded.description
-            OR forge_statuses.target_url IS NOT excluded.target_url
+         WHERE forge_statuses.state IS DISTINCT FROM excluded.state
+            OR forge_statuses.description IS DISTINCT FROM excluded.description
+            OR forge_statuses.target_url IS DISTINCT FROM excluded.target_url
             OR forge_statuses.given_up = 1"
     };
     let q = format!(

@@ -602,3 +602,65 @@ fn the_database_is_reached_over_tls_verified_against_its_ca_file() {
     );
     assert_eq!(good.history("app").len(), 1, "a run recorded without TLS");
 }
+
+/// A rate limit one instance is answered holds for every instance on the
+/// database: the pause is a row they all read, so the forge gets one call
+/// while it says it is limited, whichever instance sends, and both
+/// statuses arrive after the reset.
+#[test]
+fn a_rate_limit_holds_across_instances() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let url = database();
+    let forge = ForgeStandin::start(root.path());
+    let remote = Remote::new(root.path(), "infra");
+    let sha = remote.commit(&[("a/v", "1\n"), ("b/v", "1\n")], "first");
+    let targets = ["a", "b"]
+        .iter()
+        .map(|t| {
+            exec_target(
+                t,
+                &remote.url(),
+                &format!("path = \"{t}\"\nforge = \"f\"\nforge_repo = \"me/infra\""),
+                "apply = [\"true\"]",
+            )
+        })
+        .collect::<String>()
+        + &forge.table("f", "github");
+    let one = on_postgres(&url, &targets);
+    let two = on_postgres(&url, &targets);
+    forge.rate_limit("primary", 5.0);
+    let out = one.run(&["tick", "a"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("rate-limited"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = two.run(&["tick", "b"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let limited = || {
+        forge
+            .journal()
+            .iter()
+            .filter(|r| r["limited"] == true)
+            .count()
+    };
+    assert_eq!(limited(), 1, "{:#?}", forge.journal());
+    let pending = text(&two.run(&["notify", "pending"]).stdout);
+    assert!(pending.contains("forge `f`"), "{pending}");
+    std::thread::sleep(Duration::from_secs(6));
+    let out = two.run(&["tick", "b"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    for t in ["a", "b"] {
+        assert_eq!(
+            forge
+                .states(&sha, &format!("driftless/{t}"))
+                .last()
+                .map(String::as_str),
+            Some("success"),
+            "{t}: {:#?}",
+            forge.journal()
+        );
+    }
+    assert_eq!(limited(), 1, "{:#?}", forge.journal());
+}
