@@ -1829,6 +1829,21 @@ mod tests {
             let other = Queue::new(store);
             assert!(!other.heartbeat(job.id).await.expect("hb"));
             assert!(q.heartbeat(job.id).await.expect("hb"));
+            // A requeue with a delay is not claimed before it.
+            q.requeue(job.id, std::time::Duration::from_secs(60))
+                .await
+                .expect("requeue");
+            assert!(q.claim().await.expect("claim").is_none(), "claimed early");
+            let not_before: i64 = sqlx::query_scalar("SELECT not_before FROM jobs WHERE id = $1")
+                .bind(job.id)
+                .fetch_one(q.store.pool())
+                .await
+                .expect("read");
+            let now = crate::store::now_ms();
+            assert!(
+                (now + 55_000..=now + 60_000).contains(&not_before),
+                "{not_before} vs {now}"
+            );
         }
     }
 
