@@ -858,17 +858,27 @@ fn failed(msg: String) -> Report {
     }
 }
 
-/// `driftless deployments [--pending]`
+/// `driftless deployments [--pending]` (`--pending`: those waiting for a
+/// person, to approve or to promote).
 pub async fn deployments(app: &App, pending: bool, as_json: bool) -> Report {
-    let path = if pending {
-        "/api/v1/deployments?state=pending_approval"
+    let paths: &[&str] = if pending {
+        &[
+            "/api/v1/deployments?state=pending_approval",
+            "/api/v1/deployments?state=pending_promotion",
+        ]
     } else {
-        "/api/v1/deployments"
+        &["/api/v1/deployments"]
     };
-    let list = match api(app, reqwest::Method::GET, path, None).await {
-        Ok(v) => v,
-        Err(e) => return failed(e),
-    };
+    let mut all = Vec::new();
+    for path in paths {
+        match api(app, reqwest::Method::GET, path, None).await {
+            Ok(serde_json::Value::Array(v)) => all.extend(v),
+            Ok(_) => {}
+            Err(e) => return failed(e),
+        }
+    }
+    all.sort_by_key(|d| std::cmp::Reverse(d["id"].as_i64().unwrap_or(0)));
+    let list = serde_json::Value::Array(all);
     if as_json {
         return Report {
             stdout: serde_json::to_string_pretty(&list).unwrap_or_default() + "\n",

@@ -75,6 +75,10 @@ pub struct Deployment {
     pub registered_at: Option<i64>,
     /// A failed deployment: the live JobModifyIndex when it failed.
     pub failed_at_index: Option<i64>,
+    /// When it began to wait for promotion (Unix ms).
+    pub waiting_since: Option<i64>,
+    /// When it had waited for promotion past the bound (Unix ms).
+    pub overdue_at: Option<i64>,
     /// When it was recorded (Unix ms).
     pub created_at: i64,
 }
@@ -124,6 +128,8 @@ pub struct Change {
     pub pre_hook_child: Option<String>,
     pub post_hook_child: Option<String>,
     pub failed_at_index: Option<i64>,
+    /// It has waited for promotion past the bound: record when (once).
+    pub overdue: bool,
 }
 
 #[derive(Debug, thiserror::Error)]

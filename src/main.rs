@@ -125,7 +125,7 @@ enum Command {
     /// whose policy waits for approval), newest first (through the API: the
     /// daemon must be running; token from DRIFTLESS_TOKEN).
     Deployments {
-        /// Only the ones waiting for approval.
+        /// Only the ones waiting for a person (to approve or to promote).
         #[arg(long)]
         pending: bool,
         /// Print JSON, diffs included (redacted).

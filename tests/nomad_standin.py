@@ -24,6 +24,7 @@ the README's stand-in section.
   GET  /v1/job/:id/allocations     the job's allocations (stubs)
   GET  /v1/job/:id/summary         per group: Complete, Failed, Running, ...
   GET  /v1/evaluation/:id          one evaluation
+  PUT  /v1/deployment/promote/:id  promote a deployment's canaries
   POST /v1/job/:id/dispatch        dispatch a parameterized job
   DELETE /v1/job/:id               deregister (purge=true removes)
 
@@ -39,6 +40,10 @@ Test controls (not Nomad's), under /_standin/:
                                    a token limited to those namespaces
   POST edit {Namespace, ID, Path: [..], Value}  a manual change to a live job
   POST scale {Namespace, ID, Group, Count}      what an autoscaler does
+  POST canaries {Namespace, ID, Healthy}
+                                   the latest deployment's canaries: this
+                                   many healthy per canary group (auto_promote
+                                   groups are then promoted by Nomad)
   POST deployment {Namespace, ID, Status, Description}
                                    drive the latest deployment (Nomad's
                                    deployment watcher: success marks the
@@ -556,17 +561,94 @@ def process_evals():
                 old["Status"] = "cancelled"
                 old["StatusDescription"] = "Cancelled due to newer version of job"
         i = next_index()
+        groups = {g["Name"]: group_state(g, previous_group(key, job, g["Name"]))
+                  for g in job["TaskGroups"]}
         # structs.NewDeployment: JobModifyIndex is the job's ModifyIndex,
         # JobSpecModifyIndex its JobModifyIndex.
         ds.append({
             "ID": str(uuid.uuid4()), "Namespace": key[0], "JobID": key[1],
             "JobVersion": job["Version"], "JobModifyIndex": job["ModifyIndex"],
             "JobSpecModifyIndex": job["JobModifyIndex"], "JobCreateIndex": job["CreateIndex"],
-            "Status": "running", "StatusDescription": "Deployment is running",
-            "TaskGroups": {g["Name"]: {"AutoRevert": (g.get("Update") or {}).get("AutoRevert", False)}
-                           for g in job["TaskGroups"]},
+            "Status": "running", "StatusDescription": running_description(groups),
+            "TaskGroups": groups,
             "CreateIndex": i, "ModifyIndex": i,
         })
+
+
+def previous_group(key, job, name):
+    """The group as the version before this one had it, if that version
+    ran (not stopped): its allocations are what a destructive update
+    replaces."""
+    older = [v for v in versions.get(key, []) if v["Version"] < job["Version"]]
+    if not older or older[-1].get("Stop"):
+        return None
+    return named(older[-1]["TaskGroups"]).get(name)
+
+
+def group_state(g, before):
+    """structs.DeploymentState as the reconciler fills it
+    (scheduler/reconciler/reconcile_cluster.go): AutoRevert, AutoPromote and
+    ProgressDeadline from the group's update block; canaries only for a
+    destructive update of allocations that exist (`requiresCanaries`:
+    destructive updates and `Update.Canary` > 0), so a new job or a new
+    group gets none; `computeCanaries` sets DesiredCanaries and places them.
+    Before promotion only the canaries are placed."""
+    u = g.get("Update") or {}
+    canary = int(u.get("Canary") or 0)
+    destructive = before is not None and spec_of_group(before) != spec_of_group(g)
+    desired = canary if destructive else 0
+    return {"AutoRevert": u.get("AutoRevert", False), "AutoPromote": u.get("AutoPromote", False),
+            "ProgressDeadline": u.get("ProgressDeadline", 0), "Promoted": False,
+            "PlacedCanaries": [str(uuid.uuid4()) for _ in range(desired)],
+            "DesiredCanaries": desired, "DesiredTotal": g.get("Count") or 0,
+            "PlacedAllocs": desired if desired else (g.get("Count") or 0),
+            "HealthyAllocs": 0, "UnhealthyAllocs": 0}
+
+
+def spec_of_group(g):
+    return {k: v for k, v in g.items() if k != "Count"}
+
+
+def running_description(groups):
+    """structs.DeploymentStatusDescriptionRunning*: a deployment whose
+    canaries wait says whether Nomad promotes them itself (every canary
+    group has auto_promote, Deployment.HasAutoPromote) or a person must."""
+    waiting = [s for s in groups.values() if s["DesiredCanaries"] > 0 and not s["Promoted"]]
+    if not waiting:
+        return "Deployment is running"
+    if all(s["AutoPromote"] for s in waiting):
+        return "Deployment is running pending automatic promotion"
+    return "Deployment is running but requires manual promotion"
+
+
+def promote(d, groups=None):
+    """nomad/state/state_store.go, UpdateDeploymentPromotion: only an active
+    deployment; every promoted group needs DesiredCanaries healthy canaries
+    (else a multierror listing each short group, which the HTTP layer
+    answers as a 500, command/agent/http.go errCodeFromHandler); the groups
+    become Promoted, and the description goes back to running."""
+    if d["Status"] not in ("running", "paused", "pending", "blocked", "unblocking", "initializing"):
+        return 500, f'Deployment "{d["ID"]}" has terminal status "{d["Status"]}":'
+    short = []
+    for name, st in sorted(d["TaskGroups"].items()):
+        if groups is not None and name not in groups:
+            continue
+        if st["DesiredCanaries"] and st["HealthyAllocs"] < st["DesiredCanaries"]:
+            short.append(f'Task group "{name}" has {st["HealthyAllocs"]}/{st["DesiredCanaries"]} healthy allocations')
+    if short:
+        # hashicorp/go-multierror's ListFormatFunc
+        head = "1 error occurred:" if len(short) == 1 else f"{len(short)} errors occurred:"
+        return 500, head + "".join(f"\n\t* {e}" for e in short) + "\n\n"
+    for name, st in d["TaskGroups"].items():
+        if groups is None or name in groups:
+            st["Promoted"] = True
+            # the rest of the group is placed after promotion
+            st["PlacedAllocs"] = max(st["PlacedAllocs"], st["DesiredTotal"])
+    d["StatusDescription"] = running_description(d["TaskGroups"])
+    d["ModifyIndex"] = next_index()
+    return 200, {"EvalID": str(uuid.uuid4()), "EvalCreateIndex": d["ModifyIndex"],
+                 "DeploymentModifyIndex": d["ModifyIndex"], "RevertedJobVersion": None,
+                 "Index": d["ModifyIndex"]}
 
 
 def new_eval(key, job, updating):
@@ -711,6 +793,23 @@ def control(action, body):
         return 200, {"JobModifyIndex": i}
     if action == "deployment":
         return drive_deployment(key, body["Status"], body.get("Description", "set by the test"))
+    if action == "canaries":
+        # Canary allocations turn healthy (the client's health checks, which
+        # the deployment watcher counts in HealthyAllocs); when every canary
+        # group has auto_promote and enough healthy canaries, the watcher
+        # promotes the deployment itself (deploymentWatcher.autoPromoteDeployment).
+        ds = deployments.get(key) or []
+        if not ds:
+            return 404, "deployment not found"
+        d = ds[-1]
+        for st in d["TaskGroups"].values():
+            if st["DesiredCanaries"]:
+                st["HealthyAllocs"] = int(body["Healthy"])
+        d["ModifyIndex"] = next_index()
+        waiting = [s for s in d["TaskGroups"].values() if s["DesiredCanaries"] and not s["Promoted"]]
+        if waiting and all(s["AutoPromote"] and s["HealthyAllocs"] >= s["DesiredCanaries"] for s in waiting):
+            promote(d)
+        return 200, d
     return 400, f"unknown control {action}"
 
 
@@ -845,6 +944,23 @@ class Handler(BaseHTTPRequestHandler):
                 return 404, "eval not found"
             allow(token, ev["Namespace"], "read-job")
             return 200, {k: v for k, v in ev.items() if not k.startswith("_")}
+        m = re.fullmatch(r"/v1/deployment/promote/([^/]+)", path)
+        if m:
+            # command/agent/deployment_endpoint.go, deploymentPromote: PUT or
+            # POST; the body's DeploymentID must be the path's.
+            if self.command not in ("PUT", "POST"):
+                return 405, "Invalid method"
+            if not body.get("DeploymentID"):
+                return 400, "DeploymentID must be specified"
+            if body["DeploymentID"] != unquote(m.group(1)):
+                return 400, "Deployment ID does not match"
+            d = next((d for ds in deployments.values() for d in ds if d["ID"] == body["DeploymentID"]), None)
+            if d is None:
+                return 500, "deployment not found"
+            # nomad/deployment_endpoint.go, Promote: submit-job or
+            # promote-deployment in the deployment's namespace.
+            allow(token, d["Namespace"], "submit-job", "promote-deployment")
+            return promote(d, None if body.get("All") else set(body.get("Groups") or []))
         m = re.fullmatch(r"/v1/job/([^/]+)(/plan|/deployments?|/dispatch|/summary|/allocations)?", path)
         if not m:
             return 404, "Invalid URL path"

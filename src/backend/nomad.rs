@@ -57,6 +57,8 @@ pub const ACTIVE_STATES: &[&str] = &[
     "pending_approval",
     "pre_hook",
     "applying",
+    "pending_promotion",
+    "promoting",
     "post_hook",
 ];
 
@@ -84,6 +86,11 @@ pub struct Config {
     /// `destroy` deregisters (never purges) the target's jobs only when set.
     #[serde(default)]
     pub allow_destroy: bool,
+    /// How long a deployment may wait for a person to promote its canaries
+    /// before its owners are told it is overdue (it is never failed for
+    /// it: Nomad's progress deadline governs that). Default 1h.
+    #[serde(default)]
+    pub promotion_wait: Option<String>,
     #[serde(skip)]
     token: Option<SecretRef>,
 }
@@ -94,6 +101,22 @@ fn default_jobs() -> String {
 
 fn default_policy() -> String {
     "auto".into()
+}
+
+/// How long a deployment waits for promotion before its owners hear it is
+/// overdue, unless `promotion_wait` says otherwise.
+const DEFAULT_PROMOTION_WAIT: Duration = Duration::from_secs(3600);
+
+/// `promotion_wait`: a duration from 1s to 7d.
+fn parse_promotion_wait(raw: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(raw.trim())
+        .map_err(|e| format!("`promotion_wait` `{raw}` is not a duration like 30m or 2h: {e}"))?;
+    if d < Duration::from_secs(1) || d > Duration::from_secs(7 * 86400) {
+        return Err(format!(
+            "`promotion_wait` `{raw}` must be at least 1s and at most 7d"
+        ));
+    }
+    Ok(d)
 }
 
 impl super::Kind for Config {
@@ -123,6 +146,11 @@ impl super::Kind for Config {
                     self.jobs
                 ),
             ));
+        }
+        if let Some(w) = &self.promotion_wait
+            && let Err(why) = parse_promotion_wait(w)
+        {
+            p.push(("promotion_wait".into(), why));
         }
         if self.client_cert_file.is_some() != self.client_key_file.is_some() {
             let key = if self.client_cert_file.is_some() {
@@ -863,7 +891,7 @@ impl Nomad {
         let mut earlier = None;
         if let Some(d) = active.clone() {
             match d.state.as_str() {
-                "applying" | "pre_hook" | "post_hook" => {
+                "applying" | "pre_hook" | "post_hook" | "pending_promotion" | "promoting" => {
                     let newer = d.spec_hash != hash;
                     match self.follow(p, &d, live.as_ref(), hooks, newer).await? {
                         Followed::Waiting(o) => return Ok(o),
@@ -1281,7 +1309,7 @@ impl Nomad {
         self.ledger
             .transition(
                 d.id,
-                "applying",
+                &d.state,
                 to,
                 Change {
                     message: Some(msg.clone()),
@@ -1601,6 +1629,182 @@ impl Nomad {
         }))
     }
 
+    /// How long a deployment may wait for promotion before its owners hear
+    /// it is overdue.
+    fn promotion_wait(&self) -> Duration {
+        self.cfg
+            .promotion_wait
+            .as_deref()
+            .and_then(|w| parse_promotion_wait(w).ok())
+            .unwrap_or(DEFAULT_PROMOTION_WAIT)
+    }
+
+    /// Our Nomad deployment of the registered version is `running`: when
+    /// its canaries wait for a manual promotion, the deployment record says
+    /// so (`pending_promotion`) and waits for a person; a person's
+    /// promotion (`promoting`) is sent to Nomad here, in the tick, never in
+    /// the API call. Nomad's own rules (nomad/structs/deployment.go,
+    /// `RequiresPromotion` and `HasAutoPromote`): a group with
+    /// `DesiredCanaries > 0` and not `Promoted` holds the rollout; when
+    /// every such group has `auto_promote`, Nomad promotes it itself once
+    /// the canaries are healthy, and nobody is asked. Waiting past
+    /// `promotion_wait` tells the owners once; it never fails the
+    /// deployment (the progress deadline is Nomad's: the deployment watcher
+    /// fails a canary deployment at its deadline only when its canaries are
+    /// not healthy, `deploymentWatcher.shouldFail`).
+    async fn canaries(
+        &self,
+        p: &Parsed,
+        d: &Deployment,
+        dep: &Value,
+    ) -> Result<Followed, JobReport> {
+        let key = &p.key;
+        let dep_id = dep["ID"].as_str().unwrap_or("?").to_string();
+        let waiting = canary_groups(dep);
+        let needs = !waiting.is_empty();
+        let auto = needs && waiting.iter().all(|g| g.auto_promote);
+        let shown = waiting
+            .iter()
+            .map(|g| {
+                format!(
+                    "{}: {} of {} canaries healthy",
+                    g.name, g.healthy, g.desired
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        let running = |line: String| {
+            Ok(Followed::Waiting(JobReport {
+                result: JobResult::NoChange,
+                line: format!("{}: {line}", key.job),
+            }))
+        };
+        let change = |message: String| Change {
+            message: Some(message),
+            nomad_deployment_id: Some(dep_id.clone()),
+            ..Change::default()
+        };
+        match d.state.as_str() {
+            "applying" if needs && !auto => {
+                let msg = format!(
+                    "Nomad deployment {dep_id} runs its canaries ({shown}) and requires promotion"
+                );
+                self.ledger
+                    .transition(d.id, "applying", "pending_promotion", change(msg.clone()))
+                    .await
+                    .map_err(|e| self.ledger_err(p, e))?;
+                running(format!(
+                    "{msg}: deployment {} waits for a person (driftless approve {})",
+                    d.id, d.id
+                ))
+            }
+            "applying" if auto => running(format!(
+                "Nomad deployment {dep_id} running, pending automatic promotion ({shown})"
+            )),
+            "pending_promotion" | "promoting" if !needs => {
+                // Promoted in Nomad (its UI or CLI, or by us before a tick
+                // died): the rollout goes on.
+                let msg = format!("Nomad deployment {dep_id} was promoted; rolling out the rest");
+                self.ledger
+                    .transition(d.id, &d.state, "applying", change(msg.clone()))
+                    .await
+                    .map_err(|e| self.ledger_err(p, e))?;
+                running(msg)
+            }
+            "pending_promotion" => {
+                let since = d.waiting_since.unwrap_or(d.created_at);
+                let waited = Duration::from_millis((now_ms() - since).max(0) as u64);
+                let bound = self.promotion_wait();
+                let waited_s = humantime::format_duration(Duration::from_secs(waited.as_secs()));
+                if waited > bound && d.overdue_at.is_none() {
+                    let msg = format!(
+                        "Nomad deployment {dep_id} has waited for promotion for {waited_s}, past \
+                         promotion_wait ({}); canaries: {shown}",
+                        humantime::format_duration(bound)
+                    );
+                    self.ledger
+                        .transition(
+                            d.id,
+                            "pending_promotion",
+                            "pending_promotion",
+                            Change {
+                                overdue: true,
+                                ..change(msg)
+                            },
+                        )
+                        .await
+                        .map_err(|e| self.ledger_err(p, e))?;
+                }
+                running(format!(
+                    "waiting for promotion for {waited_s}: Nomad deployment {dep_id} ({shown}); \
+                     promote it: driftless approve {}",
+                    d.id
+                ))
+            }
+            "promoting" => match self.promote(key, &dep_id).await {
+                Ok(()) => {
+                    let msg = format!(
+                        "Nomad deployment {dep_id} promoted ({shown}); rolling out the rest"
+                    );
+                    self.ledger
+                        .transition(d.id, "promoting", "applying", change(msg.clone()))
+                        .await
+                        .map_err(|e| self.ledger_err(p, e))?;
+                    running(msg)
+                }
+                Err(e @ NomadError::Unreachable { .. }) => {
+                    // Asked again next tick.
+                    Ok(Followed::Waiting(self.job_error(
+                        &p.file,
+                        Some(&key.job),
+                        format!("promoting deployment {}: {e}", d.id),
+                    )))
+                }
+                Err(e) => {
+                    let why = match &e {
+                        NomadError::Status { status: 403, .. } => format!(
+                            "Nomad refused to promote deployment {dep_id}: driftless's token needs \
+                             the `submit-job` or `promote-deployment` capability in namespace `{}` ({e})",
+                            key.namespace
+                        ),
+                        _ => format!("Nomad refused to promote deployment {dep_id}: {e}"),
+                    };
+                    let why = self.ctx.redactor.redact(&why);
+                    self.ledger
+                        .transition(d.id, "promoting", "pending_promotion", change(why.clone()))
+                        .await
+                        .map_err(|e| self.ledger_err(p, e))?;
+                    Ok(Followed::Waiting(self.job_error(
+                        &p.file,
+                        Some(&key.job),
+                        format!("{why}; deployment {} waits for promotion again", d.id),
+                    )))
+                }
+            },
+            _ => running(format!("Nomad deployment {dep_id} running")),
+        }
+    }
+
+    /// `PUT /v1/deployment/promote/:id` with `All` (api/deployments.go,
+    /// `PromoteAll`; command/agent/deployment_endpoint.go,
+    /// `deploymentPromote`): Nomad promotes every group's canaries, or
+    /// answers why not (500 with "Task group … has 0/1 healthy
+    /// allocations", state_store.go `UpdateDeploymentPromotion`; 403
+    /// without `submit-job` or `promote-deployment`).
+    async fn promote(&self, key: &JobKey, dep_id: &str) -> Result<(), NomadError> {
+        self.client
+            .call(
+                reqwest::Method::PUT,
+                &format!("/v1/deployment/promote/{}", seg(dep_id)),
+                Some(&key.namespace),
+                &[],
+                Some(&json!({ "DeploymentID": dep_id, "All": true })),
+                false,
+            )
+            .await
+            .map(|_| ())
+    }
+
     /// An active deployment past `detected`: finish what it started (its
     /// pre hook, its register), then follow Nomad's deployment of exactly
     /// the version it registered. With `newer` (git now gives another
@@ -1617,7 +1821,11 @@ impl Nomad {
     ) -> Result<Followed, JobReport> {
         let key = &p.key;
         let commit = self.commit_short();
-        if newer && (d.state != "applying" || d.registered_index.is_none()) {
+        let rolling = matches!(
+            d.state.as_str(),
+            "applying" | "pending_promotion" | "promoting"
+        );
+        if newer && (!rolling || d.registered_index.is_none()) {
             let why = match d.state.as_str() {
                 "pre_hook" => {
                     "before its pre hook finished (nothing was registered for it)".to_string()
@@ -1773,7 +1981,7 @@ impl Nomad {
                     self.ledger
                         .transition(
                             d.id,
-                            "applying",
+                            &d.state,
                             "failed",
                             Change {
                                 message: Some(msg.clone()),
@@ -1800,6 +2008,7 @@ impl Nomad {
                     )
                     .await
                 }
+                "running" => self.canaries(p, d, dep).await,
                 other => Ok(Followed::Waiting(JobReport {
                     result: JobResult::NoChange,
                     line: format!("{}: Nomad deployment {dep_id} {other}", key.job),
@@ -1817,7 +2026,7 @@ impl Nomad {
                 .fail_from(
                     p,
                     d.id,
-                    "applying",
+                    &d.state,
                     live_index,
                     format!("job modified outside driftless after the register, before Nomad started a deployment for it ({now}); the live job stands"),
                 )
@@ -1908,7 +2117,7 @@ impl Nomad {
                 self.fail_from(
                     p,
                     d.id,
-                    "applying",
+                    &d.state,
                     Some(registered),
                     format!("Nomad's evaluation {eval_id} {status}: {why}"),
                 )
@@ -1924,7 +2133,7 @@ impl Nomad {
                         .fail_from(
                             p,
                             d.id,
-                            "applying",
+                            &d.state,
                             Some(registered),
                             format!(
                                 "Nomad started no deployment within {} of the register; its evaluation {eval_id} is {other}",
@@ -2439,6 +2648,41 @@ fn no_deployment_reason(job: &Value) -> Option<String> {
     None
 }
 
+/// A task group of a Nomad deployment whose canaries hold the rollout.
+struct CanaryGroup {
+    name: String,
+    desired: i64,
+    healthy: i64,
+    auto_promote: bool,
+}
+
+/// The groups of a running Nomad deployment that wait for promotion
+/// (nomad/structs/deployment.go, `RequiresPromotion`: `DesiredCanaries > 0`
+/// and not `Promoted`); none when the deployment is not running.
+fn canary_groups(dep: &Value) -> Vec<CanaryGroup> {
+    if dep["Status"] != "running" {
+        return Vec::new();
+    }
+    let mut out: Vec<CanaryGroup> = dep["TaskGroups"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(_, g)| {
+            g["DesiredCanaries"].as_i64().unwrap_or(0) > 0 && g["Promoted"] != Value::Bool(true)
+        })
+        .map(|(name, g)| CanaryGroup {
+            name: name.clone(),
+            desired: g["DesiredCanaries"].as_i64().unwrap_or(0),
+            // Before promotion every healthy allocation of the deployment
+            // is a canary (only canaries are placed).
+            healthy: g["HealthyAllocs"].as_i64().unwrap_or(0),
+            auto_promote: g["AutoPromote"] == Value::Bool(true),
+        })
+        .collect();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}
+
 fn hook_timeout(d: &Deployment) -> Duration {
     d.hook_timeout_ms
         .map(|ms| Duration::from_millis(ms.max(0) as u64))
@@ -2683,6 +2927,18 @@ mod tests {
             diff_summary(&diff),
             "group web: task server: Config: auth_token added, group web: task server: Config: image edited, group web: task server: Driver edited, group web: task server: Env[DB_URL] edited, group web: task server: Meta[api_key] edited, group web: task server: Template: EmbeddedTmpl edited"
         );
+    }
+
+    #[test]
+    fn promotion_wait_is_a_bounded_duration_named_in_its_error() {
+        assert_eq!(
+            super::parse_promotion_wait("90m"),
+            Ok(Duration::from_secs(5400))
+        );
+        for bad in ["10ms", "8d", "soon"] {
+            let e = super::parse_promotion_wait(bad).expect_err(bad);
+            assert!(e.contains("`promotion_wait`") && e.contains(bad), "{e}");
+        }
     }
 
     #[test]

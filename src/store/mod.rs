@@ -405,9 +405,9 @@ pub struct Notice {
     pub last_notified_at: Option<i64>,
     pub last_notified_message: Option<String>,
     pub outbox: Vec<NewNotification>,
-    /// Deployments (any backend's) whose `pending_approval` (state `PendingApproval`) or
-    /// `superseded` notification is in `outbox`.
-    pub plans_told: Vec<(i64, plans::PlanState)>,
+    /// Deployments (any backend's) whose notification (waiting, overdue,
+    /// superseded) is in `outbox`.
+    pub plans_told: Vec<(i64, plans::Untold)>,
     /// A plan this run applied: it leaves `applying` for this state, with
     /// this message, in the run's transaction.
     pub plan_done: Option<(i64, plans::PlanState, String)>,
@@ -1012,14 +1012,12 @@ impl Store {
                 .await
                 .map_err(self.err(what))?;
             }
-            for (id, state) in &n.plans_told {
-                let column = match state {
-                    plans::PlanState::Superseded => {
-                        "UPDATE deployments SET superseded_notified_at = $2 WHERE id = $1"
-                    }
-                    _ => "UPDATE deployments SET notified_at = $2 WHERE id = $1",
-                };
-                sqlx::query(column)
+            for (id, told) in &n.plans_told {
+                let q = format!(
+                    "UPDATE deployments SET {} = $2 WHERE id = $1",
+                    told.column()
+                );
+                sqlx::query(sqlx::AssertSqlSafe(q))
                     .bind(id)
                     .bind(now)
                     .execute(&mut *tx)

@@ -18,7 +18,8 @@ const COLUMNS: &str = "id, target, cluster, namespace, job, file, commit_sha, \
      plan_hash AS spec_hash, policy, state, job_modify_index, diff, summary AS diff_summary, \
      registered_index, eval_id, \
      nomad_deployment_id, message, pre_hook, post_hook, hook_timeout_ms, hook_nonce, \
-     pre_hook_child, post_hook_child, registered_at, failed_at_index, created_at";
+     pre_hook_child, post_hook_child, registered_at, failed_at_index, waiting_since, overdue_at, \
+     created_at";
 
 fn row(r: &super::db::Row) -> Result<Deployment, sqlx::Error> {
     Ok(Deployment {
@@ -49,6 +50,8 @@ fn row(r: &super::db::Row) -> Result<Deployment, sqlx::Error> {
         post_hook_child: r.try_get("post_hook_child")?,
         registered_at: r.try_get("registered_at")?,
         failed_at_index: r.try_get("failed_at_index")?,
+        waiting_since: r.try_get("waiting_since")?,
+        overdue_at: r.try_get("overdue_at")?,
         created_at: r.try_get("created_at")?,
     })
 }
@@ -89,7 +92,8 @@ impl Store {
         active_only: bool,
     ) -> Result<Option<Deployment>, LedgerError> {
         let active = if active_only {
-            "AND state IN ('detected', 'pending_approval', 'pre_hook', 'applying', 'post_hook')"
+            "AND state IN ('detected', 'pending_approval', 'pre_hook', 'applying', \
+             'pending_promotion', 'promoting', 'post_hook')"
         } else {
             ""
         };
@@ -213,7 +217,14 @@ impl Ledger for Store {
                      pre_hook_child = COALESCE($10, pre_hook_child),
                      post_hook_child = COALESCE($11, post_hook_child),
                      registered_at = CASE WHEN $6 IS NULL THEN registered_at ELSE $9 END,
-                     failed_at_index = COALESCE($12, failed_at_index)
+                     failed_at_index = COALESCE($12, failed_at_index),
+                     -- waiting for promotion: since when (kept across a
+                     -- refused promotion), and the owners are told anew
+                     waiting_since = CASE WHEN $3 = 'pending_promotion'
+                         THEN COALESCE(waiting_since, $9) ELSE waiting_since END,
+                     notified_at = CASE WHEN $3 = 'pending_promotion' AND $2 <> 'pending_promotion'
+                         THEN NULL ELSE notified_at END,
+                     overdue_at = CASE WHEN $13 THEN COALESCE(overdue_at, $9) ELSE overdue_at END
                  WHERE id = $1 AND state = $2 AND backend = 'nomad'",
             )
             .bind(id)
@@ -228,6 +239,7 @@ impl Ledger for Store {
             .bind(change.pre_hook_child)
             .bind(change.post_hook_child)
             .bind(change.failed_at_index)
+            .bind(change.overdue)
             .execute(&mut *tx)
             .await;
             let r = match r {

@@ -80,6 +80,11 @@ pub enum PlanState {
     PreHook,
     /// Being applied (written before the backend is called).
     Applying,
+    /// Nomad: its canaries are placed and the rest waits for a person to
+    /// promote it (approved through the same call as an approval).
+    PendingPromotion,
+    /// Nomad: a person promoted it; the next tick asks Nomad to.
+    Promoting,
     /// Nomad: registered and rolled out; its post hook runs.
     PostHook,
     Applied,
@@ -97,6 +102,8 @@ impl PlanState {
             PlanState::Approved => "approved",
             PlanState::PreHook => "pre_hook",
             PlanState::Applying => "applying",
+            PlanState::PendingPromotion => "pending_promotion",
+            PlanState::Promoting => "promoting",
             PlanState::PostHook => "post_hook",
             PlanState::Applied => "applied",
             PlanState::Failed => "failed",
@@ -114,6 +121,8 @@ impl PlanState {
             Approved,
             PreHook,
             Applying,
+            PendingPromotion,
+            Promoting,
             PostHook,
             Applied,
             Failed,
@@ -180,6 +189,15 @@ pub struct StoredPlan {
     pub pre_hook: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub post_hook: Option<String>,
+    /// Nomad's own deployment of the registered version, once known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nomad_deployment_id: Option<String>,
+    /// When it began to wait for promotion (Unix ms; migration 0021).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waiting_since: Option<i64>,
+    /// When it had waited for promotion past the backend's bound.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub overdue_at: Option<i64>,
     /// What the plan was made from beside its commit (the tick's JSON:
     /// inputs as recorded, digests; migration 0018); `None` for Nomad's
     /// and for plans recorded before it was kept.
@@ -237,7 +255,7 @@ pub struct NewPlan<'a> {
 const COLUMNS: &str = "id, target, backend, commit_sha, plan_hash, policy, summary, diff, \
      destructive, artifact, state, decided_by, decided_at, message, created_at, updated_at, \
      backend_hash, cluster, namespace, job, file, job_modify_index, registered_index, pre_hook, \
-     post_hook, made_from";
+     post_hook, made_from, nomad_deployment_id, waiting_since, overdue_at";
 
 impl Store {
     /// Record a plan before it is shown or applied. Fails when the target
@@ -461,6 +479,11 @@ impl Store {
             .await
             .map_err(self.err(what))?
             .ok_or(DecisionError::NotFound(id))?;
+        if p.state == PlanState::PendingPromotion {
+            return self
+                .decide_promotion(tx, p, plan_hash, actor, approve)
+                .await;
+        }
         if p.state != PlanState::PendingApproval {
             let why = match p.state {
                 PlanState::Superseded => format!(
@@ -541,6 +564,65 @@ impl Store {
         Ok(p)
     }
 
+    /// A person's decision on a deployment waiting for promotion (its
+    /// canaries placed): promoting it, for exactly the plan it was made
+    /// of, moves it to `promoting`; the next tick asks the backend to.
+    /// Refusing a promotion is not a state driftless can bring about (the
+    /// canaries run in the cluster): the answer says what does.
+    async fn decide_promotion(
+        &self,
+        mut tx: crate::store::db::Tx,
+        p: StoredPlan,
+        plan_hash: Option<&str>,
+        actor: &str,
+        promote: bool,
+    ) -> Result<StoredPlan, DecisionError> {
+        let what = "recording a promotion";
+        let id = p.id;
+        if !promote {
+            return Err(DecisionError::Conflict(format!(
+                "deployment {id} is rolled out to its canaries and waits for promotion; \
+                 driftless does not take canaries back: fail the Nomad deployment \
+                 (`nomad deployment fail {}`; an `auto_revert` group rolls back) or push a revert",
+                p.nomad_deployment_id.as_deref().unwrap_or("<id>")
+            )));
+        }
+        if let Some(h) = plan_hash
+            && h != p.plan_hash
+        {
+            return Err(DecisionError::Conflict(format!(
+                "stale plan: deployment {id} is for plan {}, not {h}; look at it again",
+                p.plan_hash
+            )));
+        }
+        let message = "promoted; the next tick asks Nomad to promote its canaries";
+        let now = now_ms();
+        let q = format!(
+            "UPDATE deployments SET state = 'promoting', message = $2, updated_at = $3
+             WHERE id = $1 AND state = 'pending_promotion' RETURNING {COLUMNS}"
+        );
+        let p = sqlx::query_as::<_, StoredPlan>(sqlx::AssertSqlSafe(q))
+            .bind(id)
+            .bind(message)
+            .bind(now)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(self.err(what))?;
+        event(
+            &mut tx,
+            id,
+            &p.target,
+            actor,
+            Some("pending_promotion"),
+            "promoting",
+            Some(message),
+        )
+        .await
+        .map_err(self.err(what))?;
+        tx.commit().await.map_err(self.err(what))?;
+        Ok(p)
+    }
+
     /// A target's deployment events (every backend's), oldest first.
     pub async fn deployment_events(
         &self,
@@ -600,22 +682,73 @@ impl Store {
     }
 
     /// A target's deployments (any backend's) whose owners were not told
-    /// yet that they wait (`pending_approval`) or were superseded, oldest
-    /// first.
-    pub async fn untold_plans(&self, target: &str) -> Result<Vec<StoredPlan>, StoreError> {
+    /// yet that they wait (for approval or for promotion), that they have
+    /// waited for promotion past the bound, or that they were superseded
+    /// after the owners heard of them; oldest first, each with what to tell.
+    pub async fn untold_plans(
+        &self,
+        target: &str,
+    ) -> Result<Vec<(StoredPlan, Untold)>, StoreError> {
         let q = format!(
-            "SELECT {COLUMNS} FROM deployments
-             WHERE target = $1 AND ((state = 'pending_approval' AND notified_at IS NULL)
+            "SELECT {COLUMNS},
+                    CASE WHEN state = 'superseded' THEN 'superseded'
+                         WHEN notified_at IS NULL THEN 'waiting'
+                         ELSE 'overdue' END AS untold
+             FROM deployments
+             WHERE target = $1 AND (
+                   (state IN ('pending_approval', 'pending_promotion') AND notified_at IS NULL)
+                OR (state = 'pending_promotion' AND overdue_at IS NOT NULL
+                    AND overdue_notified_at IS NULL)
                 OR (state = 'superseded' AND notified_at IS NOT NULL
                     AND superseded_notified_at IS NULL))
              ORDER BY id"
         );
-        sqlx::query_as::<_, StoredPlan>(sqlx::AssertSqlSafe(q))
+        let rows = sqlx::query_as::<_, UntoldRow>(sqlx::AssertSqlSafe(q))
             .bind(target)
             .fetch_all(self.pool())
             .await
-            .map_err(self.err("reading plans to tell the owners of"))
+            .map_err(self.err("reading plans to tell the owners of"))?;
+        Ok(rows
+            .into_iter()
+            .map(|r| {
+                let why = match r.untold.as_str() {
+                    "superseded" => Untold::Superseded,
+                    "overdue" => Untold::Overdue,
+                    _ => Untold::Waiting,
+                };
+                (r.plan, why)
+            })
+            .collect())
     }
+}
+
+/// What the owners of a deployment are to be told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Untold {
+    /// That it waits for a person (approval or promotion).
+    Waiting,
+    /// That it still waits for promotion, past the backend's bound.
+    Overdue,
+    /// That a newer commit replaced it.
+    Superseded,
+}
+
+impl Untold {
+    /// The column recording that they were told.
+    pub(super) fn column(self) -> &'static str {
+        match self {
+            Untold::Waiting => "notified_at",
+            Untold::Overdue => "overdue_notified_at",
+            Untold::Superseded => "superseded_notified_at",
+        }
+    }
+}
+
+#[derive(FromRow)]
+struct UntoldRow {
+    #[sqlx(flatten)]
+    plan: StoredPlan,
+    untold: String,
 }
 
 #[cfg(test)]

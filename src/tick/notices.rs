@@ -11,7 +11,7 @@ use crate::backend::Status;
 use crate::config::Target;
 use crate::model::short_sha;
 use crate::notify::{self, EventDoc, FailureState};
-use crate::store::plans::PlanState;
+use crate::store::plans::{PlanState, Untold};
 use crate::store::{NewNotification, Notice};
 
 /// What one event says, besides the target and the run it comes from.
@@ -90,9 +90,16 @@ impl Reconciler {
         notice: &mut Notice,
     ) -> Result<(), TickError> {
         let base = self.app.base_url();
-        for p in self.app.store.untold_plans(&target.name).await? {
-            let (event, message) = if p.state == PlanState::Superseded {
-                (
+        for (p, why) in self.app.store.untold_plans(&target.name).await? {
+            let approve = format!(
+                "driftless approve {id}\n\
+                 or: curl -X POST -H \"Authorization: Bearer $TOKEN\" -d '{{\"plan_hash\":\"{hash}\"}}' {base}/api/v1/deployments/{id}/approve\n\
+                 See it: {base}/api/v1/deployments/{id}",
+                id = p.id,
+                hash = p.plan_hash,
+            );
+            let (event, message) = match why {
+                Untold::Superseded => (
                     notify::Event::Superseded,
                     format!(
                         "Deployment {} of {} ({} at commit {}) will not be applied: {}.",
@@ -102,15 +109,28 @@ impl Reconciler {
                         short_sha(&p.commit_sha),
                         p.message.as_deref().unwrap_or("superseded")
                     ),
-                )
-            } else {
-                (
+                ),
+                _ if p.state == PlanState::PendingPromotion => (
+                    notify::Event::PendingApproval,
+                    format!(
+                        "{} at commit {} {} (deployment {}): {}\n\n\
+                         Promote it (the rest of the rollout follows): {approve}",
+                        p.subject(),
+                        short_sha(&p.commit_sha),
+                        if why == Untold::Overdue {
+                            "is still waiting for promotion, past its bound"
+                        } else {
+                            "waits for promotion: its canaries are placed"
+                        },
+                        p.id,
+                        p.message.as_deref().unwrap_or("canaries placed"),
+                    ),
+                ),
+                _ => (
                     notify::Event::PendingApproval,
                     format!(
                         "{} at commit {} waits for approval (deployment {}, policy {}): {}{}\n\n{}\n\n\
-                         Approve exactly this plan: driftless approve {}\n\
-                         or: curl -X POST -H \"Authorization: Bearer $TOKEN\" -d '{{\"plan_hash\":\"{}\"}}' {base}/api/v1/deployments/{}/approve\n\
-                         See it: {base}/api/v1/deployments/{}",
+                         Approve exactly this plan: {approve}",
                         p.subject(),
                         short_sha(&p.commit_sha),
                         p.id,
@@ -122,12 +142,8 @@ impl Reconciler {
                             ""
                         },
                         p.shown_diff(),
-                        p.id,
-                        p.plan_hash,
-                        p.id,
-                        p.id
                     ),
-                )
+                ),
             };
             let message = notify::bounded(&message, notify::MESSAGE_MAX);
             let told = Told {
@@ -139,7 +155,7 @@ impl Reconciler {
                 run_url: Some(format!("{base}/api/v1/deployments/{}", p.id)),
             };
             self.tell(target, run, &told, &mut notice.outbox);
-            notice.plans_told.push((p.id, p.state));
+            notice.plans_told.push((p.id, why));
         }
         Ok(())
     }

@@ -2513,3 +2513,270 @@ fn an_evaluation_completed_between_two_reads_does_not_hide_its_deployment() {
     );
     assert_eq!(f.deployments()[0]["state"], "failed");
 }
+
+// ------------------------------------------------------------------ canaries
+
+/// The web group with an `update` block placing `canary` canaries.
+fn canary_job(image: &str, update: &str) -> String {
+    web_job(image, AUTO).replace(
+        "  group \"web\" {\n    count = 2\n",
+        &format!("  group \"web\" {{\n    count = 2\n    update {{\n{update}\n    }}\n"),
+    )
+}
+
+/// A fixture whose web job is deployed and stable with canaries set up
+/// (a first version gets none: nothing runs yet to be replaced), then a
+/// new image pushed: its deployment places canaries.
+fn canary_fixture(update: &str, extra: &str) -> (Fixture, Intake, Service) {
+    let f = fixture(extra);
+    let sink = Service::http_sink(f._root.path(), 0);
+    let mut cfg = std::fs::read_to_string(&f.s.config).expect("config");
+    cfg.push_str(&token_table("ops", APPROVER, &["approve:cluster", "read"]));
+    cfg.push_str(&format!(
+        "\n[defaults]\nnotify = [\"hook\"]\n\n[[notifiers]]\nname = \"hook\"\nkind = \"webhook\"\nurl = \"http://127.0.0.1:{}/hook\"\n",
+        sink.port
+    ));
+    std::fs::write(&f.s.config, cfg).expect("config");
+    f.remote.commit(
+        &[("jobs/web.nomad.hcl", &canary_job("nginx:1.25", update))],
+        "canaries",
+    );
+    let (code, out, _) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    f.nomad
+        .control("deployment", json!({ "ID": "web", "Status": "successful" }));
+    let (code, out, _) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(f.deployments().last().expect("one")["state"], "applied");
+    f.remote.commit(
+        &[("jobs/web.nomad.hcl", &canary_job("nginx:1.26", update))],
+        "1.26",
+    );
+    let intake = Intake::start_at_listen(&f.s);
+    (f, intake, sink)
+}
+
+/// The events the sink received, by kind, with their messages.
+fn told(sink: &Service, event: &str) -> Vec<String> {
+    sink.requests()
+        .into_iter()
+        .map(|r| serde_json::from_str(r["body"].as_str().unwrap_or("null")).unwrap_or(Value::Null))
+        .filter(|d: &Value| d["event"] == event)
+        .map(|d| d["message"].as_str().unwrap_or("").to_string())
+        .collect()
+}
+
+fn promotes(j: &[Value]) -> Vec<&Value> {
+    j.iter()
+        .filter(|r| {
+            r["path"]
+                .as_str()
+                .is_some_and(|p| p.starts_with("/v1/deployment/promote/"))
+        })
+        .collect()
+}
+
+#[test]
+fn canaries_wait_for_a_person_to_promote_them_through_the_approve_call() {
+    let (f, intake, sink) = canary_fixture("      canary = 1", "promotion_wait = \"2s\"");
+    let (code, out, j) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(registers(&j).len(), 1);
+    // The next tick follows Nomad's deployment.
+    let (code, out, _) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    let d = f.deployments().last().cloned().expect("deployment");
+    let id = d["id"].as_i64().expect("id");
+    assert_eq!(d["state"], "pending_promotion", "{d:#?}");
+    assert!(
+        f.message().contains("requires promotion") && f.message().contains("0 of 1"),
+        "{}",
+        f.message()
+    );
+    // Listed where every waiting deployment is, and told to the owners.
+    let listed = api(
+        &intake,
+        "GET",
+        "/api/v1/deployments?state=pending_promotion",
+        APPROVER,
+        Value::Null,
+    );
+    assert_eq!(listed.status, 200, "{}", listed.body);
+    assert_eq!(listed.json()[0]["id"], id, "{}", listed.body);
+    let waiting = told(&sink, "pending_approval");
+    assert_eq!(waiting.len(), 1, "{waiting:#?}");
+    assert!(
+        waiting[0].contains("waits for promotion")
+            && waiting[0].contains(&format!("driftless approve {id}")),
+        "{}",
+        waiting[0]
+    );
+    // Rejecting canaries is not something driftless can do: it says what is.
+    let hash = d["plan_hash"].as_str().expect("hash").to_string();
+    let rejected = api(
+        &intake,
+        "POST",
+        &format!("/api/v1/deployments/{id}/reject"),
+        APPROVER,
+        Value::Null,
+    );
+    assert_eq!(rejected.status, 409, "{}", rejected.body);
+    assert!(
+        rejected.body.contains("nomad deployment fail"),
+        "{}",
+        rejected.body
+    );
+
+    // Promoted before the canary is healthy: Nomad refuses, the run says
+    // why, the deployment waits again and the owners hear it again.
+    let approve = || {
+        api(
+            &intake,
+            "POST",
+            &format!("/api/v1/deployments/{id}/approve"),
+            APPROVER,
+            json!({ "plan_hash": hash }),
+        )
+    };
+    let ok = approve();
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    assert_eq!(ok.json()["state"], "promoting");
+    assert!(promotes(&f.nomad.journal()).is_empty(), "the API promoted");
+    let (code, out, j) = f.tick();
+    assert_eq!(code, Some(1), "{out}");
+    assert_eq!(promotes(&j).len(), 1, "{j:#?}");
+    assert!(f.message().contains("0/1 healthy"), "{}", f.message());
+    assert_eq!(
+        f.deployments().last().expect("d")["state"],
+        "pending_promotion"
+    );
+    assert_eq!(told(&sink, "pending_approval").len(), 2);
+
+    // Past promotion_wait the owners are told once that it still waits;
+    // the deployment is not failed for it.
+    std::thread::sleep(Duration::from_millis(2500));
+    for _ in 0..2 {
+        let (code, out, j) = f.tick();
+        assert_eq!(code, Some(0), "{out}");
+        assert!(
+            promotes(&j).is_empty() && registers(&j).is_empty(),
+            "{j:#?}"
+        );
+        assert!(
+            f.message().contains("waiting for promotion"),
+            "{}",
+            f.message()
+        );
+    }
+    let waiting = told(&sink, "pending_approval");
+    assert_eq!(waiting.len(), 3, "{waiting:#?}");
+    assert!(
+        waiting[2].contains("still waiting for promotion"),
+        "{}",
+        waiting[2]
+    );
+    assert_eq!(
+        f.deployments().last().expect("d")["state"],
+        "pending_promotion"
+    );
+
+    // Healthy canaries, promoted again: Nomad promotes, the rest rolls out.
+    f.nomad
+        .control("canaries", json!({ "ID": "web", "Healthy": 1 }));
+    assert_eq!(approve().status, 200);
+    let (code, out, j) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    let p = promotes(&j);
+    assert_eq!(p.len(), 1, "{j:#?}");
+    assert_eq!(p[0]["body"]["All"], true);
+    assert_eq!(p[0]["status"], 200);
+    assert_eq!(f.deployments().last().expect("d")["state"], "applying");
+    f.nomad
+        .control("deployment", json!({ "ID": "web", "Status": "successful" }));
+    let (code, out, _) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(f.deployments().last().expect("d")["state"], "applied");
+    assert_eq!(f.image(), "nginx:1.26");
+    // Who promoted it is on the record.
+    let events = sql_rows(
+        &f.s.db(),
+        &format!(
+            "SELECT actor, from_state, to_state FROM deployment_events WHERE deployment_id = {id} ORDER BY id"
+        ),
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| e["actor"] == "token:ops" && e["to_state"] == "promoting"),
+        "{events:#?}"
+    );
+}
+
+#[test]
+fn a_token_that_cannot_promote_is_named_and_the_deployment_waits() {
+    let (f, intake, _sink) = canary_fixture("      canary = 1", "");
+    // Registers, but holds neither submit-job nor promote-deployment
+    // (acl/policy.go: register-job and plan-job are capabilities of their own).
+    let limited = "register-only-token-41c9";
+    f.nomad.control(
+        "acl_token",
+        json!({ "SecretID": limited, "Namespaces": {
+            "default": ["parse-job", "read-job", "plan-job", "register-job"] } }),
+    );
+    let token = f._root.path().join("nomad-token");
+    std::fs::write(&token, limited).expect("write");
+    for _ in 0..2 {
+        let (code, out, _) = f.tick();
+        assert_eq!(code, Some(0), "{out}");
+    }
+    let d = f.deployments().last().cloned().expect("d");
+    assert_eq!(d["state"], "pending_promotion", "{d:#?}");
+    f.nomad
+        .control("canaries", json!({ "ID": "web", "Healthy": 1 }));
+    let ok = api(
+        &intake,
+        "POST",
+        &format!("/api/v1/deployments/{}/approve", d["id"]),
+        APPROVER,
+        json!({ "plan_hash": d["plan_hash"] }),
+    );
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    let (code, out, j) = f.tick();
+    assert_eq!(code, Some(1), "{out}");
+    assert_eq!(promotes(&j)[0]["status"], 403);
+    let msg = f.message();
+    assert!(
+        msg.contains("submit-job")
+            && msg.contains("promote-deployment")
+            && msg.contains("`default`"),
+        "{msg}"
+    );
+    assert_eq!(
+        f.deployments().last().expect("d")["state"],
+        "pending_promotion"
+    );
+}
+
+#[test]
+fn auto_promoted_canaries_need_nobody() {
+    let (f, _intake, sink) = canary_fixture("      canary = 1\n      auto_promote = true", "");
+    for _ in 0..2 {
+        let (code, out, _) = f.tick();
+        assert_eq!(code, Some(0), "{out}");
+    }
+    assert_eq!(f.deployments().last().expect("d")["state"], "applying");
+    assert!(
+        f.message().contains("automatic promotion"),
+        "{}",
+        f.message()
+    );
+    f.nomad
+        .control("canaries", json!({ "ID": "web", "Healthy": 1 }));
+    f.nomad
+        .control("deployment", json!({ "ID": "web", "Status": "successful" }));
+    let (code, out, _) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(f.deployments().last().expect("d")["state"], "applied");
+    assert!(promotes(&f.nomad.journal()).is_empty());
+    assert!(told(&sink, "pending_approval").is_empty());
+}
