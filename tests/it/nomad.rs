@@ -2780,3 +2780,81 @@ fn auto_promoted_canaries_need_nobody() {
     assert!(promotes(&f.nomad.journal()).is_empty());
     assert!(told(&sink, "pending_approval").is_empty());
 }
+
+#[test]
+fn canaries_wait_and_are_promoted_on_postgresql_too() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let url = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(driftless::store::testing::database());
+    let remote = Remote::new(root.path(), "infra");
+    let update = "      canary = 1";
+    remote.commit(
+        &[("jobs/web.nomad.hcl", &canary_job("nginx:1.25", update))],
+        "web",
+    );
+    let nomad = NomadStandin::start(root.path());
+    let token = root.path().join("nomad-token");
+    std::fs::write(&token, format!("{}\n", nomad.token)).expect("write");
+    let s = Setup::new(&format!(
+        "[database]\nurl = {}\n\n{}{}",
+        toml_str(&url),
+        target(
+            "cluster",
+            &remote,
+            &nomad,
+            &token,
+            "promotion_wait = \"1s\""
+        ),
+        token_table("ops", APPROVER, &["approve:cluster", "read"]),
+    ));
+    let f = Fixture {
+        _root: root,
+        remote,
+        nomad,
+        s,
+    };
+    assert_eq!(f.tick().0, Some(0));
+    f.nomad
+        .control("deployment", json!({ "ID": "web", "Status": "successful" }));
+    assert_eq!(f.tick().0, Some(0));
+    f.remote.commit(
+        &[("jobs/web.nomad.hcl", &canary_job("nginx:1.26", update))],
+        "1.26",
+    );
+    for _ in 0..2 {
+        let (code, out, _) = f.tick();
+        assert_eq!(code, Some(0), "{out}");
+    }
+    let intake = Intake::start_at_listen(&f.s);
+    let get = |path: &str| {
+        let r = api(&intake, "GET", path, APPROVER, Value::Null);
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()
+    };
+    let waiting = get("/api/v1/deployments?state=pending_promotion");
+    let id = waiting[0]["id"].as_i64().expect("a deployment waits");
+    std::thread::sleep(Duration::from_millis(1200));
+    assert_eq!(f.tick().0, Some(0));
+    let d = get(&format!("/api/v1/deployments/{id}"));
+    assert!(d["overdue_at"].as_i64().is_some(), "{d:#}");
+    f.nomad
+        .control("canaries", json!({ "ID": "web", "Healthy": 1 }));
+    let ok = api(
+        &intake,
+        "POST",
+        &format!("/api/v1/deployments/{id}/approve"),
+        APPROVER,
+        json!({ "plan_hash": d["plan_hash"] }),
+    );
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    let (code, out, j) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(promotes(&j).len(), 1);
+    assert_eq!(
+        get(&format!("/api/v1/deployments/{id}"))["state"],
+        "applying"
+    );
+}
