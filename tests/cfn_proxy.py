@@ -25,7 +25,10 @@ its CloudFormation API reference:
   DescribeStacks answers after the execute can still show the previous
   operation's end state: that stale read is not a behaviour the API
   reference documents — it is a hostile case injected here so that a
-  client that trusted the first answer after an execute would be caught.
+  client that trusted the first answer after an execute would be caught;
+- describes a stack with its `ChangeSetId` (the API reference's Stack data
+  type: "The unique ID of the change set"), which moto leaves out: here the
+  ARN of the last change set executed on the stack through this proxy.
 
 Test controls:
 
@@ -65,6 +68,7 @@ PORT, UP = int(sys.argv[1]), int(sys.argv[2])
 lock = threading.Lock()
 rewrites = {}    # stack -> {status, times, after_execute}
 executions = {}  # stack -> script (armed, then running)
+made_by = {}     # stack -> ARN of the change set last executed on it
 log = []
 
 TEMPLATE_BODY_LIMIT = 51200
@@ -169,6 +173,14 @@ class Handler(BaseHTTPRequestHandler):
         if refused:
             return self.answer(*refused)
         if action == "ExecuteChangeSet":
+            # The API reference's Stack data type: `ChangeSetId`, the change
+            # set the stack was last created or updated from (moto leaves it
+            # out of DescribeStacks; added in rewrite_status).
+            name = params.get("ChangeSetName", "")
+            with lock:
+                made_by[stack] = name if name.startswith("arn:") else (
+                    f"arn:aws:cloudformation:us-east-1:123456789012:changeSet/{name}/{uuid.uuid4()}")
+        if action == "ExecuteChangeSet":
             with lock:
                 script = executions.get(stack)
                 if script is not None and not script["running"]:
@@ -231,6 +243,10 @@ class Handler(BaseHTTPRequestHandler):
     def rewrite_status(self, data):
         text = data.decode("utf-8", "replace")
         with lock:
+            for stack, arn in made_by.items():
+                if "<ChangeSetId>" not in text:
+                    text = text.replace(f"<StackName>{stack}</StackName>",
+                                        f"<StackName>{stack}</StackName><ChangeSetId>{arn}</ChangeSetId>", 1)
             for stack, script in executions.items():
                 if script["running"] and f"<StackName>{stack}</StackName>" in text:
                     statuses = script["statuses"]

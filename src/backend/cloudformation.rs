@@ -10,8 +10,9 @@
 //! `no_change`. Otherwise it is executed and the stack waited on:
 //! `*_COMPLETE` is `changed`; `ROLLBACK_*`/`*_FAILED` is `failed` with the
 //! failing resources' reasons from the stack events. A stack left in
-//! `ROLLBACK_COMPLETE` by a failed create is deleted first (and the message
-//! says so). A stack AWS will not update — `UPDATE_ROLLBACK_FAILED`,
+//! `ROLLBACK_COMPLETE` by a failed create fails the run saying how to
+//! delete it, or, with `recreate_failed_create` and made by driftless, is
+//! deleted first (and the message says so) ([`failed_create`]). A stack AWS will not update — `UPDATE_ROLLBACK_FAILED`,
 //! `ROLLBACK_FAILED`, `DELETE_FAILED` — fails the run before any change
 //! set, saying what a person must do ([`stuck`]); `REVIEW_IN_PROGRESS` (a
 //! change set made and never executed on a new stack) gets a `CREATE`
@@ -62,6 +63,12 @@ pub struct Config {
     /// templates over the 51,200 bytes CloudFormation takes in a
     /// `TemplateBody` (up to 1 MB).
     pub template_bucket: Option<String>,
+    /// A stack driftless created whose creation failed (AWS leaves it in
+    /// ROLLBACK_COMPLETE, where it can only be deleted) is deleted and
+    /// created again by the next apply. Off by default: the person is told
+    /// to delete it.
+    #[serde(default)]
+    pub recreate_failed_create: bool,
 }
 
 /// AWS's limit on a `TemplateBody` (CloudFormation API reference,
@@ -257,6 +264,59 @@ pub fn settled(status: &str) -> Settled {
     }
 }
 
+/// The name in a change set's ARN
+/// (`arn:aws:cloudformation:<region>:<account>:changeSet/<name>/<uuid>`,
+/// the CreateChangeSet `Id` the API reference describes).
+pub fn change_set_name(arn: &str) -> Option<&str> {
+    arn.split_once(":changeSet/")
+        .and_then(|(_, rest)| rest.split('/').next())
+        .filter(|n| !n.is_empty())
+}
+
+/// Whether a stack left in ROLLBACK_COMPLETE (its creation failed; AWS
+/// can only delete it) may be deleted and created again: only by an
+/// apply (a plan changes nothing), only with `recreate_failed_create`, and
+/// only a stack driftless created (the change set it was made from,
+/// `Stack.ChangeSetId`, is one of driftless's `driftless-…`). `None`: go
+/// ahead; otherwise what the person must do.
+pub fn failed_create(
+    stack: &str,
+    apply: bool,
+    allowed: bool,
+    made_by: Option<&str>,
+) -> Option<String> {
+    let state = format!(
+        "stack `{stack}` is in ROLLBACK_COMPLETE: its creation failed and CloudFormation rolled \
+         it back, so AWS can only delete it"
+    );
+    let delete = format!(
+        "delete it (aws cloudformation delete-stack --stack-name {stack}) and the next tick \
+         creates it"
+    );
+    if !apply {
+        return Some(format!(
+            "{state}; applying would delete and re-create it, which a plan cannot show: {delete}"
+        ));
+    }
+    if !allowed {
+        return Some(format!(
+            "{state}. Nothing was changed: {delete}, or set `recreate_failed_create = true` in the \
+             target's backend to let driftless delete and re-create the stacks it created"
+        ));
+    }
+    match made_by {
+        Some(name) if name.starts_with("driftless-") => None,
+        other => Some(format!(
+            "{state}. driftless did not create it (it was made {}), so \
+             `recreate_failed_create` does not cover it: {delete}",
+            match other {
+                Some(n) => format!("by change set `{n}`"),
+                None => "without a change set".to_string(),
+            }
+        )),
+    }
+}
+
 /// What a person must do for a stack in a state AWS updates nothing from
 /// (the CloudFormation API reference: ContinueUpdateRollback, DeleteStack's
 /// `RetainResources`); `None` for any other state.
@@ -369,7 +429,10 @@ mod aws {
         }
     }
 
-    use super::{Config, Settled, capabilities_message, means_no_change, settled, stuck};
+    use super::{
+        Config, Settled, capabilities_message, change_set_name, failed_create, means_no_change,
+        settled, stuck,
+    };
     use crate::backend::{
         ApplyResult, Backend, BackendError, BoxFuture, Context, Outputs, Plan, PlanToApply, Status,
     };
@@ -710,15 +773,19 @@ mod aws {
             if let Some(why) = status.as_deref().and_then(|s| stuck(s, self.stack())) {
                 return Err(why);
             }
-            if status.as_deref() == Some("ROLLBACK_COMPLETE") && !recreate {
-                return Err(format!(
-                    "stack `{}` is in ROLLBACK_COMPLETE (a failed create): applying deletes and \
-                     re-creates it, which a plan cannot show; delete the stack, or apply it once \
-                     with policy \"auto\"",
-                    self.stack()
-                ));
-            }
             if status.as_deref() == Some("ROLLBACK_COMPLETE") {
+                let made_by = existing
+                    .as_ref()
+                    .and_then(|s| s.change_set_id())
+                    .and_then(change_set_name);
+                if let Some(why) = failed_create(
+                    self.stack(),
+                    recreate,
+                    self.cfg.recreate_failed_create,
+                    made_by,
+                ) {
+                    return Err(why);
+                }
                 c.delete_stack()
                     .stack_name(self.stack())
                     .send()
@@ -1236,6 +1303,27 @@ mod tests {
         ));
         assert!(means_no_change("No updates are to be performed."));
         assert!(!means_no_change("Template format error"));
+    }
+
+    #[test]
+    fn a_failed_create_is_recreated_only_when_allowed_and_made_by_driftless() {
+        let arn = "arn:aws:cloudformation:us-east-1:1:changeSet/driftless-abc1234-17/9f2e";
+        assert_eq!(change_set_name(arn), Some("driftless-abc1234-17"));
+        assert_eq!(change_set_name("arn:aws:cloudformation:x"), None);
+        let ours = change_set_name(arn);
+        assert_eq!(failed_create("s", true, true, ours), None);
+        for (apply, allowed, made_by, want) in [
+            (false, true, ours, "a plan cannot show"),
+            (true, false, ours, "recreate_failed_create = true"),
+            (true, true, None, "without a change set"),
+            (true, true, Some("theirs"), "by change set `theirs`"),
+        ] {
+            let why = failed_create("s", apply, allowed, made_by).expect(want);
+            assert!(
+                why.contains(want) && why.contains("delete-stack --stack-name s"),
+                "{why}"
+            );
+        }
     }
 }
 

@@ -277,13 +277,47 @@ fn outputs_are_the_stacks_output_values_by_key() {
     );
 }
 
+/// The proxy's DeleteStack calls so far.
+fn deletes(f: &Fx) -> usize {
+    f.moto
+        .log()
+        .iter()
+        .filter(|r| r["action"] == "DeleteStack")
+        .count()
+}
+
 #[test]
-fn a_stack_left_in_rollback_complete_is_deleted_and_created_again() {
+fn a_stack_left_in_rollback_complete_is_named_and_left_alone_by_default() {
     let f = fixture("parameters_file = \"params.json\"", "2m");
     assert_eq!(f.tick().0, Some(0));
     f.remote
         .commit(&[("cfn/params.json", "{\"Greeting\": \"again\"}")], "again");
     // As AWS leaves a stack whose create failed.
+    f.moto.fake_status("site", "ROLLBACK_COMPLETE", 100);
+    let (code, out) = f.tick();
+    assert_eq!(code, Some(1), "{out}");
+    let (result, msg) = f.status();
+    assert_eq!(result, "failed");
+    for want in [
+        "ROLLBACK_COMPLETE",
+        "can only delete it",
+        "aws cloudformation delete-stack --stack-name site",
+        "recreate_failed_create = true",
+    ] {
+        assert!(msg.contains(want), "{want:?} missing: {msg}");
+    }
+    assert_eq!(deletes(&f), 0, "deleted without being allowed to");
+}
+
+#[test]
+fn recreate_failed_create_deletes_and_creates_again_a_stack_driftless_created() {
+    let f = fixture(
+        "parameters_file = \"params.json\"\nrecreate_failed_create = true",
+        "2m",
+    );
+    assert_eq!(f.tick().0, Some(0));
+    f.remote
+        .commit(&[("cfn/params.json", "{\"Greeting\": \"again\"}")], "again");
     f.moto.fake_status("site", "ROLLBACK_COMPLETE", 1);
     let (code, out) = f.tick();
     assert_eq!(code, Some(0), "{out}");
@@ -295,6 +329,35 @@ fn a_stack_left_in_rollback_complete_is_deleted_and_created_again() {
             && msg.contains("created CREATE_COMPLETE"),
         "{msg}"
     );
+    assert_eq!(deletes(&f), 1);
+}
+
+#[test]
+fn recreate_failed_create_never_deletes_a_stack_driftless_did_not_create() {
+    let f = fixture("recreate_failed_create = true", "2m");
+    // Made outside driftless, with CreateStack (no change set).
+    let made = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import boto3, sys\n\
+             c = boto3.client('cloudformation', endpoint_url=sys.argv[1], region_name='us-east-1',\n\
+                              aws_access_key_id='AKIDTESTING', aws_secret_access_key='x')\n\
+             c.create_stack(StackName='site', TemplateBody=sys.argv[2])",
+        )
+        .arg(f.moto.endpoint())
+        .arg(template(false))
+        .output()
+        .expect("python3 boto3");
+    assert!(made.status.success(), "{}", text(&made.stderr));
+    f.moto.fake_status("site", "ROLLBACK_COMPLETE", 100);
+    let (code, out) = f.tick();
+    assert_eq!(code, Some(1), "{out}");
+    let msg = f.status().1;
+    assert!(
+        msg.contains("driftless did not create it") && msg.contains("without a change set"),
+        "{msg}"
+    );
+    assert_eq!(deletes(&f), 0);
 }
 
 #[test]
