@@ -122,13 +122,18 @@ pub(super) async fn index(State(s): State<AppState>, caller: Result<Caller, ApiE
         Ok(p) => p,
         Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
     };
-    // The Approve and Reject buttons, for a viewer who may approve.
-    let buttons = |target: &str, id: i64, hash: &str| -> String {
+    let to_promote = match s.app.store.plans(Some("pending_promotion"), 200).await {
+        Ok(p) => p,
+        Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
+    };
+    // The decision buttons (Approve and Reject, or Promote), for a viewer
+    // who may approve.
+    let buttons = |target: &str, id: i64, hash: &str, verbs: &[(&str, &str)]| -> String {
         let Some(c) = viewer.as_ref().filter(|c| c.may(Verb::Approve, target)) else {
             return String::new();
         };
         let mut f = String::new();
-        for (verb, label) in [("approve", "Approve this plan"), ("reject", "Reject")] {
+        for &(verb, label) in verbs {
             let _ = write!(
                 f,
                 "<form class=\"decide\" method=\"post\" action=\"/deployments/{id}/{verb}\">\
@@ -239,8 +244,41 @@ pub(super) async fn index(State(s): State<AppState>, caller: Result<Caller, ApiE
                 ""
             },
             escape(&p.shown_diff()),
-            buttons(&p.target, p.id, &p.plan_hash),
+            buttons(
+                &p.target,
+                p.id,
+                &p.plan_hash,
+                &[("approve", "Approve this plan"), ("reject", "Reject")]
+            ),
             escape(&curl),
+            p.id,
+        );
+    }
+    // Nomad deployments whose canaries wait for a person.
+    let to_promote: Vec<_> = to_promote.iter().filter(|p| may_read(&p.target)).collect();
+    if !to_promote.is_empty() {
+        h.push_str("<h2>Waiting for promotion</h2>");
+    }
+    for p in to_promote {
+        let _ = write!(
+            h,
+            "<div class=\"card\" id=\"deployment-{}\"><h3>Deployment {}: {}</h3>\
+             <p>commit <code>{}</code>, waiting since {}</p><p>{}</p>{}\
+             <p>or <code>driftless approve {}</code></p></div>",
+            p.id,
+            p.id,
+            escape(&p.subject()),
+            escape(crate::model::short_sha(&p.commit_sha)),
+            escape(&crate::store::format_ms(
+                p.waiting_since.unwrap_or(p.updated_at)
+            )),
+            escape(p.message.as_deref().unwrap_or("")),
+            buttons(
+                &p.target,
+                p.id,
+                &p.plan_hash,
+                &[("approve", "Promote its canaries")]
+            ),
             p.id,
         );
     }

@@ -2611,6 +2611,26 @@ fn canaries_wait_for_a_person_to_promote_them_through_the_approve_call() {
         "{}",
         waiting[0]
     );
+    // The page shows it with a Promote button for who may approve.
+    let page = {
+        use base64::Engine as _;
+        let creds = base64::engine::general_purpose::STANDARD.encode(format!("ops:{APPROVER}"));
+        http(
+            intake.port,
+            "GET",
+            "/",
+            &[("Authorization", &format!("Basic {creds}"))],
+            b"",
+        )
+    };
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(
+        page.body.contains("Waiting for promotion")
+            && page.body.contains("Promote its canaries")
+            && page.body.contains(&format!("/deployments/{id}/approve")),
+        "{}",
+        page.body
+    );
     // Rejecting canaries is not something driftless can do: it says what is.
     let hash = d["plan_hash"].as_str().expect("hash").to_string();
     let rejected = api(
