@@ -171,3 +171,45 @@ impl sqlx::error::DatabaseError for SqliteError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{Failure, transact};
+
+    /// A job that fails is rolled back and the connection kept for the
+    /// next one (closing it would cost every following job a new open);
+    /// the job's write is gone.
+    #[test]
+    fn a_failed_job_is_rolled_back_on_the_connection_it_keeps() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("db");
+        let mut slot = None;
+        let made = transact(
+            &path,
+            "",
+            &mut slot,
+            Box::new(|tx| {
+                tx.execute_batch("CREATE TABLE t (v INTEGER)")
+                    .map_err(super::failure)
+            }),
+        );
+        assert!(made.is_ok(), "{made:?}");
+        let failed = transact(
+            &path,
+            "",
+            &mut slot,
+            Box::new(|tx| {
+                tx.execute_batch("INSERT INTO t VALUES (1)")
+                    .map_err(super::failure)?;
+                Err::<(), _>(sqlx::Error::Protocol("the job gives up".into()))
+            }),
+        );
+        assert!(matches!(failed, Err(Failure::Write(_))), "{failed:?}");
+        let conn = slot.as_ref().expect("the connection is kept");
+        assert!(conn.is_autocommit(), "left inside a transaction");
+        let n: i64 = conn
+            .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+            .expect("count");
+        assert_eq!(n, 0, "the failed job's write was kept");
+    }
+}

@@ -253,6 +253,41 @@ mod tests {
             .expect("count")
     }
 
+    /// What counts as a lost connection (worth one more try on a new
+    /// one) and what is a refusal to report as it is.
+    #[test]
+    fn only_a_broken_connection_counts_as_lost() {
+        use super::connection_lost;
+        assert!(connection_lost(&sqlx::Error::Io(std::io::Error::other(
+            "reset"
+        ))));
+        assert!(connection_lost(&sqlx::Error::Protocol("eof".into())));
+        assert!(connection_lost(&sqlx::Error::WorkerCrashed));
+        assert!(!connection_lost(&sqlx::Error::RowNotFound));
+        assert!(!connection_lost(&sqlx::Error::PoolTimedOut));
+    }
+
+    /// A transaction that began and was committed leaves nothing to roll
+    /// back: the next write reuses the connection as it is.
+    #[tokio::test]
+    async fn a_committed_transaction_leaves_nothing_to_roll_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(&dir.path().join("driftless.db"))
+            .await
+            .expect("sqlite");
+        for _ in 0..2 {
+            let tx = store.begin_write("test").await.expect("begin");
+            tx.commit().await.expect("commit");
+            assert!(
+                !store
+                    .writer
+                    .unfinished
+                    .load(std::sync::atomic::Ordering::SeqCst),
+                "a committed transaction was marked to be rolled back"
+            );
+        }
+    }
+
     /// A write transaction dropped without a commit (an error returned
     /// half-way) is rolled back at once: another process, or another
     /// instance on the same PostgreSQL database, writes straight after,
