@@ -175,4 +175,39 @@ mod tests {
         drop(first);
         ServeLock::try_acquire(dir.path()).expect("after release");
     }
+
+    /// `serving_addr` holds a shared lock for an instant: a daemon starting
+    /// in that instant waits it out rather than taking it for a second
+    /// daemon.
+    #[test]
+    fn a_passing_look_at_the_lock_is_not_a_second_daemon() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("serve.lock");
+        std::fs::write(&path, "").expect("write");
+        let (held, go) = std::sync::mpsc::channel();
+        let looker = std::thread::spawn(move || {
+            let f = File::open(&path).expect("open");
+            f.lock_shared().expect("shared lock");
+            held.send(()).expect("send");
+            std::thread::sleep(std::time::Duration::from_millis(30));
+            drop(f);
+        });
+        go.recv().expect("held");
+        let lock = ServeLock::try_acquire(dir.path());
+        looker.join().expect("looker");
+        assert!(lock.is_ok(), "{lock:?}");
+    }
+
+    /// The address a daemon notes is what the CLI finds while it lives.
+    #[test]
+    fn the_noted_address_is_found_while_the_daemon_holds_the_lock() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut lock = ServeLock::try_acquire(dir.path()).expect("lock");
+        assert_eq!(serving_addr(dir.path()), None, "no address noted yet");
+        let addr: std::net::SocketAddr = "127.0.0.1:40123".parse().expect("addr");
+        lock.record_addr(addr).expect("note");
+        assert_eq!(serving_addr(dir.path()), Some(addr));
+        drop(lock);
+        assert_eq!(serving_addr(dir.path()), None, "a past daemon's address");
+    }
 }
