@@ -923,10 +923,7 @@ impl Nomad {
                             &d.state,
                             "superseded",
                             Change {
-                                message: Some(format!(
-                                    "superseded by commit {}",
-                                    self.commit_short()
-                                )),
+                                message: Some(self.superseded_by(&d)),
                                 ..Change::default()
                             },
                         )
@@ -1629,6 +1626,21 @@ impl Nomad {
         }))
     }
 
+    /// Why a newer spec replaces deployment `d`: a newer commit, or, at
+    /// the same commit, what else goes into the spec (the target's inputs,
+    /// the job's variables file as it resolves, a scaled group's live count).
+    fn superseded_by(&self, d: &Deployment) -> String {
+        let now = self.commit();
+        if !now.is_empty() && d.commit_sha != now {
+            format!("superseded by commit {}", self.commit_short())
+        } else {
+            format!(
+                "superseded at the same commit {}: the job's spec changed (the target's inputs, or a scaled group's live count)",
+                self.commit_short()
+            )
+        }
+    }
+
     /// How long a deployment may wait for promotion before its owners hear
     /// it is overdue.
     fn promotion_wait(&self) -> Duration {
@@ -1820,7 +1832,6 @@ impl Nomad {
         newer: bool,
     ) -> Result<Followed, JobReport> {
         let key = &p.key;
-        let commit = self.commit_short();
         let rolling = matches!(
             d.state.as_str(),
             "applying" | "pending_promotion" | "promoting"
@@ -1837,7 +1848,7 @@ impl Nomad {
                 _ => "before it was registered".to_string(),
             };
             return self
-                .supersede(p, d, format!("superseded by commit {commit} {why}"))
+                .supersede(p, d, format!("{} {why}", self.superseded_by(d)))
                 .await;
         }
         if d.state == "post_hook" {
@@ -2003,7 +2014,8 @@ impl Nomad {
                         p,
                         d,
                         format!(
-                            "superseded by commit {commit} while Nomad deployment {dep_id} was {other} (Nomad cancels it for the newer version)"
+                            "{} while Nomad deployment {dep_id} was {other} (Nomad cancels it for the newer version)",
+                            self.superseded_by(d)
                         ),
                     )
                     .await
@@ -2147,7 +2159,10 @@ impl Nomad {
                         .supersede(
                             p,
                             d,
-                            format!("superseded by commit {commit} while Nomad's evaluation {eval_id} was {other}"),
+                            format!(
+                                "{} while Nomad's evaluation {eval_id} was {other}",
+                                self.superseded_by(d)
+                            ),
                         )
                         .await;
                 }

@@ -595,6 +595,23 @@ impl Store {
                 p.plan_hash
             )));
         }
+        // A paused job is never written to, a promotion included.
+        if let Some(job) = &p.job {
+            let paused: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM nomad_job_pauses WHERE target = $1 AND job = $2",
+            )
+            .bind(&p.target)
+            .bind(job)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(self.err(what))?;
+            if paused > 0 {
+                return Err(DecisionError::Conflict(format!(
+                    "job `{job}` of target `{}` is paused; resume it first",
+                    p.target
+                )));
+            }
+        }
         let message = "promoted; the next tick asks Nomad to promote its canaries";
         let now = now_ms();
         let q = format!(

@@ -2531,7 +2531,11 @@ fn canary_fixture(update: &str, extra: &str) -> (Fixture, Intake, Service) {
     let f = fixture(extra);
     let sink = Service::http_sink(f._root.path(), 0);
     let mut cfg = std::fs::read_to_string(&f.s.config).expect("config");
-    cfg.push_str(&token_table("ops", APPROVER, &["approve:cluster", "read"]));
+    cfg.push_str(&token_table(
+        "ops",
+        APPROVER,
+        &["approve:cluster", "pause:cluster", "read"],
+    ));
     cfg.push_str(&format!(
         "\n[defaults]\nnotify = [\"hook\"]\n\n[[notifiers]]\nname = \"hook\"\nkind = \"webhook\"\nurl = \"http://127.0.0.1:{}/hook\"\n",
         sink.port
@@ -2658,6 +2662,22 @@ fn canaries_wait_for_a_person_to_promote_them_through_the_approve_call() {
             json!({ "plan_hash": hash }),
         )
     };
+    // A paused job is not promoted either.
+    let pause = |verb: &str| {
+        let r = api(
+            &intake,
+            "POST",
+            &format!("/api/v1/targets/cluster/jobs/web/{verb}"),
+            APPROVER,
+            Value::Null,
+        );
+        assert_eq!(r.status, 200, "{verb}: {}", r.body);
+    };
+    pause("pause");
+    let refused = approve();
+    assert_eq!(refused.status, 409, "{}", refused.body);
+    assert!(refused.body.contains("paused"), "{}", refused.body);
+    pause("resume");
     let ok = approve();
     assert_eq!(ok.status, 200, "{}", ok.body);
     assert_eq!(ok.json()["state"], "promoting");
@@ -2771,10 +2791,30 @@ fn a_token_that_cannot_promote_is_named_and_the_deployment_waits() {
             && msg.contains("`default`"),
         "{msg}"
     );
-    assert_eq!(
-        f.deployments().last().expect("d")["state"],
-        "pending_promotion"
+    let waiting = f.deployments().last().cloned().expect("d");
+    assert_eq!(waiting["state"], "pending_promotion");
+    // A newer commit while it waits for promotion supersedes it (Nomad
+    // cancels its deployment for the newer version) and is registered.
+    f.remote.commit(
+        &[(
+            "jobs/web.nomad.hcl",
+            &canary_job("nginx:1.27", "      canary = 1"),
+        )],
+        "1.27",
     );
+    let (code, out, j) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(registers(&j).len(), 1, "{j:#?}");
+    let d = f.deployments();
+    let old = d.iter().find(|r| r["id"] == waiting["id"]).expect("old");
+    assert_eq!(old["state"], "superseded", "{d:#?}");
+    assert!(
+        old["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("superseded by commit")),
+        "{old:#?}"
+    );
+    assert_eq!(f.image(), "nginx:1.27");
 }
 
 #[test]
@@ -2876,5 +2916,47 @@ fn canaries_wait_and_are_promoted_on_postgresql_too() {
     assert_eq!(
         get(&format!("/api/v1/deployments/{id}"))["state"],
         "applying"
+    );
+}
+
+#[test]
+fn a_plan_superseded_at_the_same_commit_says_what_changed_instead() {
+    let (f, intake) = approval_fixture("approval");
+    assert_eq!(f.tick().0, Some(0));
+    let p = pending(&intake);
+    let ok = api(
+        &intake,
+        "POST",
+        &format!("/api/v1/deployments/{}/approve", p[0]["id"]),
+        APPROVER,
+        json!({ "plan_hash": p[0]["plan_hash"] }),
+    );
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    assert_eq!(f.tick().0, Some(0));
+    f.nomad
+        .control("deployment", json!({ "ID": "web", "Status": "successful" }));
+    assert_eq!(f.tick().0, Some(0));
+    f.remote.commit(
+        &[(
+            "jobs/web.nomad.hcl",
+            &web_job("nginx:1.26", "    team = \"web\""),
+        )],
+        "1.26",
+    );
+    assert_eq!(f.tick().0, Some(0));
+    assert_eq!(pending(&intake).len(), 1);
+    // An autoscaler moves the scaled group: the spec git gives now (with
+    // the live count) is not the waiting one's, at the same commit.
+    f.nomad
+        .control("scale", json!({ "ID": "web", "Group": "web", "Count": 5 }));
+    let (code, out, _) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    let d = f.deployments();
+    let superseded: Vec<&Value> = d.iter().filter(|r| r["state"] == "superseded").collect();
+    assert_eq!(superseded.len(), 1, "{d:#?}");
+    let msg = superseded[0]["message"].as_str().unwrap_or("");
+    assert!(
+        msg.contains("at the same commit") && !msg.contains("superseded by commit"),
+        "{msg}"
     );
 }
