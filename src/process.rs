@@ -503,6 +503,154 @@ mod tests {
         assert!(!marker.exists(), "grandchild outlived the timeout");
     }
 
+    fn output(code: Option<i32>, timed_out: bool, stderr: &str) -> Output {
+        Output {
+            code,
+            stdout: String::new(),
+            stderr: stderr.into(),
+            tail: String::new(),
+            timed_out,
+            duration: Duration::ZERO,
+        }
+    }
+
+    /// What callers read of an ended command: success is exit code 0 and
+    /// no timeout; the failure summary is the last non-empty stderr lines;
+    /// the one-line account names the command and how it ended.
+    #[test]
+    fn an_ended_command_is_described_as_it_ended() {
+        assert!(output(Some(0), false, "").success());
+        assert!(!output(Some(0), true, "").success());
+        assert!(!output(Some(1), false, "").success());
+        assert!(!output(None, false, "").success());
+        let o = output(Some(2), false, "one\n\n  two  \nthree\n");
+        assert_eq!(o.stderr_summary(2), "two | three");
+        assert_eq!(o.stderr_summary(9), "one | two | three");
+        let spec = sh("exit 2");
+        assert_eq!(spec.display(), "sh -c exit 2");
+        assert_eq!(
+            describe_exit(&spec, &o, None),
+            "`sh -c exit 2` exited with code 2"
+        );
+        assert_eq!(
+            describe_exit(&spec, &output(None, false, ""), None),
+            "`sh -c exit 2` was killed by a signal"
+        );
+        assert_eq!(
+            describe_exit(
+                &spec,
+                &output(None, true, ""),
+                Some(Duration::from_secs(90))
+            ),
+            "`sh -c exit 2` timed out after 1m 30s and was killed with its process group"
+        );
+    }
+
+    /// A buffer is cut only past twice its cap, to its last `cap` bytes at
+    /// most, on a character boundary.
+    #[test]
+    fn a_capped_buffer_keeps_its_end_within_the_cap() {
+        let r = Redactor::new();
+        let mut buf = Vec::new();
+        push_capped(&mut buf, "a".repeat(150).as_bytes(), 101, &r);
+        assert_eq!(buf.len(), 150, "cut below twice the cap");
+        // 'é' is two bytes: the last 101 bytes begin inside one, so the cut
+        // moves forward to the next character.
+        push_capped(&mut buf, "é".repeat(60).as_bytes(), 101, &r);
+        assert_eq!(buf.len(), 100);
+        let text = String::from_utf8(buf.clone()).expect("a character boundary");
+        assert_eq!(text, "é".repeat(50));
+    }
+
+    /// stdout and stderr interleave in the tail line by line, in the order
+    /// they were written; an unfinished last line is kept at the end.
+    #[tokio::test]
+    async fn the_tail_interleaves_whole_lines_and_keeps_an_unfinished_one() {
+        let out = run(
+            &sh("printf 'out'; sleep 0.3; echo err >&2; sleep 0.3; echo 1; printf last"),
+            &Redactor::new(),
+        )
+        .await
+        .expect("run");
+        assert_eq!(out.stdout, "out1\nlast");
+        assert_eq!(out.tail, "err\nout1\nlast");
+    }
+
+    /// A deadline in the future does not end a command that ends first.
+    #[tokio::test]
+    async fn a_command_ending_before_its_deadline_is_not_timed_out() {
+        let mut spec = sh("exit 0");
+        spec.deadline = Some(Instant::now() + Duration::from_secs(30));
+        let out = run(&spec, &Redactor::new()).await.expect("run");
+        assert!(out.success() && !out.timed_out, "{out:?}");
+    }
+
+    /// A command started under `with_inherited_fd` holds that descriptor.
+    #[tokio::test]
+    async fn a_command_inherits_the_descriptor_it_is_given() {
+        use std::os::fd::AsRawFd;
+        let file = tempfile::tempfile().expect("tempfile");
+        let fd = file.as_raw_fd();
+        let out = with_inherited_fd(
+            fd,
+            run(
+                &sh(&format!("test -e /proc/self/fd/{fd}")),
+                &Redactor::new(),
+            ),
+        )
+        .await
+        .expect("run");
+        assert_eq!(out.code, Some(0), "fd {fd} was not inherited");
+        let out = run(
+            &sh(&format!("test -e /proc/self/fd/{fd}")),
+            &Redactor::new(),
+        )
+        .await
+        .expect("run");
+        assert_eq!(
+            out.code,
+            Some(1),
+            "fd {fd} leaked into a command not given it"
+        );
+    }
+
+    /// A run dropped before its command ended takes the whole process
+    /// group with it, not only the leader.
+    #[tokio::test]
+    async fn a_dropped_run_kills_its_command_group() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pidfile = dir.path().join("pid");
+        let spec = sh(&format!("sleep 30 & echo $! > {}; wait", pidfile.display()));
+        let r = Redactor::new();
+        let running = run(&spec, &r);
+        let pid = tokio::select! {
+            _ = running => panic!("ended by itself"),
+            pid = async {
+                loop {
+                    if let Ok(p) = std::fs::read_to_string(&pidfile)
+                        && let Ok(p) = p.trim().parse::<i32>()
+                    {
+                        break p;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            } => pid,
+        };
+        // The run future is dropped here; its group gets SIGKILL.
+        let gone = (0..100).any(|_| {
+            std::thread::sleep(Duration::from_millis(20));
+            // SAFETY: signal 0 only checks the process exists.
+            let exists = unsafe { libc::kill(pid, 0) } == 0;
+            !exists
+                || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .is_ok_and(|s| s.contains(") Z "))
+        });
+        assert!(
+            gone,
+            "the command's background child {pid} outlived the run"
+        );
+    }
+
     #[tokio::test]
     async fn missing_program_is_a_clear_error() {
         let spec = Spec::new(vec!["/nonexistent/prog".into()], Path::new("/"));

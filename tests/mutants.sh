@@ -32,7 +32,8 @@ ARGS=("$@")
 pick() { [ ${#ARGS[@]} -eq 0 ] || wanted "$1"; }
 
 pick redact  && run redact  src/redact.rs -- --lib
-pick process && run process src/process.rs -- --lib process::
+# process is mostly exercised through the exec backend's integration tests.
+pick process && run process src/process.rs -- --lib --test it process:: exec::
 # The claim, requeue, recovery and finish paths of the queue.
 pick queue   && run queue   src/queue.rs -F 'claim|requeue|recover|finish|interruptions|start_now|heartbeat' -- --lib queue::
 pick write   && run write   src/store/write.rs -- --lib store::
