@@ -54,6 +54,22 @@ pub(super) async fn event(
     .map(|_| ())
 }
 
+/// Has a person paused this Nomad job of this target? (A paused job is
+/// neither approved nor promoted.)
+async fn job_paused(
+    tx: &mut crate::store::db::Tx,
+    target: &str,
+    job: &str,
+) -> Result<bool, sqlx::Error> {
+    let n: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM nomad_job_pauses WHERE target = $1 AND job = $2")
+            .bind(target)
+            .bind(job)
+            .fetch_one(&mut **tx)
+            .await?;
+    Ok(n > 0)
+}
+
 /// id, deployment, actor, from, to, message, at
 type EventRow = (
     i64,
@@ -510,15 +526,10 @@ impl Store {
                 "approved; the next tick applies exactly this plan if git still gives its commit",
             ),
             (Some(job), true) => {
-                let paused: i64 = sqlx::query_scalar(
-                    "SELECT COUNT(*) FROM nomad_job_pauses WHERE target = $1 AND job = $2",
-                )
-                .bind(&p.target)
-                .bind(job)
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(self.err(what))?;
-                if paused > 0 {
+                if job_paused(&mut tx, &p.target, job)
+                    .await
+                    .map_err(self.err(what))?
+                {
                     return Err(DecisionError::Conflict(format!(
                         "job `{job}` of target `{}` is paused; resume it first",
                         p.target
@@ -596,21 +607,15 @@ impl Store {
             )));
         }
         // A paused job is never written to, a promotion included.
-        if let Some(job) = &p.job {
-            let paused: i64 = sqlx::query_scalar(
-                "SELECT COUNT(*) FROM nomad_job_pauses WHERE target = $1 AND job = $2",
-            )
-            .bind(&p.target)
-            .bind(job)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(self.err(what))?;
-            if paused > 0 {
-                return Err(DecisionError::Conflict(format!(
-                    "job `{job}` of target `{}` is paused; resume it first",
-                    p.target
-                )));
-            }
+        if let Some(job) = &p.job
+            && job_paused(&mut tx, &p.target, job)
+                .await
+                .map_err(self.err(what))?
+        {
+            return Err(DecisionError::Conflict(format!(
+                "job `{job}` of target `{}` is paused; resume it first",
+                p.target
+            )));
         }
         let message = "promoted; the next tick asks Nomad to promote its canaries";
         let now = now_ms();

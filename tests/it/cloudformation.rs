@@ -234,6 +234,24 @@ fn a_create_that_fails_and_rolls_back_fails_with_the_resources_reason() {
     assert!(!msg.contains(SECRET_KEY));
 }
 
+/// Make stack `site` with CreateStack (no change set), as someone outside
+/// driftless would.
+fn create_stack_outside_driftless(f: &Fx, template: &str) {
+    let made = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import boto3, sys\n\
+             c = boto3.client('cloudformation', endpoint_url=sys.argv[1], region_name='us-east-1',\n\
+                              aws_access_key_id='AKIDTESTING', aws_secret_access_key='x')\n\
+             c.create_stack(StackName='site', TemplateBody=sys.argv[2])",
+        )
+        .arg(f.moto.endpoint())
+        .arg(template)
+        .output()
+        .expect("python3 boto3");
+    assert!(made.status.success(), "{}", text(&made.stderr));
+}
+
 #[test]
 fn outputs_are_the_stacks_output_values_by_key() {
     // moto computes Outputs only for a stack made by CreateStack (a stack
@@ -251,19 +269,7 @@ fn outputs_are_the_stacks_output_values_by_key() {
     })
     .to_string();
     f.remote.commit(&[("cfn/stack.json", &t)], "outputs");
-    let made = std::process::Command::new("python3")
-        .arg("-c")
-        .arg(
-            "import boto3, sys\n\
-             c = boto3.client('cloudformation', endpoint_url=sys.argv[1], region_name='us-east-1',\n\
-                              aws_access_key_id='AKIDTESTING', aws_secret_access_key='x')\n\
-             c.create_stack(StackName='site', TemplateBody=sys.argv[2])",
-        )
-        .arg(f.moto.endpoint())
-        .arg(&t)
-        .output()
-        .expect("python3 boto3");
-    assert!(made.status.success(), "{}", text(&made.stderr));
+    create_stack_outside_driftless(&f, &t);
     // The same template: nothing to do.
     let (code, out) = f.tick();
     assert_eq!(code, Some(0), "{out}");
@@ -336,19 +342,7 @@ fn recreate_failed_create_deletes_and_creates_again_a_stack_driftless_created() 
 fn recreate_failed_create_never_deletes_a_stack_driftless_did_not_create() {
     let f = fixture("recreate_failed_create = true", "2m");
     // Made outside driftless, with CreateStack (no change set).
-    let made = std::process::Command::new("python3")
-        .arg("-c")
-        .arg(
-            "import boto3, sys\n\
-             c = boto3.client('cloudformation', endpoint_url=sys.argv[1], region_name='us-east-1',\n\
-                              aws_access_key_id='AKIDTESTING', aws_secret_access_key='x')\n\
-             c.create_stack(StackName='site', TemplateBody=sys.argv[2])",
-        )
-        .arg(f.moto.endpoint())
-        .arg(template(false))
-        .output()
-        .expect("python3 boto3");
-    assert!(made.status.success(), "{}", text(&made.stderr));
+    create_stack_outside_driftless(&f, &template(false));
     f.moto.fake_status("site", "ROLLBACK_COMPLETE", 100);
     let (code, out) = f.tick();
     assert_eq!(code, Some(1), "{out}");
