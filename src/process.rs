@@ -579,7 +579,8 @@ mod tests {
     /// A deadline in the future does not end a command that ends first.
     #[tokio::test]
     async fn a_command_ending_before_its_deadline_is_not_timed_out() {
-        let mut spec = sh("exit 0");
+        // Longer than several polls, so the deadline is checked while it runs.
+        let mut spec = sh("sleep 0.3; exit 0");
         spec.deadline = Some(Instant::now() + Duration::from_secs(30));
         let out = run(&spec, &Redactor::new()).await.expect("run");
         assert!(out.success() && !out.timed_out, "{out:?}");
