@@ -10,7 +10,7 @@
 #
 # Results go to target/mutants/<module>/mutants.out (caught.txt,
 # missed.txt, unviable.txt, timeout.txt); a summary line per module is
-# printed at the end. The guarantees chapter of the README gives the last
+# printed at the end. The guarantees chapter of the guide (docs/guarantees.md) gives the last
 # figures and explains each surviving mutant.
 set -euo pipefail
 cd "$(dirname "$0")/.."

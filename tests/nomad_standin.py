@@ -9,7 +9,7 @@ API that driftless's `nomad` backend uses, written from Nomad's own source
 to each behaviour below) and its API documentation
 (https://developer.hashicorp.com/nomad/api-docs), with Nomad's status codes
 and text/plain error bodies. What it models, and what it leaves out, is in
-the README's stand-in section.
+the guide's stand-ins chapter (docs/stand-ins.md).
 
   POST /v1/jobs/parse              HCL -> job JSON (a jobspec subset, parsed
                                    with python-hcl2); authorised in ?namespace=

@@ -282,20 +282,20 @@ fn the_bundled_example_config_is_valid() {
     assert!(out.status.success(), "{}", crate::common::text(&out.stdout));
 }
 
-/// The README's CLI table and each command's `--help` say the same: the
+/// The guide's CLI table (docs/cli.md) and each command's `--help` say the same: the
 /// same commands, the same flags, the same exit codes — and where the
-/// README says a command is for every backend or runs in dependency
+/// guide says a command is for every backend or runs in dependency
 /// order, the help does not say otherwise. Read from both, so neither can
 /// drift from the other again.
 #[test]
-fn every_commands_help_says_what_the_readme_says() {
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
-        .expect("README");
+fn every_commands_help_says_what_the_guide_says() {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/cli.md"))
+        .expect("docs/cli.md");
     let table = readme
-        .split("## The CLI")
+        .split("# The CLI")
         .nth(1)
         .and_then(|t| t.split("\n## ").next())
-        .expect("the README's CLI section");
+        .expect("the guide's CLI chapter");
     let help = |args: &[&str]| {
         let out = std::process::Command::new(crate::common::bin())
             .args(args)
@@ -322,7 +322,7 @@ fn every_commands_help_says_what_the_readme_says() {
             .map(str::to_string)
             .collect()
     };
-    // What the README says of each command (`token new`: a command and
+    // What the guide says of each command (`token new`: a command and
     // its subcommand), over every row naming it: its flags, the exit
     // codes, and the phrases below where its rows use them.
     type Said<'a> = (BTreeSet<String>, BTreeSet<String>, Vec<&'a str>);
@@ -367,20 +367,20 @@ fn every_commands_help_says_what_the_readme_says() {
         assert_eq!(
             readme_flags,
             &flags(&options),
-            "`driftless {}`: the README's flags and --help's differ\n{said}",
+            "`driftless {}`: docs/cli.md's flags and --help's differ\n{said}",
             args.join(" ")
         );
         let said_flat = said.split_whitespace().collect::<Vec<_>>().join(" ");
         assert_eq!(
             codes,
             &exit_codes(&said_flat),
-            "`driftless {}`: the README's exit codes and --help's differ\n{said}",
+            "`driftless {}`: docs/cli.md's exit codes and --help's differ\n{said}",
             args.join(" ")
         );
         for phrase in phrases {
             assert!(
                 said_flat.contains(phrase),
-                "`driftless {}`: the README says \"{phrase}\", --help does not\n{said}",
+                "`driftless {}`: docs/cli.md says \"{phrase}\", --help does not\n{said}",
                 args.join(" ")
             );
         }
@@ -389,7 +389,7 @@ fn every_commands_help_says_what_the_readme_says() {
         .keys()
         .filter_map(|a| a.first().cloned())
         .collect();
-    // Every command --help lists is in the README's table.
+    // Every command --help lists is in the guide's table.
     let listed = help(&[]);
     let commands: BTreeSet<String> = listed
         .split("Commands:")
@@ -406,6 +406,99 @@ fn every_commands_help_says_what_the_readme_says() {
     let missing: Vec<&String> = commands.difference(&documented).collect();
     assert!(
         missing.is_empty(),
-        "not in the README's CLI table: {missing:?}"
+        "not in docs/cli.md's table: {missing:?}"
+    );
+}
+
+/// The anchor GitHub gives a heading: lower case, punctuation dropped,
+/// spaces to hyphens.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-' || *c == '_')
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// The anchors of a Markdown file's headings (outside code blocks).
+fn anchors(text: &str) -> BTreeSet<String> {
+    let mut fence = false;
+    let mut out = BTreeSet::new();
+    for line in text.lines() {
+        if line.starts_with("```") {
+            fence = !fence;
+        } else if !fence && line.starts_with('#') {
+            out.insert(anchor(line.trim_start_matches('#')));
+        }
+    }
+    out
+}
+
+/// Every relative link in the README, ARCHITECTURE.md and the guide under
+/// `docs/` names a file that exists, and where it names a heading
+/// (`file.md#heading`), a heading of that file.
+#[test]
+fn every_relative_link_in_the_docs_resolves() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut pages = vec![root.join("README.md"), root.join("ARCHITECTURE.md")];
+    for e in std::fs::read_dir(root.join("docs"))
+        .expect("docs/")
+        .flatten()
+    {
+        if e.path().extension().is_some_and(|x| x == "md") {
+            pages.push(e.path());
+        }
+    }
+    assert!(pages.len() > 10, "the guide has chapters: {pages:?}");
+    let link = regex_lite::Regex::new(r"\]\(([^)\s]+)\)").expect("regex");
+    let mut broken = Vec::new();
+    let mut checked = 0;
+    for page in &pages {
+        let text = std::fs::read_to_string(page).expect("read page");
+        let name = page
+            .strip_prefix(root)
+            .unwrap_or(page)
+            .display()
+            .to_string();
+        for cap in link.captures_iter(&text) {
+            let target = &cap[1];
+            if target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            checked += 1;
+            let (file, frag) = target.split_once('#').unwrap_or((target, ""));
+            let dest = if file.is_empty() {
+                page.clone()
+            } else {
+                page.parent().unwrap_or(root).join(file)
+            };
+            if !dest.exists() {
+                broken.push(format!("{name}: {target}: no such file"));
+                continue;
+            }
+            if !frag.is_empty() {
+                let body = std::fs::read_to_string(&dest).unwrap_or_default();
+                if !anchors(&body).contains(frag) {
+                    broken.push(format!("{name}: {target}: no such heading"));
+                }
+            }
+        }
+    }
+    assert!(checked > 20, "only {checked} links found");
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}
+
+/// The README is the front page and the guide holds the rest: the README
+/// stays short, ARCHITECTURE.md a map rather than a manual.
+#[test]
+fn the_readme_is_a_front_page() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README");
+    let lines = readme.lines().count();
+    assert!(
+        lines <= 400,
+        "README.md has {lines} lines; the rest belongs in docs/"
     );
 }
