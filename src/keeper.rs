@@ -177,12 +177,10 @@ async fn renew(
     handoff: &Handoff,
     limit: Duration,
 ) -> Result<bool, String> {
-    use sqlx::Connection;
     let attempt = async {
         if conn.is_none() {
-            sqlx::any::install_default_drivers();
             *conn = Some(
-                crate::store::db::Conn::connect(&handoff.url)
+                crate::store::db::connect_keeper(&handoff.url)
                     .await
                     .map_err(|e| e.to_string())?,
             );

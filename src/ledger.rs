@@ -1,6 +1,6 @@
 //! The Nomad deployment ledger's contract: what a job's deployment record
 //! holds and the [`Ledger`] trait the nomad backend writes through. The
-//! backend owns the deployment machinery, `store::nomad` owns the SQL (over
+//! backend owns the deployment machinery, `store::deployments::nomad` owns the SQL (over
 //! the `deployments` table every backend shares); this module is only the
 //! types between them, so neither imports the other. No I/O.
 
@@ -142,7 +142,7 @@ pub enum LedgerError {
     Store(String),
 }
 
-/// Where Nomad deployments are kept (SQLite; see `store::nomad`). Every
+/// Where Nomad deployments are kept (SQLite; see `store::deployments::nomad`). Every
 /// write is durable when its future returns Ok.
 pub trait Ledger: Send + Sync + std::fmt::Debug {
     /// The job's active deployment, if any.

@@ -19,7 +19,7 @@ use crate::auth::Verb;
 use crate::model::Trigger;
 use crate::queue::{JobStatus, Request};
 use crate::status::{self, JobView, RunView, TargetStatus};
-use crate::store::plans::StoredPlan;
+use crate::store::deployments::StoredPlan;
 
 /// The longest a reconcile may be asked to wait.
 const MAX_WAIT: Duration = Duration::from_secs(3600);
@@ -371,7 +371,7 @@ pub(super) async fn resume_job(
 // ------------------------------------------------------------ deployments
 //
 // Every backend's deployments in one list, from one table
-// (`store::plans`): a Nomad deployment is one job's, any other the
+// (`store::deployments`): a Nomad deployment is one job's, any other the
 // target's plan. `{id}` names one of them.
 
 #[derive(Deserialize)]
@@ -517,7 +517,7 @@ pub(super) async fn decide(
     } else {
         None
     };
-    use crate::store::plans::DecisionError;
+    use crate::store::deployments::DecisionError;
     let decided = s
         .app
         .store

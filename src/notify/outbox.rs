@@ -18,13 +18,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Serialize;
-use sqlx::FromRow;
 use tokio::sync::{Notify, watch};
 use tracing::{error, info, warn};
 
 use super::forge::ForgeConfig;
-use crate::store::limits::Deferred;
+use crate::store::outbox::Outbox;
 
 /// Whether a destination may be sent to now.
 enum Gate {
@@ -55,51 +53,16 @@ pub fn backoff(first: Duration, failures: i64) -> Duration {
     first.saturating_mul(1 << exp).min(MAX_RETRY)
 }
 
-/// An outbox row.
-#[derive(Debug, Clone, FromRow, Serialize)]
-pub struct Notification {
-    pub id: i64,
-    pub uid: String,
-    pub notifier: String,
-    pub target: String,
-    pub run_id: Option<i64>,
-    pub event: String,
-    #[serde(skip)]
-    pub document: String,
-    pub state: String,
-    pub attempts: i64,
-    pub next_attempt_at: i64,
-    pub last_error: Option<String>,
-    pub created_at: i64,
-    pub sent_at: Option<i64>,
-}
+pub use crate::store::outbox::Notification;
 
 /// Pending (and given-up) notifications, oldest first.
 pub async fn list(store: &Store, include_given_up: bool) -> Result<Vec<Notification>, StoreError> {
-    sqlx::query_as::<_, Notification>(
-        "SELECT id, uid, notifier, target, run_id, event, document, state, attempts,
-                next_attempt_at, last_error, created_at, sent_at
-         FROM notifications
-         WHERE state = 'pending' OR ($1 AND state = 'given_up')
-         ORDER BY id",
-    )
-    .bind(include_given_up)
-    .fetch_all(store.pool())
-    .await
-    .map_err(store.err("reading the notification outbox"))
+    store.notifications(include_given_up).await
 }
 
 /// Every notification of a target, oldest first (for tests and audits).
 pub async fn for_target(store: &Store, target: &str) -> Result<Vec<Notification>, StoreError> {
-    sqlx::query_as::<_, Notification>(
-        "SELECT id, uid, notifier, target, run_id, event, document, state, attempts,
-                next_attempt_at, last_error, created_at, sent_at
-         FROM notifications WHERE target = $1 ORDER BY id",
-    )
-    .bind(target)
-    .fetch_all(store.pool())
-    .await
-    .map_err(store.err("reading the notification outbox"))
+    store.notifications_of(target).await
 }
 
 /// Delivers the outbox.
@@ -231,36 +194,12 @@ impl Sender {
 
     /// One pass over the due notifications. Returns how many were attempted.
     pub async fn deliver_due(&self) -> Result<usize, StoreError> {
-        let now = now_ms();
-        let due: Vec<(i64, i64)> = sqlx::query_as(
-            "SELECT id, next_attempt_at FROM notifications
-             WHERE state = 'pending' AND next_attempt_at <= $1 ORDER BY id LIMIT 100",
-        )
-        .bind(now)
-        .fetch_all(self.store.pool())
-        .await
-        .map_err(self.store.err("reading the notification outbox"))?;
         let mut attempted = 0;
-        for (id, seen_next) in due {
-            // Claim it: only one sender moves next_attempt_at from what it saw.
-            let claimed = sqlx::query_as::<_, Notification>(
-                "UPDATE notifications SET next_attempt_at = $3
-                 WHERE id = $1 AND state = 'pending' AND next_attempt_at = $2
-                 RETURNING id, uid, notifier, target, run_id, event, document, state, attempts,
-                           next_attempt_at, last_error, created_at, sent_at",
-            )
-            .bind(id)
-            .bind(seen_next)
-            .bind(now + CLAIM.as_millis() as i64);
-            // Committed explicitly: a claim whose commit failed must not be
-            // sent as if it held.
-            let what = "claiming a notification";
-            let mut tx = self.store.begin_write(what).await?;
-            let claimed = claimed
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(self.store.err(what))?;
-            tx.commit().await.map_err(self.store.err(what))?;
+        for due in self.store.due_notifications().await? {
+            let claimed = self
+                .store
+                .claim_notification(due, CLAIM.as_millis() as i64)
+                .await?;
             let Some(n) = claimed else { continue };
             let dest = match self.notifiers.get(&n.notifier) {
                 Some(cfg) => cfg.destination(),
@@ -269,7 +208,7 @@ impl Sender {
             let limited = match self.gate(&dest).await? {
                 Gate::Paused { until, why } => {
                     self.store
-                        .defer(Deferred::Notification, n.id, until, &why)
+                        .defer(Outbox::Notification, n.id, until, &why)
                         .await?;
                     continue;
                 }
@@ -295,7 +234,7 @@ impl Sender {
                 .await?
             {
                 self.store
-                    .defer(Deferred::Notification, n.id, until, &why)
+                    .defer(Outbox::Notification, n.id, until, &why)
                     .await?;
                 continue;
             }
@@ -317,9 +256,7 @@ impl Sender {
             };
             let limited = match self.gate(&dest).await? {
                 Gate::Paused { until, why } => {
-                    self.store
-                        .defer(Deferred::Comment, r.id, until, &why)
-                        .await?;
+                    self.store.defer(Outbox::Comment, r.id, until, &why).await?;
                     continue;
                 }
                 Gate::Open { limited } => limited,
@@ -341,9 +278,7 @@ impl Sender {
                 .settle(&dest, limited, &result.as_ref().map(|_| ()))
                 .await?
             {
-                self.store
-                    .defer(Deferred::Comment, r.id, until, &why)
-                    .await?;
+                self.store.defer(Outbox::Comment, r.id, until, &why).await?;
                 continue;
             }
             match result {
@@ -383,9 +318,7 @@ impl Sender {
             };
             let limited = match self.gate(&dest).await? {
                 Gate::Paused { until, why } => {
-                    self.store
-                        .defer(Deferred::Status, r.id, until, &why)
-                        .await?;
+                    self.store.defer(Outbox::Status, r.id, until, &why).await?;
                     continue;
                 }
                 Gate::Open { limited } => limited,
@@ -415,9 +348,7 @@ impl Sender {
                 .settle(&dest, limited, &result.as_ref().map(|_| ()))
                 .await?
             {
-                self.store
-                    .defer(Deferred::Status, r.id, until, &why)
-                    .await?;
+                self.store.defer(Outbox::Status, r.id, until, &why).await?;
                 continue;
             }
             match result {
@@ -463,19 +394,10 @@ impl Sender {
         n: &Notification,
         result: Result<(), SendError>,
     ) -> Result<(), StoreError> {
-        let now = now_ms();
         match result {
             Ok(()) => {
                 info!(notifier = %n.notifier, target = %n.target, event = %n.event, id = n.id, "notification sent");
-                let q = sqlx::query(
-                    "UPDATE notifications SET state = 'sent', sent_at = $2, attempts = attempts + 1,
-                            last_error = NULL WHERE id = $1",
-                )
-                .bind(n.id)
-                .bind(now);
-                self.store
-                    .write_one("recording a sent notification", q)
-                    .await?;
+                self.store.notification_sent(n.id).await
             }
             Err(e) => {
                 let attempts = n.attempts + 1;
@@ -483,39 +405,22 @@ impl Sender {
                     .notifiers
                     .get(&n.notifier)
                     .map_or((MAX_ATTEMPTS, FIRST_RETRY), |c| (c.attempts, c.retry_after));
-                if attempts >= max || e.retry == Retry::Never {
+                let next = if attempts >= max || e.retry == Retry::Never {
                     error!(notifier = %n.notifier, target = %n.target, event = %n.event, id = n.id,
                            attempts, error = %e, "notification given up");
-                    let q = sqlx::query(
-                        "UPDATE notifications SET state = 'given_up', attempts = $2, last_error = $3
-                         WHERE id = $1",
-                    )
-                    .bind(n.id)
-                    .bind(attempts)
-                    .bind(&e.message);
-                    self.store
-                        .write_one("recording a failed notification", q)
-                        .await?;
+                    None
                 } else {
                     let wait = backoff(first, attempts);
                     warn!(notifier = %n.notifier, target = %n.target, event = %n.event, id = n.id,
                           attempts, retry_in = %humantime::format_duration(wait), error = %e,
                           "notification failed; will retry");
-                    let q = sqlx::query(
-                        "UPDATE notifications SET attempts = $2, last_error = $3, next_attempt_at = $4
-                         WHERE id = $1",
-                    )
-                    .bind(n.id)
-                    .bind(attempts)
-                    .bind(&e.message)
-                    .bind(now + wait.as_millis() as i64);
-                    self.store
-                        .write_one("recording a failed notification", q)
-                        .await?;
-                }
+                    Some(now_ms() + wait.as_millis() as i64)
+                };
+                self.store
+                    .notification_failed(n.id, attempts, &e.message, next)
+                    .await
             }
         }
-        Ok(())
     }
 
     /// Deliver until `shutdown`; `wake` says something new is in the outbox.
@@ -577,15 +482,18 @@ mod tests {
                 .register_targets(&[("web", "exec")])
                 .await
                 .expect("register");
-            for i in 0..40 {
-                let q = sqlx::query(
-                    "INSERT INTO notifications (uid, notifier, target, event, document, state,
-                                                attempts, next_attempt_at, created_at)
-                     VALUES ($1, 'gone', 'web', 'failed', '{}', 'pending', 0, 0, 0)",
-                )
-                .bind(format!("n{i}"));
-                store.write_one("test", q).await.expect("insert");
-            }
+            let outbox: Vec<crate::store::NewNotification> = (0..40)
+                .map(|i| crate::store::NewNotification {
+                    uid: format!("n{i}"),
+                    notifier: "gone".into(),
+                    event: "failed".into(),
+                    document: "{}".into(),
+                })
+                .collect();
+            store
+                .record_notifications("web", &outbox)
+                .await
+                .expect("insert");
             let other = match store.kind() {
                 crate::store::Kind::Sqlite => Store::open(store.path()).await,
                 crate::store::Kind::Postgres => {

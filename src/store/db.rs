@@ -135,6 +135,14 @@ pub fn encode_text(
 
 /// Is `conn` a PostgreSQL connection (else SQLite)? For the statements
 /// each dialect says its own way.
+/// One connection of its own to the database at `url`, outside any pool
+/// (a keeper's, which must outlive its instance's pool).
+pub async fn connect_keeper(url: &str) -> Result<Conn, sqlx::Error> {
+    use sqlx::Connection;
+    sqlx::any::install_default_drivers();
+    Conn::connect(url).await
+}
+
 pub fn is_postgres(conn: &Conn) -> bool {
     conn.backend_name() == <sqlx::Postgres as sqlx::Database>::NAME
 }

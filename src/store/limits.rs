@@ -109,48 +109,6 @@ impl Store {
         .await
         .map(drop)
     }
-
-    /// Move row `id` of `table` (a forge outbox: `forge_statuses`,
-    /// `pull_requests`; or `notifications`) to `at`, its attempts
-    /// untouched: a rate limit is not a failed attempt.
-    pub async fn defer(
-        &self,
-        table: Deferred,
-        id: i64,
-        at: i64,
-        why: &str,
-    ) -> Result<(), StoreError> {
-        let t = match table {
-            Deferred::Status => "forge_statuses",
-            Deferred::Comment => "pull_requests",
-            Deferred::Notification => "notifications",
-        };
-        let extra = if t == "notifications" {
-            ""
-        } else {
-            ", updated_at = $4"
-        };
-        let q =
-            format!("UPDATE {t} SET next_attempt_at = $2, last_error = $3{extra} WHERE id = $1");
-        let mut q = sqlx::query(sqlx::AssertSqlSafe(q))
-            .bind(id)
-            .bind(at)
-            .bind(why);
-        if t != "notifications" {
-            q = q.bind(now_ms());
-        }
-        self.write_one("deferring a send past a rate limit", q)
-            .await
-            .map(drop)
-    }
-}
-
-/// Which outbox a deferred row is in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Deferred {
-    Status,
-    Comment,
-    Notification,
 }
 
 #[cfg(test)]

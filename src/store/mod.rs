@@ -15,23 +15,25 @@ use serde::Serialize;
 use sqlx::FromRow;
 use sqlx::any::AnyPoolOptions;
 
-use crate::model::{ApplyResult, Status};
-
 pub mod db;
+pub mod deployments;
 pub mod direct;
 mod group;
 pub use group::{Batch, Tx as BatchTx};
-pub mod history;
+pub mod jobs;
 pub mod limits;
-pub mod nomad;
+pub mod outbox;
 pub mod outputs;
-pub mod plans;
 pub mod previews;
+pub mod runs;
 pub mod sets;
 pub mod statuses;
+pub mod targets;
 #[doc(hidden)]
 pub mod testing;
 mod write;
+pub(crate) use targets::candidates_on;
+pub use targets::{Candidate, TargetState};
 pub use write::WriteTx;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
@@ -294,86 +296,6 @@ pub struct Run {
     pub repeats: i64,
 }
 
-/// What is known about one target.
-#[derive(Debug, Clone, FromRow, Serialize)]
-pub struct TargetState {
-    pub name: String,
-    pub backend: String,
-    pub last_applied_sha: Option<String>,
-    pub last_result: Option<String>,
-    pub last_message: Option<String>,
-    pub last_run_id: Option<i64>,
-    pub last_run_at: Option<i64>,
-    pub consecutive_failures: i64,
-    pub backend_digest: Option<String>,
-    pub paused_at: Option<i64>,
-    pub paused_by: Option<String>,
-    pub failing_since: Option<i64>,
-    pub last_notified_at: Option<i64>,
-    pub last_notified_message: Option<String>,
-    /// What a `detect` plan last found different (see [`DriftUpdate`]).
-    pub drift_hash: Option<String>,
-    pub drift_summary: Option<String>,
-    pub drift_since: Option<i64>,
-    /// A branch tip that does not descend from the commit last applied,
-    /// which a person accepted (`retry --accept-rewind`); cleared by the
-    /// next successful apply.
-    pub rewind_accepted: Option<String>,
-}
-
-/// A target the scheduler may queue (see [`Store::schedule_candidates`]).
-#[derive(Debug, Clone, FromRow)]
-pub struct Candidate {
-    pub name: String,
-    pub last_run_at: Option<i64>,
-    #[sqlx(try_from = "crate::store::db::Flag")]
-    pub paused: bool,
-    /// A job of it is queued or running.
-    #[sqlx(try_from = "crate::store::db::Flag")]
-    pub active: bool,
-}
-
-/// [`Store::schedule_candidates`]'s query: the targets named in `$1`, a
-/// JSON array.
-fn candidates_sql(kind: Kind) -> &'static str {
-    match kind {
-        Kind::Postgres => {
-            "SELECT t.name, t.last_run_at, t.paused_at IS NOT NULL AS paused,
-                    (EXISTS (SELECT 1 FROM jobs j WHERE j.target = t.name AND j.state = 'queued')
-                     OR EXISTS (SELECT 1 FROM jobs j WHERE j.target = t.name AND j.state = 'running'))
-                        AS active
-             FROM targets t WHERE t.name IN (SELECT jsonb_array_elements_text($1::jsonb))"
-        }
-        Kind::Sqlite => {
-            "SELECT t.name, t.last_run_at, t.paused_at IS NOT NULL AS paused,
-                    (EXISTS (SELECT 1 FROM jobs j WHERE j.target = t.name AND j.state = 'queued')
-                     OR EXISTS (SELECT 1 FROM jobs j WHERE j.target = t.name AND j.state = 'running'))
-                        AS active
-             FROM targets t WHERE t.name IN (SELECT value FROM json_each($1))"
-        }
-    }
-}
-
-/// [`Store::schedule_candidates`] read again on `conn`, inside a write
-/// (where no other instance's write can land between it and the write).
-pub(crate) async fn candidates_on(
-    conn: &mut db::Conn,
-    kind: Kind,
-    names: &[String],
-) -> Result<Vec<Candidate>, sqlx::Error> {
-    let names = serde_json::to_string(names).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
-    sqlx::query_as::<_, Candidate>(candidates_sql(kind))
-        .bind(names)
-        .fetch_all(conn)
-        .await
-}
-
-/// The `targets` columns a [`TargetState`] is read from.
-const TARGET_STATE: &str = "name, backend, last_applied_sha, last_result, last_message, \
-     last_run_id, last_run_at, consecutive_failures, backend_digest, paused_at, paused_by, \
-     failing_since, last_notified_at, last_notified_message, drift_hash, drift_summary, drift_since, \
-     rewind_accepted";
-
 /// A change to a target's recorded drift, written with its run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DriftUpdate {
@@ -407,20 +329,15 @@ pub struct Notice {
     pub outbox: Vec<NewNotification>,
     /// Deployments (any backend's) whose notification (waiting, overdue,
     /// superseded) is in `outbox`.
-    pub plans_told: Vec<(i64, plans::Untold)>,
+    pub plans_told: Vec<(i64, deployments::Untold)>,
     /// A plan this run applied: it leaves `applying` for this state, with
     /// this message, in the run's transaction.
-    pub plan_done: Option<(i64, plans::PlanState, String)>,
+    pub plan_done: Option<(i64, deployments::PlanState, String)>,
     /// The target's drift, when this run changed it.
     pub drift: Option<DriftUpdate>,
     /// The commit status this run leaves on its forge.
     pub statuses: Vec<statuses::NewStatus>,
 }
-
-/// A target's row, made or given its backend: `register_targets`, and a
-/// target set's new members (`store::sets`).
-const UPSERT_TARGET: &str = "INSERT INTO targets (name, backend, updated_at) VALUES ($1, $2, $3)
-     ON CONFLICT (name) DO UPDATE SET backend = excluded.backend";
 
 impl Store {
     /// Open (creating if needed) the database at `path` and migrate it.
@@ -785,354 +702,6 @@ impl Store {
         }
     }
 
-    /// Make sure every configured target has a row (and the right backend).
-    /// Only what is missing or changed is written, in one transaction: a
-    /// CLI command (or a one-shot tick) over a thousand targets neither
-    /// writes a thousand rows nor waits for a thousand commits.
-    pub async fn register_targets(&self, targets: &[(&str, &str)]) -> Result<(), StoreError> {
-        let what = "registering targets";
-        let known: std::collections::HashMap<String, String> =
-            sqlx::query_as::<_, (String, String)>("SELECT name, backend FROM targets")
-                .fetch_all(&self.pool)
-                .await
-                .map_err(self.err(what))?
-                .into_iter()
-                .collect();
-        let missing: Vec<&(&str, &str)> = targets
-            .iter()
-            .filter(|(name, backend)| known.get(*name).map(String::as_str) != Some(*backend))
-            .collect();
-        if missing.is_empty() {
-            return Ok(());
-        }
-        let now = now_ms();
-        let mut tx = self.begin_write(what).await?;
-        for (name, backend) in missing {
-            sqlx::query(UPSERT_TARGET)
-                .bind(name)
-                .bind(backend)
-                .bind(now)
-                .execute(&mut *tx)
-                .await
-                .map_err(self.err(what))?;
-        }
-        tx.commit().await.map_err(self.err(what))
-    }
-
-    /// Record the start of a run; the backend may be called only after this.
-    pub async fn begin_run(&self, run: &NewRun<'_>) -> Result<i64, StoreError> {
-        Ok(self.begin_run_with_state(run).await?.0)
-    }
-
-    /// [`Store::begin_run`], returning the target's state as the run's
-    /// start left it, read in the same statement that notes the start.
-    pub async fn begin_run_with_state(
-        &self,
-        run: &NewRun<'_>,
-    ) -> Result<(i64, Option<TargetState>), StoreError> {
-        let now = now_ms();
-        let mut tx = self.begin_write("recording a run").await?;
-        let id: i64 = sqlx::query_scalar(
-            "INSERT INTO runs (target, job_id, operation, trigger, delivery_id, requested_sha, started_at, receiver, sha)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING id",
-        )
-        .bind(run.target)
-        .bind(run.job_id)
-        .bind(run.operation.as_str())
-        .bind(run.trigger)
-        .bind(run.delivery_id)
-        .bind(run.requested_sha)
-        .bind(now)
-        .bind(run.receiver)
-        .bind(run.sha)
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(self.err("recording a run"))?;
-        let state = sqlx::query_as::<_, TargetState>(sqlx::AssertSqlSafe(format!(
-            "UPDATE targets SET last_run_at = $2, updated_at = $2 WHERE name = $1
-             RETURNING {TARGET_STATE}"
-        )))
-        .bind(run.target)
-        .bind(now)
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(self.err("recording a run"))?;
-        tx.commit().await.map_err(self.err("recording a run"))?;
-        Ok((id, state))
-    }
-
-    /// Record which commit the run is about to apply.
-    pub async fn set_run_sha(&self, run_id: i64, sha: &str) -> Result<(), StoreError> {
-        let q = sqlx::query("UPDATE runs SET sha = $2 WHERE id = $1")
-            .bind(run_id)
-            .bind(sha);
-        self.write_one("recording the run's commit", q).await?;
-        Ok(())
-    }
-
-    /// Complete a run and fold its result into the target's state, closing
-    /// the run's job. A failed run never moves the last applied SHA. With
-    /// `streak` (a `no_change` row [`Store::streak`] found for it, or to
-    /// be looked for), the run
-    /// is folded into that row instead of kept as one of its own. Returns
-    /// the id of the row the run now is.
-    #[allow(clippy::too_many_arguments)]
-    pub async fn finish_run(
-        &self,
-        run_id: i64,
-        target: &str,
-        operation: Operation,
-        sha: Option<&str>,
-        status: &Status,
-        notice: Option<&Notice>,
-        streak: history::Streak<'_>,
-    ) -> Result<i64, StoreError> {
-        let now = now_ms();
-        let what = "recording a run's result";
-        let mut tx = self.begin_write(what).await?;
-        // A run whose job was taken from this process (its lease ran out:
-        // whoever recovered the job marked the run interrupted) is recorded
-        // as it ended, but its job — another process's now — is left alone.
-        let taken: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM runs WHERE id = $1 AND result = 'interrupted'",
-        )
-        .bind(run_id)
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(self.err(what))?;
-        let kept = history::fold(&mut tx, target, streak, run_id, now, status)
-            .await
-            .map_err(self.err(what))?;
-        if kept == run_id {
-            sqlx::query(
-                "UPDATE runs SET finished_at = $2, duration_ms = $2 - started_at, result = $3,
-                        message = $4, output_tail = $5
-                 WHERE id = $1",
-            )
-            .bind(run_id)
-            .bind(now)
-            .bind(status.result.as_str())
-            .bind(&status.message)
-            .bind(&status.output_tail)
-            .execute(&mut *tx)
-            .await
-            .map_err(self.err(what))?;
-        }
-        let run_id = kept;
-        // The run's job is over with it, in the same transaction: a job
-        // whose run is recorded is never run again.
-        if taken == 0 {
-            sqlx::query(
-                "UPDATE jobs SET state = 'done', run_id = $1, outcome = $2, lease_owner = NULL,
-                        lease_until = NULL, updated_at = $3
-                 WHERE id = (SELECT job_id FROM runs WHERE id = $1) AND state = 'running'",
-            )
-            .bind(run_id)
-            .bind(status.result.as_str())
-            .bind(now)
-            .execute(&mut *tx)
-            .await
-            .map_err(self.err(what))?;
-        }
-        // The result and, with a notice, what the owners were told: one
-        // statement ($8 says whether the notice's columns are written).
-        const TOLD: &str = "failing_since = CASE WHEN $8 THEN $9 ELSE failing_since END,
-                 last_notified_at = CASE WHEN $8 THEN $10 ELSE last_notified_at END,
-                 last_notified_message = CASE WHEN $8 THEN $11 ELSE last_notified_message END";
-        let set = match (status.result, operation) {
-            // Failed or blocked: the last applied commit stays.
-            (ApplyResult::Failed | ApplyResult::Blocked, _) => {
-                "last_result = $5, last_message = $2, last_run_id = $3,
-                 consecutive_failures = consecutive_failures + 1, updated_at = $4"
-            }
-            (_, Operation::Apply) => {
-                "last_result = $5, last_message = $2, last_run_id = $3,
-                 consecutive_failures = 0, last_applied_sha = $6, rewind_accepted = NULL,
-                 backend_digest = COALESCE($7, backend_digest), updated_at = $4"
-            }
-            (_, Operation::Destroy) => {
-                "last_result = $5, last_message = $2, last_run_id = $3,
-                 consecutive_failures = 0, last_applied_sha = NULL, rewind_accepted = NULL,
-                 backend_digest = NULL, updated_at = $4"
-            }
-        };
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "UPDATE targets SET {set}, {TOLD} WHERE name = $1"
-        )))
-        .bind(target)
-        .bind(&status.message)
-        .bind(run_id)
-        .bind(now)
-        .bind(status.result.as_str())
-        .bind(sha)
-        .bind(&status.digest)
-        .bind(notice.is_some())
-        .bind(notice.and_then(|n| n.failing_since))
-        .bind(notice.and_then(|n| n.last_notified_at))
-        .bind(notice.and_then(|n| n.last_notified_message.as_deref()))
-        .execute(&mut *tx)
-        .await
-        .map_err(self.err(what))?;
-        if let Some(d) = notice.and_then(|n| n.drift.as_ref()) {
-            let (hash, summary, since) = match d {
-                DriftUpdate::Set {
-                    hash,
-                    summary,
-                    since,
-                } => (Some(hash.as_str()), Some(summary.as_str()), Some(*since)),
-                DriftUpdate::Clear => (None, None, None),
-            };
-            sqlx::query(
-                "UPDATE targets SET drift_hash = $2, drift_summary = $3, drift_since = $4
-                 WHERE name = $1",
-            )
-            .bind(target)
-            .bind(hash)
-            .bind(summary)
-            .bind(since)
-            .execute(&mut *tx)
-            .await
-            .map_err(self.err(what))?;
-        }
-        if let Some(n) = notice {
-            for o in &n.outbox {
-                sqlx::query(
-                    "INSERT INTO notifications (uid, notifier, target, run_id, event, document,
-                                                state, next_attempt_at, created_at)
-                     VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7, $7)",
-                )
-                .bind(&o.uid)
-                .bind(&o.notifier)
-                .bind(target)
-                .bind(run_id)
-                .bind(&o.event)
-                .bind(&o.document)
-                .bind(now)
-                .execute(&mut *tx)
-                .await
-                .map_err(self.err(what))?;
-            }
-            for (id, told) in &n.plans_told {
-                let q = format!(
-                    "UPDATE deployments SET {} = $2 WHERE id = $1",
-                    told.column()
-                );
-                sqlx::query(sqlx::AssertSqlSafe(q))
-                    .bind(id)
-                    .bind(now)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(self.err(what))?;
-            }
-            for s in &n.statuses {
-                statuses::record(&mut tx, s, false)
-                    .await
-                    .map_err(self.err(what))?;
-            }
-            if let Some((id, state, message)) = &n.plan_done {
-                let moved = sqlx::query(
-                    "UPDATE deployments SET state = $2, message = $3, artifact = NULL,
-                            updated_at = $4
-                     WHERE id = $1 AND state = 'applying'",
-                )
-                .bind(id)
-                .bind(state)
-                .bind(message)
-                .bind(now)
-                .execute(&mut *tx)
-                .await
-                .map_err(self.err(what))?
-                .rows_affected();
-                if moved == 1 {
-                    plans::event(
-                        &mut tx,
-                        *id,
-                        target,
-                        "driftless",
-                        Some("applying"),
-                        state.as_str(),
-                        Some(message),
-                    )
-                    .await
-                    .map_err(self.err(what))?;
-                }
-            }
-        }
-        tx.commit().await.map_err(self.err(what))?;
-        Ok(run_id)
-    }
-
-    pub async fn target_state(&self, name: &str) -> Result<Option<TargetState>, StoreError> {
-        sqlx::query_as::<_, TargetState>(sqlx::AssertSqlSafe(format!(
-            "SELECT {TARGET_STATE} FROM targets WHERE name = $1"
-        )))
-        .bind(name)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(self.err("reading target state"))
-    }
-
-    pub async fn target_states(&self) -> Result<Vec<TargetState>, StoreError> {
-        sqlx::query_as::<_, TargetState>(sqlx::AssertSqlSafe(format!(
-            "SELECT {TARGET_STATE} FROM targets ORDER BY name"
-        )))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(self.err("reading target state"))
-    }
-
-    /// When each target's last run started (the scheduler's once-a-second
-    /// read: two columns, not the whole state).
-    pub async fn last_run_times(&self) -> Result<Vec<(String, Option<i64>)>, StoreError> {
-        sqlx::query_as("SELECT name, last_run_at FROM targets")
-            .fetch_all(&self.pool)
-            .await
-            .map_err(self.err("reading when targets last ran"))
-    }
-
-    /// What the scheduler needs of the targets that may be due: when each
-    /// last ran, whether it is paused, and whether a job of it is queued or
-    /// running.
-    pub async fn schedule_candidates(
-        &self,
-        names: &[String],
-    ) -> Result<Vec<Candidate>, StoreError> {
-        let names = serde_json::to_string(names).unwrap_or_else(|_| "[]".into());
-        sqlx::query_as::<_, Candidate>(candidates_sql(self.kind))
-            .bind(names)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(self.err("reading which targets are due"))
-    }
-
-    /// The newest runs of a target, newest first.
-    pub async fn history(&self, target: &str, limit: i64) -> Result<Vec<Run>, StoreError> {
-        sqlx::query_as::<_, Run>(
-            "SELECT id, target, job_id, operation, trigger, delivery_id, requested_sha, sha,
-                    started_at, finished_at, duration_ms, result, message, output_tail, receiver,
-                    repeats
-             FROM runs WHERE target = $1 ORDER BY id DESC LIMIT $2",
-        )
-        .bind(target)
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(self.err("reading run history"))
-    }
-
-    pub async fn run(&self, id: i64) -> Result<Option<Run>, StoreError> {
-        sqlx::query_as::<_, Run>(
-            "SELECT id, target, job_id, operation, trigger, delivery_id, requested_sha, sha,
-                    started_at, finished_at, duration_ms, result, message, output_tail, receiver,
-                    repeats
-             FROM runs WHERE id = $1",
-        )
-        .bind(id)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(self.err("reading a run"))
-    }
-
     /// A real write, to tell whether the database takes writes (/readyz).
     pub async fn probe_write(&self) -> Result<(), StoreError> {
         let q = sqlx::query(
@@ -1141,91 +710,6 @@ impl Store {
         )
         .bind(now_ms());
         self.write_one("writing a health probe", q).await.map(drop)
-    }
-
-    /// Pause (`by` = who) or resume (`None`) a target. Returns whether the
-    /// state changed.
-    pub async fn set_paused(&self, target: &str, by: Option<&str>) -> Result<bool, StoreError> {
-        let q = match by {
-            Some(who) => sqlx::query(
-                "UPDATE targets SET paused_at = $2, paused_by = $3, updated_at = $2
-                 WHERE name = $1 AND paused_at IS NULL",
-            )
-            .bind(target)
-            .bind(now_ms())
-            .bind(who),
-            None => sqlx::query(
-                "UPDATE targets SET paused_at = NULL, paused_by = NULL, updated_at = $2
-                 WHERE name = $1 AND paused_at IS NOT NULL",
-            )
-            .bind(target)
-            .bind(now_ms()),
-        };
-        let r = self.write_one("pausing or resuming a target", q).await?;
-        Ok(r.rows_affected() == 1)
-    }
-
-    /// Forget what `target` applied (`driftless forget`): its last applied
-    /// commit, digest and accepted rewind; its runs stay.
-    pub async fn forget_target(&self, target: &str) -> Result<(), StoreError> {
-        let q = sqlx::query(
-            "UPDATE targets SET last_applied_sha = NULL, backend_digest = NULL,
-                    rewind_accepted = NULL, updated_at = $2
-             WHERE name = $1",
-        )
-        .bind(target)
-        .bind(now_ms());
-        self.write_one("forgetting what a target applied", q)
-            .await
-            .map(drop)
-    }
-
-    /// A person accepts that `target` may apply `sha`, a branch tip that
-    /// does not descend from the commit it last applied. Returns whether
-    /// the target has a row to note it on.
-    pub async fn accept_rewind(&self, target: &str, sha: &str) -> Result<bool, StoreError> {
-        let q =
-            sqlx::query("UPDATE targets SET rewind_accepted = $2, updated_at = $3 WHERE name = $1")
-                .bind(target)
-                .bind(sha)
-                .bind(now_ms());
-        let r = self.write_one("accepting a rewind", q).await?;
-        Ok(r.rows_affected() == 1)
-    }
-
-    /// When each target last finished a successful run (ms), for metrics.
-    pub async fn last_successes(&self) -> Result<Vec<(String, i64)>, StoreError> {
-        sqlx::query_as(
-            "SELECT target, MAX(finished_at) FROM runs
-             WHERE result IN ('changed', 'no_change') AND finished_at IS NOT NULL
-             GROUP BY target ORDER BY target",
-        )
-        .fetch_all(&self.pool)
-        .await
-        .map_err(self.err("reading the last successful runs"))
-    }
-
-    /// The commit of the target's newest apply that reached its backend and
-    /// ended (changed, no change or failed; not one interrupted or stopped
-    /// by git): what a push is compared against.
-    pub async fn last_attempted_sha(&self, target: &str) -> Result<Option<String>, StoreError> {
-        sqlx::query_scalar(
-            "SELECT sha FROM runs WHERE target = $1 AND operation = 'apply' AND sha IS NOT NULL
-                 AND result IN ('changed', 'no_change', 'failed')
-             ORDER BY id DESC LIMIT 1",
-        )
-        .bind(target)
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(self.err("reading a target's last run"))
-    }
-
-    /// The names of paused targets.
-    pub async fn paused(&self) -> Result<Vec<String>, StoreError> {
-        sqlx::query_scalar("SELECT name FROM targets WHERE paused_at IS NOT NULL ORDER BY name")
-            .fetch_all(&self.pool)
-            .await
-            .map_err(self.err("reading paused targets"))
     }
 }
 
@@ -1300,14 +784,14 @@ mod tests {
                 (
                     3,
                     "terraform",
-                    plans::PlanState::PendingApproval,
+                    deployments::PlanState::PendingApproval,
                     false,
                     None
                 ),
                 (
                     1,
                     "nomad",
-                    plans::PlanState::Applied,
+                    deployments::PlanState::Applied,
                     true,
                     Some("token:ops")
                 ),
@@ -1333,7 +817,7 @@ mod tests {
             .await
             .expect("reject");
         let next = store
-            .insert_plan(&plans::NewPlan {
+            .insert_plan(&deployments::NewPlan {
                 target: "net",
                 backend: "terraform",
                 commit_sha: "c3",
@@ -1344,7 +828,7 @@ mod tests {
                 diff: "+ b",
                 destructive: false,
                 artifact: None,
-                state: plans::PlanState::PendingApproval,
+                state: deployments::PlanState::PendingApproval,
                 decided_by: None,
                 message: "waits",
                 made_from: None,
@@ -1434,12 +918,13 @@ mod tests {
         ];
         // (file, count): SQLite's pool and write connection (which the
         // migrator uses too) and PostgreSQL's; the direct connection; the
-        // keeper's PostgreSQL lease connection (it only renews a lease);
+        // keeper's PostgreSQL lease connection (`db::connect`: it only
+        // renews a lease);
         // the throwaway PostgreSQL clusters of the tests.
         let known: &[(&str, usize)] = &[
             ("src/store/mod.rs", 4),
             ("src/store/direct.rs", 1),
-            ("src/keeper.rs", 1),
+            ("src/store/db.rs", 1),
             ("src/store/testing.rs", 2),
         ];
         let mut found = Vec::new();

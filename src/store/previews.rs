@@ -11,7 +11,8 @@
 use serde::Serialize;
 use sqlx::FromRow;
 
-use super::statuses::{self, HasId, NewStatus};
+use super::outbox::{ForgeOutbox, HasId};
+use super::statuses::{self, NewStatus};
 use super::{Store, StoreError, now_ms};
 
 /// How long a closed pull request is remembered (a reopened one within it
@@ -404,7 +405,7 @@ impl Store {
     /// senders for `claim_ms`.
     pub async fn claim_comments(&self, claim_ms: i64) -> Result<Vec<PullRow>, StoreError> {
         self.claim_due(
-            "pull_requests",
+            ForgeOutbox::Comment,
             PULL_COLUMNS,
             20,
             claim_ms,
@@ -444,7 +445,7 @@ impl Store {
         next: Option<i64>,
     ) -> Result<(), StoreError> {
         self.failed_at(
-            "pull_requests",
+            ForgeOutbox::Comment,
             (id, version),
             error,
             next,
@@ -460,7 +461,7 @@ impl Store {
         include_given_up: bool,
     ) -> Result<Vec<PullRow>, StoreError> {
         self.unsent_in(
-            "pull_requests",
+            ForgeOutbox::Comment,
             PULL_COLUMNS,
             include_given_up,
             "reading pull request comments",

@@ -7,7 +7,7 @@
 //! membership: the tick's `sets` module compares directories and says what
 //! changed.
 
-use super::{Store, StoreError, UPSERT_TARGET, now_ms};
+use super::{Store, StoreError, now_ms};
 
 /// One row of `set_members`.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
@@ -50,34 +50,6 @@ impl Store {
         .map_err(self.err(what))
     }
 
-    /// Put notifications about `about` (a set, not a run) in the outbox.
-    pub async fn record_notifications(
-        &self,
-        about: &str,
-        outbox: &[super::NewNotification],
-    ) -> Result<(), StoreError> {
-        let what = "recording notifications about a target set";
-        let now = now_ms();
-        let mut tx = self.begin_write(what).await?;
-        for o in outbox {
-            sqlx::query(
-                "INSERT INTO notifications (uid, notifier, target, run_id, event, document,
-                                            state, next_attempt_at, created_at)
-                 VALUES ($1, $2, $3, NULL, $4, $5, 'pending', $6, $6)",
-            )
-            .bind(&o.uid)
-            .bind(&o.notifier)
-            .bind(about)
-            .bind(&o.event)
-            .bind(&o.document)
-            .bind(now)
-            .execute(&mut *tx)
-            .await
-            .map_err(self.err(what))?;
-        }
-        tx.commit().await.map_err(self.err(what))
-    }
-
     /// Record `set`'s change at commit `sha`: members added (a member
     /// orphaned before is a member again; a target row is made for each),
     /// orphaned, destroyed.
@@ -105,11 +77,7 @@ impl Store {
             .execute(&mut *tx)
             .await
             .map_err(self.err(what))?;
-            sqlx::query(UPSERT_TARGET)
-                .bind(target)
-                .bind(backend)
-                .bind(now)
-                .execute(&mut *tx)
+            super::targets::upsert(&mut tx, target, backend, now)
                 .await
                 .map_err(self.err(what))?;
         }

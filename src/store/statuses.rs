@@ -9,6 +9,7 @@
 use serde::Serialize;
 use sqlx::FromRow;
 
+use super::outbox::{ForgeOutbox, HasId};
 use super::{Store, StoreError, now_ms};
 
 /// The state of a status, in driftless's words (`notify::forge` gives
@@ -86,16 +87,18 @@ pub struct StatusRow {
     pub given_up: bool,
 }
 
-/// A forge outbox row's id (for ordering what was claimed).
-pub(super) trait HasId {
-    fn id(&self) -> i64;
-}
-
 impl HasId for StatusRow {
     fn id(&self) -> i64 {
         self.id
     }
 }
+
+/// Statuses the forge has (or that were given up), last changed before
+/// `$1`, at most `$2` of them (`store::runs`' pruning runs it in batches).
+pub(super) const PRUNE_STATUSES: &str = "DELETE FROM forge_statuses WHERE id IN (
+     SELECT id FROM forge_statuses
+     WHERE (sent_version >= version OR given_up = 1) AND updated_at < $1
+     LIMIT $2)";
 
 const COLUMNS: &str = "id, forge, repo, sha, context, target, state, description, target_url, \
      git_ref, version, sent_version, attempts, next_attempt_at, last_error, given_up";
@@ -191,79 +194,13 @@ impl Store {
     /// and that are due: each is left alone by other senders for `claim_ms`.
     pub async fn claim_statuses(&self, claim_ms: i64) -> Result<Vec<StatusRow>, StoreError> {
         self.claim_due(
-            "forge_statuses",
+            ForgeOutbox::Status,
             COLUMNS,
             100,
             claim_ms,
             "claiming commit statuses",
         )
         .await
-    }
-
-    /// The forge outboxes' claim (commit statuses, pull request comments:
-    /// `table` has `id`, `version`, `sent_version`, `given_up`,
-    /// `next_attempt_at`): up to `limit` rows whose newest version the forge
-    /// does not have and that are due, each left alone for `claim_ms`,
-    /// oldest first.
-    pub(super) async fn claim_due<R>(
-        &self,
-        table: &'static str,
-        columns: &'static str,
-        limit: u32,
-        claim_ms: i64,
-        what: &'static str,
-    ) -> Result<Vec<R>, StoreError>
-    where
-        R: for<'r> FromRow<'r, crate::store::db::Row> + Send + Unpin + HasId,
-    {
-        let now = now_ms();
-        let mut tx = self.begin_write(what).await?;
-        let q = format!(
-            "UPDATE {table} SET next_attempt_at = $2
-             WHERE id IN (SELECT id FROM {table}
-                          WHERE sent_version < version AND given_up = 0 AND next_attempt_at <= $1
-                          ORDER BY id LIMIT {limit})
-             RETURNING {columns}"
-        );
-        let mut rows = sqlx::query_as::<_, R>(sqlx::AssertSqlSafe(q))
-            .bind(now)
-            .bind(now + claim_ms)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(self.err(what))?;
-        tx.commit().await.map_err(self.err(what))?;
-        rows.sort_by_key(|r| r.id());
-        Ok(rows)
-    }
-
-    /// A forge outbox's failure: sending row `id` of `table` at `version`
-    /// failed; try again at `next`, or give up (`None`). Only if no newer
-    /// version came meanwhile (that one starts its own attempts).
-    pub(super) async fn failed_at(
-        &self,
-        table: &'static str,
-        (id, version): (i64, i64),
-        error: &str,
-        next: Option<i64>,
-        what: &'static str,
-    ) -> Result<(), StoreError> {
-        let q = format!(
-            "UPDATE {table} SET attempts = attempts + 1, last_error = $3,
-                    next_attempt_at = COALESCE($4, next_attempt_at),
-                    given_up = CASE WHEN $4 IS NULL THEN 1 ELSE 0 END, updated_at = $5
-             WHERE id = $1 AND version = $2"
-        );
-        self.write_one(
-            what,
-            sqlx::query(sqlx::AssertSqlSafe(q))
-                .bind(id)
-                .bind(version)
-                .bind(error)
-                .bind(next)
-                .bind(now_ms()),
-        )
-        .await
-        .map(|_| ())
     }
 
     /// Row `id` was sent at `version`. A newer state recorded meanwhile
@@ -292,7 +229,7 @@ impl Store {
         next: Option<i64>,
     ) -> Result<(), StoreError> {
         self.failed_at(
-            "forge_statuses",
+            ForgeOutbox::Status,
             (id, version),
             error,
             next,
@@ -308,35 +245,12 @@ impl Store {
         include_given_up: bool,
     ) -> Result<Vec<StatusRow>, StoreError> {
         self.unsent_in(
-            "forge_statuses",
+            ForgeOutbox::Status,
             COLUMNS,
             include_given_up,
             "reading commit statuses",
         )
         .await
-    }
-
-    /// A forge outbox's rows the forge does not have in their newest
-    /// version (and, with `include_given_up`, those given up), oldest first.
-    pub(super) async fn unsent_in<R>(
-        &self,
-        table: &'static str,
-        columns: &'static str,
-        include_given_up: bool,
-        what: &'static str,
-    ) -> Result<Vec<R>, StoreError>
-    where
-        R: for<'r> FromRow<'r, crate::store::db::Row> + Send + Unpin,
-    {
-        let q = format!(
-            "SELECT {columns} FROM {table}
-             WHERE sent_version < version AND (given_up = 0 OR $1) ORDER BY id"
-        );
-        sqlx::query_as::<_, R>(sqlx::AssertSqlSafe(q))
-            .bind(include_given_up)
-            .fetch_all(self.pool())
-            .await
-            .map_err(self.err(what))
     }
 
     /// A target's statuses, oldest first (for `driftless notify pending`

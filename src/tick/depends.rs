@@ -18,7 +18,7 @@ use crate::backend::Backend;
 use crate::config::{Target, graph};
 use crate::model::{ApplyResult, Trigger};
 use crate::queue::Request;
-use crate::store::plans::PlanState;
+use crate::store::deployments::PlanState;
 
 /// How much of a dependency's own message a blocked run repeats.
 const REASON_MAX: usize = 300;

@@ -37,8 +37,8 @@ use crate::model::short_sha;
 use crate::model::{CommitId, Trigger};
 use crate::notify;
 use crate::queue::Job;
-use crate::store::history::Streak;
-use crate::store::plans::PlanState;
+use crate::store::deployments::PlanState;
+use crate::store::runs::Streak;
 use crate::store::{DriftUpdate, NewRun, Operation, StoreError, TargetState};
 
 /// What a tick knows about the run it records.

@@ -11,7 +11,7 @@ use crate::backend::Status;
 use crate::config::Target;
 use crate::model::short_sha;
 use crate::notify::{self, EventDoc, FailureState};
-use crate::store::plans::{PlanState, Untold};
+use crate::store::deployments::{PlanState, Untold};
 use crate::store::{NewNotification, Notice};
 
 /// What one event says, besides the target and the run it comes from.

@@ -18,7 +18,7 @@ use crate::lock::{LockError, TargetLock};
 use crate::model::{CommitId, short_sha};
 use crate::notify;
 use crate::store::DriftUpdate;
-use crate::store::plans::{NewPlan, PlanState, StoredPlan};
+use crate::store::deployments::{NewPlan, PlanState, StoredPlan};
 
 impl Reconciler {
     /// A `detect` target's tick: plan, never apply. A difference is drift,

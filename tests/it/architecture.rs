@@ -502,3 +502,150 @@ fn the_readme_is_a_front_page() {
         "README.md has {lines} lines; the rest belongs in docs/"
     );
 }
+
+/// The "Tables and their owners" table of ARCHITECTURE.md: table -> owner
+/// (a file, or a module directory ending in `/`), relative to the crate.
+fn owner_table() -> BTreeMap<String, String> {
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("ARCHITECTURE.md"))
+            .expect("read ARCHITECTURE.md");
+    let section = doc
+        .split("\n## Tables and their owners\n")
+        .nth(1)
+        .expect("ARCHITECTURE.md has a `## Tables and their owners` section");
+    let section = section.split("\n## ").next().unwrap_or(section);
+    let mut owners = BTreeMap::new();
+    for line in section.lines() {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        let [_, table, owner, ..] = cells.as_slice() else {
+            continue;
+        };
+        let (table, owner) = (table.trim_matches('`'), owner.trim_matches('`'));
+        if !owner.starts_with("src/") {
+            continue;
+        }
+        assert!(
+            owners
+                .insert(table.to_string(), owner.to_string())
+                .is_none(),
+            "`{table}` has two rows"
+        );
+    }
+    assert!(owners.len() > 10, "the owners table lists {owners:?}");
+    owners
+}
+
+/// A source file's code outside its unit tests (`#[cfg(test)]` onwards),
+/// comments dropped.
+fn code_outside_tests(p: &Path) -> String {
+    let text = code(p);
+    text.split("#[cfg(test)]").next().unwrap_or("").to_string()
+}
+
+/// The tables each statement of `code` writes: `INSERT INTO t`,
+/// `UPDATE t SET`, `DELETE FROM t`.
+fn tables_written(code: &str) -> BTreeSet<String> {
+    let re =
+        regex_lite::Regex::new(r"(?:INSERT INTO|DELETE FROM)\s+([a-z_]+)|UPDATE\s+([a-z_]+)\s+SET")
+            .expect("regex");
+    re.captures_iter(code)
+        .filter_map(|c| c.get(1).or(c.get(2)).map(|m| m.as_str().to_string()))
+        .collect()
+}
+
+/// Every table has one writer: only its owner (ARCHITECTURE.md's table)
+/// writes it, and every table written has an owner there.
+#[test]
+fn every_table_is_written_by_its_owner_alone() {
+    let owners = owner_table();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut wrong = Vec::new();
+    let mut seen = BTreeSet::new();
+    for file in rust_files(&src()) {
+        let rel = file
+            .strip_prefix(root)
+            .unwrap_or(&file)
+            .display()
+            .to_string();
+        for table in tables_written(&code_outside_tests(&file)) {
+            seen.insert(table.clone());
+            match owners.get(&table) {
+                None => wrong.push(format!("{rel} writes `{table}`, which has no owner")),
+                Some(o) if o.ends_with('/') && rel.starts_with(o.as_str()) => {}
+                Some(o) if *o == rel => {}
+                Some(o) => wrong.push(format!("{rel} writes `{table}`, owned by {o}")),
+            }
+        }
+    }
+    assert!(seen.len() > 10, "only {seen:?} found written");
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    for (table, owner) in &owners {
+        assert!(
+            root.join(owner).exists(),
+            "`{table}`'s owner {owner} does not exist"
+        );
+    }
+}
+
+/// SQL runs only under `src/store/`: no other file (its unit tests aside)
+/// builds a query or holds a statement.
+#[test]
+fn only_the_store_runs_sql() {
+    let sql = regex_lite::Regex::new(
+        r#"sqlx::query|rusqlite::|\.prepare_cached\(|"\s*(?:SELECT\s[^"]*\sFROM\s|INSERT INTO|DELETE FROM|UPDATE\s+[a-z_]+\s+SET)"#,
+    )
+    .expect("regex");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let store = src().join("store");
+    let mut outside = Vec::new();
+    let mut inside = 0;
+    for file in rust_files(&src()) {
+        let code = code_outside_tests(&file);
+        let n = sql.find_iter(&code).count();
+        if file.starts_with(&store) {
+            inside += n;
+        } else if n > 0 {
+            let rel = file
+                .strip_prefix(root)
+                .unwrap_or(&file)
+                .display()
+                .to_string();
+            outside.push(format!("{rel}: {n}"));
+        }
+    }
+    assert!(
+        inside > 100,
+        "only {inside} statements found under src/store/"
+    );
+    assert!(
+        outside.is_empty(),
+        "SQL outside src/store/:\n{}",
+        outside.join("\n")
+    );
+}
+
+/// Every test ARCHITECTURE.md names for an invariant
+/// (`file.rs::test_name`) exists in `tests/it/`.
+#[test]
+fn every_invariant_names_a_test_that_exists() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(root.join("ARCHITECTURE.md")).expect("ARCHITECTURE.md");
+    let named = regex_lite::Regex::new(r"`([a-z_0-9]+)\.rs::([a-z_0-9]+)`").expect("regex");
+    let mut missing = Vec::new();
+    let mut checked = 0;
+    for c in named.captures_iter(&doc) {
+        let (file, test) = (&c[1], &c[2]);
+        let path = root.join("tests/it").join(format!("{file}.rs"));
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        checked += 1;
+        if !text.contains(&format!("fn {test}(")) {
+            missing.push(format!("tests/it/{file}.rs::{test}"));
+        }
+    }
+    assert!(checked > 20, "only {checked} tests named");
+    assert!(
+        missing.is_empty(),
+        "named but not found:\n{}",
+        missing.join("\n")
+    );
+}

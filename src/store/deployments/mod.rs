@@ -2,7 +2,7 @@
 //! `deployments` table (migration 0010), with its append-only
 //! `deployment_events`. A Nomad deployment is one job's (its job columns
 //! set; the nomad backend moves it through [`crate::ledger::Ledger`], see
-//! `store::nomad`); any other backend's is the target's plan. One open
+//! `store::deployments::nomad`); any other backend's is the target's plan. One open
 //! deployment per target (per job for Nomad) is a unique partial index, not
 //! a lock; every state change names the state it leaves, so two writers can
 //! never both move one. Listing, deciding and telling owners are one path
@@ -13,7 +13,9 @@
 use serde::Serialize;
 use sqlx::FromRow;
 
-use super::{Store, StoreError, now_ms};
+use crate::store::{Store, StoreError, now_ms};
+
+pub mod nomad;
 
 /// Why an approval or rejection was refused (the API answers 409/404).
 #[derive(Debug, thiserror::Error)]
@@ -23,7 +25,7 @@ pub enum DecisionError {
     #[error("{0}")]
     Conflict(String),
     #[error(transparent)]
-    Store(#[from] super::StoreError),
+    Store(#[from] crate::store::StoreError),
 }
 
 /// Append an event row (in the caller's transaction): every state a
@@ -52,6 +54,61 @@ pub(super) async fn event(
     .execute(&mut **tx)
     .await
     .map(|_| ())
+}
+
+/// Note in a run's transaction that the owners of deployment `id` were
+/// told what `told` says (its notification is in the same transaction).
+pub(super) async fn mark_told(
+    tx: &mut crate::store::db::Conn,
+    id: i64,
+    told: Untold,
+    now: i64,
+) -> Result<(), sqlx::Error> {
+    let q = format!(
+        "UPDATE deployments SET {} = $2 WHERE id = $1",
+        told.column()
+    );
+    sqlx::query(sqlx::AssertSqlSafe(q))
+        .bind(id)
+        .bind(now)
+        .execute(tx)
+        .await
+        .map(drop)
+}
+
+/// The plan `id` of `target` a run applied leaves `applying` for `state`
+/// with `message`, in the run's transaction, and the move is an event.
+pub(super) async fn finish_applying(
+    tx: &mut crate::store::db::Tx,
+    (id, target): (i64, &str),
+    state: PlanState,
+    message: &str,
+    now: i64,
+) -> Result<(), sqlx::Error> {
+    let moved = sqlx::query(
+        "UPDATE deployments SET state = $2, message = $3, artifact = NULL, updated_at = $4
+         WHERE id = $1 AND state = 'applying'",
+    )
+    .bind(id)
+    .bind(state)
+    .bind(message)
+    .bind(now)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected();
+    if moved == 1 {
+        event(
+            tx,
+            id,
+            target,
+            "driftless",
+            Some("applying"),
+            state.as_str(),
+            Some(message),
+        )
+        .await?;
+    }
+    Ok(())
 }
 
 /// Has a person paused this Nomad job of this target? (A paused job is
@@ -159,7 +216,7 @@ impl PlanState {
     }
 }
 
-super::db::text_enum!(PlanState);
+crate::store::db::text_enum!(PlanState);
 
 /// A plan as the store keeps it (its diff already redacted).
 #[derive(Debug, Clone, FromRow, Serialize)]
@@ -663,7 +720,7 @@ impl Store {
             .map(|(id, dep, actor, from, to, message, at)| {
                 serde_json::json!({
                     "id": id, "deployment": dep, "actor": actor, "from": from,
-                    "to": to, "message": message, "at": super::format_ms(at),
+                    "to": to, "message": message, "at": crate::store::format_ms(at),
                 })
             })
             .collect())

@@ -1,6 +1,9 @@
-//! The run history's upkeep: a streak of identical `no_change` runs kept as
-//! one row, and what is older than `[history] keep` pruned in small
-//! batches (migration 0013).
+//! The `runs` table: a run recorded before its backend is called, its
+//! result folded into its target's state with its job closed and its
+//! owners' notifications queued, in one transaction; the history read
+//! back; a streak of identical `no_change` runs kept as one row, and what
+//! is older than `[history] keep` pruned in small batches (migration
+//! 0013).
 //!
 //! A run joins a streak when the target's run just before it is a
 //! `no_change` apply of the same commit, trigger and message with no
@@ -13,7 +16,9 @@
 
 use std::time::Duration;
 
-use super::{Store, StoreError, now_ms};
+use super::{
+    NewRun, Notice, Operation, Run, Store, StoreError, TargetState, now_ms, outbox, statuses,
+};
 use crate::model::Status;
 
 /// Rows one pruning transaction deletes at most.
@@ -120,13 +125,7 @@ pub(super) async fn fold(
         .await?;
     // The job of the streak's previous run is done and no run names it any
     // more: it goes now, so a streak keeps one job row, not one a tick.
-    sqlx::query(
-        "DELETE FROM jobs WHERE id = $1 AND state = 'done'
-           AND NOT EXISTS (SELECT 1 FROM runs WHERE job_id = $1)",
-    )
-    .bind(older_job)
-    .execute(&mut **tx)
-    .await?;
+    super::jobs::delete_if_unnamed(tx, older_job).await?;
     Ok(streak)
 }
 
@@ -195,33 +194,13 @@ impl Store {
             )
             .await?;
         let jobs = self
-            .prune_batches(
-                "DELETE FROM jobs WHERE id IN (
-                     SELECT id FROM jobs WHERE state = 'done' AND updated_at < $1
-                       AND NOT EXISTS (SELECT 1 FROM runs WHERE runs.job_id = jobs.id)
-                     LIMIT $2)",
-                jobs_cutoff,
-                None,
-            )
+            .prune_batches(super::jobs::PRUNE_JOBS, jobs_cutoff, None)
             .await?;
         let notifications = self
-            .prune_batches(
-                "DELETE FROM notifications WHERE id IN (
-                     SELECT id FROM notifications WHERE state IN ('sent', 'given_up')
-                       AND created_at < $1 LIMIT $2)",
-                cutoff,
-                None,
-            )
+            .prune_batches(super::outbox::PRUNE_NOTIFICATIONS, cutoff, None)
             .await?;
         let statuses = self
-            .prune_batches(
-                "DELETE FROM forge_statuses WHERE id IN (
-                     SELECT id FROM forge_statuses
-                     WHERE (sent_version >= version OR given_up = 1) AND updated_at < $1
-                     LIMIT $2)",
-                cutoff,
-                None,
-            )
+            .prune_batches(super::statuses::PRUNE_STATUSES, cutoff, None)
             .await?;
         Ok(Pruned {
             runs,
@@ -264,6 +243,217 @@ impl Store {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
+}
+
+impl Store {
+    /// Record the start of a run; the backend may be called only after this.
+    pub async fn begin_run(&self, run: &NewRun<'_>) -> Result<i64, StoreError> {
+        Ok(self.begin_run_with_state(run).await?.0)
+    }
+
+    /// [`Store::begin_run`], returning the target's state as the run's
+    /// start left it, read in the same statement that notes the start.
+    pub async fn begin_run_with_state(
+        &self,
+        run: &NewRun<'_>,
+    ) -> Result<(i64, Option<TargetState>), StoreError> {
+        let now = now_ms();
+        let mut tx = self.begin_write("recording a run").await?;
+        let id: i64 = sqlx::query_scalar(
+            "INSERT INTO runs (target, job_id, operation, trigger, delivery_id, requested_sha, started_at, receiver, sha)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING id",
+        )
+        .bind(run.target)
+        .bind(run.job_id)
+        .bind(run.operation.as_str())
+        .bind(run.trigger)
+        .bind(run.delivery_id)
+        .bind(run.requested_sha)
+        .bind(now)
+        .bind(run.receiver)
+        .bind(run.sha)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(self.err("recording a run"))?;
+        let state = super::targets::note_run_start(&mut tx, run.target, now)
+            .await
+            .map_err(self.err("recording a run"))?;
+        tx.commit().await.map_err(self.err("recording a run"))?;
+        Ok((id, state))
+    }
+
+    /// Record which commit the run is about to apply.
+    pub async fn set_run_sha(&self, run_id: i64, sha: &str) -> Result<(), StoreError> {
+        let q = sqlx::query("UPDATE runs SET sha = $2 WHERE id = $1")
+            .bind(run_id)
+            .bind(sha);
+        self.write_one("recording the run's commit", q).await?;
+        Ok(())
+    }
+
+    /// Complete a run and fold its result into the target's state, closing
+    /// the run's job. A failed run never moves the last applied SHA. With
+    /// `streak` (a `no_change` row [`Store::streak`] found for it, or to
+    /// be looked for), the run
+    /// is folded into that row instead of kept as one of its own. Returns
+    /// the id of the row the run now is.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn finish_run(
+        &self,
+        run_id: i64,
+        target: &str,
+        operation: Operation,
+        sha: Option<&str>,
+        status: &Status,
+        notice: Option<&Notice>,
+        streak: Streak<'_>,
+    ) -> Result<i64, StoreError> {
+        let now = now_ms();
+        let what = "recording a run's result";
+        let mut tx = self.begin_write(what).await?;
+        // A run whose job was taken from this process (its lease ran out:
+        // whoever recovered the job marked the run interrupted) is recorded
+        // as it ended, but its job — another process's now — is left alone.
+        let taken: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM runs WHERE id = $1 AND result = 'interrupted'",
+        )
+        .bind(run_id)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(self.err(what))?;
+        let kept = fold(&mut tx, target, streak, run_id, now, status)
+            .await
+            .map_err(self.err(what))?;
+        if kept == run_id {
+            sqlx::query(
+                "UPDATE runs SET finished_at = $2, duration_ms = $2 - started_at, result = $3,
+                        message = $4, output_tail = $5
+                 WHERE id = $1",
+            )
+            .bind(run_id)
+            .bind(now)
+            .bind(status.result.as_str())
+            .bind(&status.message)
+            .bind(&status.output_tail)
+            .execute(&mut *tx)
+            .await
+            .map_err(self.err(what))?;
+        }
+        let run_id = kept;
+        // The run's job is over with it, in the same transaction: a job
+        // whose run is recorded is never run again.
+        if taken == 0 {
+            super::jobs::close_with_run(&mut tx, run_id, status.result.as_str(), now)
+                .await
+                .map_err(self.err(what))?;
+        }
+        super::targets::record_result(
+            &mut tx,
+            target,
+            (run_id, operation, sha),
+            status,
+            notice,
+            now,
+        )
+        .await
+        .map_err(self.err(what))?;
+        if let Some(n) = notice {
+            outbox::queue_notifications(&mut tx, target, Some(run_id), &n.outbox, now)
+                .await
+                .map_err(self.err(what))?;
+            for (id, told) in &n.plans_told {
+                super::deployments::mark_told(&mut tx, *id, *told, now)
+                    .await
+                    .map_err(self.err(what))?;
+            }
+            for s in &n.statuses {
+                statuses::record(&mut tx, s, false)
+                    .await
+                    .map_err(self.err(what))?;
+            }
+            if let Some((id, state, message)) = &n.plan_done {
+                super::deployments::finish_applying(&mut tx, (*id, target), *state, message, now)
+                    .await
+                    .map_err(self.err(what))?;
+            }
+        }
+        tx.commit().await.map_err(self.err(what))?;
+        Ok(run_id)
+    }
+
+    /// The newest runs of a target, newest first.
+    pub async fn history(&self, target: &str, limit: i64) -> Result<Vec<Run>, StoreError> {
+        sqlx::query_as::<_, Run>(
+            "SELECT id, target, job_id, operation, trigger, delivery_id, requested_sha, sha,
+                    started_at, finished_at, duration_ms, result, message, output_tail, receiver,
+                    repeats
+             FROM runs WHERE target = $1 ORDER BY id DESC LIMIT $2",
+        )
+        .bind(target)
+        .bind(limit)
+        .fetch_all(self.pool())
+        .await
+        .map_err(self.err("reading run history"))
+    }
+
+    pub async fn run(&self, id: i64) -> Result<Option<Run>, StoreError> {
+        sqlx::query_as::<_, Run>(
+            "SELECT id, target, job_id, operation, trigger, delivery_id, requested_sha, sha,
+                    started_at, finished_at, duration_ms, result, message, output_tail, receiver,
+                    repeats
+             FROM runs WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_optional(self.pool())
+        .await
+        .map_err(self.err("reading a run"))
+    }
+
+    /// When each target last finished a successful run (ms), for metrics.
+    pub async fn last_successes(&self) -> Result<Vec<(String, i64)>, StoreError> {
+        sqlx::query_as(
+            "SELECT target, MAX(finished_at) FROM runs
+             WHERE result IN ('changed', 'no_change') AND finished_at IS NOT NULL
+             GROUP BY target ORDER BY target",
+        )
+        .fetch_all(self.pool())
+        .await
+        .map_err(self.err("reading the last successful runs"))
+    }
+
+    /// The commit of the target's newest apply that reached its backend and
+    /// ended (changed, no change or failed; not one interrupted or stopped
+    /// by git): what a push is compared against.
+    pub async fn last_attempted_sha(&self, target: &str) -> Result<Option<String>, StoreError> {
+        sqlx::query_scalar(
+            "SELECT sha FROM runs WHERE target = $1 AND operation = 'apply' AND sha IS NOT NULL
+                 AND result IN ('changed', 'no_change', 'failed')
+             ORDER BY id DESC LIMIT 1",
+        )
+        .bind(target)
+        .fetch_optional(self.pool())
+        .await
+        .map_err(self.err("reading a target's last run"))
+    }
+}
+
+/// Close the runs job `id` left open, as `interrupted` with `message`.
+pub(super) async fn interrupt_runs(
+    tx: &mut crate::store::db::Tx,
+    id: i64,
+    message: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE runs SET result = 'interrupted', finished_at = $2, duration_ms = $2 - started_at,
+                message = $3
+         WHERE job_id = $1 AND result IS NULL",
+    )
+    .bind(id)
+    .bind(now_ms())
+    .bind(message)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
 }
 
 #[cfg(test)]

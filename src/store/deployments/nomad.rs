@@ -1,6 +1,6 @@
 //! Nomad deployments in SQLite: the [`Ledger`] the nomad backend writes
 //! through, over the `deployments` table every backend's deployments live
-//! in (`store::plans` lists, decides and tells them, Nomad's included).
+//! in (`store::deployments` lists, decides and tells them, Nomad's included).
 //! Here are only the job-level reads and writes of Nomad's deployment
 //! machinery, and the job pauses. One active deployment per job is the
 //! unique partial index of migration 0010, not a lock; a state change
@@ -9,10 +9,10 @@
 
 use sqlx::Row;
 
-use super::{Store, StoreError, now_ms};
 pub use crate::ledger::Deployment;
 use crate::ledger::{Change, JobKey, Ledger, LedgerError, NewDeployment};
 use crate::model::BoxFuture;
+use crate::store::{Store, StoreError, now_ms};
 
 const COLUMNS: &str = "id, target, cluster, namespace, job, file, commit_sha, \
      plan_hash AS spec_hash, policy, state, job_modify_index, diff, summary AS diff_summary, \
@@ -21,7 +21,7 @@ const COLUMNS: &str = "id, target, cluster, namespace, job, file, commit_sha, \
      pre_hook_child, post_hook_child, registered_at, failed_at_index, waiting_since, overdue_at, \
      created_at";
 
-fn row(r: &super::db::Row) -> Result<Deployment, sqlx::Error> {
+fn row(r: &crate::store::db::Row) -> Result<Deployment, sqlx::Error> {
     Ok(Deployment {
         id: r.try_get("id")?,
         target: r.try_get("target")?,
@@ -177,7 +177,7 @@ impl Ledger for Store {
                 }
                 Err(e) => return Err(self.ledger_err(what)(e)),
             };
-            super::plans::event(
+            super::event(
                 &mut tx,
                 id,
                 &d.target,
@@ -261,7 +261,7 @@ impl Ledger for Store {
                 .fetch_one(&mut *tx)
                 .await
                 .map_err(self.ledger_err(what))?;
-            super::plans::event(
+            super::event(
                 &mut tx,
                 id,
                 &target,
