@@ -516,3 +516,55 @@ fn input(label: &str, name: String, from: &str, problems: &mut Vec<Problem>) -> 
         }
     }
 }
+
+impl Target {
+    /// The commit-status context of this target's applies
+    /// (`driftless/<target>`), or of its pull-request previews
+    /// (`driftless/<target>/preview`). The one place a context is spelled.
+    pub fn status_context(&self, preview: bool) -> String {
+        if preview {
+            format!("driftless/{}/preview", self.name)
+        } else {
+            format!("driftless/{}", self.name)
+        }
+    }
+
+    /// The commit status this target leaves on `sha` for an apply, when it
+    /// sends statuses: on its branch (none for a target that follows tags).
+    pub fn commit_status(
+        &self,
+        sha: &str,
+        state: crate::store::statuses::State,
+        description: String,
+    ) -> Option<crate::store::statuses::NewStatus> {
+        let to = self.statuses.as_ref()?;
+        Some(crate::store::statuses::NewStatus {
+            forge: to.forge.clone(),
+            repo: to.repo.clone(),
+            sha: sha.to_string(),
+            context: self.status_context(false),
+            target: self.name.clone(),
+            state,
+            description,
+            target_url: None,
+            git_ref: self.tag.is_none().then(|| self.branch.clone()),
+            supersedes_queued_before: None,
+        })
+    }
+
+    /// The commit status of a preview of a pull request's head `sha`, on
+    /// the ref that holds it (`head_ref`: GitLab's
+    /// refs/merge-requests/N/head holds a fork's head too).
+    pub fn preview_status(
+        &self,
+        sha: &str,
+        head_ref: &str,
+        state: crate::store::statuses::State,
+        description: String,
+    ) -> Option<crate::store::statuses::NewStatus> {
+        let mut s = self.commit_status(sha, state, description)?;
+        s.context = self.status_context(true);
+        s.git_ref = Some(head_ref.to_string());
+        Some(s)
+    }
+}

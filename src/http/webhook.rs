@@ -211,20 +211,11 @@ pub(super) async fn receive(
     let statuses: Vec<_> = requests
         .iter()
         .filter_map(|r| {
-            let t = app.target(&r.target)?;
-            let to = t.statuses.as_ref()?;
-            Some(crate::store::statuses::NewStatus {
-                forge: to.forge.clone(),
-                repo: to.repo.clone(),
-                sha: r.sha.clone()?,
-                context: format!("driftless/{}", t.name),
-                target: t.name.clone(),
-                state: crate::store::statuses::State::Pending,
-                description: "queued".into(),
-                target_url: None,
-                git_ref: t.tag.is_none().then(|| t.branch.clone()),
-                supersedes_queued_before: None,
-            })
+            app.target(&r.target)?.commit_status(
+                r.sha.as_deref()?,
+                crate::store::statuses::State::Pending,
+                "queued".into(),
+            )
         })
         .collect();
     let statuses_empty = statuses.is_empty();

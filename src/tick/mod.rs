@@ -205,19 +205,13 @@ impl Reconciler {
         {
             info!(target = %target.name, job = job.id, %reason, "push does not affect the target");
             // Its commit was `pending` on the forge since it was queued.
-            if let (Some(to), Some(sha)) = (&target.statuses, &job.requested_sha) {
-                let done = crate::store::statuses::NewStatus {
-                    forge: to.forge.clone(),
-                    repo: to.repo.clone(),
-                    sha: sha.clone(),
-                    context: format!("driftless/{}", target.name),
-                    target: target.name.clone(),
-                    state: crate::store::statuses::State::Success,
-                    description: format!("nothing to apply: {reason}"),
-                    target_url: None,
-                    git_ref: target.tag.is_none().then(|| target.branch.clone()),
-                    supersedes_queued_before: None,
-                };
+            if let Some(done) = job.requested_sha.as_deref().and_then(|sha| {
+                target.commit_status(
+                    sha,
+                    crate::store::statuses::State::Success,
+                    format!("nothing to apply: {reason}"),
+                )
+            }) {
                 self.app.store.record_statuses(&[done], false).await?;
             }
             self.app

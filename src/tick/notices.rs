@@ -239,7 +239,7 @@ impl Reconciler {
         waiting: bool,
     ) -> Option<crate::store::statuses::NewStatus> {
         use crate::store::statuses::{NewStatus, State};
-        let to = target.statuses.as_ref()?;
+        target.statuses.as_ref()?;
         let (state, description) = match (waiting, status.result) {
             (true, _) => (
                 State::Pending,
@@ -256,14 +256,6 @@ impl Reconciler {
             (false, _) => (State::Success, status.message.clone()),
         };
         Some(NewStatus {
-            forge: to.forge.clone(),
-            repo: to.repo.clone(),
-            sha: seen?.to_string(),
-            context: format!("driftless/{}", target.name),
-            target: target.name.clone(),
-            state,
-            description,
-            git_ref: target.tag.is_none().then(|| target.branch.clone()),
             supersedes_queued_before: Some(run.started_ms),
             target_url: self
                 .app
@@ -272,6 +264,7 @@ impl Reconciler {
                 .public_url
                 .as_ref()
                 .map(|u| format!("{}/api/v1/runs/{}", u.trim_end_matches('/'), shown_run)),
+            ..target.commit_status(seen?, state, description)?
         })
     }
 }

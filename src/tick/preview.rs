@@ -194,21 +194,7 @@ impl Reconciler {
         state: State,
         says: String,
     ) -> Option<NewStatus> {
-        let to = target.statuses.as_ref()?;
-        Some(NewStatus {
-            forge: to.forge.clone(),
-            repo: to.repo.clone(),
-            sha: p.head_sha.clone(),
-            context: format!("driftless/{}/preview", target.name),
-            target: target.name.clone(),
-            state,
-            description: says,
-            target_url: None,
-            // The pull request's head ref (GitLab: refs/merge-requests/N/head),
-            // which holds the head of a fork's merge request too.
-            git_ref: Some(p.head_ref.clone()),
-            supersedes_queued_before: None,
-        })
+        target.preview_status(&p.head_sha, &p.head_ref, state, says)
     }
 
     fn planning_status(&self, target: &Target, p: &PreviewRow) -> Option<NewStatus> {
