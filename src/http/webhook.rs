@@ -13,12 +13,9 @@ use tracing::{error, info, warn};
 
 use super::AppState;
 use super::caller::ApiError;
-use crate::config::{Previews, Settings, Target};
-use crate::forge::{self, Event, HookError, PullAction, PullRequest};
-use crate::model::Trigger;
-use crate::queue::{Accepted, Intake, Request};
+use crate::forge::{self, Event, HookError};
+use crate::queue::{Accepted, Intake};
 use crate::route;
-use crate::store::previews::{PullEvent, PullKey};
 
 /// What a delivery is answered with.
 #[derive(Serialize)]
@@ -125,99 +122,23 @@ pub(super) async fn receive(
     let id = delivery.id.as_deref();
     let app = &s.app;
     let settings = app.settings();
-    // `[[target_sets]]` following a pushed branch list their directories
-    // again once the delivery is taken (after a restart, they all do).
-    let mut sets_follow: Vec<String> = Vec::new();
-
-    // What to queue, and what to answer if nothing.
-    let mut requests = Vec::new();
-    let mut pulls = Vec::new();
-    let (outcome, ignored): (String, Option<String>) = match &delivery.event {
-        Event::Ping => ("ping".into(), None),
-        Event::PullRequest(pr) => {
-            pulls = pull_events(&settings, pr);
-            let previewing: usize = pulls.iter().map(|p| p.targets.len()).sum();
-            match pr.action {
-                PullAction::Close => (format!("pull request #{} closed", pr.number), None),
-                PullAction::Preview if previewing > 0 => (
-                    format!(
-                        "pull request #{}: {previewing} preview(s) queued",
-                        pr.number
-                    ),
-                    None,
-                ),
-                PullAction::Preview => {
-                    let why = no_preview_reason(&settings, pr);
-                    info!(receiver = %name, number = pr.number, reason = %why, "pull request not previewed");
-                    (format!("ignored: {why}"), Some(why))
-                }
-            }
-        }
-        Event::Ignored(why) => (format!("ignored: {why}"), Some(why.clone())),
-        Event::Push(push) => {
-            let tracking = route::route(&settings, push);
-            if !push.deleted {
-                sets_follow = route::route_sets(&settings, push)
-                    .iter()
-                    .map(|set| set.label())
-                    .collect();
-            }
-            if push.deleted && push.tag.is_none() {
-                for t in &tracking {
-                    warn!(target = %t.name, branch = %push.branch, receiver = %name,
-                          "the branch this target tracks was deleted; nothing is applied");
-                }
-                let why = format!("branch `{}` was deleted", push.branch);
-                (format!("ignored: {why}"), Some(why))
-            } else {
-                // Every target tracking the branch gets a job; git decides
-                // after the fetch whether the push changed its path. A
-                // paused target's job waits in the queue until it resumes.
-                // A tag push names the tag, not a commit (`after` is the
-                // tag object, or zeros for a deleted tag): the tick finds
-                // the highest tag and refuses one lower than the last.
-                let sha = push.tag.is_none().then(|| push.after.clone());
-                for t in &tracking {
-                    requests.push(Request {
-                        target: t.name.clone(),
-                        trigger: Trigger::Webhook,
-                        sha: sha.clone(),
-                        delivery_id: delivery.id.clone(),
-                        receiver: Some(name.clone()),
-                    });
-                }
-                if !requests.is_empty() {
-                    (format!("queued {} job(s)", requests.len()), None)
-                } else if !sets_follow.is_empty() {
-                    (
-                        format!("directories of {} listed again", sets_follow.join(", ")),
-                        None,
-                    )
-                } else {
-                    let what = match &push.tag {
-                        Some(tag) => format!("tag `{tag}`"),
-                        None => format!("branch `{}`", push.branch),
-                    };
-                    let why = format!("no target follows {what} of {}", push.repo_urls.join(", "));
-                    (format!("ignored: {why}"), Some(why))
-                }
-            }
-        }
-    };
-
-    // The push is durable with its commit `pending` on the forge of every
-    // target that sends statuses (unless it has a result there already: a
-    // delivery sent again).
-    let statuses: Vec<_> = requests
-        .iter()
-        .filter_map(|r| {
-            app.target(&r.target)?.commit_status(
-                r.sha.as_deref()?,
-                crate::store::statuses::State::Pending,
-                "queued".into(),
-            )
-        })
-        .collect();
+    // What the delivery asks for, decided from the settings alone.
+    let route::Asks {
+        requests,
+        pulls,
+        statuses,
+        sets_follow,
+        outcome,
+        ignored,
+        deleted_branch,
+    } = route::asks(&settings, &name, &delivery);
+    for t in &deleted_branch {
+        warn!(target = %t, receiver = %name,
+              "the branch this target tracks was deleted; nothing is applied");
+    }
+    if let (Event::PullRequest(pr), Some(why)) = (&delivery.event, &ignored) {
+        info!(receiver = %name, number = pr.number, reason = %why, "pull request not previewed");
+    }
     let statuses_empty = statuses.is_empty();
     let intake = Intake {
         receiver: name.clone(),
@@ -292,68 +213,6 @@ pub(super) async fn receive(
                 }),
             ))
         }
-    }
-}
-
-/// A pull request's previews, per forge repository of the targets that
-/// track its base branch and preview it: for a close, every such target's
-/// (fork or not); otherwise only those whose `previews` plan a pull request
-/// from where its head is.
-fn pull_events(settings: &Settings, pr: &PullRequest) -> Vec<PullEvent> {
-    let close = pr.action == PullAction::Close;
-    let mut out: Vec<PullEvent> = Vec::new();
-    for t in route::route_pull(settings, pr) {
-        let Some(to) = &t.statuses else { continue };
-        if t.previews == Previews::Off {
-            continue;
-        }
-        let plans = !close && t.previews.plans(pr.from_fork);
-        if !close && !plans {
-            continue;
-        }
-        let key = PullKey {
-            forge: to.forge.clone(),
-            repo: to.repo.clone(),
-            number: pr.number as i64,
-        };
-        let event = match out.iter_mut().find(|e| e.key == key) {
-            Some(e) => e,
-            None => {
-                out.push(PullEvent {
-                    key,
-                    head_sha: pr.head_sha.clone(),
-                    head_ref: pr.head_ref.clone(),
-                    targets: Vec::new(),
-                    close,
-                });
-                out.last_mut().expect("just pushed")
-            }
-        };
-        if plans {
-            event.targets.push(t.name.clone());
-        }
-    }
-    out
-}
-
-/// Why a pull request to preview queued nothing.
-fn no_preview_reason(settings: &Settings, pr: &PullRequest) -> String {
-    let tracking = route::route_pull(settings, pr);
-    let with_previews: Vec<&&Target> = tracking
-        .iter()
-        .filter(|t| t.previews != Previews::Off && t.statuses.is_some())
-        .collect();
-    if with_previews.is_empty() {
-        format!(
-            "no target tracking branch `{}` of {} has previews",
-            pr.base_branch,
-            pr.repo_urls.join(", ")
-        )
-    } else {
-        format!(
-            "pull request #{} comes from a fork; previews = \"forks\" plans those (it runs the pull request's code)",
-            pr.number
-        )
     }
 }
 
