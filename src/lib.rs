@@ -32,6 +32,7 @@ pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod decrypt;
+pub mod deploy;
 pub mod error;
 pub mod forge;
 pub mod git;

@@ -138,83 +138,7 @@ type EventRow = (
     i64,
 );
 
-/// Where a plan is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum PlanState {
-    /// Nomad: planned, about to be registered unattended.
-    Detected,
-    /// Shown; waits for a person to approve exactly it.
-    PendingApproval,
-    /// Approved; the next tick of the target applies it, if git still
-    /// gives its commit.
-    Approved,
-    /// Nomad: its pre hook (a dispatched batch job) runs.
-    PreHook,
-    /// Being applied (written before the backend is called).
-    Applying,
-    /// Nomad: its canaries are placed and the rest waits for a person to
-    /// promote it (approved through the same call as an approval).
-    PendingPromotion,
-    /// Nomad: a person promoted it; the next tick asks Nomad to.
-    Promoting,
-    /// Nomad: registered and rolled out; its post hook runs.
-    PostHook,
-    Applied,
-    Failed,
-    Rejected,
-    /// A newer commit came first; it will never be applied.
-    Superseded,
-}
-
-impl PlanState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PlanState::Detected => "detected",
-            PlanState::PendingApproval => "pending_approval",
-            PlanState::Approved => "approved",
-            PlanState::PreHook => "pre_hook",
-            PlanState::Applying => "applying",
-            PlanState::PendingPromotion => "pending_promotion",
-            PlanState::Promoting => "promoting",
-            PlanState::PostHook => "post_hook",
-            PlanState::Applied => "applied",
-            PlanState::Failed => "failed",
-            PlanState::Rejected => "rejected",
-            PlanState::Superseded => "superseded",
-        }
-    }
-
-    /// The state `as_str` wrote, if it is one.
-    pub fn parse(s: &str) -> Option<PlanState> {
-        use PlanState::*;
-        [
-            Detected,
-            PendingApproval,
-            Approved,
-            PreHook,
-            Applying,
-            PendingPromotion,
-            Promoting,
-            PostHook,
-            Applied,
-            Failed,
-            Rejected,
-            Superseded,
-        ]
-        .into_iter()
-        .find(|p| p.as_str() == s)
-    }
-
-    /// Not finished yet: the target's (the Nomad job's) one open
-    /// deployment.
-    pub fn is_open(self) -> bool {
-        !matches!(
-            self,
-            PlanState::Applied | PlanState::Failed | PlanState::Rejected | PlanState::Superseded
-        )
-    }
-}
+pub use crate::deploy::PlanState;
 
 crate::store::db::text_enum!(PlanState);
 
@@ -530,12 +454,11 @@ impl Store {
     }
 
     /// A person's decision on deployment `id`, whichever backend's: approve
-    /// it (for exactly the plan `plan_hash` names) or reject it. Only a
-    /// pending deployment can be decided; anything else, or another hash,
-    /// is a `Conflict` saying why. Nothing is applied here: the target's
-    /// next tick does that. An approved plan becomes `approved`; an
-    /// approved Nomad deployment goes straight to the step its job takes
-    /// next (`pre_hook` or `applying`), unless a person paused the job.
+    /// it (for exactly the plan `plan_hash` names) or reject it. Where it
+    /// goes is `deploy::decide`'s to say (a `Conflict` saying why when it
+    /// cannot); this writes it, with its event, only if the deployment is
+    /// still in the state that was decided on. Nothing is applied here:
+    /// the target's next tick does that.
     pub async fn decide_plan(
         &self,
         id: i64,
@@ -552,61 +475,40 @@ impl Store {
             .await
             .map_err(self.err(what))?
             .ok_or(DecisionError::NotFound(id))?;
-        if p.state == PlanState::PendingPromotion {
-            return self
-                .decide_promotion(tx, p, plan_hash, actor, approve)
-                .await;
-        }
-        if p.state != PlanState::PendingApproval {
-            let why = match p.state {
-                PlanState::Superseded => format!(
-                    "deployment {id} of target `{}` was superseded ({}); look at its new plan",
-                    p.target,
-                    p.message.as_deref().unwrap_or("by a newer commit")
-                ),
-                s => format!("deployment {id} is `{}`, not pending approval", s.as_str()),
-            };
-            return Err(DecisionError::Conflict(why));
-        }
-        if let Some(h) = plan_hash
-            && h != p.plan_hash
-        {
-            return Err(DecisionError::Conflict(format!(
-                "stale plan: deployment {id} is for plan {}, not {h}; look at it again",
-                p.plan_hash
-            )));
-        }
-        let (to, message) = match (&p.job, approve) {
-            (_, false) => (PlanState::Rejected, "rejected"),
-            (None, true) => (
-                PlanState::Approved,
-                "approved; the next tick applies exactly this plan if git still gives its commit",
-            ),
-            (Some(job), true) => {
-                if job_paused(&mut tx, &p.target, job)
-                    .await
-                    .map_err(self.err(what))?
-                {
-                    return Err(DecisionError::Conflict(format!(
-                        "job `{job}` of target `{}` is paused; resume it first",
-                        p.target
-                    )));
-                }
-                if p.pre_hook.is_some() {
-                    (
-                        PlanState::PreHook,
-                        "approved; the next tick runs its pre hook, then registers it",
-                    )
-                } else {
-                    (PlanState::Applying, "approved; the next tick registers it")
-                }
-            }
+        let paused = match &p.job {
+            Some(job) => job_paused(&mut tx, &p.target, job)
+                .await
+                .map_err(self.err(what))?,
+            None => false,
         };
+        let (to, message) = crate::deploy::decide(
+            &crate::deploy::Decidable {
+                id,
+                target: &p.target,
+                state: p.state,
+                plan_hash: &p.plan_hash,
+                message: p.message.as_deref(),
+                job: p.job.as_deref(),
+                pre_hook: p.pre_hook.is_some(),
+                nomad_deployment_id: p.nomad_deployment_id.as_deref(),
+                job_paused: paused,
+            },
+            plan_hash,
+            approve,
+        )
+        .map_err(DecisionError::Conflict)?;
+        let from = p.state;
         let now = now_ms();
+        // A person's approval or rejection names who decided; a promotion
+        // keeps the approval's.
+        let decided = if from == PlanState::PendingApproval {
+            ", decided_by = $4, decided_at = $5"
+        } else {
+            ""
+        };
         let q = format!(
-            "UPDATE deployments SET state = $2, message = $3, decided_by = $4, decided_at = $5,
-                              updated_at = $5
-             WHERE id = $1 AND state = 'pending_approval' RETURNING {COLUMNS}"
+            "UPDATE deployments SET state = $2, message = $3{decided}, updated_at = $5
+             WHERE id = $1 AND state = $6 RETURNING {COLUMNS}"
         );
         let p = sqlx::query_as::<_, StoredPlan>(sqlx::AssertSqlSafe(q))
             .bind(id)
@@ -614,6 +516,7 @@ impl Store {
             .bind(message)
             .bind(actor)
             .bind(now)
+            .bind(from)
             .fetch_one(&mut *tx)
             .await
             .map_err(self.err(what))?;
@@ -622,78 +525,8 @@ impl Store {
             id,
             &p.target,
             actor,
-            Some("pending_approval"),
+            Some(from.as_str()),
             to.as_str(),
-            Some(message),
-        )
-        .await
-        .map_err(self.err(what))?;
-        tx.commit().await.map_err(self.err(what))?;
-        Ok(p)
-    }
-
-    /// A person's decision on a deployment waiting for promotion (its
-    /// canaries placed): promoting it, for exactly the plan it was made
-    /// of, moves it to `promoting`; the next tick asks the backend to.
-    /// Refusing a promotion is not a state driftless can bring about (the
-    /// canaries run in the cluster): the answer says what does.
-    async fn decide_promotion(
-        &self,
-        mut tx: crate::store::db::Tx,
-        p: StoredPlan,
-        plan_hash: Option<&str>,
-        actor: &str,
-        promote: bool,
-    ) -> Result<StoredPlan, DecisionError> {
-        let what = "recording a promotion";
-        let id = p.id;
-        if !promote {
-            return Err(DecisionError::Conflict(format!(
-                "deployment {id} is rolled out to its canaries and waits for promotion; \
-                 driftless does not take canaries back: fail the Nomad deployment \
-                 (`nomad deployment fail {}`; an `auto_revert` group rolls back) or push a revert",
-                p.nomad_deployment_id.as_deref().unwrap_or("<id>")
-            )));
-        }
-        if let Some(h) = plan_hash
-            && h != p.plan_hash
-        {
-            return Err(DecisionError::Conflict(format!(
-                "stale plan: deployment {id} is for plan {}, not {h}; look at it again",
-                p.plan_hash
-            )));
-        }
-        // A paused job is never written to, a promotion included.
-        if let Some(job) = &p.job
-            && job_paused(&mut tx, &p.target, job)
-                .await
-                .map_err(self.err(what))?
-        {
-            return Err(DecisionError::Conflict(format!(
-                "job `{job}` of target `{}` is paused; resume it first",
-                p.target
-            )));
-        }
-        let message = "promoted; the next tick asks Nomad to promote its canaries";
-        let now = now_ms();
-        let q = format!(
-            "UPDATE deployments SET state = 'promoting', message = $2, updated_at = $3
-             WHERE id = $1 AND state = 'pending_promotion' RETURNING {COLUMNS}"
-        );
-        let p = sqlx::query_as::<_, StoredPlan>(sqlx::AssertSqlSafe(q))
-            .bind(id)
-            .bind(message)
-            .bind(now)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(self.err(what))?;
-        event(
-            &mut tx,
-            id,
-            &p.target,
-            actor,
-            Some("pending_promotion"),
-            "promoting",
             Some(message),
         )
         .await
