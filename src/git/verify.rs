@@ -78,11 +78,12 @@ impl Git {
         .iter()
         .map(|s| s.to_string())
         .collect();
+        // Every commit since the last applied one; with none since (the
+        // tip is the commit last applied), the tip itself, as in "head" mode.
         match (v.every_commit, last_applied) {
             (true, Some(last)) if last != tip => {
                 argv.extend([tip.to_string(), "--not".into(), last.to_string()])
             }
-            (true, Some(_)) => {}
             _ => argv.extend(["-1".to_string(), tip.to_string()]),
         }
         let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
@@ -372,6 +373,12 @@ mod tests {
             ("N", "", "", "not signed"),
             ("B", "ABCDEF", "Signer", "bad signature"),
             ("E", "ABCDEF", "", "not in gpg_keyring_file"),
+            (
+                "E",
+                "SHA256:abc",
+                "",
+                "signed by SSH key SHA256:abc, which cannot be checked",
+            ),
             ("Y", "ABCDEF", "Signer", "has expired"),
             ("R", "ABCDEF", "Signer", "revoked"),
         ] {

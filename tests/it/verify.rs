@@ -620,3 +620,40 @@ fn an_unsigned_tip_is_refused_on_every_path_that_checks_out() {
     }
     assert_eq!(log_lines(&ran).len(), before, "the daemon ran a command");
 }
+
+/// `mode = "all"` checks the commits since the last applied one; when the
+/// tip is the commit last applied (verify turned on for a target already
+/// at an unsigned commit) there are none, and the tip itself is checked,
+/// as under `mode = "head"`: it is refused, naming it, and nothing runs.
+/// (Found by mutation testing: `git log` was then given no commit at all.)
+#[test]
+fn mode_all_with_nothing_new_checks_the_tip_itself() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let (_alice, alice_pub) = ssh_key(root.path(), "alice");
+    let remote = Remote::new(root.path(), "infra");
+    let log = root.path().join("applies.log");
+    let s = setup(&remote, &log, "");
+    let unsigned = remote.commit(&[("v", "1")], "unsigned");
+    let (code, run) = tick(&s, &[]);
+    assert_eq!(
+        (code, &run["result"]),
+        (Some(0), &"changed".into()),
+        "{run}"
+    );
+    assert_eq!(last_applied(&s), unsigned);
+    let config = std::fs::read_to_string(&s.config).expect("config");
+    let verify = format!(
+        "{}\nmode = \"all\"",
+        verify_ssh_table(root.path(), "alice@example.net", &alice_pub)
+    );
+    std::fs::write(
+        &s.config,
+        config.replace(
+            "interval = \"1h\"\n",
+            &format!("interval = \"1h\"\n{verify}\n"),
+        ),
+    )
+    .expect("config");
+    let ran = tick(&s, &[]);
+    assert_refused(&s, &log, 1, ran, &unsigned, "not signed", &unsigned);
+}
