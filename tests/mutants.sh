@@ -43,7 +43,7 @@ pick lock    && run lock    src/lock.rs -- --lib lock::
 pick verify  && run verify  src/git/verify.rs -- --lib --test it -- verify:: tags::
 pick decrypt && run decrypt src/decrypt.rs -- --test it -- decrypt:: canaries::
 # tick's record and finish steps.
-pick tick    && run tick    src/tick/mod.rs -F 'finish|record|converge' -- --test it -- daemon:: dependencies::
+pick tick    && run tick    src/tick/record.rs -f src/tick/mod.rs -F 'finish|record|converge' -- --test it -- daemon:: dependencies::
 
 echo "== summary (caught / missed / timeout / unviable)"
 for d in "$out"/*/mutants.out; do

@@ -1,0 +1,161 @@
+//! The end of a run: its result recorded with everything it changes —
+//! the target's state, its job, its owners' notifications, its commit
+//! status, a plan's new state — in one transaction (`Store::finish_run`),
+//! then the metrics, the log line and the dependents woken. What a result
+//! means for the owners is `tick::notices`'; this module only assembles
+//! and records it.
+
+use super::*;
+
+impl Reconciler {
+    pub(super) async fn finish(
+        &self,
+        target: &Target,
+        run: &RunInfo,
+        sha: Option<&str>,
+        status: Status,
+    ) -> Result<Ticked, TickError> {
+        self.finish_with(target, run, sha, sha, status, Findings::default())
+            .await
+    }
+
+    /// Record the run: `applied` is the commit the real world now matches
+    /// (the target's last applied SHA), `seen` the one the run looked at
+    /// (in the log and the owners' events); a `detect` run sees a commit
+    /// and applies nothing, nor does one whose plan waits for a person.
+    pub(super) async fn finish_with(
+        &self,
+        target: &Target,
+        run: &RunInfo,
+        applied: Option<&str>,
+        seen: Option<&str>,
+        status: Status,
+        findings: Findings,
+    ) -> Result<Ticked, TickError> {
+        let sha = applied;
+        let mut status = status;
+        if let Some(note) = &run.note {
+            status.message = if status.message.is_empty() {
+                note.clone()
+            } else {
+                format!("{note}; {}", status.message)
+            };
+        }
+        let Findings {
+            drift,
+            plan_done,
+            waiting,
+        } = findings;
+        let drift_event = match &drift {
+            Some(DriftUpdate::Set { .. }) => Some(notify::Event::DriftDetected),
+            Some(DriftUpdate::Clear) => Some(notify::Event::DriftResolved),
+            None => None,
+        };
+        let mut notice = match run.op {
+            Operation::Apply => Some(self.notice(target, run, seen, &status, drift_event)),
+            // Tearing down is an operator's act, not news for the owners.
+            Operation::Destroy => None,
+        };
+        if let Some(n) = notice.as_mut() {
+            n.drift = drift;
+            n.plan_done = plan_done;
+            self.plan_notices(target, run, n).await?;
+        }
+        // A run that found nothing to do, like the one before it, and has
+        // nothing to tell: one row for the streak, not one per tick.
+        // Looked for as the run is recorded, unless its commit status must
+        // link to the streak's row before.
+        let streak = match &notice {
+            Some(n)
+                if status.result == ApplyResult::NoChange
+                    && run.delivery_id.is_none()
+                    && !waiting
+                    && n.outbox.is_empty()
+                    && n.plans_told.is_empty()
+                    && n.plan_done.is_none()
+                    && n.drift.is_none() =>
+            {
+                if target.statuses.is_none() {
+                    Streak::Find {
+                        sha: seen,
+                        trigger: &run.trigger,
+                    }
+                } else {
+                    self.app
+                        .store
+                        .streak(&target.name, run.id, seen, &run.trigger, &status.message)
+                        .await?
+                        .map_or(Streak::No, Streak::Row)
+                }
+            }
+            _ => Streak::No,
+        };
+        if let Some(n) = notice.as_mut() {
+            let shown = match streak {
+                Streak::Row(id) => id,
+                _ => run.id,
+            };
+            n.statuses
+                .extend(self.commit_status(target, run, shown, seen, &status, waiting));
+        }
+        // The backend is done: its result is not thrown away because the
+        // disk is full right now. Keep it, hold the job (and the target's
+        // lock), and write it when space returns.
+        let mut pause = Duration::from_secs(1);
+        let run_id = loop {
+            match self
+                .app
+                .store
+                .finish_run(
+                    run.id,
+                    &target.name,
+                    run.op,
+                    sha,
+                    &status,
+                    notice.as_ref(),
+                    streak,
+                )
+                .await
+            {
+                Ok(kept) => break kept,
+                Err(e) if e.is_disk_trouble() && self.app.store.check_identity().is_ok() => {
+                    error!(target = %target.name, run = run.id, error = %e, retry_in = ?pause,
+                           "cannot record the finished run; keeping its result and trying again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(30));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+        if notice.as_ref().is_some_and(|n| !n.outbox.is_empty()) {
+            self.app.outbox_wake.notify_waiters();
+        }
+        self.app.metrics.tick(
+            &target.name,
+            status.result.as_str(),
+            run.started.elapsed().as_secs_f64(),
+        );
+        if run.op == Operation::Apply && !waiting {
+            self.wake_dependents(target, status.result).await;
+        }
+        let short = seen.map(short_sha).unwrap_or("-");
+        match status.result {
+            ApplyResult::Failed => warn!(target = %target.name, run = run_id, sha = short,
+                operation = run.op.as_str(), message = %status.message, "run failed"),
+            ApplyResult::Blocked => warn!(target = %target.name, run = run_id,
+                operation = run.op.as_str(), message = %status.message, "run blocked"),
+            // A run that found nothing to do is in the history; the log
+            // (INFO) says what changed, RUST_LOG=debug every run.
+            ApplyResult::NoChange => debug!(target = %target.name, run = run_id, sha = short,
+                operation = run.op.as_str(), result = "no_change", message = %status.message, "run finished"),
+            r => info!(target = %target.name, run = run_id, sha = short,
+                operation = run.op.as_str(), result = r.as_str(), message = %status.message, "run finished"),
+        }
+        Ok(Ticked::Ran {
+            run_id,
+            result: status.result,
+            sha: seen.map(str::to_string),
+            message: status.message,
+        })
+    }
+}
