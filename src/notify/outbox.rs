@@ -183,6 +183,36 @@ impl Sender {
         }
     }
 
+    /// One row of any outbox (`outbox`, row `id`) through the steps they
+    /// share: a destination paused by a rate limit defers the row unsent;
+    /// otherwise `send` runs, and a rate limit in its answer pauses the
+    /// destination and defers the row, no attempt spent. `None` when the
+    /// row was deferred; else the send's result, for the row's own record.
+    async fn through<T>(
+        &self,
+        outbox: Outbox,
+        id: i64,
+        dest: Result<(String, String), SendError>,
+        send: impl std::future::Future<Output = Result<T, SendError>>,
+    ) -> Result<Option<Result<T, SendError>>, StoreError> {
+        let limited = match self.gate(&dest).await? {
+            Gate::Paused { until, why } => {
+                self.store.defer(outbox, id, until, &why).await?;
+                return Ok(None);
+            }
+            Gate::Open { limited } => limited,
+        };
+        let result = send.await;
+        if let Some((until, why)) = self
+            .settle(&dest, limited, &result.as_ref().map(|_| ()))
+            .await?
+        {
+            self.store.defer(outbox, id, until, &why).await?;
+            return Ok(None);
+        }
+        Ok(Some(result))
+    }
+
     /// Send one event now, outside the outbox (`driftless notify test`).
     pub async fn send_now(&self, notifier: &str, doc: &EventDoc) -> Result<(), SendError> {
         let n = self
@@ -192,7 +222,9 @@ impl Sender {
         n.send(self.http()?, doc).await
     }
 
-    /// One pass over the due notifications. Returns how many were attempted.
+    /// One pass over the due notifications, then the commit statuses and
+    /// the pull request comments. Returns how many were sent or failed (a
+    /// row deferred past a rate limit is not counted).
     pub async fn deliver_due(&self) -> Result<usize, StoreError> {
         let mut attempted = 0;
         for due in self.store.due_notifications().await? {
@@ -205,39 +237,23 @@ impl Sender {
                 Some(cfg) => cfg.destination(),
                 None => Err(SendError::new("no such notifier")),
             };
-            let limited = match self.gate(&dest).await? {
-                Gate::Paused { until, why } => {
-                    self.store
-                        .defer(Outbox::Notification, n.id, until, &why)
-                        .await?;
-                    continue;
+            let send = async {
+                match (
+                    self.notifiers.get(&n.notifier),
+                    serde_json::from_str::<EventDoc>(&n.document),
+                ) {
+                    (None, _) => Err(SendError::new(format!(
+                        "notifier `{}` is no longer configured",
+                        n.notifier
+                    ))),
+                    (_, Err(e)) => Err(SendError::new(format!("unreadable event document: {e}"))),
+                    (Some(cfg), Ok(doc)) => cfg.send(self.http()?, &doc).await,
                 }
-                Gate::Open { limited } => limited,
+            };
+            let Some(result) = self.through(Outbox::Notification, n.id, dest, send).await? else {
+                continue;
             };
             attempted += 1;
-            let result = match (
-                self.notifiers.get(&n.notifier),
-                serde_json::from_str::<EventDoc>(&n.document),
-            ) {
-                (None, _) => Err(SendError::new(format!(
-                    "notifier `{}` is no longer configured",
-                    n.notifier
-                ))),
-                (_, Err(e)) => Err(SendError::new(format!("unreadable event document: {e}"))),
-                (Some(cfg), Ok(doc)) => match self.http() {
-                    Ok(http) => cfg.send(http, &doc).await,
-                    Err(e) => Err(e),
-                },
-            };
-            if let Some((until, why)) = self
-                .settle(&dest, limited, &result.as_ref().map(|_| ()))
-                .await?
-            {
-                self.store
-                    .defer(Outbox::Notification, n.id, until, &why)
-                    .await?;
-                continue;
-            }
             self.record(&n, result).await?;
         }
         Ok(attempted + self.deliver_statuses().await? + self.deliver_comments().await?)
@@ -254,33 +270,22 @@ impl Sender {
                 Some(f) => f.destination(),
                 None => Err(SendError::new("no such forge")),
             };
-            let limited = match self.gate(&dest).await? {
-                Gate::Paused { until, why } => {
-                    self.store.defer(Outbox::Comment, r.id, until, &why).await?;
-                    continue;
-                }
-                Gate::Open { limited } => limited,
-            };
-            let result = match self.forges.get(&r.forge) {
-                None => Err(SendError::new(format!(
-                    "forge `{}` is no longer configured",
-                    r.forge
-                ))),
-                Some(f) => match self.http() {
-                    Ok(http) => {
+            let send = async {
+                match self.forges.get(&r.forge) {
+                    None => Err(SendError::new(format!(
+                        "forge `{}` is no longer configured",
+                        r.forge
+                    ))),
+                    Some(f) => {
+                        let http = self.http()?;
                         f.upsert_comment(http, &r.repo, r.number, r.comment_id.as_deref(), body)
                             .await
                     }
-                    Err(e) => Err(e),
-                },
+                }
             };
-            if let Some((until, why)) = self
-                .settle(&dest, limited, &result.as_ref().map(|_| ()))
-                .await?
-            {
-                self.store.defer(Outbox::Comment, r.id, until, &why).await?;
+            let Some(result) = self.through(Outbox::Comment, r.id, dest, send).await? else {
                 continue;
-            }
+            };
             match result {
                 Ok(id) => {
                     info!(forge = %r.forge, repo = %r.repo, number = r.number, comment = %id,
@@ -316,41 +321,29 @@ impl Sender {
                 Some(f) => f.destination(),
                 None => Err(SendError::new("no such forge")),
             };
-            let limited = match self.gate(&dest).await? {
-                Gate::Paused { until, why } => {
-                    self.store.defer(Outbox::Status, r.id, until, &why).await?;
-                    continue;
-                }
-                Gate::Open { limited } => limited,
-            };
-            let result = match self.forges.get(&r.forge) {
-                None => Err(SendError::new(format!(
-                    "forge `{}` is no longer configured",
-                    r.forge
-                ))),
-                Some(f) => {
-                    let s = super::forge::Status {
-                        repo: &r.repo,
-                        sha: &r.sha,
-                        context: &r.context,
-                        state: r.state,
-                        description: &r.description,
-                        target_url: r.target_url.as_deref(),
-                        git_ref: r.git_ref.as_deref(),
-                    };
-                    match self.http() {
-                        Ok(http) => f.send(http, &s).await,
-                        Err(e) => Err(e),
+            let send = async {
+                match self.forges.get(&r.forge) {
+                    None => Err(SendError::new(format!(
+                        "forge `{}` is no longer configured",
+                        r.forge
+                    ))),
+                    Some(f) => {
+                        let s = super::forge::Status {
+                            repo: &r.repo,
+                            sha: &r.sha,
+                            context: &r.context,
+                            state: r.state,
+                            description: &r.description,
+                            target_url: r.target_url.as_deref(),
+                            git_ref: r.git_ref.as_deref(),
+                        };
+                        f.send(self.http()?, &s).await
                     }
                 }
             };
-            if let Some((until, why)) = self
-                .settle(&dest, limited, &result.as_ref().map(|_| ()))
-                .await?
-            {
-                self.store.defer(Outbox::Status, r.id, until, &why).await?;
+            let Some(result) = self.through(Outbox::Status, r.id, dest, send).await? else {
                 continue;
-            }
+            };
             match result {
                 Ok(()) => {
                     info!(forge = %r.forge, target = %r.target, sha = %r.sha, state = ?r.state,
