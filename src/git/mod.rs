@@ -168,6 +168,14 @@ pub fn note_checkout_of(dir: &Path, identity: &str) -> Result<(), std::io::Error
     std::fs::write(dir.join(".git").join("driftless-of"), identity)
 }
 
+/// What [`Git::path_between`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathBetween {
+    Same,
+    Changed,
+    Unknown,
+}
+
 /// What [`Git::dirs_at`] found: the matching directories, and the
 /// symbolic links where a directory was looked for.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -518,6 +526,27 @@ impl Git {
             workdir,
             source_digest: tree,
         })
+    }
+
+    /// What git says of `path` between commits `a` and `b` in `remote`'s
+    /// cache: the same tree (or the same commit), a different one (or the
+    /// path at only one of them), or nothing either way (the path at
+    /// neither, or a commit not in the cache). The one place "did the
+    /// target's path change" is decided: for a push (`tick`), for a plan
+    /// made at another commit (`tick::review`), for a pull request
+    /// (`tick::preview`).
+    pub async fn path_between(&self, remote: &str, path: &Path, a: &str, b: &str) -> PathBetween {
+        if a == b {
+            return PathBetween::Same;
+        }
+        match (
+            self.tree_at(remote, a, path).await,
+            self.tree_at(remote, b, path).await,
+        ) {
+            (Some(x), Some(y)) if x == y => PathBetween::Same,
+            (None, None) => PathBetween::Unknown,
+            _ => PathBetween::Changed,
+        }
     }
 
     /// The git tree id of `path` ("" = the root) at commit `sha` in

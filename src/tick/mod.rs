@@ -260,10 +260,12 @@ impl Reconciler {
                 short(&tip)
             )));
         }
-        let before = self.git.tree_at(&target.repo, &base, &target.path).await;
-        let after = self.git.tree_at(&target.repo, &tip, &target.path).await;
-        Ok(match (before, after) {
-            (Some(a), Some(b)) if a == b => Some(format!(
+        let between = self
+            .git
+            .path_between(&target.repo, &target.path, &base, &tip)
+            .await;
+        Ok(match between {
+            crate::git::PathBetween::Same => Some(format!(
                 "nothing under `{}` changed between {} and {}",
                 review::shown_path(target),
                 short(&base),

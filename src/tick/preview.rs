@@ -121,16 +121,16 @@ impl Reconciler {
             Ok(m) => m,
             Err(e) => return Outcome::Failed(e.to_string()),
         };
-        let before = match &merge_base {
-            Some(m) => self.git.tree_at(&target.repo, m, &target.path).await,
-            None => None,
-        };
-        let after = self
-            .git
-            .tree_at(&target.repo, &p.head_sha, &target.path)
-            .await;
-        if merge_base.is_some() && before == after {
-            return Outcome::Unaffected;
+        // The path the same at the merge base and the head, or at neither (the
+        // pull request does not touch this target): nothing to preview.
+        if let Some(m) = &merge_base {
+            let between = self
+                .git
+                .path_between(&target.repo, &target.path, m, &p.head_sha)
+                .await;
+            if between != crate::git::PathBetween::Changed {
+                return Outcome::Unaffected;
+            }
         }
         if let Some(s) = self.planning_status(target, p) {
             if let Err(e) = self.app.store.record_statuses(&[s], false).await {

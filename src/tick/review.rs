@@ -131,17 +131,10 @@ impl Reconciler {
     /// (what `unaffected` decides for a push). `false` when git cannot
     /// tell (a commit gone from the cache after a force push).
     async fn same_inputs(&self, target: &Target, planned: &str, seen: &CommitId) -> bool {
-        if planned == seen.as_str() {
-            return true;
-        }
-        let tree = |sha: &str| {
-            let sha = sha.to_string();
-            async move { self.git.tree_at(&target.repo, &sha, &target.path).await }
-        };
-        match (tree(planned).await, tree(seen.as_str()).await) {
-            (Some(a), Some(b)) => a == b,
-            _ => false,
-        }
+        self.git
+            .path_between(&target.repo, &target.path, planned, seen.as_str())
+            .await
+            == crate::git::PathBetween::Same
     }
 
     /// An `approval` or `approve_destructive` target's tick. The target's
