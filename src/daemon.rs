@@ -7,6 +7,7 @@
 //! the next start (its lease expires). This module wires parts together; it
 //! holds no reconcile logic of its own.
 
+use crate::queue::{BUSY_RETRY, ERROR_RETRY, JobEnd};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -24,10 +25,6 @@ use crate::tick::{Previewed, Reconciler, Ticked};
 /// When the queue is empty, how often a worker looks again (a notification
 /// usually wakes it sooner).
 const IDLE_POLL: Duration = Duration::from_millis(500);
-/// How long a job whose target is locked elsewhere waits before retrying.
-const BUSY_RETRY: Duration = Duration::from_secs(2);
-/// How long after an error (database) a job is retried.
-const ERROR_RETRY: Duration = Duration::from_secs(10);
 /// How often the daemon looks for jobs left running by a dead process.
 const REAP_PERIOD: Duration = Duration::from_secs(2);
 /// How long such a job must have gone without a heartbeat.
@@ -461,32 +458,31 @@ async fn process(n: usize, engine: &Reconciler, job: &Job, health: &Health) {
     let q = &engine.app().queue;
     if engine.app().target(&job.target).is_none() {
         warn!(target = %job.target, job = job.id, "a job of a target no longer configured: closed");
-        if let Err(e) = q
-            .finish(job.id, None, "skipped: target no longer configured")
-            .await
-        {
+        if let Err(e) = q.end(job.id, JobEnd::Unknown).await {
             health.store_failing.store(true, Ordering::Relaxed);
             error!(worker = n, job = job.id, error = %e, "cannot close the job");
         }
         return;
     }
-    let result = match engine.run_job(job).await {
+    let end = match engine.run_job(job).await {
         // The tick closed the job itself.
-        Ok(Ticked::Ran { .. } | Ticked::Unaffected { .. }) => Ok(()),
-        Ok(Ticked::Paused) => q.finish(job.id, None, "skipped: target paused").await,
-        Ok(Ticked::Busy) if job.interval_only() => {
-            info!(target = %job.target, "target busy elsewhere: interval tick skipped");
-            q.finish(job.id, None, "skipped: target locked by another tick")
-                .await
-        }
+        Ok(Ticked::Ran { .. } | Ticked::Unaffected { .. }) => None,
+        Ok(Ticked::Paused) => Some(JobEnd::Paused),
         Ok(Ticked::Busy) => {
-            info!(target = %job.target, "target busy elsewhere: job stays queued");
-            q.requeue(job.id, BUSY_RETRY).await
+            info!(target = %job.target, interval_only = job.interval_only(),
+                  "target busy elsewhere: an interval tick is skipped, anything else stays queued");
+            Some(JobEnd::Busy {
+                interval_only: job.interval_only(),
+            })
         }
         Err(e) => {
             error!(worker = n, target = %job.target, job = job.id, error = %e, "tick stopped");
-            q.requeue(job.id, ERROR_RETRY).await
+            Some(JobEnd::Stopped)
         }
+    };
+    let result = match end {
+        Some(end) => q.end(job.id, end).await,
+        None => Ok(()),
     };
     if let Err(e) = result {
         health.store_failing.store(true, Ordering::Relaxed);

@@ -39,6 +39,32 @@ const STOPPED: &str =
 /// How long delivery ids are remembered for dedupe.
 pub const DELIVERY_MEMORY: Duration = Duration::from_secs(7 * 24 * 3600);
 
+/// A job whose target another tick holds waits this long to be tried again.
+pub const BUSY_RETRY: Duration = Duration::from_secs(2);
+/// A job whose tick stopped on an error waits this long to be tried again.
+pub const ERROR_RETRY: Duration = Duration::from_secs(10);
+
+/// How a job ends when no run of its own records its end (a run closes
+/// its job in the run's transaction). [`Queue::end`] says what each means.
+#[derive(Debug, Clone, Copy)]
+pub enum JobEnd<'a> {
+    /// Its target is no longer configured: closed.
+    Unknown,
+    /// Its target is paused: closed (a push to it waits in a job of its
+    /// own, queued again at `resume`).
+    Paused,
+    /// Another tick holds the target's lock: an interval tick is skipped,
+    /// anything else waits [`BUSY_RETRY`] and is tried again.
+    Busy { interval_only: bool },
+    /// The push did not change the target: closed, saying why.
+    Unaffected(&'a str),
+    /// Not run, for the reason given: closed.
+    Skipped(&'a str),
+    /// The tick stopped on an error before recording a run: tried again
+    /// after [`ERROR_RETRY`].
+    Stopped,
+}
+
 /// The queue, bound to one owner identity (this process).
 #[derive(Clone, Debug)]
 pub struct Queue {
@@ -162,6 +188,26 @@ impl Queue {
         outcome: &str,
     ) -> Result<(), StoreError> {
         self.jobs.finish(job_id, run_id, outcome).await
+    }
+
+    /// End job `job_id` as `end` says: closed with an outcome that says
+    /// why, or given back to run again later. The one place a job's end
+    /// is decided when no run records it.
+    pub async fn end(&self, job_id: i64, end: JobEnd<'_>) -> Result<(), StoreError> {
+        let closed = |outcome: String| async move { self.finish(job_id, None, &outcome).await };
+        match end {
+            JobEnd::Unknown => closed("skipped: target no longer configured".into()).await,
+            JobEnd::Paused => closed("skipped: target paused".into()).await,
+            JobEnd::Busy {
+                interval_only: true,
+            } => closed("skipped: target locked by another tick".into()).await,
+            JobEnd::Busy {
+                interval_only: false,
+            } => self.requeue(job_id, BUSY_RETRY).await,
+            JobEnd::Unaffected(why) => closed(format!("unaffected: {why}")).await,
+            JobEnd::Skipped(why) => closed(format!("skipped: {why}")).await,
+            JobEnd::Stopped => self.requeue(job_id, ERROR_RETRY).await,
+        }
     }
 
     /// Give a running job back, to run after `delay`; the run it left open

@@ -37,7 +37,7 @@ use crate::lock::{LockError, TargetLock};
 use crate::model::short_sha;
 use crate::model::{CommitId, Trigger};
 use crate::notify;
-use crate::queue::Job;
+use crate::queue::{Job, JobEnd};
 use crate::store::deployments::PlanState;
 use crate::store::runs::Streak;
 use crate::store::{DriftUpdate, NewRun, Operation, StoreError, TargetState};
@@ -187,10 +187,7 @@ impl Reconciler {
         // ends: a destroy takes both.
         if let Some((prefix, reason)) = self.member_gone(&target, since).await {
             info!(target = %target.name, job = job.id, %reason, "target set member's directory is gone");
-            self.app
-                .queue
-                .finish(job.id, None, &format!("skipped: {reason}"))
-                .await?;
+            self.app.queue.end(job.id, JobEnd::Skipped(&reason)).await?;
             if let Err(e) = self.refresh_set(&prefix, since, true).await {
                 error!(target = %target.name, error = %e, "cannot list the member's target set again; it is tried at the set's next refresh");
             }
@@ -217,7 +214,7 @@ impl Reconciler {
             }
             self.app
                 .queue
-                .finish(job.id, None, &format!("unaffected: {reason}"))
+                .end(job.id, JobEnd::Unaffected(&reason))
                 .await?;
             drop(lock);
             return Ok(Ticked::Unaffected { reason });
