@@ -216,25 +216,32 @@ impl Git {
             })?;
             return Ok(());
         }
-        let why = if said.contains("NO_PUBKEY") || said.contains("ERRSIG") {
-            "signed by a key that is not in gpg_keyring_file".to_string()
-        } else if said.contains("EXPKEYSIG") || said.contains("KEYEXPIRED") {
-            "signed by a key that has expired".to_string()
-        } else if said.contains("REVKEYSIG") {
-            "signed by a key that is revoked".to_string()
-        } else if said.contains("BADSIG") {
-            "bad signature (the tag does not match it)".to_string()
-        } else if said.contains("Good \"git\" signature with")
-            || said.contains("No principal matched")
-        {
-            "signed by an SSH key that no entry of allowed_signers_file lists".to_string()
-        } else if said.contains("no signature found") {
-            "not signed".to_string()
-        } else {
-            format!("git verify-tag: {}", out.stderr_summary(3))
-        };
+        let why = tag_refusal(&said)
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("git verify-tag: {}", out.stderr_summary(3)));
         Err(refuse(why))
     }
+}
+
+/// Why `git verify-tag --raw` refused a tag, from what it said (gpg's
+/// status lines, or ssh-keygen's words); `None` when it says nothing known.
+fn tag_refusal(said: &str) -> Option<&'static str> {
+    let has = |w: &str| said.contains(w);
+    Some(if has("NO_PUBKEY") || has("ERRSIG") {
+        "signed by a key that is not in gpg_keyring_file"
+    } else if has("EXPKEYSIG") || has("KEYEXPIRED") {
+        "signed by a key that has expired"
+    } else if has("REVKEYSIG") {
+        "signed by a key that is revoked"
+    } else if has("BADSIG") {
+        "bad signature (the tag does not match it)"
+    } else if has("Good \"git\" signature with") || has("No principal matched") {
+        "signed by an SSH key that no entry of allowed_signers_file lists"
+    } else if has("no signature found") {
+        "not signed"
+    } else {
+        return None;
+    })
 }
 
 /// A verification under way (`Git::begin`).
@@ -362,6 +369,30 @@ mod tests {
 
     fn line(code: &str, key: &str, signer: &str) -> String {
         ["c0ffee", code, key, signer, key].join("\u{1f}")
+    }
+
+    /// Each thing `git verify-tag` may say of a refused tag, alone, is
+    /// named for what it is.
+    #[test]
+    fn a_refused_tag_is_named_for_what_git_said() {
+        for (said, why) in [
+            ("[GNUPG:] NO_PUBKEY 0123", "not in gpg_keyring_file"),
+            ("[GNUPG:] ERRSIG 0123 1 8 00", "not in gpg_keyring_file"),
+            ("[GNUPG:] EXPKEYSIG 0123 Signer", "has expired"),
+            ("[GNUPG:] KEYEXPIRED 1700000000", "has expired"),
+            ("[GNUPG:] REVKEYSIG 0123 Signer", "revoked"),
+            ("[GNUPG:] BADSIG 0123 Signer", "bad signature"),
+            (
+                "Good \"git\" signature with ED25519 key SHA256:abc",
+                "no entry of allowed_signers_file",
+            ),
+            ("No principal matched.", "no entry of allowed_signers_file"),
+            ("error: no signature found", "not signed"),
+        ] {
+            let got = tag_refusal(said).unwrap_or("nothing");
+            assert!(got.contains(why), "{said:?}: {got}");
+        }
+        assert_eq!(tag_refusal("something else entirely"), None);
     }
 
     #[test]
