@@ -41,7 +41,7 @@ pick group   && run group   src/store/group.rs -- --lib store::
 pick direct  && run direct  src/store/direct.rs -- --lib store::
 pick lock    && run lock    src/lock.rs -- --lib lock::
 pick verify  && run verify  src/git/verify.rs -- --lib --test it -- verify:: tags::
-pick decrypt && run decrypt src/decrypt.rs -- --test it -- decrypt:: canaries::
+pick decrypt && run decrypt src/decrypt.rs -- --lib --test it -- decrypt:: canaries::
 # tick's record and finish steps.
 pick tick    && run tick    src/tick/record.rs -f src/tick/mod.rs -F 'finish|record|converge' -- --test it -- daemon:: dependencies::
 
