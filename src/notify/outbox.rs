@@ -183,6 +183,22 @@ impl Sender {
         }
     }
 
+    /// The notifier a row names; an error naming it when it is no longer
+    /// configured.
+    fn notifier(&self, name: &str) -> Result<&NotifierConfig, SendError> {
+        self.notifiers
+            .get(name)
+            .ok_or_else(|| SendError::new(format!("notifier `{name}` is no longer configured")))
+    }
+
+    /// The forge a row names; an error naming it when it is no longer
+    /// configured.
+    fn forge(&self, name: &str) -> Result<&ForgeConfig, SendError> {
+        self.forges
+            .get(name)
+            .ok_or_else(|| SendError::new(format!("forge `{name}` is no longer configured")))
+    }
+
     /// One row of any outbox (`outbox`, row `id`) through the steps they
     /// share: a destination paused by a rate limit defers the row unsent;
     /// otherwise `send` runs, and a rate limit in its answer pauses the
@@ -233,22 +249,12 @@ impl Sender {
                 .claim_notification(due, CLAIM.as_millis() as i64)
                 .await?;
             let Some(n) = claimed else { continue };
-            let dest = match self.notifiers.get(&n.notifier) {
-                Some(cfg) => cfg.destination(),
-                None => Err(SendError::new("no such notifier")),
-            };
+            let dest = self.notifier(&n.notifier).and_then(|c| c.destination());
             let send = async {
-                match (
-                    self.notifiers.get(&n.notifier),
-                    serde_json::from_str::<EventDoc>(&n.document),
-                ) {
-                    (None, _) => Err(SendError::new(format!(
-                        "notifier `{}` is no longer configured",
-                        n.notifier
-                    ))),
-                    (_, Err(e)) => Err(SendError::new(format!("unreadable event document: {e}"))),
-                    (Some(cfg), Ok(doc)) => cfg.send(self.http()?, &doc).await,
-                }
+                let cfg = self.notifier(&n.notifier)?;
+                let doc = serde_json::from_str::<EventDoc>(&n.document)
+                    .map_err(|e| SendError::new(format!("unreadable event document: {e}")))?;
+                cfg.send(self.http()?, &doc).await
             };
             let Some(result) = self.through(Outbox::Notification, n.id, dest, send).await? else {
                 continue;
@@ -266,22 +272,12 @@ impl Sender {
         let rows = self.store.claim_comments(CLAIM.as_millis() as i64).await?;
         for r in &rows {
             let Some(body) = &r.body else { continue };
-            let dest = match self.forges.get(&r.forge) {
-                Some(f) => f.destination(),
-                None => Err(SendError::new("no such forge")),
-            };
+            let dest = self.forge(&r.forge).and_then(|f| f.destination());
             let send = async {
-                match self.forges.get(&r.forge) {
-                    None => Err(SendError::new(format!(
-                        "forge `{}` is no longer configured",
-                        r.forge
-                    ))),
-                    Some(f) => {
-                        let http = self.http()?;
-                        f.upsert_comment(http, &r.repo, r.number, r.comment_id.as_deref(), body)
-                            .await
-                    }
-                }
+                let f = self.forge(&r.forge)?;
+                let http = self.http()?;
+                f.upsert_comment(http, &r.repo, r.number, r.comment_id.as_deref(), body)
+                    .await
             };
             let Some(result) = self.through(Outbox::Comment, r.id, dest, send).await? else {
                 continue;
@@ -317,29 +313,19 @@ impl Sender {
     pub async fn deliver_statuses(&self) -> Result<usize, StoreError> {
         let rows = self.store.claim_statuses(CLAIM.as_millis() as i64).await?;
         for r in &rows {
-            let dest = match self.forges.get(&r.forge) {
-                Some(f) => f.destination(),
-                None => Err(SendError::new("no such forge")),
-            };
+            let dest = self.forge(&r.forge).and_then(|f| f.destination());
             let send = async {
-                match self.forges.get(&r.forge) {
-                    None => Err(SendError::new(format!(
-                        "forge `{}` is no longer configured",
-                        r.forge
-                    ))),
-                    Some(f) => {
-                        let s = super::forge::Status {
-                            repo: &r.repo,
-                            sha: &r.sha,
-                            context: &r.context,
-                            state: r.state,
-                            description: &r.description,
-                            target_url: r.target_url.as_deref(),
-                            git_ref: r.git_ref.as_deref(),
-                        };
-                        f.send(self.http()?, &s).await
-                    }
-                }
+                let f = self.forge(&r.forge)?;
+                let s = super::forge::Status {
+                    repo: &r.repo,
+                    sha: &r.sha,
+                    context: &r.context,
+                    state: r.state,
+                    description: &r.description,
+                    target_url: r.target_url.as_deref(),
+                    git_ref: r.git_ref.as_deref(),
+                };
+                f.send(self.http()?, &s).await
             };
             let Some(result) = self.through(Outbox::Status, r.id, dest, send).await? else {
                 continue;
