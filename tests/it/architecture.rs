@@ -503,6 +503,26 @@ fn the_readme_is_a_front_page() {
     );
 }
 
+/// A source file is read in one sitting: its production code (what comes
+/// before its first `#[cfg(test)]`) stays under 1,000 lines, no exceptions.
+#[test]
+fn no_source_file_is_over_a_thousand_lines() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let long: Vec<String> = rust_files(&src())
+        .into_iter()
+        .filter_map(|f| {
+            let text = std::fs::read_to_string(&f).expect("read");
+            let n = text
+                .lines()
+                .take_while(|l| l.trim_end() != "#[cfg(test)]")
+                .count();
+            let rel = f.strip_prefix(root).unwrap_or(&f).display().to_string();
+            (n > 1000).then(|| format!("{rel}: {n} lines"))
+        })
+        .collect();
+    assert!(long.is_empty(), "split these: {long:?}");
+}
+
 /// The "Tables and their owners" table of ARCHITECTURE.md: table -> owner
 /// (a file, or a module directory ending in `/`), relative to the crate.
 fn owner_table() -> BTreeMap<String, String> {
