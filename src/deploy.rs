@@ -5,6 +5,54 @@
 
 use serde::Serialize;
 
+/// What driftless may do with a target, or with one unit of it (a Nomad
+/// job's `meta { driftless_policy }` overrides its target's): the one
+/// policy every backend, the config, the API and the page share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Policy {
+    /// Apply what git says.
+    Auto,
+    /// Every change waits for a person to approve exactly the plan they
+    /// saw.
+    Approval,
+    /// Applied unattended unless the plan deletes or replaces something;
+    /// then it waits like `approval`.
+    ApproveDestructive,
+    /// Plan on every tick and never apply: a difference is drift, recorded
+    /// and told to the owners once. (A Nomad job's meta calls it `none`,
+    /// "never write this job".)
+    Detect,
+}
+
+impl Policy {
+    pub const NAMES: &[&str] = &["auto", "approval", "approve_destructive", "detect"];
+
+    pub fn parse(s: &str) -> Option<Policy> {
+        Some(match s {
+            "auto" => Policy::Auto,
+            "approval" => Policy::Approval,
+            "approve_destructive" => Policy::ApproveDestructive,
+            "detect" => Policy::Detect,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Policy::Auto => "auto",
+            Policy::Approval => "approval",
+            Policy::ApproveDestructive => "approve_destructive",
+            Policy::Detect => "detect",
+        }
+    }
+
+    /// A change may wait for a person (`approval`, `approve_destructive`).
+    pub fn reviews(self) -> bool {
+        matches!(self, Policy::Approval | Policy::ApproveDestructive)
+    }
+}
+
 /// Where a plan is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]

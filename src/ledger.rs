@@ -4,37 +4,8 @@
 //! the `deployments` table every backend shares); this module is only the
 //! types between them, so neither imports the other. No I/O.
 
+pub use crate::deploy::Policy;
 use crate::model::BoxFuture;
-
-/// What driftless may do with a job.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Policy {
-    /// Register what git says, after a plan, with CAS.
-    Auto,
-    /// Wait for a person to approve the planned diff.
-    Approval,
-    /// Only report drift.
-    None,
-}
-
-impl Policy {
-    pub fn parse(s: &str) -> Option<Policy> {
-        match s {
-            "auto" => Some(Policy::Auto),
-            "approval" => Some(Policy::Approval),
-            "none" => Some(Policy::None),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Policy::Auto => "auto",
-            Policy::Approval => "approval",
-            Policy::None => "none",
-        }
-    }
-}
 
 /// Which job: cluster (address + region), namespace, id.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]

@@ -317,50 +317,9 @@ pub struct StatusTo {
     pub repo: String,
 }
 
-/// What a tick may do with a target (`policy`, default `auto`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Policy {
-    /// Apply what git says.
-    Auto,
-    /// Every change waits for a person to approve exactly the plan they
-    /// saw.
-    Approval,
-    /// Applied unattended unless the plan deletes or replaces something;
-    /// then it waits like `approval`.
-    ApproveDestructive,
-    /// Plan on every tick and never apply: a difference is drift, recorded
-    /// and told to the owners once.
-    Detect,
-}
-
-impl Policy {
-    pub const NAMES: &[&str] = &["auto", "approval", "approve_destructive", "detect"];
-
-    pub fn parse(s: &str) -> Option<Policy> {
-        Some(match s {
-            "auto" => Policy::Auto,
-            "approval" => Policy::Approval,
-            "approve_destructive" => Policy::ApproveDestructive,
-            "detect" => Policy::Detect,
-            _ => return None,
-        })
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Policy::Auto => "auto",
-            Policy::Approval => "approval",
-            Policy::ApproveDestructive => "approve_destructive",
-            Policy::Detect => "detect",
-        }
-    }
-
-    /// A change may wait for a person (`approval`, `approve_destructive`).
-    pub fn reviews(self) -> bool {
-        matches!(self, Policy::Approval | Policy::ApproveDestructive)
-    }
-}
+/// What a tick may do with a target (`policy`, default `auto`): the one
+/// policy vocabulary, kept in `deploy`.
+pub use crate::deploy::Policy;
 
 impl Target {
     /// The policy the tick itself follows. A Nomad target's `approval` is

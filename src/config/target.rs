@@ -276,41 +276,33 @@ pub(super) fn validate_target(
         // A Nomad target's `approval` is its jobs' default (a job's `meta {
         // driftless_policy }` still overrides it), applied by the backend
         // per job. Its `detect` is the tick's (`Target::tick_policy`): the
-        // backend only plans; `none` is the default should it be asked to
-        // apply anyway.
+        // backend only plans; `detect` is the jobs' default too, should it
+        // be asked to apply anyway.
         (Some((p, Some(policy))), Some(BackendConfig::Nomad(n))) => {
-            let per_job = match policy {
-                Policy::Approval => Some("approval"),
-                Policy::Detect => Some("none"),
-                _ => None,
-            };
-            match per_job {
-                None => {
-                    problems.push(problem(
-                        label,
-                        "policy",
-                        format!(
-                            "`{p}` on a nomad target: Nomad's plan does not say whether a change \
-                             deletes something; use \"approval\", or a job's `meta {{ driftless_policy }}`"
-                        ),
-                    ));
-                    Policy::Auto
-                }
-                Some(j) if n.default_policy == "auto" || n.default_policy == j => {
-                    n.default_policy = j.to_string();
-                    policy
-                }
-                Some(_) => {
-                    problems.push(problem(
-                        label,
-                        "policy",
-                        format!(
-                            "`{p}` says one thing and the backend's `default_policy` `{}` another: set one of them",
-                            n.default_policy
-                        ),
-                    ));
-                    Policy::Auto
-                }
+            let default = crate::backend::nomad::job_policy(&n.default_policy);
+            if policy == Policy::ApproveDestructive {
+                problems.push(problem(
+                    label,
+                    "policy",
+                    format!(
+                        "`{p}` on a nomad target: Nomad's plan does not say whether a change \
+                         deletes something; use \"approval\", or a job's `meta {{ driftless_policy }}`"
+                    ),
+                ));
+                Policy::Auto
+            } else if default == Some(Policy::Auto) || default == Some(policy) {
+                n.default_policy = policy.as_str().to_string();
+                policy
+            } else {
+                problems.push(problem(
+                    label,
+                    "policy",
+                    format!(
+                        "`{p}` says one thing and the backend's `default_policy` `{}` another: set one of them",
+                        n.default_policy
+                    ),
+                ));
+                Policy::Auto
             }
         }
         (Some((p, Some(_))), Some(b)) if !b.can_plan() => {

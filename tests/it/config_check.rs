@@ -521,7 +521,7 @@ fn a_policy_needs_a_backend_that_can_plan() {
     let config = write(
         dir.path(),
         &format!(
-            "state_dir = \"state\"\n{}{}{}{}{}{}{}{}",
+            "state_dir = \"state\"\n{}{}{}{}{}{}{}{}{}{}",
             target("tf", "detect", "kind = \"terraform\""),
             target("sh", "detect", "kind = \"exec\"\napply = [\"true\"]"),
             target("gated", "approval", "kind = \"terraform\""),
@@ -545,6 +545,18 @@ fn a_policy_needs_a_backend_that_can_plan() {
                 "jobs-ok",
                 "detect",
                 "kind = \"nomad\"\naddress = \"http://127.0.0.1:4646\""
+            ),
+            // One vocabulary: a job's `none` is the target's `detect`,
+            // under either name.
+            target(
+                "jobs-none",
+                "detect",
+                "kind = \"nomad\"\naddress = \"http://127.0.0.1:4646\"\ndefault_policy = \"none\""
+            ),
+            target(
+                "jobs-detect",
+                "detect",
+                "kind = \"nomad\"\naddress = \"http://127.0.0.1:4646\"\ndefault_policy = \"detect\""
             ),
         ),
     );
@@ -572,6 +584,9 @@ fn a_policy_needs_a_backend_that_can_plan() {
             !said.contains(&format!("targets[{ok}]: key `policy`")),
             "{said}"
         );
+    }
+    for ok in ["jobs-none", "jobs-detect"] {
+        assert!(!said.contains(&format!("targets[{ok}]")), "{said}");
     }
 }
 

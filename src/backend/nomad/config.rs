@@ -44,6 +44,17 @@ fn default_policy() -> String {
     "auto".into()
 }
 
+/// A policy word as a job's `meta { driftless_policy }` and `default_policy`
+/// say it: `auto`, `approval`, or `none` (never write this job: the
+/// target-wide `detect`, which is accepted too). `approve_destructive` is
+/// not: a job's plan diff does not say all that registering it stops.
+pub fn job_policy(word: &str) -> Option<Policy> {
+    match word {
+        "none" => Some(Policy::Detect),
+        w => Policy::parse(w).filter(|p| *p != Policy::ApproveDestructive),
+    }
+}
+
 /// How long a deployment waits for promotion before its owners hear it is
 /// overdue, unless `promotion_wait` says otherwise.
 pub(super) const DEFAULT_PROMOTION_WAIT: Duration = Duration::from_secs(3600);
@@ -70,7 +81,7 @@ impl crate::backend::Kind for Config {
                 format!("`address` `{a}` must be an http:// or https:// URL, like https://nomad.lan:4646"),
             ));
         }
-        if Policy::parse(&self.default_policy).is_none() {
+        if job_policy(&self.default_policy).is_none() {
             p.push((
                 "default_policy".into(),
                 format!(

@@ -154,7 +154,7 @@ impl Nomad {
     pub(super) fn policy(&self, file: &str, job: &Value) -> Policy {
         let meta = job["Meta"].as_object();
         let mut invalid = Vec::new();
-        let mut policy = Policy::parse(&self.cfg.default_policy).unwrap_or(Policy::None);
+        let mut policy = job_policy(&self.cfg.default_policy).unwrap_or(Policy::Detect);
         if let Some(meta) = meta {
             for (k, v) in meta {
                 if !k.starts_with("driftless_") {
@@ -168,7 +168,7 @@ impl Nomad {
                     continue;
                 }
                 if k == "driftless_policy" {
-                    match v.as_str().and_then(Policy::parse) {
+                    match v.as_str().and_then(job_policy) {
                         Some(p) => policy = p,
                         None => invalid.push(format!(
                             "meta `driftless_policy` = {v} must be \"auto\", \"approval\" or \"none\""
@@ -200,7 +200,7 @@ impl Nomad {
                     "{file}: {why}; the job's policy is `none` until this is fixed"
                 );
             }
-            Policy::None
+            Policy::Detect
         }
     }
 

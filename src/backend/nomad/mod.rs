@@ -42,7 +42,7 @@ mod record;
 mod register;
 
 use client::{Client, NomadError};
-pub use config::Config;
+pub use config::{Config, job_policy};
 use config::{DEFAULT_PROMOTION_WAIT, parse_promotion_wait};
 use diff::{diff_summary, redact_diff, spec_hash};
 use follow::no_deployment_reason;
@@ -563,9 +563,11 @@ mod tests {
 
     #[test]
     fn policies_parse() {
-        assert_eq!(Policy::parse("auto"), Some(Policy::Auto));
-        assert_eq!(Policy::parse("approval"), Some(Policy::Approval));
-        assert_eq!(Policy::parse("none"), Some(Policy::None));
-        assert_eq!(Policy::parse("Auto"), None);
+        assert_eq!(job_policy("auto"), Some(Policy::Auto));
+        assert_eq!(job_policy("approval"), Some(Policy::Approval));
+        assert_eq!(job_policy("none"), Some(Policy::Detect));
+        assert_eq!(job_policy("detect"), Some(Policy::Detect));
+        assert_eq!(job_policy("approve_destructive"), None);
+        assert_eq!(job_policy("Auto"), None);
     }
 }

@@ -157,7 +157,7 @@ impl Nomad {
                 line,
             });
         }
-        if p.policy == Policy::None {
+        if p.policy == Policy::Detect {
             let line = format!("{}: drift not applied (policy none): {summary}", key.job);
             tracing::warn!(target_name = %self.ctx.name, job = %key.job, "{line}");
             return Ok(JobReport {
