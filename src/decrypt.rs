@@ -376,4 +376,115 @@ mod tests {
         }
         assert!(!out.iter().any(|s| s == "not-a-secret"));
     }
+
+    const SOPS: &[u8] = b"password: ENC[AES256_GCM,data:xx,type:str]\nsops:\n  mac: y\n";
+
+    fn found(root: &Path) -> Vec<String> {
+        let mut out = Vec::new();
+        find(root, root, None, &mut out).expect("find");
+        let mut names: Vec<String> = out
+            .iter()
+            .map(|(p, _)| {
+                p.strip_prefix(root)
+                    .expect("under root")
+                    .display()
+                    .to_string()
+            })
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn find_reads_only_regular_files_outside_git_and_terraform_up_to_sixteen_mib() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path();
+        for sub in [".git", ".terraform", "sub"] {
+            std::fs::create_dir(root.join(sub)).expect("mkdir");
+        }
+        for f in [
+            "a.yaml",
+            ".git/in-git.yaml",
+            ".terraform/in-tf.yaml",
+            "sub/b.yaml",
+        ] {
+            std::fs::write(root.join(f), SOPS).expect("write");
+        }
+        std::fs::write(root.join("plain.yaml"), b"password: hunter2\n").expect("write");
+        // A link to a SOPS file is not a file of the checkout's own.
+        std::os::unix::fs::symlink(root.join("a.yaml"), root.join("link.yaml")).expect("link");
+        // Exactly MAX_FILE bytes is looked into; one byte more is not.
+        for (name, len) in [("at-max.yaml", MAX_FILE), ("over-max.yaml", MAX_FILE + 1)] {
+            let mut f = std::fs::File::create(root.join(name)).expect("create");
+            std::io::Write::write_all(&mut f, SOPS).expect("write");
+            f.set_len(len).expect("set_len");
+        }
+        assert_eq!(MAX_FILE, 16 << 20);
+        assert_eq!(found(root), ["a.yaml", "at-max.yaml", "sub/b.yaml"]);
+    }
+
+    #[test]
+    fn close_puts_the_ciphertext_back_and_a_marker_already_gone_is_no_error() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let files: Vec<(PathBuf, Vec<u8>)> = ["a.yaml", "b.yaml"]
+            .iter()
+            .map(|n| {
+                let p = dir.path().join(n);
+                std::fs::write(&p, b"plaintext").expect("write");
+                (p, SOPS.to_vec())
+            })
+            .collect();
+        let opened = Opened {
+            marker: dir.path().join("never-written"),
+            files: files.clone(),
+            secrets: Vec::new(),
+        };
+        assert_eq!(opened.count(), 2);
+        opened.close().expect("a marker already gone is no error");
+        for (p, _) in &files {
+            assert_eq!(std::fs::read(p).expect("read"), SOPS);
+        }
+        // A marker that cannot be removed (here a directory) is an error
+        // that names it.
+        let marker = dir.path().join("marker-dir");
+        std::fs::create_dir(&marker).expect("mkdir");
+        let e = Opened {
+            marker: marker.clone(),
+            files: Vec::new(),
+            secrets: Vec::new(),
+        }
+        .close()
+        .expect_err("a directory is not removed as a marker");
+        assert!(e.to_string().contains("marker-dir"), "{e}");
+    }
+
+    #[test]
+    fn leftovers_are_counted_and_removed_and_only_a_missing_one_is_skipped() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let marker = dir.path().join("marker");
+        assert_eq!(remove_leftovers(&marker).expect("no marker"), 0);
+        let (a, b) = (dir.path().join("a.yaml"), dir.path().join("b.yaml"));
+        std::fs::write(&a, b"x").expect("write");
+        std::fs::write(&b, b"y").expect("write");
+        let gone = dir.path().join("gone.yaml");
+        std::fs::write(
+            &marker,
+            format!("{}\n{}\n{}\n", a.display(), gone.display(), b.display()),
+        )
+        .expect("marker");
+        assert_eq!(remove_leftovers(&marker).expect("leftovers"), 2);
+        assert!(!a.exists() && !b.exists() && !marker.exists());
+
+        // A leftover that cannot be removed stops it, named, marker kept.
+        let stuck = dir.path().join("stuck");
+        std::fs::create_dir(&stuck).expect("mkdir");
+        std::fs::write(&marker, format!("{}\n", stuck.display())).expect("marker");
+        let e = remove_leftovers(&marker).expect_err("a directory is not a leftover file");
+        assert!(e.to_string().contains("stuck"), "{e}");
+        assert!(marker.exists());
+
+        // A marker that cannot be read is an error, not "nothing left".
+        let e = remove_leftovers(&stuck).expect_err("a directory is no marker");
+        assert!(e.to_string().contains("cannot read"), "{e}");
+    }
 }
