@@ -35,7 +35,7 @@ pick redact  && run redact  src/redact.rs -- --lib
 # process is mostly exercised through the exec backend's integration tests.
 pick process && run process src/process.rs -- --lib --test it -- process:: exec::
 # The claim, requeue, recovery and finish paths of the queue.
-pick queue   && run queue   src/queue.rs -F 'claim|requeue|recover|finish|interruptions|start_now|heartbeat' -- --lib queue::
+pick queue   && run queue   src/store/jobs/mod.rs -F 'claim|requeue|recover|finish|interruptions|start_now|heartbeat' -- --lib queue::
 pick write   && run write   src/store/write.rs -- --lib store::
 pick group   && run group   src/store/group.rs -- --lib store::
 pick direct  && run direct  src/store/direct.rs -- --lib store::
@@ -43,7 +43,7 @@ pick lock    && run lock    src/lock.rs -- --lib lock::
 pick verify  && run verify  src/git/verify.rs -- --lib --test it -- verify:: tags::
 pick decrypt && run decrypt src/decrypt.rs -- --lib --test it -- decrypt:: canaries::
 # tick's record and finish steps.
-pick tick    && run tick    src/tick/record.rs -f src/tick/mod.rs -F 'finish|record|converge' -- --test it -- daemon:: dependencies::
+pick tick    && run tick    src/tick/record.rs -f src/tick/converge.rs -F 'finish|record|converge' -- --test it -- daemon:: dependencies::
 
 echo "== summary (caught / missed / timeout / unviable)"
 for d in "$out"/*/mutants.out; do
