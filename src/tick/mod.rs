@@ -11,6 +11,7 @@
 //! steps, `review` those of the ticks that plan (detect, approvals,
 //! `driftless plan`), `notices` who hears of a run.
 
+mod approval;
 mod converge;
 mod depends;
 mod forget;

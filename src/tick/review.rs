@@ -1,24 +1,23 @@
 //! The ticks that plan: `driftless plan` (`plan_now`), a `detect`
-//! target's tick (plan, record drift, apply nothing) and an `approval` /
-//! `approve_destructive` target's tick (`review`: a plan recorded before it
-//! is shown, applied — exactly it, through `Backend::apply_plan` — only
-//! once a person approved it and git still gives its commit). These are
+//! target's tick (plan, record drift, apply nothing), and the steps an
+//! `approval` / `approve_destructive` target's tick (`tick::approval`)
+//! shares with them: making, applying and discarding a recorded plan
+//! (applied — exactly it, through `Backend::apply_plan` — only once a
+//! person approved it and git still gives its commit). These are
 //! steps of the one tick in `tick`; they never bypass its lock, run row or
 //! result recording, and never apply a plan nobody approved (but a plan
 //! that deletes or replaces nothing under `approve_destructive`).
-
-use std::path::Path;
 
 use tracing::{info, warn};
 
 use super::{BACKSTOP, Findings, Planned, Reconciler, RunInfo, TickError, Ticked};
 use crate::backend::{self, ApplyResult, Plan, PlanToApply, Status};
-use crate::config::{Policy, Target};
+use crate::config::Target;
 use crate::lock::{LockError, TargetLock};
-use crate::model::{CommitId, short_sha};
+use crate::model::CommitId;
 use crate::notify;
 use crate::store::DriftUpdate;
-use crate::store::deployments::{NewPlan, PlanState, StoredPlan};
+use crate::store::deployments::{PlanState, StoredPlan};
 
 impl Reconciler {
     /// A `detect` target's tick: plan, never apply. A difference is drift,
@@ -109,7 +108,7 @@ impl Reconciler {
     }
 
     /// The backend's plan, bounded by the target's timeout.
-    async fn plan_with(
+    pub(super) async fn plan_with(
         &self,
         target: &Target,
         backend: &dyn backend::Backend,
@@ -130,323 +129,21 @@ impl Reconciler {
     /// at `seen`: the same commit, or the same tree under the target's path
     /// (what `unaffected` decides for a push). `false` when git cannot
     /// tell (a commit gone from the cache after a force push).
-    async fn same_inputs(&self, target: &Target, planned: &str, seen: &CommitId) -> bool {
+    pub(super) async fn same_inputs(
+        &self,
+        target: &Target,
+        planned: &str,
+        seen: &CommitId,
+    ) -> bool {
         self.git
             .path_between(&target.repo, &target.path, planned, seen.as_str())
             .await
             == crate::git::PathBetween::Same
     }
 
-    /// An `approval` or `approve_destructive` target's tick. The target's
-    /// open plan decides: one made at an older commit is superseded (and
-    /// a new plan made); one still waiting keeps waiting; an approved one
-    /// is applied — exactly it, by the backend's `apply_plan` — because
-    /// git still gives its commit. Without an open plan, a plan is made and
-    /// recorded before anyone sees it: with changes it waits for a person
-    /// (or, under `approve_destructive`, is applied at once when it neither
-    /// deletes nor replaces anything). A plan rejected or failed at this
-    /// commit holds the target until a new commit or `driftless retry`.
-    /// Waiting never moves the last applied commit.
-    pub(super) async fn review(
-        &self,
-        target: &Target,
-        run: &RunInfo,
-        seen: &CommitId,
-        backend: Box<dyn backend::Backend>,
-        retry: bool,
-    ) -> Result<Ticked, TickError> {
-        let store = &self.app.store;
-        let applied = run.prev.as_ref().and_then(|s| s.last_applied_sha.clone());
-        let applied = applied.as_deref();
-        let quiet = |message: String| Status {
-            result: ApplyResult::NoChange,
-            message,
-            output_tail: String::new(),
-            digest: None,
-        };
-        // The run ends here, the last applied commit unchanged.
-        let stay = |status: Status| {
-            self.finish_with(
-                target,
-                run,
-                applied,
-                Some(seen.as_str()),
-                status,
-                Findings::default(),
-            )
-        };
-        // The run ends here because a plan waits for a person.
-        let wait = |message: String| {
-            self.finish_with(
-                target,
-                run,
-                applied,
-                Some(seen.as_str()),
-                quiet(message),
-                Findings {
-                    waiting: true,
-                    ..Findings::default()
-                },
-            )
-        };
-        // A plan made again because the approved one's file is elsewhere
-        // and it came out different: it waits for approval in its place.
-        let mut replanned: Option<(i64, Plan)> = None;
-        // An approved plan superseded here: the new plan's run says why
-        // the approved one was not applied.
-        let mut not_applied: Option<String> = None;
-        if let Some(mut open) = store.open_plan(&target.name).await? {
-            if open.state == PlanState::Applying {
-                // A tick died while the backend applied it.
-                let msg = format!(
-                    "deployment {} (plan at {}) was being applied when driftless stopped; what it \
-                     changed is unknown: look at the target, then `driftless retry {}`",
-                    open.id,
-                    short_sha(&open.commit_sha),
-                    target.name
-                );
-                store
-                    .move_plan(open.id, PlanState::Applying, PlanState::Failed, &msg)
-                    .await?;
-                self.prune_plans(target, None);
-                return stay(Status::failed(msg)).await;
-            }
-            // What it was made from beside its commit (inputs, decrypted
-            // files, the backend table): a change supersedes it as a new
-            // commit does, and it says which.
-            let changed = made_from_changes(run, &open);
-            // A newer commit that changes nothing under the target's path
-            // (another directory of a monorepo) gives the same files: the
-            // plan is carried to it, not made again and asked again.
-            let same_tree = open.commit_sha == seen.as_str()
-                || self.same_inputs(target, &open.commit_sha, seen).await;
-            if open.commit_sha != seen.as_str() && same_tree && changed.is_empty() {
-                let msg = format!(
-                    "carried to commit {}: nothing under `{}` changed since {}",
-                    seen.short(),
-                    shown_path(target),
-                    short_sha(&open.commit_sha)
-                );
-                if store
-                    .carry_plan(open.id, open.state, &open.commit_sha, seen.as_str(), &msg)
-                    .await?
-                {
-                    info!(target = %target.name, deployment = open.id, commit = %seen.short(),
-                          "a commit that leaves the target's files alone carries its plan");
-                    open.commit_sha = seen.as_str().to_string();
-                }
-            }
-            if open.commit_sha != seen.as_str() || !changed.is_empty() {
-                // Why, in words: the files under its path changed with the
-                // commit, or what else it was made from did.
-                let mut why = Vec::new();
-                if !same_tree {
-                    why.push(format!("commit {} changed its files", seen.short()));
-                }
-                why.extend(changed.iter().cloned());
-                let msg = if same_tree {
-                    format!("superseded: {}", why.join("; "))
-                } else {
-                    format!(
-                        "superseded by commit {}{}",
-                        seen.short(),
-                        changed.iter().map(|c| format!("; {c}")).collect::<String>()
-                    )
-                };
-                store
-                    .move_plan(open.id, open.state, PlanState::Superseded, &msg)
-                    .await?;
-                info!(target = %target.name, deployment = open.id, commit = %seen.short(),
-                      why = %msg, "a plan that waited is superseded");
-                if open.state == PlanState::Approved {
-                    not_applied = Some(format!(
-                        "deployment {} was approved but not applied: {}",
-                        open.id,
-                        why.join("; ")
-                    ));
-                }
-                self.discard_stored(target, backend.as_ref(), &open).await;
-                self.prune_plans(target, None);
-            } else if open.state == PlanState::PendingApproval {
-                self.prune_plans(target, open.artifact.as_deref());
-                let msg = format!(
-                    "deployment {} waits for approval: {} at {}",
-                    open.id,
-                    open.summary,
-                    seen.short()
-                );
-                return wait(msg).await;
-            } else {
-                // Approved: applied now, if nobody moved it meanwhile.
-                let mut note = None;
-                let mine = self.app.settings().plans_dir(&target.name);
-                if let Some(file) = open
-                    .artifact
-                    .clone()
-                    .filter(|a| !(Path::new(a).starts_with(&mine) && Path::new(a).exists()))
-                {
-                    // Made by another instance (or its file lost): planned
-                    // again here, applied only when the same plan.
-                    match self
-                        .plan_again(target, backend.as_ref(), &open, &file)
-                        .await?
-                    {
-                        Again::Same(new_file, said) => {
-                            open.artifact = new_file;
-                            note = Some(said);
-                        }
-                        Again::Differs(plan) => replanned = Some((open.id, plan)),
-                        Again::Stop(status) => return stay(status).await,
-                    }
-                }
-                if replanned.is_none() {
-                    let msg = format!(
-                        "applying exactly the plan approved by {}",
-                        open.decided_by.as_deref().unwrap_or("?")
-                    );
-                    if !store
-                        .move_plan(open.id, PlanState::Approved, PlanState::Applying, &msg)
-                        .await?
-                    {
-                        let msg = format!(
-                            "deployment {} changed state meanwhile; nothing applied",
-                            open.id
-                        );
-                        return stay(quiet(msg)).await;
-                    }
-                    return self
-                        .apply_recorded(target, run, seen, backend, open, note)
-                        .await;
-                }
-            }
-        } else if !retry
-            && let Some(last) = store.latest_plan(&target.name).await?
-            && matches!(last.state, PlanState::Rejected | PlanState::Failed)
-            && made_from_changes(run, &last).is_empty()
-            && self.same_inputs(target, &last.commit_sha, seen).await
-        {
-            let msg = format!(
-                "deployment {} at {} was {}{}: nothing is applied until a new commit or `driftless retry {}`",
-                last.id,
-                seen.short(),
-                last.state.as_str(),
-                match (last.state, &last.decided_by, &last.message) {
-                    (PlanState::Rejected, Some(by), _) => format!(" by {by}"),
-                    (PlanState::Failed, _, Some(m)) => format!(" ({m})"),
-                    _ => String::new(),
-                },
-                target.name
-            );
-            self.discard_stored(target, backend.as_ref(), &last).await;
-            self.prune_plans(target, None);
-            let status = if last.state == PlanState::Failed {
-                Status::failed(msg)
-            } else {
-                quiet(msg)
-            };
-            return stay(status).await;
-        }
-
-        let superseded = replanned.as_ref().map(|(id, _)| *id);
-        let planned = match replanned {
-            Some((_, p)) => Ok(p),
-            None => self.plan_with(target, backend.as_ref()).await,
-        };
-        let plan = match planned {
-            Ok(p) => p,
-            Err(e) => {
-                self.prune_plans(target, None);
-                return stay(Status::failed(format!("cannot plan: {e}"))).await;
-            }
-        };
-        if !plan.changes {
-            self.prune_plans(target, None);
-            let msg = format!(
-                "{}no changes: the real world matches {}",
-                not_applied
-                    .as_ref()
-                    .map(|n| format!("{n}; "))
-                    .unwrap_or_default(),
-                seen.short()
-            );
-            let matches = Some(seen.as_str());
-            return self
-                .finish_with(
-                    target,
-                    run,
-                    matches,
-                    matches,
-                    quiet(msg),
-                    Findings::default(),
-                )
-                .await;
-        }
-        let unattended = target.policy == Policy::ApproveDestructive && !plan.destructive;
-        let made_from = run.made_from.as_ref().map(|m| m.stored());
-        let artifact = plan.artifact.as_ref().map(|a| a.display().to_string());
-        let shown = self.shown_hash(&plan.hash).await?;
-        let new = NewPlan {
-            target: &target.name,
-            backend: target.backend.kind(),
-            commit_sha: seen.as_str(),
-            plan_hash: &shown,
-            backend_hash: &plan.hash,
-            policy: target.policy.as_str(),
-            summary: &plan.summary,
-            diff: &plan.diff,
-            destructive: plan.destructive,
-            artifact: artifact.as_deref(),
-            state: if unattended {
-                PlanState::Applying
-            } else {
-                PlanState::PendingApproval
-            },
-            decided_by: unattended.then_some("driftless"),
-            message: if unattended {
-                "neither deletes nor replaces anything: applied unattended (policy approve_destructive)"
-            } else {
-                "waits for approval"
-            },
-            made_from: made_from.as_deref(),
-        };
-        let stored = match store.insert_plan(&new).await {
-            Ok(p) => p,
-            Err(e) => {
-                self.prune_plans(target, None);
-                return Err(e.into());
-            }
-        };
-        if unattended {
-            return self
-                .apply_recorded(target, run, seen, backend, stored, None)
-                .await;
-        }
-        info!(target = %target.name, deployment = stored.id, commit = %seen.short(),
-              summary = %stored.summary, destructive = stored.destructive, "a plan waits for approval");
-        let msg = format!(
-            "{}{}deployment {} waits for approval: {}{} at {}",
-            not_applied.map(|n| format!("{n}; ")).unwrap_or_default(),
-            superseded
-                .map(|id| format!(
-                    "deployment {id} was not applied: the plan made again on this host, where \
-                     its plan file is not, differs from the approved one; "
-                ))
-                .unwrap_or_default(),
-            stored.id,
-            stored.summary,
-            if stored.destructive {
-                " (destructive)"
-            } else {
-                ""
-            },
-            seen.short()
-        );
-        wait(msg).await
-    }
-
     /// Apply a recorded plan now in state `applying`; the run's result
     /// moves it to `applied` or `failed` in the run's transaction.
-    async fn apply_recorded(
+    pub(super) async fn apply_recorded(
         &self,
         target: &Target,
         run: &RunInfo,
@@ -539,7 +236,7 @@ impl Reconciler {
     /// plan's file is applied in its place; a different one supersedes the
     /// approval, and the new plan waits for a person (it is never applied
     /// on the strength of an approval given to another plan).
-    async fn plan_again(
+    pub(super) async fn plan_again(
         &self,
         target: &Target,
         backend: &dyn backend::Backend,
@@ -625,7 +322,7 @@ impl Reconciler {
         }
     }
 
-    async fn discard_stored(
+    pub(super) async fn discard_stored(
         &self,
         target: &Target,
         backend: &dyn backend::Backend,
@@ -639,7 +336,7 @@ impl Reconciler {
     /// Remove every plan file of the target but `keep` (the open plan's):
     /// applied, rejected, superseded and abandoned plans leave nothing
     /// that could be applied later.
-    fn prune_plans(&self, target: &Target, keep: Option<&str>) {
+    pub(super) fn prune_plans(&self, target: &Target, keep: Option<&str>) {
         let dir = self.app.settings().plans_dir(&target.name);
         let entries = match std::fs::read_dir(&dir) {
             Ok(e) => e,
@@ -796,9 +493,8 @@ impl Reconciler {
     }
 }
 
-/// The target's path as a person reads it (`.` for the repository root).
 /// What [`Reconciler::plan_again`] found.
-enum Again {
+pub(super) enum Again {
     /// The same plan: apply this file (if the backend keeps one), saying so.
     Same(Option<String>, String),
     /// Another plan; the approved one is superseded.
@@ -807,6 +503,7 @@ enum Again {
     Stop(Status),
 }
 
+/// The target's path as a person reads it (`.` for the repository root).
 pub(super) fn shown_path(target: &Target) -> String {
     if target.path.as_os_str().is_empty() {
         ".".to_string()
@@ -818,7 +515,7 @@ pub(super) fn shown_path(target: &Target) -> String {
 /// What changed in what `plan` was made from, beside its commit, for the
 /// run that looks at it (`tick::identity`); empty when nothing did, or
 /// when this run does not review plans.
-fn made_from_changes(run: &RunInfo, plan: &StoredPlan) -> Vec<String> {
+pub(super) fn made_from_changes(run: &RunInfo, plan: &StoredPlan) -> Vec<String> {
     match &run.made_from {
         Some(now) => now.changes_since(plan.made_from.as_deref()),
         None => Vec::new(),
