@@ -52,7 +52,115 @@ pub(super) fn validate_target(
 ) -> Option<Target> {
     // The backend table is checked on its own so its problems name `backend.*`.
     let backend_raw = raw.as_object_mut().and_then(|o| o.remove("backend"));
-    let backend = match backend_raw {
+    let backend = validate_backend(backend_raw, label, base, problems);
+    let raw = read_table::<RawTarget>(raw, label, "", problems)?;
+    if !valid_name(&raw.name) {
+        problems.push(problem(
+            label,
+            "name",
+            format!(
+                "`{}` is not a safe target name: use 1-63 characters from a-z, 0-9, '_', '.', '-', starting with a letter or digit",
+                raw.name
+            ),
+        ));
+    }
+    let repo = validate_repo(&raw.repo, label, base, problems);
+    let tag = validate_tag(raw.tag, raw.branch.is_some(), label, problems);
+    let branch = raw.branch.unwrap_or_else(|| "main".into());
+    if !valid_branch(&branch) {
+        problems.push(problem(
+            label,
+            "branch",
+            format!("`{branch}` is not a valid branch name"),
+        ));
+    }
+    let rel = validate_path(raw.path, label, problems);
+    let interval = duration(
+        label,
+        "interval",
+        raw.interval.as_deref(),
+        DEFAULT_INTERVAL,
+        MAX_INTERVAL,
+        problems,
+    );
+    let timeout = duration(
+        label,
+        "timeout",
+        raw.timeout.as_deref(),
+        DEFAULT_TIMEOUT,
+        MAX_TIMEOUT,
+        problems,
+    );
+    let git = validate_git(raw.git, label, base, problems);
+    let web_url = validate_web_url(raw.web_url, &repo, label, problems);
+    // What only this machine can tell, for `check`: looked at whatever else
+    // is wrong with the target.
+    if machine {
+        check_git_here(&git, &repo, label, problems);
+    }
+    let mut backend = backend;
+    let policy = validate_policy(raw.policy.as_deref(), backend.as_mut(), label, problems);
+    let previews = validate_previews(
+        raw.previews.as_ref(),
+        tag.is_some(),
+        backend.as_ref(),
+        label,
+        problems,
+    );
+    // With problems, the target is still returned, for `check` to look at
+    // what it can (its files, its binary); `load` refuses the whole file.
+    let backend = backend?;
+    Some(Target {
+        policy,
+        set: None,
+        name: raw.name,
+        repo_key: super::normalize_repo(&repo),
+        repo,
+        branch,
+        path: rel,
+        interval,
+        timeout,
+        git,
+        backend,
+        notify: raw.notify.unwrap_or_else(|| vec![INHERIT.to_string()]),
+        web_url,
+        // Settled against `[[forges]]` and `[defaults] forge` once every
+        // table is read (config::settle_forges).
+        statuses: raw.forge.map(|forge| StatusTo {
+            forge,
+            repo: raw.forge_repo.clone().unwrap_or_default(),
+        }),
+        forge_repo: raw.forge_repo,
+        previews,
+        // `[defaults.verify]` for a target without its own: config::validate.
+        verify: raw
+            .verify
+            .and_then(|v| super::verify::validate_verify(v, label, base, machine, problems)),
+        tag,
+        decrypt: raw
+            .decrypt
+            .and_then(|v| super::decrypt::validate_decrypt(v, label, base, machine, problems)),
+        // Names checked against the other targets (and for cycles) once
+        // every table is read: config::graph.
+        depends_on: raw.depends_on.unwrap_or_default(),
+        inputs: raw
+            .inputs
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|(name, from): (String, String)| input(label, name, &from, problems))
+            .collect(),
+    })
+}
+
+/// `[targets.backend]`, checked on its own so its problems name
+/// `backend.*`.
+fn validate_backend(
+    backend: Option<Value>,
+    label: &str,
+    base: &Path,
+    problems: &mut Vec<Problem>,
+) -> Option<BackendConfig> {
+    match backend {
         None => {
             problems.push(problem(label, "backend", "missing table [targets.backend]"));
             None
@@ -66,20 +174,13 @@ pub(super) fn validate_target(
                 None
             }
         },
-    };
-    let raw = read_table::<RawTarget>(raw, label, "", problems)?;
-    if !valid_name(&raw.name) {
-        problems.push(problem(
-            label,
-            "name",
-            format!(
-                "`{}` is not a safe target name: use 1-63 characters from a-z, 0-9, '_', '.', '-', starting with a letter or digit",
-                raw.name
-            ),
-        ));
     }
-    let repo = raw.repo.trim().to_string();
-    let repo = if repo.is_empty() {
+}
+
+/// `repo`: a URL without credentials, or a path (made absolute).
+fn validate_repo(repo: &str, label: &str, base: &Path, problems: &mut Vec<Problem>) -> String {
+    let repo = repo.trim().to_string();
+    if repo.is_empty() {
         problems.push(problem(label, "repo", "must not be empty"));
         repo
     } else if is_url(&repo) {
@@ -98,11 +199,20 @@ pub(super) fn validate_target(
         repo
     } else {
         resolve(base, &repo).to_string_lossy().into_owned()
-    };
-    let tag = match raw.tag {
+    }
+}
+
+/// `tag`: a pattern with at most one `*`, never beside `branch`.
+fn validate_tag(
+    tag: Option<String>,
+    has_branch: bool,
+    label: &str,
+    problems: &mut Vec<Problem>,
+) -> Option<String> {
+    match tag {
         None => None,
         Some(t) => {
-            if raw.branch.is_some() {
+            if has_branch {
                 problems.push(problem(
                     label,
                     "tag",
@@ -127,16 +237,14 @@ pub(super) fn validate_target(
             }
             Some(t)
         }
-    };
-    let branch = raw.branch.unwrap_or_else(|| "main".into());
-    if !valid_branch(&branch) {
-        problems.push(problem(
-            label,
-            "branch",
-            format!("`{branch}` is not a valid branch name"),
-        ));
     }
-    let path = raw.path.unwrap_or_default();
+}
+
+/// `path`: a subdirectory of the repository, normalised once, here:
+/// `./sub//dir/` is `sub/dir`, `.` the root. Git (routing, checkouts) and
+/// every message see only this spelling.
+fn validate_path(path: Option<String>, label: &str, problems: &mut Vec<Problem>) -> PathBuf {
+    let path = path.unwrap_or_default();
     if Path::new(&path).is_absolute()
         || Path::new(&path)
             .components()
@@ -148,32 +256,23 @@ pub(super) fn validate_target(
             format!("`{path}` must be a subdirectory of the repository (relative, no `..`)"),
         ));
     }
-    // Normalised once, here: `./sub//dir/` is `sub/dir`, `.` the root. Git
-    // (routing, checkouts) and every message see only this spelling.
-    let rel: PathBuf = Path::new(&path)
+    Path::new(&path)
         .components()
         .filter_map(|c| match c {
             Component::Normal(n) => Some(n),
             _ => None,
         })
-        .collect();
-    let interval = duration(
-        label,
-        "interval",
-        raw.interval.as_deref(),
-        DEFAULT_INTERVAL,
-        MAX_INTERVAL,
-        problems,
-    );
-    let timeout = duration(
-        label,
-        "timeout",
-        raw.timeout.as_deref(),
-        DEFAULT_TIMEOUT,
-        MAX_TIMEOUT,
-        problems,
-    );
-    let git = match raw.git {
+        .collect()
+}
+
+/// `[targets.git]`: one way to authenticate, no empty file names.
+fn validate_git(
+    git: Option<RawGit>,
+    label: &str,
+    base: &Path,
+    problems: &mut Vec<Problem>,
+) -> GitAuth {
+    match git {
         None => GitAuth::default(),
         Some(g) => {
             let empty = |key: &str, v: &Option<String>, problems: &mut Vec<Problem>| {
@@ -207,8 +306,17 @@ pub(super) fn validate_target(
                 ca_file: g.ca_file.as_deref().map(|s| resolve(base, s)),
             }
         }
-    };
-    let web_url = match raw.web_url {
+    }
+}
+
+/// `web_url`: an http(s) URL, or derived from `repo`.
+fn validate_web_url(
+    web_url: Option<String>,
+    repo: &str,
+    label: &str,
+    problems: &mut Vec<Problem>,
+) -> Option<String> {
+    match web_url {
         Some(u) if u.starts_with("http://") || u.starts_with("https://") => {
             Some(u.trim_end_matches('/').to_string())
         }
@@ -220,57 +328,64 @@ pub(super) fn validate_target(
             ));
             None
         }
-        None => derive_web_url(&repo),
-    };
-    // What only this machine can tell, for `check`: looked at whatever else
-    // is wrong with the target.
-    if machine {
-        if let Some(token) = &git.token
-            && let Err(e) = token.load()
+        None => derive_web_url(repo),
+    }
+}
+
+/// What only this machine can tell, for `check`: the git credentials'
+/// files, and a local repository that exists.
+fn check_git_here(git: &GitAuth, repo: &str, label: &str, problems: &mut Vec<Problem>) {
+    if let Some(token) = &git.token
+        && let Err(e) = token.load()
+    {
+        problems.push(problem(label, "git.token_file", e.to_string()));
+    }
+    for (key, file) in [
+        ("git.identity_file", &git.identity_file),
+        ("git.known_hosts_file", &git.known_hosts_file),
+        ("git.ca_file", &git.ca_file),
+    ] {
+        if let Some(f) = file
+            && !f.is_file()
         {
-            problems.push(problem(label, "git.token_file", e.to_string()));
+            problems.push(problem(
+                label,
+                key,
+                format!("{} is not a readable file", f.display()),
+            ));
         }
-        for (key, file) in [
-            ("git.identity_file", &git.identity_file),
-            ("git.known_hosts_file", &git.known_hosts_file),
-            ("git.ca_file", &git.ca_file),
-        ] {
-            if let Some(f) = file
-                && !f.is_file()
-            {
-                problems.push(problem(
-                    label,
-                    key,
-                    format!("{} is not a readable file", f.display()),
-                ));
-            }
-        }
-        let local = repo.strip_prefix("file://").unwrap_or(&repo).to_string();
-        if Path::new(&local).is_absolute() {
-            let p = Path::new(&local);
-            if !p.exists() {
+    }
+    let local = repo.strip_prefix("file://").unwrap_or(repo).to_string();
+    if Path::new(&local).is_absolute() {
+        let p = Path::new(&local);
+        if !p.exists() {
+            problems.push(problem(
+                label,
+                "repo",
+                format!("local repository {local} does not exist"),
+            ));
+        } else {
+            let bare = p.join("HEAD").is_file() && p.join("objects").is_dir();
+            if !bare && !p.join(".git").exists() {
                 problems.push(problem(
                     label,
                     "repo",
-                    format!("local repository {local} does not exist"),
+                    format!("{local} is not a git repository (no HEAD and objects, no .git)"),
                 ));
-            } else {
-                let bare = p.join("HEAD").is_file() && p.join("objects").is_dir();
-                if !bare && !p.join(".git").exists() {
-                    problems.push(problem(
-                        label,
-                        "repo",
-                        format!("{local} is not a git repository (no HEAD and objects, no .git)"),
-                    ));
-                }
             }
         }
     }
-    let mut backend = backend;
-    let policy = match (
-        raw.policy.as_deref().map(|p| (p, Policy::parse(p))),
-        backend.as_mut(),
-    ) {
+}
+
+/// `policy`, against what the backend can do (and, for Nomad, its
+/// `default_policy`, which it sets).
+fn validate_policy(
+    policy: Option<&str>,
+    backend: Option<&mut BackendConfig>,
+    label: &str,
+    problems: &mut Vec<Problem>,
+) -> Policy {
+    match (policy.map(|p| (p, Policy::parse(p))), backend) {
         (None, _) => Policy::Auto,
         (Some((_, Some(Policy::Auto))), _) => Policy::Auto,
         // A Nomad target's `approval` is its jobs' default (a job's `meta {
@@ -332,8 +447,19 @@ pub(super) fn validate_target(
             ));
             Policy::Auto
         }
-    };
-    let previews = match &raw.previews {
+    }
+}
+
+/// `previews`: on, off or forks too, for a branch-following target whose
+/// backend can plan.
+fn validate_previews(
+    previews: Option<&Value>,
+    has_tag: bool,
+    backend: Option<&BackendConfig>,
+    label: &str,
+    problems: &mut Vec<Problem>,
+) -> Previews {
+    let previews = match previews {
         None | Some(Value::Bool(false)) => Previews::Off,
         Some(Value::Bool(true)) => Previews::SameRepository,
         Some(Value::String(s)) if s == "forks" => Previews::Forks,
@@ -348,7 +474,7 @@ pub(super) fn validate_target(
             Previews::Off
         }
     };
-    if previews != Previews::Off && tag.is_some() {
+    if previews != Previews::Off && has_tag {
         problems.push(problem(
             label,
             "previews",
@@ -356,7 +482,7 @@ pub(super) fn validate_target(
         ));
     }
     if previews != Previews::Off
-        && let Some(b) = &backend
+        && let Some(b) = backend
         && !b.can_plan()
     {
         problems.push(problem(
@@ -368,49 +494,7 @@ pub(super) fn validate_target(
             ),
         ));
     }
-    // With problems, the target is still returned, for `check` to look at
-    // what it can (its files, its binary); `load` refuses the whole file.
-    let backend = backend?;
-    Some(Target {
-        policy,
-        set: None,
-        name: raw.name,
-        repo_key: super::normalize_repo(&repo),
-        repo,
-        branch,
-        path: rel,
-        interval,
-        timeout,
-        git,
-        backend,
-        notify: raw.notify.unwrap_or_else(|| vec![INHERIT.to_string()]),
-        web_url,
-        // Settled against `[[forges]]` and `[defaults] forge` once every
-        // table is read (config::settle_forges).
-        statuses: raw.forge.map(|forge| StatusTo {
-            forge,
-            repo: raw.forge_repo.clone().unwrap_or_default(),
-        }),
-        forge_repo: raw.forge_repo,
-        previews,
-        // `[defaults.verify]` for a target without its own: config::validate.
-        verify: raw
-            .verify
-            .and_then(|v| super::verify::validate_verify(v, label, base, machine, problems)),
-        tag,
-        decrypt: raw
-            .decrypt
-            .and_then(|v| super::decrypt::validate_decrypt(v, label, base, machine, problems)),
-        // Names checked against the other targets (and for cycles) once
-        // every table is read: config::graph.
-        depends_on: raw.depends_on.unwrap_or_default(),
-        inputs: raw
-            .inputs
-            .unwrap_or_default()
-            .into_iter()
-            .filter_map(|(name, from): (String, String)| input(label, name, &from, problems))
-            .collect(),
-    })
+    previews
 }
 
 /// `https://host/o/r.git` and `git@host:o/r.git` → `https://host/o/r`.
