@@ -236,76 +236,9 @@ impl Nomad {
         }
         let mut d = d.clone();
         if d.state == "pre_hook" {
-            // Approved with a pre hook, or a tick died while it ran: the spec
-            // is the recorded one (`newer` is false); make sure the live job
-            // has not moved, then run (or find) the hook, then register.
-            if self
-                .ledger
-                .is_paused(&self.ctx.name, &key.job)
-                .await
-                .map_err(|e| self.ledger_err(p, e))?
-            {
-                return Ok(Followed::Waiting(JobReport {
-                    result: JobResult::NoChange,
-                    line: format!("{}: paused by a person; deployment {} waits", key.job, d.id),
-                }));
+            if let Some(stop) = self.resume_pre_hook(p, &d, live, hooks).await? {
+                return Ok(stop);
             }
-            let live_index = live.and_then(|l| l["JobModifyIndex"].as_i64()).unwrap_or(0);
-            if live_index != d.job_modify_index {
-                return self
-                    .fail_from(
-                        p,
-                        d.id,
-                        "pre_hook",
-                        None,
-                        "job modified outside driftless since its plan; the live job stands".into(),
-                    )
-                    .await;
-            }
-            if let Err(why) = self.check_hooks(p, hooks) {
-                return self
-                    .fail_from(
-                        p,
-                        d.id,
-                        "pre_hook",
-                        None,
-                        format!("{why}; nothing registered"),
-                    )
-                    .await;
-            }
-            let Some(hook) = d.pre_hook.clone() else {
-                return self
-                    .fail_from(
-                        p,
-                        d.id,
-                        "pre_hook",
-                        None,
-                        "pre_hook state without a pre hook".into(),
-                    )
-                    .await;
-            };
-            let run = HookRun {
-                id: d.id,
-                nonce: d.hook_nonce.as_deref(),
-                child: d.pre_hook_child.as_deref(),
-                state: "pre_hook",
-            };
-            if let Err(why) = self
-                .run_hook(p, &run, &hook, "pre", hook_timeout(&d), hooks)
-                .await
-            {
-                return self
-                    .fail_from(
-                        p,
-                        d.id,
-                        "pre_hook",
-                        None,
-                        format!("pre hook failed; nothing registered: {why}"),
-                    )
-                    .await;
-            }
-            self.set_state(p, d.id, "pre_hook", "applying", None)
-                .await?;
             d.state = "applying".into();
         }
         let d = &d;
@@ -330,68 +263,190 @@ impl Nomad {
             .iter()
             .find(|x| x["JobSpecModifyIndex"].as_i64() == Some(registered));
         if let Some(dep) = ours {
-            let status = dep["Status"].as_str().unwrap_or("");
-            let why = dep["StatusDescription"].as_str().unwrap_or("");
-            let dep_id = dep["ID"].as_str().unwrap_or("?").to_string();
-            return match status {
-                "successful" => Ok(Followed::Settled(
-                    self.succeed(
-                        p,
-                        d,
-                        format!("Nomad deployment {dep_id} successful"),
-                        Some(dep_id),
-                        hooks,
-                    )
-                    .await?,
-                )),
-                "failed" | "cancelled" => {
-                    // The live index now: after an auto-revert it is the
-                    // revert's, where this spec must not be registered again.
-                    let at = match self.live(key).await {
-                        Ok(l) => l.and_then(|l| l["JobModifyIndex"].as_i64()),
-                        Err(_) => None,
-                    };
-                    let msg = self.ctx.redactor.redact(&format!(
-                        "Nomad deployment {dep_id} {status}: {why}"
-                    ));
-                    self.ledger
-                        .transition(
-                            d.id,
-                            &d.state,
-                            "failed",
-                            Change {
-                                message: Some(msg.clone()),
-                                nomad_deployment_id: Some(dep_id),
-                                failed_at_index: Some(at.unwrap_or(registered)),
-                                ..Change::default()
-                            },
-                        )
-                        .await
-                        .map_err(|e| self.ledger_err(p, e))?;
-                    Ok(Followed::Settled(self.job_error(
-                        &p.file,
-                        Some(&key.job),
-                        msg,
-                    )))
-                }
-                other if newer => {
-                    self.supersede(
-                        p,
-                        d,
-                        format!(
-                            "{} while Nomad deployment {dep_id} was {other} (Nomad cancels it for the newer version)",
-                            self.superseded_by(d)
-                        ),
+            return self.follow_ours(p, d, dep, registered, newer, hooks).await;
+        }
+        self.without_deployment(p, d, live, registered, newer, hooks)
+            .await
+    }
+
+    /// A deployment in `pre_hook`, approved with a pre hook or left by a
+    /// tick that died while it ran: the spec is the recorded one; the
+    /// live job must not have moved; then the hook is run (or found) and
+    /// the deployment moves to `applying`. `Some` when it stops here.
+    async fn resume_pre_hook(
+        &self,
+        p: &Parsed,
+        d: &Deployment,
+        live: Option<&Value>,
+        hooks: &HookJobs,
+    ) -> Result<Option<Followed>, JobReport> {
+        let key = &p.key;
+        // Approved with a pre hook, or a tick died while it ran: the spec
+        // is the recorded one (`newer` is false); make sure the live job
+        // has not moved, then run (or find) the hook, then register.
+        if self
+            .ledger
+            .is_paused(&self.ctx.name, &key.job)
+            .await
+            .map_err(|e| self.ledger_err(p, e))?
+        {
+            return Ok(Some(Followed::Waiting(JobReport {
+                result: JobResult::NoChange,
+                line: format!("{}: paused by a person; deployment {} waits", key.job, d.id),
+            })));
+        }
+        let live_index = live.and_then(|l| l["JobModifyIndex"].as_i64()).unwrap_or(0);
+        if live_index != d.job_modify_index {
+            return self
+                .fail_from(
+                    p,
+                    d.id,
+                    "pre_hook",
+                    None,
+                    "job modified outside driftless since its plan; the live job stands".into(),
+                )
+                .await
+                .map(Some);
+        }
+        if let Err(why) = self.check_hooks(p, hooks) {
+            return self
+                .fail_from(
+                    p,
+                    d.id,
+                    "pre_hook",
+                    None,
+                    format!("{why}; nothing registered"),
+                )
+                .await
+                .map(Some);
+        }
+        let Some(hook) = d.pre_hook.clone() else {
+            return self
+                .fail_from(
+                    p,
+                    d.id,
+                    "pre_hook",
+                    None,
+                    "pre_hook state without a pre hook".into(),
+                )
+                .await
+                .map(Some);
+        };
+        let run = HookRun {
+            id: d.id,
+            nonce: d.hook_nonce.as_deref(),
+            child: d.pre_hook_child.as_deref(),
+            state: "pre_hook",
+        };
+        if let Err(why) = self
+            .run_hook(p, &run, &hook, "pre", hook_timeout(d), hooks)
+            .await
+        {
+            return self
+                .fail_from(
+                    p,
+                    d.id,
+                    "pre_hook",
+                    None,
+                    format!("pre hook failed; nothing registered: {why}"),
+                )
+                .await
+                .map(Some);
+        }
+        self.set_state(p, d.id, "pre_hook", "applying", None)
+            .await?;
+        Ok(None)
+    }
+
+    /// Nomad's deployment `dep` of the version this one registered:
+    /// successful, failed (at the live index, after an auto-revert the
+    /// revert's), superseded by a newer spec, or waiting (its canaries).
+    async fn follow_ours(
+        &self,
+        p: &Parsed,
+        d: &Deployment,
+        dep: &Value,
+        registered: i64,
+        newer: bool,
+        hooks: &HookJobs,
+    ) -> Result<Followed, JobReport> {
+        let key = &p.key;
+        let status = dep["Status"].as_str().unwrap_or("");
+        let why = dep["StatusDescription"].as_str().unwrap_or("");
+        let dep_id = dep["ID"].as_str().unwrap_or("?").to_string();
+        match status {
+            "successful" => Ok(Followed::Settled(
+                self.succeed(
+                    p,
+                    d,
+                    format!("Nomad deployment {dep_id} successful"),
+                    Some(dep_id),
+                    hooks,
+                )
+                .await?,
+            )),
+            "failed" | "cancelled" => {
+                // The live index now: after an auto-revert it is the
+                // revert's, where this spec must not be registered again.
+                let at = match self.live(key).await {
+                    Ok(l) => l.and_then(|l| l["JobModifyIndex"].as_i64()),
+                    Err(_) => None,
+                };
+                let msg = self.ctx.redactor.redact(&format!(
+                    "Nomad deployment {dep_id} {status}: {why}"
+                ));
+                self.ledger
+                    .transition(
+                        d.id,
+                        &d.state,
+                        "failed",
+                        Change {
+                            message: Some(msg.clone()),
+                            nomad_deployment_id: Some(dep_id),
+                            failed_at_index: Some(at.unwrap_or(registered)),
+                            ..Change::default()
+                        },
                     )
                     .await
-                }
-                "running" => self.canaries(p, d, dep).await,
-                other => Ok(Followed::Waiting(JobReport {
-                    result: JobResult::NoChange,
-                    line: format!("{}: Nomad deployment {dep_id} {other}", key.job),
-                })),
-            };
+                    .map_err(|e| self.ledger_err(p, e))?;
+                Ok(Followed::Settled(self.job_error(
+                    &p.file,
+                    Some(&key.job),
+                    msg,
+                )))
+            }
+            other if newer => {
+                self.supersede(
+                    p,
+                    d,
+                    format!(
+                        "{} while Nomad deployment {dep_id} was {other} (Nomad cancels it for the newer version)",
+                        self.superseded_by(d)
+                    ),
+                )
+                .await
+            }
+            "running" => self.canaries(p, d, dep).await,
+            other => Ok(Followed::Waiting(JobReport {
+                result: JobResult::NoChange,
+                line: format!("{}: Nomad deployment {dep_id} {other}", key.job),
+            })),
         }
+    }
+
+    /// No Nomad deployment for the registered version (yet): the live job
+    /// moved (failed), Nomad never starts one for this job (settled), or
+    /// its evaluation says why not.
+    async fn without_deployment(
+        &self,
+        p: &Parsed,
+        d: &Deployment,
+        live: Option<&Value>,
+        registered: i64,
+        newer: bool,
+        hooks: &HookJobs,
+    ) -> Result<Followed, JobReport> {
+        let key = &p.key;
         // No deployment for our version (yet).
         let live_index = live.and_then(|l| l["JobModifyIndex"].as_i64());
         if live_index != Some(registered) {
@@ -451,6 +506,26 @@ impl Nomad {
                 self.succeed(p, d, msg, None, hooks).await?,
             ));
         };
+        self.after_evaluation(p, d, &eval, eval_id, registered, newer, hooks)
+            .await
+    }
+
+    /// The registered version's evaluation `eval_id`, read: complete (a
+    /// deployment made meanwhile, or nothing to roll out), failed, or still
+    /// pending (failed past the target's timeout, superseded by a newer
+    /// spec, or waited for).
+    #[allow(clippy::too_many_arguments)]
+    async fn after_evaluation(
+        &self,
+        p: &Parsed,
+        d: &Deployment,
+        eval: &Value,
+        eval_id: &str,
+        registered: i64,
+        newer: bool,
+        hooks: &HookJobs,
+    ) -> Result<Followed, JobReport> {
+        let key = &p.key;
         let status = eval["Status"].as_str().unwrap_or("unknown");
         match status {
             "complete" => {
