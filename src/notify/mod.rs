@@ -497,200 +497,13 @@ impl NotifierConfig {
                 String::new()
             }
         };
-        let events = match obj.remove("events") {
-            None => vec![
-                Event::Failed,
-                Event::Blocked,
-                Event::StillFailing,
-                Event::Recovered,
-                Event::PendingApproval,
-                Event::DriftDetected,
-                Event::DriftResolved,
-                Event::Superseded,
-            ],
-            Some(Value::Array(a)) => {
-                let mut out = Vec::new();
-                for e in a {
-                    match e.as_str().and_then(Event::parse) {
-                        Some(ev) => out.push(ev),
-                        None => errs.push((
-                            "events".into(),
-                            format!(
-                                "`{e}` is not one of failed, blocked, still_failing, recovered, changed, pending_approval, drift_detected, drift_resolved, superseded"
-                            ),
-                        )),
-                    }
-                }
-                out
-            }
-            Some(_) => {
-                errs.push(("events".into(), "must be a list".into()));
-                vec![]
-            }
+        let events = read_events(obj.remove("events"), &mut errs);
+        let attempts = read_attempts(obj.remove("attempts"), &mut errs);
+        let retry_after = read_retry_after(obj.remove("retry_after"), &mut errs);
+        let Some(kind) = read_kind(v, base, &mut errs) else {
+            return Err(errs);
         };
-        let attempts = match obj.remove("attempts") {
-            None => outbox::MAX_ATTEMPTS,
-            Some(Value::Number(n)) if n.as_i64().is_some_and(|n| (1..=100).contains(&n)) => {
-                n.as_i64().unwrap_or(outbox::MAX_ATTEMPTS)
-            }
-            Some(other) => {
-                errs.push((
-                    "attempts".into(),
-                    format!("{other} is not between 1 and 100"),
-                ));
-                outbox::MAX_ATTEMPTS
-            }
-        };
-        let retry_after = match obj.remove("retry_after") {
-            None => outbox::FIRST_RETRY,
-            Some(Value::String(d)) => match humantime::parse_duration(d.trim()) {
-                Ok(d) if d >= std::time::Duration::from_secs(1) && d <= outbox::MAX_RETRY => d,
-                _ => {
-                    errs.push((
-                        "retry_after".into(),
-                        format!("`{d}` is not a duration between 1s and 10m"),
-                    ));
-                    outbox::FIRST_RETRY
-                }
-            },
-            Some(other) => {
-                errs.push(("retry_after".into(), format!("{other} is not a duration")));
-                outbox::FIRST_RETRY
-            }
-        };
-        // `kind` picks the struct, read with every bad key named.
-        const KINDS: &str = "email, slack, matrix, webhook, ntfy, discord";
-        let kind_name = match v.as_object_mut().and_then(|o| o.remove("kind")) {
-            Some(Value::String(k)) => k,
-            Some(other) => {
-                errs.push(("kind".into(), format!("{other} is not one of {KINDS}")));
-                return Err(errs);
-            }
-            None => {
-                errs.push(("kind".into(), format!("missing: one of {KINDS}")));
-                return Err(errs);
-            }
-        };
-        use crate::schema::read;
-        let secret = |f: &str| SecretRef::parse(f, base);
-        let parsed = match kind_name.as_str() {
-            "email" => read::<EmailConfig>(v).map(|c| NotifierKind::Email {
-                password: c.password_file.as_deref().map(secret),
-                config: c,
-            }),
-            "slack" => read::<SlackConfig>(v).map(|c| NotifierKind::Slack {
-                url: secret(&c.url_file),
-            }),
-            "matrix" => read::<MatrixConfig>(v).map(|c| NotifierKind::Matrix {
-                access_token: secret(&c.access_token_file),
-                config: c,
-            }),
-            "webhook" => read::<WebhookConfig>(v).and_then(|c| {
-                let url = WebhookUrl::one_of(&c.url, &c.url_file, base)?;
-                Ok(NotifierKind::Webhook {
-                    signing_secret: c.secret_file.as_deref().map(secret),
-                    url,
-                    config: c,
-                })
-            }),
-            "ntfy" => read::<NtfyConfig>(v).and_then(|c| {
-                let url = WebhookUrl::one_of(&c.url, &c.url_file, base)?;
-                Ok(NotifierKind::Ntfy {
-                    token: c.token_file.as_deref().map(secret),
-                    url,
-                    config: c,
-                })
-            }),
-            "discord" => read::<DiscordConfig>(v).map(|c| NotifierKind::Discord {
-                url: secret(&c.url_file),
-            }),
-            other => Err(vec![(
-                "kind".to_string(),
-                format!("unknown variant `{other}`, expected one of {KINDS}"),
-            )]),
-        };
-        let kind = match parsed {
-            Ok(k) => k,
-            Err(e) => {
-                errs.extend(e);
-                return Err(errs);
-            }
-        };
-        match &kind {
-            NotifierKind::Email { config: c, .. } => {
-                if c.to.is_empty() {
-                    errs.push(("to".into(), "must list at least one address".into()));
-                }
-                for a in c.to.iter().chain(Some(&c.from)) {
-                    if !a.contains('@') {
-                        errs.push(("to".into(), format!("`{a}` is not an email address")));
-                    }
-                }
-                if c.tls == Tls::None && !is_loopback(&c.host) {
-                    errs.push((
-                        "tls".into(),
-                        format!(
-                            "`none` (no encryption) is only accepted for a loopback host, not `{}`",
-                            c.host
-                        ),
-                    ));
-                }
-                if c.password_file.is_some() != c.username.is_some() {
-                    errs.push((
-                        "password_file".into(),
-                        "username and password_file go together".into(),
-                    ));
-                }
-            }
-            NotifierKind::Slack { .. } => {}
-            NotifierKind::Matrix { config: c, .. } => {
-                if !(c.homeserver.starts_with("https://") || c.homeserver.starts_with("http://")) {
-                    errs.push(("homeserver".into(), "must be an http(s):// URL".into()));
-                }
-                if !c.room_id.starts_with('!') {
-                    errs.push((
-                        "room_id".into(),
-                        format!("`{}` is not a room id (they start with `!`)", c.room_id),
-                    ));
-                }
-            }
-            NotifierKind::Webhook { url, .. } => {
-                if let WebhookUrl::Plain(u) = url
-                    && !(u.starts_with("https://") || u.starts_with("http://"))
-                {
-                    errs.push(("url".into(), "must be an http(s):// URL".into()));
-                }
-            }
-            NotifierKind::Ntfy { config: c, url, .. } => {
-                if let WebhookUrl::Plain(u) = url
-                    && !((u.starts_with("https://") || u.starts_with("http://"))
-                        && ntfy::split_topic_url(u).is_some())
-                {
-                    errs.push((
-                        "url".into(),
-                        format!("`{u}` is not a topic URL (https://host/topic)"),
-                    ));
-                }
-                for (e, p) in &c.priority {
-                    if Event::parse(e).is_none() {
-                        errs.push(("priority".into(), format!("`{e}` is not an event")));
-                    } else if ntfy::priority(p).is_none() {
-                        errs.push((
-                            "priority".into(),
-                            format!(
-                                "`{p}` (for {e}) is not min, low, default, high, max, urgent or 1-5"
-                            ),
-                        ));
-                    }
-                }
-                for e in c.tags.keys() {
-                    if Event::parse(e).is_none() {
-                        errs.push(("tags".into(), format!("`{e}` is not an event")));
-                    }
-                }
-            }
-            NotifierKind::Discord { .. } => {}
-        }
+        errs.extend(kind.problems());
         if errs.is_empty() {
             Ok(NotifierConfig {
                 name,
@@ -854,6 +667,228 @@ impl NotifierConfig {
                 discord::send(http, &read_secret("url_file", url)?, doc).await
             }
         }
+    }
+}
+
+/// `events`: the events a notifier hears (default: every failure and
+/// every person-facing event, not `changed`).
+fn read_events(value: Option<Value>, errs: &mut Vec<(String, String)>) -> Vec<Event> {
+    match value {
+        None => vec![
+            Event::Failed,
+            Event::Blocked,
+            Event::StillFailing,
+            Event::Recovered,
+            Event::PendingApproval,
+            Event::DriftDetected,
+            Event::DriftResolved,
+            Event::Superseded,
+        ],
+        Some(Value::Array(a)) => {
+            let mut out = Vec::new();
+            for e in a {
+                match e.as_str().and_then(Event::parse) {
+                    Some(ev) => out.push(ev),
+                    None => errs.push((
+                        "events".into(),
+                        format!(
+                            "`{e}` is not one of failed, blocked, still_failing, recovered, changed, pending_approval, drift_detected, drift_resolved, superseded"
+                        ),
+                    )),
+                }
+            }
+            out
+        }
+        Some(_) => {
+            errs.push(("events".into(), "must be a list".into()));
+            vec![]
+        }
+    }
+}
+
+/// `attempts`: how often a notification is tried, 1 to 100.
+fn read_attempts(value: Option<Value>, errs: &mut Vec<(String, String)>) -> i64 {
+    match value {
+        None => outbox::MAX_ATTEMPTS,
+        Some(Value::Number(n)) if n.as_i64().is_some_and(|n| (1..=100).contains(&n)) => {
+            n.as_i64().unwrap_or(outbox::MAX_ATTEMPTS)
+        }
+        Some(other) => {
+            errs.push((
+                "attempts".into(),
+                format!("{other} is not between 1 and 100"),
+            ));
+            outbox::MAX_ATTEMPTS
+        }
+    }
+}
+
+/// `retry_after`: the first wait before a failed notification is tried
+/// again, 1s to 10m.
+fn read_retry_after(value: Option<Value>, errs: &mut Vec<(String, String)>) -> std::time::Duration {
+    match value {
+        None => outbox::FIRST_RETRY,
+        Some(Value::String(d)) => match humantime::parse_duration(d.trim()) {
+            Ok(d) if d >= std::time::Duration::from_secs(1) && d <= outbox::MAX_RETRY => d,
+            _ => {
+                errs.push((
+                    "retry_after".into(),
+                    format!("`{d}` is not a duration between 1s and 10m"),
+                ));
+                outbox::FIRST_RETRY
+            }
+        },
+        Some(other) => {
+            errs.push(("retry_after".into(), format!("{other} is not a duration")));
+            outbox::FIRST_RETRY
+        }
+    }
+}
+
+/// The rest of the table, read as the struct its `kind` picks, with every
+/// bad key named; `None` (its problems in `errs`) when it cannot be read.
+fn read_kind(mut v: Value, base: &Path, errs: &mut Vec<(String, String)>) -> Option<NotifierKind> {
+    // `kind` picks the struct, read with every bad key named.
+    const KINDS: &str = "email, slack, matrix, webhook, ntfy, discord";
+    let kind_name = match v.as_object_mut().and_then(|o| o.remove("kind")) {
+        Some(Value::String(k)) => k,
+        Some(other) => {
+            errs.push(("kind".into(), format!("{other} is not one of {KINDS}")));
+            return None;
+        }
+        None => {
+            errs.push(("kind".into(), format!("missing: one of {KINDS}")));
+            return None;
+        }
+    };
+    use crate::schema::read;
+    let secret = |f: &str| SecretRef::parse(f, base);
+    let parsed = match kind_name.as_str() {
+        "email" => read::<EmailConfig>(v).map(|c| NotifierKind::Email {
+            password: c.password_file.as_deref().map(secret),
+            config: c,
+        }),
+        "slack" => read::<SlackConfig>(v).map(|c| NotifierKind::Slack {
+            url: secret(&c.url_file),
+        }),
+        "matrix" => read::<MatrixConfig>(v).map(|c| NotifierKind::Matrix {
+            access_token: secret(&c.access_token_file),
+            config: c,
+        }),
+        "webhook" => read::<WebhookConfig>(v).and_then(|c| {
+            let url = WebhookUrl::one_of(&c.url, &c.url_file, base)?;
+            Ok(NotifierKind::Webhook {
+                signing_secret: c.secret_file.as_deref().map(secret),
+                url,
+                config: c,
+            })
+        }),
+        "ntfy" => read::<NtfyConfig>(v).and_then(|c| {
+            let url = WebhookUrl::one_of(&c.url, &c.url_file, base)?;
+            Ok(NotifierKind::Ntfy {
+                token: c.token_file.as_deref().map(secret),
+                url,
+                config: c,
+            })
+        }),
+        "discord" => read::<DiscordConfig>(v).map(|c| NotifierKind::Discord {
+            url: secret(&c.url_file),
+        }),
+        other => Err(vec![(
+            "kind".to_string(),
+            format!("unknown variant `{other}`, expected one of {KINDS}"),
+        )]),
+    };
+    match parsed {
+        Ok(k) => Some(k),
+        Err(e) => {
+            errs.extend(e);
+            None
+        }
+    }
+}
+
+impl NotifierKind {
+    /// What is wrong with a notifier's values beyond their types: email
+    /// addresses, TLS off the loopback, URLs, room ids, ntfy's events.
+    fn problems(&self) -> Vec<(String, String)> {
+        let mut errs: Vec<(String, String)> = Vec::new();
+        match self {
+            NotifierKind::Email { config: c, .. } => {
+                if c.to.is_empty() {
+                    errs.push(("to".into(), "must list at least one address".into()));
+                }
+                for a in c.to.iter().chain(Some(&c.from)) {
+                    if !a.contains('@') {
+                        errs.push(("to".into(), format!("`{a}` is not an email address")));
+                    }
+                }
+                if c.tls == Tls::None && !is_loopback(&c.host) {
+                    errs.push((
+                        "tls".into(),
+                        format!(
+                            "`none` (no encryption) is only accepted for a loopback host, not `{}`",
+                            c.host
+                        ),
+                    ));
+                }
+                if c.password_file.is_some() != c.username.is_some() {
+                    errs.push((
+                        "password_file".into(),
+                        "username and password_file go together".into(),
+                    ));
+                }
+            }
+            NotifierKind::Slack { .. } => {}
+            NotifierKind::Matrix { config: c, .. } => {
+                if !(c.homeserver.starts_with("https://") || c.homeserver.starts_with("http://")) {
+                    errs.push(("homeserver".into(), "must be an http(s):// URL".into()));
+                }
+                if !c.room_id.starts_with('!') {
+                    errs.push((
+                        "room_id".into(),
+                        format!("`{}` is not a room id (they start with `!`)", c.room_id),
+                    ));
+                }
+            }
+            NotifierKind::Webhook { url, .. } => {
+                if let WebhookUrl::Plain(u) = url
+                    && !(u.starts_with("https://") || u.starts_with("http://"))
+                {
+                    errs.push(("url".into(), "must be an http(s):// URL".into()));
+                }
+            }
+            NotifierKind::Ntfy { config: c, url, .. } => {
+                if let WebhookUrl::Plain(u) = url
+                    && !((u.starts_with("https://") || u.starts_with("http://"))
+                        && ntfy::split_topic_url(u).is_some())
+                {
+                    errs.push((
+                        "url".into(),
+                        format!("`{u}` is not a topic URL (https://host/topic)"),
+                    ));
+                }
+                for (e, p) in &c.priority {
+                    if Event::parse(e).is_none() {
+                        errs.push(("priority".into(), format!("`{e}` is not an event")));
+                    } else if ntfy::priority(p).is_none() {
+                        errs.push((
+                            "priority".into(),
+                            format!(
+                                "`{p}` (for {e}) is not min, low, default, high, max, urgent or 1-5"
+                            ),
+                        ));
+                    }
+                }
+                for e in c.tags.keys() {
+                    if Event::parse(e).is_none() {
+                        errs.push(("tags".into(), format!("`{e}` is not an event")));
+                    }
+                }
+            }
+            NotifierKind::Discord { .. } => {}
+        }
+        errs
     }
 }
 
