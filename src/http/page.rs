@@ -30,6 +30,7 @@ use super::caller::{ApiError, Caller};
 use crate::auth::Verb;
 use crate::config::PageAccess;
 use crate::status;
+use crate::store::deployments::StoredPlan;
 
 /// Escape text for HTML element content and attribute values.
 pub fn escape(s: &str) -> String {
@@ -84,33 +85,9 @@ fn refusal(status: StatusCode, text: &str) -> Response {
 pub(super) async fn index(State(s): State<AppState>, caller: Result<Caller, ApiError>) -> Response {
     let settings = &s.app.settings();
     // Who is looking: `None` when the page is open to anyone.
-    let viewer: Option<Caller> = match settings.server.page {
-        PageAccess::Off => {
-            return refusal(
-                StatusCode::NOT_FOUND,
-                "This page is off ([server] page = \"off\"); the API is at /api/v1/.",
-            );
-        }
-        PageAccess::Open => None,
-        PageAccess::Token => match caller {
-            Ok(c) if c.reads_anything() => Some(c),
-            Ok(c) => {
-                return refusal(
-                    StatusCode::FORBIDDEN,
-                    &format!(
-                        "Token `{}` has no read scope; this page needs `read` or `read:<glob>`.",
-                        c.name()
-                    ),
-                );
-            }
-            Err(_) => {
-                return refusal(
-                    StatusCode::UNAUTHORIZED,
-                    "Sign in with any user name and, as the password, a driftless token \
-                         with a read scope (`driftless token new NAME` makes one).",
-                );
-            }
-        },
+    let viewer = match viewer(settings, caller) {
+        Ok(v) => v,
+        Err(refused) => return *refused,
     };
     let may_read = |target: &str| viewer.as_ref().is_none_or(|c| c.may(Verb::Read, target));
     let targets = match status::targets(&s.app).await {
@@ -126,25 +103,9 @@ pub(super) async fn index(State(s): State<AppState>, caller: Result<Caller, ApiE
         Ok(p) => p,
         Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
     };
-    // The decision buttons (Approve and Reject, or Promote), for a viewer
-    // who may approve.
-    let buttons = |target: &str, id: i64, hash: &str, verbs: &[(&str, &str)]| -> String {
-        let Some(c) = viewer.as_ref().filter(|c| c.may(Verb::Approve, target)) else {
-            return String::new();
-        };
-        let mut f = String::new();
-        for &(verb, label) in verbs {
-            let _ = write!(
-                f,
-                "<form class=\"decide\" method=\"post\" action=\"/deployments/{id}/{verb}\">\
-                 <input type=\"hidden\" name=\"plan_hash\" value=\"{}\">\
-                 <input type=\"hidden\" name=\"csrf\" value=\"{}\">\
-                 <button type=\"submit\" class=\"{verb}\">{label}</button></form>",
-                escape(hash),
-                csrf_token(&s.csrf_key, c.name(), id, verb, hash),
-            );
-        }
-        format!("<p>As <code>{}</code>: {f}</p>", escape(c.name()))
+    let buttons = Buttons {
+        viewer: viewer.as_ref(),
+        key: &s.csrf_key,
     };
     let base = match &settings.server.public_url {
         Some(u) => u.trim_end_matches('/').to_string(),
@@ -158,7 +119,92 @@ pub(super) async fn index(State(s): State<AppState>, caller: Result<Caller, ApiE
          <h1>driftless</h1><h2>Targets</h2><table><thead><tr><th>target</th><th>backend</th>\
          <th>last result</th><th>applied commit</th><th>last run</th><th>message</th></tr></thead><tbody>"
     );
-    for t in &targets {
+    target_rows(&mut h, &targets, &may_read);
+    h.push_str("</tbody></table><h2>Waiting for approval</h2>");
+    let waiting: Vec<_> = waiting.iter().filter(|p| may_read(&p.target)).collect();
+    if waiting.is_empty() {
+        h.push_str("<p>Nothing waits for approval.</p>");
+    }
+    approval_cards(&mut h, &waiting, &buttons, &base);
+    // Nomad deployments whose canaries wait for a person.
+    let to_promote: Vec<_> = to_promote.iter().filter(|p| may_read(&p.target)).collect();
+    if !to_promote.is_empty() {
+        h.push_str("<h2>Waiting for promotion</h2>");
+    }
+    promotion_cards(&mut h, &to_promote, &buttons);
+    h.push_str("</body></html>\n");
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        h,
+    )
+        .into_response()
+}
+
+/// Who may look at the page: `Ok(None)` when it is open to anyone, the
+/// caller when it needs a token with a read scope; `Err` the refusal.
+fn viewer(
+    settings: &crate::config::Settings,
+    caller: Result<Caller, ApiError>,
+) -> Result<Option<Caller>, Box<Response>> {
+    match settings.server.page {
+        PageAccess::Off => Err(Box::new(refusal(
+            StatusCode::NOT_FOUND,
+            "This page is off ([server] page = \"off\"); the API is at /api/v1/.",
+        ))),
+        PageAccess::Open => Ok(None),
+        PageAccess::Token => match caller {
+            Ok(c) if c.reads_anything() => Ok(Some(c)),
+            Ok(c) => Err(Box::new(refusal(
+                StatusCode::FORBIDDEN,
+                &format!(
+                    "Token `{}` has no read scope; this page needs `read` or `read:<glob>`.",
+                    c.name()
+                ),
+            ))),
+            Err(_) => Err(Box::new(refusal(
+                StatusCode::UNAUTHORIZED,
+                "Sign in with any user name and, as the password, a driftless token \
+                         with a read scope (`driftless token new NAME` makes one).",
+            ))),
+        },
+    }
+}
+
+/// The decision buttons (Approve and Reject, or Promote), for a viewer
+/// who may approve.
+struct Buttons<'a> {
+    viewer: Option<&'a Caller>,
+    key: &'a [u8; 32],
+}
+
+impl Buttons<'_> {
+    fn html(&self, target: &str, id: i64, hash: &str, verbs: &[(&str, &str)]) -> String {
+        let Some(c) = self.viewer.filter(|c| c.may(Verb::Approve, target)) else {
+            return String::new();
+        };
+        let mut f = String::new();
+        for &(verb, label) in verbs {
+            let _ = write!(
+                f,
+                "<form class=\"decide\" method=\"post\" action=\"/deployments/{id}/{verb}\">\
+                 <input type=\"hidden\" name=\"plan_hash\" value=\"{}\">\
+                 <input type=\"hidden\" name=\"csrf\" value=\"{}\">\
+                 <button type=\"submit\" class=\"{verb}\">{label}</button></form>",
+                escape(hash),
+                csrf_token(self.key, c.name(), id, verb, hash),
+            );
+        }
+        format!("<p>As <code>{}</code>: {f}</p>", escape(c.name()))
+    }
+}
+
+/// One row per target the viewer may read; of its dependencies, only
+/// those the viewer may read are named.
+fn target_rows(h: &mut String, targets: &[status::TargetStatus], may_read: &dyn Fn(&str) -> bool) {
+    for t in targets {
         let result = t.last_result.as_deref().unwrap_or("never run");
         let mut flags = String::new();
         if t.destroyed_at.is_some() {
@@ -202,11 +248,11 @@ pub(super) async fn index(State(s): State<AppState>, caller: Result<Caller, ApiE
             escape(t.last_message.as_deref().unwrap_or("")),
         );
     }
-    h.push_str("</tbody></table><h2>Waiting for approval</h2>");
-    let waiting: Vec<_> = waiting.iter().filter(|p| may_read(&p.target)).collect();
-    if waiting.is_empty() {
-        h.push_str("<p>Nothing waits for approval.</p>");
-    }
+}
+
+/// A card per plan waiting for approval: its diff, the buttons, and the
+/// `curl` and CLI that approve exactly it.
+fn approval_cards(h: &mut String, waiting: &[&StoredPlan], buttons: &Buttons<'_>, base: &str) {
     for p in waiting {
         let curl = format!(
             "curl -X POST -H \"Authorization: Bearer $TOKEN\" -d '{{\"plan_hash\":\"{}\"}}' {base}/api/v1/deployments/{}/approve",
@@ -244,7 +290,7 @@ pub(super) async fn index(State(s): State<AppState>, caller: Result<Caller, ApiE
                 ""
             },
             escape(&p.shown_diff()),
-            buttons(
+            buttons.html(
                 &p.target,
                 p.id,
                 &p.plan_hash,
@@ -254,11 +300,10 @@ pub(super) async fn index(State(s): State<AppState>, caller: Result<Caller, ApiE
             p.id,
         );
     }
-    // Nomad deployments whose canaries wait for a person.
-    let to_promote: Vec<_> = to_promote.iter().filter(|p| may_read(&p.target)).collect();
-    if !to_promote.is_empty() {
-        h.push_str("<h2>Waiting for promotion</h2>");
-    }
+}
+
+/// A card per Nomad deployment whose canaries wait for a person.
+fn promotion_cards(h: &mut String, to_promote: &[&StoredPlan], buttons: &Buttons<'_>) {
     for p in to_promote {
         let _ = write!(
             h,
@@ -273,7 +318,7 @@ pub(super) async fn index(State(s): State<AppState>, caller: Result<Caller, ApiE
                 p.waiting_since.unwrap_or(p.updated_at)
             )),
             escape(p.message.as_deref().unwrap_or("")),
-            buttons(
+            buttons.html(
                 &p.target,
                 p.id,
                 &p.plan_hash,
@@ -282,15 +327,6 @@ pub(super) async fn index(State(s): State<AppState>, caller: Result<Caller, ApiE
             p.id,
         );
     }
-    h.push_str("</body></html>\n");
-    (
-        [
-            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
-            (header::CACHE_CONTROL, "no-store"),
-        ],
-        h,
-    )
-        .into_response()
 }
 
 /// The CSRF token of one form: HMAC-SHA256 under the process's key over
