@@ -142,85 +142,16 @@ impl Nomad {
         let diff = redact_diff(&plan.diff, &self.ctx.redactor);
         let summary = diff_summary(&plan.diff);
 
-        if self
-            .ledger
-            .is_paused(&self.ctx.name, &key.job)
-            .await
-            .map_err(|e| self.ledger_err(p, e))?
-        {
-            let line = format!(
-                "{}: paused by a person; drift not registered: {summary}",
-                key.job
-            );
-            return Ok(JobReport {
-                result: JobResult::NoChange,
-                line,
-            });
+        if let Some(report) = self.held_back(p, hash, &plan, &summary).await? {
+            return Ok(report);
         }
-        if p.policy == Policy::Detect {
-            let line = format!("{}: drift not applied (policy none): {summary}", key.job);
-            tracing::warn!(target_name = %self.ctx.name, job = %key.job, "{line}");
-            return Ok(JobReport {
-                result: JobResult::NoChange,
-                line,
-            });
-        }
-
-        // No apply loop: a spec that failed at this live index (after an
-        // auto-revert, the revert's) waits for a new commit or a change to
-        // the live job.
-        if let Some(last) = self
-            .ledger
-            .latest(key)
-            .await
-            .map_err(|e| self.ledger_err(p, e))?
-            && last.state == "failed"
-            && last.spec_hash == hash
-            && last.failed_at_index.unwrap_or(last.job_modify_index) == plan.index
-            && !self.ctx.retry
-        {
-            return fail(format!(
-                "not retried: this spec failed at JobModifyIndex {} (deployment {}: {}); push a new commit, change the live job or run `driftless retry {}` to try again",
-                plan.index,
-                last.id,
-                last.message.as_deref().unwrap_or("failed"),
-                self.ctx.name
-            ));
-        }
-
         // Persist before acting.
-        let (id, nonce) = match reuse {
-            Some(d) => (d.id, d.hook_nonce.clone()),
-            None => {
-                let nonce = random_hex(8);
-                let new = NewDeployment {
-                    target: self.ctx.name.clone(),
-                    key: key.clone(),
-                    file: p.file.clone(),
-                    commit_sha: self.commit().to_string(),
-                    spec_hash: hash.to_string(),
-                    policy: p.policy,
-                    state: if p.policy == Policy::Approval {
-                        "pending_approval"
-                    } else {
-                        "detected"
-                    },
-                    job_modify_index: plan.index,
-                    diff: diff.to_string(),
-                    diff_summary: summary.clone(),
-                    pre_hook: p.pre_hook.clone(),
-                    post_hook: p.post_hook.clone(),
-                    hook_timeout_ms: Some(p.hook_timeout.as_millis() as i64),
-                    hook_nonce: nonce.clone(),
-                };
-                match self.ledger.insert(&new).await {
-                    Ok(id) => (id, Some(nonce)),
-                    Err(LedgerError::Conflict(why)) => {
-                        return fail(format!("not registered: {why}"));
-                    }
-                    Err(e) => return Err(self.ledger_err(p, e)),
-                }
-            }
+        let (id, nonce) = match self
+            .record_deployment(p, reuse, hash, &plan, &diff, &summary)
+            .await?
+        {
+            Ok(recorded) => recorded,
+            Err(report) => return Ok(report),
         };
         let state = if p.policy == Policy::Approval {
             "pending_approval"
@@ -277,6 +208,118 @@ impl Nomad {
             .apply_registered(p, id, spec, plan, &summary, hooks)
             .await?
             .report())
+    }
+
+    /// Why a planned change is not registered this tick, if it is not: the
+    /// job is paused by a person, its policy is `none` (drift reported), or
+    /// this very spec failed at this live index (no apply loop: after an
+    /// auto-revert, the revert's; it waits for a new commit, a change to the
+    /// live job or `driftless retry`).
+    async fn held_back(
+        &self,
+        p: &Parsed,
+        hash: &str,
+        plan: &Plan,
+        summary: &str,
+    ) -> Result<Option<JobReport>, JobReport> {
+        let key = &p.key;
+        if self
+            .ledger
+            .is_paused(&self.ctx.name, &key.job)
+            .await
+            .map_err(|e| self.ledger_err(p, e))?
+        {
+            let line = format!(
+                "{}: paused by a person; drift not registered: {summary}",
+                key.job
+            );
+            return Ok(Some(JobReport {
+                result: JobResult::NoChange,
+                line,
+            }));
+        }
+        if p.policy == Policy::Detect {
+            let line = format!("{}: drift not applied (policy none): {summary}", key.job);
+            tracing::warn!(target_name = %self.ctx.name, job = %key.job, "{line}");
+            return Ok(Some(JobReport {
+                result: JobResult::NoChange,
+                line,
+            }));
+        }
+
+        // No apply loop: a spec that failed at this live index (after an
+        // auto-revert, the revert's) waits for a new commit or a change to
+        // the live job.
+        if let Some(last) = self
+            .ledger
+            .latest(key)
+            .await
+            .map_err(|e| self.ledger_err(p, e))?
+            && last.state == "failed"
+            && last.spec_hash == hash
+            && last.failed_at_index.unwrap_or(last.job_modify_index) == plan.index
+            && !self.ctx.retry
+        {
+            return Ok(Some(self.job_error(&p.file, Some(&key.job), format!(
+                "not retried: this spec failed at JobModifyIndex {} (deployment {}: {}); push a new commit, change the live job or run `driftless retry {}` to try again",
+                plan.index,
+                last.id,
+                last.message.as_deref().unwrap_or("failed"),
+                self.ctx.name
+            ))));
+        }
+        Ok(None)
+    }
+
+    /// The deployment recorded before anything is written to Nomad (or
+    /// `reuse`, an active one of this very spec): its id and hook nonce.
+    /// `Err` when the job already has another active deployment.
+    async fn record_deployment(
+        &self,
+        p: &Parsed,
+        reuse: Option<&Deployment>,
+        hash: &str,
+        plan: &Plan,
+        diff: &Value,
+        summary: &str,
+    ) -> Result<Result<(i64, Option<String>), JobReport>, JobReport> {
+        Ok(Ok(match reuse {
+            Some(d) => (d.id, d.hook_nonce.clone()),
+            None => {
+                let nonce = random_hex(8);
+                let new = NewDeployment {
+                    target: self.ctx.name.clone(),
+                    key: p.key.clone(),
+                    file: p.file.clone(),
+                    commit_sha: self.commit().to_string(),
+                    spec_hash: hash.to_string(),
+                    policy: p.policy,
+                    state: if p.policy == Policy::Approval {
+                        "pending_approval"
+                    } else {
+                        "detected"
+                    },
+                    job_modify_index: plan.index,
+                    diff: diff.to_string(),
+                    diff_summary: summary.to_string(),
+                    pre_hook: p.pre_hook.clone(),
+                    post_hook: p.post_hook.clone(),
+                    hook_timeout_ms: Some(p.hook_timeout.as_millis() as i64),
+                    hook_nonce: nonce.clone(),
+                };
+                match self.ledger.insert(&new).await {
+                    Ok(id) => (id, Some(nonce)),
+                    Err(LedgerError::Conflict(why)) => {
+                        return Ok(Err(self.job_error(
+                            &p.file,
+                            Some(&p.key.job),
+                            format!("not registered: {why}"),
+                        )));
+                    }
+                    Err(e) => return Err(self.ledger_err(p, e)),
+                }
+            }
+        }))
     }
 
     /// Register `spec` with CAS on `plan.index` (state `applying` is on
