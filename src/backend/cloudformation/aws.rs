@@ -366,51 +366,7 @@ impl CloudFormation {
             None => None,
         };
 
-        let existing = self.describe(c).await?;
-        let mut status = existing
-            .as_ref()
-            .and_then(|s| s.stack_status().map(|s| s.as_str().to_string()));
-        if let Some(s) = status.as_deref()
-            && settled(s) == Settled::InProgress
-            && s != "REVIEW_IN_PROGRESS"
-        {
-            status = self.wait_stack(c, deadline).await?;
-        }
-        if let Some(why) = status.as_deref().and_then(|s| stuck(s, self.stack())) {
-            return Err(why);
-        }
-        if status.as_deref() == Some("ROLLBACK_COMPLETE") {
-            let made_by = existing
-                .as_ref()
-                .and_then(|s| s.change_set_id())
-                .and_then(change_set_name);
-            if let Some(why) = failed_create(
-                self.stack(),
-                recreate,
-                self.cfg.recreate_failed_create,
-                made_by,
-            ) {
-                return Err(why);
-            }
-            c.delete_stack()
-                .stack_name(self.stack())
-                .send()
-                .await
-                .map_err(|e| sdk_err("DeleteStack", self.stack(), &e))?;
-            if let Some(s) = self.wait_stack(c, deadline).await?
-                && s != "DELETE_COMPLETE"
-            {
-                return Err(format!(
-                    "stack `{}` was left in ROLLBACK_COMPLETE by a failed create; deleting it ended in {s}",
-                    self.stack()
-                ));
-            }
-            notes.push(format!(
-                "stack `{}` was left in ROLLBACK_COMPLETE by a failed create and was deleted before creating it again",
-                self.stack()
-            ));
-            status = None;
-        }
+        let status = self.stack_before(c, deadline, notes, recreate).await?;
         let kind = match status.as_deref() {
             None | Some("DELETE_COMPLETE") | Some("REVIEW_IN_PROGRESS") => ChangeSetType::Create,
             Some(_) => ChangeSetType::Update,
@@ -478,23 +434,102 @@ impl CloudFormation {
         let cs_id = created.id().unwrap_or(&name).to_string();
 
         // Wait for the change set.
+        if let Some(no_change) = self.wait_change_set(c, &cs_id, deadline, notes).await? {
+            return Ok(no_change);
+        }
+        Ok(Staged::Ready {
+            id: cs_id,
+            kind,
+            stamp,
+        })
+    }
+
+    /// The stack's status before a change set, once it has settled: a
+    /// stack AWS will not update is refused; one a failed create left in
+    /// ROLLBACK_COMPLETE is deleted first with `recreate` (and only when
+    /// driftless made it), else refused. `None`: there is no stack.
+    async fn stack_before(
+        &self,
+        c: &Client,
+        deadline: Instant,
+        notes: &mut Vec<String>,
+        recreate: bool,
+    ) -> Result<Option<String>, String> {
+        let existing = self.describe(c).await?;
+        let mut status = existing
+            .as_ref()
+            .and_then(|s| s.stack_status().map(|s| s.as_str().to_string()));
+        if let Some(s) = status.as_deref()
+            && settled(s) == Settled::InProgress
+            && s != "REVIEW_IN_PROGRESS"
+        {
+            status = self.wait_stack(c, deadline).await?;
+        }
+        if let Some(why) = status.as_deref().and_then(|s| stuck(s, self.stack())) {
+            return Err(why);
+        }
+        if status.as_deref() == Some("ROLLBACK_COMPLETE") {
+            let made_by = existing
+                .as_ref()
+                .and_then(|s| s.change_set_id())
+                .and_then(change_set_name);
+            if let Some(why) = failed_create(
+                self.stack(),
+                recreate,
+                self.cfg.recreate_failed_create,
+                made_by,
+            ) {
+                return Err(why);
+            }
+            c.delete_stack()
+                .stack_name(self.stack())
+                .send()
+                .await
+                .map_err(|e| sdk_err("DeleteStack", self.stack(), &e))?;
+            if let Some(s) = self.wait_stack(c, deadline).await?
+                && s != "DELETE_COMPLETE"
+            {
+                return Err(format!(
+                    "stack `{}` was left in ROLLBACK_COMPLETE by a failed create; deleting it ended in {s}",
+                    self.stack()
+                ));
+            }
+            notes.push(format!(
+                "stack `{}` was left in ROLLBACK_COMPLETE by a failed create and was deleted before creating it again",
+                self.stack()
+            ));
+            status = None;
+        }
+        Ok(status)
+    }
+
+    /// Wait for change set `cs_id` to be made: `None` when it is ready,
+    /// `Some(NoChange)` when it changes nothing (it is deleted); `Err` when
+    /// it failed (deleted too) or the deadline passed.
+    async fn wait_change_set(
+        &self,
+        c: &Client,
+        cs_id: &str,
+        deadline: Instant,
+        notes: &[String],
+    ) -> Result<Option<Staged>, String> {
         let mut pause = Duration::from_millis(300);
         loop {
             let d = c
                 .describe_change_set()
-                .change_set_name(&cs_id)
+                .change_set_name(cs_id)
                 .stack_name(self.stack())
                 .send()
                 .await
                 .map_err(|e| sdk_err("DescribeChangeSet", self.stack(), &e))?;
             match d.status() {
-                Some(ChangeSetStatus::CreateComplete) => break,
+                Some(ChangeSetStatus::CreateComplete) => return Ok(None),
                 Some(ChangeSetStatus::Failed) => {
                     let reason = d.status_reason().unwrap_or("no reason given").to_string();
                     // Leave nothing behind either way.
                     let _ = c
                         .delete_change_set()
-                        .change_set_name(&cs_id)
+                        .change_set_name(cs_id)
                         .stack_name(self.stack())
                         .send()
                         .await
@@ -506,7 +541,7 @@ impl CloudFormation {
                             )
                         });
                     if means_no_change(&reason) {
-                        return Ok(Staged::NoChange(self.no_change(notes, "no changes")));
+                        return Ok(Some(Staged::NoChange(self.no_change(notes, "no changes"))));
                     }
                     if let Some(m) = capabilities_message(&reason) {
                         return Err(m);
@@ -530,11 +565,6 @@ impl CloudFormation {
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_secs(5));
         }
-        Ok(Staged::Ready {
-            id: cs_id,
-            kind,
-            stamp,
-        })
     }
 
     /// Execute change set `cs_id` and wait for the stack.
