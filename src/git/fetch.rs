@@ -77,49 +77,8 @@ pub(super) fn fetch_inner(
     {
         return Ok(tip.to_hex().to_string());
     }
-    std::fs::create_dir_all(dir.parent().unwrap_or(dir)).map_err(|e| err(chain(&e)))?;
-    // Serialise fetches into this cache across processes.
-    let lock_path = dir.with_extension("lock");
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .map_err(|e| err(format!("cannot open {}: {e}", lock_path.display())))?;
-    lock.lock()
-        .map_err(|e| err(format!("cannot lock {}: {e}", lock_path.display())))?;
-    // Holding the cache lock, no live driftless process is writing here:
-    // lock files left behind are from a fetch that was killed.
-    clear_stale_locks(dir);
-
-    let mut repo = if dir.join("HEAD").is_file() {
-        gix::open(dir).map_err(|e| {
-            err(format!(
-                "cannot open cache {}: {}",
-                dir.display(),
-                chain(&e)
-            ))
-        })?
-    } else {
-        gix::init_bare(dir).map_err(|e| {
-            err(format!(
-                "cannot create cache {}: {}",
-                dir.display(),
-                chain(&e)
-            ))
-        })?
-    };
-    if let Some(log) = ssh_log {
-        let cmd = format!(
-            "ssh -o BatchMode=yes -E {}{}",
-            shell_quote(&log.to_string_lossy()),
-            auth.ssh_options
-        );
-        let mut config = repo.config_snapshot_mut();
-        config
-            .set_value(&gix::config::tree::Core::SSH_COMMAND, cmd.as_str())
-            .map_err(|e| err(format!("cannot configure ssh: {}", chain(&e))))?;
-    }
+    let lock = lock_cache(dir).map_err(err)?;
+    let repo = open_cache(dir, ssh_log, &auth.ssh_options).map_err(err)?;
     let refspec = format!("+{wanted}:{local}");
     let remote_handle = repo
         .remote_at(remote)
@@ -131,25 +90,7 @@ pub(super) fn fetch_inner(
         .connect(gix::remote::Direction::Fetch)
         .map_err(|e| err(chain(&e)))?;
     if let Some(pem) = &auth.ca_pem {
-        use gix::protocol::transport::client::blocking_io::http;
-        let certs = reqwest::Certificate::from_pem_bundle(pem)
-            .map_err(|e| err(format!("git.ca_file holds no usable PEM certificate: {e}")))?;
-        let mut options = repo
-            .transport_options(remote, None)
-            .map_err(|e| err(chain(&e)))?
-            .and_then(|o| o.downcast::<http::Options>().ok())
-            .map(|o| *o)
-            .unwrap_or_default();
-        let backend = http::reqwest::Options {
-            configure_client: Some(Box::new(move |mut builder| {
-                for c in &certs {
-                    builder = builder.add_root_certificate(c.clone());
-                }
-                Ok(builder)
-            })),
-            configure_request: None,
-        };
-        options.backend = Some(Arc::new(std::sync::Mutex::new(backend)));
+        let options = ca_options(&repo, remote, pem).map_err(err)?;
         connection.set_transport_options(Box::new(options));
     }
     let token = auth.token;
@@ -170,16 +111,6 @@ pub(super) fn fetch_inner(
         },
         _ => Ok(None),
     });
-    let no_branch = || match wanted.strip_prefix("refs/tags/") {
-        Some(pattern) => GitError::NoTag {
-            remote: remote.to_string(),
-            pattern: pattern.to_string(),
-        },
-        None => GitError::NoBranch {
-            remote: remote.to_string(),
-            branch: branch.to_string(),
-        },
-    };
     let outcome = connection
         .prepare_fetch(gix::progress::Discard, Default::default())
         .map_err(|e| err(chain(&e)))?
@@ -188,42 +119,142 @@ pub(super) fn fetch_inner(
             let msg = chain(&e);
             // gix's wording when the refspec matched nothing on the remote
             if msg.contains("None of the refspec") {
-                no_branch()
+                no_branch(remote, branch, wanted)
             } else {
                 err(msg)
             }
         })?;
-    let tip = match wanted
-        .strip_prefix("refs/tags/")
-        .filter(|p| p.contains('*'))
-    {
-        // Tags by pattern: the highest version, as "NAME ID" (`tags`).
-        Some(pattern) => tags::newest(
-            outcome.ref_map.mappings.iter().filter_map(|m| {
-                let name: &[u8] = m.remote.as_name()?.as_ref();
-                Some((name, m.remote.as_id().map(|id| id.to_hex().to_string())))
-            }),
-            pattern,
-            remote,
-        )
-        .map(|(name, id)| format!("{name} {id}"))
-        .ok_or_else(|| GitError::NoTag {
-            remote: remote.to_string(),
-            pattern: pattern.to_string(),
-        })?,
-        None => outcome
-            .ref_map
-            .mappings
-            .iter()
-            .find(|m| m.remote.as_name().is_some_and(|n| n == wanted.as_bytes()))
-            .and_then(|m| m.remote.as_id())
-            .map(|id| id.to_hex().to_string())
-            .ok_or_else(no_branch)?,
-    };
+    let tip = tip_of(&outcome.ref_map, wanted, remote, branch)?;
     drop(repo);
     consolidate_packs(dir);
     drop(lock);
     Ok(tip)
+}
+
+/// The cache's lock, taken: fetches into one cache are serialised across
+/// processes, and lock files a killed fetch left behind are cleared.
+fn lock_cache(dir: &Path) -> Result<std::fs::File, String> {
+    std::fs::create_dir_all(dir.parent().unwrap_or(dir)).map_err(|e| chain(&e))?;
+    let lock_path = dir.with_extension("lock");
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| format!("cannot open {}: {e}", lock_path.display()))?;
+    lock.lock()
+        .map_err(|e| format!("cannot lock {}: {e}", lock_path.display()))?;
+    // Holding the cache lock, no live driftless process is writing here:
+    // lock files left behind are from a fetch that was killed.
+    clear_stale_locks(dir);
+    Ok(lock)
+}
+
+/// The cache, opened or made (bare), with the ssh command that logs to
+/// `ssh_log` when the remote is reached over ssh.
+fn open_cache(
+    dir: &Path,
+    ssh_log: Option<&Path>,
+    ssh_options: &str,
+) -> Result<gix::Repository, String> {
+    let mut repo = if dir.join("HEAD").is_file() {
+        gix::open(dir).map_err(|e| format!("cannot open cache {}: {}", dir.display(), chain(&e)))?
+    } else {
+        gix::init_bare(dir)
+            .map_err(|e| format!("cannot create cache {}: {}", dir.display(), chain(&e)))?
+    };
+    if let Some(log) = ssh_log {
+        let cmd = format!(
+            "ssh -o BatchMode=yes -E {}{}",
+            shell_quote(&log.to_string_lossy()),
+            ssh_options
+        );
+        let mut config = repo.config_snapshot_mut();
+        config
+            .set_value(&gix::config::tree::Core::SSH_COMMAND, cmd.as_str())
+            .map_err(|e| format!("cannot configure ssh: {}", chain(&e)))?;
+    }
+    Ok(repo)
+}
+
+/// HTTP transport options that trust the roots in `pem` (`git.ca_file`).
+fn ca_options(
+    repo: &gix::Repository,
+    remote: &str,
+    pem: &[u8],
+) -> Result<gix::protocol::transport::client::blocking_io::http::Options, String> {
+    use gix::protocol::transport::client::blocking_io::http;
+    let certs = reqwest::Certificate::from_pem_bundle(pem)
+        .map_err(|e| format!("git.ca_file holds no usable PEM certificate: {e}"))?;
+    let mut options = repo
+        .transport_options(remote, None)
+        .map_err(|e| chain(&e))?
+        .and_then(|o| o.downcast::<http::Options>().ok())
+        .map(|o| *o)
+        .unwrap_or_default();
+    let backend = http::reqwest::Options {
+        configure_client: Some(Box::new(move |mut builder| {
+            for c in &certs {
+                builder = builder.add_root_certificate(c.clone());
+            }
+            Ok(builder)
+        })),
+        configure_request: None,
+    };
+    options.backend = Some(Arc::new(std::sync::Mutex::new(backend)));
+    Ok(options)
+}
+
+/// A missing branch, or no tag matching the pattern.
+fn no_branch(remote: &str, branch: &str, wanted: &str) -> GitError {
+    match wanted.strip_prefix("refs/tags/") {
+        Some(pattern) => GitError::NoTag {
+            remote: remote.to_string(),
+            pattern: pattern.to_string(),
+        },
+        None => GitError::NoBranch {
+            remote: remote.to_string(),
+            branch: branch.to_string(),
+        },
+    }
+}
+
+/// What a fetch found: the wanted ref's object, or for a tag pattern the
+/// highest version as "NAME ID" (`tags`).
+fn tip_of(
+    ref_map: &gix::remote::fetch::RefMap,
+    wanted: &str,
+    remote: &str,
+    branch: &str,
+) -> FetchResult {
+    Ok(
+        match wanted
+            .strip_prefix("refs/tags/")
+            .filter(|p| p.contains('*'))
+        {
+            // Tags by pattern: the highest version, as "NAME ID" (`tags`).
+            Some(pattern) => tags::newest(
+                ref_map.mappings.iter().filter_map(|m| {
+                    let name: &[u8] = m.remote.as_name()?.as_ref();
+                    Some((name, m.remote.as_id().map(|id| id.to_hex().to_string())))
+                }),
+                pattern,
+                remote,
+            )
+            .map(|(name, id)| format!("{name} {id}"))
+            .ok_or_else(|| GitError::NoTag {
+                remote: remote.to_string(),
+                pattern: pattern.to_string(),
+            })?,
+            None => ref_map
+                .mappings
+                .iter()
+                .find(|m| m.remote.as_name().is_some_and(|n| n == wanted.as_bytes()))
+                .and_then(|m| m.remote.as_id())
+                .map(|id| id.to_hex().to_string())
+                .ok_or_else(|| no_branch(remote, branch, wanted))?,
+        },
+    )
 }
 
 /// The object `wanted` points at in a remote on this machine (a path or a
