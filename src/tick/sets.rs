@@ -173,7 +173,53 @@ impl Reconciler {
                   "a target set's member is no longer made from its directory (see the problems above); it stays a member as it was");
             members.push(t.clone());
         }
-        for t in &gone {
+        self.retire_gone(&set, &gone, &mut out, &mut members)
+            .await?;
+        out.added = added.iter().map(|t| t.name.clone()).collect();
+        let changed = !added.is_empty() || !out.orphaned.is_empty();
+        // A member made again keeps its row's dir up to date too.
+        let renewed: Vec<&Target> = made
+            .members
+            .iter()
+            .filter(|m| before.iter().any(|b| b.name == m.name && b.path != m.path))
+            .collect();
+        if changed || !renewed.is_empty() {
+            let made_again: Vec<&Target> = added.iter().chain(&renewed).copied().collect();
+            self.record_membership(prefix, &tip, &made_again, &out, members, &settings)
+                .await?;
+        }
+        for name in out.added.iter().filter(|_| queue_new) {
+            self.app
+                .queue
+                .enqueue(&Request {
+                    target: name.clone(),
+                    trigger: Trigger::Directory,
+                    sha: Some(tip.clone()),
+                    delivery_id: None,
+                    receiver: None,
+                })
+                .await?;
+        }
+        if changed {
+            info!(set = %set.label(), commit = %crate::model::short_sha(&tip),
+                  added = ?out.added, orphaned = ?out.orphaned, destroyed = ?out.destroyed,
+                  "target set's members changed");
+        }
+        Ok(out)
+    }
+
+    /// Members whose directory is gone from the tip: orphaned (nothing
+    /// applied, or the set does not destroy), destroyed now, or kept as
+    /// members with their destroy pending (paused, or a destroy that did
+    /// not succeed: tried again at the set's next refresh).
+    async fn retire_gone(
+        &self,
+        set: &TargetSet,
+        gone: &[&Target],
+        out: &mut SetRefresh,
+        members: &mut Vec<Target>,
+    ) -> Result<(), TickError> {
+        for t in gone {
             // Nothing applied, nothing to destroy.
             let state = self.app.store.target_state(&t.name).await?;
             let applied = state.as_ref().is_some_and(|s| s.last_applied_sha.is_some());
@@ -209,62 +255,49 @@ impl Reconciler {
                 }
             }
         }
-        out.added = added.iter().map(|t| t.name.clone()).collect();
-        let changed = !added.is_empty() || !out.orphaned.is_empty();
-        // A member made again keeps its row's dir up to date too.
-        let renewed: Vec<&Target> = made
-            .members
+        Ok(())
+    }
+
+    /// The set's membership on record (`made_again`: members added, or
+    /// made again from a moved directory), and the dependency graph and the
+    /// live configuration made from the new `members` and the other sets'
+    /// members in `settings` (as the refresh read them).
+    async fn record_membership(
+        &self,
+        prefix: &str,
+        tip: &str,
+        made_again: &[&Target],
+        out: &SetRefresh,
+        members: Vec<Target>,
+        settings: &crate::config::Settings,
+    ) -> Result<(), TickError> {
+        let dirs: Vec<(String, String)> = made_again
             .iter()
-            .filter(|m| before.iter().any(|b| b.name == m.name && b.path != m.path))
+            .map(|t| (t.name.clone(), t.path.to_string_lossy().into_owned()))
             .collect();
-        if changed || !renewed.is_empty() {
-            let dirs: Vec<(String, String)> = added
+        let change = MembershipChange {
+            added: made_again
                 .iter()
-                .chain(&renewed)
-                .map(|t| (t.name.clone(), t.path.to_string_lossy().into_owned()))
-                .collect();
-            let change = MembershipChange {
-                added: added
-                    .iter()
-                    .chain(&renewed)
-                    .zip(&dirs)
-                    .map(|(t, (_, d))| (t.name.as_str(), d.as_str(), t.backend.kind()))
-                    .collect(),
-                orphaned: out.orphaned.iter().map(String::as_str).collect(),
-                destroyed: out.destroyed.iter().map(String::as_str).collect(),
-            };
-            self.app.store.record_members(prefix, &tip, &change).await?;
-            let others: Vec<Target> = settings
-                .targets
-                .iter()
-                .filter(|t| t.set.is_some() && !ours(t))
-                .cloned()
-                .collect();
-            let next = settings.with_members(others.into_iter().chain(members).collect());
-            self.app
-                .queue
-                .set_dependencies(&crate::config::graph::ancestors(&next.targets))
-                .await?;
-            self.app.live.replace(next);
-        }
-        for name in out.added.iter().filter(|_| queue_new) {
-            self.app
-                .queue
-                .enqueue(&Request {
-                    target: name.clone(),
-                    trigger: Trigger::Directory,
-                    sha: Some(tip.clone()),
-                    delivery_id: None,
-                    receiver: None,
-                })
-                .await?;
-        }
-        if changed {
-            info!(set = %set.label(), commit = %crate::model::short_sha(&tip),
-                  added = ?out.added, orphaned = ?out.orphaned, destroyed = ?out.destroyed,
-                  "target set's members changed");
-        }
-        Ok(out)
+                .zip(&dirs)
+                .map(|(t, (_, d))| (t.name.as_str(), d.as_str(), t.backend.kind()))
+                .collect(),
+            orphaned: out.orphaned.iter().map(String::as_str).collect(),
+            destroyed: out.destroyed.iter().map(String::as_str).collect(),
+        };
+        self.app.store.record_members(prefix, tip, &change).await?;
+        let others: Vec<Target> = settings
+            .targets
+            .iter()
+            .filter(|t| t.set.is_some() && t.set.as_deref() != Some(prefix))
+            .cloned()
+            .collect();
+        let next = settings.with_members(others.into_iter().chain(members).collect());
+        self.app
+            .queue
+            .set_dependencies(&crate::config::graph::ancestors(&next.targets))
+            .await?;
+        self.app.live.replace(next);
+        Ok(())
     }
 
     /// Tell the set's notifiers (those that want `failed`) which of its
