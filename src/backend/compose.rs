@@ -472,36 +472,7 @@ impl Compose {
         // Which services' bind-mounted inputs changed since the last
         // apply; all of those with inputs when the last apply's are not
         // known (a digest from an older driftless).
-        let (recreate, why): (Vec<String>, String) = match (&prev, last) {
-            (Some(p), _) => {
-                let mut names = Vec::new();
-                let mut files = BTreeSet::new();
-                for (svc, now_files) in &before {
-                    let was = p.inputs.get(svc);
-                    let changed: Vec<&String> = now_files
-                        .iter()
-                        .filter(|(f, h)| was.and_then(|w| w.get(*f)) != Some(h))
-                        .map(|(f, _)| f)
-                        .collect();
-                    if !changed.is_empty() {
-                        names.push(svc.clone());
-                        files.extend(changed.into_iter().cloned());
-                    }
-                }
-                let why = files.into_iter().collect::<Vec<_>>().join(", ");
-                (names, format!("{why} changed"))
-            }
-            // A digest stored by an older driftless (not this JSON).
-            (None, Some(_)) => (
-                before
-                    .iter()
-                    .filter(|(_, f)| !f.is_empty())
-                    .map(|(s, _)| s.clone())
-                    .collect(),
-                "the files of the previous apply are not known".to_string(),
-            ),
-            _ => (Vec::new(), String::new()),
-        };
+        let (recreate, why) = to_recreate(prev.as_ref(), last, &before);
         let tree_changed = prev.as_ref().is_none_or(|p| p.tree != tree);
         // Only files no service mounts or builds from changed.
         if !force
@@ -521,31 +492,10 @@ impl Compose {
                 digest: Some(now.to_digest()),
             };
         }
-        let mut args = vec!["up", "-d", "--remove-orphans"];
-        if builds && tree_changed {
-            args.push("--build");
-        }
-        if let Some(p) = &self.cfg.pull {
-            args.extend(["--pull", p.as_str()]);
-        }
-        let mut tail = String::new();
-        match self.run(&self.spec(&args, deadline)).await {
-            Ok(out) => tail.push_str(&out.tail),
-            Err(e) => return Status::failed(format!("compose up failed: {e}")),
-        }
-        if !recreate.is_empty() {
-            let mut args = vec!["up", "-d", "--no-deps", "--force-recreate"];
-            args.extend(recreate.iter().map(String::as_str));
-            match self.run(&self.spec(&args, deadline)).await {
-                Ok(out) => tail.push_str(&out.tail),
-                Err(e) => {
-                    return Status::failed(format!(
-                        "compose up --force-recreate {} failed: {e}",
-                        recreate.join(" ")
-                    ));
-                }
-            }
-        }
+        let tail = match self.up(builds && tree_changed, &recreate, deadline).await {
+            Ok(tail) => tail,
+            Err(e) => return Status::failed(e),
+        };
         // What the containers mount now (a new service has new ones).
         let after = match self.inputs(deadline).await {
             Ok(i) => i,
@@ -593,6 +543,43 @@ impl Compose {
         }
     }
 
+    /// `up -d --remove-orphans` (with `--build` when `build`, and the
+    /// configured `--pull`), then a forced recreate of `recreate`, whose
+    /// bind-mounted inputs changed. The output's tail, or what failed.
+    async fn up(
+        &self,
+        build: bool,
+        recreate: &[String],
+        deadline: Instant,
+    ) -> Result<String, String> {
+        let mut args = vec!["up", "-d", "--remove-orphans"];
+        if build {
+            args.push("--build");
+        }
+        if let Some(p) = &self.cfg.pull {
+            args.extend(["--pull", p.as_str()]);
+        }
+        let mut tail = String::new();
+        match self.run(&self.spec(&args, deadline)).await {
+            Ok(out) => tail.push_str(&out.tail),
+            Err(e) => return Err(format!("compose up failed: {e}")),
+        }
+        if !recreate.is_empty() {
+            let mut args = vec!["up", "-d", "--no-deps", "--force-recreate"];
+            args.extend(recreate.iter().map(String::as_str));
+            match self.run(&self.spec(&args, deadline)).await {
+                Ok(out) => tail.push_str(&out.tail),
+                Err(e) => {
+                    return Err(format!(
+                        "compose up --force-recreate {} failed: {e}",
+                        recreate.join(" ")
+                    ));
+                }
+            }
+        }
+        Ok(tail)
+    }
+
     /// Services with at least one running container.
     async fn running(&self, deadline: Instant) -> Result<BTreeSet<String>, String> {
         let out = self
@@ -628,6 +615,46 @@ fn detect() -> Vec<String> {
 
 /// Per service: bind-mounted path (relative to the checkout) → content hash.
 type Inputs = BTreeMap<String, BTreeMap<String, String>>;
+
+/// Which services' bind-mounted inputs changed since the last apply
+/// (`prev`), and why in words; all of those with inputs when the last
+/// apply's are not known (a digest `last` from an older driftless).
+fn to_recreate(
+    prev: Option<&Applied>,
+    last: Option<&str>,
+    before: &Inputs,
+) -> (Vec<String>, String) {
+    match (prev, last) {
+        (Some(p), _) => {
+            let mut names = Vec::new();
+            let mut files = BTreeSet::new();
+            for (svc, now_files) in before {
+                let was = p.inputs.get(svc);
+                let changed: Vec<&String> = now_files
+                    .iter()
+                    .filter(|(f, h)| was.and_then(|w| w.get(*f)) != Some(h))
+                    .map(|(f, _)| f)
+                    .collect();
+                if !changed.is_empty() {
+                    names.push(svc.clone());
+                    files.extend(changed.into_iter().cloned());
+                }
+            }
+            let why = files.into_iter().collect::<Vec<_>>().join(", ");
+            (names, format!("{why} changed"))
+        }
+        // A digest stored by an older driftless (not this JSON).
+        (None, Some(_)) => (
+            before
+                .iter()
+                .filter(|(_, f)| !f.is_empty())
+                .map(|(s, _)| s.clone())
+                .collect(),
+            "the files of the previous apply are not known".to_string(),
+        ),
+        _ => (Vec::new(), String::new()),
+    }
+}
 
 /// What an apply leaves behind for the next one to compare with (stored as
 /// the target's digest, JSON).
