@@ -277,6 +277,100 @@ pub async fn run(spec: &Spec, redactor: &Redactor) -> Result<Output, ProcessErro
     let mut out = Stream::new(true).map_err(spawn_err)?;
     let mut err = Stream::new(false).map_err(spawn_err)?;
     let mut capture = Capture::default();
+    let (mut cmd, wrapper_pipe) = command(spec, program)?;
+    cmd.stdout(Stdio::from(out.file.try_clone().map_err(spawn_err)?))
+        .stderr(Stdio::from(err.file.try_clone().map_err(spawn_err)?));
+    let mut child = cmd.spawn().map_err(|e| ProcessError::Spawn {
+        program: program.clone(),
+        cwd: spec.cwd.display().to_string(),
+        reason: e.to_string(),
+    })?;
+    let pgid = child.id().map(|p| p as i32).unwrap_or(0);
+    // A run dropped before its command ended (its tick was stopped: its
+    // lease was lost) takes the command's whole group down with it, not
+    // only the leader `kill_on_drop` reaches.
+    let mut group = GroupGuard(pgid);
+    if let (Some(data), Some(mut stdin)) = (spec.stdin.clone(), child.stdin.take()) {
+        tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            // A command that exits without reading it all is not our error.
+            let _ = stdin.write_all(&data).await;
+            let _ = stdin.shutdown().await;
+        });
+    }
+    // The command's copies of the files were moved into it; ours stay.
+    drop(cmd);
+    drop(wrapper_pipe);
+
+    let wait_err = |e: std::io::Error| ProcessError::Wait {
+        program: program.clone(),
+        reason: e.to_string(),
+    };
+    let mut timed_out = false;
+    let deadline = spec.deadline;
+    let status = loop {
+        let sleep = match deadline {
+            Some(d) => POLL.min(d.saturating_duration_since(Instant::now())),
+            None => POLL,
+        };
+        tokio::select! {
+            s = child.wait() => break s.map_err(wait_err)?,
+            _ = tokio::time::sleep(sleep) => {}
+        }
+        out.drain(&mut capture, false, redactor);
+        err.drain(&mut capture, false, redactor);
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            timed_out = true;
+            break stop_group(&mut child, pgid).await.map_err(wait_err)?;
+        }
+    };
+    group.0 = 0;
+    out.drain(&mut capture, true, redactor);
+    err.drain(&mut capture, true, redactor);
+    let stdout = String::from_utf8_lossy(&capture.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&capture.stderr).into_owned();
+    let combined = String::from_utf8_lossy(&capture.combined).into_owned();
+    Ok(Output {
+        code: status.code(),
+        stdout: redactor.redact(&stdout),
+        stderr: redactor.redact(&stderr),
+        // Redact before cutting, so a secret on the cut is not half-shown
+        // (`push_capped` keeps to the same rule).
+        tail: redact::tail(&redactor.redact(&combined), TAIL_BYTES),
+        timed_out,
+        duration: started.elapsed(),
+    })
+}
+
+/// A command past its deadline: SIGTERM to its group, then SIGKILL after
+/// the grace (and to the children of a leader that went).
+async fn stop_group(
+    child: &mut tokio::process::Child,
+    pgid: i32,
+) -> std::io::Result<std::process::ExitStatus> {
+    signal_group(pgid, libc::SIGTERM);
+    match tokio::time::timeout(KILL_GRACE, child.wait()).await {
+        Ok(s) => {
+            // The leader is gone; make sure its children are too.
+            signal_group(pgid, libc::SIGKILL);
+            s
+        }
+        Err(_) => {
+            signal_group(pgid, libc::SIGKILL);
+            child.wait().await
+        }
+    }
+}
+
+/// The command `spec` runs as (through the task's wrapper, the keeper,
+/// when there is one), in its own process group, with the wrapper's bytes
+/// in a pipe it inherits (kept open, returned, until the command has
+/// started) and the task's inherited descriptor kept across exec. Its
+/// stdout and stderr are the caller's to set.
+fn command(
+    spec: &Spec,
+    program: &str,
+) -> Result<(Command, Option<std::io::PipeReader>), ProcessError> {
     let wrapper = WRAPPER.try_with(Wrapper::clone).ok();
     let mut cmd = match &wrapper {
         None => {
@@ -300,7 +394,7 @@ pub async fn run(spec: &Spec, redactor: &Redactor) -> Result<Output, ProcessErro
         use std::io::Write;
         use std::os::fd::AsRawFd;
         let pipe_err = |e: std::io::Error| ProcessError::Spawn {
-            program: program.clone(),
+            program: program.to_string(),
             cwd: spec.cwd.display().to_string(),
             reason: format!("cannot pass its keeper what it needs: {e}"),
         };
@@ -312,16 +406,7 @@ pub async fn run(spec: &Spec, redactor: &Redactor) -> Result<Output, ProcessErro
         drop(writer);
         let fd = reader.as_raw_fd();
         cmd.env(WRAPPER_FD_ENV, fd.to_string());
-        // SAFETY: fcntl is async-signal-safe; it only clears FD_CLOEXEC on
-        // the child's copy of the descriptor table.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        keep_across_exec(&mut cmd, fd);
         wrapper_pipe = Some(reader);
     }
     cmd.current_dir(&spec.cwd)
@@ -332,94 +417,26 @@ pub async fn run(spec: &Spec, redactor: &Redactor) -> Result<Output, ProcessErro
         } else {
             Stdio::null()
         })
-        .stdout(Stdio::from(out.file.try_clone().map_err(spawn_err)?))
-        .stderr(Stdio::from(err.file.try_clone().map_err(spawn_err)?))
         .process_group(0)
         .kill_on_drop(true);
     if let Ok(fd) = INHERITED_FD.try_with(|fd| *fd) {
-        // SAFETY: fcntl is async-signal-safe; it only clears FD_CLOEXEC on
-        // the child's copy of the descriptor table.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        keep_across_exec(&mut cmd, fd);
     }
-    let mut child = cmd.spawn().map_err(|e| ProcessError::Spawn {
-        program: program.clone(),
-        cwd: spec.cwd.display().to_string(),
-        reason: e.to_string(),
-    })?;
-    let pgid = child.id().map(|p| p as i32).unwrap_or(0);
-    // A run dropped before its command ended (its tick was stopped: its
-    // lease was lost) takes the command's whole group down with it, not
-    // only the leader `kill_on_drop` reaches.
-    let mut group = GroupGuard(pgid);
-    if let (Some(data), Some(mut stdin)) = (spec.stdin.clone(), child.stdin.take()) {
-        tokio::spawn(async move {
-            use tokio::io::AsyncWriteExt;
-            // A command that exits without reading it all is not our error.
-            let _ = stdin.write_all(&data).await;
-            let _ = stdin.shutdown().await;
+    Ok((cmd, wrapper_pipe))
+}
+
+/// The child keeps descriptor `fd` across exec.
+fn keep_across_exec(cmd: &mut Command, fd: i32) {
+    // SAFETY: fcntl is async-signal-safe; it only clears FD_CLOEXEC on
+    // the child's copy of the descriptor table.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
         });
     }
-    // The command's copies of the files were moved into it; ours stay.
-    drop(cmd);
-    drop(wrapper_pipe);
-
-    let mut timed_out = false;
-    let wait_err = |e: std::io::Error| ProcessError::Wait {
-        program: program.clone(),
-        reason: e.to_string(),
-    };
-    let deadline = spec.deadline;
-    let status = loop {
-        let sleep = match deadline {
-            Some(d) => POLL.min(d.saturating_duration_since(Instant::now())),
-            None => POLL,
-        };
-        tokio::select! {
-            s = child.wait() => break s.map_err(wait_err)?,
-            _ = tokio::time::sleep(sleep) => {}
-        }
-        out.drain(&mut capture, false, redactor);
-        err.drain(&mut capture, false, redactor);
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            timed_out = true;
-            signal_group(pgid, libc::SIGTERM);
-            let s = match tokio::time::timeout(KILL_GRACE, child.wait()).await {
-                Ok(s) => {
-                    // The leader is gone; make sure its children are too.
-                    signal_group(pgid, libc::SIGKILL);
-                    s.map_err(wait_err)?
-                }
-                Err(_) => {
-                    signal_group(pgid, libc::SIGKILL);
-                    child.wait().await.map_err(wait_err)?
-                }
-            };
-            break s;
-        }
-    };
-    group.0 = 0;
-    out.drain(&mut capture, true, redactor);
-    err.drain(&mut capture, true, redactor);
-    let stdout = String::from_utf8_lossy(&capture.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&capture.stderr).into_owned();
-    let combined = String::from_utf8_lossy(&capture.combined).into_owned();
-    Ok(Output {
-        code: status.code(),
-        stdout: redactor.redact(&stdout),
-        stderr: redactor.redact(&stderr),
-        // Redact before cutting, so a secret on the cut is not half-shown
-        // (`push_capped` keeps to the same rule).
-        tail: redact::tail(&redactor.redact(&combined), TAIL_BYTES),
-        timed_out,
-        duration: started.elapsed(),
-    })
 }
 
 /// A one-line account of how a command ended, for messages.
