@@ -339,6 +339,103 @@ pub struct Notice {
     pub statuses: Vec<statuses::NewStatus>,
 }
 
+/// The database file and its directory, made private whatever the umask
+/// (the directory 0700, the file 0600; SQLite gives its -wal and -shm
+/// files the same mode). A state directory that holds git caches or
+/// checkouts but no database is refused: it was deleted.
+fn create_private(path: &Path) -> Result<(), (&'static str, sqlx::Error)> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    if let Some(dir) = path.parent()
+        && !dir.exists()
+    {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| ("creating its directory", e.into()))?;
+    }
+    if !path.exists() {
+        // A state directory already in use (git caches, checkouts) with
+        // no database: the database was deleted. Starting over with an
+        // empty one would forget every run, job and deployment.
+        if let Some(dir) = path.parent()
+            && (dir.join("git").exists() || dir.join("checkouts").exists())
+        {
+            return Err((
+                "finding it (the state directory holds git caches and checkouts, but no database: \
+                 it was deleted or moved; restore it, or remove the state directory to start afresh)",
+                sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::NotFound)),
+            ));
+        }
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+            .map(drop)
+            .or_else(|e| {
+                if e.kind() == std::io::ErrorKind::AlreadyExists {
+                    Ok(())
+                } else {
+                    Err(e)
+                }
+            })
+            .map_err(|e| ("creating it", e.into()))?;
+    }
+    Ok(())
+}
+
+/// The pool of read-only connections to the database at `url`, each
+/// checked against `identity` before it is handed out. A brand-new
+/// database is switched to WAL on the first connection, which takes an
+/// exclusive lock SQLite does not wait for: a second process opening it at
+/// that instant gets SQLITE_BUSY at once. That is retried for a few
+/// seconds rather than fail a tick for it.
+async fn read_pool(url: &str, identity: &Identity) -> Result<db::Pool, sqlx::Error> {
+    let mut attempt = 0;
+    loop {
+        let id = identity.clone();
+        match AnyPoolOptions::new()
+            .max_connections(8)
+            // And read only: every write takes its turn on the
+            // write connection (`Store::write_one`), so one that
+            // does not is refused here, in every test, rather
+            // than left to lose races in SQLite's busy handler.
+            .after_connect(|conn, _meta| {
+                Box::pin(async move {
+                    sqlx::raw_sql(PRAGMAS).execute(&mut *conn).await?;
+                    sqlx::raw_sql("PRAGMA query_only = ON")
+                        .execute(conn)
+                        .await
+                        .map(drop)
+                })
+            })
+            // A commit that failed (a full disk) can leave a pooled
+            // connection marked inside a transaction, and every later
+            // write on it fails ("begin_with at non-zero transaction
+            // depth"). Such a connection is closed, not reused. And no
+            // connection is handed out once the file at the path is not
+            // the one open.
+            .before_acquire(move |conn, _meta| {
+                let id = id.clone();
+                Box::pin(async move {
+                    id.check().map_err(sqlx::Error::Io)?;
+                    Ok(!sqlx::Connection::is_in_transaction(conn))
+                })
+            })
+            .connect(url)
+            .await
+        {
+            Ok(p) => break Ok(p),
+            Err(e) if attempt < 30 && is_busy(&e) => {
+                attempt += 1;
+                tokio::time::sleep(Duration::from_millis(50 + 10 * attempt)).await;
+            }
+            Err(e) => break Err(e),
+        }
+    }
+}
+
 impl Store {
     /// Open (creating if needed) the database at `path` and migrate it.
     pub async fn open(path: &Path) -> Result<Store, StoreError> {
@@ -347,52 +444,9 @@ impl Store {
             what,
             source,
         };
-        use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
-        // Private whatever the umask: the state directory 0700, the
-        // database 0600 (SQLite gives its -wal and -shm files the same
-        // mode).
-        if let Some(dir) = path.parent()
-            && !dir.exists()
-        {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(dir)
-                .map_err(|e| err("creating its directory", e.into()))?;
-        }
-        if !path.exists() {
-            // A state directory already in use (git caches, checkouts) with
-            // no database: the database was deleted. Starting over with an
-            // empty one would forget every run, job and deployment.
-            if let Some(dir) = path.parent()
-                && (dir.join("git").exists() || dir.join("checkouts").exists())
-            {
-                return Err(err(
-                    "finding it (the state directory holds git caches and checkouts, but no database: \
-                     it was deleted or moved; restore it, or remove the state directory to start afresh)",
-                    sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::NotFound)),
-                ));
-            }
-            std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(path)
-                .map(drop)
-                .or_else(|e| {
-                    if e.kind() == std::io::ErrorKind::AlreadyExists {
-                        Ok(())
-                    } else {
-                        Err(e)
-                    }
-                })
-                .map_err(|e| err("creating it", e.into()))?;
-        }
+        create_private(path).map_err(|(what, e)| err(what, e))?;
         let url = sqlite_url(path);
-        // A brand-new database is switched to WAL on the first connection,
-        // which takes an exclusive lock SQLite does not wait for: a second
-        // process opening it at that instant gets SQLITE_BUSY at once. Retry
-        // that for a few seconds rather than fail a tick for it.
+        use std::os::unix::fs::MetadataExt;
         let meta = std::fs::metadata(path).map_err(|e| err("reading its metadata", e.into()))?;
         let identity = Identity {
             path: path.to_path_buf(),
@@ -400,54 +454,9 @@ impl Store {
             logged: Default::default(),
         };
         sqlx::any::install_default_drivers();
-        let connect = |max: u32| {
-            let (url, identity) = (url.clone(), identity.clone());
-            async move {
-                let mut attempt = 0;
-                loop {
-                    let id = identity.clone();
-                    match AnyPoolOptions::new()
-                        .max_connections(max)
-                        // And read only: every write takes its turn on the
-                        // write connection (`Store::write_one`), so one that
-                        // does not is refused here, in every test, rather
-                        // than left to lose races in SQLite's busy handler.
-                        .after_connect(|conn, _meta| {
-                            Box::pin(async move {
-                                sqlx::raw_sql(PRAGMAS).execute(&mut *conn).await?;
-                                sqlx::raw_sql("PRAGMA query_only = ON")
-                                    .execute(conn)
-                                    .await
-                                    .map(drop)
-                            })
-                        })
-                        // A commit that failed (a full disk) can leave a pooled
-                        // connection marked inside a transaction, and every later
-                        // write on it fails ("begin_with at non-zero transaction
-                        // depth"). Such a connection is closed, not reused. And no
-                        // connection is handed out once the file at the path is not
-                        // the one open.
-                        .before_acquire(move |conn, _meta| {
-                            let id = id.clone();
-                            Box::pin(async move {
-                                id.check().map_err(sqlx::Error::Io)?;
-                                Ok(!sqlx::Connection::is_in_transaction(conn))
-                            })
-                        })
-                        .connect(&url)
-                        .await
-                    {
-                        Ok(p) => break Ok(p),
-                        Err(e) if attempt < 30 && is_busy(&e) => {
-                            attempt += 1;
-                            tokio::time::sleep(Duration::from_millis(50 + 10 * attempt)).await;
-                        }
-                        Err(e) => break Err(e),
-                    }
-                }
-            }
-        };
-        let pool = connect(8).await.map_err(|e| err("opening", e))?;
+        let pool = read_pool(&url, &identity)
+            .await
+            .map_err(|e| err("opening", e))?;
         // Write transactions take turns (`writer`) on one connection of
         // their own: its page cache stays warm, where a write on any of
         // the pool's connections would make the next one read every page
