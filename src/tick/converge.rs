@@ -90,25 +90,8 @@ impl Reconciler {
         let inputs = match self.held_back(target, job, op).await? {
             Ok(inputs) => inputs,
             Err(status) => {
-                let (run_id, state) = self
-                    .app
-                    .store
-                    .begin_run_with_state(&asked.row(&target.name, None))
-                    .await?;
-                if let Err(e) = &leftovers {
-                    error!(target = %target.name, error = %e,
-                        "cannot remove decrypted files a run killed mid-way left behind");
-                }
-                // The commit a push asked for hears why it was not applied.
                 return self
-                    .finish_with(
-                        target,
-                        &asked.run(run_id, state),
-                        None,
-                        asked.requested.as_deref(),
-                        status,
-                        Findings::default(),
-                    )
+                    .end_held_back(target, &asked, leftovers.err(), status)
                     .await;
             }
         };
@@ -218,6 +201,35 @@ impl Reconciler {
             error!(target = %target.name, error = %e, "decrypted files are left in the checkout");
         }
         ticked
+    }
+
+    /// A run held back before anything is fetched, recorded: the commit a
+    /// push asked for hears why it was not applied.
+    async fn end_held_back(
+        &self,
+        target: &Target,
+        asked: &Asked,
+        leftovers: Option<decrypt::DecryptError>,
+        status: Status,
+    ) -> Result<Ticked, TickError> {
+        let (run_id, state) = self
+            .app
+            .store
+            .begin_run_with_state(&asked.row(&target.name, None))
+            .await?;
+        if let Some(e) = leftovers {
+            error!(target = %target.name, error = %e,
+                "cannot remove decrypted files a run killed mid-way left behind");
+        }
+        self.finish_with(
+            target,
+            &asked.run(run_id, state),
+            None,
+            asked.requested.as_deref(),
+            status,
+            Findings::default(),
+        )
+        .await
     }
 
     /// What holds a run back before anything is fetched: a job driftless

@@ -98,35 +98,9 @@ impl Reconciler {
             n.statuses
                 .extend(self.commit_status(target, run, shown, seen, &status, waiting));
         }
-        // The backend is done: its result is not thrown away because the
-        // disk is full right now. Keep it, hold the job (and the target's
-        // lock), and write it when space returns.
-        let mut pause = Duration::from_secs(1);
-        let run_id = loop {
-            match self
-                .app
-                .store
-                .finish_run(
-                    run.id,
-                    &target.name,
-                    run.op,
-                    sha,
-                    &status,
-                    notice.as_ref(),
-                    streak,
-                )
-                .await
-            {
-                Ok(kept) => break kept,
-                Err(e) if e.is_disk_trouble() && self.app.store.check_identity().is_ok() => {
-                    error!(target = %target.name, run = run.id, error = %e, retry_in = ?pause,
-                           "cannot record the finished run; keeping its result and trying again");
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(30));
-                }
-                Err(e) => return Err(e.into()),
-            }
-        };
+        let run_id = self
+            .record_run(target, run, sha, &status, notice.as_ref(), streak)
+            .await?;
         if notice.as_ref().is_some_and(|n| !n.outbox.is_empty()) {
             self.app.outbox_wake.notify_waiters();
         }
@@ -138,24 +112,64 @@ impl Reconciler {
         if run.op == Operation::Apply && !waiting {
             self.wake_dependents(target, status.result).await;
         }
-        let short = seen.map(short_sha).unwrap_or("-");
-        match status.result {
-            ApplyResult::Failed => warn!(target = %target.name, run = run_id, sha = short,
-                operation = run.op.as_str(), message = %status.message, "run failed"),
-            ApplyResult::Blocked => warn!(target = %target.name, run = run_id,
-                operation = run.op.as_str(), message = %status.message, "run blocked"),
-            // A run that found nothing to do is in the history; the log
-            // (INFO) says what changed, RUST_LOG=debug every run.
-            ApplyResult::NoChange => debug!(target = %target.name, run = run_id, sha = short,
-                operation = run.op.as_str(), result = "no_change", message = %status.message, "run finished"),
-            r => info!(target = %target.name, run = run_id, sha = short,
-                operation = run.op.as_str(), result = r.as_str(), message = %status.message, "run finished"),
-        }
+        log_run(target, run, run_id, seen, &status);
         Ok(Ticked::Ran {
             run_id,
             result: status.result,
             sha: seen.map(str::to_string),
             message: status.message,
         })
+    }
+
+    /// The run's end written with all it changes (`Store::finish_run`).
+    /// The backend is done: its result is not thrown away because the
+    /// disk is full right now. It is kept, the job (and the target's lock)
+    /// held, and written when space returns. The run's row, or the
+    /// streak's it joined.
+    async fn record_run(
+        &self,
+        target: &Target,
+        run: &RunInfo,
+        sha: Option<&str>,
+        status: &Status,
+        notice: Option<&crate::store::Notice>,
+        streak: Streak<'_>,
+    ) -> Result<i64, TickError> {
+        let mut pause = Duration::from_secs(1);
+        loop {
+            match self
+                .app
+                .store
+                .finish_run(run.id, &target.name, run.op, sha, status, notice, streak)
+                .await
+            {
+                Ok(kept) => return Ok(kept),
+                Err(e) if e.is_disk_trouble() && self.app.store.check_identity().is_ok() => {
+                    error!(target = %target.name, run = run.id, error = %e, retry_in = ?pause,
+                           "cannot record the finished run; keeping its result and trying again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(30));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
+/// The run in the log: failures and blocks as WARN, changes as INFO, a
+/// run that found nothing to do at DEBUG (it is in the history).
+fn log_run(target: &Target, run: &RunInfo, run_id: i64, seen: Option<&str>, status: &Status) {
+    let short = seen.map(short_sha).unwrap_or("-");
+    match status.result {
+        ApplyResult::Failed => warn!(target = %target.name, run = run_id, sha = short,
+            operation = run.op.as_str(), message = %status.message, "run failed"),
+        ApplyResult::Blocked => warn!(target = %target.name, run = run_id,
+            operation = run.op.as_str(), message = %status.message, "run blocked"),
+        // A run that found nothing to do is in the history; the log
+        // (INFO) says what changed, RUST_LOG=debug every run.
+        ApplyResult::NoChange => debug!(target = %target.name, run = run_id, sha = short,
+            operation = run.op.as_str(), result = "no_change", message = %status.message, "run finished"),
+        r => info!(target = %target.name, run = run_id, sha = short,
+            operation = run.op.as_str(), result = r.as_str(), message = %status.message, "run finished"),
     }
 }
