@@ -118,47 +118,69 @@ impl Nomad {
                     d.id
                 ))
             }
-            "promoting" => match self.promote(key, &dep_id).await {
-                Ok(()) => {
-                    let msg = format!(
-                        "Nomad deployment {dep_id} promoted ({shown}); rolling out the rest"
-                    );
-                    self.ledger
-                        .transition(d.id, "promoting", "applying", change(msg.clone()))
-                        .await
-                        .map_err(|e| self.ledger_err(p, e))?;
-                    running(msg)
-                }
-                Err(e @ NomadError::Unreachable { .. }) => {
-                    // Asked again next tick.
-                    Ok(Followed::Waiting(self.job_error(
-                        &p.file,
-                        Some(&key.job),
-                        format!("promoting deployment {}: {e}", d.id),
-                    )))
-                }
-                Err(e) => {
-                    let why = match &e {
-                        NomadError::Status { status: 403, .. } => format!(
-                            "Nomad refused to promote deployment {dep_id}: driftless's token needs \
-                             the `submit-job` or `promote-deployment` capability in namespace `{}` ({e})",
-                            key.namespace
-                        ),
-                        _ => format!("Nomad refused to promote deployment {dep_id}: {e}"),
-                    };
-                    let why = self.ctx.redactor.redact(&why);
-                    self.ledger
-                        .transition(d.id, "promoting", "pending_promotion", change(why.clone()))
-                        .await
-                        .map_err(|e| self.ledger_err(p, e))?;
-                    Ok(Followed::Waiting(self.job_error(
-                        &p.file,
-                        Some(&key.job),
-                        format!("{why}; deployment {} waits for promotion again", d.id),
-                    )))
-                }
-            },
+            "promoting" => self.promote_now(p, d, &dep_id, &shown).await,
             _ => running(format!("Nomad deployment {dep_id} running")),
+        }
+    }
+
+    /// A person promoted the deployment: ask Nomad to promote its
+    /// canaries. Unreachable: asked again next tick; refused (a token
+    /// without the capability, say): it waits for promotion again, saying
+    /// why.
+    async fn promote_now(
+        &self,
+        p: &Parsed,
+        d: &Deployment,
+        dep_id: &str,
+        shown: &str,
+    ) -> Result<Followed, JobReport> {
+        let key = &p.key;
+        let change = |message: String| Change {
+            message: Some(message),
+            nomad_deployment_id: Some(dep_id.to_string()),
+            ..Change::default()
+        };
+        match self.promote(key, dep_id).await {
+            Ok(()) => {
+                let msg =
+                    format!("Nomad deployment {dep_id} promoted ({shown}); rolling out the rest");
+                self.ledger
+                    .transition(d.id, "promoting", "applying", change(msg.clone()))
+                    .await
+                    .map_err(|e| self.ledger_err(p, e))?;
+                Ok(Followed::Waiting(JobReport {
+                    result: JobResult::NoChange,
+                    line: format!("{}: {msg}", key.job),
+                }))
+            }
+            Err(e @ NomadError::Unreachable { .. }) => {
+                // Asked again next tick.
+                Ok(Followed::Waiting(self.job_error(
+                    &p.file,
+                    Some(&key.job),
+                    format!("promoting deployment {}: {e}", d.id),
+                )))
+            }
+            Err(e) => {
+                let why = match &e {
+                    NomadError::Status { status: 403, .. } => format!(
+                        "Nomad refused to promote deployment {dep_id}: driftless's token needs \
+                         the `submit-job` or `promote-deployment` capability in namespace `{}` ({e})",
+                        key.namespace
+                    ),
+                    _ => format!("Nomad refused to promote deployment {dep_id}: {e}"),
+                };
+                let why = self.ctx.redactor.redact(&why);
+                self.ledger
+                    .transition(d.id, "promoting", "pending_promotion", change(why.clone()))
+                    .await
+                    .map_err(|e| self.ledger_err(p, e))?;
+                Ok(Followed::Waiting(self.job_error(
+                    &p.file,
+                    Some(&key.job),
+                    format!("{why}; deployment {} waits for promotion again", d.id),
+                )))
+            }
         }
     }
 
