@@ -523,6 +523,52 @@ fn no_source_file_is_over_a_thousand_lines() {
     assert!(long.is_empty(), "split these: {long:?}");
 }
 
+/// A function is read on one screenful or two: none in production code
+/// runs past 130 lines (rustfmt puts a function's closing brace at its
+/// `fn`'s indentation, which is how its end is found).
+#[test]
+fn no_function_is_over_130_lines() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut long = Vec::new();
+    for f in rust_files(&src()) {
+        let text = std::fs::read_to_string(&f).expect("read");
+        let lines: Vec<&str> = text
+            .lines()
+            .take_while(|l| l.trim_end() != "#[cfg(test)]")
+            .collect();
+        for (i, l) in lines.iter().enumerate() {
+            let body = l.trim_start();
+            let indent = &l[..l.len() - body.len()];
+            let sig = [
+                "pub(crate) ",
+                "pub(super) ",
+                "pub ",
+                "const ",
+                "async ",
+                "unsafe ",
+            ]
+            .iter()
+            .fold(body, |b, p| b.strip_prefix(p).unwrap_or(b));
+            if !sig.starts_with("fn ") || l.trim_end().ends_with(';') {
+                continue;
+            }
+            let close = format!("{indent}}}");
+            let Some(end) = lines[i..].iter().position(|x| *x == close) else {
+                continue;
+            };
+            if end + 1 > 130 {
+                let rel = f.strip_prefix(root).unwrap_or(&f).display().to_string();
+                let name: String = sig[3..]
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                long.push(format!("{rel}:{}: {name}, {} lines", i + 1, end + 1));
+            }
+        }
+    }
+    assert!(long.is_empty(), "split these: {long:?}");
+}
+
 /// The "Tables and their owners" table of ARCHITECTURE.md: table -> owner
 /// (a file, or a module directory ending in `/`), relative to the crate.
 fn owner_table() -> BTreeMap<String, String> {
