@@ -13,6 +13,15 @@ use crate::model::{ApplyResult, Trigger};
 use crate::store::{Operation, format_ms};
 use crate::tick::{Planned, Reconciler, TickError, Ticked};
 
+mod check;
+mod deployments;
+mod notify;
+
+pub use check::{check, graph};
+pub use deployments::{approve_or_reject, deployments};
+use notify::deliver_notifications;
+pub use notify::{notify_pending, notify_test};
+
 /// `tick` exit code when a target's lock is held elsewhere (EX_TEMPFAIL).
 pub const EXIT_BUSY: u8 = 75;
 /// Exit code for failures (a failed run, a bad config).
@@ -22,6 +31,14 @@ pub const EXIT_FAILED: u8 = 1;
 pub struct Report {
     pub stdout: String,
     pub code: u8,
+}
+
+/// An error said, as a command's whole report.
+fn failed(msg: String) -> Report {
+    Report {
+        stdout: format!("error: {msg}\n"),
+        code: EXIT_FAILED,
+    }
 }
 
 fn short(sha: &Option<String>) -> String {
@@ -124,15 +141,6 @@ pub async fn tick(
     Ok(Report { stdout: out, code })
 }
 
-/// The outbox's sender for this configuration's notifiers and forges.
-fn sender(app: &App) -> Result<crate::notify::outbox::Sender, crate::notify::SendError> {
-    crate::notify::outbox::Sender::new(
-        &app.settings().notifiers,
-        &app.settings().forges,
-        app.store.clone(),
-    )
-}
-
 /// How often one-shot ticks prune the history (with no daemon, as under
 /// systemd timers, nothing else does).
 const PRUNE_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
@@ -168,175 +176,6 @@ async fn prune_now_and_then(app: &App) {
         }
         Err(e) => tracing::error!(error = %e, "cannot prune the history"),
     }
-}
-
-/// A one-shot tick has no sender running beside it: deliver what its runs
-/// put in the outbox now (bounded), leaving failures for the next attempt.
-async fn deliver_notifications(app: &App) {
-    let sender = match sender(app) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!(error = %e, "notifications cannot be sent");
-            return;
-        }
-    };
-    match tokio::time::timeout(std::time::Duration::from_secs(60), sender.deliver_due()).await {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => tracing::error!(error = %e, "cannot read the notification outbox"),
-        Err(_) => tracing::warn!(
-            "notifications still pending after 60s; the next tick or the daemon retries them"
-        ),
-    }
-}
-
-/// `driftless notify test <notifier>`: send a test event now.
-pub async fn notify_test(app: &App, notifier: &str) -> Result<Report, TickError> {
-    let sender = match sender(app) {
-        Ok(s) => s,
-        Err(e) => {
-            return Ok(Report {
-                stdout: format!("{notifier}: {e}\n"),
-                code: EXIT_FAILED,
-            });
-        }
-    };
-    let settings = app.settings();
-    let target = settings
-        .targets
-        .iter()
-        .find(|t| t.notify.iter().any(|n| n == notifier))
-        .or(settings.targets.first());
-    let doc = crate::notify::EventDoc {
-        id: format!("test-{:016x}", fastrand::u64(..)),
-        event: crate::notify::Event::Test,
-        target: target
-            .map(|t| t.name.clone())
-            .unwrap_or_else(|| "test".into()),
-        backend: target
-            .map(|t| t.backend.kind().to_string())
-            .unwrap_or_default(),
-        sha: None,
-        short_sha: None,
-        commit_url: None,
-        trigger: "cli".into(),
-        delivery_id: None,
-        started_at: format_ms(crate::store::now_ms()),
-        duration_ms: 0,
-        message: "This is a test notification from `driftless notify test`.".into(),
-        consecutive_failures: 0,
-        failing_for_ms: None,
-        run_id: None,
-        run_url: None,
-    };
-    Ok(match sender.send_now(notifier, &doc).await {
-        Ok(()) => Report {
-            stdout: format!("{notifier}: sent\n"),
-            code: 0,
-        },
-        Err(e) => Report {
-            stdout: format!("{notifier}: failed: {e}\n"),
-            code: EXIT_FAILED,
-        },
-    })
-}
-
-/// `driftless notify pending [--all]`
-pub async fn notify_pending(app: &App, all: bool) -> Result<Report, TickError> {
-    let rows = crate::notify::outbox::list(&app.store, all).await?;
-    let mut out = format!(
-        "{:<6} {:<14} {:<20} {:<14} {:<9} {:>3}  {}\n",
-        "ID", "NOTIFIER", "TARGET", "EVENT", "STATE", "TRY", "NEXT / LAST ERROR"
-    );
-    for n in &rows {
-        out.push_str(&crate::notify::outbox::describe(n));
-        out.push('\n');
-    }
-    if rows.is_empty() {
-        out = "no notifications pending\n".into();
-    }
-    let statuses = app.store.unsent_statuses(all).await?;
-    if !statuses.is_empty() {
-        let _ = writeln!(
-            out,
-            "\n{:<6} {:<10} {:<20} {:<12} {:<28} {:<8} {:>3}  LAST ERROR",
-            "STATUS", "FORGE", "REPO", "COMMIT", "CONTEXT", "STATE", "TRY"
-        );
-        for r in &statuses {
-            let state = format!("{:?}", r.state).to_lowercase();
-            let _ = writeln!(
-                out,
-                "{:<6} {:<10} {:<20} {:<12} {:<28} {:<8} {:>3}  {}",
-                r.id,
-                r.forge,
-                r.repo,
-                crate::model::short_sha(&r.sha),
-                r.context,
-                if r.given_up {
-                    "given up"
-                } else {
-                    state.as_str()
-                },
-                r.attempts,
-                r.last_error.as_deref().unwrap_or("-")
-            );
-        }
-    }
-    let now = crate::store::now_ms();
-    let limits: Vec<_> = app
-        .store
-        .limits()
-        .await?
-        .into_iter()
-        .filter(|l| all || l.paused_until > now)
-        .collect();
-    if !limits.is_empty() {
-        let _ = writeln!(
-            out,
-            "\nRATE-LIMITED DESTINATION          UNTIL                 WHY"
-        );
-        for l in &limits {
-            let _ = writeln!(
-                out,
-                "{:<33} {:<21} {}",
-                l.label,
-                if l.paused_until > now {
-                    crate::store::format_ms(l.paused_until)
-                } else {
-                    "over".to_string()
-                },
-                l.reason
-            );
-        }
-    }
-    let comments = app.store.unsent_comments(all).await?;
-    if !comments.is_empty() {
-        let _ = writeln!(
-            out,
-            "\n{:<6} {:<10} {:<20} {:<8} {:<12} {:>3}  LAST ERROR",
-            "PR", "FORGE", "REPO", "NUMBER", "HEAD", "TRY"
-        );
-        for r in &comments {
-            let _ = writeln!(
-                out,
-                "{:<6} {:<10} {:<20} {:<8} {:<12} {:>3}  {}",
-                r.id,
-                r.forge,
-                r.repo,
-                format!("#{}", r.number),
-                crate::model::short_sha(&r.head_sha),
-                r.attempts,
-                if r.given_up {
-                    format!("given up: {}", r.last_error.as_deref().unwrap_or("-"))
-                } else {
-                    r.last_error.as_deref().unwrap_or("-").to_string()
-                }
-            );
-        }
-    }
-    Ok(Report {
-        stdout: out,
-        code: 0,
-    })
 }
 
 /// `driftless status [--json]`
@@ -563,7 +402,6 @@ pub fn token_new(name: &str) -> Report {
     }
 }
 
-/// `driftless outputs <target> [--json]`
 /// Exit code of `plan` when applying would change something.
 pub const EXIT_CHANGES: u8 = 2;
 
@@ -615,6 +453,7 @@ pub async fn plan(rec: &Reconciler, target: &str, as_json: bool) -> Result<Repor
     Ok(Report { stdout, code })
 }
 
+/// `driftless outputs <target> [--json]`
 pub async fn outputs(rec: &Reconciler, target: &str, as_json: bool) -> Result<Report, TickError> {
     let outs = rec.outputs(target).await?;
     let stdout = if as_json {
@@ -631,138 +470,6 @@ pub async fn outputs(rec: &Reconciler, target: &str, as_json: bool) -> Result<Re
         s
     };
     Ok(Report { stdout, code: 0 })
-}
-
-/// `driftless check`: every problem, or a one-line summary with every
-/// target, and the targets each `[[target_sets]]` entry makes at its
-/// branch tip (fetched into a throwaway cache: nothing in `state_dir` is
-/// touched).
-pub async fn check(path: &Path) -> Report {
-    match config::check(path) {
-        Ok(s) => {
-            let mut stdout = format!(
-                "{}: ok ({} target(s), state in {})\n",
-                path.display(),
-                s.targets.len(),
-                s.state_dir.display()
-            );
-            for t in &s.targets {
-                let p = t.path.display().to_string();
-                let _ = writeln!(
-                    stdout,
-                    "  {}: {} from {} {} path {}",
-                    t.name,
-                    t.backend.kind(),
-                    crate::redact::Redactor::new().redact(&t.repo),
-                    match &t.tag {
-                        Some(tag) => format!("tag {tag}"),
-                        None => format!("branch {}", t.branch),
-                    },
-                    if p.is_empty() { "." } else { &p }
-                );
-                if !t.depends_on.is_empty() {
-                    let _ = writeln!(stdout, "    after {}", t.depends_on.join(", "));
-                }
-            }
-            let code = check_sets(&s, &mut stdout).await;
-            Report { stdout, code }
-        }
-        Err(e) => Report {
-            stdout: format!("{e}\n"),
-            code: EXIT_FAILED,
-        },
-    }
-}
-
-/// `check`'s part for `[[target_sets]]`: each set's members at its
-/// branch tip, and the directories refused. A set whose branch cannot be
-/// fetched is a failure.
-async fn check_sets(s: &config::Settings, out: &mut String) -> u8 {
-    if s.target_sets.is_empty() {
-        return 0;
-    }
-    let listings = match crate::tick::list_sets(s).await {
-        Ok(l) => l,
-        Err(e) => {
-            let _ = writeln!(out, "cannot list target sets: {e}");
-            return EXIT_FAILED;
-        }
-    };
-    let mut code = 0;
-    for (set, listed) in s.target_sets.iter().zip(listings) {
-        let (tip, made) = match listed {
-            Ok(l) => l,
-            Err(e) => {
-                let _ = writeln!(out, "{}: cannot list `{}`: {e}", set.label(), set.paths);
-                code = EXIT_FAILED;
-                continue;
-            }
-        };
-        let _ = writeln!(
-            out,
-            "{}: `{}` at {} of branch {} makes {} target(s){}",
-            set.label(),
-            set.paths,
-            crate::model::short_sha(&tip),
-            set.sample.branch,
-            made.members.len(),
-            if set.destroy_removed {
-                " (destroy_removed: a removed directory's target is destroyed)"
-            } else {
-                ""
-            }
-        );
-        for m in &made.members {
-            let _ = writeln!(
-                out,
-                "  {}: {} path {}",
-                m.name,
-                m.backend.kind(),
-                m.path.display()
-            );
-        }
-        for p in &made.refused {
-            let _ = writeln!(out, "  refused: {p}");
-        }
-    }
-    code
-}
-
-/// `driftless graph [--dot]`: the order targets converge in, from the
-/// configuration alone. Text: one line per step, the targets of a step
-/// independent of each other (they converge in parallel), each with what
-/// it waits on; `--dot`: the graph for Graphviz.
-pub fn graph(path: &Path, dot: bool) -> Report {
-    let s = match config::check(path) {
-        Ok(s) => s,
-        Err(e) => {
-            return Report {
-                stdout: format!("{e}\n"),
-                code: EXIT_FAILED,
-            };
-        }
-    };
-    if dot {
-        return Report {
-            stdout: config::graph::dot(&s.targets),
-            code: 0,
-        };
-    }
-    let mut out = String::new();
-    for (i, level) in config::graph::levels(&s.targets).iter().enumerate() {
-        let _ = writeln!(out, "{}.", i + 1);
-        for t in level {
-            if t.depends_on.is_empty() {
-                let _ = writeln!(out, "  {}", t.name);
-            } else {
-                let _ = writeln!(out, "  {} (after {})", t.name, t.depends_on.join(", "));
-            }
-        }
-    }
-    Report {
-        stdout: out,
-        code: 0,
-    }
 }
 
 /// `driftless events <target>`
@@ -797,200 +504,6 @@ pub async fn events(app: &App, target: &str, as_json: bool) -> Result<Report, Ti
         stdout: out,
         code: 0,
     })
-}
-
-/// Call the daemon's API with the token in DRIFTLESS_TOKEN.
-async fn api(
-    app: &App,
-    method: reqwest::Method,
-    path: &str,
-    body: Option<serde_json::Value>,
-) -> Result<serde_json::Value, String> {
-    let token = std::env::var("DRIFTLESS_TOKEN").map_err(|_| {
-        "set DRIFTLESS_TOKEN to an API token (see `driftless token new`)".to_string()
-    })?;
-    let mut addr = app.settings().server.listen;
-    if addr.port() == 0 {
-        // The daemon chose its port: it noted it beside its PID.
-        addr = crate::lock::serving_addr(&app.settings().state_dir).ok_or_else(|| {
-            format!(
-                "[server] listen asks for port 0 and no `driftless serve` is running on {}",
-                app.settings().state_dir.display()
-            )
-        })?;
-    }
-    if addr.ip().is_unspecified() {
-        addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
-    }
-    let url = format!("http://{addr}{path}");
-    let client = reqwest::Client::builder()
-        .timeout(std::time::Duration::from_secs(30))
-        .build()
-        .map_err(|e| format!("cannot build an HTTP client: {e}"))?;
-    let mut req = client.request(method, &url).bearer_auth(token);
-    if let Some(b) = body {
-        req = req.json(&b);
-    }
-    let resp = req.send().await.map_err(|e| {
-        format!(
-            "cannot reach driftless at {url} (is `driftless serve` running?): {}",
-            crate::error::chain(&e)
-        )
-    })?;
-    let status = resp.status();
-    let v: serde_json::Value = resp.json().await.unwrap_or(serde_json::Value::Null);
-    if status.is_success() {
-        Ok(v)
-    } else {
-        Err(format!(
-            "{} {}: {}",
-            status.as_u16(),
-            status.canonical_reason().unwrap_or(""),
-            v["error"].as_str().unwrap_or("(no message)")
-        ))
-    }
-}
-
-fn failed(msg: String) -> Report {
-    Report {
-        stdout: format!("error: {msg}\n"),
-        code: EXIT_FAILED,
-    }
-}
-
-/// `driftless deployments [--pending]` (`--pending`: those waiting for a
-/// person, to approve or to promote).
-pub async fn deployments(app: &App, pending: bool, as_json: bool) -> Report {
-    let paths: &[&str] = if pending {
-        &[
-            "/api/v1/deployments?state=pending_approval",
-            "/api/v1/deployments?state=pending_promotion",
-        ]
-    } else {
-        &["/api/v1/deployments"]
-    };
-    let mut all = Vec::new();
-    for path in paths {
-        match api(app, reqwest::Method::GET, path, None).await {
-            Ok(serde_json::Value::Array(v)) => all.extend(v),
-            Ok(_) => {}
-            Err(e) => return failed(e),
-        }
-    }
-    all.sort_by_key(|d| std::cmp::Reverse(d["id"].as_i64().unwrap_or(0)));
-    let list = serde_json::Value::Array(all);
-    if as_json {
-        return Report {
-            stdout: serde_json::to_string_pretty(&list).unwrap_or_default() + "\n",
-            code: 0,
-        };
-    }
-    let mut out = format!(
-        "{:<6} {:<16} {:<14} {:<24} {:<17} {:<12} {}\n",
-        "ID", "TARGET", "BACKEND", "JOB", "STATE", "COMMIT", "SUMMARY"
-    );
-    for d in list.as_array().into_iter().flatten() {
-        let s = |k: &str| d[k].as_str().unwrap_or("-").to_string();
-        let _ = writeln!(
-            out,
-            "{:<6} {:<16} {:<14} {:<24} {:<17} {:<12} {}{}",
-            d["id"],
-            s("target"),
-            s("backend"),
-            match d["job"].as_str() {
-                Some(job) => format!("{}/{job}", s("namespace")),
-                None => "-".into(),
-            },
-            s("state"),
-            match s("commit").as_str() {
-                "" => "-".to_string(),
-                c => crate::model::short_sha(c).to_string(),
-            },
-            s("summary"),
-            if d["destructive"] == true {
-                " (destructive)"
-            } else {
-                ""
-            }
-        );
-    }
-    Report {
-        stdout: out,
-        code: 0,
-    }
-}
-
-/// `driftless approve|reject <id>`: show what is decided, then decide it
-/// (an approval names the plan shown: a plan that changed meanwhile is
-/// refused by the API).
-pub async fn approve_or_reject(app: &App, id: i64, approve: bool) -> Report {
-    let d = match api(
-        app,
-        reqwest::Method::GET,
-        &format!("/api/v1/deployments/{id}"),
-        None,
-    )
-    .await
-    {
-        Ok(v) => v,
-        Err(e) => return failed(e),
-    };
-    let what = match d["job"].as_str() {
-        Some(job) => format!(
-            "{}/{job} of target {}",
-            d["namespace"].as_str().unwrap_or("?"),
-            d["target"].as_str().unwrap_or("?")
-        ),
-        None => format!(
-            "target {} ({})",
-            d["target"].as_str().unwrap_or("?"),
-            d["backend"].as_str().unwrap_or("?")
-        ),
-    };
-    let mut out = format!(
-        "deployment {id}: {what} at commit {}\n  {}{}\n",
-        d["commit"].as_str().unwrap_or("?"),
-        d["summary"].as_str().unwrap_or(""),
-        if d["destructive"] == true {
-            " (destructive: deletes or replaces)"
-        } else {
-            ""
-        }
-    );
-    if let Some(diff) = d["diff"].as_str() {
-        for line in diff.lines() {
-            let _ = writeln!(out, "  {line}");
-        }
-    }
-    let (verb, body) = if approve {
-        (
-            "approve",
-            Some(serde_json::json!({ "plan_hash": d["plan_hash"] })),
-        )
-    } else {
-        ("reject", None)
-    };
-    match api(
-        app,
-        reqwest::Method::POST,
-        &format!("/api/v1/deployments/{id}/{verb}"),
-        body,
-    )
-    .await
-    {
-        Ok(v) => {
-            let _ = writeln!(out, "{verb}d: now {}", v["state"].as_str().unwrap_or("?"));
-            Report {
-                stdout: out,
-                code: 0,
-            }
-        }
-        Err(e) => {
-            let mut r = failed(e);
-            r.stdout = out + &r.stdout;
-            r
-        }
-    }
 }
 
 #[cfg(test)]
