@@ -306,12 +306,7 @@ impl Nomad {
         // Approved with a pre hook, or a tick died while it ran: the spec
         // is the recorded one (`newer` is false); make sure the live job
         // has not moved, then run (or find) the hook, then register.
-        if self
-            .ledger
-            .is_paused(&self.ctx.name, &key.job)
-            .await
-            .map_err(|e| self.ledger_err(p, e))?
-        {
+        if self.paused(p).await? {
             return Ok(Some(Followed::Waiting(JobReport {
                 result: JobResult::NoChange,
                 line: format!("{}: paused by a person; deployment {} waits", key.job, d.id),

@@ -121,4 +121,12 @@ impl Nomad {
             )
         }
     }
+
+    /// Has a person paused this job of the target?
+    pub(super) async fn paused(&self, p: &Parsed) -> Result<bool, JobReport> {
+        self.ledger
+            .is_paused(&self.ctx.name, &p.key.job)
+            .await
+            .map_err(|e| self.ledger_err(p, e))
+    }
 }

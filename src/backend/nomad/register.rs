@@ -223,12 +223,7 @@ impl Nomad {
         summary: &str,
     ) -> Result<Option<JobReport>, JobReport> {
         let key = &p.key;
-        if self
-            .ledger
-            .is_paused(&self.ctx.name, &key.job)
-            .await
-            .map_err(|e| self.ledger_err(p, e))?
-        {
+        if self.paused(p).await? {
             let line = format!(
                 "{}: paused by a person; drift not registered: {summary}",
                 key.job
@@ -488,12 +483,7 @@ impl Nomad {
         hooks: &HookJobs,
     ) -> Result<Followed, JobReport> {
         let key = &p.key;
-        if self
-            .ledger
-            .is_paused(&self.ctx.name, &key.job)
-            .await
-            .map_err(|e| self.ledger_err(p, e))?
-        {
+        if self.paused(p).await? {
             return Ok(Followed::Waiting(JobReport {
                 result: JobResult::NoChange,
                 line: format!(
