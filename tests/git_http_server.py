@@ -11,6 +11,10 @@ forge accepting a personal access token as the password; otherwise 401 with
 `WWW-Authenticate`, which is what makes a git client ask for credentials.
 Each request is logged to stderr as `METHOD PATH STATUS AUTH`, where AUTH is
 `ok`, `none` or `bad` (never the credentials themselves).
+
+A file `ROOT/.fail-next-request`, while it exists, makes the next request
+fail with 502 Bad Gateway and is removed: one blip of a proxy in front of
+a forge, after which the server answers again.
 """
 
 import base64
@@ -39,6 +43,18 @@ class Handler(BaseHTTPRequestHandler):
         sys.stderr.flush()
 
     def handle_any(self):
+        try:
+            os.remove(os.path.join(ROOT, ".fail-next-request"))
+        except FileNotFoundError:
+            pass
+        else:
+            body = b"upstream connect error\n"
+            self.send_response(502)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            self.note(502, "blip")
+            return
         given = self.headers.get("Authorization")
         if given != EXPECTED:
             body = b"authentication required\n"

@@ -542,3 +542,59 @@ fn interval_ticks_of_targets_on_one_repository_share_a_fetch_a_round() {
     );
     drop(daemon);
 }
+
+/// A fetch that fails once (one 502 from the proxy in front of the git
+/// server, which then answers again) fails that apply loudly and checks
+/// nothing out: it does not fall back to the last applied commit and
+/// report that as converged. The next tick applies the pushed commit.
+#[test]
+fn an_apply_whose_fetch_fails_once_fails_and_the_next_tick_applies() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    let first = remote.commit(&[("site/index.html", "v1")], "first");
+    let token = "tok-91c0d2e4b7a3f5";
+    let (server, ca) = GitHttp::start_tls(root.path(), "deploy", token);
+    let token_file = root.path().join("token");
+    std::fs::write(&token_file, token).expect("write");
+    let s = Setup::new(&format!(
+        "[[targets]]\nname = \"site\"\nrepo = \"https://127.0.0.1:{}/infra.git\"\n\
+         [targets.git]\nusername = \"deploy\"\ntoken_file = {}\nca_file = {}\n\
+         [targets.backend]\nkind = \"exec\"\napply = [\"true\"]\n",
+        server.port,
+        toml_str(&token_file.display().to_string()),
+        toml_str(&ca.display().to_string())
+    ));
+    let out = s.run(&["tick", "site"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(s.target_status("site")["last_applied_sha"], first);
+
+    let second = remote.commit(&[("site/index.html", "v2")], "v2");
+    let blip = root.path().join(".fail-next-request");
+    std::fs::write(&blip, "").expect("arm");
+    let out = s.run(&["tick", "site"]);
+    assert!(
+        server.requests().contains(" 502 blip"),
+        "{}",
+        server.requests()
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let st = s.target_status("site");
+    assert_eq!(st["last_result"], "failed", "{st}");
+    assert_eq!(st["last_applied_sha"], first, "{st}");
+    assert!(
+        st["last_message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("git fetch of branch `main`"),
+        "{st}"
+    );
+    assert_eq!(
+        git(&s.checkout("site"), &["rev-parse", "HEAD"]),
+        first,
+        "the checkout moved though nothing was applied"
+    );
+
+    let out = s.run(&["tick", "site"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(s.target_status("site")["last_applied_sha"], second);
+}
