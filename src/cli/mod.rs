@@ -365,7 +365,7 @@ pub async fn pause(
         }
         Some(j) => (
             format!("{target}/{j}"),
-            app.store.set_job_paused(target, j, by).await?,
+            app.store.set_unit_paused(target, j, by).await?,
             "it is still planned, never registered or approved",
         ),
     };

@@ -316,7 +316,7 @@ async fn set_paused(
             Ok(true) if !pause => s.app.queue.resumed(&name).await.map(|_| true),
             other => other,
         },
-        Some(j) => s.app.store.set_job_paused(&name, j, by).await,
+        Some(j) => s.app.store.set_unit_paused(&name, j, by).await,
     }
     .map_err(ApiError::unavailable)?;
     info!(target = %name, job = ?job, token = %caller.name(), paused = pause, changed, "pause state set");
@@ -398,9 +398,15 @@ fn plan_json(p: &StoredPlan) -> serde_json::Value {
         if let Some(at) = p.decided_at {
             o.insert("decided_at".into(), crate::store::format_ms(at).into());
         }
-        if p.job.is_some() {
+        // A unit's deployment: its backend's machine diff (`plan_diff`
+        // in its detail, JSON) is the `diff` the API shows, and its
+        // `plan_hash` is also its `spec_hash` (the name it had first).
+        if p.unit.is_some() {
             o.insert("spec_hash".into(), p.plan_hash.clone().into());
-            if let Ok(diff) = serde_json::from_str::<serde_json::Value>(&p.diff) {
+            if let Some(diff) = o
+                .remove("plan_diff")
+                .and_then(|d| d.as_str().and_then(|t| serde_json::from_str(t).ok()))
+            {
                 o.insert("diff".into(), diff);
             }
         }

@@ -258,21 +258,15 @@ fn approval_cards(h: &mut String, waiting: &[&StoredPlan], buttons: &Buttons<'_>
             "curl -X POST -H \"Authorization: Bearer $TOKEN\" -d '{{\"plan_hash\":\"{}\"}}' {base}/api/v1/deployments/{}/approve",
             p.plan_hash, p.id
         );
-        // A Nomad target's deployments are one job's each.
-        let (of, at) = match (&p.namespace, &p.job, &p.file, p.job_modify_index) {
-            (Some(ns), Some(job), Some(file), Some(index)) => (
-                format!("job {}/{} of ", escape(ns), escape(job)),
-                format!(
-                    ", file <code>{}</code>, at JobModifyIndex {index}",
-                    escape(file)
-                ),
-            ),
-            _ => (String::new(), String::new()),
+        // A unit's deployment (a Nomad job's) says which unit.
+        let of = match &p.unit_label {
+            Some(unit) => format!("{} of ", escape(unit)),
+            None => String::new(),
         };
         let _ = write!(
             h,
             "<div class=\"card\" id=\"deployment-{}\"><h3>Deployment {}: {} plan of {of}<strong>{}</strong></h3>\
-             <p>commit <code>{}</code>, policy <code>{}</code>, planned {}{at}</p>\
+             <p>commit <code>{}</code>, policy <code>{}</code>, planned {}</p>\
              <p><strong>{}</strong>{}</p><pre class=\"diff\">{}</pre>{}\
              <p>Or approve exactly this plan with:</p><pre class=\"approve\">{}</pre>\
              <p>or <code>driftless approve {}</code></p></div>",
@@ -289,7 +283,7 @@ fn approval_cards(h: &mut String, waiting: &[&StoredPlan], buttons: &Buttons<'_>
             } else {
                 ""
             },
-            escape(&p.shown_diff()),
+            escape(&p.diff),
             buttons.html(
                 &p.target,
                 p.id,

@@ -807,7 +807,31 @@ mod tests {
             ]
         );
         assert_eq!(all[1].plan_hash, "s1");
-        assert_eq!(all[1].job.as_deref(), Some("web"));
+        // Nomad's columns are its unit's now (migration 0022): the job is
+        // the unit, the rest its detail, found by the unit key.
+        assert_eq!(
+            (all[1].unit.as_deref(), all[1].subject().as_str()),
+            (Some("web"), "nomad job default/web of jobs")
+        );
+        assert_eq!(
+            (
+                all[1].detail_str("file"),
+                all[1]
+                    .detail
+                    .0
+                    .get("job_modify_index")
+                    .and_then(|v| v.as_i64()),
+                all[1]
+                    .detail_str("plan_diff")
+                    .map(|d| d.contains("Deleted")),
+            ),
+            (Some("web.nomad.hcl"), Some(7), Some(true))
+        );
+        let unit = crate::ledger::Ledger::latest(&store, "nomad", "c\ndefault\nweb")
+            .await
+            .expect("by unit key")
+            .expect("the job's deployment");
+        assert_eq!((unit.id, unit.unit.as_str()), (1, "web"));
         let to: Vec<String> = store
             .deployment_events("jobs")
             .await
@@ -964,5 +988,98 @@ mod tests {
             known.iter().map(|(f, n)| (f.to_string(), *n)).collect();
         known.sort();
         assert_eq!(found, known);
+    }
+
+    /// On PostgreSQL too, a Nomad deployment recorded before the unit
+    /// ledger (migration 0007) becomes its job's unit with nothing lost:
+    /// its job columns are its detail, it is found by its unit key, and a
+    /// job's pause is its unit's.
+    #[tokio::test]
+    async fn a_nomad_deployment_on_postgres_becomes_a_unit_and_loses_nothing() {
+        use crate::ledger::Ledger;
+        let url = testing::database().await;
+        sqlx::any::install_default_drivers();
+        let pool = AnyPoolOptions::new()
+            .max_connections(1)
+            .connect(&url)
+            .await
+            .expect("connect");
+        let before: Vec<_> = PG_MIGRATOR
+            .iter()
+            .filter(|m| m.version < 7)
+            .cloned()
+            .collect();
+        assert_eq!(before.len(), 6);
+        sqlx::migrate::Migrator::with_migrations(before)
+            .run(&pool)
+            .await
+            .expect("migrations 1-6");
+        sqlx::raw_sql(
+            "INSERT INTO deployments (target, backend, commit_sha, plan_hash, policy, state,
+                 summary, diff, destructive, created_at, updated_at, cluster, namespace, job,
+                 file, job_modify_index, nomad_deployment_id, pre_hook, hook_nonce)
+             VALUES ('jobs', 'nomad', 'c1', 's1', 'approval', 'pending_promotion', 'edited',
+                 '{\"TaskGroups\":[]}', 0, 10, 20, 'http://n:4646', 'default', 'web',
+                 'web.nomad.hcl', 7, 'd-1', 'migrate', 'n1');
+             INSERT INTO deployments (target, backend, commit_sha, plan_hash, policy, state,
+                 summary, diff, destructive, created_at, updated_at)
+             VALUES ('net', 'terraform', 'c2', 'h', 'approval', 'pending_approval', '1 to add',
+                 '+ a', 0, 30, 30);
+             INSERT INTO nomad_job_pauses (target, job, paused_by, paused_at)
+             VALUES ('jobs', 'web', 'token:ops', 40);",
+        )
+        .execute(&pool)
+        .await
+        .expect("old rows");
+        pool.close().await;
+
+        let store = Store::open_postgres(&url).await.expect("migrated");
+        let open = store
+            .active("nomad", "http://n:4646\ndefault\nweb")
+            .await
+            .expect("by unit key")
+            .expect("the job's open deployment");
+        assert_eq!(
+            (open.unit.as_str(), open.state.as_str(), open.diff.as_str()),
+            ("web", "pending_promotion", "{\"TaskGroups\":[]}")
+        );
+        let d = &open.detail;
+        assert_eq!(
+            (
+                d["file"].as_str(),
+                d["job_modify_index"].as_i64(),
+                d["nomad_deployment_id"].as_str(),
+                d["pre_hook"].as_str(),
+                d["hook_nonce"].as_str(),
+                d["plan_diff"].as_str(),
+            ),
+            (
+                Some("web.nomad.hcl"),
+                Some(7),
+                Some("d-1"),
+                Some("migrate"),
+                Some("n1"),
+                Some("{\"TaskGroups\":[]}")
+            )
+        );
+        assert!(store.is_paused("jobs", "web").await.expect("pause"));
+        let listed = store.plans(None, 10).await.expect("list");
+        assert_eq!(
+            listed
+                .iter()
+                .map(|p| (p.backend.as_str(), p.unit.as_deref(), p.subject()))
+                .collect::<Vec<_>>(),
+            [
+                ("terraform", None, "net".to_string()),
+                (
+                    "nomad",
+                    Some("web"),
+                    "nomad job default/web of jobs".to_string()
+                )
+            ]
+        );
+        // The target's plan is still its open one; the job's is not a plan.
+        assert!(store.open_plan("jobs").await.expect("open").is_none());
+        assert!(store.open_plan("net").await.expect("open").is_some());
     }
 }

@@ -141,7 +141,7 @@ impl Reconciler {
                         } else {
                             ""
                         },
-                        p.shown_diff(),
+                        p.diff.clone(),
                     ),
                 ),
             };

@@ -118,11 +118,27 @@ impl Fixture {
             .to_string()
     }
 
+    /// The Nomad deployments as stored: each row's columns, and the
+    /// fields of its `detail` (Nomad's own) beside them. `diff` is Nomad's
+    /// diff as JSON (`plan_diff` in the detail), `diff_text` the lines
+    /// people read (the `diff` column).
     fn deployments(&self) -> Vec<Value> {
-        sql_rows(
+        let mut rows = sql_rows(
             &self.s.db(),
             "SELECT *, plan_hash AS spec_hash, summary AS diff_summary FROM deployments WHERE backend = 'nomad' ORDER BY id",
-        )
+        );
+        for row in &mut rows {
+            let detail: Value = serde_json::from_str(row["detail"].as_str().unwrap_or("{}"))
+                .expect("a deployment's detail is JSON");
+            if let (Some(row), Some(detail)) = (row.as_object_mut(), detail.as_object()) {
+                let text = row.insert("diff".into(), detail["plan_diff"].clone());
+                row.insert("diff_text".into(), text.unwrap_or_default());
+                for (k, v) in detail {
+                    row.entry(k.clone()).or_insert_with(|| v.clone());
+                }
+            }
+        }
+        rows
     }
 
     fn sql(&self, statement: &str) {
@@ -2195,6 +2211,7 @@ fn unchanged_fields_and_url_credentials_never_leave_a_contextual_diff() {
     let d = f.deployments();
     let rows = d[1]["diff"].as_str().expect("diff").to_string();
     let mut seen = rows.clone();
+    seen += d[1]["diff_text"].as_str().expect("the lines people read");
     let o = f.s.run(&["outputs", "cluster", "--json"]);
     seen += &text(&o.stdout);
     seen += &text(&o.stderr);
@@ -2325,7 +2342,7 @@ fn a_targets_policy_is_its_jobs_default_and_a_jobs_meta_still_overrides_it() {
     assert_eq!(registered, ["api"], "{out}");
     let waiting = sql_rows(
         &f.s.db(),
-        "SELECT job FROM deployments WHERE state = 'pending_approval'",
+        "SELECT unit AS job FROM deployments WHERE state = 'pending_approval'",
     );
     assert_eq!(waiting.len(), 1, "{waiting:?}");
     assert_eq!(waiting[0]["job"], "web");

@@ -129,6 +129,53 @@ pub(super) fn diff_summary(diff: &Value) -> String {
     parts.join(", ")
 }
 
+/// A plan diff as one line per changed field: `group web › task server ›
+/// Config › image: "nginx:1.25" → "nginx:1.27"` (values already redacted).
+pub(super) fn diff_lines(diff: &serde_json::Value) -> String {
+    fn walk(v: &serde_json::Value, path: &str, out: &mut Vec<String>) {
+        let Some(m) = v.as_object() else { return };
+        for f in m
+            .get("Fields")
+            .and_then(|f| f.as_array())
+            .into_iter()
+            .flatten()
+        {
+            let t = f["Type"].as_str().unwrap_or("");
+            if t == "None" {
+                continue;
+            }
+            let name = f["Name"].as_str().unwrap_or("?");
+            let old = f["Old"].as_str().unwrap_or("");
+            let new = f["New"].as_str().unwrap_or("");
+            out.push(match t {
+                "Added" => format!("+ {path}{name}: {new:?}"),
+                "Deleted" => format!("- {path}{name}: {old:?}"),
+                _ => format!("~ {path}{name}: {old:?} → {new:?}"),
+            });
+        }
+        for (key, label) in [
+            ("Objects", ""),
+            ("TaskGroups", "group "),
+            ("Tasks", "task "),
+        ] {
+            for o in m.get(key).and_then(|o| o.as_array()).into_iter().flatten() {
+                let name = o["Name"].as_str().unwrap_or("?");
+                walk(o, &format!("{path}{label}{name} › "), out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(diff, "", &mut out);
+    if out.len() > 300 {
+        let more = out.len() - 300;
+        out.truncate(300);
+        out.push(format!(
+            "… and {more} more (GET /api/v1/deployments/<id> has all of it)"
+        ));
+    }
+    out.join("\n")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -177,6 +224,21 @@ mod tests {
         assert_eq!(
             diff_summary(&diff),
             "group web: task server: Config: auth_token added, group web: task server: Config: image edited, group web: task server: Driver edited, group web: task server: Env[DB_URL] edited, group web: task server: Meta[api_key] edited, group web: task server: Template: EmbeddedTmpl edited"
+        );
+    }
+
+    #[test]
+    fn diffs_are_one_line_per_field() {
+        let d = serde_json::json!({ "Type": "Edited", "Fields": [], "TaskGroups": [{ "Name": "web",
+        "Fields": [{ "Type": "Edited", "Name": "Count", "Old": "2", "New": "3" }],
+        "Tasks": [{ "Name": "server", "Fields": [
+            { "Type": "Added", "Name": "Env[X]", "Old": "", "New": "[REDACTED]" }
+        ], "Objects": [{ "Name": "Config", "Fields": [
+            { "Type": "Edited", "Name": "image", "Old": "a:1", "New": "a:2" }
+        ]}]}]}]});
+        assert_eq!(
+            diff_lines(&d),
+            "~ group web › Count: \"2\" → \"3\"\n+ group web › task server › Env[X]: \"[REDACTED]\"\n~ group web › task server › Config › image: \"a:1\" → \"a:2\""
         );
     }
 }

@@ -20,7 +20,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
@@ -28,9 +27,10 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use super::{ApplyResult, Backend, BackendError, BoxFuture, Context, Outputs, Status};
-pub use crate::ledger::{Change, Deployment, JobKey, Ledger, LedgerError, NewDeployment, Policy};
+pub use crate::ledger::{Ledger, LedgerError, Policy};
 use crate::model::CommitId;
 use crate::secret::SecretRef;
+pub use ledger::{Change, Deployment, JobKey, Jobs, NewDeployment};
 
 mod client;
 mod config;
@@ -38,6 +38,7 @@ mod diff;
 mod follow;
 mod hooks;
 mod job;
+mod ledger;
 mod record;
 mod register;
 
@@ -83,7 +84,7 @@ pub struct Nomad {
     cfg: Config,
     ctx: Context,
     client: Client,
-    ledger: Arc<dyn Ledger>,
+    ledger: Jobs,
     cluster: String,
 }
 
@@ -192,7 +193,7 @@ impl Nomad {
             cfg,
             ctx,
             client,
-            ledger,
+            ledger: Jobs(ledger),
             cluster,
         })
     }

@@ -1,21 +1,22 @@
 //! Every backend's deployments: a plan and what became of it, in the
-//! `deployments` table (migration 0010), with its append-only
-//! `deployment_events`. A Nomad deployment is one job's (its job columns
-//! set; the nomad backend moves it through [`crate::ledger::Ledger`], see
-//! `store::deployments::nomad`); any other backend's is the target's plan. One open
-//! deployment per target (per job for Nomad) is a unique partial index, not
-//! a lock; every state change names the state it leaves, so two writers can
-//! never both move one. Listing, deciding and telling owners are one path
-//! for every backend here. This module decides nothing about a plan: the
-//! tick says what happens to it, a person (through the API) approves or
-//! rejects it.
+//! `deployments` table (migrations 0010, 0022), with its append-only
+//! `deployment_events`. A deployment of one unit of a target (a Nomad
+//! job: `unit`, `unit_key`, `unit_label` and the backend's `detail` set)
+//! is moved by its backend through [`crate::ledger::Ledger`], see
+//! `store::deployments::units`; any other is the target's plan. One open
+//! deployment per target (per unit for units) is a unique partial index,
+//! not a lock; every state change names the state it leaves, so two
+//! writers can never both move one. Listing, deciding and telling owners
+//! are one path for every backend here. This module decides nothing about
+//! a plan: the tick says what happens to it, a person (through the API)
+//! approves or rejects it.
 
 use serde::Serialize;
 use sqlx::FromRow;
 
 use crate::store::{Store, StoreError, now_ms};
 
-pub mod nomad;
+pub mod units;
 
 /// Why an approval or rejection was refused (the API answers 409/404).
 #[derive(Debug, thiserror::Error)]
@@ -111,17 +112,17 @@ pub(super) async fn finish_applying(
     Ok(())
 }
 
-/// Has a person paused this Nomad job of this target? (A paused job is
-/// neither approved nor promoted.)
-async fn job_paused(
+/// Has a person paused this unit of this target? (A paused unit's
+/// deployment is neither approved nor promoted.)
+async fn unit_paused(
     tx: &mut crate::store::db::Tx,
     target: &str,
-    job: &str,
+    unit: &str,
 ) -> Result<bool, sqlx::Error> {
     let n: i64 =
-        sqlx::query_scalar("SELECT COUNT(*) FROM nomad_job_pauses WHERE target = $1 AND job = $2")
+        sqlx::query_scalar("SELECT COUNT(*) FROM unit_pauses WHERE target = $1 AND unit = $2")
             .bind(target)
-            .bind(job)
+            .bind(unit)
             .fetch_one(&mut **tx)
             .await?;
     Ok(n > 0)
@@ -169,26 +170,19 @@ pub struct StoredPlan {
     pub message: Option<String>,
     pub created_at: i64,
     pub updated_at: i64,
-    /// Nomad's job columns (`None` for every other backend).
+    /// The unit it is of, when it is one unit's (a Nomad job's); `None`
+    /// for a target's plan.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub cluster: Option<String>,
+    pub unit: Option<String>,
+    /// What people read of the unit, after the backend's name: "job
+    /// default/web".
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub namespace: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub job: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub file: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub job_modify_index: Option<i64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub registered_index: Option<i64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub pre_hook: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub post_hook: Option<String>,
-    /// Nomad's own deployment of the registered version, once known.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub nomad_deployment_id: Option<String>,
+    pub unit_label: Option<String>,
+    /// The unit's backend's own fields, shown as they are (empty for a
+    /// target's plan).
+    #[sqlx(try_from = "Option<String>")]
+    #[serde(flatten)]
+    pub detail: UnitDetail,
     /// When it began to wait for promotion (Unix ms; migration 0021).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub waiting_since: Option<i64>,
@@ -203,25 +197,34 @@ pub struct StoredPlan {
 }
 
 impl StoredPlan {
-    /// The diff as a person reads it: a Nomad deployment keeps Nomad's
-    /// plan diff as JSON, shown one line per changed field; every other
-    /// backend's is already text.
-    pub fn shown_diff(&self) -> String {
-        if self.job.is_some()
-            && let Ok(v) = serde_json::from_str::<serde_json::Value>(&self.diff)
-        {
-            return crate::ledger::diff_lines(&v);
+    /// What the deployment is of: the target, or a unit of it ("nomad
+    /// job default/web of jobs").
+    pub fn subject(&self) -> String {
+        match &self.unit_label {
+            Some(unit) => format!("{} {unit} of {}", self.backend, self.target),
+            None => self.target.clone(),
         }
-        self.diff.clone()
     }
 
-    /// What the deployment is of: the target, or a Nomad target's job.
-    pub fn subject(&self) -> String {
-        match (&self.namespace, &self.job, &self.file) {
-            (Some(ns), Some(job), Some(file)) => {
-                format!("Nomad job {ns}/{job} ({file}) of {}", self.target)
-            }
-            _ => self.target.clone(),
+    /// A string field of the unit's detail.
+    pub fn detail_str(&self, key: &str) -> Option<&str> {
+        self.detail.0.get(key).and_then(|v| v.as_str())
+    }
+}
+
+/// A unit's backend fields (`ledger::Detail`), read from the `detail`
+/// column's JSON object.
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(transparent)]
+pub struct UnitDetail(pub crate::ledger::Detail);
+
+impl TryFrom<Option<String>> for UnitDetail {
+    type Error = serde_json::Error;
+
+    fn try_from(text: Option<String>) -> Result<Self, Self::Error> {
+        match text {
+            None => Ok(UnitDetail::default()),
+            Some(t) => serde_json::from_str(&t).map(UnitDetail),
         }
     }
 }
@@ -251,8 +254,7 @@ pub struct NewPlan<'a> {
 
 const COLUMNS: &str = "id, target, backend, commit_sha, plan_hash, policy, summary, diff, \
      destructive, artifact, state, decided_by, decided_at, message, created_at, updated_at, \
-     backend_hash, cluster, namespace, job, file, job_modify_index, registered_index, pre_hook, \
-     post_hook, made_from, nomad_deployment_id, waiting_since, overdue_at";
+     backend_hash, made_from, waiting_since, overdue_at, unit, unit_label, detail";
 
 impl Store {
     /// Record a plan before it is shown or applied. Fails when the target
@@ -311,7 +313,7 @@ impl Store {
         target: &str,
     ) -> Result<Option<StoredPlan>, StoreError> {
         let q = format!(
-            "SELECT {COLUMNS} FROM deployments WHERE backend <> 'nomad' AND {filter}
+            "SELECT {COLUMNS} FROM deployments WHERE unit_key IS NULL AND {filter}
              ORDER BY id DESC LIMIT 1"
         );
         sqlx::query_as::<_, StoredPlan>(sqlx::AssertSqlSafe(q))
@@ -322,7 +324,7 @@ impl Store {
     }
 
     /// The target's open plan (pending, approved or being applied); never
-    /// a Nomad job's deployment, which the nomad backend keeps itself.
+    /// a unit's deployment, which its backend keeps itself.
     pub async fn open_plan(&self, target: &str) -> Result<Option<StoredPlan>, StoreError> {
         self.plan_where(
             "target = $1 AND state IN ('pending_approval', 'approved', 'applying')",
@@ -331,7 +333,7 @@ impl Store {
         .await
     }
 
-    /// The target's newest plan in any state (not Nomad's).
+    /// The target's newest plan in any state (not a unit's).
     pub async fn latest_plan(&self, target: &str) -> Result<Option<StoredPlan>, StoreError> {
         self.plan_where("target = $1", target).await
     }
@@ -475,8 +477,8 @@ impl Store {
             .await
             .map_err(self.err(what))?
             .ok_or(DecisionError::NotFound(id))?;
-        let paused = match &p.job {
-            Some(job) => job_paused(&mut tx, &p.target, job)
+        let paused = match &p.unit {
+            Some(unit) => unit_paused(&mut tx, &p.target, unit)
                 .await
                 .map_err(self.err(what))?,
             None => false,
@@ -488,9 +490,9 @@ impl Store {
                 state: p.state,
                 plan_hash: &p.plan_hash,
                 message: p.message.as_deref(),
-                job: p.job.as_deref(),
-                pre_hook: p.pre_hook.is_some(),
-                nomad_deployment_id: p.nomad_deployment_id.as_deref(),
+                job: p.unit.as_deref(),
+                pre_hook: p.detail_str("pre_hook").is_some(),
+                nomad_deployment_id: p.detail_str("nomad_deployment_id"),
                 job_paused: paused,
             },
             plan_hash,
@@ -666,7 +668,7 @@ struct UntoldRow {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::{JobKey, Ledger, NewDeployment, Policy};
+    use crate::ledger::{Ledger, NewUnit, Policy};
 
     fn new_plan<'a>(target: &'a str, commit: &'a str) -> NewPlan<'a> {
         NewPlan {
@@ -695,25 +697,23 @@ mod tests {
     async fn plans_and_nomad_deployments_are_one_ledger_and_a_target_has_one_open_plan() {
         let dir = tempfile::tempdir().expect("tempdir");
         for store in crate::store::testing::stores(dir.path()).await {
-            let nomad = |job: &str| NewDeployment {
+            let nomad = |job: &str| NewUnit {
+                backend: "nomad",
                 target: "jobs".into(),
-                key: JobKey {
-                    cluster: "c".into(),
-                    namespace: "default".into(),
-                    job: job.into(),
-                },
-                file: "j.nomad.hcl".into(),
+                unit: job.into(),
+                unit_key: format!("c\ndefault\n{job}"),
+                unit_label: format!("job default/{job}"),
                 commit_sha: "c1".into(),
                 spec_hash: "s".into(),
                 policy: Policy::Auto,
                 state: "detected",
-                job_modify_index: 1,
-                diff: "{}".into(),
-                diff_summary: "".into(),
-                pre_hook: None,
-                post_hook: None,
-                hook_timeout_ms: None,
-                hook_nonce: "n".into(),
+                diff: "".into(),
+                summary: "".into(),
+                destructive: false,
+                detail: serde_json::json!({ "job": job, "pre_hook": null })
+                    .as_object()
+                    .cloned()
+                    .unwrap_or_default(),
             };
             let a = store.insert(&nomad("web")).await.expect("nomad");
             let b = store
@@ -760,8 +760,12 @@ mod tests {
                 .expect("read")
                 .expect("nomad row");
             assert_eq!(
-                (web.job.as_deref(), web.state, web.plan_hash.as_str()),
+                (web.unit.as_deref(), web.state, web.plan_hash.as_str()),
                 (Some("web"), PlanState::Detected, "s")
+            );
+            assert_eq!(
+                (web.detail_str("job"), web.subject().as_str()),
+                (Some("web"), "nomad job default/web of jobs")
             );
             assert!(
                 store.insert(&nomad("web")).await.is_err(),
