@@ -57,23 +57,23 @@ impl Policy {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PlanState {
-    /// Nomad: planned, about to be registered unattended.
+    /// A unit's (a Nomad job's): planned, about to be applied unattended.
     Detected,
     /// Shown; waits for a person to approve exactly it.
     PendingApproval,
     /// Approved; the next tick of the target applies it, if git still
     /// gives its commit.
     Approved,
-    /// Nomad: its pre hook (a dispatched batch job) runs.
+    /// A unit's pre hook runs (Nomad's: a dispatched batch job).
     PreHook,
     /// Being applied (written before the backend is called).
     Applying,
-    /// Nomad: its canaries are placed and the rest waits for a person to
+    /// Its canaries are placed and the rest waits for a person to
     /// promote it (approved through the same call as an approval).
     PendingPromotion,
-    /// Nomad: a person promoted it; the next tick asks Nomad to.
+    /// A person promoted it; the next tick asks its backend to go on.
     Promoting,
-    /// Nomad: registered and rolled out; its post hook runs.
+    /// A unit's: applied and rolled out; its post hook runs.
     PostHook,
     Applied,
     Failed,
@@ -121,7 +121,7 @@ impl PlanState {
         .find(|p| p.as_str() == s)
     }
 
-    /// Not finished yet: the target's (the Nomad job's) one open
+    /// Not finished yet: the target's (the unit's) one open
     /// deployment.
     pub fn is_open(self) -> bool {
         !matches!(
@@ -140,29 +140,33 @@ pub struct Decidable<'a> {
     pub state: PlanState,
     /// The hash of the plan it holds (keyed with the installation's key).
     pub plan_hash: &'a str,
+    /// What it says: waiting for promotion, what its backend said of its
+    /// rollout and how to take that back.
     pub message: Option<&'a str>,
-    /// Nomad: the job it is of.
-    pub job: Option<&'a str>,
-    /// Nomad: a pre hook runs before its register.
-    pub pre_hook: bool,
-    /// Nomad: the deployment its canaries belong to.
-    pub nomad_deployment_id: Option<&'a str>,
-    /// Nomad: a person paused its job (a paused job is never written to).
-    pub job_paused: bool,
+    /// The unit it is of (a Nomad job), when it is one unit's.
+    pub unit: Option<&'a str>,
+    /// A person paused that unit (a paused unit is never written to).
+    pub unit_paused: bool,
+    /// Where an approval takes it: `Approved` for a target's plan, the
+    /// step its backend takes next for a unit's (Nomad: `PreHook` or
+    /// `Applying`).
+    pub on_approval: PlanState,
 }
 
 /// Where a person's decision takes deployment `d`: `approve` it for
 /// exactly the plan `plan_hash` names (any plan when `None`), or reject it.
 /// The new state and what it says, or why the decision cannot be taken.
 ///
-/// - A deployment waiting for approval becomes `approved` (the next tick
-///   applies exactly its plan if git still gives its commit), or `rejected`.
-///   A Nomad job's goes straight to the step its job takes next: `pre_hook`
-///   or `applying`.
+/// - A deployment waiting for approval becomes `rejected`, or what its
+///   `on_approval` says: `approved` for a target's plan (the next tick
+///   applies exactly it if git still gives its commit), the step its
+///   backend takes next for a unit's (a Nomad job's `pre_hook` or
+///   `applying`).
 /// - One waiting for promotion (its canaries placed) becomes `promoting`.
-///   Refusing a promotion is not something driftless can do: the canaries
-///   run in the cluster, and the answer says what does.
-/// - A paused job's deployment is neither approved nor promoted, another
+///   Refusing a promotion is not something driftless can do: the rollout
+///   runs where it runs, and the answer quotes what the deployment says
+///   of it (its backend says there how to take it back).
+/// - A paused unit's deployment is neither approved nor promoted, another
 ///   hash is a stale plan, and any other state is not waiting for anyone.
 pub fn decide(
     d: &Decidable<'_>,
@@ -190,9 +194,8 @@ pub fn decide(
     if promotion && !approve {
         return Err(format!(
             "deployment {id} is rolled out to its canaries and waits for promotion; \
-             driftless does not take canaries back: fail the Nomad deployment \
-             (`nomad deployment fail {}`; an `auto_revert` group rolls back) or push a revert",
-            d.nomad_deployment_id.unwrap_or("<id>")
+             driftless does not take a rollout back: {}",
+            d.message.unwrap_or("push a revert")
         ));
     }
     if let Some(h) = plan_hash
@@ -206,28 +209,28 @@ pub fn decide(
     if !approve {
         return Ok((PlanState::Rejected, "rejected"));
     }
-    if let Some(job) = d.job
-        && d.job_paused
+    if let Some(unit) = d.unit
+        && d.unit_paused
     {
         return Err(format!(
-            "job `{job}` of target `{}` is paused; resume it first",
+            "`{unit}` of target `{}` is paused; resume it first",
             d.target
         ));
     }
-    Ok(match (promotion, d.job, d.pre_hook) {
-        (true, _, _) => (
+    Ok(match (promotion, d.on_approval) {
+        (true, _) => (
             PlanState::Promoting,
-            "promoted; the next tick asks Nomad to promote its canaries",
+            "promoted; the next tick asks for the rest of the rollout",
         ),
-        (false, None, _) => (
+        (false, PlanState::Approved) => (
             PlanState::Approved,
             "approved; the next tick applies exactly this plan if git still gives its commit",
         ),
-        (false, Some(_), true) => (
+        (false, PlanState::PreHook) => (
             PlanState::PreHook,
-            "approved; the next tick runs its pre hook, then registers it",
+            "approved; the next tick runs its pre hook, then applies it",
         ),
-        (false, Some(_), false) => (PlanState::Applying, "approved; the next tick registers it"),
+        (false, next) => (next, "approved; the next tick applies it"),
     })
 }
 
@@ -242,10 +245,9 @@ mod tests {
             state,
             plan_hash: "h1",
             message: None,
-            job: None,
-            pre_hook: false,
-            nomad_deployment_id: Some("d-1"),
-            job_paused: false,
+            unit: None,
+            unit_paused: false,
+            on_approval: PlanState::Approved,
         }
     }
 
@@ -268,7 +270,8 @@ mod tests {
             "{stale}"
         );
         let job = Decidable {
-            job: Some("api"),
+            unit: Some("api"),
+            on_approval: PlanState::Applying,
             ..d.clone()
         };
         assert_eq!(
@@ -276,7 +279,7 @@ mod tests {
             Ok(PlanState::Applying)
         );
         let hooked = Decidable {
-            pre_hook: true,
+            on_approval: PlanState::PreHook,
             ..job.clone()
         };
         assert_eq!(
@@ -284,7 +287,7 @@ mod tests {
             Ok(PlanState::PreHook)
         );
         let paused = Decidable {
-            job_paused: true,
+            unit_paused: true,
             ..job.clone()
         };
         assert!(
@@ -298,13 +301,20 @@ mod tests {
             Ok(PlanState::Rejected)
         );
 
-        let p = pending(PlanState::PendingPromotion);
+        let p = Decidable {
+            message: Some("canaries placed; to take it back: `nomad deployment fail d-1`"),
+            ..pending(PlanState::PendingPromotion)
+        };
         assert_eq!(
             decide(&p, Some("h1"), true).map(|x| x.0),
             Ok(PlanState::Promoting)
         );
         let no = decide(&p, None, false).expect_err("refused");
-        assert!(no.contains("nomad deployment fail d-1"), "{no}");
+        assert!(
+            no.contains("does not take a rollout back: canaries placed")
+                && no.contains("nomad deployment fail d-1"),
+            "{no}"
+        );
         assert!(
             decide(&p, Some("h2"), true)
                 .expect_err("stale")

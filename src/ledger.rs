@@ -6,7 +6,7 @@
 //! every backend shares). This module is only the types between them, so
 //! neither imports the other. No I/O.
 
-pub use crate::deploy::Policy;
+pub use crate::deploy::{PlanState, Policy};
 use crate::model::BoxFuture;
 
 /// The backend's own fields of a deployment: a JSON object only it reads
@@ -52,6 +52,9 @@ pub struct NewUnit {
     pub spec_hash: String,
     pub policy: Policy,
     pub state: &'static str,
+    /// Where a person's approval takes it: the step the backend takes
+    /// next (Nomad: `PreHook` when the job has a pre hook, else `Applying`).
+    pub on_approval: PlanState,
     pub diff: String,
     pub summary: String,
     /// Applying it deletes or replaces something.

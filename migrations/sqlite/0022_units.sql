@@ -8,10 +8,12 @@
 --               namespace and job, joined by newlines, which none of them
 --               may contain)
 --   unit_label  what people read ("job default/web")
+--   on_approval the state a person's approval takes it to (the step the
+--               backend takes next: Nomad's `pre_hook` or `applying`)
 --   detail      the backend's own fields, a JSON object it alone reads and
 --               writes (shown as they are by the API)
 --
--- All four are NULL for a deployment of a whole target (a plan). Nomad's
+-- All five are NULL for a deployment of a whole target (a plan). Nomad's
 -- columns move into `detail` under their own names; its plan diff (JSON)
 -- is kept there as `plan_diff` (`diff` is what people read, and stays as
 -- it was for the rows recorded before). `nomad_job_pauses` becomes
@@ -50,16 +52,18 @@ CREATE TABLE deployments_new (
     unit         TEXT,
     unit_key     TEXT,
     unit_label   TEXT,
+    on_approval  TEXT CHECK (on_approval IS NULL OR on_approval IN (
+                     'approved', 'pre_hook', 'applying')),
     detail       TEXT CHECK (detail IS NULL OR json_type(detail) = 'object'),
     CHECK ((unit IS NULL) = (unit_key IS NULL) AND (unit IS NULL) = (unit_label IS NULL)
-           AND (unit IS NULL) = (detail IS NULL))
+           AND (unit IS NULL) = (on_approval IS NULL) AND (unit IS NULL) = (detail IS NULL))
 ) STRICT;
 
 INSERT INTO deployments_new (
     id, target, backend, commit_sha, plan_hash, backend_hash, policy, state, summary, diff,
     destructive, artifact, decided_by, decided_at, message, notified_at,
     superseded_notified_at, created_at, updated_at, made_from, waiting_since, overdue_at,
-    overdue_notified_at, unit, unit_key, unit_label, detail)
+    overdue_notified_at, unit, unit_key, unit_label, on_approval, detail)
 SELECT id, target, backend, commit_sha, plan_hash, backend_hash, policy, state, summary, diff,
     destructive, artifact, decided_by, decided_at, message, notified_at,
     superseded_notified_at, created_at, updated_at, made_from, waiting_since, overdue_at,
@@ -68,6 +72,8 @@ SELECT id, target, backend, commit_sha, plan_hash, backend_hash, policy, state, 
     CASE WHEN job IS NOT NULL THEN cluster || char(10) || namespace || char(10) || job END,
     CASE WHEN job IS NOT NULL
          THEN 'job ' || namespace || '/' || job END,
+    CASE WHEN job IS NULL THEN NULL WHEN pre_hook IS NOT NULL THEN 'pre_hook'
+         ELSE 'applying' END,
     CASE WHEN job IS NOT NULL THEN json_object(
         'cluster', cluster, 'namespace', namespace, 'job', job, 'file', file,
         'job_modify_index', job_modify_index, 'registered_index', registered_index,

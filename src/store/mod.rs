@@ -832,6 +832,7 @@ mod tests {
             .expect("by unit key")
             .expect("the job's deployment");
         assert_eq!((unit.id, unit.unit.as_str()), (1, "web"));
+        assert_eq!(all[1].on_approval, Some(deployments::PlanState::Applying));
         let to: Vec<String> = store
             .deployment_events("jobs")
             .await
@@ -1078,6 +1079,8 @@ mod tests {
                 )
             ]
         );
+        // Approved, the job's deployment runs its pre hook next.
+        assert_eq!(listed[1].on_approval, Some(deployments::PlanState::PreHook));
         // The target's plan is still its open one; the job's is not a plan.
         assert!(store.open_plan("jobs").await.expect("open").is_none());
         assert!(store.open_plan("net").await.expect("open").is_some());

@@ -67,7 +67,12 @@ impl Nomad {
                     "Nomad deployment {dep_id} runs its canaries ({shown}) and requires promotion"
                 );
                 self.ledger
-                    .transition(d.id, "applying", "pending_promotion", change(msg.clone()))
+                    .transition(
+                        d.id,
+                        "applying",
+                        "pending_promotion",
+                        change(format!("{msg}; {}", take_back(&dep_id))),
+                    )
                     .await
                     .map_err(|e| self.ledger_err(p, e))?;
                 running(format!(
@@ -106,7 +111,7 @@ impl Nomad {
                             "pending_promotion",
                             Change {
                                 overdue: true,
-                                ..change(msg)
+                                ..change(format!("{msg}; {}", take_back(&dep_id)))
                             },
                         )
                         .await
@@ -172,7 +177,12 @@ impl Nomad {
                 };
                 let why = self.ctx.redactor.redact(&why);
                 self.ledger
-                    .transition(d.id, "promoting", "pending_promotion", change(why.clone()))
+                    .transition(
+                        d.id,
+                        "promoting",
+                        "pending_promotion",
+                        change(format!("{why}; {}", take_back(dep_id))),
+                    )
                     .await
                     .map_err(|e| self.ledger_err(p, e))?;
                 Ok(Followed::Waiting(self.job_error(
@@ -701,4 +711,14 @@ pub(super) fn canary_groups(dep: &Value) -> Vec<CanaryGroup> {
         .collect();
     out.sort_by(|a, b| a.name.cmp(&b.name));
     out
+}
+
+/// What a deployment waiting for promotion says of taking it back, which
+/// a person's rejection quotes (`deploy::decide`): driftless does not take
+/// canaries back; Nomad does.
+fn take_back(dep_id: &str) -> String {
+    format!(
+        "to take it back, fail the Nomad deployment (`nomad deployment fail {dep_id}`; an \
+         `auto_revert` group rolls back) or push a revert"
+    )
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::diff::diff_lines;
-use crate::ledger::{Ledger, LedgerError, NewUnit, Policy, Unit, UnitChange};
+use crate::ledger::{Ledger, LedgerError, NewUnit, PlanState, Policy, Unit, UnitChange};
 
 /// The backend's name in the ledger.
 const BACKEND: &str = "nomad";
@@ -194,6 +194,12 @@ impl NewDeployment {
             spec_hash: self.spec_hash.clone(),
             policy: self.policy,
             state: self.state,
+            // Approved, its job's next step: the pre hook, or the register.
+            on_approval: if self.pre_hook.is_some() {
+                PlanState::PreHook
+            } else {
+                PlanState::Applying
+            },
             diff: shown,
             summary: self.diff_summary.clone(),
             destructive: self.destructive(),

@@ -178,6 +178,10 @@ pub struct StoredPlan {
     /// default/web".
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unit_label: Option<String>,
+    /// Where a person's approval takes a unit's deployment (the step its
+    /// backend takes next); `None` for a target's plan (`Approved`).
+    #[serde(skip)]
+    pub on_approval: Option<PlanState>,
     /// The unit's backend's own fields, shown as they are (empty for a
     /// target's plan).
     #[sqlx(try_from = "Option<String>")]
@@ -254,7 +258,7 @@ pub struct NewPlan<'a> {
 
 const COLUMNS: &str = "id, target, backend, commit_sha, plan_hash, policy, summary, diff, \
      destructive, artifact, state, decided_by, decided_at, message, created_at, updated_at, \
-     backend_hash, made_from, waiting_since, overdue_at, unit, unit_label, detail";
+     backend_hash, made_from, waiting_since, overdue_at, unit, unit_label, on_approval, detail";
 
 impl Store {
     /// Record a plan before it is shown or applied. Fails when the target
@@ -490,10 +494,9 @@ impl Store {
                 state: p.state,
                 plan_hash: &p.plan_hash,
                 message: p.message.as_deref(),
-                job: p.unit.as_deref(),
-                pre_hook: p.detail_str("pre_hook").is_some(),
-                nomad_deployment_id: p.detail_str("nomad_deployment_id"),
-                job_paused: paused,
+                unit: p.unit.as_deref(),
+                unit_paused: paused,
+                on_approval: p.on_approval.unwrap_or(PlanState::Approved),
             },
             plan_hash,
             approve,
@@ -707,6 +710,7 @@ mod tests {
                 spec_hash: "s".into(),
                 policy: Policy::Auto,
                 state: "detected",
+                on_approval: PlanState::Applying,
                 diff: "".into(),
                 summary: "".into(),
                 destructive: false,
@@ -788,6 +792,37 @@ mod tests {
             assert!(
                 matches!(twice, Err(DecisionError::Conflict(ref m)) if m.contains("is `approved`")),
                 "{twice:?}"
+            );
+            // A unit's approval takes it where its backend said, unless a
+            // person paused the unit.
+            let waits = store
+                .insert(&NewUnit {
+                    state: "pending_approval",
+                    on_approval: PlanState::PreHook,
+                    ..nomad("db")
+                })
+                .await
+                .expect("unit");
+            store
+                .set_unit_paused("jobs", "db", Some("token:ops"))
+                .await
+                .expect("pause");
+            let paused = store.decide_plan(waits, None, "token:ops", true).await;
+            assert!(
+                matches!(paused, Err(DecisionError::Conflict(ref m)) if m.contains("`db` of target `jobs` is paused")),
+                "{paused:?}"
+            );
+            store
+                .set_unit_paused("jobs", "db", None)
+                .await
+                .expect("resume");
+            let approved = store
+                .decide_plan(waits, None, "token:ops", true)
+                .await
+                .expect("approve");
+            assert_eq!(
+                (approved.state, approved.decided_by.as_deref()),
+                (PlanState::PreHook, Some("token:ops"))
             );
             let said: Vec<(i64, String, String)> = store
                 .deployment_events("net")

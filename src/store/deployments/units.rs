@@ -141,8 +141,8 @@ impl Ledger for Store {
             let r = sqlx::query_scalar::<_, i64>(
                 "INSERT INTO deployments (backend, target, unit, unit_key, unit_label, commit_sha,
                      plan_hash, policy, state, diff, summary, destructive, detail, created_at,
-                     updated_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $14)
+                     updated_at, on_approval)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $14, $15)
                  RETURNING id",
             )
             .bind(d.backend)
@@ -159,6 +159,7 @@ impl Ledger for Store {
             .bind(i64::from(d.destructive))
             .bind(&detail)
             .bind(now)
+            .bind(d.on_approval)
             .fetch_one(&mut *tx)
             .await;
             let id = match r {
