@@ -28,6 +28,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::deploy::Policy;
 use crate::model::CommitId;
 use crate::redact::Redactor;
 
@@ -176,7 +177,7 @@ pub struct Context {
     pub commit: Option<CommitId>,
     /// Durable records for backends that keep their own (nomad's
     /// deployments); `None` where there is no state database.
-    pub ledger: Option<Arc<dyn nomad::Ledger>>,
+    pub ledger: Option<Arc<dyn crate::ledger::Ledger>>,
     /// Where this target's plan artifacts are written
     /// (`<state_dir>/plans/<target>`; it may not exist yet).
     pub plans_dir: PathBuf,
@@ -242,6 +243,21 @@ pub trait Kind: std::fmt::Debug + Send + Sync {
     /// other than `auto` needs it).
     fn can_plan(&self) -> bool {
         false
+    }
+    /// Whether it reviews each unit of its target on its own (a Nomad
+    /// job: recorded in the unit ledger, held for approval, followed until
+    /// it settles): the target's `policy` is then its units' default,
+    /// which [`Kind::set_unit_policy`] takes, and the tick itself applies
+    /// (`config::Target::tick_policy`).
+    fn reviews_units(&self) -> bool {
+        false
+    }
+    /// Take `policy` as the default of every unit (a unit may say
+    /// otherwise, as a Nomad job's meta does); `Err` says why it cannot
+    /// be, naming the key at fault. Called only when
+    /// [`Kind::reviews_units`].
+    fn set_unit_policy(&mut self, _policy: Policy) -> Result<(), String> {
+        Ok(())
     }
 }
 
@@ -358,6 +374,16 @@ impl BackendConfig {
     /// See [`Kind::can_plan`].
     pub fn can_plan(&self) -> bool {
         self.inner().can_plan()
+    }
+
+    /// See [`Kind::reviews_units`].
+    pub fn reviews_units(&self) -> bool {
+        self.inner().reviews_units()
+    }
+
+    /// See [`Kind::set_unit_policy`].
+    pub fn set_unit_policy(&mut self, policy: Policy) -> Result<(), String> {
+        self.inner_mut().set_unit_policy(policy)
     }
 }
 

@@ -322,17 +322,18 @@ pub struct StatusTo {
 pub use crate::deploy::Policy;
 
 impl Target {
-    /// The policy the tick itself follows. A Nomad target's `approval` is
-    /// its jobs' default, which the nomad backend applies job by job (a
+    /// The policy the tick itself follows. On a backend that reviews each
+    /// unit on its own (`Kind::reviews_units`: Nomad's jobs) `approval` is
+    /// its units' default, which the backend applies unit by unit (a
     /// job's meta may override it), so that tick goes through `apply`; its
     /// `detect` is the target's own, as on every backend: every tick plans
-    /// (Nomad's plan dry-run per job) and nothing is registered, whatever a
-    /// job's meta says.
+    /// (Nomad's plan dry-run per job) and nothing is written, whatever a
+    /// unit says.
     pub fn tick_policy(&self) -> Policy {
-        match (&self.backend, self.policy) {
-            (_, Policy::Detect) => Policy::Detect,
-            (crate::backend::BackendConfig::Nomad(_), _) => Policy::Auto,
-            (_, p) => p,
+        match self.policy {
+            Policy::Detect => Policy::Detect,
+            _ if self.backend.reviews_units() => Policy::Auto,
+            p => p,
         }
     }
 

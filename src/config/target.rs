@@ -377,8 +377,8 @@ fn check_git_here(git: &GitAuth, repo: &str, label: &str, problems: &mut Vec<Pro
     }
 }
 
-/// `policy`, against what the backend can do (and, for Nomad, its
-/// `default_policy`, which it sets).
+/// `policy`, against what the backend can do (and, for one that reviews
+/// each unit on its own, as its units' default, which it takes).
 fn validate_policy(
     policy: Option<&str>,
     backend: Option<&mut BackendConfig>,
@@ -388,36 +388,16 @@ fn validate_policy(
     match (policy.map(|p| (p, Policy::parse(p))), backend) {
         (None, _) => Policy::Auto,
         (Some((_, Some(Policy::Auto))), _) => Policy::Auto,
-        // A Nomad target's `approval` is its jobs' default (a job's `meta {
-        // driftless_policy }` still overrides it), applied by the backend
-        // per job. Its `detect` is the tick's (`Target::tick_policy`): the
-        // backend only plans; `detect` is the jobs' default too, should it
-        // be asked to apply anyway.
-        (Some((p, Some(policy))), Some(BackendConfig::Nomad(n))) => {
-            let default = crate::backend::nomad::job_policy(&n.default_policy);
-            if policy == Policy::ApproveDestructive {
-                problems.push(problem(
-                    label,
-                    "policy",
-                    format!(
-                        "`{p}` on a nomad target: Nomad's plan does not say whether a change \
-                         deletes something; use \"approval\", or a job's `meta {{ driftless_policy }}`"
-                    ),
-                ));
-                Policy::Auto
-            } else if default == Some(Policy::Auto) || default == Some(policy) {
-                n.default_policy = policy.as_str().to_string();
-                policy
-            } else {
-                problems.push(problem(
-                    label,
-                    "policy",
-                    format!(
-                        "`{p}` says one thing and the backend's `default_policy` `{}` another: set one of them",
-                        n.default_policy
-                    ),
-                ));
-                Policy::Auto
+        // A backend that reviews each unit on its own (Nomad's jobs) takes
+        // the policy as its units' default (`Kind::set_unit_policy`); the
+        // tick's own is `Target::tick_policy`'s.
+        (Some((_, Some(policy))), Some(b)) if b.reviews_units() => {
+            match b.set_unit_policy(policy) {
+                Ok(()) => policy,
+                Err(why) => {
+                    problems.push(problem(label, "policy", why));
+                    Policy::Auto
+                }
             }
         }
         (Some((p, Some(_))), Some(b)) if !b.can_plan() => {

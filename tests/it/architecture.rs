@@ -715,3 +715,88 @@ fn every_invariant_names_a_test_that_exists() {
         missing.join("\n")
     );
 }
+
+/// The production code of a file: up to its first column-0 `#[cfg(test)]`.
+fn production(p: &Path) -> String {
+    let all = code(p);
+    match all.find("\n#[cfg(test)]") {
+        Some(i) => all[..i].to_string(),
+        None => all,
+    }
+}
+
+fn ident(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_'
+}
+
+/// Whether `text` has `word` with no identifier character either side.
+fn has_word(text: &str, word: &str) -> bool {
+    text.match_indices(word).any(|(i, _)| {
+        !text[..i].chars().next_back().is_some_and(ident)
+            && !text[i + word.len()..].chars().next().is_some_and(ident)
+    })
+}
+
+/// Whether `text` has a path through `module` (`module::`, not
+/// `other_module::`).
+fn has_path(text: &str, module: &str) -> bool {
+    text.match_indices(&format!("{module}::"))
+        .any(|(i, _)| !text[..i].chars().next_back().is_some_and(ident))
+}
+
+/// A backend plugs in by its own module and one registry line: no code
+/// outside `src/backend/<module>` names its module or its `BackendConfig`
+/// variant, and `src/backend/mod.rs` names it only in `pub mod` and the
+/// `backends!` registry. Nomad, which keeps per-deployment state (the unit
+/// ledger), reviews each job and follows it until it settles, is not even
+/// named in code anywhere else: the store, config, tick, API and page
+/// serve it through the shared deployment vocabulary.
+#[test]
+fn only_the_registry_names_a_backend_outside_its_module() {
+    let registry_file = src().join("backend/mod.rs");
+    let registry_code = production(&registry_file);
+    let start = registry_code
+        .find("backends! {")
+        .expect("the backends! registry");
+    let registry = &registry_code[start..start + registry_code[start..].find('}').expect("end")];
+    let backends: Vec<(String, String)> = registry
+        .lines()
+        .filter_map(|l| {
+            let (variant, rest) = l.trim().split_once('(')?;
+            let (module, _) = rest.split_once(')')?;
+            Some((variant.to_string(), module.to_string()))
+        })
+        .collect();
+    assert!(backends.len() >= 8, "{backends:?}");
+    let mut found = Vec::new();
+    for file in rust_files(&src()) {
+        let rel = file.strip_prefix(src()).expect("under src").to_path_buf();
+        let text = production(&file);
+        for (variant, module) in &backends {
+            let own = rel.starts_with(format!("backend/{module}"))
+                || rel == Path::new(&format!("backend/{module}.rs"));
+            if own || rel.starts_with("backend") && rel != Path::new("backend/mod.rs") {
+                continue;
+            }
+            for (n, line) in text.lines().enumerate() {
+                let registered = rel == Path::new("backend/mod.rs")
+                    && (line.trim() == format!("pub mod {module};")
+                        || line.trim() == format!("{variant}({module}) = \"{module}\","));
+                if registered {
+                    continue;
+                }
+                let named = has_path(line, module)
+                    || line.contains(&format!("BackendConfig::{variant}"))
+                    || (module == "nomad" && has_word(&line.to_lowercase(), "nomad"));
+                if named {
+                    found.push(format!("{}:{}: {}", rel.display(), n + 1, line.trim()));
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "backends named outside their module and the registry:\n{}",
+        found.join("\n")
+    );
+}

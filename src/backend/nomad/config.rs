@@ -123,6 +123,35 @@ impl crate::backend::Kind for Config {
         true
     }
 
+    /// Each job is reviewed on its own: recorded, held for approval as its
+    /// policy says, followed until it settles.
+    fn reviews_units(&self) -> bool {
+        true
+    }
+
+    /// The target's `policy` is its jobs' default (a job's `meta {
+    /// driftless_policy }` still overrides it). `detect` is the jobs'
+    /// default too, should the backend be asked to apply anyway (the tick
+    /// only plans). It must agree with `default_policy` when both are set.
+    fn set_unit_policy(&mut self, policy: Policy) -> Result<(), String> {
+        let p = policy.as_str();
+        let default = job_policy(&self.default_policy);
+        if policy == Policy::ApproveDestructive {
+            Err(format!(
+                "`{p}` on a nomad target: Nomad's plan does not say whether a change \
+                 deletes something; use \"approval\", or a job's `meta {{ driftless_policy }}`"
+            ))
+        } else if default == Some(Policy::Auto) || default == Some(policy) {
+            self.default_policy = p.to_string();
+            Ok(())
+        } else {
+            Err(format!(
+                "`{p}` says one thing and the backend's `default_policy` `{}` another: set one of them",
+                self.default_policy
+            ))
+        }
+    }
+
     fn build(&self, ctx: Context) -> Result<Box<dyn crate::backend::Backend>, BackendError> {
         Ok(Box::new(Nomad::new(self.clone(), ctx)?))
     }

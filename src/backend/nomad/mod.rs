@@ -43,7 +43,8 @@ mod record;
 mod register;
 
 use client::{Client, NomadError};
-pub use config::{Config, job_policy};
+pub use config::Config;
+use config::job_policy;
 use config::{DEFAULT_PROMOTION_WAIT, parse_promotion_wait};
 use diff::{diff_summary, redact_diff, spec_hash};
 use follow::no_deployment_reason;
