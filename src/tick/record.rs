@@ -6,6 +6,7 @@
 //! and records it.
 
 use super::*;
+use crate::store::Notice;
 
 impl Reconciler {
     pub(super) async fn finish(
@@ -66,15 +67,7 @@ impl Reconciler {
         // Looked for as the run is recorded, unless its commit status must
         // link to the streak's row before.
         let streak = match &notice {
-            Some(n)
-                if status.result == ApplyResult::NoChange
-                    && run.delivery_id.is_none()
-                    && !waiting
-                    && n.outbox.is_empty()
-                    && n.plans_told.is_empty()
-                    && n.plan_done.is_none()
-                    && n.drift.is_none() =>
-            {
+            Some(n) if joins_a_streak(&status, run.delivery_id.as_deref(), waiting, n) => {
                 if target.statuses.is_none() {
                     Streak::Find {
                         sha: seen,
@@ -171,5 +164,79 @@ fn log_run(target: &Target, run: &RunInfo, run_id: i64, seen: Option<&str>, stat
             operation = run.op.as_str(), result = "no_change", message = %status.message, "run finished"),
         r => info!(target = %target.name, run = run_id, sha = short,
             operation = run.op.as_str(), result = r.as_str(), message = %status.message, "run finished"),
+    }
+}
+
+/// Whether a finished run may join the streak before it (one history row
+/// for many runs): it found nothing to do and has nothing to tell — no
+/// delivery of its own to answer for, no plan waiting for a person, no
+/// notification, no plan's owners told or plan ended, no drift changed.
+/// (The store joins it only to a `no_change` row of the same commit,
+/// trigger and message.)
+fn joins_a_streak(status: &Status, delivery: Option<&str>, waiting: bool, n: &Notice) -> bool {
+    status.result == ApplyResult::NoChange
+        && delivery.is_none()
+        && !waiting
+        && n.outbox.is_empty()
+        && n.plans_told.is_empty()
+        && n.plan_done.is_none()
+        && n.drift.is_none()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::deployments::{PlanState, Untold};
+
+    /// Only a run that found nothing to do and tells nobody anything joins
+    /// a streak; each thing it might tell keeps it a row of its own.
+    #[test]
+    fn only_a_run_with_nothing_to_tell_joins_a_streak() {
+        let quiet = Status {
+            result: ApplyResult::NoChange,
+            message: "nothing to do".into(),
+            output_tail: String::new(),
+            digest: None,
+        };
+        let none = Notice::default();
+        assert!(joins_a_streak(&quiet, None, false, &none));
+        for result in [ApplyResult::Changed, ApplyResult::Failed] {
+            let s = Status {
+                result,
+                ..quiet.clone()
+            };
+            assert!(!joins_a_streak(&s, None, false, &none), "{result:?}");
+        }
+        assert!(
+            !joins_a_streak(&quiet, Some("d-1"), false, &none),
+            "a delivery"
+        );
+        assert!(!joins_a_streak(&quiet, None, true, &none), "waiting");
+        let told = [
+            Notice {
+                outbox: vec![crate::store::NewNotification {
+                    uid: "u".into(),
+                    notifier: "ops".into(),
+                    event: "recovered".into(),
+                    document: "{}".into(),
+                }],
+                ..Notice::default()
+            },
+            Notice {
+                plans_told: vec![(3, Untold::Waiting)],
+                ..Notice::default()
+            },
+            Notice {
+                plan_done: Some((3, PlanState::Applied, "applied".into())),
+                ..Notice::default()
+            },
+            Notice {
+                drift: Some(crate::store::DriftUpdate::Clear),
+                ..Notice::default()
+            },
+        ];
+        for n in &told {
+            assert!(!joins_a_streak(&quiet, None, false, n), "{n:?}");
+        }
     }
 }
