@@ -45,7 +45,7 @@ pick decrypt && run decrypt src/decrypt.rs -- --lib --test it -- decrypt:: canar
 # tick's record and finish steps, and one run's steps (tick::converge):
 # the tests of what those steps refuse (tags, signatures, a checkout
 # already at the tip) run with them.
-pick tick    && run tick    src/tick/record.rs -f src/tick/converge.rs -- --test it -- daemon:: dependencies:: tags:: verify:: git_sync:: unwritable:: forge_status::
+pick tick    && run tick    src/tick/record.rs -f src/tick/converge.rs -- --lib --test it -- tick:: daemon:: dependencies:: tags:: verify:: git_sync:: unwritable:: forge_status::
 
 echo "== summary (caught / missed / timeout / unviable)"
 for d in "$out"/*/mutants.out; do

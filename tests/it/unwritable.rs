@@ -414,3 +414,40 @@ fn the_state_directory_is_private_whatever_the_umask() {
     }
     assert!(s.state.join("driftless.db").exists());
 }
+
+/// A finished run the database refuses for a reason that is not the disk
+/// (here a trigger raising an error, as a constraint would) is not retried
+/// as a full disk is: the tick fails at once, naming the database's
+/// refusal, and holds nothing. Only disk trouble on the same database is
+/// waited out (`a_disk_that_fills_during_an_apply_keeps_the_result_and_runs_nothing_twice`).
+#[test]
+fn a_run_the_database_refuses_to_record_fails_loudly_and_is_not_retried() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(&[("site/v", "1")], "v1");
+    let s = Setup::new(&exec_target(
+        "site",
+        &remote.url(),
+        "path = \"site\"",
+        "apply = [\"true\"]",
+    ));
+    assert!(s.run(&["tick", "site"]).status.success());
+    sql_exec(
+        &s.db(),
+        "CREATE TRIGGER no_end BEFORE UPDATE OF finished_at ON runs
+         WHEN NEW.finished_at IS NOT NULL
+         BEGIN SELECT RAISE(ABORT, 'injected: the run may not end'); END;",
+    );
+    remote.commit(&[("site/v", "2")], "v2");
+    let out = output_within(
+        Command::new(bin())
+            .arg("--config")
+            .arg(&s.config)
+            .args(["tick", "site"])
+            .stdin(std::process::Stdio::null()),
+        Duration::from_secs(60),
+    );
+    let said = text(&out.stdout) + &text(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{said}");
+    assert!(said.contains("injected: the run may not end"), "{said}");
+}
