@@ -100,8 +100,8 @@ impl PlanState {
         }
     }
 
-    /// The state `as_str` wrote, if it is one.
-    pub fn parse(s: &str) -> Option<PlanState> {
+    /// Every state, in the order of a deployment's life.
+    pub const ALL: [PlanState; 12] = {
         use PlanState::*;
         [
             Detected,
@@ -117,8 +117,11 @@ impl PlanState {
             Rejected,
             Superseded,
         ]
-        .into_iter()
-        .find(|p| p.as_str() == s)
+    };
+
+    /// The state `as_str` wrote, if it is one.
+    pub fn parse(s: &str) -> Option<PlanState> {
+        Self::ALL.into_iter().find(|p| p.as_str() == s)
     }
 
     /// Not finished yet: the target's (the unit's) one open

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::diff::diff_lines;
+use super::now_ms;
 use crate::ledger::{Ledger, LedgerError, NewUnit, PlanState, Policy, Unit, UnitChange};
 
 /// The backend's name in the ledger.
@@ -263,13 +264,6 @@ impl Change {
             detail,
         }
     }
-}
-
-/// Unix ms, as the store writes its own times.
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 fn to_map(d: &Detail) -> Result<crate::ledger::Detail, LedgerError> {

@@ -70,16 +70,6 @@ pub const DISPATCH_META: &[&str] = &[
 ];
 /// How long a hook may run unless `driftless_hook_timeout` says otherwise.
 const DEFAULT_HOOK_TIMEOUT: Duration = Duration::from_secs(300);
-/// Deployment states in which a deployment is still active.
-pub const ACTIVE_STATES: &[&str] = &[
-    "detected",
-    "pending_approval",
-    "pre_hook",
-    "applying",
-    "pending_promotion",
-    "promoting",
-    "post_hook",
-];
 
 pub struct Nomad {
     cfg: Config,

@@ -17,10 +17,17 @@ use crate::store::{Store, StoreError, now_ms};
 const COLUMNS: &str = "id, target, unit, unit_key, commit_sha, plan_hash, policy, state, diff, \
      summary, message, waiting_since, overdue_at, created_at, detail";
 
-/// The states in which a unit's deployment is still open (the unique
-/// index of migration 0022 lists the same).
-const OPEN: &str = "'detected', 'pending_approval', 'approved', 'pre_hook', 'applying', \
-     'pending_promotion', 'promoting', 'post_hook'";
+/// The states in which a unit's deployment is still open, as an SQL list
+/// (`PlanState::is_open`; the unique index of migration 0022 lists the
+/// same).
+fn open_states() -> String {
+    crate::deploy::PlanState::ALL
+        .into_iter()
+        .filter(|s| s.is_open())
+        .map(|s| format!("'{}'", s.as_str()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
 
 fn detail_of(id: i64, text: Option<&str>) -> Result<Detail, sqlx::Error> {
     let text = text.unwrap_or("{}");
@@ -89,7 +96,7 @@ impl Store {
         open_only: bool,
     ) -> Result<Option<Unit>, LedgerError> {
         let open = if open_only {
-            format!("AND state IN ({OPEN})")
+            format!("AND state IN ({})", open_states())
         } else {
             String::new()
         };
