@@ -63,76 +63,59 @@ pub struct Detail {
     pub failed_at_index: Option<i64>,
 }
 
-/// A job's deployment as the backend reads it.
+/// A job's deployment as the backend reads it: the ledger's shared
+/// fields, and Nomad's own ([`Detail`], read through this too:
+/// `d.registered_index`).
 #[derive(Debug, Clone)]
 pub struct Deployment {
     pub id: i64,
     pub target: String,
     pub key: JobKey,
-    pub file: String,
     pub commit_sha: String,
     pub spec_hash: String,
     pub policy: String,
     pub state: String,
-    pub job_modify_index: i64,
-    /// Nomad's plan diff (JSON).
-    pub diff: String,
     pub diff_summary: String,
-    pub registered_index: Option<i64>,
-    pub eval_id: Option<String>,
-    pub nomad_deployment_id: Option<String>,
     pub message: Option<String>,
-    pub pre_hook: Option<String>,
-    pub post_hook: Option<String>,
-    pub hook_timeout_ms: Option<i64>,
-    pub hook_nonce: Option<String>,
-    pub pre_hook_child: Option<String>,
-    pub post_hook_child: Option<String>,
-    pub registered_at: Option<i64>,
-    pub failed_at_index: Option<i64>,
     /// When it began to wait for promotion (Unix ms).
     pub waiting_since: Option<i64>,
     /// When it had waited for promotion past the bound (Unix ms).
     pub overdue_at: Option<i64>,
     /// When it was recorded (Unix ms).
     pub created_at: i64,
+    pub detail: Detail,
+}
+
+impl std::ops::Deref for Deployment {
+    type Target = Detail;
+
+    fn deref(&self) -> &Detail {
+        &self.detail
+    }
 }
 
 impl Deployment {
     fn from_unit(u: Unit) -> Result<Deployment, LedgerError> {
-        let d: Detail = serde_json::from_value(serde_json::Value::Object(u.detail))
+        let detail: Detail = serde_json::from_value(serde_json::Value::Object(u.detail))
             .map_err(|e| LedgerError::Store(format!("deployment {}: its detail: {e}", u.id)))?;
         Ok(Deployment {
             id: u.id,
             target: u.target,
             key: JobKey {
-                cluster: d.cluster,
-                namespace: d.namespace,
-                job: d.job,
+                cluster: detail.cluster.clone(),
+                namespace: detail.namespace.clone(),
+                job: detail.job.clone(),
             },
-            file: d.file,
             commit_sha: u.commit_sha,
             spec_hash: u.spec_hash,
             policy: u.policy,
             state: u.state,
-            job_modify_index: d.job_modify_index,
-            diff: d.plan_diff,
             diff_summary: u.summary,
-            registered_index: d.registered_index,
-            eval_id: d.eval_id,
-            nomad_deployment_id: d.nomad_deployment_id,
             message: u.message,
-            pre_hook: d.pre_hook,
-            post_hook: d.post_hook,
-            hook_timeout_ms: d.hook_timeout_ms,
-            hook_nonce: d.hook_nonce,
-            pre_hook_child: d.pre_hook_child,
-            post_hook_child: d.post_hook_child,
-            registered_at: d.registered_at,
-            failed_at_index: d.failed_at_index,
             waiting_since: u.waiting_since,
             overdue_at: u.overdue_at,
             created_at: u.created_at,
+            detail,
         })
     }
 }

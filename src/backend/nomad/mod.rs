@@ -426,7 +426,7 @@ impl Nomad {
                     "spec_hash": d.spec_hash,
                     "job_modify_index": d.job_modify_index,
                     "summary": d.diff_summary,
-                    "diff": serde_json::from_str::<Value>(&d.diff).unwrap_or(Value::Null),
+                    "diff": serde_json::from_str::<Value>(&d.plan_diff).unwrap_or(Value::Null),
                     "message": d.message,
                 })
             };
