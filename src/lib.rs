@@ -37,6 +37,7 @@ pub mod error;
 pub mod forge;
 pub mod git;
 pub mod glob;
+pub mod health;
 pub mod http;
 pub mod keeper;
 pub mod ledger;

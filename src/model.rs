@@ -18,6 +18,16 @@ pub enum ApplyResult {
     /// The backend was not started: a target this one depends on has not
     /// converged (failed, blocked, or waiting for a person).
     Blocked,
+    /// Applied, but its health checks did not pass (`[targets.health]`).
+    Unhealthy,
+    /// The last commit that was applied and healthy, applied again after
+    /// a newer one was found unhealthy (`on_unhealthy = "rollback"`).
+    RolledBack,
+    /// A tick while the tip is quarantined: it was found unhealthy and is
+    /// not applied until a newer commit arrives or a person retries. The
+    /// target is held at its last healthy commit (`rollback`), or at the
+    /// unhealthy one as it was applied (`report`).
+    Held,
 }
 
 impl ApplyResult {
@@ -27,7 +37,30 @@ impl ApplyResult {
             ApplyResult::Changed => "changed",
             ApplyResult::Failed => "failed",
             ApplyResult::Blocked => "blocked",
+            ApplyResult::Unhealthy => "unhealthy",
+            ApplyResult::RolledBack => "rolled_back",
+            ApplyResult::Held => "held",
         }
+    }
+
+    /// The target is not where git says it should be, or not well there:
+    /// told to its owners, counted as a failure, and red in a commit
+    /// status.
+    pub fn is_failure(self) -> bool {
+        !matches!(self, ApplyResult::NoChange | ApplyResult::Changed)
+    }
+
+    /// The backend applied something that stays applied: the target's
+    /// last applied commit moves to the run's.
+    pub fn applied(self) -> bool {
+        matches!(
+            self,
+            ApplyResult::NoChange
+                | ApplyResult::Changed
+                | ApplyResult::Unhealthy
+                | ApplyResult::RolledBack
+                | ApplyResult::Held
+        )
     }
 }
 
@@ -75,6 +108,9 @@ pub enum Trigger {
     /// A `[[target_sets]]` directory appeared (the member's first run) or
     /// went (its destroy, under `destroy_removed`).
     Directory,
+    /// The tip was found unhealthy: the last healthy commit is applied
+    /// again (`on_unhealthy = "rollback"`).
+    Rollback,
 }
 
 impl Trigger {
@@ -88,6 +124,7 @@ impl Trigger {
             Trigger::Retry => "retry",
             Trigger::Dependency => "dependency",
             Trigger::Directory => "directory",
+            Trigger::Rollback => "rollback",
         }
     }
 }

@@ -56,6 +56,17 @@ pub struct TargetStatus {
     /// An orphaned member its set destroyed (`destroy_removed`): when.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub destroyed_at: Option<String>,
+    /// The last commit applied and found healthy (`[targets.health]`).
+    pub healthy_sha: Option<String>,
+    /// A commit found unhealthy and not applied again until a newer one
+    /// arrives or a person retries.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quarantined_sha: Option<String>,
+    /// The quarantine in words: `held at 1a2b3c (healthy); tip 4d5e6f
+    /// unhealthy: …`, or the unhealthy commit kept as applied
+    /// (`on_unhealthy = "report"`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hold: Option<String>,
 }
 
 /// Every configured target, in configuration order (a set's members as
@@ -156,7 +167,25 @@ fn recorded(name: &str, s: Option<&crate::store::TargetState>) -> TargetStatus {
         orphaned_since: None,
         orphaned_at_sha: None,
         destroyed_at: None,
+        healthy_sha: s.and_then(|s| s.healthy_sha.clone()),
+        quarantined_sha: s.and_then(|s| s.quarantined_sha.clone()),
+        hold: s.and_then(hold),
     }
+}
+
+/// A quarantine in words, if one holds: where the target is held while
+/// its tip is not applied.
+pub fn hold(s: &crate::store::TargetState) -> Option<String> {
+    let bad = s.quarantined_sha.as_deref()?;
+    let why = s
+        .quarantine_reason
+        .as_deref()
+        .unwrap_or("its health checks failed");
+    let at = match (s.last_applied_sha.as_deref(), s.healthy_sha.as_deref()) {
+        (Some(at), Some(good)) if at == good => good,
+        _ => bad,
+    };
+    Some(crate::health::hold_words(at, bad, why))
 }
 
 /// One target's status, if it is configured.

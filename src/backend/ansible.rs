@@ -526,7 +526,6 @@ impl Backend for Ansible {
                 }
                 let (check, report) = self.run(&self.cfg.playbook, true, deadline).await;
                 match check.result {
-                    ApplyResult::Failed | ApplyResult::Blocked => return check,
                     ApplyResult::NoChange => {
                         self.save_recap(&report);
                         return Status {
@@ -539,6 +538,7 @@ impl Backend for Ansible {
                         };
                     }
                     ApplyResult::Changed => {} // drift: apply for real
+                    _ => return check,
                 }
             }
             let (mut status, report) = self.run(&self.cfg.playbook, false, deadline).await;

@@ -62,6 +62,10 @@ pub struct Config {
 }
 
 impl super::Kind for Config {
+    fn own_checks(&self) -> &'static [&'static str] {
+        &["services"]
+    }
+
     fn validate(&self) -> Vec<(String, String)> {
         let mut p: Vec<(String, String)> = Vec::new();
         if let Some(c) = &self.command
@@ -271,6 +275,62 @@ impl Compose {
             }
         }
         Ok(out)
+    }
+
+    /// `services = true`: every service of the project has containers,
+    /// each running (or a one-shot that exited 0 and is not restarted),
+    /// and healthy where a HEALTHCHECK (the image's or the service's)
+    /// says, as dockerd reports it. `Err` names each container that is not.
+    async fn services_health(&self) -> Result<(), String> {
+        let deadline = Instant::now() + self.ctx.timeout.min(std::time::Duration::from_secs(60));
+        let listed = self
+            .run(&self.spec(&["config", "--services"], deadline))
+            .await?;
+        let all = self.containers(deadline).await?;
+        let mut bad = Vec::new();
+        for service in listed
+            .stdout
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+        {
+            let mine: Vec<&serde_json::Value> = all
+                .iter()
+                .filter(|c| c["Config"]["Labels"]["com.docker.compose.service"] == service)
+                .collect();
+            if mine.is_empty() {
+                bad.push(format!("service {service} has no container"));
+            }
+            for c in mine {
+                let name = c["Name"]
+                    .as_str()
+                    .unwrap_or(service)
+                    .trim_start_matches('/');
+                let state = c["State"]["Status"].as_str().unwrap_or("unknown");
+                let health = c["State"]["Health"]["Status"].as_str();
+                let one_shot = state == "exited"
+                    && c["State"]["ExitCode"] == 0
+                    && matches!(
+                        c["HostConfig"]["RestartPolicy"]["Name"].as_str(),
+                        None | Some("" | "no")
+                    );
+                match (state, health) {
+                    ("running", None | Some("healthy")) => {}
+                    _ if one_shot => {}
+                    ("running", Some(h)) => bad.push(format!("{name} is {h}")),
+                    ("exited", _) => bad.push(format!(
+                        "{name} exited with code {}",
+                        c["State"]["ExitCode"]
+                    )),
+                    (s, _) => bad.push(format!("{name} is {s}")),
+                }
+            }
+        }
+        if bad.is_empty() {
+            Ok(())
+        } else {
+            Err(self.ctx.redactor.redact(&bad.join("; ")))
+        }
     }
 
     /// `docker inspect` of every container of the project (none: empty).
@@ -711,6 +771,16 @@ fn content_hash(path: &Path) -> String {
 impl Backend for Compose {
     fn apply(&self) -> BoxFuture<'_, Status> {
         Box::pin(self.converge(false))
+    }
+
+    fn health<'a>(
+        &'a self,
+        check: &'a crate::health::OwnCheck,
+    ) -> Option<BoxFuture<'a, Result<(), String>>> {
+        match check {
+            crate::health::OwnCheck::Services => Some(Box::pin(self.services_health())),
+            crate::health::OwnCheck::OnHost(_) => None,
+        }
     }
 
     fn plan(&self) -> Option<BoxFuture<'_, Result<Plan, String>>> {

@@ -83,6 +83,15 @@ pub trait Backend: Send + Sync {
     ) -> Option<BoxFuture<'a, Result<(), String>>> {
         None
     }
+    /// Run a health check only this backend can (one of
+    /// [`Kind::own_checks`]): `Err` says what is unhealthy (redacted);
+    /// `None` for a check it does not serve.
+    fn health<'a>(
+        &'a self,
+        _check: &'a crate::health::OwnCheck,
+    ) -> Option<BoxFuture<'a, Result<(), String>>> {
+        None
+    }
 }
 
 /// How a backend without a saved plan applies an approved one: it planned
@@ -259,6 +268,11 @@ pub trait Kind: std::fmt::Debug + Send + Sync {
     fn set_unit_policy(&mut self, _policy: Policy) -> Result<(), String> {
         Ok(())
     }
+    /// The health checks of its own it runs ([`Backend::health`]), by
+    /// key: compose's `services`, pi's `on_host`.
+    fn own_checks(&self) -> &'static [&'static str] {
+        &[]
+    }
 }
 
 /// The registry: one line per backend, `Variant(module) = "kind"`. It
@@ -379,6 +393,11 @@ impl BackendConfig {
     /// See [`Kind::reviews_units`].
     pub fn reviews_units(&self) -> bool {
         self.inner().reviews_units()
+    }
+
+    /// See [`Kind::own_checks`].
+    pub fn own_checks(&self) -> &'static [&'static str] {
+        self.inner().own_checks()
     }
 
     /// See [`Kind::set_unit_policy`].

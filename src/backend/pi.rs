@@ -140,6 +140,10 @@ impl super::Kind for Config {
         self.plan.is_some()
     }
 
+    fn own_checks(&self) -> &'static [&'static str] {
+        &["on_host"]
+    }
+
     fn build(&self, ctx: Context) -> Result<Box<dyn super::Backend>, BackendError> {
         Ok(Box::new(Pi::new(self.clone(), ctx)?))
     }
@@ -535,6 +539,23 @@ impl Backend for Pi {
                 Err(e) => Status::failed(e),
             }
         })
+    }
+
+    fn health<'a>(
+        &'a self,
+        check: &'a crate::health::OwnCheck,
+    ) -> Option<BoxFuture<'a, Result<(), String>>> {
+        let crate::health::OwnCheck::OnHost(argv) = check else {
+            return None;
+        };
+        // Every ssh here is a connection of its own: a change that cut
+        // the host off fails this check.
+        Some(Box::pin(async move {
+            let remote = format!("cd {} && {}", q(&self.cfg.remote_dir), argv_string(argv));
+            let deadline =
+                Instant::now() + self.ctx.timeout.min(std::time::Duration::from_secs(60));
+            self.run(&self.ssh(&remote, deadline, None)).await.map(drop)
+        }))
     }
 
     fn outputs(&self) -> BoxFuture<'_, Result<Outputs, BackendError>> {

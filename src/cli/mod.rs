@@ -9,7 +9,7 @@ use std::path::Path;
 
 use crate::app::App;
 use crate::config;
-use crate::model::{ApplyResult, Trigger};
+use crate::model::Trigger;
 use crate::store::{Operation, format_ms};
 use crate::tick::{Planned, Reconciler, TickError, Ticked};
 
@@ -106,7 +106,7 @@ pub async fn tick(
                 sha,
                 message,
             } => {
-                failed |= matches!(result, ApplyResult::Failed | ApplyResult::Blocked);
+                failed |= result.is_failure();
                 let _ = writeln!(
                     out,
                     "{name}: {} at {} (run {run_id}): {message}",
@@ -211,6 +211,8 @@ pub async fn status(app: &App, as_json: bool) -> Result<Report, TickError> {
             format!("queued, waiting on {}", r.waiting_on.join(", "))
         } else if r.queued {
             "queued".to_string()
+        } else if let Some(h) = &r.hold {
+            h.clone()
         } else if r.last_result.as_deref() == Some("blocked") {
             format!("blocked ×{}", r.consecutive_failures)
         } else if r.consecutive_failures > 0 {

@@ -29,6 +29,7 @@ mod checks;
 pub mod database;
 mod decrypt;
 pub mod graph;
+mod health;
 mod repo_url;
 mod server;
 mod sets;
@@ -157,6 +158,8 @@ pub struct Defaults {
     pub forge: Option<String>,
     /// `[defaults.verify]`: for targets without their own `verify`.
     pub verify: Option<Verification>,
+    /// `[defaults.health]`: for targets without their own.
+    pub health: Option<crate::health::Health>,
 }
 
 #[derive(Debug, Clone)]
@@ -267,6 +270,8 @@ pub struct Target {
     pub depends_on: Vec<String>,
     /// Other targets' recorded outputs passed to its backend (`inputs`).
     pub inputs: Vec<Input>,
+    /// Checks after each apply (`[targets.health]`, or `[defaults.health]`).
+    pub health: Option<crate::health::Health>,
     /// The `name_prefix` of the `[[target_sets]]` entry that made it from
     /// its directory (`path`); `None` for a `[[targets]]` entry.
     pub set: Option<String>,
@@ -454,6 +459,7 @@ struct RawDefaults {
     repeat_after: Option<String>,
     forge: Option<String>,
     verify: Option<Value>,
+    health: Option<Value>,
 }
 
 /// Load and validate the configuration at `path`, applying `DRIFTLESS__`
@@ -726,6 +732,7 @@ fn validate(
         repeat_after: None,
         forge: None,
         verify: None,
+        health: None,
     });
     let defaults = Defaults {
         notify: raw_defaults.notify.unwrap_or_default(),
@@ -741,6 +748,9 @@ fn validate(
         verify: raw_defaults
             .verify
             .and_then(|v| verify::validate_verify(v, "defaults", base, machine, problems)),
+        health: raw_defaults
+            .health
+            .and_then(|v| health::validate_health(v, "defaults", base, machine, problems)),
     };
     let database = top
         .database
@@ -847,6 +857,10 @@ fn finish_target(
     if t.verify.is_none() {
         t.verify = defaults.verify.clone();
     }
+    if t.health.is_none() {
+        t.health = defaults.health.clone();
+    }
+    health::check_own(t, problems);
     // A target without a `notify` list gets the defaults; an explicit
     // empty list means no notifications for it.
     if t.notify == [INHERIT.to_string()] {

@@ -31,6 +31,7 @@ struct RawTarget {
     decrypt: Option<Value>,
     depends_on: Option<Vec<String>>,
     inputs: Option<BTreeMap<String, String>>,
+    health: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -143,6 +144,10 @@ pub(super) fn validate_target(
         // Names checked against the other targets (and for cycles) once
         // every table is read: config::graph.
         depends_on: raw.depends_on.unwrap_or_default(),
+        // `[defaults.health]` for a target without its own: finish_target.
+        health: raw
+            .health
+            .and_then(|v| super::health::validate_health(v, label, base, machine, problems)),
         inputs: raw
             .inputs
             .unwrap_or_default()

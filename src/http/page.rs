@@ -51,7 +51,7 @@ pub fn escape(s: &str) -> String {
 const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:2em;color:#222}\
 table{border-collapse:collapse;width:100%}th,td{text-align:left;padding:.35em .6em;border-bottom:1px solid #ddd;vertical-align:top}\
 code,pre{font-family:ui-monospace,monospace;font-size:.9em}pre{background:#f6f6f6;padding:.6em;overflow-x:auto}pre.approve{white-space:pre-wrap;word-break:break-all}\
-.failed,.blocked{color:#b00020;font-weight:600}.changed{color:#0b6e4f}.no_change{color:#555}\
+.failed,.blocked,.unhealthy,.rolled_back,.held{color:#b00020;font-weight:600}.changed{color:#0b6e4f}.no_change{color:#555}\
 .card{border:1px solid #ccc;border-radius:6px;padding:1em;margin:1em 0}h1{font-size:1.4em}\
 form.decide{display:inline-block;margin-right:.6em}form.decide button{font-size:1em;padding:.3em .9em}\
 .destructive{color:#b00020;font-weight:600}";
@@ -214,6 +214,9 @@ fn target_rows(h: &mut String, targets: &[status::TargetStatus], may_read: &dyn 
         }
         if t.paused {
             flags.push_str(" (paused)");
+        }
+        if let Some(hold) = &t.hold {
+            let _ = write!(flags, " ({hold})");
         }
         let readable = |names: &[String]| -> Vec<String> {
             names.iter().filter(|n| may_read(n)).cloned().collect()

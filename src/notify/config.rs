@@ -245,11 +245,13 @@ impl NotifierConfig {
     }
 
     /// Whether it is told about `event`: a notifier told about failures
-    /// hears of a target blocked by a failed dependency too.
+    /// hears of a target blocked by a failed dependency, found unhealthy
+    /// or rolled back too.
     pub fn wants(&self, event: Event) -> bool {
         event == Event::Test
             || self.events.contains(&event)
-            || (event == Event::Blocked && self.events.contains(&Event::Failed))
+            || (matches!(event, Event::Blocked | Event::Unhealthy | Event::RolledBack)
+                && self.events.contains(&Event::Failed))
     }
 }
 
@@ -260,6 +262,8 @@ fn read_events(value: Option<Value>, errs: &mut Vec<(String, String)>) -> Vec<Ev
         None => vec![
             Event::Failed,
             Event::Blocked,
+            Event::Unhealthy,
+            Event::RolledBack,
             Event::StillFailing,
             Event::Recovered,
             Event::PendingApproval,

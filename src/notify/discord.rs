@@ -25,7 +25,11 @@ fn chars(s: &str, max: usize) -> String {
 
 fn color(e: Event) -> u32 {
     match e {
-        Event::Failed | Event::Blocked | Event::StillFailing => 0xd03030,
+        Event::Failed
+        | Event::Blocked
+        | Event::StillFailing
+        | Event::Unhealthy
+        | Event::RolledBack => 0xd03030,
         Event::Recovered | Event::DriftResolved => 0x2ea043,
         Event::PendingApproval | Event::DriftDetected | Event::Superseded => 0xd29922,
         Event::Changed | Event::Test => 0x3b82f6,

@@ -42,6 +42,11 @@ pub enum Event {
     Failed,
     /// A target did not run: one it depends on has not converged.
     Blocked,
+    /// Applied, but its health checks did not pass.
+    Unhealthy,
+    /// The last healthy commit was applied again after the tip was found
+    /// unhealthy.
+    RolledBack,
     StillFailing,
     Recovered,
     Changed,
@@ -64,6 +69,8 @@ impl Event {
         match self {
             Event::Failed => "failed",
             Event::Blocked => "blocked",
+            Event::Unhealthy => "unhealthy",
+            Event::RolledBack => "rolled_back",
             Event::StillFailing => "still_failing",
             Event::Recovered => "recovered",
             Event::Changed => "changed",
@@ -79,6 +86,8 @@ impl Event {
         Some(match s {
             "failed" => Event::Failed,
             "blocked" => Event::Blocked,
+            "unhealthy" => Event::Unhealthy,
+            "rolled_back" => Event::RolledBack,
             "still_failing" => Event::StillFailing,
             "recovered" => Event::Recovered,
             "changed" => Event::Changed,
@@ -158,6 +167,11 @@ impl EventDoc {
             Event::Failed => format!("{}: failed{at}", self.target),
             Event::Blocked => format!(
                 "{}: blocked{at} (a target it depends on has not converged)",
+                self.target
+            ),
+            Event::Unhealthy => format!("{}: applied but unhealthy{at}", self.target),
+            Event::RolledBack => format!(
+                "{}: rolled back{at} (the last healthy commit; the tip was unhealthy)",
                 self.target
             ),
             Event::StillFailing => match self.failing_for_ms {
@@ -264,14 +278,16 @@ pub fn notification_for(
     repeat_after: Duration,
 ) -> Decision {
     let failing = prev.consecutive_failures > 0;
-    // A blocked run is a failure to converge, told as `blocked`.
-    let first = if result == ApplyResult::Blocked {
-        Event::Blocked
-    } else {
-        Event::Failed
+    // A blocked, unhealthy or rolled-back run is a failure to converge,
+    // told by its own name.
+    let first = match result {
+        ApplyResult::Blocked => Event::Blocked,
+        ApplyResult::Unhealthy | ApplyResult::Held => Event::Unhealthy,
+        ApplyResult::RolledBack => Event::RolledBack,
+        _ => Event::Failed,
     };
     match (result, failing) {
-        (ApplyResult::Failed | ApplyResult::Blocked, false) => Decision {
+        (r, false) if r.is_failure() => Decision {
             event: Some(first),
             state: FailureState {
                 consecutive_failures: 1,
@@ -281,16 +297,19 @@ pub fn notification_for(
             },
             failing_for_ms: None,
         },
-        (ApplyResult::Failed | ApplyResult::Blocked, true) => {
+        (r, true) if r.is_failure() => {
             let mut state = FailureState {
                 consecutive_failures: prev.consecutive_failures + 1,
                 failing_since: prev.failing_since.or(Some(now_ms)),
                 ..prev.clone()
             };
-            let same = prev
-                .last_notified_message
-                .as_deref()
-                .is_some_and(|m| fingerprint::same_failure(m, message));
+            // A tick held at the healthy commit says what the rollback
+            // before it said: only ever a reminder.
+            let same = r == ApplyResult::Held
+                || prev
+                    .last_notified_message
+                    .as_deref()
+                    .is_some_and(|m| fingerprint::same_failure(m, message));
             let event = if !same {
                 Some(first)
             } else if prev
@@ -322,7 +341,7 @@ pub fn notification_for(
             state: FailureState::default(),
             failing_for_ms: None,
         },
-        (ApplyResult::NoChange, false) => Decision {
+        (_, false) => Decision {
             event: None,
             state: FailureState::default(),
             failing_for_ms: None,

@@ -35,6 +35,17 @@ pub struct TargetState {
     /// which a person accepted (`retry --accept-rewind`); cleared by the
     /// next successful apply.
     pub rewind_accepted: Option<String>,
+    /// The last commit applied and found healthy (or applied with no
+    /// health checks): what a rollback applies.
+    pub healthy_sha: Option<String>,
+    /// A commit found unhealthy, not applied again until a newer commit
+    /// arrives or a person retries; and why.
+    pub quarantined_sha: Option<String>,
+    pub quarantine_reason: Option<String>,
+    /// The run whose health checks have begun (its apply is done), and
+    /// since when: a restart resumes them instead of applying again.
+    pub health_run: Option<i64>,
+    pub health_since: Option<i64>,
 }
 
 /// A target the scheduler may queue (see [`Store::schedule_candidates`]).
@@ -88,7 +99,7 @@ pub(crate) async fn candidates_on(
 const TARGET_STATE: &str = "name, backend, last_applied_sha, last_result, last_message, \
      last_run_id, last_run_at, consecutive_failures, backend_digest, paused_at, paused_by, \
      failing_since, last_notified_at, last_notified_message, drift_hash, drift_summary, drift_since, \
-     rewind_accepted";
+     rewind_accepted, healthy_sha, quarantined_sha, quarantine_reason, health_run, health_since";
 
 /// A target's row, made or given its backend: `register_targets`, and a
 /// target set's new members (`store::sets`).
@@ -149,17 +160,33 @@ pub(super) async fn record_result(
         // Failed or blocked: the last applied commit stays.
         (ApplyResult::Failed | ApplyResult::Blocked, _) => {
             "last_result = $5, last_message = $2, last_run_id = $3,
-             consecutive_failures = consecutive_failures + 1, updated_at = $4"
+             consecutive_failures = consecutive_failures + 1, health_run = NULL,
+             health_since = NULL, updated_at = $4"
         }
-        (_, Operation::Apply) => {
+        // Applied and healthy (or with nothing to check): the commit is
+        // the one a rollback would apply, and no quarantine holds.
+        (ApplyResult::Changed | ApplyResult::NoChange, Operation::Apply) => {
             "last_result = $5, last_message = $2, last_run_id = $3,
              consecutive_failures = 0, last_applied_sha = $6, rewind_accepted = NULL,
-             backend_digest = COALESCE($7, backend_digest), updated_at = $4"
+             backend_digest = COALESCE($7, backend_digest), healthy_sha = $6,
+             quarantined_sha = NULL, quarantine_reason = NULL, health_run = NULL,
+             health_since = NULL, updated_at = $4"
+        }
+        // Applied, but not where git says or not well there (unhealthy,
+        // rolled back, held at the healthy commit): what was applied
+        // stays recorded, and it counts as a failure.
+        (_, Operation::Apply) => {
+            "last_result = $5, last_message = $2, last_run_id = $3,
+             consecutive_failures = consecutive_failures + 1,
+             last_applied_sha = COALESCE($6, last_applied_sha), rewind_accepted = NULL,
+             backend_digest = COALESCE($7, backend_digest), health_run = NULL,
+             health_since = NULL, updated_at = $4"
         }
         (_, Operation::Destroy) => {
             "last_result = $5, last_message = $2, last_run_id = $3,
              consecutive_failures = 0, last_applied_sha = NULL, rewind_accepted = NULL,
-             backend_digest = NULL, updated_at = $4"
+             backend_digest = NULL, healthy_sha = NULL, quarantined_sha = NULL,
+             quarantine_reason = NULL, health_run = NULL, health_since = NULL, updated_at = $4"
         }
     };
     sqlx::query(sqlx::AssertSqlSafe(format!(
@@ -178,6 +205,16 @@ pub(super) async fn record_result(
     .bind(notice.and_then(|n| n.last_notified_message.as_deref()))
     .execute(&mut *tx)
     .await?;
+    if let Some((sha, reason)) = notice.and_then(|n| n.quarantine.as_ref()) {
+        sqlx::query(
+            "UPDATE targets SET quarantined_sha = $2, quarantine_reason = $3 WHERE name = $1",
+        )
+        .bind(target)
+        .bind(sha)
+        .bind(reason)
+        .execute(&mut *tx)
+        .await?;
+    }
     if let Some(d) = notice.and_then(|n| n.drift.as_ref()) {
         let (hash, summary, since) = match d {
             DriftUpdate::Set {
@@ -234,6 +271,30 @@ impl Store {
                 .map_err(self.err(what))?;
         }
         tx.commit().await.map_err(self.err(what))
+    }
+
+    /// Run `run_id` applied `sha` (leaving `digest`) and its health
+    /// checks begin: recorded before the first check, so a restart
+    /// resumes them and never applies again because of the kill.
+    pub async fn begin_health(
+        &self,
+        target: &str,
+        run_id: i64,
+        sha: &str,
+        digest: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let q = sqlx::query(
+            "UPDATE targets SET last_applied_sha = $2, backend_digest = COALESCE($3, backend_digest),
+                 health_run = $4, health_since = $5, updated_at = $5 WHERE name = $1",
+        )
+        .bind(target)
+        .bind(sha)
+        .bind(digest)
+        .bind(run_id)
+        .bind(now_ms());
+        self.write_one("recording that health checks begin", q)
+            .await
+            .map(drop)
     }
 
     pub async fn target_state(&self, name: &str) -> Result<Option<TargetState>, StoreError> {

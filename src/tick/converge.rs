@@ -62,6 +62,9 @@ impl Asked {
             prev,
             note: None,
             made_from: None,
+            hold: None,
+            probe: None,
+            resumed_health: None,
         }
     }
 }
@@ -122,40 +125,33 @@ impl Reconciler {
             }
         }
         if let Some((why, about_tip)) = self.refused(target, &tip, state.as_ref(), &mut run).await {
-            let sha = match &tip.sha {
-                Some(Ok(sha)) => Some(sha.as_str()),
-                _ => None,
-            };
-            if already.is_none()
-                && let Some(sha) = sha
-            {
-                self.app.store.set_run_sha(run_id, sha).await?;
-            }
-            let seen = sha.filter(|_| about_tip);
             return self
-                .finish_with(
-                    target,
-                    &run,
-                    None,
-                    seen,
-                    Status::failed(why),
-                    Findings::default(),
-                )
+                .end_refused(target, &run, &tip, already.is_some(), why, about_tip)
                 .await;
         }
+        let retry = job.is_some_and(|j| j.triggers.contains(&Trigger::Retry));
+        let mut tip = tip;
+        let known = match self
+            .aimed(
+                target,
+                op,
+                &mut tip,
+                state.as_ref(),
+                retry,
+                &mut run,
+                already.as_deref(),
+            )
+            .await?
+        {
+            Ok(known) => known,
+            Err(kept) => return Ok(kept),
+        };
         let Tip {
             sha: fetched,
             followed,
         } = tip;
         let synced = match self
-            .sync(
-                target,
-                op,
-                fetched,
-                already.is_some(),
-                state.as_ref(),
-                since,
-            )
+            .sync(target, op, fetched, known, state.as_ref(), since)
             .await
         {
             Ok(s) => s,
@@ -174,7 +170,7 @@ impl Reconciler {
                 .set_run_sha(run_id, synced.sha.as_str())
                 .await?;
         }
-        let retry = job.is_some_and(|j| j.triggers.contains(&Trigger::Retry));
+        run.resumed_health = health::resumed(target, op, state.as_ref(), &synced.sha);
         let ctx = self.context(target, &synced, state.and_then(|s| s.backend_digest), retry);
         let (ctx, opened) = match self
             .prepare(target, &mut run, &synced, ctx, inputs, op)
@@ -187,6 +183,7 @@ impl Reconciler {
                     .await;
             }
         };
+        run.probe = Some(health::probe_of(&ctx));
         let ticked = self
             .run_backend(target, &run, &synced, ctx, op, retry)
             .await;
@@ -230,6 +227,79 @@ impl Reconciler {
             Findings::default(),
         )
         .await
+    }
+
+    /// A run whose tip was refused (`Self::refused`), recorded with the
+    /// tip it looked at when the refusal is about the tip.
+    async fn end_refused(
+        &self,
+        target: &Target,
+        run: &RunInfo,
+        tip: &Tip,
+        known: bool,
+        why: String,
+        about_tip: bool,
+    ) -> Result<Ticked, TickError> {
+        let sha = match &tip.sha {
+            Some(Ok(sha)) => Some(sha.as_str()),
+            _ => None,
+        };
+        if !known && let Some(sha) = sha {
+            self.app.store.set_run_sha(run.id, sha).await?;
+        }
+        let seen = sha.filter(|_| about_tip);
+        let status = Status::failed(why);
+        self.finish_with(target, run, None, seen, status, Findings::default())
+            .await
+    }
+
+    /// Where the run takes the target (`tick::health::aim`): the tip, or
+    /// the healthy commit while the tip is quarantined under `rollback`
+    /// (`tip` and `run.hold` say so; `Ok` tells whether the checkout is
+    /// already there). A tip kept as applied ends the run here, held,
+    /// without its backend (`Err`, the run recorded).
+    #[allow(clippy::too_many_arguments)]
+    async fn aimed(
+        &self,
+        target: &Target,
+        op: Operation,
+        tip: &mut Tip,
+        state: Option<&TargetState>,
+        retry: bool,
+        run: &mut RunInfo,
+        already: Option<&str>,
+    ) -> Result<Result<bool, Ticked>, TickError> {
+        let known = already.is_some();
+        let Some(Ok(sha)) = &tip.sha else {
+            return Ok(Ok(known));
+        };
+        if op != Operation::Apply {
+            return Ok(Ok(known));
+        }
+        match health::aim(target, sha, state, retry) {
+            health::Aim::Tip => Ok(Ok(known)),
+            health::Aim::Kept { tip: bad, reason } => {
+                if already.is_none() {
+                    self.app.store.set_run_sha(run.id, &bad).await?;
+                }
+                let status = Status {
+                    result: ApplyResult::Held,
+                    message: crate::health::hold_words(&bad, &bad, &reason),
+                    output_tail: String::new(),
+                    digest: None,
+                };
+                let seen = Some(bad.as_str());
+                self.finish_with(target, run, None, seen, status, Findings::default())
+                    .await
+                    .map(Err)
+            }
+            health::Aim::Held(h) => {
+                let known = self.git.is_at(&target.name, &h.at).await;
+                tip.sha = Some(Ok(h.at.clone()));
+                run.hold = Some(h);
+                Ok(Ok(known))
+            }
+        }
     }
 
     /// What holds a run back before anything is fetched: a job driftless
@@ -537,48 +607,80 @@ impl Reconciler {
                 Ok(b) => self.detect(target, run, &synced.sha, b).await,
             };
         }
-        let status = match backend::build(&target.backend, ctx) {
-            Err(e) => Status::failed(e.to_string()),
-            Ok(b) => {
+        let b = match backend::build(&target.backend, ctx) {
+            Err(e) => {
+                return self
+                    .finish(
+                        target,
+                        run,
+                        Some(synced.sha.as_str()),
+                        Status::failed(e.to_string()),
+                    )
+                    .await;
+            }
+            Ok(b) => b,
+        };
+        let status = match run.resumed_health {
+            Some(_) => Status {
+                result: ApplyResult::Changed,
+                message: format!(
+                    "applied by run {}, whose health checks driftless was stopped during; resumed",
+                    run.prev
+                        .as_ref()
+                        .and_then(|s| s.health_run)
+                        .unwrap_or_default()
+                ),
+                output_tail: String::new(),
+                digest: None,
+            },
+            None => {
                 let fut = match op {
                     Operation::Apply => b.apply(),
                     Operation::Destroy => b.destroy(),
                 };
-                let status = match tokio::time::timeout(target.timeout + BACKSTOP, fut).await {
+                match tokio::time::timeout(target.timeout + BACKSTOP, fut).await {
                     Ok(s) => s,
                     Err(_) => Status::failed(format!(
                         "the backend did not return within the target's timeout ({})",
                         humantime::format_duration(target.timeout)
                     )),
-                };
-                // Outputs others take: recorded with the run that left them.
-                // Applied but unreadable fails the run (it runs again).
-                match status.result {
-                    ApplyResult::Changed | ApplyResult::NoChange
-                        if op == Operation::Apply && self.consumed(target) =>
-                    {
-                        match self
-                            .keep_outputs(target, run.id, status.result, b.as_ref())
-                            .await
-                        {
-                            Ok(()) => status,
-                            Err(e) => Status::failed(format!(
-                                "{}; but its outputs, which other targets take, could not be kept: {e}",
-                                status.message
-                            )),
-                        }
-                    }
-                    // A destroyed target's outputs describe nothing that
-                    // exists: forgotten, so no input reads them.
-                    ApplyResult::Changed | ApplyResult::NoChange if op == Operation::Destroy => {
-                        self.app.store.forget_outputs(&target.name).await?;
-                        status
-                    }
-                    _ => status,
                 }
             }
         };
-        self.finish(target, run, Some(synced.sha.as_str()), status)
+        // Outputs others take: recorded with the run that left them.
+        // Applied but unreadable fails the run (it runs again).
+        let status = match status.result {
+            ApplyResult::Changed | ApplyResult::NoChange
+                if op == Operation::Apply && self.consumed(target) =>
+            {
+                match self
+                    .keep_outputs(target, run.id, status.result, b.as_ref())
+                    .await
+                {
+                    Ok(()) => status,
+                    Err(e) => Status::failed(format!(
+                        "{}; but its outputs, which other targets take, could not be kept: {e}",
+                        status.message
+                    )),
+                }
+            }
+            // A destroyed target's outputs describe nothing that
+            // exists: forgotten, so no input reads them.
+            ApplyResult::Changed | ApplyResult::NoChange if op == Operation::Destroy => {
+                self.app.store.forget_outputs(&target.name).await?;
+                status
+            }
+            _ => status,
+        };
+        let gated = self
+            .gate(target, run, synced.sha.as_str(), status, b.as_ref())
+            .await?;
+        let sha = Some(synced.sha.as_str());
+        let findings = Findings {
+            quarantine: gated.quarantine,
+            ..Findings::default()
+        };
+        self.finish_with(target, run, sha, sha, gated.status, findings)
             .await
     }
 

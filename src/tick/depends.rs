@@ -83,6 +83,10 @@ impl Reconciler {
                 },
                 Some("failed") => Some(format!("its last run failed: {}", said())),
                 Some("blocked") => Some(format!("it is blocked itself: {}", said())),
+                Some("unhealthy") => Some(format!("it is unhealthy: {}", said())),
+                Some("rolled_back" | "held") => {
+                    Some(format!("its tip was found unhealthy: {}", said()))
+                }
                 Some("interrupted") => Some("its last run was interrupted".to_string()),
                 Some(other) => Some(format!("its last run ended `{other}`")),
             };

@@ -15,6 +15,7 @@ mod approval;
 mod converge;
 mod depends;
 mod forget;
+mod health;
 mod identity;
 mod notices;
 mod preview;
@@ -62,6 +63,15 @@ struct RunInfo {
     /// What a plan this run makes is made from, beside its commit (the
     /// ticks that review plans; `tick::identity`).
     made_from: Option<identity::MadeFrom>,
+    /// The tip is quarantined and this run holds the target at its
+    /// healthy commit (`tick::health`).
+    hold: Option<health::Hold>,
+    /// What the target's health checks run with, from its backend's
+    /// context.
+    probe: Option<crate::health::Probe>,
+    /// The health checks of the commit applied last were begun this long
+    /// ago by a run that was interrupted: resumed, not applied again.
+    resumed_health: Option<Duration>,
 }
 
 /// What a run found besides its status, written with it.
@@ -73,6 +83,8 @@ struct Findings {
     plan_done: Option<(i64, PlanState, String)>,
     /// A plan waits for a person (the commit status stays `pending`).
     waiting: bool,
+    /// A commit the run found unhealthy, and why (`tick::health`).
+    quarantine: Option<(String, String)>,
 }
 
 /// Slack on top of a target's `timeout` before the tick gives up on a

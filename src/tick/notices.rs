@@ -219,6 +219,7 @@ impl Reconciler {
             plans_told: Vec::new(),
             plan_done: None,
             drift: None,
+            quarantine: None,
             statuses: Vec::new(),
         }
     }
@@ -240,7 +241,11 @@ impl Reconciler {
     ) -> Option<crate::store::statuses::NewStatus> {
         use crate::store::statuses::{NewStatus, State};
         target.statuses.as_ref()?;
+        use crate::model::ApplyResult;
         let (state, description) = match (waiting, status.result) {
+            // The healthy commit it applied again keeps the status its
+            // first apply left; the unhealthy tip has its own.
+            (false, ApplyResult::RolledBack | ApplyResult::Held) => return None,
             (true, _) => (
                 State::Pending,
                 format!("waiting for approval: {}", status.message),
@@ -250,9 +255,7 @@ impl Reconciler {
             {
                 (State::Error, format!("timed out: {}", status.message))
             }
-            (false, crate::model::ApplyResult::Failed | crate::model::ApplyResult::Blocked) => {
-                (State::Failure, status.message.clone())
-            }
+            (false, r) if r.is_failure() => (State::Failure, status.message.clone()),
             (false, _) => (State::Success, status.message.clone()),
         };
         Some(NewStatus {

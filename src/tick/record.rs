@@ -34,7 +34,12 @@ impl Reconciler {
         findings: Findings,
     ) -> Result<Ticked, TickError> {
         let sha = applied;
-        let mut status = status;
+        // A run held at the healthy commit says so, whatever its backend
+        // found to do there.
+        let mut status = match &run.hold {
+            Some(h) => health::held_status(h, status),
+            None => status,
+        };
         if let Some(note) = &run.note {
             status.message = if status.message.is_empty() {
                 note.clone()
@@ -46,6 +51,7 @@ impl Reconciler {
             drift,
             plan_done,
             waiting,
+            quarantine,
         } = findings;
         let drift_event = match &drift {
             Some(DriftUpdate::Set { .. }) => Some(notify::Event::DriftDetected),
@@ -60,6 +66,7 @@ impl Reconciler {
         if let Some(n) = notice.as_mut() {
             n.drift = drift;
             n.plan_done = plan_done;
+            n.quarantine = quarantine.clone();
             self.plan_notices(target, run, n).await?;
         }
         // A run that found nothing to do, like the one before it, and has
@@ -104,6 +111,9 @@ impl Reconciler {
         );
         if run.op == Operation::Apply && !waiting {
             self.wake_dependents(target, status.result).await;
+        }
+        if let Some((bad, _)) = &quarantine {
+            self.queue_rollback(target, run, bad).await;
         }
         log_run(target, run, run_id, seen, &status);
         Ok(Ticked::Ran {
@@ -158,6 +168,9 @@ fn log_run(target: &Target, run: &RunInfo, run_id: i64, seen: Option<&str>, stat
             operation = run.op.as_str(), message = %status.message, "run failed"),
         ApplyResult::Blocked => warn!(target = %target.name, run = run_id,
             operation = run.op.as_str(), message = %status.message, "run blocked"),
+        ApplyResult::Unhealthy | ApplyResult::RolledBack | ApplyResult::Held => warn!(
+            target = %target.name, run = run_id, sha = short, operation = run.op.as_str(),
+            result = status.result.as_str(), message = %status.message, "run not healthy"),
         // A run that found nothing to do is in the history; the log
         // (INFO) says what changed, RUST_LOG=debug every run.
         ApplyResult::NoChange => debug!(target = %target.name, run = run_id, sha = short,

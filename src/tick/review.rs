@@ -196,6 +196,15 @@ impl Reconciler {
                 status.message
             );
         }
+        // An approved plan applied is health-gated as any apply.
+        let mut quarantine = None;
+        if state == PlanState::Applied {
+            let gated = self
+                .gate(target, run, seen.as_str(), status, backend.as_ref())
+                .await?;
+            quarantine = gated.quarantine;
+            status = gated.status;
+        }
         status.message = format!(
             "deployment {} ({} at {}, approved by {by}){}: {}",
             plan.id,
@@ -224,6 +233,7 @@ impl Reconciler {
             status,
             Findings {
                 plan_done: Some(done),
+                quarantine,
                 ..Findings::default()
             },
         )

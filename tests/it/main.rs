@@ -20,6 +20,7 @@ mod dependencies;
 mod exec;
 mod forge_status;
 mod git_sync;
+mod health;
 mod nomad;
 mod notify;
 mod packaging;
