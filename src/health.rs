@@ -29,6 +29,10 @@ pub struct Health {
     pub on_unhealthy: OnUnhealthy,
     /// Check health on an interval tick that applied nothing, too.
     pub recheck: bool,
+    /// Under `rollback`, on a backend that arms a watchdog (pi): how long
+    /// the host waits for driftless to confirm a change (its checks
+    /// passed, over a new connection) before undoing it by itself.
+    pub confirm_within: Option<Duration>,
 }
 
 /// What an unhealthy apply leads to (`on_unhealthy`).

@@ -461,6 +461,7 @@ mod without_feature {
             retry: false,
             preview: None,
             inputs: Default::default(),
+            confirm_within: None,
         };
         let Err(e) = build(cfg, ctx) else {
             panic!("built without the SDK")

@@ -83,6 +83,13 @@ pub trait Backend: Send + Sync {
     ) -> Option<BoxFuture<'a, Result<(), String>>> {
         None
     }
+    /// After its health checks passed, tell the host the change may stay:
+    /// the watchdog armed under [`Context::confirm_within`] is disarmed,
+    /// over a new connection. `Err` says why it could not be (the host
+    /// then undoes the change by itself); `None`: nothing armed.
+    fn confirm(&self) -> Option<BoxFuture<'_, Result<(), String>>> {
+        None
+    }
     /// Run a health check only this backend can (one of
     /// [`Kind::own_checks`]): `Err` says what is unhealthy (redacted);
     /// `None` for a check it does not serve.
@@ -204,6 +211,11 @@ pub struct Context {
     /// in the environment of every command (terraform: `TF_VAR_<name>`
     /// for a lowercase name).
     pub inputs: std::collections::BTreeMap<String, String>,
+    /// A change that can cut the controller off from its host (pi) arms a
+    /// watchdog there that undoes it unless [`Backend::confirm`] reaches
+    /// the host within this (`[targets.health] confirm_within`, under
+    /// `on_unhealthy = "rollback"`); `None`: no watchdog.
+    pub confirm_within: Option<std::time::Duration>,
 }
 
 impl Context {
@@ -272,6 +284,12 @@ pub trait Kind: std::fmt::Debug + Send + Sync {
     /// key: compose's `services`, pi's `on_host`.
     fn own_checks(&self) -> &'static [&'static str] {
         &[]
+    }
+    /// Whether a change it makes can cut the controller off from what it
+    /// changes, so that it arms a watchdog there to undo it unless
+    /// confirmed ([`Context::confirm_within`], [`Backend::confirm`]): pi.
+    fn arms_watchdog(&self) -> bool {
+        false
     }
 }
 
@@ -393,6 +411,11 @@ impl BackendConfig {
     /// See [`Kind::reviews_units`].
     pub fn reviews_units(&self) -> bool {
         self.inner().reviews_units()
+    }
+
+    /// See [`Kind::arms_watchdog`].
+    pub fn arms_watchdog(&self) -> bool {
+        self.inner().arms_watchdog()
     }
 
     /// See [`Kind::own_checks`].

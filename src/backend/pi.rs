@@ -144,6 +144,10 @@ impl super::Kind for Config {
         &["on_host"]
     }
 
+    fn arms_watchdog(&self) -> bool {
+        true
+    }
+
     fn build(&self, ctx: Context) -> Result<Box<dyn super::Backend>, BackendError> {
         Ok(Box::new(Pi::new(self.clone(), ctx)?))
     }
@@ -341,6 +345,11 @@ impl Pi {
     }
 }
 
+/// Kill a watchdog's process group, if one is armed (`$d` set).
+const DISARM: &str = "if [ -f \"$d.driftless-watchdog.pid\" ]; then \
+     kill -- -\"$(cat \"$d.driftless-watchdog.pid\")\" 2>/dev/null || true; \
+     rm -f \"$d.driftless-watchdog.pid\"; fi";
+
 fn argv_string(argv: &[String]) -> String {
     argv.iter().map(|a| q(a)).collect::<Vec<_>>().join(" ")
 }
@@ -354,14 +363,18 @@ impl Pi {
             Ok(t) => t,
             Err(e) => return Status::failed(e),
         };
-        // Unpack beside the directory, then swap it in whole.
-        let ship = format!(
-            "set -e; d={d}; rm -rf \"$d.driftless-new\"; mkdir -p \"$d.driftless-new\"; \
-             tar -x -f - -C \"$d.driftless-new\"; \
-             if [ -e \"$d\" ]; then rm -rf \"$d.driftless-old\"; mv \"$d\" \"$d.driftless-old\"; fi; \
-             mv \"$d.driftless-new\" \"$d\"; rm -rf \"$d.driftless-old\"",
-            d = q(self.cfg.remote_dir.trim_end_matches('/'))
-        );
+        // Unpack beside the directory, then swap it in whole; under a
+        // watchdog the tree before stays beside it until confirmed.
+        let ship = match self.ctx.confirm_within {
+            None => format!(
+                "set -e; d={d}; rm -rf \"$d.driftless-new\"; mkdir -p \"$d.driftless-new\"; \
+                 tar -x -f - -C \"$d.driftless-new\"; \
+                 if [ -e \"$d\" ]; then rm -rf \"$d.driftless-old\"; mv \"$d\" \"$d.driftless-old\"; fi; \
+                 mv \"$d.driftless-new\" \"$d\"; rm -rf \"$d.driftless-old\"",
+                d = q(self.cfg.remote_dir.trim_end_matches('/'))
+            ),
+            Some(within) => self.ship_under_watchdog(within),
+        };
         let mut tail = String::new();
         match self
             .run(&self.ssh(&ship, deadline, Some(Arc::new(tar))))
@@ -403,6 +416,35 @@ impl Pi {
                 digest: None,
             },
         }
+    }
+
+    /// The ship script under a watchdog (`confirm_within`): a watchdog
+    /// left by an earlier change is disarmed; the tree before is kept as
+    /// `<remote_dir>.driftless-prev`; then a detached process of its own
+    /// session (`setsid`), its id in `<remote_dir>.driftless-watchdog.pid`,
+    /// waits `within` and, unless [`Backend::confirm`] killed it first,
+    /// puts the tree before back (the new one moves to
+    /// `.driftless-undone`) and runs the action again there — without the
+    /// target's inputs, which are never written on the host.
+    fn ship_under_watchdog(&self, within: std::time::Duration) -> String {
+        let undo = format!(
+            "sleep {secs}; d=\"$0\"; if [ -d \"$d.driftless-prev\" ]; then \
+             rm -rf \"$d.driftless-undone\"; mv \"$d\" \"$d.driftless-undone\"; \
+             mv \"$d.driftless-prev\" \"$d\"; {action}; fi; rm -f \"$d.driftless-watchdog.pid\"",
+            secs = within.as_secs().max(1),
+            action = self.action_command(),
+        );
+        format!(
+            "set -e; d={d}; {disarm}; rm -rf \"$d.driftless-new\"; mkdir -p \"$d.driftless-new\"; \
+             tar -x -f - -C \"$d.driftless-new\"; rm -rf \"$d.driftless-prev\"; \
+             if [ -e \"$d\" ]; then mv \"$d\" \"$d.driftless-prev\"; fi; \
+             mv \"$d.driftless-new\" \"$d\"; \
+             setsid sh -c {undo} \"$d\" </dev/null >\"$d.driftless-watchdog.log\" 2>&1 & \
+             echo $! > \"$d.driftless-watchdog.pid\"",
+            d = q(self.cfg.remote_dir.trim_end_matches('/')),
+            disarm = DISARM,
+            undo = q(&undo),
+        )
     }
 
     /// Ship the new tree beside the live one and run the `plan` argv there.
@@ -539,6 +581,23 @@ impl Backend for Pi {
                 Err(e) => Status::failed(e),
             }
         })
+    }
+
+    fn confirm(&self) -> Option<BoxFuture<'_, Result<(), String>>> {
+        self.ctx.confirm_within?;
+        Some(Box::pin(async move {
+            // Too late once the watchdog has undone the change (it
+            // removes its pid file when done).
+            let remote = format!(
+                "d={d}; if [ ! -f \"$d.driftless-watchdog.pid\" ]; then \
+                 echo 'the watchdog already undid the change' >&2; exit 3; fi; {DISARM}; \
+                 rm -rf \"$d.driftless-prev\"",
+                d = q(self.cfg.remote_dir.trim_end_matches('/')),
+            );
+            let deadline =
+                Instant::now() + self.ctx.timeout.min(std::time::Duration::from_secs(60));
+            self.run(&self.ssh(&remote, deadline, None)).await.map(drop)
+        }))
     }
 
     fn health<'a>(

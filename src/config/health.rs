@@ -16,6 +16,7 @@ struct RawHealth {
     timeout: Option<String>,
     on_unhealthy: Option<String>,
     recheck: Option<bool>,
+    confirm_within: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -37,6 +38,9 @@ const MAX_INTERVAL: Duration = Duration::from_secs(600);
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
 const MAX_GRACE: Duration = Duration::from_secs(3600);
+/// A watchdog's `confirm_within`, unless said: the checks' whole time
+/// and this.
+const DEFAULT_CONFIRM_SLACK: Duration = Duration::from_secs(60);
 /// Checks in one table: a round runs them all.
 const MAX_CHECKS: usize = 20;
 
@@ -76,6 +80,16 @@ pub(super) fn validate_health(
         MAX_TIMEOUT,
         problems,
     );
+    let confirm_within = raw.confirm_within.as_deref().map(|c| {
+        duration(
+            section,
+            "health.confirm_within",
+            Some(c),
+            DEFAULT_CONFIRM_SLACK,
+            MAX_TIMEOUT,
+            problems,
+        )
+    });
     let on_unhealthy = match raw.on_unhealthy.as_deref() {
         None | Some("report") => OnUnhealthy::Report,
         Some("rollback") => OnUnhealthy::Rollback,
@@ -124,6 +138,7 @@ pub(super) fn validate_health(
         timeout,
         on_unhealthy,
         recheck: raw.recheck.unwrap_or(false),
+        confirm_within,
     })
 }
 
@@ -238,19 +253,53 @@ fn validate_check(
 /// A target's checks that only its backend can run are ones it serves
 /// (`Kind::own_checks`): for its own table, `[defaults.health]` and a
 /// set's, once the target has its backend and its health.
-pub(super) fn check_own(t: &Target, problems: &mut Vec<Problem>) {
-    let Some(h) = &t.health else { return };
+pub(super) fn check_own(t: &mut Target, problems: &mut Vec<Problem>) {
+    let section = format!("targets[{}]", t.name);
+    let watchdog = t.backend.arms_watchdog();
+    let kind = t.backend.kind();
+    let Some(h) = t.health.as_mut() else { return };
+    // A backend whose change can cut driftless off (pi) arms a watchdog
+    // under `rollback`: the host undoes an unconfirmed change itself.
+    let checks_take = h.grace + h.timeout;
+    match (
+        watchdog && h.on_unhealthy == OnUnhealthy::Rollback,
+        h.confirm_within,
+    ) {
+        (true, None) => h.confirm_within = Some(checks_take + DEFAULT_CONFIRM_SLACK),
+        (true, Some(c)) if c <= checks_take => problems.push(problem(
+            &section,
+            "health.confirm_within",
+            format!(
+                "{} is not longer than grace + timeout ({}): the host would undo the change \
+                 before its checks could pass",
+                humantime::format_duration(c),
+                humantime::format_duration(checks_take)
+            ),
+        )),
+        (true, Some(_)) => {}
+        (false, Some(_)) => problems.push(problem(
+            &section,
+            "health.confirm_within",
+            format!(
+                "only a backend that arms a watchdog on its host (pi), under \
+                 on_unhealthy = \"rollback\", waits for a confirmation; the {kind} backend with \
+                 on_unhealthy = \"{}\" does not",
+                h.on_unhealthy.as_str()
+            ),
+        )),
+        (false, None) => {}
+    }
+    let h = &*h;
     let serves = t.backend.own_checks();
     for (i, c) in h.checks.iter().enumerate() {
         if let Check::Own(o) = c
             && !serves.contains(&o.key())
         {
             problems.push(problem(
-                &format!("targets[{}]", t.name),
+                &section,
                 &format!("health.checks[{i}].{}", o.key()),
                 format!(
-                    "the {} backend cannot check `{}`{}",
-                    t.backend.kind(),
+                    "the {kind} backend cannot check `{}`{}",
                     o.key(),
                     match o {
                         OwnCheck::Services => " (compose's: its services' containers)",
@@ -470,6 +519,16 @@ mod tests {
                 "{check}: {p:?}"
             );
         }
+        let p = problems_of(
+            "[targets.health]\non_unhealthy = \"rollback\"\nconfirm_within = \"5m\"\n\
+             [[targets.health.checks]]\ntcp = \"h:1\"\n",
+        );
+        assert!(
+            p.len() == 1
+                && p[0].key == "health.confirm_within"
+                && p[0].message.contains("the exec backend"),
+            "{p:?}"
+        );
         let p = problems_of("[targets.health]\non_unhealthy = \"revert\"\ninterval = \"20m\"\n");
         let keys: Vec<&str> = p.iter().map(|p| p.key.as_str()).collect();
         assert_eq!(

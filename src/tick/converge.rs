@@ -172,7 +172,7 @@ impl Reconciler {
         }
         run.resumed_health = health::resumed(target, op, state.as_ref(), &synced.sha);
         let ctx = self.context(target, &synced, state.and_then(|s| s.backend_digest), retry);
-        let (ctx, opened) = match self
+        let (mut ctx, opened) = match self
             .prepare(target, &mut run, &synced, ctx, inputs, op)
             .await?
         {
@@ -184,6 +184,11 @@ impl Reconciler {
             }
         };
         run.probe = Some(health::probe_of(&ctx));
+        // A rollback to the healthy commit arms no watchdog: undoing it
+        // would bring back the unhealthy one.
+        if run.hold.is_none() {
+            ctx.confirm_within = target.health.as_ref().and_then(|h| h.confirm_within);
+        }
         let ticked = self
             .run_backend(target, &run, &synced, ctx, op, retry)
             .await;
@@ -706,6 +711,7 @@ impl Reconciler {
             retry,
             preview: None,
             inputs: Default::default(),
+            confirm_within: None,
         }
     }
 }

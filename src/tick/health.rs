@@ -184,6 +184,18 @@ impl Reconciler {
         match crate::health::watch(health, &probe, &ByBackend(backend), already).await {
             Verdict::Healthy { after, rounds } => {
                 debug!(target = %target.name, rounds, after = ?after, "healthy");
+                // A watchdog armed on the host waits for this, over a
+                // new connection; unconfirmed, the host undoes the change.
+                if applied
+                    && let Some(confirm) = backend.confirm()
+                    && let Err(e) = confirm.await
+                {
+                    let reason = probe.redactor.redact(&format!(
+                        "healthy, but the change could not be confirmed to the host, which \
+                         undoes it by itself: {e}"
+                    ));
+                    return Ok(self.unhealthy(target, run, sha, status, applied, reason));
+                }
                 let mut status = status;
                 if applied {
                     status.message = format!(

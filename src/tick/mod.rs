@@ -507,6 +507,7 @@ impl Reconciler {
             retry: false,
             preview: None,
             inputs: Default::default(),
+            confirm_within: None,
         };
         let err = |e: backend::BackendError| TickError::Backend {
             target: name.to_string(),

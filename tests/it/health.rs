@@ -562,3 +562,141 @@ fn a_compose_service_whose_healthcheck_fails_is_rolled_back() {
         text(&cmd.stdout)
     );
 }
+
+/// pi × rollback, the magic rollback: a commit whose activation makes the
+/// host refuse driftless's key cannot be rolled back over ssh. The apply
+/// armed a watchdog on the host first; unconfirmed, it puts the previous
+/// tree back and runs its activation again, and the next tick finds the
+/// host reachable and healthy at the previous commit.
+#[test]
+fn a_pi_change_that_locks_driftless_out_is_undone_by_the_host_itself() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let sshd = Sshd::start(root.path());
+    let keys = sshd
+        .client_key
+        .parent()
+        .expect("the sshd dir")
+        .join("authorized_keys");
+    let good_keys = std::fs::read_to_string(&keys).expect("authorized_keys");
+    let remote = Remote::new(root.path(), "infra");
+    let good = remote.commit(
+        &[("pi/authorized_keys", &good_keys), ("pi/marker", "good\n")],
+        "good",
+    );
+    let remote_dir = root.path().join("live");
+    let s = Setup::new(&format!(
+        "[[targets]]\nname = \"pi\"\nrepo = \"{}\"\npath = \"pi\"\n\
+         [targets.health]\ninterval = \"1s\"\ntimeout = \"3s\"\non_unhealthy = \"rollback\"\n\
+         confirm_within = \"8s\"\n\
+         [[targets.health.checks]]\non_host = [\"cat\", \"marker\"]\n\
+         [targets.backend]\nkind = \"pi\"\nhost = \"127.0.0.1\"\nport = {}\nuser = \"{}\"\n\
+         identity_file = {}\nknown_hosts_file = {}\nremote_dir = {}\naction = \"command\"\n\
+         command = [\"cp\", \"authorized_keys\", {}]\n",
+        remote.url(),
+        sshd.port,
+        sshd.user,
+        toml_str(&sshd.client_key.display().to_string()),
+        toml_str(&sshd.known_hosts.display().to_string()),
+        toml_str(&remote_dir.display().to_string()),
+        toml_str(&keys.display().to_string()),
+    ));
+    let out = s.run(&["tick", "pi"]);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    assert_eq!(newest(&s, "pi")["result"], "changed");
+    let watchdog = root.path().join("live.driftless-watchdog.pid");
+    assert!(
+        !watchdog.exists(),
+        "a confirmed change leaves no watchdog armed"
+    );
+
+    // The bad commit replaces the host's authorized keys: driftless is
+    // locked out, its checks fail, and nothing it sends reaches the host.
+    remote.commit(
+        &[("pi/authorized_keys", "# nobody\n"), ("pi/marker", "bad\n")],
+        "locks driftless out",
+    );
+    let out = s.run(&["tick", "pi"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let run = newest(&s, "pi");
+    assert_eq!(run["result"], "unhealthy", "{run}");
+    assert!(
+        run["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("on_host `cat marker`"),
+        "{run}"
+    );
+    assert_eq!(std::fs::read_to_string(&keys).expect("keys"), "# nobody\n");
+
+    // The host undoes it by itself within confirm_within.
+    wait_for(
+        Duration::from_secs(30),
+        "the watchdog to undo the change",
+        || std::fs::read_to_string(&keys).is_ok_and(|k| k == good_keys) && !watchdog.exists(),
+    );
+    assert_eq!(
+        std::fs::read_to_string(remote_dir.join("marker")).expect("marker"),
+        "good\n"
+    );
+    // The next tick reaches the host and holds it at the healthy commit.
+    let out = s.run(&["tick", "pi"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let run = newest(&s, "pi");
+    assert_eq!(run["result"], "rolled_back", "{run}");
+    assert_eq!(run["sha"], good.as_str());
+    assert_eq!(
+        std::fs::read_to_string(remote_dir.join("marker")).expect("marker"),
+        "good\n"
+    );
+}
+
+/// `recheck = true`: a tick that applied nothing checks too; a target
+/// that was healthy and is not any more is `unhealthy` with nothing
+/// applied and nothing quarantined, and `recovered` when it is again.
+#[test]
+fn recheck_reports_health_that_drifted_without_applying_or_quarantining() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    let sha = remote.commit(&[("v", "1")], "first");
+    let applies = root.path().join("applies.log");
+    let server = Answerer::start(200);
+    let s = Setup::new(&exec_target(
+        "web",
+        &remote.url(),
+        &format!(
+            "[targets.health]\ninterval = \"1s\"\ntimeout = \"2s\"\nrecheck = true\n\
+             [[targets.health.checks]]\nhttp = \"{}\"\n",
+            server.url()
+        ),
+        &format!(
+            "apply = [\"sh\", \"-c\", \"echo applied >> {}\"]",
+            applies.display()
+        ),
+    ));
+    assert!(s.run(&["tick", "web"]).status.success());
+    server.set(500);
+    let out = s.run(&["tick", "web"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let run = newest(&s, "web");
+    assert_eq!(run["result"], "unhealthy", "{run}");
+    assert!(
+        run["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("nothing was applied"),
+        "{run}"
+    );
+    let st = s.target_status("web");
+    assert!(st.get("quarantined_sha").is_none(), "{st}");
+    assert_eq!(st["last_applied_sha"], sha.as_str());
+    server.set(200);
+    let out = s.run(&["tick", "web"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(newest(&s, "web")["result"], "no_change");
+    assert_eq!(lines(&applies), 1, "nothing applied again");
+}
