@@ -97,14 +97,19 @@ fn an_unhealthy_apply_is_reported_and_not_applied_again_until_a_newer_commit() {
     remote.commit(&[("v", "1")], "first");
     let applies = root.path().join("applies.log");
     let server = Answerer::start(503);
+    let token = root.path().join("forge-token");
+    std::fs::write(&token, "forge-token-health").expect("token");
     let s = Setup::new(&format!(
         "[[notifiers]]\nname = \"ops\"\nkind = \"webhook\"\nurl = \"http://127.0.0.1:9/\"\n\
+         [[forges]]\nname = \"gh\"\nkind = \"github\"\napi_url = \"http://127.0.0.1:9/\"\n\
+         token_file = {}\n\
          [defaults]\nnotify = [\"ops\"]\n\n{}",
+        toml_str(&token.display().to_string()),
         exec_target(
             "web",
             &remote.url(),
             &format!(
-                "[targets.health]\ngrace = \"0s\"\ninterval = \"1s\"\ntimeout = \"3s\"\n\
+                "forge = \"gh\"\nforge_repo = \"me/infra\"\n[targets.health]\ngrace = \"0s\"\ninterval = \"1s\"\ntimeout = \"3s\"\n\
                  [[targets.health.checks]]\nhttp = \"{}\"\n",
                 server.url()
             ),
@@ -127,6 +132,19 @@ fn an_unhealthy_apply_is_reported_and_not_applied_again_until_a_newer_commit() {
     assert!(
         server.asked.load(Ordering::SeqCst) >= 2,
         "checked more than once"
+    );
+    // The commit status says it too.
+    let statuses = sql_rows(
+        &s.db(),
+        "SELECT state, description FROM forge_statuses ORDER BY id DESC LIMIT 1",
+    );
+    assert_eq!(statuses[0]["state"], "failure", "{statuses:?}");
+    assert!(
+        statuses[0]["description"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("applied but unhealthy: http"),
+        "{statuses:?}"
     );
     assert_eq!(lines(&applies), 1);
     let st = s.target_status("web");
@@ -190,26 +208,46 @@ fn an_unhealthy_apply_is_reported_and_not_applied_again_until_a_newer_commit() {
 /// newer healthy commit ends the hold.
 #[test]
 fn rollback_applies_the_last_healthy_commit_and_holds_it_until_a_newer_one() {
+    rollback_holds("");
+}
+
+/// The same on PostgreSQL: the quarantine, the hold and the rollback job
+/// are the database's, as on SQLite.
+#[test]
+fn rollback_holds_on_postgres_too() {
+    let url = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(driftless::store::testing::database());
+    rollback_holds(&format!("[database]\nurl = {}\n\n", toml_str(&url)));
+}
+
+/// The rollback scenario, with `database` (TOML, or "" for SQLite).
+fn rollback_holds(database: &str) {
     let root = tempfile::tempdir().expect("tempdir");
     let remote = Remote::new(root.path(), "infra");
     let good = remote.commit(&[("version.txt", "good\n")], "good");
     let live = root.path().join("live.txt");
     let applies = root.path().join("applies.log");
-    let s = Setup::new(&exec_target(
-        "web",
-        &remote.url(),
-        &format!(
-            "[targets.health]\ngrace = \"0s\"\ninterval = \"1s\"\ntimeout = \"2s\"\n\
+    let s = Setup::new(
+        &(database.to_string()
+            + &exec_target(
+                "web",
+                &remote.url(),
+                &format!(
+                    "[targets.health]\ngrace = \"0s\"\ninterval = \"1s\"\ntimeout = \"2s\"\n\
              on_unhealthy = \"rollback\"\n\
              [[targets.health.checks]]\ncommand = [\"grep\", \"-q\", \"good\", \"{}\"]\n",
-            live.display()
-        ),
-        &format!(
-            "apply = [\"sh\", \"-c\", \"cp version.txt {l}; echo $(cat version.txt) >> {a}\"]",
-            l = live.display(),
-            a = applies.display()
-        ),
-    ));
+                    live.display()
+                ),
+                &format!(
+                    "apply = [\"sh\", \"-c\", \"cp version.txt {l}; echo $(cat version.txt) >> {a}\"]",
+                    l = live.display(),
+                    a = applies.display()
+                ),
+            )),
+    );
     let out = s.run(&["tick", "web"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(s.target_status("web")["healthy_sha"], good.as_str());
