@@ -276,6 +276,7 @@ fn rollback_holds(database: &str) {
     });
     drop(daemon);
     let run = newest(&s, "web");
+    eprintln!("rollback cost (exec): {} ms", run["duration_ms"]);
     assert_eq!(run["sha"], good.as_str(), "{run}");
     assert_eq!(run["trigger"], "rollback", "{run}");
     assert_eq!(std::fs::read_to_string(&live).expect("live"), "good\n");
@@ -577,6 +578,7 @@ fn a_compose_service_whose_healthcheck_fails_is_rolled_back() {
     let out = s.run(&["tick", "app"]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     let run = newest(&s, "app");
+    eprintln!("rollback cost (compose): {} ms", run["duration_ms"]);
     assert_eq!(run["result"], "rolled_back", "{run}");
     assert_eq!(run["sha"], good.as_str());
     let id = docker.docker(&[
@@ -685,6 +687,10 @@ fn a_pi_change_that_locks_driftless_out_is_undone_by_the_host_itself() {
     let out = s.run(&["tick", "pi"]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     let run = newest(&s, "pi");
+    eprintln!(
+        "rollback cost (pi, after the host undid it): {} ms",
+        run["duration_ms"]
+    );
     assert_eq!(run["result"], "rolled_back", "{run}");
     assert_eq!(run["sha"], good.as_str());
     assert_eq!(
@@ -708,7 +714,9 @@ fn recheck_reports_health_that_drifted_without_applying_or_quarantining() {
         &remote.url(),
         &format!(
             "[targets.health]\ninterval = \"1s\"\ntimeout = \"2s\"\nrecheck = true\n\
+             [[targets.health.checks]]\ntcp = \"127.0.0.1:{}\"\n\
              [[targets.health.checks]]\nhttp = \"{}\"\n",
+            server.port,
             server.url()
         ),
         &format!(
@@ -737,4 +745,59 @@ fn recheck_reports_health_that_drifted_without_applying_or_quarantining() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(newest(&s, "web")["result"], "no_change");
     assert_eq!(lines(&applies), 1, "nothing applied again");
+}
+
+/// Dependencies × health: a target whose dependency is unhealthy (here a
+/// `tcp` check finds nothing listening) is blocked, says why, and runs
+/// nothing.
+#[test]
+fn an_unhealthy_dependency_blocks_its_dependents() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(&[("db/v", "1"), ("app/v", "1")], "first");
+    let applies = root.path().join("app.log");
+    let closed = free_port();
+    let s = Setup::new(&format!(
+        "{}{}",
+        exec_target(
+            "db",
+            &remote.url(),
+            &format!(
+                "path = \"db\"\n[targets.health]\ninterval = \"1s\"\ntimeout = \"2s\"\n\
+                 [[targets.health.checks]]\ntcp = \"127.0.0.1:{closed}\"\n"
+            ),
+            "apply = [\"true\"]",
+        ),
+        exec_target(
+            "app",
+            &remote.url(),
+            "path = \"app\"\ndepends_on = [\"db\"]",
+            &format!(
+                "apply = [\"sh\", \"-c\", \"echo applied >> {}\"]",
+                applies.display()
+            ),
+        )
+    ));
+    let out = s.run(&["tick", "db"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let run = newest(&s, "db");
+    assert!(
+        run["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains(&format!("tcp 127.0.0.1:{closed}: ")),
+        "{run}"
+    );
+    let out = s.run(&["tick", "app"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let run = newest(&s, "app");
+    assert_eq!(run["result"], "blocked", "{run}");
+    assert!(
+        run["message"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("blocked by `db`: it is unhealthy: applied but unhealthy: tcp"),
+        "{run}"
+    );
+    assert_eq!(lines(&applies), 0);
 }
