@@ -285,13 +285,7 @@ async fn round(
     each: Duration,
 ) -> Result<(), String> {
     for c in checks {
-        let done = match c {
-            Check::Own(o) => tokio::time::timeout(each, own.check(o))
-                .await
-                .map(|r| r.map_err(|e| format!("{}: {e}", c.label()))),
-            _ => tokio::time::timeout(each, one(c, probe, each)).await,
-        };
-        match done {
+        match tokio::time::timeout(each, one(c, probe, own, each)).await {
             Ok(r) => r?,
             Err(_) => {
                 return Err(format!(
@@ -311,7 +305,7 @@ fn shown(c: &Check, probe: &Probe) -> String {
     fill(&label, &probe.outputs).unwrap_or(label)
 }
 
-async fn one(c: &Check, probe: &Probe, each: Duration) -> Result<(), String> {
+async fn one(c: &Check, probe: &Probe, own: &dyn Own, each: Duration) -> Result<(), String> {
     match c {
         Check::Http(h) => http(h, probe, each).await,
         Check::Tcp { address } => {
@@ -322,7 +316,10 @@ async fn one(c: &Check, probe: &Probe, each: Duration) -> Result<(), String> {
                 .map(drop)
                 .map_err(|e| format!("tcp {address}: {e}"))
         }
-        Check::Own(_) => Err(format!("{}: no backend to run it", c.label())),
+        Check::Own(o) => own
+            .check(o)
+            .await
+            .map_err(|e| format!("{}: {e}", c.label())),
         Check::Command { argv } => {
             let mut spec = process::Spec::new(argv.clone(), &probe.workdir);
             spec.env = probe.env.clone();

@@ -49,19 +49,6 @@ impl ApplyResult {
     pub fn is_failure(self) -> bool {
         !matches!(self, ApplyResult::NoChange | ApplyResult::Changed)
     }
-
-    /// The backend applied something that stays applied: the target's
-    /// last applied commit moves to the run's.
-    pub fn applied(self) -> bool {
-        matches!(
-            self,
-            ApplyResult::NoChange
-                | ApplyResult::Changed
-                | ApplyResult::Unhealthy
-                | ApplyResult::RolledBack
-                | ApplyResult::Held
-        )
-    }
 }
 
 /// What an apply or destroy reports.

@@ -224,11 +224,6 @@ impl Reconciler {
         applied: bool,
         reason: String,
     ) -> Gated {
-        let rollback = target
-            .health
-            .as_ref()
-            .is_some_and(|h| h.on_unhealthy == OnUnhealthy::Rollback);
-        let healthy = run.prev.as_ref().and_then(|s| s.healthy_sha.as_deref());
         let message = match (&run.hold, applied) {
             (Some(h), _) => format!(
                 "rolled back to {} (the last healthy commit), but it is unhealthy too: {reason}",
@@ -240,7 +235,7 @@ impl Reconciler {
                     short_sha(sha)
                 )
             }
-            (None, true) if rollback && healthy.is_none_or(|h| h == sha) => format!(
+            (None, true) if rolls_back(target) && rollback_to(run, sha).is_none() => format!(
                 "applied but unhealthy: {reason} (no earlier healthy commit to roll back to)"
             ),
             (None, true) => format!("applied but unhealthy: {reason}"),
@@ -259,12 +254,7 @@ impl Reconciler {
     /// applies the last healthy commit again (through [`aim`], like any
     /// tick), when there is one.
     pub(super) async fn queue_rollback(&self, target: &Target, run: &RunInfo, bad: &str) {
-        let rollback = target
-            .health
-            .as_ref()
-            .is_some_and(|h| h.on_unhealthy == OnUnhealthy::Rollback);
-        let healthy = run.prev.as_ref().and_then(|s| s.healthy_sha.as_deref());
-        if !rollback || healthy.is_none_or(|h| h == bad) {
+        if !rolls_back(target) || rollback_to(run, bad).is_none() {
             return;
         }
         let req = crate::queue::Request {
@@ -282,6 +272,23 @@ impl Reconciler {
                 "cannot queue the rollback; the next tick rolls back (the quarantine holds)"),
         }
     }
+}
+
+/// Whether an unhealthy apply of `target` is rolled back.
+fn rolls_back(target: &Target) -> bool {
+    target
+        .health
+        .as_ref()
+        .is_some_and(|h| h.on_unhealthy == OnUnhealthy::Rollback)
+}
+
+/// The commit a rollback from `bad` would apply: the last healthy one
+/// before run `run`, if there is one and it is not `bad` itself.
+fn rollback_to<'a>(run: &'a RunInfo, bad: &str) -> Option<&'a str> {
+    run.prev
+        .as_ref()
+        .and_then(|s| s.healthy_sha.as_deref())
+        .filter(|h| *h != bad)
 }
 
 /// The target's backend, for the checks only it can run.
