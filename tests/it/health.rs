@@ -801,3 +801,41 @@ fn an_unhealthy_dependency_blocks_its_dependents() {
     );
     assert_eq!(lines(&applies), 0);
 }
+
+/// Target sets × health: `[target_sets.health]` gates every member on its
+/// own; a member whose checks fail is `unhealthy` while its sibling is
+/// `changed`.
+#[test]
+fn a_sets_health_table_gates_each_member() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(
+        &[("stacks/a/ok", "yes\n"), ("stacks/b/v", "1\n")],
+        "two stacks",
+    );
+    let s = Setup::new(&format!(
+        "[[target_sets]]\nname_prefix = \"s-\"\nrepo = \"{}\"\npaths = \"stacks/*\"\n\
+         [target_sets.health]\ninterval = \"1s\"\ntimeout = \"2s\"\n\
+         [[target_sets.health.checks]]\ncommand = [\"test\", \"-f\", \"ok\"]\n\
+         [target_sets.backend]\nkind = \"exec\"\napply = [\"true\"]\n",
+        remote.url()
+    ));
+    let out = s.run(&["tick", "--all"]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    assert_eq!(newest(&s, "s-a")["result"], "changed");
+    let b = newest(&s, "s-b");
+    assert_eq!(b["result"], "unhealthy", "{b}");
+    assert!(
+        b["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("`test -f ok` exited with code 1"),
+        "{b}"
+    );
+}
