@@ -19,6 +19,8 @@ pub enum Verb {
     Pause,
     /// Approve or reject a Nomad deployment of the target.
     Approve,
+    /// Start work outside the target's change window.
+    Override,
     Read,
 }
 
@@ -28,6 +30,7 @@ impl Verb {
             Verb::Reconcile => "reconcile",
             Verb::Pause => "pause",
             Verb::Approve => "approve",
+            Verb::Override => "override",
             Verb::Read => "read",
         }
     }

@@ -468,6 +468,7 @@ async fn process(n: usize, engine: &Reconciler, job: &Job, health: &Health) {
         // The tick closed the job itself.
         Ok(Ticked::Ran { .. } | Ticked::Unaffected { .. }) => None,
         Ok(Ticked::Paused) => Some(JobEnd::Paused),
+        Ok(Ticked::Waiting { again, .. }) => Some(JobEnd::Waiting(again)),
         Ok(Ticked::Busy) => {
             info!(target = %job.target, interval_only = job.interval_only(),
                   "target busy elsewhere: an interval tick is skipped, anything else stays queued");

@@ -56,3 +56,4 @@ pub mod secret;
 pub mod status;
 pub mod store;
 pub mod tick;
+pub mod window;

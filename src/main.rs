@@ -42,6 +42,10 @@ enum Command {
         /// Every configured target, one after another in dependency order.
         #[arg(long, conflicts_with = "targets")]
         all: bool,
+        /// Apply now even outside the targets' change windows (`windows`);
+        /// the run's trigger says `override`.
+        #[arg(long)]
+        override_window: bool,
     },
     /// Per target: the commit last applied and how the last run went.
     Status {
@@ -137,6 +141,19 @@ enum Command {
     Approve {
         /// The deployment's id (from `driftless deployments --pending`).
         id: i64,
+    },
+    /// Queue a reconcile of a target through the running daemon (token
+    /// from DRIFTLESS_TOKEN, scope `reconcile:<target>`).
+    Reconcile {
+        /// The target's name.
+        target: String,
+        /// Start it now even outside the target's change window (scope
+        /// `override:<target>`); the run's trigger says `override`.
+        #[arg(long)]
+        now: bool,
+        /// Wait this long for the result (`60s`, `5m`; at most 1h).
+        #[arg(long)]
+        wait: Option<String>,
     },
     /// Reject a pending deployment (through the API).
     Reject {
@@ -314,8 +331,17 @@ async fn run(args: Args) -> anyhow::Result<u8> {
             driftless::daemon::serve(rec()).await?;
             return Ok(0);
         }
-        Command::Tick { targets, all } => {
-            cli::tick(&rec(), &targets, all, Operation::Apply, Trigger::Cli).await?
+        Command::Tick {
+            targets,
+            all,
+            override_window,
+        } => {
+            let trigger = if override_window {
+                Trigger::Override
+            } else {
+                Trigger::Cli
+            };
+            cli::tick(&rec(), &targets, all, Operation::Apply, trigger).await?
         }
         Command::Status { json } => cli::status(&app, json).await?,
         Command::History {
@@ -367,6 +393,9 @@ async fn run(args: Args) -> anyhow::Result<u8> {
         Command::Deployments { pending, json } => cli::deployments(&app, pending, json).await,
         Command::Approve { id } => cli::approve_or_reject(&app, id, true).await,
         Command::Reject { id } => cli::approve_or_reject(&app, id, false).await,
+        Command::Reconcile { target, now, wait } => {
+            cli::reconcile(&app, &target, now, wait.as_deref()).await
+        }
         Command::Retry {
             target,
             accept_rewind,

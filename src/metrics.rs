@@ -53,6 +53,8 @@ pub struct Metrics {
     last_success: Family<TargetLabels, Gauge>,
     drift: Family<TargetLabels, Gauge>,
     paused_until: Family<DestinationLabels, Gauge>,
+    window_open: Family<TargetLabels, Gauge>,
+    window_change: Family<TargetLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -74,6 +76,8 @@ impl Metrics {
         let last_success = Family::<TargetLabels, Gauge>::default();
         let drift = Family::<TargetLabels, Gauge>::default();
         let paused_until = Family::<DestinationLabels, Gauge>::default();
+        let window_open = Family::<TargetLabels, Gauge>::default();
+        let window_change = Family::<TargetLabels, Gauge>::default();
         registry.register(
             "webhook_deliveries",
             "Webhook deliveries by receiver and outcome",
@@ -105,7 +109,19 @@ impl Metrics {
             "A forge or notifier destination that answered with a rate limit: nothing is sent to it before this time (Unix time)",
             paused_until.clone(),
         );
+        registry.register(
+            "window_open",
+            "1 while a target with change windows (`windows`) may start work, 0 while its jobs wait",
+            window_open.clone(),
+        );
+        registry.register(
+            "window_next_change_timestamp_seconds",
+            "When a target's change window next opens or closes (Unix time)",
+            window_change.clone(),
+        );
         Metrics {
+            window_open,
+            window_change,
             registry,
             deliveries,
             ticks,
@@ -148,7 +164,19 @@ impl Metrics {
         last_success_ms: &[(String, i64)],
         drifting: &[(String, bool)],
         paused: &[(String, i64)],
+        windows: &[(String, bool, Option<i64>)],
     ) -> String {
+        self.window_open.clear();
+        self.window_change.clear();
+        for (t, open, change) in windows {
+            let labels = TargetLabels { target: t.clone() };
+            self.window_open
+                .get_or_create(&labels)
+                .set(i64::from(*open));
+            if let Some(at) = change {
+                self.window_change.get_or_create(&labels).set(*at);
+            }
+        }
         self.paused_until.clear();
         for (d, ms) in paused {
             self.paused_until
@@ -196,8 +224,19 @@ mod tests {
             &[("web".into(), 1_700_000_000_000)],
             &[("web".into(), true), ("db".into(), false)],
             &[("forge `gh` (api.github.com)".into(), 1_700_000_600_000)],
+            &[("web".into(), false, Some(1_700_003_600))],
         );
         assert!(text.contains("driftless_drift{target=\"web\"} 1"), "{text}");
+        assert!(
+            text.contains("driftless_window_open{target=\"web\"} 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "driftless_window_next_change_timestamp_seconds{target=\"web\"} 1700003600"
+            ),
+            "{text}"
+        );
         assert!(
             text.contains("driftless_destination_paused_until_timestamp_seconds{destination=\"forge `gh` (api.github.com)\"} 1700000600"),
             "{text}"

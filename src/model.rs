@@ -98,6 +98,9 @@ pub enum Trigger {
     /// The tip was found unhealthy: the last healthy commit is applied
     /// again (`on_unhealthy = "rollback"`).
     Rollback,
+    /// A person started it outside the target's change window
+    /// (`override:<target>`, `tick --override-window`).
+    Override,
 }
 
 impl Trigger {
@@ -112,6 +115,7 @@ impl Trigger {
             Trigger::Dependency => "dependency",
             Trigger::Directory => "directory",
             Trigger::Rollback => "rollback",
+            Trigger::Override => "override",
         }
     }
 }

@@ -63,6 +63,9 @@ pub enum JobEnd<'a> {
     /// The tick stopped on an error before recording a run: tried again
     /// after [`ERROR_RETRY`].
     Stopped,
+    /// Outside its target's change window: queued again to look after
+    /// this long, as if never claimed (its claim is not an attempt).
+    Waiting(Duration),
 }
 
 /// The queue, bound to one owner identity (this process).
@@ -207,6 +210,7 @@ impl Queue {
             JobEnd::Unaffected(why) => closed(format!("unaffected: {why}")).await,
             JobEnd::Skipped(why) => closed(format!("skipped: {why}")).await,
             JobEnd::Stopped => self.requeue(job_id, ERROR_RETRY).await,
+            JobEnd::Waiting(again) => self.jobs.defer(job_id, again).await,
         }
     }
 

@@ -130,7 +130,11 @@ impl Scheduler {
                 .jitter
                 .entry(t.name.clone())
                 .or_insert_with(|| jitter(t.interval));
-            if now >= due_at(t.interval, j, known.get(&t.name).copied().flatten(), now) {
+            // Outside its change window the fallback interval does not
+            // apply (a push's job waits queued instead: `tick::window`).
+            if now >= due_at(t.interval, j, known.get(&t.name).copied().flatten(), now)
+                && (t.windows.is_empty() || t.windows.at(crate::window::now()).open)
+            {
                 candidates.push(t.name.clone());
             }
         }
@@ -261,6 +265,33 @@ mod tests {
         assert_eq!(queued, ["a", "c"]);
         // Already queued: not queued again.
         assert_eq!(sched.once().await.expect("once"), 0);
+    }
+
+    /// Outside its change window a target's fallback interval does not
+    /// apply: only the target whose window is open is queued.
+    #[tokio::test]
+    async fn a_target_outside_its_window_gets_no_interval_tick() {
+        let toml = [("shut", "deny"), ("open", "allow")]
+            .iter()
+            .map(|(n, which)| {
+                format!(
+                    "[[targets]]\nname = \"{n}\"\nrepo = \"https://h/o/r\"\ninterval = \"1h\"\n\
+                     windows = [{{ {which} = \"Mon-Sun 00:00-24:00 UTC\" }}]\n\
+                     [targets.backend]\nkind = \"exec\"\napply = [\"true\"]\n"
+                )
+            })
+            .collect::<String>();
+        let (_dir, mut sched, queue) = setup(&toml).await;
+        assert_eq!(sched.once().await.expect("once"), 1);
+        let queued: Vec<String> = queue
+            .activity()
+            .await
+            .expect("activity")
+            .into_iter()
+            .filter(|a| a.queued > 0)
+            .map(|a| a.target)
+            .collect();
+        assert_eq!(queued, ["open"]);
     }
 
     /// The scheduler remembers when targets last ran and reads again only

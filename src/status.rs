@@ -67,6 +67,42 @@ pub struct TargetStatus {
     /// (`on_unhealthy = "report"`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hold: Option<String>,
+    /// Its change windows (`windows`), when it has any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub window: Option<WindowStatus>,
+}
+
+/// A target's change windows now.
+#[derive(Debug, Clone, Serialize)]
+pub struct WindowStatus {
+    /// Work may start now.
+    pub open: bool,
+    /// When that next changes (RFC 3339), if within a year.
+    pub next_change: Option<String>,
+    /// `open until Fri 16:00 CET`, `closed; opens Mon 08:00 CET`.
+    pub state: String,
+    /// A job is queued and waits for the window to open.
+    pub waiting: bool,
+    /// Every entry in words.
+    pub windows: String,
+}
+
+/// `target`'s windows at the windows' clock, `queued` saying whether a
+/// job of it is queued. `None` without windows.
+pub fn window(target: &crate::config::Target, queued: bool) -> Option<WindowStatus> {
+    let w = &target.windows;
+    if w.is_empty() {
+        return None;
+    }
+    let now = crate::window::now();
+    let at = w.at(now);
+    Some(WindowStatus {
+        open: at.open,
+        next_change: at.next_change.map(|t| t.to_string()),
+        state: w.state_words(now),
+        waiting: queued && !at.open,
+        windows: w.words(),
+    })
 }
 
 /// Every configured target, in configuration order (a set's members as
@@ -108,6 +144,7 @@ pub async fn targets(app: &App) -> Result<Vec<TargetStatus>, StoreError> {
                     .map(|(_, on)| on.clone())
                     .collect(),
                 target_set: t.set.clone(),
+                window: window(t, a.is_some_and(|a| a.queued > 0)),
                 ..recorded(&t.name, s)
             }
         })
@@ -170,6 +207,7 @@ fn recorded(name: &str, s: Option<&crate::store::TargetState>) -> TargetStatus {
         healthy_sha: s.and_then(|s| s.healthy_sha.clone()),
         quarantined_sha: s.and_then(|s| s.quarantined_sha.clone()),
         hold: s.and_then(hold),
+        window: None,
     }
 }
 

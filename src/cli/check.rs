@@ -34,6 +34,13 @@ pub async fn check(path: &Path) -> Report {
                 if !t.depends_on.is_empty() {
                     let _ = writeln!(stdout, "    after {}", t.depends_on.join(", "));
                 }
+                window_lines(&t.windows, &mut stdout);
+            }
+            for set in &s.target_sets {
+                if !set.sample.windows.is_empty() {
+                    let _ = writeln!(stdout, "  {} (each member):", set.label());
+                    window_lines(&set.sample.windows, &mut stdout);
+                }
             }
             let code = check_sets(&s, &mut stdout).await;
             Report { stdout, code }
@@ -42,6 +49,24 @@ pub async fn check(path: &Path) -> Report {
             stdout: format!("{e}\n"),
             code: EXIT_FAILED,
         },
+    }
+}
+
+/// A target's change windows in words, and whether they are open now and
+/// until when (or when they next open).
+fn window_lines(w: &crate::window::Windows, out: &mut String) {
+    if w.is_empty() {
+        return;
+    }
+    let now = crate::window::now();
+    let _ = writeln!(out, "    windows: {}", w.words());
+    let _ = writeln!(out, "    window now: {}", w.state_words(now));
+    let at = w.at(now);
+    if !at.open && at.next_change.is_none() {
+        let _ = writeln!(
+            out,
+            "    warning: these windows do not open within a year: its pushes would wait queued"
+        );
     }
 }
 

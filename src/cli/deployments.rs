@@ -190,3 +190,59 @@ pub async fn approve_or_reject(app: &App, id: i64, approve: bool) -> Report {
         }
     }
 }
+
+/// `driftless reconcile TARGET [--now] [--wait D]`: queue a reconcile
+/// through the daemon, `--now` outside the target's change window
+/// (`override:<target>`); with `--wait`, its result (exit 1 when it failed).
+pub async fn reconcile(app: &App, target: &str, now: bool, wait: Option<&str>) -> Report {
+    let mut query = Vec::new();
+    if now {
+        query.push("override_window=1".to_string());
+    }
+    if let Some(w) = wait {
+        query.push(format!(
+            "wait={}",
+            form_urlencoded::byte_serialize(w.as_bytes()).collect::<String>()
+        ));
+    }
+    let path = format!(
+        "/api/v1/targets/{target}/reconcile{}{}",
+        if query.is_empty() { "" } else { "?" },
+        query.join("&")
+    );
+    let v = match api(app, reqwest::Method::POST, &path, None).await {
+        Ok(v) => v,
+        Err(e) => return failed(e),
+    };
+    let run = &v["run"];
+    if run.is_object() {
+        let result = run["result"].as_str().unwrap_or("?");
+        let failed_run = !matches!(result, "changed" | "no_change");
+        return Report {
+            stdout: format!(
+                "{target}: {result} at {} (run {}, trigger {}): {}\n",
+                run["sha"]
+                    .as_str()
+                    .map(crate::model::short_sha)
+                    .unwrap_or("-"),
+                run["id"],
+                run["trigger"].as_str().unwrap_or("?"),
+                run["message"].as_str().unwrap_or("")
+            ),
+            code: if failed_run { EXIT_FAILED } else { 0 },
+        };
+    }
+    let job = v["job"].as_i64().or(v["id"].as_i64()).unwrap_or(0);
+    let state = v["state"].as_str().unwrap_or("queued");
+    Report {
+        stdout: format!(
+            "{target}: job {job} {state}{}\n",
+            if now {
+                " (trigger `override`: its change window does not hold it back)"
+            } else {
+                ""
+            }
+        ),
+        code: 0,
+    }
+}

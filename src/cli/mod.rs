@@ -18,7 +18,7 @@ mod deployments;
 mod notify;
 
 pub use check::{check, graph};
-pub use deployments::{approve_or_reject, deployments};
+pub use deployments::{approve_or_reject, deployments, reconcile};
 use notify::deliver_notifications;
 pub use notify::{notify_pending, notify_test};
 
@@ -127,6 +127,12 @@ pub async fn tick(
             Ticked::Unaffected { reason } => {
                 let _ = writeln!(out, "{name}: unaffected: {reason}");
             }
+            Ticked::Waiting { reason, .. } => {
+                let _ = writeln!(
+                    out,
+                    "{name}: waiting: {reason}; nothing applied (`--override-window` applies now)"
+                );
+            }
         }
     }
     deliver_notifications(app).await;
@@ -207,6 +213,8 @@ pub async fn status(app: &App, as_json: bool) -> Result<Report, TickError> {
             "running".to_string()
         } else if r.paused {
             format!("paused by {}", r.paused_by.as_deref().unwrap_or("?"))
+        } else if let Some(w) = r.window.as_ref().filter(|w| w.waiting) {
+            format!("queued, waiting for its window ({})", w.state)
         } else if r.queued && !r.waiting_on.is_empty() {
             format!("queued, waiting on {}", r.waiting_on.join(", "))
         } else if r.queued {
@@ -220,11 +228,14 @@ pub async fn status(app: &App, as_json: bool) -> Result<Report, TickError> {
         } else {
             "idle".to_string()
         };
-        let after = if r.depends_on.is_empty() {
+        let mut after = if r.depends_on.is_empty() {
             String::new()
         } else {
             format!(" (after {})", r.depends_on.join(", "))
         };
+        if let Some(w) = r.window.as_ref().filter(|w| !w.waiting) {
+            let _ = write!(after, " [window {}]", w.state);
+        }
         let _ = writeln!(
             out,
             "{:<24} {:<10} {:<12} {:<10} {:<21} {state}{after}",

@@ -35,6 +35,7 @@ mod server;
 mod sets;
 mod target;
 mod verify;
+mod windows;
 
 pub use checks::valid_name;
 use checks::{duration, problem, read_table};
@@ -160,6 +161,8 @@ pub struct Defaults {
     pub verify: Option<Verification>,
     /// `[defaults.health]`: for targets without their own.
     pub health: Option<crate::health::Health>,
+    /// `[defaults] windows`: for targets without their own.
+    pub windows: crate::window::Windows,
 }
 
 #[derive(Debug, Clone)]
@@ -272,6 +275,12 @@ pub struct Target {
     pub inputs: Vec<Input>,
     /// Checks after each apply (`[targets.health]`, or `[defaults.health]`).
     pub health: Option<crate::health::Health>,
+    /// When its work may start (`windows`, or `[defaults] windows`; no
+    /// entries: any time).
+    pub windows: crate::window::Windows,
+    /// `windows` as the target's own table said it (`None`: not said, so
+    /// `[defaults] windows` apply).
+    pub own_windows: Option<crate::window::Windows>,
     /// The `name_prefix` of the `[[target_sets]]` entry that made it from
     /// its directory (`path`); `None` for a `[[targets]]` entry.
     pub set: Option<String>,
@@ -460,6 +469,7 @@ struct RawDefaults {
     forge: Option<String>,
     verify: Option<Value>,
     health: Option<Value>,
+    windows: Option<Value>,
 }
 
 /// Load and validate the configuration at `path`, applying `DRIFTLESS__`
@@ -733,6 +743,7 @@ fn validate(
         forge: None,
         verify: None,
         health: None,
+        windows: None,
     });
     let defaults = Defaults {
         notify: raw_defaults.notify.unwrap_or_default(),
@@ -751,6 +762,10 @@ fn validate(
         health: raw_defaults
             .health
             .and_then(|v| health::validate_health(v, "defaults", base, machine, problems)),
+        windows: raw_defaults
+            .windows
+            .and_then(|v| windows::validate_windows(v, "defaults", problems))
+            .unwrap_or_default(),
     };
     let database = top
         .database
@@ -860,6 +875,11 @@ fn finish_target(
     if t.health.is_none() {
         t.health = defaults.health.clone();
     }
+    // A target's own windows replace the defaults' (no merging).
+    t.windows = t
+        .own_windows
+        .clone()
+        .unwrap_or_else(|| defaults.windows.clone());
     health::check_own(t, problems);
     // A target without a `notify` list gets the defaults; an explicit
     // empty list means no notifications for it.

@@ -234,14 +234,16 @@ pub(super) fn validate_receivers(
     out
 }
 
-/// A scope is `reconcile:<glob>`, `pause:<glob>`, `approve:<glob>`, `read` or
-/// `read:<glob>`.
+/// A scope is `reconcile:<glob>`, `pause:<glob>`, `approve:<glob>`,
+/// `override:<glob>`, `read` or `read:<glob>`.
 pub fn valid_scope(s: &str) -> bool {
     match s.split_once(':') {
         None => s == "read",
         Some((verb, glob)) => {
-            matches!(verb, "reconcile" | "pause" | "approve" | "read")
-                && !glob.is_empty()
+            matches!(
+                verb,
+                "reconcile" | "pause" | "approve" | "override" | "read"
+            ) && !glob.is_empty()
                 && glob
                     .bytes()
                     .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || b"_.-*?".contains(&c))

@@ -32,6 +32,7 @@ struct RawTarget {
     depends_on: Option<Vec<String>>,
     inputs: Option<BTreeMap<String, String>>,
     health: Option<Value>,
+    windows: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -148,6 +149,11 @@ pub(super) fn validate_target(
         health: raw
             .health
             .and_then(|v| super::health::validate_health(v, label, base, machine, problems)),
+        // `[defaults] windows` for a target without its own: finish_target.
+        own_windows: raw
+            .windows
+            .and_then(|v| super::windows::validate_windows(v, label, problems)),
+        windows: Default::default(),
         inputs: raw
             .inputs
             .unwrap_or_default()

@@ -141,6 +141,9 @@ pub(super) struct ReconcileQuery {
     /// `retry` only: `1` accepts the branch tip the newest run refused as
     /// not descending from the commit last applied (needs `approve`).
     accept_rewind: Option<String>,
+    /// `reconcile` only: `1` starts it now even outside the target's
+    /// change window (needs `override`); its run's trigger says so.
+    override_window: Option<String>,
 }
 
 /// What `POST .../reconcile` answers.
@@ -237,6 +240,23 @@ async fn queue_and_watch(
             )));
         }
     }
+    let trigger = match q.override_window.as_deref().map(str::trim) {
+        None | Some("0" | "false") => trigger,
+        Some("1" | "true") if trigger == Trigger::Manual => {
+            caller.require(Verb::Override, &name)?;
+            Trigger::Override
+        }
+        Some("1" | "true") => {
+            return Err(ApiError::bad_request(
+                "query parameter `override_window`: only `reconcile` overrides a window",
+            ));
+        }
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "query parameter `override_window`: `1` or `0`, not `{other}`"
+            )));
+        }
+    };
     let job = s
         .app
         .queue

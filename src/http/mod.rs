@@ -263,13 +263,29 @@ async fn metrics(
         .filter(|l| l.paused_until > now)
         .map(|l| (l.label, l.paused_until))
         .collect();
+    let clock = crate::window::now();
+    let windows: Vec<(String, bool, Option<i64>)> = settings
+        .targets
+        .iter()
+        .filter(|t| !t.windows.is_empty())
+        .map(|t| {
+            let at = t.windows.at(clock);
+            (
+                t.name.clone(),
+                at.open,
+                at.next_change.map(|c| c.as_second()),
+            )
+        })
+        .collect();
     Ok((
         // prometheus-client writes the OpenMetrics text format.
         [(
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        s.app.metrics.render(&queued, &last, &drifting, &paused),
+        s.app
+            .metrics
+            .render(&queued, &last, &drifting, &paused, &windows),
     )
         .into_response())
 }

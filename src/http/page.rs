@@ -222,12 +222,18 @@ fn target_rows(h: &mut String, targets: &[status::TargetStatus], may_read: &dyn 
             names.iter().filter(|n| may_read(n)).cloned().collect()
         };
         let waits = readable(&t.waiting_on);
+        let window = t.window.as_ref();
         if t.running {
             flags.push_str(" (running)");
+        } else if let Some(w) = window.filter(|w| w.waiting) {
+            let _ = write!(flags, " (queued, waiting for its window: {})", w.state);
         } else if t.queued && !waits.is_empty() {
             let _ = write!(flags, " (queued, waiting on {})", waits.join(", "));
         } else if t.queued {
             flags.push_str(" (queued)");
+        }
+        if let Some(w) = window.filter(|w| !w.waiting) {
+            let _ = write!(flags, " (window {})", w.state);
         }
         let after = readable(&t.depends_on);
         if !after.is_empty() {

@@ -23,6 +23,7 @@ mod record;
 mod review;
 mod rewind;
 mod sets;
+mod window;
 
 use converge::with_inputs;
 pub use preview::Previewed;
@@ -129,6 +130,9 @@ pub enum Ticked {
     Busy,
     /// The target is paused; nothing was done.
     Paused,
+    /// Outside the target's change window: nothing was done, the job
+    /// waits (`again`, then it looks again).
+    Waiting { reason: String, again: Duration },
     /// A push that changed nothing under the target's path: the job was
     /// closed without a run, saying why.
     Unaffected { reason: String },
@@ -187,6 +191,14 @@ impl Reconciler {
 
     async fn run_claimed(&self, job: &Job) -> Result<Ticked, TickError> {
         let target = self.target(&job.target)?;
+        // Outside its window the job waits queued; nothing is fetched.
+        if let Some(shut) = window::shut(&target, &job.triggers) {
+            info!(target = %target.name, job = job.id, reason = %shut.words, "job waits for its change window");
+            return Ok(Ticked::Waiting {
+                reason: shut.words,
+                again: shut.again,
+            });
+        }
         // Which fetch of the repository this job may use: one started since
         // the job began (its requests all came before), or for the interval
         // alone one started within the last interval (one fetch a round
@@ -302,6 +314,17 @@ impl Reconciler {
         trigger: Trigger,
     ) -> Result<Ticked, TickError> {
         let target = self.target(name)?;
+        // Outside its window a one-shot tick applies nothing and says when
+        // it opens (`--override-window` asks with trigger `override`); a
+        // set's member whose directory went waits to be destroyed. A
+        // person's `destroy` is a deliberate act.
+        let persons_destroy = op == Operation::Destroy && trigger == Trigger::Cli;
+        if !persons_destroy && let Some(shut) = window::shut(&target, &[trigger]) {
+            return Ok(Ticked::Waiting {
+                reason: shut.words,
+                again: shut.again,
+            });
+        }
         // A paused target is not applied; destroying it is a deliberate act.
         if op == Operation::Apply
             && self

@@ -37,3 +37,4 @@ mod terraform;
 mod unwritable;
 mod verify;
 mod webhooks;
+mod windows;

@@ -467,7 +467,8 @@ fn fold_requests(reqs: &[&Request]) -> Vec<serde_json::Value> {
 }
 
 /// Upserts `$1`'s rows ([target, triggers, sha, delivery ids, receiver])
-/// into their targets' queued jobs at `$2`.
+/// into their targets' queued jobs at `$2`. A person's `override` makes a
+/// job waiting for its change window (or to be tried again) runnable now.
 const ENQUEUE_PG: &str = "INSERT INTO jobs (target, state, triggers, requested_sha, delivery_ids, receiver, created_at, updated_at)
          SELECT r ->> 0, 'queued', (r -> 1)::text, r ->> 2, (r -> 3)::text, r ->> 4, $2, $2
          FROM jsonb_array_elements($1::jsonb) WITH ORDINALITY AS x(r, n) WHERE true ORDER BY n
@@ -485,6 +486,8 @@ const ENQUEUE_PG: &str = "INSERT INTO jobs (target, state, triggers, requested_s
                              FROM (SELECT jobs.delivery_ids::jsonb || excluded.delivery_ids::jsonb
                                           AS c) AS both_ids)::text,
              receiver = COALESCE(excluded.receiver, jobs.receiver),
+             not_before = CASE WHEN strpos(excluded.triggers, '\"override\"') > 0 THEN 0
+                          ELSE jobs.not_before END,
              updated_at = excluded.updated_at";
 /// `n` numbers the job's list and then the new one, from 0. The general
 /// fold (a union of `json_each`s, ordered through temporary b-trees) was a
@@ -521,6 +524,8 @@ const ENQUEUE_SQLITE: &str = "INSERT INTO jobs (target, state, triggers, request
                          FROM json_each(excluded.delivery_ids)))
                      WHERE n < 99 OR n = total - 1) END,
              receiver = COALESCE(excluded.receiver, jobs.receiver),
+             not_before = CASE WHEN instr(excluded.triggers, '\"override\"') > 0 THEN 0
+                          ELSE jobs.not_before END,
              updated_at = excluded.updated_at";
 
 /// What an `ENQUEUE_*` upsert returns of each job: a [`Queued`].

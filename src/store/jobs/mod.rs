@@ -445,6 +445,32 @@ impl Jobs {
         Ok(())
     }
 
+    /// Put a running job back in the queue, unrun, to be claimed again
+    /// after `delay` (its target's change window is shut): no run was
+    /// begun, and its claim does not count as an attempt. Folded into a
+    /// newer queued job for the same target if one arrived meanwhile.
+    pub async fn defer(&self, job_id: i64, delay: Duration) -> Result<(), StoreError> {
+        let what = "putting a job back to wait for its window";
+        let mut tx = self.store.begin_write(what).await?;
+        let ours = sqlx::query(
+            "UPDATE jobs SET attempts = attempts - 1
+             WHERE id = $1 AND state = 'running' AND lease_owner = $2 AND attempts > 0",
+        )
+        .bind(job_id)
+        .bind(&self.owner)
+        .execute(&mut *tx)
+        .await
+        .map_err(self.store.err(what))?;
+        if ours.rows_affected() == 0 {
+            return Ok(());
+        }
+        requeue_in(&mut tx, job_id, now_ms() + delay.as_millis() as i64)
+            .await
+            .map_err(self.store.err(what))?;
+        tx.commit().await.map_err(self.store.err(what))?;
+        Ok(())
+    }
+
     /// Jobs whose lease expired go back to the queue (their process died);
     /// the runs they left open are marked `interrupted` with `message`.
     /// Returns the ids. On PostgreSQL, by the server's clock, checked again
