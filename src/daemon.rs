@@ -200,6 +200,7 @@ impl Daemon {
         );
         tokio::spawn(reaper(rec.clone(), wake.clone(), shutdown.clone()));
         tokio::spawn(set_refresher(rec.clone(), wake.clone(), shutdown.clone()));
+        tokio::spawn(roller(rec.clone(), wake.clone(), shutdown.clone()));
         match crate::notify::outbox::Sender::new(
             &settings.notifiers,
             &settings.forges,
@@ -276,6 +277,25 @@ async fn set_refresher(rec: Reconciler, wake: Arc<Notify>, mut shutdown: watch::
         } else {
             now.checked_sub(period).unwrap_or(now)
         };
+    }
+}
+
+/// How often rollouts in waves are looked at.
+const ROLLOUT_PERIOD: Duration = Duration::from_secs(1);
+
+/// Rollouts in waves, moved on every [`ROLLOUT_PERIOD`] while any is
+/// configured (read again each time: a reload may add one). The workers
+/// are woken after each look: a wave may have queued jobs.
+async fn roller(rec: Reconciler, wake: Arc<Notify>, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        if !rec.app().settings().rollout_units().is_empty() {
+            rec.advance_rollouts().await;
+            wake.notify_waiters();
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(ROLLOUT_PERIOD) => {}
+            _ = shutdown.changed() => return,
+        }
     }
 }
 

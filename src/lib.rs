@@ -49,6 +49,7 @@ pub mod paths;
 pub mod process;
 pub mod queue;
 pub mod redact;
+pub mod rollout;
 pub mod route;
 pub mod scheduler;
 pub mod schema;

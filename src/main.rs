@@ -191,6 +191,12 @@ enum Command {
         /// The target's name.
         target: String,
     },
+    /// Rollouts in waves ([[target_sets]] and [[groups]] entries with a
+    /// `rollout`): where each is, and a person's resume or abort.
+    Rollout {
+        #[command(subcommand)]
+        command: RolloutCommand,
+    },
     /// API tokens.
     Token {
         #[command(subcommand)]
@@ -200,6 +206,30 @@ enum Command {
     Notify {
         #[command(subcommand)]
         command: NotifyCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum RolloutCommand {
+    /// Each rollout's commit, state and wave, and where each member is.
+    Status {
+        /// Only this rollout (its set's or group's `name`).
+        name: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Try a halted rollout's wave again: its failed members are retried,
+    /// and the rollout goes on once the wave is applied and healthy.
+    Resume {
+        /// The set's or group's `name`.
+        name: String,
+    },
+    /// Stop a rollout: the waves it has not reached stay at the commit
+    /// they have until a newer commit starts a rollout of its own.
+    Abort {
+        /// The set's or group's `name`.
+        name: String,
     },
 }
 
@@ -393,6 +423,13 @@ async fn run(args: Args) -> anyhow::Result<u8> {
         Command::Deployments { pending, json } => cli::deployments(&app, pending, json).await,
         Command::Approve { id } => cli::approve_or_reject(&app, id, true).await,
         Command::Reject { id } => cli::approve_or_reject(&app, id, false).await,
+        Command::Rollout { command } => match command {
+            RolloutCommand::Status { name, json } => {
+                cli::rollout_status(&app, name.as_deref(), json).await?
+            }
+            RolloutCommand::Resume { name } => cli::rollout_decide(&app, &name, true).await?,
+            RolloutCommand::Abort { name } => cli::rollout_decide(&app, &name, false).await?,
+        },
         Command::Reconcile { target, now, wait } => {
             cli::reconcile(&app, &target, now, wait.as_deref()).await
         }

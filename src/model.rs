@@ -101,6 +101,8 @@ pub enum Trigger {
     /// A person started it outside the target's change window
     /// (`override:<target>`, `tick --override-window`).
     Override,
+    /// A wave of a rollout reached the target.
+    Rollout,
 }
 
 impl Trigger {
@@ -116,6 +118,7 @@ impl Trigger {
             Trigger::Directory => "directory",
             Trigger::Rollback => "rollback",
             Trigger::Override => "override",
+            Trigger::Rollout => "rollout",
         }
     }
 }

@@ -318,3 +318,107 @@ pub async fn job(app: &App, id: i64) -> Result<Option<JobView>, StoreError> {
         run,
     }))
 }
+
+/// A rollout in waves as `driftless rollout status` and the API show it.
+#[derive(Debug, Clone, Serialize)]
+pub struct RolloutView {
+    pub name: String,
+    /// The commit rolled out.
+    pub sha: String,
+    /// `running`, `halted`, `done`, `superseded`, `aborted`.
+    pub state: &'static str,
+    /// The wave in progress (or halted at), and of how many with members.
+    pub wave: usize,
+    pub waves: usize,
+    pub pause: String,
+    pub reason: Option<String>,
+    pub decided_by: Option<String>,
+    pub started_at: String,
+    pub wave_started_at: String,
+    /// When every member of the wave in progress was through: the pause
+    /// runs from then.
+    pub wave_done_at: Option<String>,
+    pub members: Vec<RolloutMember>,
+}
+
+/// One member of a rollout.
+#[derive(Debug, Clone, Serialize)]
+pub struct RolloutMember {
+    pub target: String,
+    pub wave: usize,
+    /// `done` (an earlier wave, or applied and healthy), `failed`,
+    /// `waiting` (the wave in progress), `held` (a later wave: it stays at
+    /// the commit it has).
+    pub state: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+}
+
+/// Every rollout in waves configured, with the newest row of each (`None`
+/// before its first look).
+pub async fn rollouts(app: &App) -> Result<Vec<(String, Option<RolloutView>)>, StoreError> {
+    let settings = app.settings();
+    let states = app.store.target_states().await?;
+    let mut out = Vec::new();
+    for unit in settings.rollout_units() {
+        let Some(r) = app.store.rollout(unit.name).await? else {
+            out.push((unit.name.to_string(), None));
+            continue;
+        };
+        let waves: Vec<usize> = crate::rollout::nonempty_waves(
+            &r.members
+                .iter()
+                .map(|(m, w)| (m.clone(), *w as usize))
+                .collect::<Vec<_>>(),
+        );
+        let members = r
+            .members
+            .iter()
+            .map(|(m, w)| {
+                let (state, why) =
+                    if *w < r.wave || r.state == crate::store::rollouts::RolloutState::Done {
+                        ("done", None)
+                    } else if *w > r.wave {
+                        ("held", None)
+                    } else {
+                        let s = states.iter().find(|s| &s.name == m);
+                        match crate::tick::rollout_verdict(settings.target(m), s, &r) {
+                            crate::tick::Verdict::Done => ("done", None),
+                            crate::tick::Verdict::Failed(why) => ("failed", Some(why)),
+                            crate::tick::Verdict::Waiting => ("waiting", None),
+                        }
+                    };
+                RolloutMember {
+                    target: m.clone(),
+                    wave: waves
+                        .iter()
+                        .position(|x| *x as i64 == *w)
+                        .map_or(0, |i| i + 1),
+                    state,
+                    why,
+                }
+            })
+            .collect();
+        out.push((
+            unit.name.to_string(),
+            Some(RolloutView {
+                name: r.name.clone(),
+                sha: r.sha.clone(),
+                state: r.state.as_str(),
+                wave: waves
+                    .iter()
+                    .position(|x| *x as i64 == r.wave)
+                    .map_or(0, |i| i + 1),
+                waves: waves.len(),
+                pause: humantime::format_duration(unit.rollout.pause).to_string(),
+                reason: r.reason.clone(),
+                decided_by: r.decided_by.clone(),
+                started_at: format_ms(r.created_at),
+                wave_started_at: format_ms(r.wave_started_at),
+                wave_done_at: r.wave_done_at.map(format_ms),
+                members,
+            }),
+        ));
+    }
+    Ok(out)
+}

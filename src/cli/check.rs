@@ -36,6 +36,28 @@ pub async fn check(path: &Path) -> Report {
                 }
                 window_lines(&t.windows, &mut stdout);
             }
+            for g in &s.groups {
+                let placed = g.rollout.assign(&g.targets);
+                let waves: Vec<String> = crate::rollout::nonempty_waves(&placed)
+                    .iter()
+                    .enumerate()
+                    .map(|(i, w)| {
+                        let names: Vec<&str> = placed
+                            .iter()
+                            .filter(|(_, x)| x == w)
+                            .map(|(m, _)| m.as_str())
+                            .collect();
+                        format!("{}: {}", i + 1, names.join(", "))
+                    })
+                    .collect();
+                let _ = writeln!(
+                    stdout,
+                    "  groups[{}]: rolled out in waves ({}), pause {}",
+                    g.name,
+                    waves.join("; "),
+                    humantime::format_duration(g.rollout.pause)
+                );
+            }
             for set in &s.target_sets {
                 if !set.sample.windows.is_empty() {
                     let _ = writeln!(stdout, "  {} (each member):", set.label());

@@ -16,11 +16,13 @@ use crate::tick::{Planned, Reconciler, TickError, Ticked};
 mod check;
 mod deployments;
 mod notify;
+mod rollout;
 
 pub use check::{check, graph};
 pub use deployments::{approve_or_reject, deployments, reconcile};
 use notify::deliver_notifications;
 pub use notify::{notify_pending, notify_test};
+pub use rollout::{rollout_decide, rollout_status};
 
 /// `tick` exit code when a target's lock is held elsewhere (EX_TEMPFAIL).
 pub const EXIT_BUSY: u8 = 75;
@@ -72,6 +74,13 @@ pub async fn tick(
         && (all || targets.iter().any(|t| app.target(t).is_none()))
     {
         rec.refresh_sets(std::time::Instant::now(), false).await;
+    }
+    // Without a daemon, rollouts in waves move on when a one-shot tick
+    // runs: before it (a new tip starts one, a wave through its pause
+    // goes on) and after it (what it applied may end a wave).
+    let rolls = op == Operation::Apply && !app.settings().rollout_units().is_empty();
+    if rolls {
+        rec.advance_rollouts().await;
     }
     let settings = app.settings();
     let mut names: Vec<String> = if all {
@@ -134,6 +143,9 @@ pub async fn tick(
                 );
             }
         }
+    }
+    if rolls {
+        rec.advance_rollouts().await;
     }
     deliver_notifications(app).await;
     prune_now_and_then(app).await;

@@ -31,6 +31,7 @@ mod decrypt;
 pub mod graph;
 mod health;
 mod repo_url;
+mod rollouts;
 mod server;
 mod sets;
 mod target;
@@ -136,6 +137,8 @@ pub struct Settings {
     /// `[[target_sets]]`: targets made from directories. Their members, as
     /// far as they are known, are in `targets` (each with its `set`).
     pub target_sets: Vec<TargetSet>,
+    /// `[[groups]]`: `[[targets]]` entries rolled out in waves together.
+    pub groups: Vec<Group>,
 }
 
 /// `[history]`: what the run history keeps. Every run that changed or
@@ -163,6 +166,18 @@ pub struct Defaults {
     pub health: Option<crate::health::Health>,
     /// `[defaults] windows`: for targets without their own.
     pub windows: crate::window::Windows,
+}
+
+pub use rollouts::Group;
+
+/// What a rollout in waves covers: a `[[target_sets]]` entry's members or
+/// a `[[groups]]` entry's targets, as the settings know them now.
+#[derive(Debug, Clone)]
+pub struct RolloutUnit<'a> {
+    pub name: &'a str,
+    pub rollout: &'a crate::rollout::Rollout,
+    /// In configuration order (a set's members as listed now).
+    pub members: Vec<&'a Target>,
 }
 
 #[derive(Debug, Clone)]
@@ -281,6 +296,10 @@ pub struct Target {
     /// `windows` as the target's own table said it (`None`: not said, so
     /// `[defaults] windows` apply).
     pub own_windows: Option<crate::window::Windows>,
+    /// The rollout in waves it is a member of: its `[[target_sets]]`
+    /// entry's `name` (when that set has a `rollout`) or its `[[groups]]`
+    /// entry's.
+    pub rollout_of: Option<String>,
     /// The `name_prefix` of the `[[target_sets]]` entry that made it from
     /// its directory (`path`); `None` for a `[[targets]]` entry.
     pub set: Option<String>,
@@ -442,6 +461,8 @@ struct RawTop {
     targets: Vec<Value>,
     #[serde(default)]
     target_sets: Vec<Value>,
+    #[serde(default)]
+    groups: Vec<Value>,
     #[serde(default)]
     receivers: Vec<Value>,
     #[serde(default)]
@@ -802,12 +823,17 @@ fn validate(
         finish_target(t, &forges, &defaults, &notifiers, problems);
     }
     graph::validate(&targets, problems);
+    // Set and group names, one namespace (rollouts and scopes name them).
+    let mut unit_names = HashSet::new();
     let mut target_sets: Vec<TargetSet> = Vec::new();
     for (i, raw) in top.target_sets.into_iter().enumerate() {
         let Some(mut set) = sets::validate_set(raw, i, base, machine, problems) else {
             continue;
         };
         let label = set.label();
+        if let Some(n) = &set.name {
+            rollouts::unit_name(n, &label, &targets, &mut unit_names, problems);
+        }
         if target_sets.iter().any(|s| s.name_prefix == set.name_prefix) {
             problems.push(problem(
                 &label,
@@ -834,7 +860,9 @@ fn validate(
         }
         target_sets.push(set);
     }
+    let groups = rollouts::validate_groups(top.groups, &mut targets, &mut unit_names, problems);
     Some(Settings {
+        groups,
         source: path.to_path_buf(),
         state_dir,
         server,

@@ -14,9 +14,9 @@ use std::collections::BTreeMap;
 use super::*;
 
 /// The keys a set has beside a target's own.
-const SET_KEYS: &[&str] = &["name_prefix", "paths", "destroy_removed"];
+const SET_KEYS: &[&str] = &["name_prefix", "paths", "destroy_removed", "name", "rollout"];
 /// The target keys a set may not have: each member gets its own.
-const MEMBER_KEYS: &[&str] = &["name", "path", "tag"];
+const MEMBER_KEYS: &[&str] = &["path", "tag"];
 /// The longest `name_prefix`, leaving room for the directory's part.
 const MAX_PREFIX: usize = 40;
 
@@ -33,6 +33,11 @@ pub struct TargetSet {
     /// (its backend's destroy, at the commit it last applied) rather than
     /// only orphaned.
     pub destroy_removed: bool,
+    /// `name`: the set itself, as rollouts and scopes name it (its
+    /// members are named by `name_prefix`).
+    pub name: Option<String>,
+    /// `rollout`: its members take a new commit in waves (needs `name`).
+    pub rollout: Option<crate::rollout::Rollout>,
     /// A member as the set's keys make it: its repository, branch,
     /// credentials and interval are every member's.
     pub sample: Target,
@@ -195,6 +200,25 @@ pub(super) fn validate_set(
             false
         }
     };
+    let name = match table.get("name") {
+        None => None,
+        Some(Value::String(n)) => Some(n.clone()),
+        Some(_) => {
+            problems.push(problem(&label, "name", "must be a string"));
+            None
+        }
+    };
+    let rollout = table
+        .get("rollout")
+        .cloned()
+        .and_then(|r| super::rollouts::validate_rollout(r, &label, problems));
+    if table.contains_key("rollout") && name.is_none() {
+        problems.push(problem(
+            &label,
+            "name",
+            "missing: a set with a `rollout` needs a `name` (rollouts and scopes such as approve:<name> name it)",
+        ));
+    }
     for key in SET_KEYS {
         table.remove(*key);
     }
@@ -228,6 +252,8 @@ pub(super) fn validate_set(
         name_prefix: prefix,
         paths,
         destroy_removed,
+        name,
+        rollout,
         sample,
         template,
         base: base.to_path_buf(),
@@ -353,11 +379,41 @@ impl Settings {
             &mut problems,
         );
         t.set = Some(set.name_prefix.clone());
+        t.rollout_of = set.rollout.as_ref().and(set.name.clone());
         if problems.is_empty() {
             Ok(t)
         } else {
             Err(problems)
         }
+    }
+
+    /// Every rollout in waves: the sets with a `rollout`, then the groups.
+    pub fn rollout_units(&self) -> Vec<RolloutUnit<'_>> {
+        let members = |name: &str| -> Vec<&Target> {
+            self.targets
+                .iter()
+                .filter(|t| t.rollout_of.as_deref() == Some(name))
+                .collect()
+        };
+        let sets = self.target_sets.iter().filter_map(|s| {
+            let (name, rollout) = (s.name.as_deref()?, s.rollout.as_ref()?);
+            Some(RolloutUnit {
+                name,
+                rollout,
+                members: members(name),
+            })
+        });
+        let groups = self.groups.iter().map(|g| RolloutUnit {
+            name: &g.name,
+            rollout: &g.rollout,
+            members: members(&g.name),
+        });
+        sets.chain(groups).collect()
+    }
+
+    /// The rollout of this name.
+    pub fn rollout_unit(&self, name: &str) -> Option<RolloutUnit<'_>> {
+        self.rollout_units().into_iter().find(|u| u.name == name)
     }
 
     /// The set of this name prefix.

@@ -154,6 +154,8 @@ pub(super) fn validate_target(
             .windows
             .and_then(|v| super::windows::validate_windows(v, label, problems)),
         windows: Default::default(),
+        // Its group's or its set's, once those are read.
+        rollout_of: None,
         inputs: raw
             .inputs
             .unwrap_or_default()

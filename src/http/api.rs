@@ -388,6 +388,85 @@ pub(super) async fn resume_job(
     set_paused(&s, &caller, name, Some(job), false).await
 }
 
+// --------------------------------------------------------------- rollouts
+
+/// `GET /api/v1/rollouts`: the rollouts in waves the token may read
+/// (`read:<set or group name>`), each once it has started.
+pub(super) async fn rollouts(
+    State(s): State<AppState>,
+    caller: Caller,
+) -> Answer<Vec<status::RolloutView>> {
+    let all = status::rollouts(&s.app)
+        .await
+        .map_err(ApiError::unavailable)?;
+    Ok(Json(
+        all.into_iter()
+            .filter_map(|(name, v)| v.filter(|_| caller.may(Verb::Read, &name)))
+            .collect(),
+    ))
+}
+
+/// `GET /api/v1/rollouts/{name}`
+pub(super) async fn rollout(
+    State(s): State<AppState>,
+    caller: Caller,
+    ApiPath(name): ApiPath<String>,
+) -> Answer<status::RolloutView> {
+    caller.require(Verb::Read, &name)?;
+    let all = status::rollouts(&s.app)
+        .await
+        .map_err(ApiError::unavailable)?;
+    match all.into_iter().find(|(n, _)| *n == name) {
+        Some((_, Some(v))) => Ok(Json(v)),
+        Some((_, None)) => Err(ApiError::not_found(format!(
+            "rollout `{name}` has not started yet"
+        ))),
+        None => Err(ApiError::not_found(format!(
+            "no [[target_sets]] or [[groups]] entry named `{name}` has a rollout"
+        ))),
+    }
+}
+
+/// `POST /api/v1/rollouts/{name}/resume` (scope `approve:<name>`): the
+/// halted wave is tried again.
+pub(super) async fn resume_rollout(
+    State(s): State<AppState>,
+    caller: Caller,
+    ApiPath(name): ApiPath<String>,
+) -> Answer<status::RolloutView> {
+    decide_rollout(s, caller, name, true).await
+}
+
+/// `POST /api/v1/rollouts/{name}/abort` (scope `approve:<name>`).
+pub(super) async fn abort_rollout(
+    State(s): State<AppState>,
+    caller: Caller,
+    ApiPath(name): ApiPath<String>,
+) -> Answer<status::RolloutView> {
+    decide_rollout(s, caller, name, false).await
+}
+
+async fn decide_rollout(
+    s: AppState,
+    caller: Caller,
+    name: String,
+    resume: bool,
+) -> Answer<status::RolloutView> {
+    caller.require(Verb::Approve, &name)?;
+    if s.app.settings().rollout_unit(&name).is_none() {
+        return Err(ApiError::not_found(format!(
+            "no [[target_sets]] or [[groups]] entry named `{name}` has a rollout"
+        )));
+    }
+    crate::tick::decide_rollout(&s.app, &name, resume, caller.name())
+        .await
+        .map_err(ApiError::unavailable)?
+        .map_err(ApiError::conflict)?;
+    info!(rollout = %name, token = %caller.name(), resume, "rollout decided");
+    s.wake.notify_waiters();
+    rollout(State(s), caller, ApiPath(name)).await
+}
+
 // ------------------------------------------------------------ deployments
 //
 // Every backend's deployments in one list, from one table

@@ -25,6 +25,7 @@ pub mod limits;
 pub mod outbox;
 pub mod outputs;
 pub mod previews;
+pub mod rollouts;
 pub mod runs;
 pub mod sets;
 pub mod statuses;

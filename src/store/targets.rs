@@ -11,7 +11,7 @@ use super::{DriftUpdate, Kind, Notice, Operation, Store, StoreError, db, now_ms}
 use crate::model::{ApplyResult, Status};
 
 /// What is known about one target.
-#[derive(Debug, Clone, FromRow, Serialize)]
+#[derive(Debug, Clone, Default, FromRow, Serialize)]
 pub struct TargetState {
     pub name: String,
     pub backend: String,

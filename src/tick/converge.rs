@@ -281,8 +281,21 @@ impl Reconciler {
         if op != Operation::Apply {
             return Ok(Ok(known));
         }
-        match health::aim(target, sha, state, retry) {
+        let rollout = match &target.rollout_of {
+            Some(unit) => self.app.store.rollout(unit).await?,
+            None => None,
+        };
+        match health::aim(target, sha, state, retry, rollout.as_ref()) {
             health::Aim::Tip => Ok(Ok(known)),
+            health::Aim::Staged(s) => {
+                let known = self.git.is_at(&target.name, &s.at).await;
+                tip.sha = Some(Ok(s.at));
+                run.note = Some(match run.note.take() {
+                    Some(n) => format!("{n}; {}", s.note),
+                    None => s.note,
+                });
+                Ok(Ok(known))
+            }
             health::Aim::Kept { tip: bad, reason } => {
                 if already.is_none() {
                     self.app.store.set_run_sha(run.id, &bad).await?;

@@ -20,6 +20,9 @@ pub(super) enum Aim {
     /// The tip was found unhealthy and stays applied as it is (`report`,
     /// or nothing healthy to go back to): the backend does not run.
     Kept { tip: String, reason: String },
+    /// A rollout in waves has not reached this target: it stays at the
+    /// commit it has (`tick::rollout::staged`).
+    Staged(super::rollout::Staged),
 }
 
 /// A run held at the healthy commit `at` while the tip is quarantined.
@@ -32,11 +35,21 @@ pub(super) struct Hold {
     pub rolling_back: bool,
 }
 
-/// Which commit `target` should be at, the tip being `tip`: the tip,
-/// unless that very commit was found unhealthy (and no person asked to
-/// try it again, `retry`); then its last healthy commit under `rollback`,
-/// or where it is otherwise.
-pub(super) fn aim(target: &Target, tip: &str, state: Option<&TargetState>, retry: bool) -> Aim {
+/// Which commit `target` should be at, the tip being `tip`: where it is,
+/// while its rollout in waves (`rollout`, the newest of its unit) has not
+/// reached it; else the tip, unless that very commit was found unhealthy
+/// (and no person asked to try it again, `retry`); then its last healthy
+/// commit under `rollback`, or where it is otherwise.
+pub(super) fn aim(
+    target: &Target,
+    tip: &str,
+    state: Option<&TargetState>,
+    retry: bool,
+    rollout: Option<&crate::store::rollouts::RolloutRow>,
+) -> Aim {
+    if let Some(staged) = super::rollout::staged(target, tip, rollout, state) {
+        return Aim::Staged(staged);
+    }
     let (Some(health), Some(s)) = (&target.health, state) else {
         return Aim::Tip;
     };
@@ -373,23 +386,32 @@ mod tests {
             reason: "502".into(),
             rolling_back: true,
         });
-        assert_eq!(aim(&t, "bbb", Some(&s), false), held);
-        assert_eq!(aim(&t, "bbb", Some(&s), true), Aim::Tip, "retry");
-        assert_eq!(aim(&t, "ccc", Some(&s), false), Aim::Tip, "a newer commit");
+        assert_eq!(aim(&t, "bbb", Some(&s), false, None), held);
+        assert_eq!(aim(&t, "bbb", Some(&s), true, None), Aim::Tip, "retry");
+        assert_eq!(
+            aim(&t, "ccc", Some(&s), false, None),
+            Aim::Tip,
+            "a newer commit"
+        );
         let back = state("aaa", Some("aaa"), Some("bbb"));
-        assert!(matches!(aim(&t, "bbb", Some(&back), false), Aim::Held(h) if !h.rolling_back));
+        assert!(
+            matches!(aim(&t, "bbb", Some(&back), false, None), Aim::Held(h) if !h.rolling_back)
+        );
         let never = state("bbb", None, Some("bbb"));
         assert!(matches!(
-            aim(&t, "bbb", Some(&never), false),
+            aim(&t, "bbb", Some(&never), false, None),
             Aim::Kept { .. }
         ));
         if let Some(h) = t.health.as_mut() {
             h.on_unhealthy = OnUnhealthy::Report;
         }
-        assert!(matches!(aim(&t, "bbb", Some(&s), false), Aim::Kept { .. }));
+        assert!(matches!(
+            aim(&t, "bbb", Some(&s), false, None),
+            Aim::Kept { .. }
+        ));
         t.health = None;
         assert_eq!(
-            aim(&t, "bbb", Some(&s), false),
+            aim(&t, "bbb", Some(&s), false, None),
             Aim::Tip,
             "no checks, no hold"
         );

@@ -22,12 +22,14 @@ mod preview;
 mod record;
 mod review;
 mod rewind;
+mod rollout;
 mod sets;
 mod window;
 
 use converge::with_inputs;
 pub use preview::Previewed;
 pub use rewind::{REWIND_REFUSED, accept as accept_rewind};
+pub use rollout::{Verdict, decide as decide_rollout, verdict as rollout_verdict};
 pub use sets::{SetRefresh, list_sets};
 
 use std::time::Duration;

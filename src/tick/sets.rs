@@ -318,14 +318,29 @@ impl Reconciler {
         if told.get(&set.name_prefix) == Some(&lines) {
             return Ok(());
         }
+        let message = format!("refused: {}", lines.join("; "));
+        self.tell_about(&set.label(), &set.sample, tip, Trigger::Directory, &message)
+            .await?;
+        told.insert(set.name_prefix.clone(), lines);
+        Ok(())
+    }
+
+    /// Tell the notifiers of `sample` (a set's, a rollout's first member)
+    /// that want `failed` about `about` — a set or a rollout, not a run —
+    /// at commit `sha`: `message`, bounded.
+    pub(super) async fn tell_about(
+        &self,
+        about: &str,
+        sample: &Target,
+        sha: &str,
+        trigger: Trigger,
+        message: &str,
+    ) -> Result<(), TickError> {
         let settings = self.app.settings();
-        let message = crate::notify::bounded(
-            &format!("refused: {}", lines.join("; ")),
-            crate::notify::MESSAGE_MAX,
-        );
+        let message = crate::notify::bounded(message, crate::notify::MESSAGE_MAX);
         let event = crate::notify::Event::Failed;
         let mut outbox = Vec::new();
-        for name in &set.sample.notify {
+        for name in &sample.notify {
             let Some(cfg) = settings.notifiers.iter().find(|n| &n.name == name) else {
                 continue;
             };
@@ -336,16 +351,12 @@ impl Reconciler {
             let doc = crate::notify::EventDoc {
                 id: uid.clone(),
                 event,
-                target: set.label(),
-                backend: set.sample.backend.kind().to_string(),
-                sha: Some(tip.to_string()),
-                short_sha: Some(crate::model::short_sha(tip).to_string()),
-                commit_url: set
-                    .sample
-                    .web_url
-                    .as_ref()
-                    .map(|w| format!("{w}/commit/{tip}")),
-                trigger: Trigger::Directory.as_str().to_string(),
+                target: about.to_string(),
+                backend: sample.backend.kind().to_string(),
+                sha: Some(sha.to_string()),
+                short_sha: Some(crate::model::short_sha(sha).to_string()),
+                commit_url: sample.web_url.as_ref().map(|w| format!("{w}/commit/{sha}")),
+                trigger: trigger.as_str().to_string(),
                 delivery_id: None,
                 started_at: crate::store::format_ms(crate::store::now_ms()),
                 duration_ms: 0,
@@ -366,13 +377,9 @@ impl Reconciler {
             }
         }
         if !outbox.is_empty() {
-            self.app
-                .store
-                .record_notifications(&set.label(), &outbox)
-                .await?;
+            self.app.store.record_notifications(about, &outbox).await?;
             self.app.outbox_wake.notify_waiters();
         }
-        told.insert(set.name_prefix.clone(), lines);
         Ok(())
     }
 

@@ -36,5 +36,6 @@ mod target_sets;
 mod terraform;
 mod unwritable;
 mod verify;
+mod waves;
 mod webhooks;
 mod windows;

@@ -315,8 +315,8 @@ impl Jobs {
     /// `dependency`: a producer's outputs changed, a blocking dependency
     /// recovered; `rollback`: the tip was found unhealthy) is closed as
     /// part of this one: this run starts after it was queued, so it does
-    /// what that job was queued for (a rollback goes through the same
-    /// `tick::health::aim`) — and without a daemon (`tick --all`) nothing
+    /// what that job was queued for (a rollback, and a rollout's wave, go
+    /// through the same `tick::health::aim`) — and without a daemon (`tick --all`) nothing
     /// else would ever take it. Jobs with any other trigger (a push's
     /// delivery, an API call) stay queued.
     pub async fn start_now(
@@ -358,12 +358,12 @@ impl Jobs {
                 "UPDATE jobs SET state = 'done', outcome = $2, updated_at = $3
                  WHERE target = $1 AND state = 'queued'
                    AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements_text(jobs.triggers::jsonb) AS t(value)
-                                   WHERE value NOT IN ('dependency', 'rollback'))"
+                                   WHERE value NOT IN ('dependency', 'rollback', 'rollout'))"
             } else {
                 "UPDATE jobs SET state = 'done', outcome = $2, updated_at = $3
                  WHERE target = $1 AND state = 'queued'
                    AND NOT EXISTS (SELECT 1 FROM json_each(jobs.triggers)
-                                   WHERE value NOT IN ('dependency', 'rollback'))"
+                                   WHERE value NOT IN ('dependency', 'rollback', 'rollout'))"
             })
             .bind(target)
             .bind(format!("folded into job {} (a one-shot tick)", r.id))
