@@ -131,9 +131,12 @@ impl Scheduler {
                 .entry(t.name.clone())
                 .or_insert_with(|| jitter(t.interval));
             // Outside its change window the fallback interval does not
-            // apply (a push's job waits queued instead: `tick::window`).
+            // apply (a push's job waits queued instead: `tick::window`),
+            // but for a `detect` target, whose ticks only plan.
             if now >= due_at(t.interval, j, known.get(&t.name).copied().flatten(), now)
-                && (t.windows.is_empty() || t.windows.at(crate::window::now()).open)
+                && (t.windows.is_empty()
+                    || t.policy == crate::deploy::Policy::Detect
+                    || t.windows.at(crate::window::now()).open)
             {
                 candidates.push(t.name.clone());
             }
@@ -214,6 +217,18 @@ mod tests {
         assert_eq!(due_at(i, j, Some(10_000), 20_000), 73_000);
     }
 
+    /// The targets with a job queued.
+    async fn queued(queue: &Queue) -> Vec<String> {
+        queue
+            .activity()
+            .await
+            .expect("activity")
+            .into_iter()
+            .filter(|a| a.queued > 0)
+            .map(|a| a.target)
+            .collect()
+    }
+
     async fn setup(toml: &str) -> (tempfile::TempDir, Scheduler, Queue) {
         let dir = tempfile::tempdir().expect("tempdir");
         let settings = crate::config::from_toml_str(
@@ -254,44 +269,31 @@ mod tests {
             .expect("pause");
         // Never run: a and c are due at once; b is paused.
         assert_eq!(sched.once().await.expect("once"), 2);
-        let queued: Vec<String> = queue
-            .activity()
-            .await
-            .expect("activity")
-            .into_iter()
-            .filter(|a| a.queued > 0)
-            .map(|a| a.target)
-            .collect();
+        let queued = queued(&queue).await;
         assert_eq!(queued, ["a", "c"]);
         // Already queued: not queued again.
         assert_eq!(sched.once().await.expect("once"), 0);
     }
 
     /// Outside its change window a target's fallback interval does not
-    /// apply: only the target whose window is open is queued.
+    /// apply: only the target whose window is open is queued, and a
+    /// `detect` target (its ticks only plan) whatever its window.
     #[tokio::test]
     async fn a_target_outside_its_window_gets_no_interval_tick() {
-        let toml = [("shut", "deny"), ("open", "allow")]
+        let toml = [("shut", "deny", ""), ("open", "allow", ""), ("watch", "deny", "policy = \"detect\"")]
             .iter()
-            .map(|(n, which)| {
+            .map(|(n, which, policy)| {
                 format!(
-                    "[[targets]]\nname = \"{n}\"\nrepo = \"https://h/o/r\"\ninterval = \"1h\"\n\
+                    "[[targets]]\nname = \"{n}\"\nrepo = \"https://h/o/r\"\ninterval = \"1h\"\n{policy}\n\
                      windows = [{{ {which} = \"Mon-Sun 00:00-24:00 UTC\" }}]\n\
-                     [targets.backend]\nkind = \"exec\"\napply = [\"true\"]\n"
+                     [targets.backend]\nkind = \"exec\"\napply = [\"true\"]\nplan = [\"true\"]\n"
                 )
             })
             .collect::<String>();
         let (_dir, mut sched, queue) = setup(&toml).await;
-        assert_eq!(sched.once().await.expect("once"), 1);
-        let queued: Vec<String> = queue
-            .activity()
-            .await
-            .expect("activity")
-            .into_iter()
-            .filter(|a| a.queued > 0)
-            .map(|a| a.target)
-            .collect();
-        assert_eq!(queued, ["open"]);
+        assert_eq!(sched.once().await.expect("once"), 2);
+        let queued = queued(&queue).await;
+        assert_eq!(queued, ["open", "watch"]);
     }
 
     /// The scheduler remembers when targets last ran and reads again only

@@ -6,8 +6,9 @@
 //! Not held back: a job a person marked `override` (the scope
 //! `override:<target>`, `tick --override-window`), and a `rollback` a
 //! health gate queued (it finishes an apply that began inside the window:
-//! the unhealthy commit does not stay until Monday). Previews, `detect`,
-//! `driftless plan` and `outputs` change nothing and never ask.
+//! the unhealthy commit does not stay until Monday). A `detect` target's
+//! ticks, previews, `driftless plan` and `outputs` change nothing and are
+//! never held back.
 
 use super::*;
 use crate::window::{Windows, now};
@@ -25,11 +26,13 @@ pub struct Shut {
     pub again: Duration,
 }
 
-/// Whether `target`'s windows hold back a job asked for by `triggers`.
+/// Whether `target`'s windows hold back a job asked for by `triggers`. A
+/// `detect` target's ticks only plan: never held back.
 pub(super) fn shut(target: &Target, triggers: &[Trigger]) -> Option<Shut> {
-    if triggers
-        .iter()
-        .any(|t| matches!(t, Trigger::Override | Trigger::Rollback))
+    if target.policy == Policy::Detect
+        || triggers
+            .iter()
+            .any(|t| matches!(t, Trigger::Override | Trigger::Rollback))
     {
         return None;
     }

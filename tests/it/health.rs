@@ -215,12 +215,7 @@ fn rollback_applies_the_last_healthy_commit_and_holds_it_until_a_newer_one() {
 /// are the database's, as on SQLite.
 #[test]
 fn rollback_holds_on_postgres_too() {
-    let url = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime")
-        .block_on(driftless::store::testing::database());
-    rollback_holds(&format!("[database]\nurl = {}\n\n", toml_str(&url)));
+    rollback_holds(&postgres_table());
 }
 
 /// The rollback scenario, with `database` (TOML, or "" for SQLite).

@@ -269,12 +269,7 @@ fn every_wave_in_order_with_its_pause_and_a_kill_9_resumes_at_the_same_wave() {
 /// The same on PostgreSQL: the rollout's wave is the database's.
 #[test]
 fn every_wave_in_order_and_a_kill_9_resumes_on_postgres_too() {
-    let url = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime")
-        .block_on(driftless::store::testing::database());
-    waves_survive_a_kill(&format!("[database]\nurl = {}\n\n", toml_str(&url)));
+    waves_survive_a_kill(&postgres_table());
 }
 
 fn waves_survive_a_kill(database: &str) {
@@ -444,4 +439,44 @@ fn a_target_sets_members_roll_out_in_waves() {
         y > x + 2_000_000_000 && z > x + 2_000_000_000,
         "x {x}, y {y}, z {z}:\n{log}"
     );
+}
+
+/// A newer commit supersedes a halted rollout and starts its own from the
+/// first wave: the fix reaches every member, and the halted rollout is on
+/// record as `superseded`.
+#[test]
+fn a_newer_commit_supersedes_a_halted_rollout() {
+    let f = Fleet::new("", "0s");
+    let d = f.serve();
+    f.settled();
+    f.bad("a", true);
+    let v2 = f.push(d.port, "2");
+    f.wait_rollout(&v2, "halted", Duration::from_secs(60));
+    f.bad("a", false);
+    let v3 = f.push(d.port, "3");
+    f.wait_rollout(&v3, "done", Duration::from_secs(60));
+    drop(d);
+    for m in MEMBERS {
+        assert_eq!(f.live(m), "3", "{m}");
+        assert!(
+            f.applied(m, "2").is_empty() || m == "a",
+            "{m} took the halted commit"
+        );
+    }
+    let rows = sql_rows(
+        &f.setup.db(),
+        "SELECT sha, state FROM rollouts WHERE name = 'fleet' ORDER BY seq",
+    );
+    let states: Vec<(String, String)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["sha"].as_str().unwrap_or("").to_string(),
+                r["state"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(states.len(), 3, "{states:?}");
+    assert_eq!(states[1], (v2, "superseded".to_string()));
+    assert_eq!(states[2], (v3, "done".to_string()));
 }

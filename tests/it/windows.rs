@@ -227,12 +227,7 @@ fn an_override_starts_the_waiting_job_at_once_and_the_run_says_so() {
 /// by the database's `not_before`) runnable at once.
 #[test]
 fn an_override_starts_the_waiting_job_on_postgres_too() {
-    let url = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime")
-        .block_on(driftless::store::testing::database());
-    override_applies(&format!("[database]\nurl = {}\n\n", toml_str(&url)));
+    override_applies(&postgres_table());
 }
 
 fn override_applies(database: &str) {

@@ -2384,3 +2384,14 @@ pub fn verify_ssh_table(dir: &Path, principal: &str, public: &str) -> String {
         toml_str(&allowed.display().to_string())
     )
 }
+
+/// A `[database]` table for a throwaway PostgreSQL database of its own
+/// (`driftless::store::testing::database`), to put first in a config.
+pub fn postgres_table() -> String {
+    let url = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(driftless::store::testing::database());
+    format!("[database]\nurl = {}\n\n", toml_str(&url))
+}
