@@ -65,6 +65,7 @@ impl Asked {
             hold: None,
             probe: None,
             resumed_health: None,
+            recheck_only: false,
         }
     }
 }
@@ -114,6 +115,7 @@ impl Reconciler {
             .begin_run_with_state(&asked.row(&target.name, already.as_deref()))
             .await?;
         let mut run = asked.run(run_id, state.clone());
+        run.recheck_only = job.is_some_and(|j| window::rechecks_only(target, j));
         match leftovers {
             Ok(0) => {}
             Ok(n) => warn!(target = %target.name, files = n,
@@ -285,7 +287,14 @@ impl Reconciler {
             Some(unit) => self.app.store.rollout(unit).await?,
             None => None,
         };
-        match health::aim(target, sha, state, retry, rollout.as_ref()) {
+        match health::aim(
+            target,
+            sha,
+            state,
+            retry,
+            rollout.as_ref(),
+            run.recheck_only,
+        ) {
             health::Aim::Tip => Ok(Ok(known)),
             health::Aim::Staged(s) => {
                 let known = self.git.is_at(&target.name, &s.at).await;
@@ -607,6 +616,9 @@ impl Reconciler {
         op: Operation,
         retry: bool,
     ) -> Result<Ticked, TickError> {
+        if run.recheck_only {
+            return self.recheck_only(target, run, synced, ctx).await;
+        }
         if op == Operation::Apply && target.tick_policy().reviews() {
             return match backend::build(&target.backend, ctx) {
                 Err(e) => {
@@ -694,6 +706,41 @@ impl Reconciler {
             .gate(target, run, synced.sha.as_str(), status, b.as_ref())
             .await?;
         let sha = Some(synced.sha.as_str());
+        let findings = Findings {
+            quarantine: gated.quarantine,
+            ..Findings::default()
+        };
+        self.finish_with(target, run, sha, sha, gated.status, findings)
+            .await
+    }
+
+    /// Outside its change window: the target's health checked at the
+    /// commit it has, its backend not applying anything.
+    async fn recheck_only(
+        &self,
+        target: &Target,
+        run: &RunInfo,
+        synced: &Synced,
+        ctx: Context,
+    ) -> Result<Ticked, TickError> {
+        let sha = Some(synced.sha.as_str());
+        let b = match backend::build(&target.backend, ctx) {
+            Err(e) => {
+                return self
+                    .finish(target, run, sha, Status::failed(e.to_string()))
+                    .await;
+            }
+            Ok(b) => b,
+        };
+        let status = Status {
+            result: ApplyResult::NoChange,
+            message: "its health checks passed".into(),
+            output_tail: String::new(),
+            digest: None,
+        };
+        let gated = self
+            .gate(target, run, synced.sha.as_str(), status, b.as_ref())
+            .await?;
         let findings = Findings {
             quarantine: gated.quarantine,
             ..Findings::default()

@@ -35,9 +35,10 @@ pub(super) struct Hold {
     pub rolling_back: bool,
 }
 
-/// Which commit `target` should be at, the tip being `tip`: where it is,
-/// while its rollout in waves (`rollout`, the newest of its unit) has not
-/// reached it; else the tip, unless that very commit was found unhealthy
+/// Which commit `target` should be at, the tip being `tip`: where it is
+/// when this run only rechecks its health outside its change window
+/// (`recheck_only`), or while its rollout in waves (`rollout`, the newest
+/// of its unit) has not reached it; else the tip, unless that very commit was found unhealthy
 /// (and no person asked to try it again, `retry`); then its last healthy
 /// commit under `rollback`, or where it is otherwise.
 pub(super) fn aim(
@@ -46,7 +47,17 @@ pub(super) fn aim(
     state: Option<&TargetState>,
     retry: bool,
     rollout: Option<&crate::store::rollouts::RolloutRow>,
+    recheck_only: bool,
 ) -> Aim {
+    if recheck_only && let Some(at) = state.and_then(|s| s.last_applied_sha.clone()) {
+        return Aim::Staged(super::rollout::Staged {
+            note: format!(
+                "outside its change window: nothing applied, health rechecked at {}",
+                short_sha(&at)
+            ),
+            at,
+        });
+    }
     if let Some(staged) = super::rollout::staged(target, tip, rollout, state) {
         return Aim::Staged(staged);
     }
@@ -386,32 +397,36 @@ mod tests {
             reason: "502".into(),
             rolling_back: true,
         });
-        assert_eq!(aim(&t, "bbb", Some(&s), false, None), held);
-        assert_eq!(aim(&t, "bbb", Some(&s), true, None), Aim::Tip, "retry");
+        assert_eq!(aim(&t, "bbb", Some(&s), false, None, false), held);
         assert_eq!(
-            aim(&t, "ccc", Some(&s), false, None),
+            aim(&t, "bbb", Some(&s), true, None, false),
+            Aim::Tip,
+            "retry"
+        );
+        assert_eq!(
+            aim(&t, "ccc", Some(&s), false, None, false),
             Aim::Tip,
             "a newer commit"
         );
         let back = state("aaa", Some("aaa"), Some("bbb"));
         assert!(
-            matches!(aim(&t, "bbb", Some(&back), false, None), Aim::Held(h) if !h.rolling_back)
+            matches!(aim(&t, "bbb", Some(&back), false, None, false), Aim::Held(h) if !h.rolling_back)
         );
         let never = state("bbb", None, Some("bbb"));
         assert!(matches!(
-            aim(&t, "bbb", Some(&never), false, None),
+            aim(&t, "bbb", Some(&never), false, None, false),
             Aim::Kept { .. }
         ));
         if let Some(h) = t.health.as_mut() {
             h.on_unhealthy = OnUnhealthy::Report;
         }
         assert!(matches!(
-            aim(&t, "bbb", Some(&s), false, None),
+            aim(&t, "bbb", Some(&s), false, None, false),
             Aim::Kept { .. }
         ));
         t.health = None;
         assert_eq!(
-            aim(&t, "bbb", Some(&s), false, None),
+            aim(&t, "bbb", Some(&s), false, None, false),
             Aim::Tip,
             "no checks, no hold"
         );

@@ -75,6 +75,9 @@ struct RunInfo {
     /// The health checks of the commit applied last were begun this long
     /// ago by a run that was interrupted: resumed, not applied again.
     resumed_health: Option<Duration>,
+    /// Outside the target's change window this run only rechecks its
+    /// health at the commit it has (`tick::window::rechecks_only`).
+    recheck_only: bool,
 }
 
 /// What a run found besides its status, written with it.
@@ -193,8 +196,11 @@ impl Reconciler {
 
     async fn run_claimed(&self, job: &Job) -> Result<Ticked, TickError> {
         let target = self.target(&job.target)?;
-        // Outside its window the job waits queued; nothing is fetched.
-        if let Some(shut) = window::shut(&target, &job.triggers) {
+        // Outside its window the job waits queued; nothing is fetched. An
+        // interval tick of a target that rechecks its health only does that.
+        if let Some(shut) = window::shut(&target, &job.triggers)
+            && !window::rechecks_only(&target, job)
+        {
             info!(target = %target.name, job = job.id, reason = %shut.words, "job waits for its change window");
             return Ok(Ticked::Waiting {
                 reason: shut.words,

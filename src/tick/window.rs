@@ -39,6 +39,15 @@ pub(super) fn shut(target: &Target, triggers: &[Trigger]) -> Option<Shut> {
     shut_at(&target.windows, now())
 }
 
+/// Whether `job` only rechecks `target`'s health: an interval tick of a
+/// target with `recheck = true` while its window is shut. It applies
+/// nothing and is not held back.
+pub(super) fn rechecks_only(target: &Target, job: &Job) -> bool {
+    job.interval_only()
+        && target.health.as_ref().is_some_and(|h| h.recheck)
+        && shut(target, &job.triggers).is_some()
+}
+
 fn shut_at(windows: &Windows, at: jiff::Timestamp) -> Option<Shut> {
     let state = windows.at(at);
     if state.open {

@@ -314,3 +314,64 @@ fn a_one_shot_tick_outside_its_window_says_when_it_opens_unless_overridden() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(w.applied(), ["1", "2"]);
 }
+
+/// Outside its window a target with `recheck = true` still has its health
+/// checked on the interval, at the commit it has, and nothing applied: a
+/// pushed commit waits, and a failing check is reported `unhealthy`.
+#[test]
+fn health_rechecks_go_on_outside_the_window_and_apply_nothing() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(&[("v.txt", "1\n")], "first");
+    let log = root.path().join("applied.log");
+    let sick = root.path().join("sick");
+    let s = Setup::new(&exec_target(
+        "web",
+        &remote.url(),
+        &format!(
+            "interval = \"1s\"\nwindows = [{{ deny = \"{} - {} UTC\" }}]\n\
+             [targets.health]\ngrace = \"0s\"\ninterval = \"1s\"\ntimeout = \"1s\"\nrecheck = true\n\
+             [[targets.health.checks]]\ncommand = [\"sh\", \"-c\", \"test ! -e {}\"]\n",
+            utc_minute(-60),
+            utc_minute(60),
+            sick.display()
+        ),
+        &format!(
+            "apply = [\"sh\", \"-c\", \"cat v.txt >> {}\"]",
+            log.display()
+        ),
+    ));
+    let out = s.run(&["tick", "--override-window", "web"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    remote.commit(&[("v.txt", "2\n")], "second");
+    let d = s.serve();
+    let rechecked = |result: &str| {
+        s.history("web").into_iter().find(|r| {
+            r["trigger"] == "interval"
+                && r["result"] == result
+                && r["message"].as_str().is_some_and(|m| {
+                    m.contains("outside its change window: nothing applied, health rechecked")
+                })
+        })
+    };
+    wait_for(
+        Duration::from_secs(30),
+        "a recheck outside the window",
+        || rechecked("no_change").is_some(),
+    );
+    std::fs::write(&sick, "").expect("write");
+    wait_for(Duration::from_secs(30), "an unhealthy recheck", || {
+        rechecked("unhealthy").is_some()
+    });
+    drop(d);
+    let run = rechecked("unhealthy").expect("run");
+    assert!(
+        run["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("nothing was applied")),
+        "{run}"
+    );
+    assert_eq!(log_lines(&log), ["1"], "applied outside the window");
+    let first = git(&remote.work, &["rev-list", "--max-parents=0", "HEAD"]);
+    assert_eq!(run["sha"], first.trim(), "{run}");
+}
