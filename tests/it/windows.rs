@@ -267,11 +267,29 @@ fn override_applies(database: &str) {
     );
     assert_eq!(w.applied(), ["2"]);
     // The window is still shut: the next push waits again.
-    w.push(d.port, "3", "delivery-3");
+    let v3 = w.push(d.port, "3", "delivery-3");
     wait_for(Duration::from_secs(20), "the next push waits", || {
         w.window()["waiting"] == true
     });
     assert_eq!(w.applied(), ["2"]);
+    // The CLI's way: `driftless reconcile --now`, through the daemon.
+    let out = output_within(
+        std::process::Command::new(bin())
+            .arg("--config")
+            .arg(&w.setup.config)
+            .args(["reconcile", "--now", "--wait", "30s", "web"])
+            .env("DRIFTLESS_TOKEN", OPS)
+            .stdin(std::process::Stdio::null()),
+        Duration::from_secs(60),
+    );
+    let said = text(&out.stdout);
+    assert!(out.status.success(), "{said}{}", text(&out.stderr));
+    assert!(
+        said.starts_with(&format!("web: changed at {}", &v3[..12]))
+            && said.contains("trigger webhook,override"),
+        "{said}"
+    );
+    assert_eq!(w.applied(), ["2", "3"]);
 }
 
 /// Without a daemon: a one-shot `tick` outside the window applies nothing,
