@@ -183,7 +183,11 @@ fn member_state(rollout: &Value, m: &str) -> String {
 /// every wave.
 #[test]
 fn an_unhealthy_first_wave_halts_the_rollout_and_later_waves_keep_their_commit() {
-    let f = Fleet::new("", "0s");
+    let forges = tempfile::tempdir().expect("tempdir");
+    let forge = ForgeStandin::start(forges.path());
+    let f = Fleet::with(&(forge.table("f", "github") + "\n"), "0s", |_| {
+        "forge = \"f\"\nforge_repo = \"me/fleet\"".to_string()
+    });
     let d = f.serve();
     f.settled();
     f.bad("a", true);
@@ -248,6 +252,26 @@ fn an_unhealthy_first_wave_halts_the_rollout_and_later_waves_keep_their_commit()
     );
     assert_eq!(seen.json()["state"], "halted", "{}", seen.body);
 
+    // The commit says so on the forge, in a context of the rollout's own.
+    let context = "driftless/rollout/fleet";
+    wait_for(
+        Duration::from_secs(20),
+        "the rollout's failure status",
+        || forge.states(&v2, context).last().map(String::as_str) == Some("failure"),
+    );
+    let posted = forge.journal();
+    let halted_status = posted
+        .iter()
+        .rev()
+        .find(|r| r["body"]["context"] == context)
+        .expect("a status of the rollout");
+    assert!(
+        halted_status["body"]["description"]
+            .as_str()
+            .is_some_and(|d| d.starts_with("halted at wave 1: `a` is unhealthy")),
+        "{halted_status}"
+    );
+
     f.bad("a", false);
     let out = f.setup.run(&["rollout", "resume", "fleet"]);
     assert!(out.status.success(), "{}", text(&out.stdout));
@@ -255,6 +279,17 @@ fn an_unhealthy_first_wave_halts_the_rollout_and_later_waves_keep_their_commit()
     for m in MEMBERS {
         assert_eq!(f.live(m), "2", "{m}");
     }
+    wait_for(
+        Duration::from_secs(20),
+        "the rollout's success status",
+        || forge.states(&v2, context).last().map(String::as_str) == Some("success"),
+    );
+    let states = forge.states(&v2, context);
+    assert_eq!(
+        states.first().map(String::as_str),
+        Some("pending"),
+        "{states:?}"
+    );
 }
 
 /// All healthy: the commit reaches every wave in order, each wave no
