@@ -85,11 +85,17 @@ struct Raw {
 }
 
 impl Raw {
-    fn row(self) -> RolloutRow {
-        RolloutRow {
-            // Written only by `start_rollout` from a list; an unreadable
-            // one holds nobody back rather than failing every tick.
-            members: serde_json::from_str(&self.members).unwrap_or_default(),
+    /// The row, its members read from their JSON (written only by
+    /// `start_rollout`: one that does not read is an error, never an empty
+    /// list that would hold nobody back).
+    fn row(self) -> Result<RolloutRow, sqlx::Error> {
+        let members =
+            serde_json::from_str(&self.members).map_err(|e| sqlx::Error::ColumnDecode {
+                index: "members".into(),
+                source: Box::new(e),
+            })?;
+        Ok(RolloutRow {
+            members,
             name: self.name,
             seq: self.seq,
             sha: self.sha,
@@ -101,7 +107,7 @@ impl Raw {
             decided_by: self.decided_by,
             created_at: self.created_at,
             updated_at: self.updated_at,
-        }
+        })
     }
 }
 
@@ -118,7 +124,9 @@ impl Store {
         .fetch_optional(self.pool())
         .await
         .map_err(self.err("reading a rollout"))?;
-        Ok(raw.map(Raw::row))
+        raw.map(Raw::row)
+            .transpose()
+            .map_err(self.err("reading a rollout"))
     }
 
     /// The last `limit` rollouts of `name`, newest first.
@@ -135,7 +143,10 @@ impl Store {
         .fetch_all(self.pool())
         .await
         .map_err(self.err("reading rollouts"))?;
-        Ok(raw.into_iter().map(Raw::row).collect())
+        raw.into_iter()
+            .map(Raw::row)
+            .collect::<Result<_, _>>()
+            .map_err(self.err("reading rollouts"))
     }
 
     /// Start rolling `sha` out to `members` at wave `first`, after `prev`
@@ -288,5 +299,62 @@ impl Store {
             == 1;
         tx.commit().await.map_err(self.err(what))?;
         Ok(moved)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two starts after the same row: one wins. A members column that does
+    /// not read is an error, not a rollout of nobody.
+    #[tokio::test]
+    async fn one_start_wins_and_unreadable_members_are_an_error() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(&dir.path().join("d.db")).await.expect("store");
+        let members = [("a".to_string(), 1), ("b".to_string(), 2)];
+        assert!(
+            store
+                .start_rollout("fleet", None, "s1", &members, 1)
+                .await
+                .expect("start")
+        );
+        assert!(
+            !store
+                .start_rollout("fleet", None, "s1", &members, 1)
+                .await
+                .expect("again")
+        );
+        let r = store.rollout("fleet").await.expect("read").expect("a row");
+        assert_eq!((r.seq, r.wave, r.state), (1, 1, RolloutState::Running));
+        assert_eq!(r.members, members);
+        assert!(
+            store
+                .rollout_next_wave("fleet", 1, 1, 2)
+                .await
+                .expect("next")
+        );
+        assert!(
+            !store
+                .rollout_next_wave("fleet", 1, 1, 2)
+                .await
+                .expect("twice")
+        );
+        assert!(
+            store
+                .start_rollout("fleet", Some(&r), "s2", &members, 1)
+                .await
+                .expect("newer")
+        );
+        let old = store.rollout_history("fleet", 10).await.expect("history");
+        assert_eq!(old[1].state, RolloutState::Superseded);
+        let mut tx = store.begin_write("corrupting").await.expect("write");
+        sqlx::query("UPDATE rollouts SET members = 'not json' WHERE seq = 2")
+            .execute(&mut *tx)
+            .await
+            .expect("corrupt");
+        tx.commit().await.expect("commit");
+        let e = store.rollout("fleet").await.expect_err("unreadable");
+        assert!(e.to_string().contains("reading a rollout"), "{e}");
     }
 }
