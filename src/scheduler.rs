@@ -131,14 +131,10 @@ impl Scheduler {
                 .entry(t.name.clone())
                 .or_insert_with(|| jitter(t.interval));
             // Outside its change window the fallback interval does not
-            // apply (a push's job waits queued instead: `tick::window`),
-            // but for a `detect` target, whose ticks only plan, and a
-            // target that rechecks its health (its tick only does that).
+            // apply (a push's job waits queued instead); `tick::window`
+            // says which targets' intervals go on.
             if now >= due_at(t.interval, j, known.get(&t.name).copied().flatten(), now)
-                && (t.windows.is_empty()
-                    || t.policy == crate::deploy::Policy::Detect
-                    || t.health.as_ref().is_some_and(|h| h.recheck)
-                    || t.windows.at(crate::window::now()).open)
+                && !crate::tick::interval_waits(t)
             {
                 candidates.push(t.name.clone());
             }

@@ -31,6 +31,7 @@ pub use preview::Previewed;
 pub use rewind::{REWIND_REFUSED, accept as accept_rewind};
 pub use rollout::{Verdict, decide as decide_rollout, verdict as rollout_verdict};
 pub use sets::{SetRefresh, list_sets};
+pub use window::interval_waits;
 
 use std::time::Duration;
 

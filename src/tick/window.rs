@@ -39,6 +39,16 @@ pub(super) fn shut(target: &Target, triggers: &[Trigger]) -> Option<Shut> {
     shut_at(&target.windows, now())
 }
 
+/// Whether `target`'s fallback interval waits for its window: it is shut,
+/// and the target's interval ticks would do more than plan (`detect`) or
+/// recheck its health (`rechecks_only`). The scheduler's question.
+pub fn interval_waits(target: &Target) -> bool {
+    !target.windows.is_empty()
+        && target.policy != Policy::Detect
+        && !target.health.as_ref().is_some_and(|h| h.recheck)
+        && !target.windows.at(now()).open
+}
+
 /// Whether `job` only rechecks `target`'s health: an interval tick of a
 /// target with `recheck = true` while its window is shut. It applies
 /// nothing and is not held back.

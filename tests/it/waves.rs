@@ -80,17 +80,7 @@ impl Fleet {
 
     /// `serve` on the movable windows clock (`tests/it/windows.rs`).
     fn serve(&self) -> Daemon {
-        Daemon::start_with_env(
-            &self.setup.config,
-            self.setup.path(),
-            &[
-                ("RUST_LOG", "info"),
-                (
-                    "DRIFTLESS_DEBUG_CLOCK_FILE",
-                    self.clock.to_str().expect("utf-8"),
-                ),
-            ],
-        )
+        Daemon::start_with_clock(&self.setup, &self.clock)
     }
 
     fn live(&self, m: &str) -> String {
@@ -348,17 +338,10 @@ fn waves_survive_a_kill(database: &str) {
 /// opens (the clock moved past it); then it is done.
 #[test]
 fn a_wave_waits_for_its_members_window() {
-    let now = jiff::Timestamp::now();
-    let minute = |m: i64| {
-        now.checked_add(jiff::SignedDuration::from_mins(m))
-            .expect("time")
-            .strftime("%Y-%m-%d %H:%M")
-            .to_string()
-    };
     let window = format!(
         "windows = [{{ deny = \"{} - {} UTC\" }}]",
-        minute(-60),
-        minute(60)
+        utc_minute(-60),
+        utc_minute(60)
     );
     let f = Fleet::with("", "0s", |m| {
         if m == "c" {

@@ -20,14 +20,6 @@ const DEV: &str = "dev-token-for-windows-0001";
 /// May override `web`'s window as well.
 const OPS: &str = "ops-token-for-windows-0002";
 
-/// `now` moved by `minutes`, as a one-off entry writes it (UTC).
-fn utc_minute(minutes: i64) -> String {
-    let t = jiff::Timestamp::now()
-        .checked_add(jiff::SignedDuration::from_mins(minutes))
-        .expect("a time");
-    t.strftime("%Y-%m-%d %H:%M").to_string()
-}
-
 struct World {
     root: tempfile::TempDir,
     remote: Remote,
@@ -84,17 +76,7 @@ impl World {
 
     /// `serve` on the movable clock (a held-back job looks again each second).
     fn serve(&self) -> Daemon {
-        Daemon::start_with_env(
-            &self.setup.config,
-            self.setup.path(),
-            &[
-                ("RUST_LOG", "info"),
-                (
-                    "DRIFTLESS_DEBUG_CLOCK_FILE",
-                    self.clock.to_str().expect("utf-8"),
-                ),
-            ],
-        )
+        Daemon::start_with_clock(&self.setup, &self.clock)
     }
 
     /// The one-shot CLI on the same clock.

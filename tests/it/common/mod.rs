@@ -436,6 +436,21 @@ impl Daemon {
         );
     }
 
+    /// `serve` on a movable clock: a debug build adds the seconds written
+    /// in the file `clock` to the time change windows are judged by
+    /// (`DRIFTLESS_DEBUG_CLOCK_FILE`; release builds never read it), and a
+    /// job held back by a window then looks again every second.
+    pub fn start_with_clock(setup: &Setup, clock: &Path) -> Daemon {
+        Self::start_with_env(
+            &setup.config,
+            setup.path(),
+            &[
+                ("RUST_LOG", "info"),
+                ("DRIFTLESS_DEBUG_CLOCK_FILE", clock.to_str().expect("utf-8")),
+            ],
+        )
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
@@ -2394,4 +2409,13 @@ pub fn postgres_table() -> String {
         .expect("runtime")
         .block_on(driftless::store::testing::database());
     format!("[database]\nurl = {}\n\n", toml_str(&url))
+}
+
+/// Now moved by `minutes`, as a one-off window entry writes it (UTC).
+pub fn utc_minute(minutes: i64) -> String {
+    jiff::Timestamp::now()
+        .checked_add(jiff::SignedDuration::from_mins(minutes))
+        .expect("a time")
+        .strftime("%Y-%m-%d %H:%M")
+        .to_string()
 }
