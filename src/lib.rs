@@ -46,6 +46,8 @@ pub mod metrics;
 pub mod model;
 pub mod notify;
 pub mod paths;
+pub mod plan;
+pub mod policy;
 pub mod process;
 pub mod queue;
 pub mod redact;

@@ -197,6 +197,12 @@ enum Command {
         #[command(subcommand)]
         command: RolloutCommand,
     },
+    /// Policies as code ([[policies]]): their own tests, or what they make
+    /// of a target's plan.
+    Policy {
+        #[command(subcommand)]
+        command: PolicyCommand,
+    },
     /// API tokens.
     Token {
         #[command(subcommand)]
@@ -230,6 +236,28 @@ enum RolloutCommand {
     Abort {
         /// The set's or group's `name`.
         name: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum PolicyCommand {
+    /// Run every policy's `test_*` rules (exit 1 when one fails).
+    Test {
+        /// Only this policy (its `name`).
+        name: Option<String>,
+    },
+    /// Evaluate the policies covering TARGET against a fresh plan of it, or
+    /// against a recorded plan document (exit 1 when they deny it).
+    Eval {
+        /// The target's name.
+        target: String,
+        /// A plan document recorded by `driftless plan --json` (the whole
+        /// output or its `document`).
+        #[arg(long)]
+        input: Option<std::path::PathBuf>,
+        /// Print the document and the outcome as JSON.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -423,6 +451,14 @@ async fn run(args: Args) -> anyhow::Result<u8> {
         Command::Deployments { pending, json } => cli::deployments(&app, pending, json).await,
         Command::Approve { id } => cli::approve_or_reject(&app, id, true).await,
         Command::Reject { id } => cli::approve_or_reject(&app, id, false).await,
+        Command::Policy { command } => match command {
+            PolicyCommand::Test { name } => cli::policy_test(&app, name.as_deref()),
+            PolicyCommand::Eval {
+                target,
+                input,
+                json,
+            } => cli::policy_eval(&rec(), &target, input.as_deref(), json).await?,
+        },
         Command::Rollout { command } => match command {
             RolloutCommand::Status { name, json } => {
                 cli::rollout_status(&app, name.as_deref(), json).await?

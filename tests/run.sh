@@ -68,6 +68,13 @@ if ! python3 -c 'import hcl2' >/dev/null 2>&1; then
   echo "== installing python-hcl2 (pip)"
   python3 -m pip install -q --disable-pip-version-check 'python-hcl2>=7,<9'
 fi
+# check-jsonschema: the plan document a policy reads is checked against its
+# published schema (docs/schemas/plan-document.json).
+if ! command -v check-jsonschema >/dev/null 2>&1; then
+  echo "== installing check-jsonschema (pip)"
+  python3 -m pip install -q --disable-pip-version-check 'check-jsonschema>=0.29,<1'
+  command -v pyenv >/dev/null 2>&1 && pyenv rehash || true
+fi
 # moto's server: the AWS CloudFormation API on loopback.
 if ! command -v moto_server >/dev/null 2>&1; then
   echo "== installing moto[server] (pip)"

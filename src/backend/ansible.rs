@@ -449,7 +449,7 @@ impl Ansible {
             // Ansible cannot tell a deletion from any other change.
             destructive: !lines.is_empty(),
             hash: hex::encode(h.finalize()),
-            artifact: None,
+            ..Plan::default()
         })
     }
 

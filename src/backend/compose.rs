@@ -473,13 +473,48 @@ impl Compose {
             h.update(b"\0");
             h.update(l.as_bytes());
         }
-        Ok(Plan::of_lines(
+        let plan = Plan::of_lines(
             &lines,
             (add, change, destroy),
             destroy > 0,
             hex::encode(h.finalize()),
             &self.ctx.redactor,
-        ))
+        );
+        let items = if plan.changes {
+            self.plan_items(&plan.diff, &services, deadline).await?
+        } else {
+            Vec::new()
+        };
+        Ok(Plan { items, ..plan })
+    }
+
+    /// The plan's lines in the normal form a policy reads: a service's
+    /// line carries the service as compose's model gives it (`config`,
+    /// redacted) as `after`.
+    async fn plan_items(
+        &self,
+        diff: &str,
+        services: &BTreeSet<String>,
+        deadline: Instant,
+    ) -> Result<Vec<crate::plan::Change>, String> {
+        // YAML, as v1 and v2 both print it.
+        let out = self
+            .run(&self.spec(&["config"], deadline))
+            .await
+            .map_err(|e| format!("compose config failed: {e}"))?;
+        let model = crate::plan::yaml_to_json(&out.stdout)
+            .map_err(|e| format!("`compose config` printed a model that does not read: {e}"))?;
+        let mut items = crate::plan::changes_of_diff(diff);
+        for c in &mut items {
+            if services.contains(&c.address) || c.action == crate::plan::Action::Delete {
+                c.kind = "compose_service".into();
+            }
+            if services.contains(&c.address) {
+                c.after = model["services"][c.address.as_str()].clone();
+                crate::plan::redact_json(&mut c.after, &self.ctx.redactor);
+            }
+        }
+        Ok(items)
     }
 
     /// Converge the project. `force` (an approved plan said something

@@ -129,7 +129,7 @@ pub struct PlanToApply {
 }
 
 /// What applying now would change, as a backend that can plan reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Plan {
     /// Whether applying would change anything at all.
     pub changes: bool,
@@ -147,6 +147,11 @@ pub struct Plan {
     /// What applying exactly this plan needs (terraform: the saved plan
     /// file, under [`Context::plans_dir`]).
     pub artifact: Option<PathBuf>,
+    /// The normal form a policy reads ([`crate::plan::Change`]), redacted;
+    /// empty: the diff's lines say it ([`crate::plan::changes_of_diff`]).
+    pub items: Vec<crate::plan::Change>,
+    /// The backend's own machine-readable plan, redacted (`Null`: none).
+    pub raw: serde_json::Value,
 }
 
 impl Plan {
@@ -165,7 +170,16 @@ impl Plan {
             diff: redactor.redact(&lines.join("\n")),
             destructive,
             hash,
-            artifact: None,
+            ..Plan::default()
+        }
+    }
+
+    /// The normal form: the backend's own, or its diff's lines.
+    pub fn changes(&self) -> Vec<crate::plan::Change> {
+        if self.items.is_empty() {
+            crate::plan::changes_of_diff(&self.diff)
+        } else {
+            self.items.clone()
         }
     }
 }

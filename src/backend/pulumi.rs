@@ -411,6 +411,7 @@ impl Pulumi {
     fn summarise_preview(&self, doc: &Value) -> Plan {
         let (mut add, mut change, mut destroy) = (0u64, 0u64, 0u64);
         let mut lines: Vec<String> = Vec::new();
+        let mut items = Vec::new();
         let mut seen = std::collections::BTreeSet::new();
         for step in doc["steps"].as_array().into_iter().flatten() {
             let op = step["op"].as_str().unwrap_or("?");
@@ -447,17 +448,32 @@ impl Pulumi {
                 }
             }
             lines.push(format!("{sign} {name} ({ty}, {op})"));
+            let mut item = crate::plan::Change::new(
+                urn,
+                ty,
+                crate::plan::Action::of_sign(sign).unwrap_or(crate::plan::Action::Update),
+            );
+            // Pulumi's preview prints a secret as `[secret]`;
+            // the redactor masks the values it knows.
+            item.before = step["oldState"]["inputs"].clone();
+            item.after = step["newState"]["inputs"].clone();
+            crate::plan::redact_json(&mut item.before, &self.ctx.redactor);
+            crate::plan::redact_json(&mut item.after, &self.ctx.redactor);
+            items.push(item);
         }
         let mut h = Sha256::new();
         h.update(b"driftless-pulumi-plan-v2\0");
         h.update(normal_form(doc).to_string().as_bytes());
-        Plan::of_lines(
-            &lines,
-            (add, change, destroy),
-            destroy > 0,
-            hex::encode(h.finalize()),
-            &self.ctx.redactor,
-        )
+        Plan {
+            items,
+            ..Plan::of_lines(
+                &lines,
+                (add, change, destroy),
+                destroy > 0,
+                hex::encode(h.finalize()),
+                &self.ctx.redactor,
+            )
+        }
     }
 
     async fn destroy_inner(&self) -> Status {

@@ -608,6 +608,11 @@ impl Terraform {
         })?;
         let mut plan = summarise_plan(&json);
         plan.diff = self.ctx.redactor.redact(&plan.diff);
+        crate::plan::redact_json(&mut plan.raw, &self.ctx.redactor);
+        for c in &mut plan.items {
+            crate::plan::redact_json(&mut c.before, &self.ctx.redactor);
+            crate::plan::redact_json(&mut c.after, &self.ctx.redactor);
+        }
         plan.artifact = Some(file);
         Ok(plan)
     }
@@ -673,13 +678,135 @@ fn summarise_plan(json: &Value) -> Plan {
     if let Some(o) = doc.as_object_mut() {
         o.remove("timestamp");
     }
+    let hash = hex::encode(Sha256::digest(doc.to_string().as_bytes()));
+    let raw = masked(doc);
+    let items = raw["resource_changes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|rc| {
+            let actions: Vec<&str> = rc["change"]["actions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect();
+            let mut c = crate::plan::Change::new(
+                rc["address"].as_str().unwrap_or("?"),
+                rc["type"].as_str().unwrap_or(""),
+                crate::plan::Action::of_terraform(&actions),
+            );
+            c.before = rc["change"]["before"].clone();
+            c.after = rc["change"]["after"].clone();
+            c
+        })
+        .collect();
     Plan {
         changes: !lines.is_empty(),
         summary,
         diff: lines.join("\n"),
         destructive,
-        hash: hex::encode(Sha256::digest(doc.to_string().as_bytes())),
+        hash,
         artifact: None,
+        items,
+        raw,
+    }
+}
+
+/// Terraform's JSON plan as a policy may read it: every value terraform
+/// marks sensitive (`before_sensitive`, `after_sensitive`) masked in
+/// `resource_changes`, `resource_drift` and `output_changes`, and the
+/// parts that carry values without those marks left out (`planned_values`,
+/// `prior_state`, `variables`).
+fn masked(mut doc: Value) -> Value {
+    use crate::plan::mask_sensitive;
+    // Every value terraform marks sensitive anywhere (a sensitive variable,
+    // an attribute) is masked everywhere: terraform does not mark what is
+    // derived from it (`terraform_data`'s `output` of a sensitive `input`).
+    let mut known = crate::redact::Redactor::new();
+    sensitive_values(&doc, &mut known);
+    let Some(o) = doc.as_object_mut() else {
+        return Value::Null;
+    };
+    for part in ["planned_values", "prior_state", "variables"] {
+        o.remove(part);
+    }
+    let mask = |c: &mut Value| {
+        for (v, s) in [("before", "before_sensitive"), ("after", "after_sensitive")] {
+            let sens = c[s].clone();
+            if let Some(val) = c.get_mut(v) {
+                mask_sensitive(val, &sens);
+            }
+        }
+    };
+    for part in ["resource_changes", "resource_drift"] {
+        if let Some(list) = o.get_mut(part).and_then(Value::as_array_mut) {
+            for rc in list {
+                if let Some(c) = rc.get_mut("change") {
+                    mask(c);
+                }
+            }
+        }
+    }
+    if let Some(outs) = o.get_mut("output_changes").and_then(Value::as_object_mut) {
+        for c in outs.values_mut() {
+            mask(c);
+        }
+    }
+    crate::plan::redact_json(&mut doc, &known);
+    doc
+}
+
+/// The values terraform's plan marks sensitive: a sensitive variable's
+/// value, and every value under a `true` of a `*_sensitive` companion.
+fn sensitive_values(doc: &Value, out: &mut crate::redact::Redactor) {
+    fn under(v: &Value, sens: &Value, out: &mut crate::redact::Redactor) {
+        match (v, sens) {
+            (_, Value::Bool(true)) => strings(v, out),
+            (Value::Object(m), Value::Object(s)) => {
+                for (k, x) in m {
+                    if let Some(sx) = s.get(k) {
+                        under(x, sx, out);
+                    }
+                }
+            }
+            (Value::Array(a), Value::Array(s)) => {
+                for (x, sx) in a.iter().zip(s) {
+                    under(x, sx, out);
+                }
+            }
+            _ => {}
+        }
+    }
+    fn strings(v: &Value, out: &mut crate::redact::Redactor) {
+        match v {
+            Value::String(s) => out.add(s.clone()),
+            Value::Number(n) => out.add(n.to_string()),
+            Value::Array(a) => a.iter().for_each(|x| strings(x, out)),
+            Value::Object(m) => m.values().for_each(|x| strings(x, out)),
+            _ => {}
+        }
+    }
+    let declared = &doc["configuration"]["root_module"]["variables"];
+    if let Some(vars) = doc["variables"].as_object() {
+        for (name, v) in vars {
+            if declared[name]["sensitive"] == Value::Bool(true) {
+                strings(&v["value"], out);
+            }
+        }
+    }
+    for part in ["resource_changes", "resource_drift"] {
+        for rc in doc[part].as_array().into_iter().flatten() {
+            let c = &rc["change"];
+            under(&c["before"], &c["before_sensitive"], out);
+            under(&c["after"], &c["after_sensitive"], out);
+        }
+    }
+    if let Some(outs) = doc["output_changes"].as_object() {
+        for c in outs.values() {
+            under(&c["before"], &c["before_sensitive"], out);
+            under(&c["after"], &c["after_sensitive"], out);
+        }
     }
 }
 

@@ -120,6 +120,6 @@ pub fn line_plan(kind: &str, digest: &str, stdout: &str, redactor: &Redactor) ->
         diff: lines.join("\n"),
         destructive: destroy > 0 || other > 0,
         hash: hex::encode(h.finalize()),
-        artifact: None,
+        ..super::Plan::default()
     }
 }

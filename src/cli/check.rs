@@ -64,7 +64,8 @@ pub async fn check(path: &Path) -> Report {
                     window_lines(&set.sample.windows, &mut stdout);
                 }
             }
-            let code = check_sets(&s, &mut stdout).await;
+            let mut code = check_policies(&s, &mut stdout);
+            code = code.max(check_sets(&s, &mut stdout).await);
             Report { stdout, code }
         }
         Err(e) => Report {
@@ -95,6 +96,41 @@ fn window_lines(w: &crate::window::Windows, out: &mut String) {
 /// `check`'s part for `[[target_sets]]`: each set's members at its
 /// branch tip, and the directories refused. A set whose branch cannot be
 /// fetched is a failure.
+/// Every `[[policies]]` entry's files read and parsed (each problem
+/// names the file and line), and the targets it covers.
+fn check_policies(s: &config::Settings, out: &mut String) -> u8 {
+    let mut code = 0;
+    for p in &s.policies {
+        let covered: Vec<&str> = s
+            .targets
+            .iter()
+            .filter(|t| p.covers(&t.name))
+            .map(|t| t.name.as_str())
+            .collect();
+        match crate::policy::load(&p.spec) {
+            Ok(l) => {
+                let _ = writeln!(
+                    out,
+                    "  policies[{}]: {} file(s), package {}; covers {}",
+                    p.spec.name,
+                    l.files.len(),
+                    p.spec.package,
+                    if covered.is_empty() {
+                        format!("no [[targets]] entry (globs {})", p.targets.join(", "))
+                    } else {
+                        covered.join(", ")
+                    }
+                );
+            }
+            Err(e) => {
+                code = EXIT_FAILED;
+                let _ = writeln!(out, "  policies[{}]: {e}", p.spec.name);
+            }
+        }
+    }
+    code
+}
+
 pub(super) async fn check_sets(s: &config::Settings, out: &mut String) -> u8 {
     if s.target_sets.is_empty() {
         return 0;

@@ -16,12 +16,14 @@ use crate::tick::{Planned, Reconciler, TickError, Ticked};
 mod check;
 mod deployments;
 mod notify;
+mod policy;
 mod rollout;
 
 pub use check::{check, graph};
 pub use deployments::{approve_or_reject, deployments, reconcile};
 use notify::deliver_notifications;
 pub use notify::{notify_pending, notify_test};
+pub use policy::{policy_eval, policy_test};
 pub use rollout::{rollout_decide, rollout_status};
 
 /// `tick` exit code when a target's lock is held elsewhere (EX_TEMPFAIL).
@@ -433,8 +435,13 @@ pub const EXIT_CHANGES: u8 = 2;
 /// `driftless plan <target>`: what applying the branch tip would change.
 pub async fn plan(rec: &Reconciler, target: &str, as_json: bool) -> Result<Report, TickError> {
     known(rec.app(), target)?;
-    let (commit, plan) = match rec.plan_now(target).await? {
-        Planned::Plan { commit, plan } => (commit, plan),
+    let (commit, plan, document, policies) = match rec.plan_now(target).await? {
+        Planned::Plan {
+            commit,
+            plan,
+            document,
+            policies,
+        } => (commit, plan, document, policies),
         Planned::CannotPlan { backend } => {
             return Ok(failed(format!(
                 "target `{target}` ({backend}) cannot plan: give it a `plan` command"
@@ -448,6 +455,7 @@ pub async fn plan(rec: &Reconciler, target: &str, as_json: bool) -> Result<Repor
         }
     };
     let code = if plan.changes { EXIT_CHANGES } else { 0 };
+    let judged = policy::judged_lines(policies.as_ref());
     let stdout = if as_json {
         let v = serde_json::json!({
             "target": target,
@@ -457,6 +465,8 @@ pub async fn plan(rec: &Reconciler, target: &str, as_json: bool) -> Result<Repor
             "plan_hash": plan.hash,
             "summary": plan.summary,
             "diff": plan.diff,
+            "document": document,
+            "policies": policy::judged_json(policies.as_ref()),
         });
         format!("{v:#}\n")
     } else if plan.changes {
@@ -471,7 +481,7 @@ pub async fn plan(rec: &Reconciler, target: &str, as_json: bool) -> Result<Repor
             },
             plan.diff,
             plan.hash
-        )
+        ) + &judged
     } else {
         format!("{target} at {}: no changes\n", commit.short())
     };

@@ -30,6 +30,7 @@ pub mod database;
 mod decrypt;
 pub mod graph;
 mod health;
+mod policies;
 mod repo_url;
 mod rollouts;
 mod server;
@@ -40,6 +41,7 @@ mod windows;
 
 pub use checks::valid_name;
 use checks::{duration, problem, read_table};
+pub use policies::PolicyConfig;
 pub use repo_url::normalize_repo;
 pub use server::valid_scope;
 use server::{validate_receivers, validate_server, validate_tokens};
@@ -139,6 +141,9 @@ pub struct Settings {
     pub target_sets: Vec<TargetSet>,
     /// `[[groups]]`: `[[targets]]` entries rolled out in waves together.
     pub groups: Vec<Group>,
+    /// `[[policies]]`: Rego files every plan of the targets they cover is
+    /// evaluated against.
+    pub policies: Vec<PolicyConfig>,
 }
 
 /// `[history]`: what the run history keeps. Every run that changed or
@@ -446,6 +451,16 @@ impl Settings {
     pub fn preview_locks_dir(&self) -> PathBuf {
         self.state_dir.join("previews").join("locks")
     }
+
+    /// The policies (`[[policies]]`) that cover target `name`, in the
+    /// order configured.
+    pub fn policies_for(&self, name: &str) -> Vec<&crate::policy::Spec> {
+        self.policies
+            .iter()
+            .filter(|p| p.covers(name))
+            .map(|p| &p.spec)
+            .collect()
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -463,6 +478,8 @@ struct RawTop {
     target_sets: Vec<Value>,
     #[serde(default)]
     groups: Vec<Value>,
+    #[serde(default)]
+    policies: Vec<Value>,
     #[serde(default)]
     receivers: Vec<Value>,
     #[serde(default)]
@@ -861,8 +878,13 @@ fn validate(
         target_sets.push(set);
     }
     let groups = rollouts::validate_groups(top.groups, &mut targets, &mut unit_names, problems);
+    let policies = policies::validate_policies(top.policies, base, problems);
+    for t in &targets {
+        policies::check_covered(&policies, t, &format!("targets[{}]", t.name), problems);
+    }
     Some(Settings {
         groups,
+        policies,
         source: path.to_path_buf(),
         state_dir,
         server,

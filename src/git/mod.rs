@@ -549,6 +549,51 @@ impl Git {
         }
     }
 
+    /// The files that differ between commits `a` and `b` in `remote`'s
+    /// cache, relative to the repository, in git's order (`git diff
+    /// --name-only`, renames as a delete and an add); `Err` says why git
+    /// could not tell (a commit not in the cache).
+    pub async fn files_between(
+        &self,
+        remote: &str,
+        a: &str,
+        b: &str,
+    ) -> Result<Vec<String>, String> {
+        let cache = self.cache_dir(remote);
+        let argv = [
+            "git",
+            "diff",
+            "--no-renames",
+            "--name-only",
+            "-z",
+            a,
+            b,
+            "--",
+        ];
+        let mut spec = Spec::new(argv.iter().map(|s| s.to_string()).collect(), &cache);
+        spec.deadline = Some(Instant::now() + std::time::Duration::from_secs(60));
+        spec.env.insert("GIT_CONFIG_NOSYSTEM".into(), "1".into());
+        spec.env
+            .insert("GIT_CONFIG_GLOBAL".into(), "/dev/null".into());
+        let out = process::run(&spec, &Redactor::new())
+            .await
+            .map_err(|e| e.to_string())?;
+        if !out.success() {
+            return Err(format!(
+                "git diff {} {} failed: {}",
+                crate::model::short_sha(a),
+                crate::model::short_sha(b),
+                out.stderr_summary(3)
+            ));
+        }
+        Ok(out
+            .stdout
+            .split('\0')
+            .filter(|f| !f.is_empty())
+            .map(str::to_string)
+            .collect())
+    }
+
     /// The git tree id of `path` ("" = the root) at commit `sha` in
     /// `remote`'s cache: `None` when the commit or the path is not there.
     /// Read-only (no checkout moves), read by gix: no process.

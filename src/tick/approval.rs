@@ -9,11 +9,13 @@ use std::path::Path;
 
 use tracing::info;
 
+use super::guard::Decision;
 use super::review::{Again, made_from_changes, shown_path};
 use super::{Findings, Reconciler, RunInfo, TickError, Ticked};
 use crate::backend::{self, ApplyResult, Plan, Status};
 use crate::config::{Policy, Target};
 use crate::model::{CommitId, short_sha};
+use crate::notify;
 use crate::store::deployments::{NewPlan, PlanState, StoredPlan};
 
 impl Reconciler {
@@ -85,6 +87,10 @@ impl Reconciler {
         if !retry
             && let Some(last) = store.latest_plan(&target.name).await?
             && matches!(last.state, PlanState::Rejected | PlanState::Failed)
+            // An `auto` target (reviewed because a policy covers it) holds
+            // on a plan its policies refused, and retries any other failure
+            // at its next tick as an unguarded one does.
+            && (target.policy != Policy::Auto || last.decided_by.as_deref() == Some(POLICY))
             && made_from_changes(run, &last).is_empty()
             && self.same_inputs(target, &last.commit_sha, seen).await
         {
@@ -342,7 +348,17 @@ impl Reconciler {
             );
             return end(quiet(msg), true, false).await;
         }
-        let unattended = target.policy == Policy::ApproveDestructive && !plan.destructive;
+        // The policies covering the target judge the plan before anyone
+        // sees it: a denial (or a policy that cannot be evaluated)
+        // applies nothing.
+        let Decision {
+            unattended,
+            findings,
+            plan_msg,
+        } = match self.decide(target, run, seen, &plan).await {
+            Ok(d) => d,
+            Err(why) => return self.refuse(target, run, seen, backend, &plan, why).await,
+        };
         let made_from = run.made_from.as_ref().map(|m| m.stored());
         let artifact = plan.artifact.as_ref().map(|a| a.display().to_string());
         let shown = self.shown_hash(&plan.hash).await?;
@@ -363,11 +379,7 @@ impl Reconciler {
                 PlanState::PendingApproval
             },
             decided_by: unattended.then_some("driftless"),
-            message: if unattended {
-                "neither deletes nor replaces anything: applied unattended (policy approve_destructive)"
-            } else {
-                "waits for approval"
-            },
+            message: &plan_msg,
             made_from: made_from.as_deref(),
         };
         let stored = match store.insert_plan(&new).await {
@@ -378,14 +390,15 @@ impl Reconciler {
             }
         };
         if unattended {
+            let note = (!findings.is_empty()).then(|| findings.clone());
             return self
-                .apply_recorded(target, run, seen, backend, stored, None)
+                .apply_recorded(target, run, seen, backend, stored, note)
                 .await;
         }
         info!(target = %target.name, deployment = stored.id, commit = %seen.short(),
               summary = %stored.summary, destructive = stored.destructive, "a plan waits for approval");
         let msg = format!(
-            "{}{}deployment {} waits for approval: {}{} at {}",
+            "{}{}deployment {} waits for approval: {}{} at {}{}",
             not_applied.map(|n| format!("{n}; ")).unwrap_or_default(),
             superseded
                 .map(|id| format!(
@@ -400,11 +413,85 @@ impl Reconciler {
             } else {
                 ""
             },
-            seen.short()
+            seen.short(),
+            if findings.is_empty() {
+                String::new()
+            } else {
+                format!("; {findings}")
+            }
         );
         end(quiet(msg), false, true).await
     }
+
+    /// A plan the policies refused (`why`): recorded as failed, so the
+    /// target holds at this commit until a new one, a change of what the
+    /// plan is made from (the policies among it) or `driftless retry`;
+    /// what it holds outside driftless let go of; the run failed.
+    async fn refuse(
+        &self,
+        target: &Target,
+        run: &RunInfo,
+        seen: &CommitId,
+        backend: Box<dyn backend::Backend>,
+        plan: &Plan,
+        why: String,
+    ) -> Result<Ticked, TickError> {
+        let applied = run.prev.as_ref().and_then(|s| s.last_applied_sha.clone());
+        let made_from = run.made_from.as_ref().map(|m| m.stored());
+        let shown = self.shown_hash(&plan.hash).await?;
+        let why = notify::bounded(&why, notify::MESSAGE_MAX);
+        let new = NewPlan {
+            target: &target.name,
+            backend: target.backend.kind(),
+            commit_sha: seen.as_str(),
+            plan_hash: &shown,
+            backend_hash: &plan.hash,
+            policy: target.policy.as_str(),
+            summary: &plan.summary,
+            diff: &plan.diff,
+            destructive: plan.destructive,
+            artifact: None,
+            state: PlanState::Failed,
+            decided_by: Some(POLICY),
+            message: &why,
+            made_from: made_from.as_deref(),
+        };
+        self.discard(
+            target,
+            backend.as_ref(),
+            &plan.hash,
+            plan.artifact.as_deref(),
+        )
+        .await;
+        self.prune_plans(target, None);
+        let stored = self.app.store.insert_plan(&new).await?;
+        tracing::warn!(target = %target.name, deployment = stored.id, commit = %seen.short(),
+              why = %why, "a plan is refused by policy");
+        let status = Status {
+            result: ApplyResult::Failed,
+            message: format!(
+                "deployment {} ({} at {}): {why}; nothing applied",
+                stored.id,
+                plan.summary,
+                seen.short()
+            ),
+            output_tail: plan.diff.clone(),
+            digest: None,
+        };
+        self.finish_with(
+            target,
+            run,
+            applied.as_deref(),
+            Some(seen.as_str()),
+            status,
+            Findings::default(),
+        )
+        .await
+    }
 }
+
+/// Who decided a plan the policies refused.
+const POLICY: &str = "policy";
 
 /// Where the target's plans leave a reviewing tick.
 enum Next {

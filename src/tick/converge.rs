@@ -66,6 +66,7 @@ impl Asked {
             probe: None,
             resumed_health: None,
             recheck_only: false,
+            shown_inputs: Default::default(),
         }
     }
 }
@@ -525,7 +526,7 @@ impl Reconciler {
         inputs: depends::Inputs,
         op: Operation,
     ) -> Result<Result<(Context, Option<decrypt::Opened>), Status>, TickError> {
-        let reviews = op == Operation::Apply && target.tick_policy().reviews();
+        let reviews = op == Operation::Apply && self.reviews(target);
         // The key a digest of decrypted values is kept under, read before
         // anything is decrypted (a failure then leaves no plaintext).
         let key = match (reviews, &target.decrypt) {
@@ -537,9 +538,17 @@ impl Reconciler {
                 inputs: inputs.recorded.clone(),
                 decrypted: None,
                 backend: identity::backend_digest(&target.backend),
+                policies: self.policies_digest(target),
             });
         }
+        let values = inputs.values.clone();
         with_inputs(&mut ctx, inputs);
+        if reviews || self.guarded(target) {
+            run.shown_inputs = values
+                .into_iter()
+                .map(|(k, v)| (k, ctx.redactor.redact(&v)))
+                .collect();
+        }
         let Some(sops) = &target.decrypt else {
             return Ok(Ok((ctx, None)));
         };
@@ -619,7 +628,7 @@ impl Reconciler {
         if run.recheck_only {
             return self.recheck_only(target, run, synced, ctx).await;
         }
-        if op == Operation::Apply && target.tick_policy().reviews() {
+        if op == Operation::Apply && self.reviews(target) {
             return match backend::build(&target.backend, ctx) {
                 Err(e) => {
                     self.finish(target, run, None, Status::failed(e.to_string()))
@@ -650,6 +659,15 @@ impl Reconciler {
             }
             Ok(b) => b,
         };
+        // Nomad's jobs keep their own plans: under a policy its plan is
+        // judged first, and only what passes is registered.
+        let mut findings = String::new();
+        if op == Operation::Apply && target.backend.reviews_units() && self.guarded(target) {
+            match self.gate_units(target, run, &synced.sha, b.as_ref()).await {
+                Ok(f) => findings = f,
+                Err(status) => return self.finish(target, run, None, status).await,
+            }
+        }
         let status = match run.resumed_health {
             Some(_) => Status {
                 result: ApplyResult::Changed,
@@ -676,6 +694,13 @@ impl Reconciler {
                     )),
                 }
             }
+        };
+        let status = match findings.is_empty() {
+            true => status,
+            false => Status {
+                message: format!("{}; {findings}", status.message),
+                ..status
+            },
         };
         // Outputs others take: recorded with the run that left them.
         // Applied but unreadable fails the run (it runs again).

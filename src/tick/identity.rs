@@ -22,6 +22,10 @@ pub(super) struct MadeFrom {
     pub decrypted: Option<String>,
     /// A digest of the target's backend table as configured.
     pub backend: String,
+    /// A digest of the policy files covering the target (`None`: no
+    /// policy covers it).
+    #[serde(default)]
+    pub policies: Option<String>,
 }
 
 impl MadeFrom {
@@ -60,6 +64,9 @@ impl MadeFrom {
         if old.backend != self.backend {
             out.push("the backend table changed".to_string());
         }
+        if old.policies != self.policies {
+            out.push("the policies in force changed".to_string());
+        }
         out
     }
 }
@@ -93,17 +100,20 @@ mod tests {
             inputs: [("greeting".to_string(), "1".to_string())].into(),
             decrypted: None,
             backend: "b".into(),
+            policies: None,
         };
         assert!(a.changes_since(Some(&a.stored())).is_empty());
         let mut b = a.clone();
         b.inputs.insert("greeting".into(), "2".into());
         b.inputs.insert("extra".into(), "x".into());
         b.backend = "c".into();
+        b.policies = Some("p".into());
         assert_eq!(
             b.changes_since(Some(&a.stored())),
             [
                 "inputs changed: `extra`, `greeting`",
-                "the backend table changed"
+                "the backend table changed",
+                "the policies in force changed"
             ]
         );
         assert_eq!(a.changes_since(None).len(), 1);

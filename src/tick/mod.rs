@@ -15,6 +15,7 @@ mod approval;
 mod converge;
 mod depends;
 mod forget;
+mod guard;
 mod health;
 mod identity;
 mod notices;
@@ -79,6 +80,9 @@ struct RunInfo {
     /// Outside the target's change window this run only rechecks its
     /// health at the commit it has (`tick::window::rechecks_only`).
     recheck_only: bool,
+    /// The target's inputs as a plan document shows them (a sensitive
+    /// one masked), for the ticks that review plans.
+    shown_inputs: std::collections::BTreeMap<String, String>,
 }
 
 /// What a run found besides its status, written with it.
@@ -144,11 +148,21 @@ pub enum Ticked {
     Unaffected { reason: String },
 }
 
-/// What [`Reconciler::plan_now`] found.
+/// What [`Reconciler::plan_now`] found (made once per `driftless plan`,
+/// never held in numbers: its size does not matter).
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
 pub enum Planned {
     /// What applying the branch tip, `commit`, would change.
-    Plan { commit: CommitId, plan: Plan },
+    Plan {
+        commit: CommitId,
+        plan: Plan,
+        /// The plan as the policies read it.
+        document: Box<crate::plan::Document>,
+        /// What the policies covering the target make of it (`None`: no
+        /// policy covers it; `Err`: they could not be evaluated).
+        policies: Option<Result<crate::policy::Outcome, String>>,
+    },
     /// This target's backend cannot plan.
     CannotPlan { backend: &'static str },
     /// Another tick holds the target's lock.

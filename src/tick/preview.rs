@@ -146,23 +146,32 @@ impl Reconciler {
             Ok(s) => s,
             Err(e) => return Outcome::Failed(e.to_string()),
         };
-        let last_digest = match self.app.store.target_state(&target.name).await {
-            Ok(s) => s.and_then(|s| s.backend_digest),
+        let (last_digest, applied) = match self.app.store.target_state(&target.name).await {
+            Ok(s) => (
+                s.as_ref().and_then(|s| s.backend_digest.clone()),
+                s.and_then(|s| s.last_applied_sha),
+            ),
             Err(e) => return Outcome::Failed(e.to_string()),
         };
         let mut ctx = self.context(target, &synced, last_digest, false);
         // The inputs a preview plans with are today's: it says which.
         let mut inputs_used = None;
+        let mut values = std::collections::BTreeMap::new();
         if !target.inputs.is_empty() {
             match self.resolve_inputs(target).await {
                 Ok(Ok(v)) => {
                     inputs_used = Some(inputs_line(target, &v.recorded));
+                    values = v.values.clone();
                     super::with_inputs(&mut ctx, v)
                 }
                 Ok(Err(why)) => return Outcome::Failed(why),
                 Err(e) => return Outcome::Failed(e.to_string()),
             }
         }
+        let shown: std::collections::BTreeMap<String, String> = values
+            .into_iter()
+            .map(|(k, v)| (k, ctx.redactor.redact(&v)))
+            .collect();
         ctx.plans_dir = self.app.settings().preview_plans_dir(&target.name);
         ctx.preview = Some(self.git.checkout_dir(&target.name).join(&target.path));
         let b = match backend::build(&target.backend, ctx) {
@@ -175,15 +184,32 @@ impl Reconciler {
                 target.backend.kind()
             )),
             Some(Err(e)) => Outcome::Failed(e),
-            Some(Ok(plan)) => Outcome::Planned {
-                changes: plan.changes,
-                destructive: plan.destructive,
-                summary: plan.summary,
-                diff: match inputs_used {
-                    Some(line) => format!("{line}\n{}", plan.diff),
-                    None => plan.diff,
-                },
-            },
+            Some(Ok(plan)) => {
+                // What the policies would make of it, beside the plan: a
+                // person sees a denial before merging.
+                let judged = match self.guarded(target) && plan.changes {
+                    true => {
+                        let doc = self
+                            .plan_document(target, applied.as_deref(), shown, &synced.sha, &plan)
+                            .await;
+                        Some(self.evaluate(target, &doc).await)
+                    }
+                    false => None,
+                };
+                let (summary, lines) = with_policies(plan.summary, judged);
+                let diff = [inputs_used, lines, Some(plan.diff)]
+                    .into_iter()
+                    .flatten()
+                    .filter(|l| !l.is_empty())
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                Outcome::Planned {
+                    changes: plan.changes,
+                    destructive: plan.destructive,
+                    summary,
+                    diff,
+                }
+            }
         }
     }
 
@@ -214,6 +240,9 @@ impl Reconciler {
             Outcome::Planned { changes: false, .. } => {
                 self.status(target, p, State::Success, "plan: no changes".into())
             }
+            Outcome::Planned { summary, .. } if summary.contains(DENIED) => {
+                self.status(target, p, State::Failure, format!("plan: {summary}"))
+            }
             Outcome::Planned { summary, .. } => {
                 self.status(target, p, State::Success, format!("plan: {summary}"))
             }
@@ -225,6 +254,55 @@ impl Reconciler {
             ),
         };
         s.into_iter().collect()
+    }
+}
+
+/// What a preview's summary says when a policy denies its plan.
+const DENIED: &str = "denied by policy";
+
+/// A preview's summary with what the policies made of its plan (`judged`;
+/// `None`: no policy covers the target), and their findings as lines for
+/// the top of its diff.
+fn with_policies(
+    summary: String,
+    judged: Option<Result<crate::policy::Outcome, String>>,
+) -> (String, Option<String>) {
+    match judged {
+        None => (summary, None),
+        Some(Err(e)) => (
+            format!("{summary}; {DENIED} (it cannot be evaluated): {e}"),
+            Some(format!("policies: {e}")),
+        ),
+        Some(Ok(o)) => {
+            let lines = o.lines();
+            let said = match (o.deny.first(), o.require_approval.first()) {
+                (Some(d), _) => format!(
+                    "{summary}; {DENIED} `{}`: {}{}",
+                    d.policy,
+                    d.message,
+                    match o.deny.len() {
+                        1 => String::new(),
+                        n => format!(" (and {} more)", n - 1),
+                    }
+                ),
+                (None, Some(r)) => format!(
+                    "{summary}; waits for approval: policy `{}` requires it: {}",
+                    r.policy, r.message
+                ),
+                (None, None) if !o.warn.is_empty() => {
+                    format!("{summary}; {} policy warning(s)", o.warn.len())
+                }
+                _ => summary,
+            };
+            let lines = (!lines.is_empty()).then(|| {
+                lines
+                    .iter()
+                    .map(|l| format!("policies: {l}"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            });
+            (said, lines)
+        }
     }
 }
 
@@ -309,6 +387,7 @@ pub(crate) fn render_comment(
         let summary = p.summary.as_deref().unwrap_or("");
         let what = match p.state.as_str() {
             "planned" if !p.changes => "no changes".to_string(),
+            "planned" if summary.contains(DENIED) => format!("**denied**: {}", cell(summary)),
             "planned" if p.destructive => format!("**deletes or replaces**: {}", cell(summary)),
             "planned" => cell(summary),
             "failed" => format!("**plan failed**: {}", cell(summary)),
@@ -441,6 +520,61 @@ mod tests {
         assert!(body.contains("1 other target(s)"), "{body}");
         assert!(body.contains("&lt;script&gt;"), "{body}");
         assert!(!body.contains("<script>"), "{body}");
+    }
+
+    #[test]
+    fn a_policys_denial_is_shown_beside_the_plan() {
+        use crate::policy::{Finding, Outcome as Judged};
+        let f = |m: &str| Finding {
+            policy: "no-deletes".into(),
+            rule: "deny".into(),
+            message: m.into(),
+        };
+        let (summary, lines) = with_policies(
+            "0 to add, 0 to change, 1 to destroy".into(),
+            Some(Ok(Judged {
+                deny: vec![f("b would be deleted")],
+                warn: vec![f("careful")],
+                require_approval: vec![],
+            })),
+        );
+        assert_eq!(
+            summary,
+            "0 to add, 0 to change, 1 to destroy; denied by policy `no-deletes`: b would be deleted"
+        );
+        let lines = lines.expect("lines");
+        assert!(
+            lines.contains("policies: deny: policy `no-deletes`: b would be deleted")
+                && lines.contains("policies: warn: policy `no-deletes`: careful"),
+            "{lines}"
+        );
+        let body = render_comment(
+            &pull(None),
+            &[preview(
+                "net",
+                "planned",
+                &summary,
+                &format!("{lines}\n- b"),
+            )],
+            Kind::GitHub,
+        )
+        .expect("a comment");
+        assert!(
+            body.contains("| `net` | **denied**: 0 to add, 0 to change, 1 to destroy; denied by policy `no-deletes`: b would be deleted |"),
+            "{body}"
+        );
+        assert!(body.contains("policies: warn:"), "{body}");
+        // A policy that cannot be evaluated is a denial too.
+        let (summary, _) = with_policies("1 to add".into(), Some(Err("broken.rego:3:1".into())));
+        assert!(
+            summary.contains(DENIED) && summary.contains("broken.rego:3:1"),
+            "{summary}"
+        );
+        // No policy: the summary as it was.
+        assert_eq!(
+            with_policies("1 to add".into(), None),
+            ("1 to add".to_string(), None)
+        );
     }
 
     #[test]

@@ -304,7 +304,7 @@ impl Reconciler {
     /// for it elsewhere (a CloudFormation change set) is deleted, while its
     /// file says it is still held. A failure is a WARN naming the target:
     /// the plan is never applied either way.
-    async fn discard(
+    pub(super) async fn discard(
         &self,
         target: &Target,
         backend: &dyn backend::Backend,
@@ -384,6 +384,7 @@ impl Reconciler {
             message,
         };
         let state = self.app.store.target_state(name).await?;
+        let applied = state.as_ref().and_then(|s| s.last_applied_sha.clone());
         // What a tick would refuse is not planned either: a plan runs the
         // repository's code.
         let tip = match &target.tag {
@@ -429,8 +430,15 @@ impl Reconciler {
             state.and_then(|s| s.backend_digest),
             false,
         );
+        let mut shown = std::collections::BTreeMap::new();
         if !target.inputs.is_empty() {
-            super::with_inputs(&mut ctx, self.resolve_inputs(&target).await?.map_err(err)?);
+            let inputs = self.resolve_inputs(&target).await?.map_err(err)?;
+            let values = inputs.values.clone();
+            super::with_inputs(&mut ctx, inputs);
+            shown = values
+                .into_iter()
+                .map(|(k, v)| (k, ctx.redactor.redact(&v)))
+                .collect();
         }
         // As for an apply: decrypted for the plan alone.
         let note = self.app.settings().decrypted_note(name);
@@ -461,9 +469,18 @@ impl Reconciler {
         };
         let mut plan = plan.map_err(err)?;
         plan.hash = self.shown_hash(&plan.hash).await?;
+        let document = self
+            .plan_document(&target, applied.as_deref(), shown, &synced.sha, &plan)
+            .await;
+        let policies = match self.guarded(&target) {
+            true => Some(self.evaluate(&target, &document).await),
+            false => None,
+        };
         Ok(Planned::Plan {
             commit: synced.sha,
             plan,
+            document: Box::new(document),
+            policies,
         })
     }
 }

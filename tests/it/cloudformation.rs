@@ -844,3 +844,87 @@ fn a_stack_aws_will_not_update_is_named_with_what_to_do() {
         assert_eq!(created, 1, "{state}: a change set was asked for");
     }
 }
+
+/// Policies on a change set: "only these resource types" and "warn on a
+/// public S3 bucket", the bucket's properties read from the submitted
+/// template (moto's change sets, like AWS's, carry no property values).
+#[test]
+fn policies_judge_a_change_set_before_it_is_executed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for name in ["only_types.rego", "public_buckets.rego"] {
+        let from = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/policies")
+            .join(name);
+        std::fs::copy(&from, dir.path().join(name)).expect("copy policy");
+    }
+    let f = fixture(
+        &format!(
+            "parameters_file = \"params.json\"\n\n\
+             [[policies]]\nname = \"only-types\"\nfiles = [\"{0}/only_types.rego\"]\n\n\
+             [[policies]]\nname = \"public-buckets\"\nfiles = [\"{0}/public_buckets.rego\"]\n",
+            dir.path().display()
+        ),
+        "2m",
+    );
+    let (code, out) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    let first = f.s.target_status("site")["last_applied_sha"].clone();
+
+    // A public bucket: applied, with the warning on the run.
+    let mut t: Value = serde_json::from_str(&template(true)).expect("json");
+    t["Resources"]["Site"] = json!({
+        "Type": "AWS::S3::Bucket",
+        "Properties": { "BucketName": "site-bucket", "AccessControl": "PublicRead" }
+    });
+    let second = f.remote.commit(
+        &[(
+            "cfn/stack.json",
+            &serde_json::to_string_pretty(&t).expect("json"),
+        )],
+        "a public bucket",
+    );
+    let (code, out) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    let (result, msg) = f.status();
+    assert_eq!(result, "changed", "{msg}");
+    assert!(
+        msg.contains("policy `public-buckets` warns: bucket Site is public (PublicRead)"),
+        "{msg}"
+    );
+    assert_eq!(
+        f.s.target_status("site")["last_applied_sha"],
+        second.as_str()
+    );
+    assert_ne!(f.s.target_status("site")["last_applied_sha"], first);
+
+    // A queue is not an allowed type: denied, the change set never executed.
+    t["Resources"]["Jobs"] = json!({ "Type": "AWS::SQS::Queue", "Properties": {} });
+    f.remote.commit(
+        &[(
+            "cfn/stack.json",
+            &serde_json::to_string_pretty(&t).expect("json"),
+        )],
+        "a queue",
+    );
+    let executed = f.calls("ExecuteChangeSet").len();
+    let (code, out) = f.tick();
+    assert_ne!(code, Some(0), "{out}");
+    let (result, msg) = f.status();
+    assert_eq!(result, "failed", "{msg}");
+    assert!(
+        msg.contains("denied by policy `only-types`: Jobs: type AWS::SQS::Queue is not allowed")
+            && msg.contains("nothing applied"),
+        "{msg}"
+    );
+    assert_eq!(
+        f.calls("ExecuteChangeSet").len(),
+        executed,
+        "executed anyway"
+    );
+    assert_eq!(
+        f.s.target_status("site")["last_applied_sha"],
+        second.as_str()
+    );
+    // The refused change set is let go of.
+    assert!(!f.calls("DeleteChangeSet").is_empty(), "{:?}", f.moto.log());
+}

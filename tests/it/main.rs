@@ -26,6 +26,7 @@ mod notify;
 mod packaging;
 mod page;
 mod pi;
+mod policies;
 mod postgres;
 mod previews;
 mod pulumi;

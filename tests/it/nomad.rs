@@ -2977,3 +2977,50 @@ fn a_plan_superseded_at_the_same_commit_says_what_changed_instead() {
         "{msg}"
     );
 }
+
+/// "No image tag `latest`" on the stand-in's plan: a job whose task floats
+/// is judged before anything is registered, and a pinned one registers.
+#[test]
+fn a_policy_judges_the_plan_before_any_register() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let from = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/policies/no_latest.rego");
+    std::fs::copy(&from, dir.path().join("no_latest.rego")).expect("copy policy");
+    let f = fixture(&format!(
+        "\n[[policies]]\nname = \"no-latest\"\nfiles = [\"{}/no_latest.rego\"]\n",
+        dir.path().display()
+    ));
+    let (code, out, j) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(registers(&j).len(), 1, "{j:#?}");
+    f.nomad
+        .control("deployment", json!({ "ID": "web", "Status": "successful" }));
+    let (code, out, _) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+
+    f.remote.commit(
+        &[("jobs/web.nomad.hcl", &web_job("nginx:latest", AUTO))],
+        "float",
+    );
+    let (code, out, j) = f.tick();
+    assert_ne!(code, Some(0), "{out}");
+    assert!(registers(&j).is_empty(), "registered anyway: {j:#?}");
+    assert_eq!(f.image(), "nginx:1.25");
+    let msg = f.message();
+    assert!(
+        msg.contains(
+            "denied by policy `no-latest`: job default/web task server: image nginx:latest floats"
+        ) && msg.contains("nothing registered"),
+        "{msg}"
+    );
+    assert!(!msg.contains(CANARY), "{msg}");
+
+    f.remote.commit(
+        &[("jobs/web.nomad.hcl", &web_job("nginx:1.27", AUTO))],
+        "pinned",
+    );
+    let (code, out, j) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(registers(&j).len(), 1, "{j:#?}");
+    assert_eq!(f.image(), "nginx:1.27");
+}

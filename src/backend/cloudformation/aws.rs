@@ -4,6 +4,7 @@
 //! from its events in order. What a status means is decided in the parent
 //! module, without the SDK.
 
+use serde_json::Value;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -98,6 +99,34 @@ fn change_line(rc: &aws_sdk_cloudformation::types::ResourceChange) -> (String, b
         Some(other) => (format!("~ {id} ({ty}, {})", other.as_str()), replaces),
         None => (format!("~ {id} ({ty})"), replaces),
     }
+}
+
+/// One change of a change set in the plan document's normal form (its
+/// new properties from the submitted template, `resources`: AWS gives no
+/// property values) and as AWS said it (`raw`).
+fn change_item(
+    rc: &aws_sdk_cloudformation::types::ResourceChange,
+    line: &str,
+    resources: &Value,
+    redactor: &crate::redact::Redactor,
+) -> (crate::plan::Change, Value) {
+    use crate::plan::{Action, Change};
+    let id = rc.logical_resource_id().unwrap_or("?");
+    let sign = line.split_whitespace().next().unwrap_or("~");
+    let action = Action::of_sign(sign).unwrap_or(Action::Update);
+    let mut item = Change::new(id, rc.resource_type().unwrap_or(""), action);
+    if action != Action::Delete {
+        item.after = resources[id]["Properties"].clone();
+        crate::plan::redact_json(&mut item.after, redactor);
+    }
+    let raw = serde_json::json!({
+        "LogicalResourceId": id,
+        "PhysicalResourceId": rc.physical_resource_id(),
+        "ResourceType": rc.resource_type(),
+        "Action": rc.action().map(|a| a.as_str()),
+        "Replacement": rc.replacement().map(|r| r.as_str()),
+    });
+    (item, raw)
 }
 
 /// A failed SDK call, in words, with a hint when credentials are the
@@ -645,12 +674,21 @@ impl CloudFormation {
                     diff: String::new(),
                     destructive: false,
                     hash: String::new(),
-                    artifact: None,
+                    ..Plan::default()
                 });
             }
             Staged::Ready { id, kind, stamp } => (id, kind, stamp),
         };
+        let template = std::fs::read_to_string(self.ctx.workdir.join(&self.cfg.template))
+            .map_err(|e| format!("template {}: {e}", self.cfg.template))?;
+        // A JSON template gives each resource's new properties; a YAML
+        // one (CloudFormation's short forms need their own reader) not.
+        let resources: Value = serde_json::from_str::<Value>(&template)
+            .map(|t| t["Resources"].clone())
+            .unwrap_or(Value::Null);
         let mut lines = Vec::new();
+        let mut items = Vec::new();
+        let mut raw = Vec::new();
         let mut destructive = false;
         let (mut add, mut change, mut destroy) = (0, 0, 0);
         let mut next: Option<String> = None;
@@ -669,6 +707,9 @@ impl CloudFormation {
                 };
                 let (line, destroys) = change_line(rc);
                 destructive |= destroys;
+                let (item, said) = change_item(rc, &line, &resources, &self.ctx.redactor);
+                items.push(item);
+                raw.push(said);
                 match line.split_whitespace().next() {
                     Some("+") => add += 1,
                     Some("-") => destroy += 1,
@@ -691,8 +732,6 @@ impl CloudFormation {
             lines.push("~ the stack (CloudFormation lists no resource change)".into());
             change += 1;
         }
-        let template = std::fs::read_to_string(self.ctx.workdir.join(&self.cfg.template))
-            .map_err(|e| format!("template {}: {e}", self.cfg.template))?;
         let mut h = Sha256::new();
         h.update(b"driftless-cloudformation-plan-v1\0");
         h.update(template.as_bytes());
@@ -715,6 +754,8 @@ impl CloudFormation {
         // `lines` is never empty here: a made change set changes something.
         Ok(Plan {
             artifact: Some(file),
+            items,
+            raw: serde_json::json!({ "changes": raw }),
             ..Plan::of_lines(
                 &lines,
                 (add, change, destroy),

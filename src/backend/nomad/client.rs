@@ -206,6 +206,7 @@ impl Nomad {
             reason: "no JobModifyIndex".into(),
         })?;
         let diff = v["Diff"].clone();
+        let annotations = v["Annotations"].clone();
         let kind = diff["Type"]
             .as_str()
             .ok_or(NomadError::Invalid {
@@ -213,7 +214,12 @@ impl Nomad {
                 reason: "no Diff.Type (was Diff: true sent?)".into(),
             })?
             .to_string();
-        Ok(Plan { index, diff, kind })
+        Ok(Plan {
+            index,
+            diff,
+            kind,
+            annotations,
+        })
     }
 
     pub(super) async fn register(

@@ -26,6 +26,40 @@ fn secret_name(name: &str) -> bool {
     n.starts_with("env[") || SECRET_WORDS.iter().any(|w| n.contains(w))
 }
 
+/// A job spec as a policy reads it (the plan document's `after`), with the
+/// values the diff hides hidden too: every `Env` value, template contents
+/// (`EmbeddedTmpl`), fields whose name looks like a secret, and anything
+/// the target's redactor knows.
+pub(super) fn redact_spec(spec: &Value, redactor: &crate::redact::Redactor) -> Value {
+    fn all(v: &mut Value) {
+        match v {
+            Value::String(s) if !s.is_empty() => *s = "[REDACTED]".into(),
+            Value::Array(a) => a.iter_mut().for_each(all),
+            Value::Object(m) => m.values_mut().for_each(all),
+            _ => {}
+        }
+    }
+    fn walk(v: &mut Value) {
+        match v {
+            Value::Object(m) => {
+                for (k, x) in m.iter_mut() {
+                    if k == "Env" || k == "EmbeddedTmpl" || secret_name(k) {
+                        all(x);
+                    } else {
+                        walk(x);
+                    }
+                }
+            }
+            Value::Array(a) => a.iter_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    let mut out = spec.clone();
+    walk(&mut out);
+    crate::plan::redact_json(&mut out, redactor);
+    out
+}
+
 /// The diff with every secret value replaced by `[REDACTED]`: the values of
 /// unchanged (Type "None") fields, `Env[...]` fields, template contents,
 /// fields whose name looks like a secret, credentials in any URL, and

@@ -46,7 +46,7 @@ use client::{Client, NomadError};
 pub use config::Config;
 use config::job_policy;
 use config::{DEFAULT_PROMOTION_WAIT, parse_promotion_wait};
-use diff::{diff_summary, redact_diff, spec_hash};
+use diff::{diff_summary, redact_diff, redact_spec, spec_hash};
 use follow::no_deployment_reason;
 use hooks::{hook_timeout, random_hex};
 use job::seg;
@@ -216,6 +216,8 @@ impl Nomad {
             ));
         }
         let mut lines = Vec::new();
+        let mut items = Vec::new();
+        let mut raw = Vec::new();
         let mut destructive = false;
         let (mut add, mut change) = (0, 0);
         let mut h = Sha256::new();
@@ -253,6 +255,18 @@ impl Nomad {
                     if drops_group { "-/+" } else { "~" }
                 }
             };
+            let address = format!("job {}/{}", key.namespace, key.job);
+            let mut item = crate::plan::Change::new(
+                address.clone(),
+                "nomad_job",
+                crate::plan::Action::of_sign(sign).unwrap_or(crate::plan::Action::Update),
+            );
+            item.after = redact_spec(&spec, &self.ctx.redactor);
+            items.push(item);
+            let mut said = json!({ "job": address, "file": file, "diff": diff,
+                                    "annotations": plan.annotations });
+            crate::plan::redact_json(&mut said, &self.ctx.redactor);
+            raw.push(said);
             lines.push(format!(
                 "{sign} job {}/{} ({file}, policy {}): {}",
                 key.namespace,
@@ -270,6 +284,8 @@ impl Nomad {
             destructive,
             hash: hex::encode(h.finalize()),
             artifact: None,
+            items,
+            raw: json!({ "jobs": raw }),
         })
     }
 
@@ -540,6 +556,9 @@ struct Plan {
     index: i64,
     diff: Value,
     kind: String,
+    /// Nomad's `Annotations` (`DesiredTGUpdates` per group: place,
+    /// destructive updates, stops, canaries).
+    annotations: Value,
 }
 
 fn now_ms() -> i64 {
