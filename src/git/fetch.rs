@@ -160,8 +160,7 @@ fn open_cache(
     let mut repo = if dir.join("HEAD").is_file() {
         gix::open(dir).map_err(|e| format!("cannot open cache {}: {}", dir.display(), chain(&e)))?
     } else {
-        gix::init_bare(dir)
-            .map_err(|e| format!("cannot create cache {}: {}", dir.display(), chain(&e)))?
+        make_cache(dir)?
     };
     if let Some(log) = ssh_log {
         let cmd = format!(
@@ -175,6 +174,32 @@ fn open_cache(
             .map_err(|e| format!("cannot configure ssh: {}", chain(&e)))?;
     }
     Ok(repo)
+}
+
+/// A new bare cache at `dir`, made beside it and renamed into place: a
+/// process killed while making it leaves nothing half-made at `dir` (one
+/// that did made every later fetch of the remote fail, "Refusing to
+/// initialize the non-empty directory"). Under the cache lock, what is at
+/// `dir` without a HEAD, or at the staging path, is a killed attempt's and
+/// is removed first.
+fn make_cache(dir: &Path) -> Result<gix::Repository, String> {
+    let err = |what: &str, e: &dyn std::error::Error| {
+        format!(
+            "cannot create cache {}: {what}: {}",
+            dir.display(),
+            chain(e)
+        )
+    };
+    let staging = dir.with_extension("init");
+    for p in [dir, staging.as_path()] {
+        if p.exists() {
+            std::fs::remove_dir_all(p)
+                .map_err(|e| err(&format!("removing the leftover {}", p.display()), &e))?;
+        }
+    }
+    drop(gix::init_bare(&staging).map_err(|e| err("init", &e))?);
+    std::fs::rename(&staging, dir).map_err(|e| err("moving it into place", &e))?;
+    gix::open(dir).map_err(|e| err("opening it", &e))
 }
 
 /// HTTP transport options that trust the roots in `pem` (`git.ca_file`).

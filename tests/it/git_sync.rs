@@ -598,3 +598,37 @@ fn an_apply_whose_fetch_fails_once_fails_and_the_next_tick_applies() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(s.target_status("site")["last_applied_sha"], second);
 }
+
+/// A cache a killed process left half-made (a non-empty directory without
+/// a HEAD: gix refuses to initialise it) is made again, not a failure of
+/// every later fetch. Found by the PostgreSQL chaos test: kill -9 during the
+/// first fetch left a target failing forever.
+#[test]
+fn a_half_made_cache_left_by_a_killed_fetch_is_made_again() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(&[("site/index.html", "one")], "one");
+    let s = setup_for(&remote.url());
+    let out = s.run(&["tick", "site"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let caches: Vec<std::path::PathBuf> = std::fs::read_dir(s.state.join("git"))
+        .expect("git dir")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir() && p.extension().is_some_and(|x| x == "git"))
+        .collect();
+    assert_eq!(caches.len(), 1, "{caches:?}");
+    // What a killed init leaves: files, no HEAD.
+    std::fs::remove_file(caches[0].join("HEAD")).expect("rm HEAD");
+    std::fs::write(caches[0].join("description"), "half made").expect("write");
+    let second = remote.commit(&[("site/index.html", "two")], "two");
+    let out = s.run(&["tick", "site"]);
+    let said = text(&out.stdout) + &text(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    assert_eq!(
+        s.target_status("site")["last_applied_sha"],
+        second,
+        "{said}"
+    );
+    assert!(caches[0].join("HEAD").is_file());
+}
