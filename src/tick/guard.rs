@@ -110,13 +110,21 @@ impl Reconciler {
             .collect();
         let input = serde_json::to_value(doc)
             .map_err(|e| format!("the plan document does not serialise: {e}"))?;
-        tokio::task::spawn_blocking(move || {
+        let started = std::time::Instant::now();
+        let n = specs.len();
+        let out = tokio::task::spawn_blocking(move || {
             let refs: Vec<&crate::policy::Spec> = specs.iter().collect();
             crate::policy::evaluate_all(&refs, &input)
         })
         .await
         .map_err(|e| format!("the policy evaluation stopped: {e}"))?
-        .map_err(|e| format!("refused: {e} (a policy that cannot be evaluated refuses every plan)"))
+        .map_err(|e| {
+            format!("refused: {e} (a policy that cannot be evaluated refuses every plan)")
+        });
+        // bench/policy.sh reads this line.
+        tracing::info!(target = %target.name, policies = n,
+            micros = started.elapsed().as_micros() as u64, "policies evaluated");
+        out
     }
 
     /// Whether `plan` (with changes) is applied without a person: the

@@ -206,9 +206,34 @@ fn an_auto_terraform_target_is_planned_judged_and_only_what_passes_is_applied() 
     );
     let rows = sql_rows(
         &s.db(),
-        "SELECT state FROM deployments WHERE target = 'prod-net' ORDER BY id DESC LIMIT 1",
+        "SELECT id, state FROM deployments WHERE target = 'prod-net' ORDER BY id DESC LIMIT 1",
     );
     assert_eq!(rows[0]["state"], "pending_approval", "{rows:?}");
+    let waiting = rows[0]["id"].clone();
+
+    // The policies change on the controller: the waiting plan is what
+    // they were made from no longer, so it is superseded and judged again.
+    std::fs::write(
+        dir.join("approve_updates.rego"),
+        fixture("approve_updates.rego") + "\n# reviewed\n",
+    )
+    .expect("write");
+    let (code, out) = tick(&s, "prod-net");
+    assert_eq!(code, Some(0), "{out}");
+    let rows = sql_rows(
+        &s.db(),
+        "SELECT id, state, message FROM deployments WHERE target = 'prod-net' ORDER BY id DESC LIMIT 2",
+    );
+    assert_eq!(rows[1]["id"], waiting, "{rows:?}");
+    assert_eq!(rows[1]["state"], "superseded", "{rows:?}");
+    assert!(
+        rows[1]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("the policies in force changed")),
+        "{rows:?}"
+    );
+    assert_eq!(rows[0]["state"], "pending_approval", "{rows:?}");
+    assert_eq!(s.target_status("prod-net")["last_applied_sha"], third);
 }
 
 #[test]
