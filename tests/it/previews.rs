@@ -688,3 +688,75 @@ fn a_preview_never_decrypts() {
     drop(d);
     assert_state_keeps_out(&f.s.state, SOPS_CANARY);
 }
+
+/// A policy covering the target judges the pull request's plan too: the
+/// comment shows the denial beside the plan and the head's preview status
+/// is a failure, before anyone merges; nothing is applied.
+#[test]
+fn a_preview_shows_what_the_policies_make_of_the_plan() {
+    let f = fx("github", "true");
+    let policy = f.root.path().join("no_three.rego");
+    std::fs::write(
+        &policy,
+        "package main\n\nimport rego.v1\n\n\
+         deny contains msg if {\n\tsome c in input.changes\n\tstartswith(c.address, \"app.v 3\")\n\tmsg := \"v may not be 3\"\n}\n\n\
+         warn contains \"v changes\" if count(input.changes) > 0\n",
+    )
+    .expect("write policy");
+    let mut config = std::fs::read_to_string(&f.s.config).expect("config");
+    config.push_str(&format!(
+        "\n[[policies]]\nname = \"no-three\"\nfiles = [{}]\n",
+        toml_str(&policy.display().to_string())
+    ));
+    std::fs::write(&f.s.config, config).expect("config");
+    let d = f.serve();
+
+    let (head, _) = f.open(&d, 11, &[("app/v", "3\n")], "opened", false);
+    wait_for(Duration::from_secs(60), "the preview comment", || {
+        f.comments(11)
+            .first()
+            .is_some_and(|c| c["body"].as_str().is_some_and(|b| b.contains("~ app.v 3")))
+    });
+    let body = f.comments(11)[0]["body"].as_str().unwrap_or("").to_string();
+    assert!(
+        body.contains("| `app` | **denied**: 0 to add, 1 to change, 0 to destroy; denied by policy `no-three`: v may not be 3 |"),
+        "{body}"
+    );
+    assert!(
+        body.contains("policies: warn: policy `no-three`: v changes"),
+        "{body}"
+    );
+    assert!(!body.contains(CANARY), "{body}");
+    wait_for(Duration::from_secs(30), "the preview status", || {
+        f.forge
+            .states(&head, "driftless/app/preview")
+            .last()
+            .is_some_and(|s| s == "failure")
+    });
+
+    // A head the policy allows: a plain plan, warned, and success.
+    let (newer, _) = f.open(&d, 11, &[("app/v", "4\n")], "synchronize", false);
+    wait_for(Duration::from_secs(60), "the comment edited", || {
+        f.comments(11)[0]["body"]
+            .as_str()
+            .is_some_and(|b| b.contains(&newer[..12]))
+    });
+    let body = f.comments(11)[0]["body"].as_str().unwrap_or("").to_string();
+    assert!(
+        body.contains("| `app` | 0 to add, 1 to change, 0 to destroy; 1 policy warning(s) |"),
+        "{body}"
+    );
+    wait_for(Duration::from_secs(30), "the newer head's status", || {
+        f.forge
+            .states(&newer, "driftless/app/preview")
+            .last()
+            .is_some_and(|s| s == "success")
+    });
+    // The target's own apply of main (judged too: warned, allowed) writes
+    // its "1"; no head's value ever reached the applies log.
+    wait_for(Duration::from_secs(30), "main applied", || {
+        f.s.status()[0]["last_applied_sha"] == f.main.as_str()
+    });
+    assert_eq!(Fx::log(&f.applies), ["1"], "a preview applied something");
+    drop(d);
+}
