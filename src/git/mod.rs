@@ -560,34 +560,20 @@ impl Git {
         b: &str,
     ) -> Result<Vec<String>, String> {
         let cache = self.cache_dir(remote);
-        let argv = [
-            "git",
-            "diff",
-            "--no-renames",
-            "--name-only",
-            "-z",
-            a,
-            b,
-            "--",
-        ];
-        let mut spec = Spec::new(argv.iter().map(|s| s.to_string()).collect(), &cache);
-        spec.deadline = Some(Instant::now() + std::time::Duration::from_secs(60));
-        spec.env.insert("GIT_CONFIG_NOSYSTEM".into(), "1".into());
-        spec.env
-            .insert("GIT_CONFIG_GLOBAL".into(), "/dev/null".into());
-        let out = process::run(&spec, &Redactor::new())
-            .await
-            .map_err(|e| e.to_string())?;
-        if !out.success() {
-            return Err(format!(
+        let stdout = git_cli(
+            &cache,
+            &["diff", "--no-renames", "--name-only", "-z", a, b, "--"],
+        )
+        .await
+        .map_err(|e| {
+            format!(
                 "git diff {} {} failed: {}",
                 crate::model::short_sha(a),
                 crate::model::short_sha(b),
-                out.stderr_summary(3)
-            ));
-        }
-        Ok(out
-            .stdout
+                e.trim()
+            )
+        })?;
+        Ok(stdout
             .split('\0')
             .filter(|f| !f.is_empty())
             .map(str::to_string)

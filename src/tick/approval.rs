@@ -363,15 +363,6 @@ impl Reconciler {
         let artifact = plan.artifact.as_ref().map(|a| a.display().to_string());
         let shown = self.shown_hash(&plan.hash).await?;
         let new = NewPlan {
-            target: &target.name,
-            backend: target.backend.kind(),
-            commit_sha: seen.as_str(),
-            plan_hash: &shown,
-            backend_hash: &plan.hash,
-            policy: target.policy.as_str(),
-            summary: &plan.summary,
-            diff: &plan.diff,
-            destructive: plan.destructive,
             artifact: artifact.as_deref(),
             state: if unattended {
                 PlanState::Applying
@@ -379,8 +370,7 @@ impl Reconciler {
                 PlanState::PendingApproval
             },
             decided_by: unattended.then_some("driftless"),
-            message: &plan_msg,
-            made_from: made_from.as_deref(),
+            ..plan_row(target, seen, &shown, &plan, made_from.as_deref(), &plan_msg)
         };
         let stored = match store.insert_plan(&new).await {
             Ok(p) => p,
@@ -441,20 +431,9 @@ impl Reconciler {
         let shown = self.shown_hash(&plan.hash).await?;
         let why = notify::bounded(&why, notify::MESSAGE_MAX);
         let new = NewPlan {
-            target: &target.name,
-            backend: target.backend.kind(),
-            commit_sha: seen.as_str(),
-            plan_hash: &shown,
-            backend_hash: &plan.hash,
-            policy: target.policy.as_str(),
-            summary: &plan.summary,
-            diff: &plan.diff,
-            destructive: plan.destructive,
-            artifact: None,
             state: PlanState::Failed,
             decided_by: Some(POLICY),
-            message: &why,
-            made_from: made_from.as_deref(),
+            ..plan_row(target, seen, &shown, plan, made_from.as_deref(), &why)
         };
         self.discard(
             target,
@@ -533,5 +512,33 @@ fn quiet(message: String) -> Status {
         message,
         output_tail: String::new(),
         digest: None,
+    }
+}
+
+/// The row of `plan`, made at `seen` for `target`, as it waits for a person
+/// (no plan file, no decision); callers set what differs.
+fn plan_row<'a>(
+    target: &'a Target,
+    seen: &'a CommitId,
+    shown: &'a str,
+    plan: &'a Plan,
+    made_from: Option<&'a str>,
+    message: &'a str,
+) -> NewPlan<'a> {
+    NewPlan {
+        target: &target.name,
+        backend: target.backend.kind(),
+        commit_sha: seen.as_str(),
+        plan_hash: shown,
+        backend_hash: &plan.hash,
+        policy: target.policy.as_str(),
+        summary: &plan.summary,
+        diff: &plan.diff,
+        destructive: plan.destructive,
+        artifact: None,
+        state: PlanState::PendingApproval,
+        decided_by: None,
+        message,
+        made_from,
     }
 }
