@@ -136,6 +136,18 @@ pub fn mask_sensitive(value: &mut Value, sensitive: &Value) {
     }
 }
 
+/// Every non-empty string in `value` becomes the mask: for a part of a
+/// spec whose values may all be secrets (a container's environment), kept
+/// in shape so a policy can still see which names are set.
+pub fn mask_values(value: &mut Value) {
+    match value {
+        Value::String(s) if !s.is_empty() => *s = MASK.into(),
+        Value::Array(a) => a.iter_mut().for_each(mask_values),
+        Value::Object(m) => m.values_mut().for_each(mask_values),
+        _ => {}
+    }
+}
+
 /// Every string in `value` (keys too) with the registered secrets masked.
 pub fn redact_json(value: &mut Value, redactor: &Redactor) {
     match value {
@@ -165,6 +177,19 @@ pub fn yaml_to_json(text: &str) -> Result<Value, String> {
     serde_json::from_str(&json).map_err(|e| e.to_string())
 }
 
+/// Who signed a verified commit (or, for a target following tags, the
+/// tag naming it), as git and gpg or ssh-keygen said when they checked it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Signer {
+    /// The signer: the key's OpenPGP user id, or the SSH principal
+    /// `allowed_signers_file` lists for the key (git's `%GS`).
+    pub name: String,
+    /// The key: its fingerprint (OpenPGP) or `SHA256:…` (SSH).
+    pub key: String,
+    /// What carried the signature: `commit` or `tag`.
+    pub on: String,
+}
+
 /// The whole plan document, as a policy reads it (`input`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Document {
@@ -175,11 +200,10 @@ pub struct Document {
     pub backend: String,
     /// The commit the plan was made at.
     pub commit: String,
-    /// Who signed it, when the target verifies signatures and it is
-    /// signed (the key's fingerprint and the signer's name as git gives
-    /// them); `null` otherwise.
+    /// Who signed it, when the target verifies signatures (`[targets.verify]`)
+    /// and the verification passed; `null` otherwise.
     #[serde(default)]
-    pub signer: Option<String>,
+    pub signer: Option<Signer>,
     /// Files changed since the last applied commit, relative to the
     /// repository (`null` when nothing was applied yet or the history
     /// cannot say).

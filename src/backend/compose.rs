@@ -511,6 +511,7 @@ impl Compose {
             }
             if services.contains(&c.address) {
                 c.after = model["services"][c.address.as_str()].clone();
+                mask_environment(&mut c.after);
                 crate::plan::redact_json(&mut c.after, &self.ctx.redactor);
             }
         }
@@ -803,6 +804,31 @@ fn content_hash(path: &Path) -> String {
     hex::encode(h.finalize())
 }
 
+/// A service as compose's model gives it, with the values of its
+/// `environment` and its build's `args` masked (their names kept): either
+/// may carry a secret the redactor was never told of, as Nomad's `Env`
+/// may. The map form `config` prints and the `KEY=value` list form alike.
+fn mask_environment(service: &mut serde_json::Value) {
+    use serde_json::Value;
+    let mask = |v: &mut Value| match v {
+        Value::Object(m) => m.values_mut().for_each(crate::plan::mask_values),
+        Value::Array(a) => {
+            for item in a {
+                if let Some((k, _)) = item.as_str().and_then(|s| s.split_once('=')) {
+                    *item = Value::String(format!("{k}={}", crate::redact::MASK));
+                }
+            }
+        }
+        _ => {}
+    };
+    if let Some(env) = service.get_mut("environment") {
+        mask(env);
+    }
+    if let Some(args) = service.get_mut("build").and_then(|b| b.get_mut("args")) {
+        mask(args);
+    }
+}
+
 impl Backend for Compose {
     fn apply(&self) -> BoxFuture<'_, Status> {
         Box::pin(self.converge(false))
@@ -880,5 +906,28 @@ impl Backend for Compose {
             }
             Ok(o)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_services_environment_and_build_args_are_masked_names_kept() {
+        let mut svc = serde_json::json!({
+            "image": "busybox:1",
+            "environment": {"DB_URL": "postgres://u:hunter2@db/x", "EMPTY": "", "UNSET": null},
+            "build": {"context": ".", "args": ["TOKEN=abc123", "PLAIN"]},
+        });
+        mask_environment(&mut svc);
+        assert_eq!(
+            svc,
+            serde_json::json!({
+                "image": "busybox:1",
+                "environment": {"DB_URL": "[REDACTED]", "EMPTY": "", "UNSET": null},
+                "build": {"context": ".", "args": ["TOKEN=[REDACTED]", "PLAIN"]},
+            })
+        );
     }
 }

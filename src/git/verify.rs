@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use sha2::{Digest, Sha256};
 
 use super::Git;
+use crate::plan::Signer;
 use crate::process::{self, Spec};
 use crate::redact::Redactor;
 
@@ -95,18 +96,25 @@ impl Git {
                 out.stderr_summary(3)
             )));
         }
-        // Oldest first: the first bad commit in history is the one named.
+        // Oldest first: the first bad commit in history is the one named;
+        // the last judged is the tip (git log lists newest first).
+        let mut signer = None;
         for line in out.stdout.lines().rev() {
-            judge(line)?;
+            signer = Some(judge(line)?);
         }
         let _ = std::fs::remove_dir_all(&work);
-        std::fs::write(&noted, note).map_err(|e| {
-            Refused::Cannot(format!(
-                "cannot note the verification in {}: {e}",
-                noted.display()
-            ))
-        })?;
-        Ok(())
+        write_note(&noted, &note, tip, signer)
+    }
+
+    /// Who signed `commit` (or the tag naming it), as the verification
+    /// noted for `target` found (read-only, no process): `None` when the
+    /// last verification noted for it was of another commit, or before
+    /// driftless noted signers.
+    pub fn signer(&self, target: &str, commit: &str) -> Option<Signer> {
+        let noted =
+            std::fs::read_to_string(self.verify_root.join(format!("{target}.verified"))).ok()?;
+        let n: Noted = serde_json::from_str(noted.lines().nth(1)?).ok()?;
+        (n.commit == commit).then_some(n.signer)
     }
 
     /// `None` when `what` (a commit, or a tag and its object) was verified
@@ -121,7 +129,10 @@ impl Git {
         let keys = read_keys(v)?;
         let noted = self.verify_root.join(format!("{target}.verified"));
         let note = format!("{what} {}\n", keys.digest);
-        if std::fs::read_to_string(&noted).is_ok_and(|n| n == note) {
+        // The first line says what was verified under which keys; the
+        // second, who signed it.
+        if std::fs::read_to_string(&noted).is_ok_and(|n| n.lines().next() == Some(note.trim_end()))
+        {
             return Ok(None);
         }
         let (work, home, deadline) = self.prepare(target, v).await?;
@@ -208,19 +219,77 @@ impl Git {
         let good =
             said.contains("[GNUPG:] GOODSIG") || said.contains("Good \"git\" signature for ");
         if out.success() && good {
-            std::fs::write(&noted, note).map_err(|e| {
-                Refused::Cannot(format!(
-                    "cannot note the verification in {}: {e}",
-                    noted.display()
-                ))
-            })?;
-            return Ok(());
+            return write_note(&noted, &note, &tag.commit, tag_signer(&said));
         }
         let why = tag_refusal(&said)
             .map(str::to_string)
             .unwrap_or_else(|| format!("git verify-tag: {}", out.stderr_summary(3)));
         Err(refuse(why))
     }
+}
+
+/// What a passed verification notes beside what it verified.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Noted {
+    /// The commit applied: the tip, or the commit the tag names.
+    commit: String,
+    signer: Signer,
+}
+
+/// Note that `note` (what was verified, under which keys) passed, and who
+/// signed `commit` when that is known.
+fn write_note(
+    noted: &Path,
+    note: &str,
+    commit: &str,
+    signer: Option<Signer>,
+) -> Result<(), Refused> {
+    let mut text = note.to_string();
+    if let Some(signer) = signer {
+        let n = Noted {
+            commit: commit.to_string(),
+            signer,
+        };
+        if let Ok(line) = serde_json::to_string(&n) {
+            text.push_str(&line);
+            text.push('\n');
+        }
+    }
+    std::fs::write(noted, text).map_err(|e| {
+        Refused::Cannot(format!(
+            "cannot note the verification in {}: {e}",
+            noted.display()
+        ))
+    })
+}
+
+/// Who signed a tag `git verify-tag --raw` passed, from what it said:
+/// gpg's `GOODSIG <key id> <user id>` and `VALIDSIG <fingerprint> …`
+/// status lines, or ssh-keygen's `Good "git" signature for <principal>
+/// with <type> key <SHA256:…>`.
+fn tag_signer(said: &str) -> Option<Signer> {
+    let signer = |name: &str, key: &str| Signer {
+        name: name.to_string(),
+        key: key.to_string(),
+        on: "tag".into(),
+    };
+    let mut gpg_name = None;
+    let mut gpg_key = None;
+    for line in said.lines() {
+        if let Some(rest) = line.strip_prefix("[GNUPG:] GOODSIG ") {
+            let (id, name) = rest.split_once(' ').unwrap_or((rest, ""));
+            gpg_name = Some(name.to_string());
+            gpg_key.get_or_insert_with(|| id.to_string());
+        } else if let Some(rest) = line.strip_prefix("[GNUPG:] VALIDSIG ") {
+            gpg_key = rest.split(' ').next().map(str::to_string);
+        } else if let Some(rest) = line.strip_prefix("Good \"git\" signature for ")
+            && let Some((name, key)) = rest.split_once(" with ")
+        {
+            let key = key.rsplit(' ').next().unwrap_or(key);
+            return Some(signer(name, key));
+        }
+    }
+    Some(signer(&gpg_name?, &gpg_key?))
 }
 
 /// Why `git verify-tag --raw` refused a tag, from what it said (gpg's
@@ -316,7 +385,7 @@ async fn run(
 }
 
 /// One `git log` line: `%H %G? %GK %GS %GF`, separated by 0x1f.
-fn judge(line: &str) -> Result<(), Refused> {
+fn judge(line: &str) -> Result<Signer, Refused> {
     let mut f = line.split('\u{1f}');
     let commit = f.next().unwrap_or("").to_string();
     let code = f.next().unwrap_or("");
@@ -340,7 +409,18 @@ fn judge(line: &str) -> Result<(), Refused> {
         // ssh-keygen found the key's principal in allowed_signers_file. An
         // SSH signature whose key no entry lists is good but has no
         // principal: not ours.
-        "G" | "U" if !signer.is_empty() => return Ok(()),
+        "G" | "U" if !signer.is_empty() => {
+            return Ok(Signer {
+                name: signer.to_string(),
+                key: if fingerprint.is_empty() {
+                    key
+                } else {
+                    fingerprint
+                }
+                .to_string(),
+                on: "commit".into(),
+            });
+        }
         "G" | "U" => format!(
             "signed by SSH {}, which no entry of allowed_signers_file lists",
             by()
@@ -395,10 +475,47 @@ mod tests {
         assert_eq!(tag_refusal("something else entirely"), None);
     }
 
+    /// Who signed a passed tag, as gpg's status lines or ssh-keygen say.
+    #[test]
+    fn a_tags_signer_is_read_from_what_verify_tag_said() {
+        let gpg = "[GNUPG:] NEWSIG\n[GNUPG:] GOODSIG 0123456789ABCDEF Signer <s@example.net>\n\
+                   [GNUPG:] VALIDSIG 89ABCDEF0123456789ABCDEF0123456789ABCDEF 2026-01-01 0 4 0 22 8 00 89ABCDEF\n";
+        let ssh = "Good \"git\" signature for alice@example.net with ED25519 key SHA256:xyz\n";
+        let got = |said: &str| tag_signer(said).map(|s| (s.name, s.key, s.on));
+        assert_eq!(
+            got(gpg),
+            Some((
+                "Signer <s@example.net>".into(),
+                "89ABCDEF0123456789ABCDEF0123456789ABCDEF".into(),
+                "tag".into()
+            ))
+        );
+        assert_eq!(
+            got(ssh),
+            Some((
+                "alice@example.net".into(),
+                "SHA256:xyz".into(),
+                "tag".into()
+            ))
+        );
+        assert_eq!(got("[GNUPG:] NEWSIG\n"), None);
+    }
+
     #[test]
     fn only_a_good_signature_with_a_known_signer_passes() {
-        assert!(judge(&line("G", "SHA256:abc", "alice@example.net")).is_ok());
-        assert!(judge(&line("U", "ABCDEF", "Signer <s@example.net>")).is_ok());
+        let by = |name: &str, key: &str| Signer {
+            name: name.into(),
+            key: key.into(),
+            on: "commit".into(),
+        };
+        assert_eq!(
+            judge(&line("G", "SHA256:abc", "alice@example.net")).ok(),
+            Some(by("alice@example.net", "SHA256:abc"))
+        );
+        assert_eq!(
+            judge(&line("U", "ABCDEF", "Signer <s@example.net>")).ok(),
+            Some(by("Signer <s@example.net>", "ABCDEF"))
+        );
         for (code, key, signer, says) in [
             ("U", "SHA256:abc", "", "no entry of allowed_signers_file"),
             ("N", "", "", "not signed"),

@@ -83,7 +83,10 @@ impl Reconciler {
             target: target.name.clone(),
             backend: target.backend.kind().to_string(),
             commit: seen.as_str().to_string(),
-            signer: None,
+            signer: target
+                .verify
+                .as_ref()
+                .and_then(|_| self.git.signer(&target.name, seen.as_str())),
             files_changed,
             inputs,
             summary: plan.summary.clone(),

@@ -470,3 +470,101 @@ fn a_compose_service_on_latest_is_denied_and_the_pinned_one_applies() {
     assert_eq!(code, Some(0), "{out}");
     assert_eq!(s.target_status("app")["last_applied_sha"], third);
 }
+
+/// Policies × verify: a target that verifies signatures gives the policy
+/// who signed the commit (`input.signer`, from the verification — noted, so
+/// a commit verified before reads the same), and a policy can let only one
+/// of the listed signers through. Real ssh-keygen signatures.
+#[test]
+fn a_policy_reads_who_signed_the_commit() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let (alice, alice_pub) = ssh_key(root.path(), "alice");
+    let (bob, bob_pub) = ssh_key(root.path(), "bob");
+    let allowed = root.path().join("allowed_signers");
+    std::fs::write(
+        &allowed,
+        format!("alice@example.net {alice_pub}\nbob@example.net {bob_pub}\n"),
+    )
+    .expect("allowed signers");
+    let dir = policy_dir(
+        root.path(),
+        &[(
+            "alice.rego",
+            "package main\n\nimport rego.v1\n\n\
+             deny contains msg if {\n\tinput.signer.name != \"alice@example.net\"\n\
+             \tmsg := sprintf(\"only alice may change this, not %s (%s)\", [input.signer.name, input.signer.key])\n}\n\n\
+             deny contains \"no signer\" if not input.signer.name\n"
+                .to_string(),
+        )],
+    );
+    let remote = Remote::new(root.path(), "infra");
+    let log = root.path().join("applies.log");
+    let s = Setup::new(&format!(
+        "{}\n[targets.verify]\nallowed_signers_file = {}\n\n\
+         [[policies]]\nname = \"alice-only\"\nfiles = [\"{}/alice.rego\"]\n",
+        exec_target(
+            "app",
+            &remote.url(),
+            "interval = \"1h\"",
+            &format!(
+                "plan = [\"sh\", \"-c\", \"echo \\\"~ app.v $(cat v)\\\"\"]\n\
+                 apply = [\"sh\", \"-c\", \"cat v >> {}\"]",
+                log.display()
+            ),
+        ),
+        toml_str(&allowed.display().to_string()),
+        dir.display()
+    ));
+    let by = |key: &std::path::Path| {
+        [
+            "gpg.format=ssh".to_string(),
+            format!("user.signingkey={}", key.display()),
+        ]
+    };
+    let sign = |files: &[(&str, &str)], key: &std::path::Path| {
+        let c = by(key);
+        remote.commit_signed(files, "signed", &[&c[0], &c[1]], &[])
+    };
+
+    let first = sign(&[("v", "1\n")], &alice);
+    let (code, said) = tick(&s, "app");
+    assert_eq!(code, Some(0), "{said}");
+    assert_eq!(log_lines(&log), ["1"], "{said}");
+    assert_eq!(s.target_status("app")["last_applied_sha"], first.as_str());
+
+    // Bob is a listed signer (verify passes) but not the one the policy
+    // lets through: denied, naming him and his key; nothing applied.
+    let second = sign(&[("v", "2\n")], &bob);
+    let (code, said) = tick(&s, "app");
+    assert_eq!(code, Some(1), "{said}");
+    let run = &s.history("app")[0];
+    let msg = run["message"].as_str().unwrap_or("");
+    assert!(
+        msg.contains("denied by policy `alice-only`: only alice may change this, not bob@example.net (SHA256:"),
+        "{run}"
+    );
+    assert_eq!(log_lines(&log), ["1"], "a denied plan was applied");
+
+    // The verification of bob's commit is noted: `plan --json` does not
+    // verify again, and the document still names him, in the schema.
+    let out = s.run(&["plan", "--json", "app"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("plan --json: {e}: {}", text(&out.stderr)));
+    let doc = &v["document"];
+    assert_eq!(doc["commit"], second.as_str(), "{v}");
+    assert_eq!(doc["signer"]["name"], "bob@example.net", "{v}");
+    assert_eq!(doc["signer"]["on"], "commit", "{v}");
+    assert!(
+        doc["signer"]["key"]
+            .as_str()
+            .is_some_and(|k| k.starts_with("SHA256:")),
+        "{v}"
+    );
+    assert_matches_the_schema(root.path(), doc);
+
+    // Alice signs the next: applied.
+    sign(&[("v", "3\n")], &alice);
+    let (code, said) = tick(&s, "app");
+    assert_eq!(code, Some(0), "{said}");
+    assert_eq!(log_lines(&log), ["1", "3"], "{said}");
+}

@@ -31,20 +31,12 @@ fn secret_name(name: &str) -> bool {
 /// (`EmbeddedTmpl`), fields whose name looks like a secret, and anything
 /// the target's redactor knows.
 pub(super) fn redact_spec(spec: &Value, redactor: &crate::redact::Redactor) -> Value {
-    fn all(v: &mut Value) {
-        match v {
-            Value::String(s) if !s.is_empty() => *s = "[REDACTED]".into(),
-            Value::Array(a) => a.iter_mut().for_each(all),
-            Value::Object(m) => m.values_mut().for_each(all),
-            _ => {}
-        }
-    }
     fn walk(v: &mut Value) {
         match v {
             Value::Object(m) => {
                 for (k, x) in m.iter_mut() {
                     if k == "Env" || k == "EmbeddedTmpl" || secret_name(k) {
-                        all(x);
+                        crate::plan::mask_values(x);
                     } else {
                         walk(x);
                     }
