@@ -28,7 +28,17 @@ its CloudFormation API reference:
   client that trusted the first answer after an execute would be caught;
 - describes a stack with its `ChangeSetId` (the API reference's Stack data
   type: "The unique ID of the change set"), which moto leaves out: here the
-  ARN of the last change set executed on the stack through this proxy.
+  ARN of the last change set executed on the stack through this proxy;
+- says of each `Modify` in DescribeChangeSet whether the resource is
+  replaced: the API reference's ResourceChange data type, `Replacement`
+  (True | False | Conditional: "For the Modify action, indicates whether
+  CloudFormation will replace the resource by creating a new one and
+  deleting the old one"), with `Scope` and per-property `Details`
+  (`Target.RequiresRecreation` Always | Never | Conditionally). moto leaves
+  all three out. Here a Modify is True when a property the CloudFormation
+  resource reference marks "Update requires: Replacement" (REPLACED_BY,
+  below) differs between the stack's template and the change set's
+  (TemplateBody only), else False; Conditional is not modelled.
 
 Test controls:
 
@@ -69,6 +79,18 @@ lock = threading.Lock()
 rewrites = {}    # stack -> {status, times, after_execute}
 executions = {}  # stack -> script (armed, then running)
 made_by = {}     # stack -> ARN of the change set last executed on it
+templates = {}   # (stack, change set name) -> the TemplateBody it was made from
+current = {}     # stack -> the template of the change set last executed on it
+
+# Properties whose change replaces the resource, per the CloudFormation
+# resource type reference ("Update requires: Replacement").
+REPLACED_BY = {
+    "AWS::SSM::Parameter": ("Name",),
+    "AWS::S3::Bucket": ("BucketName",),
+    "AWS::SQS::Queue": ("QueueName", "FifoQueue"),
+    "AWS::SNS::Topic": ("TopicName", "FifoTopic"),
+    "AWS::IAM::Role": ("RoleName", "Path"),
+}
 log = []
 
 TEMPLATE_BODY_LIMIT = 51200
@@ -99,6 +121,49 @@ def capabilities_needed(template, given):
     if "CAPABILITY_NAMED_IAM" in given or (need == "CAPABILITY_IAM" and "CAPABILITY_IAM" in given):
         return None
     return need
+
+
+def change_set_name(name_or_arn):
+    """A change set's name from its name or its ARN (.../changeSet/NAME/id)."""
+    m = re.search(r":changeSet/([^/]+)/", name_or_arn)
+    return m.group(1) if m else name_or_arn
+
+
+def resources(template):
+    try:
+        return (json.loads(template).get("Resources") or {}) if template else {}
+    except ValueError:
+        return {}
+
+
+def with_replacement(text, old, new):
+    """DescribeChangeSet's XML with Replacement, Scope and Details added to
+    each Modify that has none, from the two templates' properties."""
+    old_r, new_r = resources(old), resources(new)
+
+    def one(m):
+        block = m.group(0)
+        if "<Action>Modify</Action>" not in block or "<Replacement>" in block:
+            return block
+        lid = re.search(r"<LogicalResourceId>([^<]+)</LogicalResourceId>", block)
+        lid = lid.group(1) if lid else ""
+        a = (old_r.get(lid) or {}).get("Properties") or {}
+        b = (new_r.get(lid) or {}).get("Properties") or {}
+        rtype = (new_r.get(lid) or {}).get("Type", "")
+        changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+        replaced = [k for k in changed if k in REPLACED_BY.get(rtype, ())]
+        details = "".join(
+            "<member><Target><Attribute>Properties</Attribute>"
+            f"<Name>{k}</Name><RequiresRecreation>{'Always' if k in replaced else 'Never'}"
+            "</RequiresRecreation></Target><Evaluation>Static</Evaluation>"
+            "<ChangeSource>DirectModification</ChangeSource></member>" for k in changed)
+        extra = (f"<Replacement>{'True' if replaced else 'False'}</Replacement>"
+                 "<Scope><member>Properties</member></Scope>"
+                 f"<Details>{details}</Details>" if changed else
+                 "<Replacement>False</Replacement><Scope><member>Properties</member></Scope>")
+        return block.replace("<Action>Modify</Action>", "<Action>Modify</Action>" + extra, 1)
+
+    return re.sub(r"<ResourceChange>.*?</ResourceChange>", one, text, flags=re.S)
 
 
 def event_xml(stack, stack_id, ev, at):
@@ -172,6 +237,16 @@ class Handler(BaseHTTPRequestHandler):
         refused = self.refuse(action, params)
         if refused:
             return self.answer(*refused)
+        if action == "CreateChangeSet" and "TemplateBody" in params:
+            with lock:
+                templates[(stack, params.get("ChangeSetName", ""))] = params["TemplateBody"]
+        if action == "ExecuteChangeSet":
+            with lock:
+                name = change_set_name(params.get("ChangeSetName", ""))
+                # The stack name may be left out when the change set is named by its ARN.
+                for (s, n), t in templates.items():
+                    if n == name and (not stack or s == stack):
+                        current[s] = t
         if action == "ExecuteChangeSet":
             # The API reference's Stack data type: `ChangeSetId`, the change
             # set the stack was last created or updated from (moto leaves it
@@ -204,6 +279,14 @@ class Handler(BaseHTTPRequestHandler):
                         rule["after_execute"] = False
         if action == "DescribeStacks":
             data = self.rewrite_status(data)
+        if action == "DescribeChangeSet" and code == 200:
+            name = change_set_name(params.get("ChangeSetName", ""))
+            with lock:
+                found = [(s, t) for (s, n), t in templates.items()
+                         if n == name and (not stack or s == stack)]
+                old = current.get(found[0][0]) if found else None
+            if found:
+                data = with_replacement(data.decode("utf-8", "replace"), old, found[0][1]).encode()
         if action == "DescribeStackEvents":
             data = self.add_events(stack, data)
         rh = {k: v for k, v in rh.items() if k.lower() not in ("content-length", "transfer-encoding", "connection")}

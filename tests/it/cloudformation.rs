@@ -600,8 +600,9 @@ fn iam_resources_without_capabilities_name_the_key_and_the_capability() {
 /// plan (its changes by logical id, type and action), kept and executed by
 /// its id only after a person approves it; nothing is executed before; a
 /// newer commit supersedes a waiting plan and its change set is deleted,
-/// as is a rejected one's. (moto reports Add/Modify/Remove without AWS's
-/// `Replacement`, so a replacement is not exercised here.)
+/// as is a rejected one's. A renamed parameter is replaced (AWS's
+/// `Replacement`, which tests/cfn_proxy.py adds where moto has none): the
+/// plan says `-/+` and is destructive.
 #[test]
 fn an_approved_change_set_is_executed_by_its_id_and_others_are_deleted() {
     const OPS: &str = "ops-token-cfn-41c9";
@@ -663,7 +664,14 @@ fn an_approved_change_set_is_executed_by_its_id_and_others_are_deleted() {
         .commit(&[("cfn/stack.json", &renamed("/site/fr"))], "fr");
     f.tick();
     let p2 = who.pending();
-    assert_eq!(p2[0]["diff"], "~ Greeting (AWS::SSM::Parameter)", "{p2:?}");
+    assert_eq!(
+        (&p2[0]["diff"], &p2[0]["destructive"]),
+        (
+            &"-/+ Greeting (AWS::SSM::Parameter, replacement)".into(),
+            &true.into()
+        ),
+        "{p2:?}"
+    );
     let p3 = who.refuses_stale_and_supersedes(
         || {
             f.remote
@@ -774,7 +782,7 @@ fn a_pull_request_preview_deletes_its_change_set_and_executes_none() {
         .unwrap_or("")
         .to_string();
     assert!(
-        comment.contains("~ Greeting (AWS::SSM::Parameter)"),
+        comment.contains("-/+ Greeting (AWS::SSM::Parameter, replacement)"),
         "{comment}"
     );
     let made = calls("CreateChangeSet");
