@@ -5,7 +5,8 @@
 //! `[[targets]]` entry of a member's name overrides it; with
 //! `destroy_removed` the removed member's destroy runs. `check` lists what
 //! a set makes at the branch tip. Real git remotes, the real daemon,
-//! signed GitHub pushes.
+//! signed GitHub pushes; one test with a policy judging one member, on
+//! PostgreSQL.
 
 use std::path::Path;
 use std::time::Duration;
@@ -437,4 +438,90 @@ fn a_paused_members_destroy_waits_for_resume() {
     succeeded(&s.run(&["resume", "s-app"]), "resume");
     succeeded(&s.run(&["tick", "--all"]), "tick --all");
     assert_eq!(applied(root.path(), "app.destroyed"), ["1"]);
+}
+
+/// Policies × target sets × PostgreSQL: a policy whose `targets` glob names
+/// one member judges that member's plans only; its denial holds it at the
+/// denied commit (recorded on PostgreSQL as a failed deployment decided by
+/// `policy`) while the other member applies the same push; the next allowed
+/// commit applies.
+#[test]
+fn a_policy_judges_the_set_members_it_names_on_postgresql() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "homelab");
+    remote.commit(&[("stacks/web/v", "1"), ("stacks/db/v", "1")], "first");
+    let policy = root.path().join("no_nine.rego");
+    std::fs::write(
+        &policy,
+        "package main\n\nimport rego.v1\n\n\
+         deny contains \"v may not be 9\" if {\n\tsome c in input.changes\n\tstartswith(c.address, \"v 9\")\n}\n",
+    )
+    .expect("policy");
+    let r = root.path().display();
+    let apply = format!("echo \"$(cat v)\" >> {r}/\"$(basename \"$PWD\")\".applied");
+    let s = Setup::new(&format!(
+        "{}[[target_sets]]\nname_prefix = \"s-\"\nrepo = \"{}\"\npaths = \"stacks/*\"\ninterval = \"1h\"\n\
+         [target_sets.backend]\nkind = \"exec\"\nplan = [\"sh\", \"-c\", \"echo \\\"~ v $(cat v)\\\"\"]\n\
+         apply = [\"sh\", \"-c\", {}]\n\n\
+         [[policies]]\nname = \"no-nine\"\nfiles = [{}]\ntargets = [\"s-web\"]\n",
+        postgres_table(),
+        remote.url(),
+        toml_str(&apply),
+        toml_str(&policy.display().to_string()),
+    ));
+    succeeded(&s.run(&["tick", "--all"]), "tick --all");
+    assert_eq!(applied(root.path(), "web.applied"), ["1"]);
+    assert_eq!(applied(root.path(), "db.applied"), ["1"]);
+
+    let nine = remote.commit(&[("stacks/web/v", "9"), ("stacks/db/v", "9")], "nine");
+    let out = s.run(&["tick", "--all"]);
+    assert!(!out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        applied(root.path(), "db.applied"),
+        ["1", "9"],
+        "s-db is not covered"
+    );
+    assert_eq!(
+        applied(root.path(), "web.applied"),
+        ["1"],
+        "a denied plan applied"
+    );
+    let web = s.target_status("s-web");
+    assert_eq!(web["last_result"], "failed", "{web}");
+    let msg = web["last_message"].as_str().unwrap_or("");
+    assert!(
+        msg.contains("denied by policy `no-nine`: v may not be 9")
+            && msg.contains("nothing applied"),
+        "{web}"
+    );
+    // The refusal is on record, on PostgreSQL: the deployment's events.
+    let out = s.run(&["events", "s-web", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let events: Value = serde_json::from_slice(&out.stdout).expect("events --json");
+    let refused: Vec<&Value> = events
+        .as_array()
+        .map(|e| e.iter().filter(|e| e["actor"] == "policy").collect())
+        .unwrap_or_default();
+    assert_eq!(refused.len(), 1, "{events:#}");
+    assert_eq!(
+        (&refused[0]["to"], &refused[0]["message"]),
+        (
+            &"failed".into(),
+            &"denied by policy `no-nine`: v may not be 9".into()
+        ),
+        "{events:#}"
+    );
+    assert!(
+        msg.contains(&nine[..12]),
+        "the denied commit is named: {web}"
+    );
+
+    // Held: another tick at the same commit applies nothing, asks nothing.
+    let _ = s.run(&["tick", "s-web"]);
+    assert_eq!(applied(root.path(), "web.applied"), ["1"]);
+
+    remote.commit(&[("stacks/web/v", "2")], "two");
+    succeeded(&s.run(&["tick", "--all"]), "tick --all");
+    assert_eq!(applied(root.path(), "web.applied"), ["1", "2"]);
+    assert_eq!(applied(root.path(), "db.applied"), ["1", "9"]);
 }
