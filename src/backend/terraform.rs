@@ -7,7 +7,8 @@
 //! machine-readable `change_summary` (and planned output changes). Refresh is
 //! part of terraform's apply. `plan` (for `driftless plan`) is `plan -out`
 //! into the target's plans directory and `show -json` of that file,
-//! summarised by address and action, never by value. `outputs` is
+//! summarised by address and action, never by value (no `show` when the
+//! plan's own report says nothing changes). `outputs` is
 //! `output -json` with sensitive values masked. This module knows nothing
 //! about git, triggers or the queue.
 
@@ -154,7 +155,7 @@ impl Report {
                     let changes = &v["changes"];
                     let op = changes["operation"].as_str().unwrap_or("");
                     if op == "apply" || op == "destroy" || op == "plan" {
-                        let n: u64 = ["add", "change", "remove", "import"]
+                        let n: u64 = ["add", "change", "remove", "import", "forget"]
                             .iter()
                             .map(|k| changes[*k].as_u64().unwrap_or(0))
                             .sum();
@@ -582,6 +583,21 @@ impl Terraform {
             .run_json(&self.op_args("plan", &[out_arg]), deadline, &mut tail)
             .await;
         let shown = match planned {
+            // The plan's own report says nothing changes (resources,
+            // imports, outputs): no `show -json` (a third of a no-op tick
+            // under a policy, bench/policy.sh), nothing to keep.
+            Ok((_, report))
+                if report.summary.as_ref().is_some_and(|(n, _)| *n == 0)
+                    && report.output_changes == 0 =>
+            {
+                let _ = std::fs::remove_file(&file);
+                return Ok(Plan {
+                    changes: false,
+                    summary: "0 to add, 0 to change, 0 to destroy".into(),
+                    hash: hex::encode(Sha256::digest(b"no changes")),
+                    ..Plan::default()
+                });
+            }
             Ok(_) => {
                 let args = [
                     "show".to_string(),

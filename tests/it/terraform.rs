@@ -632,6 +632,23 @@ fn plan_shows_what_apply_would_change_and_changes_nothing() {
         )
     );
 
+    // Only an output changes: a change all the same (terraform's own plan
+    // report says so; no resource does).
+    let first = remote.commit(
+        &[(
+            "network/extra.tf",
+            "output \"extra\" {\n  value = \"x\"\n}\n",
+        )],
+        "an output",
+    );
+    let (code, out) = plan(&["net"]);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(out.lines().any(|l| l == "~ output.extra (create)"), "{out}");
+    let (code, out) = tick(&s);
+    assert_eq!(code, Some(0), "{out}");
+    let (code, out) = plan(&["net"]);
+    assert_eq!(code, Some(0), "{out}");
+
     // A new greeting updates one resource and replaces another.
     let second = remote.commit(&[("network/prod.tfvars", "greeting = \"bye\"\n")], "bye");
     let (code, out) = plan(&["net"]);
