@@ -5,8 +5,9 @@
 #     resources, applied once) with no policy: `terraform apply`, which
 #     plans inside;
 #  2. the same target under two policies (tests/fixtures/policies'
-#     no_deletes.rego and an allow-list of types): plan -out, show -json,
-#     the plan document, the evaluation; and its ratio to 1;
+#     no_deletes.rego and an allow-list of types): `plan -out`, whose own
+#     report says nothing changes (no `show -json`, nothing to evaluate);
+#     and its ratio to 1;
 #  3. a plan with a change (one resource more): `driftless plan` under the
 #     policies, and the evaluation alone as it logs it ("policies
 #     evaluated", `micros`), in microseconds and as a share of that plan.
@@ -18,16 +19,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-10}
-export TF_CLI_CONFIG_FILE=/dev/null GIT_CONFIG_GLOBAL=/dev/null GIT_CONFIG_NOSYSTEM=1
-export GIT_AUTHOR_NAME=bench GIT_AUTHOR_EMAIL=bench@example.net
-export GIT_COMMITTER_NAME=bench GIT_COMMITTER_EMAIL=bench@example.net
-command -v terraform >/dev/null || { echo "bench/policy.sh needs terraform" >&2; exit 1; }
-if [ -z "${DRIFTLESS_BIN:-}" ]; then
-  cargo build --release --locked -q
-  bin=$PWD/target/release/driftless
-else
-  bin=$DRIFTLESS_BIN
-fi
+. bench/lib.sh
+bench_needs bench/policy.sh "tests/run.sh installs it" terraform
+bench_binary
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
@@ -102,7 +96,7 @@ evaluated=$(grep -c 'policies evaluated' "$work/plan.log" || true)
 
 echo "terraform, 20 resources, no-op one-shot tick (mean of $rounds):"
 echo "  no policy (terraform apply):        ${plain_ms} ms"
-echo "  under 2 policies (plan, show):      ${guarded_ms} ms  ($(awk -v a="$guarded_ms" -v b="$plain_ms" 'BEGIN { printf "%.2f", a / b }')x)"
+echo "  under 2 policies (plan -out):       ${guarded_ms} ms  ($(awk -v a="$guarded_ms" -v b="$plain_ms" 'BEGIN { printf "%.2f", a / b }')x)"
 echo "a change planned under 2 policies (driftless plan, mean of $rounds):"
 echo "  the plan:                           ${plan_ms} ms"
 echo "  the evaluation ($evaluated logged):          ${eval_us} us  ($(awk -v e="$eval_us" -v t="$plan_ms" 'BEGIN { if (e == "none") print "-"; else printf "%.2f %%", 100 * e / 1000 / t }') of the plan)"

@@ -21,18 +21,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 many=${1:-1000}
-export GIT_CONFIG_GLOBAL=/dev/null GIT_CONFIG_NOSYSTEM=1
-export GIT_AUTHOR_NAME=bench GIT_AUTHOR_EMAIL=bench@example.net
-export GIT_COMMITTER_NAME=bench GIT_COMMITTER_EMAIL=bench@example.net
-for tool in strace sqlite3 python3 curl; do
-  command -v "$tool" >/dev/null || { echo "bench/rest.sh needs $tool (apt-get install $tool)" >&2; exit 1; }
-done
-if [ -z "${DRIFTLESS_BIN:-}" ]; then
-  cargo build --release --locked -q
-  bin=$PWD/target/release/driftless
-else
-  bin=$DRIFTLESS_BIN
-fi
+. bench/lib.sh
+bench_needs bench/rest.sh "apt-get install it" strace sqlite3 python3 curl
+bench_binary
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"' EXIT
 

@@ -26,15 +26,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-10}
-export TF_CLI_CONFIG_FILE=/dev/null GIT_CONFIG_GLOBAL=/dev/null GIT_CONFIG_NOSYSTEM=1
-export GIT_AUTHOR_NAME=bench GIT_AUTHOR_EMAIL=bench@example.net
-export GIT_COMMITTER_NAME=bench GIT_COMMITTER_EMAIL=bench@example.net
-
-for tool in terraform ansible-playbook sqlite3 python3; do
-  command -v "$tool" >/dev/null || { echo "bench/run.sh needs $tool (tests/run.sh installs the rest; apt-get install sqlite3)" >&2; exit 1; }
-done
-cargo build --release --locked -q
-bin=$PWD/target/release/driftless
+. bench/lib.sh
+bench_needs bench/run.sh "tests/run.sh installs the rest; apt-get install sqlite3" \
+  terraform ansible-playbook sqlite3 python3
+bench_binary
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 

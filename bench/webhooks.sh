@@ -24,16 +24,8 @@ conns=${2:-16}
 for tool in wrk webhook; do
   command -v "$tool" >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk webhook >/dev/null; }
 done
-export GIT_CONFIG_GLOBAL=/dev/null GIT_CONFIG_NOSYSTEM=1
-export GIT_AUTHOR_NAME=bench GIT_AUTHOR_EMAIL=bench@example.net
-export GIT_COMMITTER_NAME=bench GIT_COMMITTER_EMAIL=bench@example.net
-
-if [ -z "${DRIFTLESS_BIN:-}" ]; then
-  cargo build --release --locked -q
-  bin=$PWD/target/release/driftless
-else
-  bin=$DRIFTLESS_BIN   # measure another build
-fi
+. bench/lib.sh
+bench_binary
 work=$(mktemp -d)
 pgbin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1 || true)
 cleanup() {
