@@ -205,8 +205,15 @@ impl Reconciler {
             quarantine = gated.quarantine;
             status = gated.status;
         }
+        // driftless decides only where no person is asked: say so, not
+        // "approved" (a person approves).
+        let decided = if by == "driftless" {
+            "applied unattended".to_string()
+        } else {
+            format!("approved by {by}")
+        };
         status.message = format!(
-            "deployment {} ({} at {}, approved by {by}){}: {}",
+            "deployment {} ({} at {}, {decided}){}: {}",
             plan.id,
             plan.summary,
             seen.short(),

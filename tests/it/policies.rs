@@ -499,13 +499,16 @@ fn a_policy_reads_who_signed_the_commit() {
     );
     let remote = Remote::new(root.path(), "infra");
     let log = root.path().join("applies.log");
+    let sink = Service::http_sink(root.path(), 0);
     let s = Setup::new(&format!(
-        "{}\n[targets.verify]\nallowed_signers_file = {}\n\n\
+        "[[notifiers]]\nname = \"hook\"\nkind = \"webhook\"\nurl = \"http://127.0.0.1:{}/hook\"\n\n\
+         {}\n[targets.verify]\nallowed_signers_file = {}\n\n\
          [[policies]]\nname = \"alice-only\"\nfiles = [\"{}/alice.rego\"]\n",
+        sink.port,
         exec_target(
             "app",
             &remote.url(),
-            "interval = \"1h\"",
+            "interval = \"1h\"\nnotify = [\"hook\"]",
             &format!(
                 "plan = [\"sh\", \"-c\", \"echo \\\"~ app.v $(cat v)\\\"\"]\n\
                  apply = [\"sh\", \"-c\", \"cat v >> {}\"]",
@@ -531,6 +534,14 @@ fn a_policy_reads_who_signed_the_commit() {
     assert_eq!(code, Some(0), "{said}");
     assert_eq!(log_lines(&log), ["1"], "{said}");
     assert_eq!(s.target_status("app")["last_applied_sha"], first.as_str());
+    // No person approved it: the run says it was applied unattended.
+    let run = &s.history("app")[0];
+    assert!(
+        run["message"]
+            .as_str()
+            .is_some_and(|m| m.contains(", applied unattended): ") && !m.contains("approved")),
+        "{run}"
+    );
 
     // Bob is a listed signer (verify passes) but not the one the policy
     // lets through: denied, naming him and his key; nothing applied.
@@ -544,6 +555,24 @@ fn a_policy_reads_who_signed_the_commit() {
         "{run}"
     );
     assert_eq!(log_lines(&log), ["1"], "a denied plan was applied");
+    // The owners are told, with the policy's words.
+    wait_for(
+        std::time::Duration::from_secs(30),
+        "the failure told",
+        || {
+            sink.requests().iter().any(|r| {
+                serde_json::from_str::<serde_json::Value>(r["body"].as_str().unwrap_or(""))
+                    .is_ok_and(|d| {
+                        d["event"] == "failed"
+                            && d["message"].as_str().is_some_and(|m| {
+                                m.contains(
+                                    "denied by policy `alice-only`: only alice may change this",
+                                )
+                            })
+                    })
+            })
+        },
+    );
 
     // The verification of bob's commit is noted: `plan --json` does not
     // verify again, and the document still names him, in the schema.
