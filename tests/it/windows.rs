@@ -7,7 +7,8 @@
 //! the seconds written in the file `DRIFTLESS_DEBUG_CLOCK_FILE` names to
 //! the time windows are judged by (`window::now`; release builds never
 //! read it). Each test's deny window is a one-off range around the real
-//! now, and writing `7200` to the file takes the clock past its end.
+//! now, and writing `7200` to the file takes the clock past its end. One
+//! test puts a policy on the target: an override is judged like any apply.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -374,4 +375,74 @@ fn health_rechecks_go_on_outside_the_window_and_apply_nothing() {
     assert_eq!(log_lines(&log), ["1"], "applied outside the window");
     let first = git(&remote.work, &["rev-list", "--max-parents=0", "HEAD"]);
     assert_eq!(run["sha"], first.trim(), "{run}");
+}
+
+/// Windows × policies: outside its window a target under a policy is
+/// neither planned nor judged (nothing recorded); an override is judged
+/// like any apply — allowed and applied, or denied and nothing applied —
+/// and a denied commit stays held after the window opens, until a new one.
+#[test]
+fn an_override_is_judged_by_the_policies_and_a_denial_outlives_the_window() {
+    let w = World::new("");
+    let policy = w.root.path().join("no_two.rego");
+    std::fs::write(
+        &policy,
+        "package main\n\nimport rego.v1\n\n\
+         deny contains \"v may not be 2\" if {\n\tsome c in input.changes\n\tc.address == \"v 2\"\n}\n",
+    )
+    .expect("policy");
+    let cfg = std::fs::read_to_string(&w.setup.config).expect("config");
+    let cfg = cfg.replacen(
+        "apply = [",
+        "plan = [\"sh\", \"-c\", \"echo \\\"~ v $(cat v.txt)\\\"\"]\napply = [",
+        1,
+    ) + &format!(
+        "\n[[policies]]\nname = \"no-two\"\nfiles = [{}]\n",
+        toml_str(&policy.display().to_string())
+    );
+    std::fs::write(&w.setup.config, cfg).expect("config");
+    let events = || {
+        let out = w.run(&["events", "web", "--json"]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("events --json")
+    };
+
+    let out = w.run(&["tick", "web"]);
+    assert!(
+        text(&out.stdout).contains("web: waiting: outside its change window; opens "),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_eq!(events(), serde_json::json!([]), "judged outside its window");
+    assert!(w.setup.history("web").is_empty());
+
+    let out = w.run(&["tick", "--override-window", "web"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(w.applied(), ["1"]);
+
+    w.remote.commit(&[("v.txt", "2\n")], "2");
+    let out = w.run(&["tick", "--override-window", "web"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    let run = &w.setup.history("web")[0];
+    assert_eq!(run["trigger"], "override", "{run}");
+    assert!(
+        run["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("denied by policy `no-two`: v may not be 2")),
+        "{run}"
+    );
+    assert_eq!(w.applied(), ["1"], "a denied override applied");
+
+    // The window opens: the denied commit is still held, not applied.
+    w.move_clock(2 * 3600);
+    let _ = w.run(&["tick", "web"]);
+    assert_eq!(
+        w.applied(),
+        ["1"],
+        "the window's opening applied a denied commit"
+    );
+    w.remote.commit(&[("v.txt", "3\n")], "3");
+    let out = w.run(&["tick", "web"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(w.applied(), ["1", "3"]);
 }
