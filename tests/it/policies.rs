@@ -94,6 +94,33 @@ fn state_list(s: &Setup, target: &str) -> String {
     text(&out.stdout)
 }
 
+/// `prod-net` (terraform) at a first commit, under policy `no-deletes`
+/// whose `files` is `files` in a directory holding no_deletes.rego: the
+/// tempdir, that directory, the remote, the commit, the setup.
+fn no_deletes_world(files: &str) -> (tempfile::TempDir, std::path::PathBuf, Remote, String, Setup) {
+    let root = tempfile::tempdir().expect("tempdir");
+    let dir = policy_dir(
+        root.path(),
+        &[("no_deletes.rego", fixture("no_deletes.rego"))],
+    );
+    let remote = Remote::new(root.path(), "infra");
+    let first = remote.commit(
+        &[
+            ("network/main.tf", TF),
+            ("network/prod.tfvars", "greeting = \"hello\"\n"),
+        ],
+        "first",
+    );
+    let s = terraform_setup(
+        &remote,
+        &format!(
+            "[[policies]]\nname = \"no-deletes\"\nfiles = [\"{}/{files}\"]\n",
+            dir.display()
+        ),
+    );
+    (root, dir, remote, first, s)
+}
+
 #[test]
 fn an_auto_terraform_target_is_planned_judged_and_only_what_passes_is_applied() {
     let root = tempfile::tempdir().expect("tempdir");
@@ -238,26 +265,7 @@ fn an_auto_terraform_target_is_planned_judged_and_only_what_passes_is_applied() 
 
 #[test]
 fn a_policy_that_does_not_parse_fails_closed_and_its_fix_applies() {
-    let root = tempfile::tempdir().expect("tempdir");
-    let dir = policy_dir(
-        root.path(),
-        &[("no_deletes.rego", fixture("no_deletes.rego"))],
-    );
-    let remote = Remote::new(root.path(), "infra");
-    let first = remote.commit(
-        &[
-            ("network/main.tf", TF),
-            ("network/prod.tfvars", "greeting = \"hello\"\n"),
-        ],
-        "first",
-    );
-    let s = terraform_setup(
-        &remote,
-        &format!(
-            "[[policies]]\nname = \"no-deletes\"\nfiles = [\"{}/*.rego\"]\n",
-            dir.display()
-        ),
-    );
+    let (_root, dir, _remote, first, s) = no_deletes_world("*.rego");
     std::fs::write(
         dir.join("broken.rego"),
         "package main\n\ndeny contains msg if {\n  msg := \n}\n",
@@ -291,26 +299,7 @@ fn a_policy_that_does_not_parse_fails_closed_and_its_fix_applies() {
 
 #[test]
 fn plan_json_prints_the_document_and_policy_commands_judge_it() {
-    let root = tempfile::tempdir().expect("tempdir");
-    let dir = policy_dir(
-        root.path(),
-        &[("no_deletes.rego", fixture("no_deletes.rego"))],
-    );
-    let remote = Remote::new(root.path(), "infra");
-    remote.commit(
-        &[
-            ("network/main.tf", TF),
-            ("network/prod.tfvars", "greeting = \"hello\"\n"),
-        ],
-        "first",
-    );
-    let s = terraform_setup(
-        &remote,
-        &format!(
-            "[[policies]]\nname = \"no-deletes\"\nfiles = [\"{}/no_deletes.rego\"]\n",
-            dir.display()
-        ),
-    );
+    let (root, dir, remote, _, s) = no_deletes_world("no_deletes.rego");
     let (code, out) = tick(&s, "prod-net");
     assert_eq!(code, Some(0), "{out}");
     remote.commit(&[("network/main.tf", TF_WITHOUT_B)], "drop b");
