@@ -64,6 +64,16 @@ enum Command {
         #[arg(long, default_value_t = 20)]
         limit: i64,
     },
+    /// A run's whole output, as it was kept: the target's newest run, or
+    /// run N. Exit 0: it changed something, nothing, or still goes; 1: it
+    /// failed.
+    Logs {
+        /// The target's name.
+        target: String,
+        /// This run (an id from `history`) instead of the newest.
+        #[arg(long)]
+        run: Option<i64>,
+    },
     /// What applying a target's branch tip now would change, changing
     /// nothing: the backend's own plan, for every backend that can plan.
     /// Exit 0: no changes; 2: changes; 1: failed, or the target cannot plan
@@ -407,6 +417,7 @@ async fn run(args: Args) -> anyhow::Result<u8> {
             json,
             limit,
         } => cli::history(&app, &target, json, limit).await?,
+        Command::Logs { target, run } => cli::logs(&app, &target, run).await?,
         Command::Plan { target, json } => cli::plan(&rec(), &target, json).await?,
         Command::Outputs { target, json } => cli::outputs(&rec(), &target, json).await?,
         Command::Destroy { target, yes, force } => {

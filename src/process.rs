@@ -57,6 +57,22 @@ pub async fn with_wrapper<F: Future>(wrapper: Option<Wrapper>, fut: F) -> F::Out
     }
 }
 
+/// Where the output of every command a task starts goes as it comes, in
+/// complete lines, redacted with the command's own redactor — beside the
+/// capture `run` returns, not instead of it. A run's output (`tick::output`)
+/// is one; the sink must not block.
+pub type OutputSink = std::sync::Arc<dyn Fn(&str) + Send + Sync>;
+
+tokio::task_local! {
+    static OUTPUT: OutputSink;
+}
+
+/// Run `fut` so that every command it starts also writes to `sink`: a line
+/// `$ argv` first, then its output as it comes.
+pub async fn with_output<F: Future>(sink: OutputSink, fut: F) -> F::Output {
+    OUTPUT.scope(sink, fut).await
+}
+
 /// Larger than this and writing the wrapper's bytes into its pipe before
 /// it starts could block.
 const WRAPPER_SECRET_MAX: usize = 32 * 1024;
@@ -210,7 +226,13 @@ impl Stream {
     /// Move what the command wrote since the last call into `cap`, line by
     /// line; at `eof`, the unfinished last line too (and an unfinished line
     /// longer than [`STREAM_CAP`], which is never dropped unredacted).
-    fn drain(&mut self, cap: &mut Capture, eof: bool, redactor: &Redactor) {
+    fn drain(
+        &mut self,
+        cap: &mut Capture,
+        eof: bool,
+        redactor: &Redactor,
+        sink: Option<&OutputSink>,
+    ) {
         use std::os::unix::fs::FileExt;
         let mut buf = vec![0u8; 64 * 1024];
         loop {
@@ -239,6 +261,16 @@ impl Stream {
         };
         push_capped(stream, &rest, STREAM_CAP, redactor);
         push_capped(&mut cap.combined, &rest, TAIL_BYTES, redactor);
+        // Whole lines only (but at the end or past the cap), so a secret
+        // (each line of a multi-line one is registered too) is never
+        // split across two writes.
+        if let Some(sink) = sink {
+            let mut text = redactor.redact(&String::from_utf8_lossy(&rest));
+            if !text.ends_with('\n') {
+                text.push('\n');
+            }
+            sink(&text);
+        }
     }
 }
 
@@ -277,6 +309,8 @@ pub async fn run(spec: &Spec, redactor: &Redactor) -> Result<Output, ProcessErro
     let mut out = Stream::new(true).map_err(spawn_err)?;
     let mut err = Stream::new(false).map_err(spawn_err)?;
     let mut capture = Capture::default();
+    let sink = OUTPUT.try_with(OutputSink::clone).ok();
+    let sink = sink.as_ref();
     let (mut cmd, wrapper_pipe) = command(spec, program)?;
     cmd.stdout(Stdio::from(out.file.try_clone().map_err(spawn_err)?))
         .stderr(Stdio::from(err.file.try_clone().map_err(spawn_err)?));
@@ -285,6 +319,9 @@ pub async fn run(spec: &Spec, redactor: &Redactor) -> Result<Output, ProcessErro
         cwd: spec.cwd.display().to_string(),
         reason: e.to_string(),
     })?;
+    if let Some(sink) = sink {
+        sink(&format!("$ {}\n", redactor.redact(&spec.display())));
+    }
     let pgid = child.id().map(|p| p as i32).unwrap_or(0);
     // A run dropped before its command ended (its tick was stopped: its
     // lease was lost) takes the command's whole group down with it, not
@@ -317,16 +354,24 @@ pub async fn run(spec: &Spec, redactor: &Redactor) -> Result<Output, ProcessErro
             s = child.wait() => break s.map_err(wait_err)?,
             _ = tokio::time::sleep(sleep) => {}
         }
-        out.drain(&mut capture, false, redactor);
-        err.drain(&mut capture, false, redactor);
+        out.drain(&mut capture, false, redactor, sink);
+        err.drain(&mut capture, false, redactor, sink);
         if deadline.is_some_and(|d| Instant::now() >= d) {
             timed_out = true;
             break stop_group(&mut child, pgid).await.map_err(wait_err)?;
         }
     };
     group.0 = 0;
-    out.drain(&mut capture, true, redactor);
-    err.drain(&mut capture, true, redactor);
+    out.drain(&mut capture, true, redactor, sink);
+    err.drain(&mut capture, true, redactor, sink);
+    if let Some(sink) = sink {
+        sink(&match (timed_out, status.code()) {
+            (true, _) => "[driftless: killed at its deadline]\n".to_string(),
+            (false, Some(0)) => String::new(),
+            (false, Some(c)) => format!("[driftless: exit code {c}]\n"),
+            (false, None) => "[driftless: killed by a signal]\n".to_string(),
+        });
+    }
     let stdout = String::from_utf8_lossy(&capture.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&capture.stderr).into_owned();
     let combined = String::from_utf8_lossy(&capture.combined).into_owned();

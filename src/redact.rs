@@ -35,7 +35,16 @@ impl Redactor {
         // Text is masked after its controls are taken out: a secret that
         // carries one is looked for in that form too.
         let shown = printable(&s).into_owned();
-        for s in [s, shown] {
+        // A multi-line secret (a PEM key) line by line too: output that
+        // comes a line at a time (a run's live output) never holds it whole.
+        let lines: Vec<String> = if s.contains('\n') {
+            s.lines()
+                .map(|l| l.trim_end_matches('\r').to_string())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        for s in [s, shown].into_iter().chain(lines) {
             if s.len() >= 4 && !self.secrets.contains(&s) {
                 self.secrets.push(s);
             }
@@ -223,6 +232,17 @@ pub fn url_without_password(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each line of a multi-line secret is masked on its own too: a line
+    /// at a time, the whole is never there to match.
+    #[test]
+    fn a_multi_line_secret_is_masked_line_by_line() {
+        let key = "-----BEGIN KEY-----\nMIIEowIBAAKCAQEAx\nq83kdLa0\n-----END KEY-----\n";
+        let r = Redactor::new().with(key);
+        assert_eq!(r.redact(key), MASK);
+        assert_eq!(r.redact("got q83kdLa0\n"), format!("got {MASK}\n"));
+        assert_eq!(r.redact("MIIEowIBAAKCAQEAx"), MASK);
+    }
 
     /// Text with no control character is returned as it is, not copied
     /// (every line driftless shows goes through here).

@@ -15,12 +15,14 @@ use crate::tick::{Planned, Reconciler, TickError, Ticked};
 
 mod check;
 mod deployments;
+mod logs;
 mod notify;
 mod policy;
 mod rollout;
 
 pub use check::{check, graph};
 pub use deployments::{approve_or_reject, deployments, reconcile};
+pub use logs::logs;
 use notify::deliver_notifications;
 pub use notify::{notify_pending, notify_test};
 pub use policy::{policy_eval, policy_test};

@@ -116,6 +116,55 @@ pub(super) async fn run(
     Ok(Json(RunView::from(&run)))
 }
 
+#[derive(Deserialize)]
+pub(super) struct OutputQuery {
+    after: Option<i64>,
+}
+
+/// A run's kept output (`tick::output`): what came after chunk `after`.
+#[derive(Serialize)]
+pub(super) struct OutputView {
+    run: i64,
+    target: String,
+    /// The run's result; `null` while it goes.
+    result: Option<String>,
+    /// The output, redacted, in the order it came.
+    output: String,
+    /// The last chunk included: ask `?after=` this for what comes next.
+    last: i64,
+}
+
+/// `GET /api/v1/runs/{id}/output?after=N`
+pub(super) async fn run_output(
+    State(s): State<AppState>,
+    caller: Caller,
+    ApiPath(id): ApiPath<i64>,
+    ApiQuery(q): ApiQuery<OutputQuery>,
+) -> Answer<OutputView> {
+    let run = s
+        .app
+        .store
+        .run(id)
+        .await
+        .map_err(ApiError::unavailable)?
+        .ok_or_else(|| ApiError::not_found(format!("no run {id}")))?;
+    caller.require(Verb::Read, &run.target)?;
+    let after = q.after.unwrap_or(0);
+    let chunks = s
+        .app
+        .store
+        .run_output(id, after)
+        .await
+        .map_err(ApiError::unavailable)?;
+    Ok(Json(OutputView {
+        run: id,
+        target: run.target,
+        result: run.result,
+        last: chunks.last().map_or(after, |c| c.seq),
+        output: chunks.into_iter().map(|c| c.data).collect(),
+    }))
+}
+
 /// Job `id` for a caller who may read its target.
 async fn readable_job(s: &AppState, caller: &Caller, id: i64) -> Result<JobView, ApiError> {
     let job = status::job(&s.app, id)

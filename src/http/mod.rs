@@ -134,6 +134,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/rollouts/{name}/resume", post(api::resume_rollout))
         .route("/api/v1/rollouts/{name}/abort", post(api::abort_rollout))
         .route("/api/v1/runs/{id}", get(api::run))
+        .route("/api/v1/runs/{id}/output", get(api::run_output))
         .route("/api/v1/deployments", get(api::deployments))
         .route("/api/v1/deployments/{id}", get(api::deployment))
         .route("/api/v1/deployments/{id}/approve", post(api::approve))

@@ -26,6 +26,7 @@ pub mod outbox;
 pub mod outputs;
 pub mod previews;
 pub mod rollouts;
+pub mod run_output;
 pub mod runs;
 pub mod sets;
 pub mod statuses;

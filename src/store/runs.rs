@@ -37,6 +37,8 @@ pub struct Pruned {
     pub jobs: u64,
     pub notifications: u64,
     pub statuses: u64,
+    /// Chunks of run output (`run_output`).
+    pub output: u64,
 }
 
 /// Which streak a finished `no_change` run joins, told to
@@ -119,6 +121,7 @@ pub(super) async fn fold(
     if folded != 1 {
         return Ok(run_id);
     }
+    super::run_output::fold(tx, run_id, streak).await?;
     sqlx::query("DELETE FROM runs WHERE id = $1")
         .bind(run_id)
         .execute(&mut **tx)
@@ -202,11 +205,16 @@ impl Store {
         let statuses = self
             .prune_batches(super::statuses::PRUNE_STATUSES, cutoff, None)
             .await?;
+        // After the runs: a run's output goes once its run has.
+        let output = self
+            .prune_batches(super::run_output::PRUNE_OUTPUT, cutoff, None)
+            .await?;
         Ok(Pruned {
             runs,
             jobs,
             notifications,
             statuses,
+            output,
         })
     }
 
@@ -502,8 +510,22 @@ mod tests {
     /// One run of `web` at `sha`, finished with `result`, folded into a
     /// streak when it may be; returns the id it ends up as.
     async fn run(store: &Store, sha: &str, trigger: &str, result: ApplyResult) -> i64 {
+        run_printing(store, sha, trigger, result, "").await
+    }
+
+    /// [`run`], its commands having printed `printed` (kept as its output).
+    async fn run_printing(
+        store: &Store,
+        sha: &str,
+        trigger: &str,
+        result: ApplyResult,
+        printed: &str,
+    ) -> i64 {
         let id = store.begin_run(&new_run(trigger)).await.expect("begin");
         store.set_run_sha(id, sha).await.expect("sha");
+        if !printed.is_empty() {
+            store.append_output(id, 1, printed).await.expect("output");
+        }
         let message = format!("{} at {sha}", result.as_str());
         // Interval runs look for their streak as they are recorded (as
         // the ticks of a target without commit statuses do), the others
@@ -640,6 +662,37 @@ mod tests {
                 [(1, "done".to_string()), (4, "done".to_string())],
                 "the changed run's job and the streak's newest"
             );
+        }
+    }
+
+    /// A run's output is its streak's once it folds into one (the newest
+    /// run's, as the tail), and goes when its run is pruned.
+    #[tokio::test]
+    async fn a_runs_output_follows_it_into_its_streak_and_goes_with_it() {
+        for (_dir, store) in stores().await {
+            let text = |id| {
+                let store = store.clone();
+                async move {
+                    let chunks = store.run_output(id, 0).await.expect("output");
+                    chunks.into_iter().map(|c| c.data).collect::<String>()
+                }
+            };
+            let first = run_printing(&store, "a", "interval", ApplyResult::NoChange, "one\n").await;
+            let streak =
+                run_printing(&store, "a", "interval", ApplyResult::NoChange, "two\n").await;
+            assert_eq!(streak, first, "the second run folds into the first's row");
+            assert_eq!(text(first).await, "two\n");
+            let changed = run_printing(&store, "b", "cli", ApplyResult::Changed, "three\n").await;
+            assert_eq!(text(changed).await, "three\n");
+            run(&store, "c", "cli", ApplyResult::Changed).await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let pruned = store
+                .prune_history(Duration::from_millis(1))
+                .await
+                .expect("prune");
+            assert_eq!((pruned.runs, pruned.output), (2, 2), "{pruned:?}");
+            assert_eq!(text(first).await, "");
+            assert_eq!(text(changed).await, "");
         }
     }
 

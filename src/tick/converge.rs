@@ -67,6 +67,7 @@ impl Asked {
             resumed_health: None,
             recheck_only: false,
             shown_inputs: Default::default(),
+            output: None,
         }
     }
 }
@@ -116,6 +117,7 @@ impl Reconciler {
             .begin_run_with_state(&asked.row(&target.name, already.as_deref()))
             .await?;
         let mut run = asked.run(run_id, state.clone());
+        run.output = output::begin(&self.app.store, &target.name, run_id);
         run.recheck_only = job.is_some_and(|j| window::rechecks_only(target, j));
         match leftovers {
             Ok(0) => {}

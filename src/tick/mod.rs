@@ -19,6 +19,7 @@ mod guard;
 mod health;
 mod identity;
 mod notices;
+mod output;
 mod preview;
 mod record;
 mod review;
@@ -83,6 +84,8 @@ struct RunInfo {
     /// The target's inputs as a plan document shows them (a sensitive
     /// one masked), for the ticks that review plans.
     shown_inputs: std::collections::BTreeMap<String, String>,
+    /// Where what its commands print is kept (`tick::output`).
+    output: Option<output::RunOutput>,
 }
 
 /// What a run found besides its status, written with it.
@@ -508,9 +511,18 @@ impl Reconciler {
         // stays locked until the orphaned command is done — on this host.
         // On PostgreSQL each also goes through a keeper that renews the
         // job's lease for as long as it lives (`keeper`): for every host.
+        // What the run's commands print is kept as it comes (`tick::output`).
+        let slot = output::Slot::default();
         let converge = crate::process::with_inherited_fd(
             lock.as_raw_fd(),
-            crate::process::with_wrapper(wrapper, self.converge(target, Some(job), op, since)),
+            crate::process::with_wrapper(
+                wrapper,
+                crate::process::with_output(
+                    slot.sink(),
+                    slot.clone()
+                        .scope(self.converge(target, Some(job), op, since)),
+                ),
+            ),
         );
         let outcome = converge.await;
         // A run that was recorded closed its job in the same transaction

@@ -138,6 +138,11 @@ impl Reconciler {
         notice: Option<&crate::store::Notice>,
         streak: Streak<'_>,
     ) -> Result<i64, TickError> {
+        // Its output first: a reader who sees the result has it all, and a
+        // run that folds into a streak takes its output with it.
+        if let Some(out) = &run.output {
+            out.finish().await;
+        }
         let mut pause = Duration::from_secs(1);
         loop {
             match self

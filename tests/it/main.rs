@@ -21,6 +21,7 @@ mod exec;
 mod forge_status;
 mod git_sync;
 mod health;
+mod logs;
 mod nomad;
 mod notify;
 mod packaging;
