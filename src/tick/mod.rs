@@ -519,8 +519,10 @@ impl Reconciler {
                 wrapper,
                 crate::process::with_output(
                     slot.sink(),
+                    // Boxed: the run's future is large, and a worker thread's
+                    // stack is not (a debug build overflowed it).
                     slot.clone()
-                        .scope(self.converge(target, Some(job), op, since)),
+                        .scope(Box::pin(self.converge(target, Some(job), op, since))),
                 ),
             ),
         );

@@ -166,3 +166,35 @@ fn a_failed_runs_logs_exit_1_and_a_flood_is_cut_at_4_mib() {
     let said = text(&out.stdout) + &text(&out.stderr);
     assert!(said.contains("target `app` has no run 999"), "{said}");
 }
+
+/// The daemon's runs keep their output as the one-shot tick's do (its
+/// workers run a run's future on their own, smaller stacks).
+#[test]
+fn a_daemons_runs_keep_their_output_too() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let (_remote, s) = setup("", root.path(), 5, 0);
+    let d = Daemon::start_with_env(
+        &s.config,
+        s.path(),
+        &[
+            ("LOGS_TOKEN", SECRET),
+            (
+                "LOGS_KEY",
+                "-----BEGIN KEY-----\nMIIEowIBAAKCAQEAlogskeyline\n-----END KEY-----",
+            ),
+        ],
+    );
+    wait_for(std::time::Duration::from_secs(60), "the first run", || {
+        s.history("app")
+            .first()
+            .is_some_and(|r| r["result"] == "changed")
+    });
+    let out = s.run(&["logs", "app"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let logs = text(&out.stdout);
+    assert!(
+        logs.contains("line 5\n") && logs.contains("token=[REDACTED]\n"),
+        "{logs}"
+    );
+    drop(d);
+}
