@@ -57,8 +57,8 @@ pub async fn with_wrapper<F: Future>(wrapper: Option<Wrapper>, fut: F) -> F::Out
     }
 }
 
-/// Where the output of every command a task starts goes as it comes, in
-/// complete lines, redacted with the command's own redactor — beside the
+/// Where the output of every command a task starts that is [`Spec::shown`]
+/// goes as it comes, in complete lines, redacted with the command's own redactor — beside the
 /// capture `run` returns, not instead of it. A run's output (`tick::output`)
 /// is one; the sink must not block.
 pub type OutputSink = std::sync::Arc<dyn Fn(&str) + Send + Sync>;
@@ -97,6 +97,12 @@ pub struct Spec {
     /// Bytes written to the command's stdin (closed afterwards); none: stdin
     /// is /dev/null.
     pub stdin: Option<std::sync::Arc<Vec<u8>>>,
+    /// Its output is part of the run's output (`with_output`): only a
+    /// backend's own work (apply, destroy, a plan's progress), whose
+    /// output driftless already shows as a run's tail — never a command
+    /// that prints data (a decrypted file, `terraform show -json`,
+    /// `compose config`, outputs), which the redactor cannot know.
+    pub shown: bool,
 }
 
 impl Spec {
@@ -107,7 +113,14 @@ impl Spec {
             env: BTreeMap::new(),
             deadline: None,
             stdin: None,
+            shown: false,
         }
+    }
+
+    /// The same command, its output part of the run's ([`Spec::shown`]).
+    pub fn shown(mut self) -> Self {
+        self.shown = true;
+        self
     }
 
     /// The command line as shown in messages: argv joined by spaces.
@@ -309,7 +322,10 @@ pub async fn run(spec: &Spec, redactor: &Redactor) -> Result<Output, ProcessErro
     let mut out = Stream::new(true).map_err(spawn_err)?;
     let mut err = Stream::new(false).map_err(spawn_err)?;
     let mut capture = Capture::default();
-    let sink = OUTPUT.try_with(OutputSink::clone).ok();
+    let sink = OUTPUT
+        .try_with(OutputSink::clone)
+        .ok()
+        .filter(|_| spec.shown);
     let sink = sink.as_ref();
     let (mut cmd, wrapper_pipe) = command(spec, program)?;
     cmd.stdout(Stdio::from(out.file.try_clone().map_err(spawn_err)?))

@@ -346,6 +346,7 @@ impl Ansible {
         );
         spec.env = env;
         spec.deadline = Some(deadline);
+        spec.shown = true;
         let out = match tool::run(&spec, &self.ctx.redactor).await {
             Ok(o) => o,
             Err(e) => return (Status::failed(e), Report::default()),

@@ -656,14 +656,14 @@ impl Compose {
             args.extend(["--pull", p.as_str()]);
         }
         let mut tail = String::new();
-        match self.run(&self.spec(&args, deadline)).await {
+        match self.run(&self.spec(&args, deadline).shown()).await {
             Ok(out) => tail.push_str(&out.tail),
             Err(e) => return Err(format!("compose up failed: {e}")),
         }
         if !recreate.is_empty() {
             let mut args = vec!["up", "-d", "--no-deps", "--force-recreate"];
             args.extend(recreate.iter().map(String::as_str));
-            match self.run(&self.spec(&args, deadline)).await {
+            match self.run(&self.spec(&args, deadline).shown()).await {
                 Ok(out) => tail.push_str(&out.tail),
                 Err(e) => {
                     return Err(format!(
@@ -861,7 +861,7 @@ impl Backend for Compose {
                 args.push("--volumes");
             }
             match self
-                .run(&self.spec(&args, Instant::now() + self.ctx.timeout))
+                .run(&self.spec(&args, Instant::now() + self.ctx.timeout).shown())
                 .await
             {
                 Ok(out) => Status {

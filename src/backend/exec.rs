@@ -121,8 +121,11 @@ impl Exec {
         hex::encode(h.finalize())
     }
 
-    async fn run(&self, argv: &[String]) -> Result<(Spec, process::Output), String> {
+    /// Run `argv`; `shown`: its output is part of the run's (the apply,
+    /// the destroy and the plan, never `outputs`, which is data).
+    async fn run(&self, argv: &[String], shown: bool) -> Result<(Spec, process::Output), String> {
         let mut spec = Spec::new(argv.to_vec(), &self.ctx.workdir);
+        spec.shown = shown;
         spec.env = self.env.clone();
         spec.deadline = Some(Instant::now() + self.ctx.timeout);
         let out = tool::run(&spec, &self.ctx.redactor).await?;
@@ -134,7 +137,7 @@ impl Exec {
         let Some(argv) = &self.cfg.plan else {
             return Err("this exec target has no `plan` command configured".into());
         };
-        let (spec, out) = self.run(argv).await?;
+        let (spec, out) = self.run(argv, true).await?;
         let stdout = match out.code {
             _ if out.timed_out => {
                 return Err(process::describe_exit(&spec, &out, Some(self.ctx.timeout)));
@@ -160,7 +163,7 @@ impl Exec {
     }
 
     async fn run_for_status(&self, argv: &[String], digest: Option<String>) -> Status {
-        let (spec, out) = match self.run(argv).await {
+        let (spec, out) = match self.run(argv, true).await {
             Ok(x) => x,
             Err(e) => return Status::failed(e),
         };
@@ -248,7 +251,7 @@ impl Backend for Exec {
             let Some(argv) = &self.cfg.outputs else {
                 return Ok(Outputs::new());
             };
-            let (spec, out) = self.run(argv).await.map_err(BackendError::Command)?;
+            let (spec, out) = self.run(argv, false).await.map_err(BackendError::Command)?;
             if !out.success() {
                 return Err(BackendError::Command(format!(
                     "{}: {}",

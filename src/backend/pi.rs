@@ -377,7 +377,7 @@ impl Pi {
         };
         let mut tail = String::new();
         match self
-            .run(&self.ssh(&ship, deadline, Some(Arc::new(tar))))
+            .run(&self.ssh(&ship, deadline, Some(Arc::new(tar))).shown())
             .await
         {
             Ok(out) => tail.push_str(&out.tail),
@@ -393,7 +393,7 @@ impl Pi {
             _ => self.inputs_script(),
         };
         match self
-            .run(&self.ssh(&self.action_command(), deadline, stdin))
+            .run(&self.ssh(&self.action_command(), deadline, stdin).shown())
             .await
         {
             Ok(out) => {
@@ -569,7 +569,11 @@ impl Backend for Pi {
                 _ => self.inputs_script(),
             };
             match self
-                .run(&self.ssh(&remote, Instant::now() + self.ctx.timeout, stdin))
+                .run(
+                    &self
+                        .ssh(&remote, Instant::now() + self.ctx.timeout, stdin)
+                        .shown(),
+                )
                 .await
             {
                 Ok(out) => Status {

@@ -297,7 +297,7 @@ impl Pulumi {
             args.push("--secrets-provider");
             args.push(p);
         }
-        let spec = self.spec(&args, deadline);
+        let spec = self.spec(&args, deadline).shown();
         let out = self.run(&spec).await?;
         tail.push_str(&out.tail);
         if out.success() {
@@ -324,7 +324,7 @@ impl Pulumi {
             return failed(e, &tail);
         }
         let args = self.update_args(&["up", "--yes", "--skip-preview"]);
-        let spec = self.spec(&args, deadline);
+        let spec = self.spec(&args, deadline).shown();
         let out = match self.run(&spec).await {
             Ok(o) => o,
             Err(e) => return failed(e, &tail),
@@ -482,17 +482,19 @@ impl Pulumi {
         if let Err(e) = self.select_stack(deadline, &mut tail).await {
             return Status::failed(e);
         }
-        let spec = self.spec(
-            &[
-                "destroy",
-                "--yes",
-                "--skip-preview",
-                "--non-interactive",
-                "--stack",
-                &self.cfg.stack,
-            ],
-            deadline,
-        );
+        let spec = self
+            .spec(
+                &[
+                    "destroy",
+                    "--yes",
+                    "--skip-preview",
+                    "--non-interactive",
+                    "--stack",
+                    &self.cfg.stack,
+                ],
+                deadline,
+            )
+            .shown();
         let out = match self.run(&spec).await {
             Ok(o) => o,
             Err(e) => return Status::failed(e),

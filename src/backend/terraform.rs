@@ -355,7 +355,7 @@ impl Terraform {
     async fn init(&self, deadline: Instant, tail: &mut String) -> Result<(), String> {
         let mut args = vec!["init", "-input=false", "-no-color"];
         args.extend(self.cfg.init_args.iter().map(String::as_str));
-        let spec = self.spec(&args, deadline);
+        let spec = self.spec(&args, deadline).shown();
         let out = self.run(&spec).await?;
         tail.push_str(&out.tail);
         if !out.success() {
@@ -394,7 +394,9 @@ impl Terraform {
         } else {
             "-or-create=true"
         };
-        let spec = self.spec(&["workspace", "select", create, ws], deadline);
+        let spec = self
+            .spec(&["workspace", "select", create, ws], deadline)
+            .shown();
         let out = self.run(&spec).await?;
         tail.push_str(&out.tail);
         if out.success() {
@@ -423,16 +425,20 @@ impl Terraform {
     /// Run terraform with `args` (a `-json` command), running init again
     /// once if terraform says it is needed; its report, or why it failed
     /// (redacted, the state lock explained).
+    /// Run terraform with `args`; `shown`: its output is part of the run's
+    /// (apply, destroy, plan — never `show -json`, which holds values).
     async fn run_json(
         &self,
         args: &[String],
         deadline: Instant,
         tail: &mut String,
+        shown: bool,
     ) -> Result<(process::Output, Report), String> {
         let arg_refs: Vec<&str> = args.iter().map(String::as_str).collect();
         let mut retried_init = false;
         loop {
-            let spec = self.spec(&arg_refs, deadline);
+            let mut spec = self.spec(&arg_refs, deadline);
+            spec.shown = shown;
             let out = self.run(&spec).await?;
             tail.push_str(&out.tail);
             let report = Report::parse(&out.stdout);
@@ -535,7 +541,7 @@ impl Terraform {
         if let Err(e) = self.prepare(deadline, &mut tail).await {
             return failed(e, &tail);
         }
-        let report = match self.run_json(&args, deadline, &mut tail).await {
+        let report = match self.run_json(&args, deadline, &mut tail, true).await {
             Ok((_, r)) => r,
             Err(e) => return failed(e, &tail),
         };
@@ -580,7 +586,7 @@ impl Terraform {
         let file = dir.join(format!("{}.tfplan", hex::encode(nonce)));
         let out_arg = format!("-out={}", file.display());
         let planned = self
-            .run_json(&self.op_args("plan", &[out_arg]), deadline, &mut tail)
+            .run_json(&self.op_args("plan", &[out_arg]), deadline, &mut tail, true)
             .await;
         let shown = match planned {
             // The plan's own report says nothing changes (resources,
@@ -604,7 +610,7 @@ impl Terraform {
                     "-json".into(),
                     file.display().to_string(),
                 ];
-                self.run_json(&args, deadline, &mut tail).await
+                self.run_json(&args, deadline, &mut tail, false).await
             }
             Err(e) => Err(e),
         };

@@ -1,6 +1,7 @@
 //! A run's whole output, kept as it comes (issue 48): every command the run
-//! starts writes its lines here (`process::with_output`, redacted by the
-//! command's own redactor), bounded at [`OUTPUT_MAX`] a run with a note
+//! starts that is `Spec::shown` (a backend's own work, never a command that
+//! prints data) writes its lines here (`process::with_output`, redacted by
+//! the command's own redactor), bounded at [`OUTPUT_MAX`] a run with a note
 //! where it was cut, and written to the store a chunk at a time — every
 //! [`FLUSH_EVERY`] while the run goes, and the rest before its result is
 //! recorded. This module keeps output; it decides nothing about the run,
