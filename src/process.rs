@@ -103,7 +103,13 @@ pub struct Spec {
     /// that prints data (a decrypted file, `terraform show -json`,
     /// `compose config`, outputs), which the redactor cannot know.
     pub shown: bool,
+    /// How a line of its output reads in the run's output (a tool's
+    /// machine-readable line as its human message); as it is when `None`.
+    pub view: Option<LineView>,
 }
+
+/// How a line of a command's output reads in a run's output.
+pub type LineView = fn(&str) -> String;
 
 impl Spec {
     pub fn new(argv: Vec<String>, cwd: &Path) -> Self {
@@ -114,6 +120,7 @@ impl Spec {
             deadline: None,
             stdin: None,
             shown: false,
+            view: None,
         }
     }
 
@@ -244,7 +251,7 @@ impl Stream {
         cap: &mut Capture,
         eof: bool,
         redactor: &Redactor,
-        sink: Option<&OutputSink>,
+        sink: Option<(&OutputSink, Option<LineView>)>,
     ) {
         use std::os::unix::fs::FileExt;
         let mut buf = vec![0u8; 64 * 1024];
@@ -277,8 +284,14 @@ impl Stream {
         // Whole lines only (but at the end or past the cap), so a secret
         // (each line of a multi-line one is registered too) is never
         // split across two writes.
-        if let Some(sink) = sink {
-            let mut text = redactor.redact(&String::from_utf8_lossy(&rest));
+        if let Some((sink, view)) = sink {
+            let raw = String::from_utf8_lossy(&rest);
+            let mut text = match view {
+                Some(view) => {
+                    redactor.redact(&raw.lines().map(view).collect::<Vec<_>>().join("\n"))
+                }
+                None => redactor.redact(&raw),
+            };
             if !text.ends_with('\n') {
                 text.push('\n');
             }
@@ -336,7 +349,7 @@ pub async fn run(spec: &Spec, redactor: &Redactor) -> Result<Output, ProcessErro
         reason: e.to_string(),
     })?;
     if let Some(sink) = sink {
-        sink(&format!("$ {}\n", redactor.redact(&spec.display())));
+        sink(&format!("$ {}\n", redactor.redact(&shown_argv(&spec.argv))));
     }
     let pgid = child.id().map(|p| p as i32).unwrap_or(0);
     // A run dropped before its command ended (its tick was stopped: its
@@ -370,16 +383,16 @@ pub async fn run(spec: &Spec, redactor: &Redactor) -> Result<Output, ProcessErro
             s = child.wait() => break s.map_err(wait_err)?,
             _ = tokio::time::sleep(sleep) => {}
         }
-        out.drain(&mut capture, false, redactor, sink);
-        err.drain(&mut capture, false, redactor, sink);
+        out.drain(&mut capture, false, redactor, sink.map(|s| (s, spec.view)));
+        err.drain(&mut capture, false, redactor, sink.map(|s| (s, spec.view)));
         if deadline.is_some_and(|d| Instant::now() >= d) {
             timed_out = true;
             break stop_group(&mut child, pgid).await.map_err(wait_err)?;
         }
     };
     group.0 = 0;
-    out.drain(&mut capture, true, redactor, sink);
-    err.drain(&mut capture, true, redactor, sink);
+    out.drain(&mut capture, true, redactor, sink.map(|s| (s, spec.view)));
+    err.drain(&mut capture, true, redactor, sink.map(|s| (s, spec.view)));
     if let Some(sink) = sink {
         sink(&match (timed_out, status.code()) {
             (true, _) => "[driftless: killed at its deadline]\n".to_string(),
@@ -500,6 +513,23 @@ fn keep_across_exec(cmd: &mut Command, fd: i32) {
     }
 }
 
+/// A command line as a run's output shows it: the value of a `-var
+/// name=value` (terraform's and OpenTofu's way to pass variables, secret
+/// ones included) shown as `name=…`.
+fn shown_argv(argv: &[String]) -> String {
+    let mut out: Vec<String> = Vec::with_capacity(argv.len());
+    for (i, a) in argv.iter().enumerate() {
+        let after_var = i > 0 && argv[i - 1] == "-var";
+        let masked = match (after_var, a.strip_prefix("-var=")) {
+            (true, _) => a.split_once('=').map(|(k, _)| format!("{k}=…")),
+            (false, Some(kv)) => kv.split_once('=').map(|(k, _)| format!("-var={k}=…")),
+            _ => None,
+        };
+        out.push(masked.unwrap_or_else(|| a.clone()));
+    }
+    out.join(" ")
+}
+
 /// A one-line account of how a command ended, for messages.
 pub fn describe_exit(spec: &Spec, out: &Output, timeout: Option<Duration>) -> String {
     if out.timed_out {
@@ -522,6 +552,26 @@ pub fn describe_exit(spec: &Spec, out: &Output, timeout: Option<Duration>) -> St
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A `-var` value never shows in a run's output's command lines.
+    #[test]
+    fn a_var_value_is_not_shown() {
+        let argv: Vec<String> = [
+            "terraform",
+            "apply",
+            "-var",
+            "secret=s3cr3t",
+            "-var=b=x",
+            "-json",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        assert_eq!(
+            shown_argv(&argv),
+            "terraform apply -var secret=… -var=b=… -json"
+        );
+    }
 
     fn sh(script: &str) -> Spec {
         Spec::new(

@@ -132,6 +132,15 @@ pub struct Terraform {
     tool: Tool,
 }
 
+/// A line of terraform's `-json` output as a person reads it: its
+/// `@message` (the line as it is when it is not terraform's JSON).
+fn ui_message(line: &str) -> String {
+    serde_json::from_str::<Value>(line)
+        .ok()
+        .and_then(|v| v["@message"].as_str().map(str::to_string))
+        .unwrap_or_else(|| line.to_string())
+}
+
 /// What one `-json` run reported.
 #[derive(Debug, Default)]
 struct Report {
@@ -439,6 +448,7 @@ impl Terraform {
         loop {
             let mut spec = self.spec(&arg_refs, deadline);
             spec.shown = shown;
+            spec.view = Some(ui_message);
             let out = self.run(&spec).await?;
             tail.push_str(&out.tail);
             let report = Report::parse(&out.stdout);

@@ -622,6 +622,16 @@ fn plan_shows_what_apply_would_change_and_changes_nothing() {
     // Applied: nothing left to plan.
     let (code, out) = tick(&s);
     assert_eq!(code, Some(0), "{out}");
+    // The run's output reads as terraform's messages, not its JSON lines,
+    // and never shows the sensitive value.
+    let logs = text(&s.run(&["logs", "net"]).stdout);
+    assert!(
+        logs.contains("$ terraform apply ")
+            && logs.contains("Apply complete! Resources: 3 added, 0 changed, 0 destroyed.")
+            && !logs.contains("\"@level\"")
+            && !logs.contains(CANARY),
+        "{logs}"
+    );
     assert!(state_file().exists());
     let (code, out) = plan(&["net"]);
     assert_eq!(
