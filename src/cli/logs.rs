@@ -3,21 +3,12 @@
 //! target, or run N. Its exit code is the run's result: 0 changed or no
 //! change (or still going), 1 any failure. Reads only.
 
-use super::{Report, failed, known};
+use super::{Report, failed, readable};
 use crate::app::App;
 use crate::tick::TickError;
 
 pub async fn logs(app: &App, target: &str, run: Option<i64>) -> Result<Report, TickError> {
-    // An orphaned set member's runs are still there to read.
-    let orphan = app
-        .store
-        .set_members()
-        .await?
-        .iter()
-        .any(|m| m.target == target);
-    if !orphan {
-        known(app, target)?;
-    }
+    readable(app, target).await?;
     let found = match run {
         Some(id) => app.store.run(id).await?.filter(|r| r.target == target),
         None => app.store.history(target, 1).await?.into_iter().next(),

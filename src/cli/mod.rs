@@ -59,6 +59,21 @@ fn known(app: &App, name: &str) -> Result<crate::config::Target, TickError> {
         .ok_or_else(|| TickError::UnknownTarget(name.to_string()))
 }
 
+/// `target` is configured, or an orphaned set member, whose runs are
+/// still there to read.
+async fn readable(app: &App, target: &str) -> Result<(), TickError> {
+    let orphan = app
+        .store
+        .set_members()
+        .await?
+        .iter()
+        .any(|m| m.target == target);
+    if !orphan {
+        known(app, target)?;
+    }
+    Ok(())
+}
+
 /// `driftless tick <target>... | --all` (and `driftless retry <target>`:
 /// the same one-shot tick, asked for with the `retry` trigger).
 pub async fn tick(
@@ -275,16 +290,7 @@ pub async fn history(
     as_json: bool,
     limit: i64,
 ) -> Result<Report, TickError> {
-    // An orphaned set member's history is still there to read.
-    let orphan = app
-        .store
-        .set_members()
-        .await?
-        .iter()
-        .any(|m| m.target == target);
-    if !orphan {
-        known(app, target)?;
-    }
+    readable(app, target).await?;
     let runs = app.store.history(target, limit.clamp(1, 10_000)).await?;
     if as_json {
         let rows: Vec<_> = runs.iter().map(crate::status::RunView::from).collect();

@@ -99,12 +99,12 @@ pub(super) async fn runs(
     Ok(Json(runs.iter().map(RunView::from).collect()))
 }
 
-/// `GET /api/v1/runs/{id}`
-pub(super) async fn run(
-    State(s): State<AppState>,
-    caller: Caller,
-    ApiPath(id): ApiPath<i64>,
-) -> Answer<RunView> {
+/// Run `id` for a caller who may read its target.
+async fn readable_run(
+    s: &AppState,
+    caller: &Caller,
+    id: i64,
+) -> Result<crate::store::Run, ApiError> {
     let run = s
         .app
         .store
@@ -113,6 +113,16 @@ pub(super) async fn run(
         .map_err(ApiError::unavailable)?
         .ok_or_else(|| ApiError::not_found(format!("no run {id}")))?;
     caller.require(Verb::Read, &run.target)?;
+    Ok(run)
+}
+
+/// `GET /api/v1/runs/{id}`
+pub(super) async fn run(
+    State(s): State<AppState>,
+    caller: Caller,
+    ApiPath(id): ApiPath<i64>,
+) -> Answer<RunView> {
+    let run = readable_run(&s, &caller, id).await?;
     Ok(Json(RunView::from(&run)))
 }
 
@@ -141,14 +151,7 @@ pub(super) async fn run_output(
     ApiPath(id): ApiPath<i64>,
     ApiQuery(q): ApiQuery<OutputQuery>,
 ) -> Answer<OutputView> {
-    let run = s
-        .app
-        .store
-        .run(id)
-        .await
-        .map_err(ApiError::unavailable)?
-        .ok_or_else(|| ApiError::not_found(format!("no run {id}")))?;
-    caller.require(Verb::Read, &run.target)?;
+    let run = readable_run(&s, &caller, id).await?;
     let after = q.after.unwrap_or(0);
     let chunks = s
         .app
