@@ -67,6 +67,9 @@ struct Inner {
     buf: Mutex<Buf>,
     /// One writer at a time, so chunks keep their order.
     writing: tokio::sync::Mutex<()>,
+    /// The writer that runs while the run goes has been started (at the
+    /// first output: a run that starts no command starts no task).
+    writer: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -79,15 +82,20 @@ struct Buf {
 
 impl RunOutput {
     fn new(store: Store, target: &str, run_id: i64) -> RunOutput {
-        let out = RunOutput(Arc::new(Inner {
+        RunOutput(Arc::new(Inner {
             store,
             target: target.to_string(),
             run_id,
             buf: Mutex::new(Buf::default()),
             writing: tokio::sync::Mutex::new(()),
-        }));
-        // Written while the run goes, until nobody holds the run's output.
-        let weak: Weak<Inner> = Arc::downgrade(&out.0);
+            writer: std::sync::atomic::AtomicBool::new(false),
+        }))
+    }
+
+    /// Write what comes every [`FLUSH_EVERY`] while the run goes, until
+    /// nobody holds the run's output.
+    fn start_writer(&self) {
+        let weak: Weak<Inner> = Arc::downgrade(&self.0);
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(FLUSH_EVERY).await;
@@ -97,13 +105,19 @@ impl RunOutput {
                 }
             }
         });
-        out
     }
 
     /// Keep `text` (complete lines), up to [`OUTPUT_MAX`] a run.
     fn push(&self, text: &str) {
         if text.is_empty() {
             return;
+        }
+        if !self
+            .0
+            .writer
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            self.start_writer();
         }
         let Ok(mut b) = self.0.buf.lock() else {
             return;
