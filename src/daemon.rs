@@ -183,6 +183,7 @@ impl Daemon {
             );
         }
 
+        let closing = state.closing.clone();
         let router = http::router(state);
         let server_settings = settings.server.clone();
         let http_shutdown = shutdown.clone();
@@ -227,6 +228,7 @@ impl Daemon {
 
         let mut done = shutdown.clone();
         let _ = done.wait_for(|s| *s).await;
+        closing.send_replace(true);
         let _ = scheduler.await;
         workers.push(previewer);
         let all = futures_join(workers);

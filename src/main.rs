@@ -65,14 +65,18 @@ enum Command {
         limit: i64,
     },
     /// A run's whole output, as it was kept: the target's newest run, or
-    /// run N. Exit 0: it changed something, nothing, or still goes; 1: it
-    /// failed.
+    /// run N; with -f, a run still going is followed until it ends. Exit 0:
+    /// it changed something, nothing, or still goes; 1: it failed.
     Logs {
         /// The target's name.
         target: String,
         /// This run (an id from `history`) instead of the newest.
         #[arg(long)]
         run: Option<i64>,
+        /// Follow a run still going: print its output as it comes until it
+        /// ends (a progress line on a terminal), then exit as it ended.
+        #[arg(short, long)]
+        follow: bool,
     },
     /// What applying a target's branch tip now would change, changing
     /// nothing: the backend's own plan, for every backend that can plan.
@@ -417,7 +421,11 @@ async fn run(args: Args) -> anyhow::Result<u8> {
             json,
             limit,
         } => cli::history(&app, &target, json, limit).await?,
-        Command::Logs { target, run } => cli::logs(&app, &target, run).await?,
+        Command::Logs {
+            target,
+            run,
+            follow,
+        } => cli::logs(&app, &target, run, follow).await?,
         Command::Plan { target, json } => cli::plan(&rec(), &target, json).await?,
         Command::Outputs { target, json } => cli::outputs(&rec(), &target, json).await?,
         Command::Destroy { target, yes, force } => {

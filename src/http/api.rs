@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use tracing::info;
 
@@ -129,6 +130,8 @@ pub(super) async fn run(
 #[derive(Deserialize)]
 pub(super) struct OutputQuery {
     after: Option<i64>,
+    /// `1`: Server-Sent Events until the run ends (`http::follow`).
+    follow: Option<String>,
 }
 
 /// A run's kept output (`tick::output`): what came after chunk `after`.
@@ -144,15 +147,31 @@ pub(super) struct OutputView {
     last: i64,
 }
 
-/// `GET /api/v1/runs/{id}/output?after=N`
+/// `GET /api/v1/runs/{id}/output?after=N[&follow=1]`; a follower's
+/// `Last-Event-ID` (the last chunk it got) takes the place of `after`.
 pub(super) async fn run_output(
     State(s): State<AppState>,
     caller: Caller,
     ApiPath(id): ApiPath<i64>,
     ApiQuery(q): ApiQuery<OutputQuery>,
-) -> Answer<OutputView> {
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
     let run = readable_run(&s, &caller, id).await?;
-    let after = q.after.unwrap_or(0);
+    let follow = flag("follow", q.follow.as_deref())?;
+    let after = match last_event_id(&headers)? {
+        Some(seen) if follow => seen,
+        _ => q.after.unwrap_or(0),
+    };
+    if follow {
+        let closing = s.closing.subscribe();
+        return Ok(super::follow::output(
+            s.app.store.clone(),
+            (run.id, run.target),
+            after,
+            closing,
+        )
+        .into_response());
+    }
     let chunks = s
         .app
         .store
@@ -165,7 +184,36 @@ pub(super) async fn run_output(
         result: run.result,
         last: chunks.last().map_or(after, |c| c.seq),
         output: chunks.into_iter().map(|c| c.data).collect(),
-    }))
+    })
+    .into_response())
+}
+
+/// A query parameter that is `1`/`true` or `0`/`false` (or absent).
+fn flag(name: &str, value: Option<&str>) -> Result<bool, ApiError> {
+    match value.map(str::trim) {
+        None | Some("0" | "false") => Ok(false),
+        Some("1" | "true") => Ok(true),
+        Some(other) => Err(ApiError::bad_request(format!(
+            "query parameter `{name}`: `1` or `0`, not `{other}`"
+        ))),
+    }
+}
+
+/// The `Last-Event-ID` a reconnecting Server-Sent Events reader sends.
+fn last_event_id(headers: &HeaderMap) -> Result<Option<i64>, ApiError> {
+    let Some(v) = headers.get("last-event-id") else {
+        return Ok(None);
+    };
+    v.to_str()
+        .ok()
+        .and_then(|v| v.trim().parse::<i64>().ok())
+        .filter(|n| *n >= 0)
+        .map(Some)
+        .ok_or_else(|| {
+            ApiError::bad_request(
+                "header Last-Event-ID: expected the number of the last output chunk received",
+            )
+        })
 }
 
 /// Job `id` for a caller who may read its target.

@@ -8,6 +8,7 @@
 
 mod api;
 mod caller;
+mod follow;
 mod page;
 mod webhook;
 
@@ -56,6 +57,9 @@ pub struct AppState {
     /// Signs the page's forms (CSRF tokens); random per process, so a
     /// form from before a restart is refused and the page reloaded.
     pub(crate) csrf_key: Arc<[u8; 32]>,
+    /// Turns true when the daemon stops: streams close, so open readers
+    /// do not hold the graceful shutdown (they reconnect elsewhere).
+    pub closing: Arc<watch::Sender<bool>>,
 }
 
 impl AppState {
@@ -108,6 +112,7 @@ impl AppState {
             receivers: Arc::new(receivers),
             wake,
             csrf_key: Arc::new(csrf_key),
+            closing: Arc::new(watch::Sender::new(false)),
         })
     }
 }

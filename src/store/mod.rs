@@ -15,6 +15,7 @@ use serde::Serialize;
 use sqlx::FromRow;
 use sqlx::any::AnyPoolOptions;
 
+mod changes;
 pub mod db;
 pub mod deployments;
 pub mod direct;
@@ -129,6 +130,8 @@ pub struct Store {
     /// thread writes a batch in one blocking call (`direct`). None on
     /// PostgreSQL.
     direct: Option<direct::Direct>,
+    /// Fires when a run begins, ends or keeps more output (`changes`).
+    changes: changes::Changes,
 }
 
 /// A URL that may hold a password: never shown.
@@ -497,6 +500,7 @@ impl Store {
             group: Default::default(),
             connect: None,
             direct: Some(direct::Direct::new(path.to_path_buf(), PRAGMAS)),
+            changes: Default::default(),
         })
     }
 
@@ -550,6 +554,7 @@ impl Store {
             group: Default::default(),
             connect: Some(ConnectUrl(url.to_string())),
             direct: None,
+            changes: Default::default(),
         })
     }
 

@@ -50,8 +50,9 @@ impl Store {
                 .bind(now_ms())
                 .bind(data),
         )
-        .await
-        .map(|_| ())
+        .await?;
+        self.changes.fire();
+        Ok(())
     }
 
     /// Run `run_id`'s output chunks after chunk `after` (0: from the

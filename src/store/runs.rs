@@ -287,6 +287,7 @@ impl Store {
             .await
             .map_err(self.err("recording a run"))?;
         tx.commit().await.map_err(self.err("recording a run"))?;
+        self.changes.fire();
         Ok((id, state))
     }
 
@@ -386,6 +387,7 @@ impl Store {
             }
         }
         tx.commit().await.map_err(self.err(what))?;
+        self.changes.fire();
         Ok(run_id)
     }
 
