@@ -12,6 +12,11 @@ STEPS_JSON is a list of steps, run in order in one tab:
     {"wait_url": "part"}                         wait until the tab has loaded a URL with it
     {"screenshot": "/path/file.png"}             the viewport as PNG
     {"html": "/path/file.html"}                  document.documentElement.outerHTML
+    {"eval": "JS expression"}                    its value, printed
+    {"wait_js": "JS expression"}                 poll until it is truthy; its value, printed
+    {"request": {"url": ..., "method": "POST", "headers": {...}}}
+                                                 an HTTP request from this script (not
+                                                 the tab), its status printed
 
 Prints one JSON line per step (the URL after a navigation or a click).
 Exit 1 with a message on a protocol error, a missing element or a timeout.
@@ -156,6 +161,26 @@ def main():
                         raise RuntimeError(f"the tab never reached {step['wait_url']}: {now}")
                     time.sleep(0.1)
                 print(json.dumps({"waited": now[0]}))
+            elif "eval" in step:
+                print(json.dumps({"eval": tab.evaluate(step["eval"])}))
+            elif "wait_js" in step:
+                deadline = time.time() + TIMEOUT
+                while True:
+                    value = tab.evaluate(step["wait_js"])
+                    if value:
+                        break
+                    if time.time() > deadline:
+                        raise RuntimeError(f"never true: {step['wait_js']}")
+                    time.sleep(0.1)
+                print(json.dumps({"wait_js": value}))
+            elif "request" in step:
+                r = step["request"]
+                req = urllib.request.Request(
+                    r["url"], method=r.get("method", "GET"), headers=r.get("headers", {}),
+                    data=b"" if r.get("method", "GET") == "POST" else None,
+                )
+                with urllib.request.urlopen(req, timeout=TIMEOUT) as answer:
+                    print(json.dumps({"request": r["url"], "status": answer.status}))
             elif "screenshot" in step:
                 shot = tab.call("Page.captureScreenshot", format="png")
                 with open(step["screenshot"], "wb") as f:

@@ -360,6 +360,13 @@ pub struct StatusTo {
 pub use crate::deploy::Policy;
 
 impl Target {
+    /// The commit's page on the repository's forge, when `web_url` (set or
+    /// derived from `repo`) says where: GitHub, Gitea, Forgejo and GitLab
+    /// all answer `<web_url>/commit/<sha>`.
+    pub fn commit_url(&self, sha: &str) -> Option<String> {
+        self.web_url.as_ref().map(|w| format!("{w}/commit/{sha}"))
+    }
+
     /// The policy the tick itself follows. On a backend that reviews each
     /// unit on its own (`Kind::reviews_units`: Nomad's jobs) `approval` is
     /// its units' default, which the backend applies unit by unit (a

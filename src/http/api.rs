@@ -200,7 +200,7 @@ fn flag(name: &str, value: Option<&str>) -> Result<bool, ApiError> {
 }
 
 /// The `Last-Event-ID` a reconnecting Server-Sent Events reader sends.
-fn last_event_id(headers: &HeaderMap) -> Result<Option<i64>, ApiError> {
+pub(super) fn last_event_id(headers: &HeaderMap) -> Result<Option<i64>, ApiError> {
     let Some(v) = headers.get("last-event-id") else {
         return Ok(None);
     };

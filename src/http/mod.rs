@@ -124,6 +124,9 @@ pub fn router(state: AppState) -> Router {
     let bounded = Router::new()
         .route("/", get(page::index))
         .route("/deployments/{id}/{verb}", post(page::decide))
+        .route("/targets/{name}", get(page::target_page))
+        .route("/runs/{id}", get(page::run_page))
+        .route("/assets/page.js", get(page::script))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -154,6 +157,9 @@ pub fn router(state: AppState) -> Router {
         )
         .layer(middleware::from_fn_with_state(timeout, request_timeout));
     Router::new()
+        // Streams: answered at once, then open until their end.
+        .route("/events", get(page::board_events))
+        .route("/runs/{id}/events", get(page::run_events))
         .route("/api/v1/targets/{name}/reconcile", post(api::reconcile))
         .route("/api/v1/targets/{name}/retry", post(api::retry))
         .merge(bounded)

@@ -51,10 +51,7 @@ impl Reconciler {
                 backend: target.backend.kind().to_string(),
                 sha: told.sha.map(str::to_string),
                 short_sha: told.sha.map(|s| short_sha(s).to_string()),
-                commit_url: match (&target.web_url, told.sha) {
-                    (Some(w), Some(s)) => Some(format!("{w}/commit/{s}")),
-                    _ => None,
-                },
+                commit_url: told.sha.and_then(|s| target.commit_url(s)),
                 trigger: run.trigger.clone(),
                 delivery_id: run.delivery_id.clone(),
                 started_at: crate::store::format_ms(run.started_ms),

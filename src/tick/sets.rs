@@ -355,7 +355,7 @@ impl Reconciler {
                 backend: sample.backend.kind().to_string(),
                 sha: Some(sha.to_string()),
                 short_sha: Some(crate::model::short_sha(sha).to_string()),
-                commit_url: sample.web_url.as_ref().map(|w| format!("{w}/commit/{sha}")),
+                commit_url: sample.commit_url(sha),
                 trigger: trigger.as_str().to_string(),
                 delivery_id: None,
                 started_at: crate::store::format_ms(crate::store::now_ms()),

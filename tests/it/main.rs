@@ -26,6 +26,7 @@ mod nomad;
 mod notify;
 mod packaging;
 mod page;
+mod page_live;
 mod pi;
 mod policies;
 mod postgres;

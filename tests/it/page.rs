@@ -235,25 +235,6 @@ fn an_open_page_needs_no_token_and_an_off_page_is_not_there() {
     );
 }
 
-/// Run `tests/cdp.py` (headless Chromium over the DevTools protocol) with
-/// `steps`; its output lines.
-fn cdp(profile: &std::path::Path, steps: &serde_json::Value) -> Vec<String> {
-    let out = output_within(
-        std::process::Command::new("python3")
-            .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cdp.py"))
-            .arg(profile)
-            .arg(steps.to_string()),
-        std::time::Duration::from_secs(120),
-    );
-    assert!(
-        out.status.success(),
-        "cdp.py: {}{}",
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-    text(&out.stdout).lines().map(str::to_string).collect()
-}
-
 /// A terraform plan waiting under `policy = "approval"` is approved from
 /// the page in headless Chromium: the viewer whose token may approve gets
 /// the buttons (a read-only one does not), pressing Approve records the

@@ -2422,3 +2422,22 @@ pub fn utc_minute(minutes: i64) -> String {
         .strftime("%Y-%m-%d %H:%M")
         .to_string()
 }
+
+/// Run `tests/cdp.py` (headless Chromium over the DevTools protocol) with
+/// `steps`; its output lines.
+pub fn cdp(profile: &std::path::Path, steps: &serde_json::Value) -> Vec<String> {
+    let out = output_within(
+        std::process::Command::new("python3")
+            .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cdp.py"))
+            .arg(profile)
+            .arg(steps.to_string()),
+        std::time::Duration::from_secs(120),
+    );
+    assert!(
+        out.status.success(),
+        "cdp.py: {}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    text(&out.stdout).lines().map(str::to_string).collect()
+}

@@ -1,12 +1,15 @@
-//! `GET /`: an HTML page for people, rendered on the server (no
-//! JavaScript): every target with its last result and commit, and every
-//! deployment waiting for approval (Nomad's and every other backend's
-//! plans) with its redacted diff and the `curl` line that approves exactly
-//! that plan. By default (`[server] page = "token"`) it asks for a token
-//! with a `read` scope (HTTP Basic, the token as the password, so a browser
-//! can ask) and shows only what that token may read; `"open"` shows every
-//! target to anyone, `"off"` answers 404. It never shows a secret (diffs are
-//! redacted before they are stored).
+//! The page for people, rendered on the server: `GET /` (every target the
+//! viewer may read, grouped by state — failing first — and every
+//! deployment waiting for a person), `/targets/{name}` (a target's
+//! configuration, runs and open plan) and `/runs/{id}` (a run's whole
+//! output). It works without JavaScript; the small script it serves itself
+//! (`/assets/page.js`, no build chain, no CDN) keeps rows and a running
+//! run's output live through Server-Sent Events (`page::events`). By
+//! default (`[server] page = "token"`) it asks for a token with a `read`
+//! scope (HTTP Basic, the token as the password, so a browser can ask) and
+//! shows only what that token may read — rows, runs and streams alike;
+//! `"open"` shows every target to anyone, `"off"` answers 404. It never
+//! shows a secret (output and diffs are redacted before they are stored).
 //!
 //! A viewer whose token may approve a target also gets an Approve and a
 //! Reject button per waiting deployment: `POST /deployments/{id}/{verb}`, a
@@ -15,6 +18,13 @@
 //! a browser marks as coming from another site, or whose `Origin` (else
 //! `Referer`) is not the page's own origin, is refused as well. The
 //! decision is the API's (`api::decide`): nothing is applied here.
+
+mod events;
+mod rows;
+mod target;
+
+pub(super) use events::{board_events, run_events};
+pub(super) use target::{run_page, target_page};
 
 use std::fmt::Write as _;
 
@@ -48,30 +58,85 @@ pub fn escape(s: &str) -> String {
     out
 }
 
-const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:2em;color:#222}\
-table{border-collapse:collapse;width:100%}th,td{text-align:left;padding:.35em .6em;border-bottom:1px solid #ddd;vertical-align:top}\
-code,pre{font-family:ui-monospace,monospace;font-size:.9em}pre{background:#f6f6f6;padding:.6em;overflow-x:auto}pre.approve{white-space:pre-wrap;word-break:break-all}\
-.failed,.blocked,.unhealthy,.rolled_back,.held{color:#b00020;font-weight:600}.changed{color:#0b6e4f}.no_change{color:#555}\
-.card{border:1px solid #ccc;border-radius:6px;padding:1em;margin:1em 0}h1{font-size:1.4em}\
+const STYLE: &str = ":root{color-scheme:light dark;--fg:#1d1d1f;--bg:#fff;--mute:#666;--line:#ddd;--pre:#f4f4f4;\
+--bad:#b00020;--good:#0b6e4f;--wait:#8a5a00;--live:#0b57d0}\
+@media (prefers-color-scheme:dark){:root{--fg:#e6e6e6;--bg:#151515;--mute:#a0a0a0;--line:#333;--pre:#1f1f1f;\
+--bad:#ff6b81;--good:#4cc38a;--wait:#e0b050;--live:#7aa7ff}}\
+body{font-family:system-ui,sans-serif;margin:1.5em;color:var(--fg);background:var(--bg);line-height:1.4}\
+a{color:var(--live)}a:focus-visible,button:focus-visible{outline:3px solid var(--live);outline-offset:2px}\
+.scroll{overflow-x:auto}table{border-collapse:collapse;width:100%}\
+th,td{text-align:left;padding:.35em .6em;border-bottom:1px solid var(--line);vertical-align:top}\
+code,pre{font-family:ui-monospace,monospace;font-size:.9em}pre{background:var(--pre);padding:.6em;overflow-x:auto}\
+pre.approve{white-space:pre-wrap;word-break:break-all}pre.output{white-space:pre-wrap;max-height:70vh;overflow-y:auto}\
+.state{font-weight:600}.bad{color:var(--bad)}.good{color:var(--good)}.wait{color:var(--wait)}.live{color:var(--live)}\
+.none,small,time{color:var(--mute)}tr.row-bad td:first-child{border-left:4px solid var(--bad)}\
+tr.row-live td:first-child{border-left:4px solid var(--live)}tr.row-wait td:first-child{border-left:4px solid var(--wait)}\
+table.targets{table-layout:fixed}table.targets td{overflow-wrap:anywhere}.c-target{width:20%}.c-backend{width:9%}\
+.c-state{width:12%}.c-commit{width:12%}.c-when{width:10%}\
+@media (max-width:640px){table.targets{table-layout:auto}}\
+.live-badge{color:var(--live);font-size:.85em;margin-left:.4em;animation:pulse 1.5s ease-in-out infinite}\
+@keyframes pulse{50%{opacity:.35}}@media (prefers-reduced-motion:reduce){.live-badge{animation:none}}\
+.card{border:1px solid var(--line);border-radius:6px;padding:1em;margin:1em 0}h1{font-size:1.4em}\
 form.decide{display:inline-block;margin-right:.6em}form.decide button{font-size:1em;padding:.3em .9em}\
-.destructive{color:#b00020;font-weight:600}";
+.destructive{color:var(--bad);font-weight:600}dl.config{display:grid;grid-template-columns:max-content 1fr;gap:.2em 1em}\
+dl.config dt{color:var(--mute)}dl.config dd{margin:0}\
+@media (max-width:640px){body{margin:.6em}.wide{display:none}}";
 
-/// A short HTML answer that is not the page: 401, 403 or 404.
-fn refusal(status: StatusCode, text: &str) -> Response {
-    let body = format!(
-        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>driftless</title>\
-         <style>{STYLE}</style></head><body><h1>driftless</h1><p>{}</p></body></html>\n",
-        escape(text)
-    );
-    let mut r = (
+/// The head of a table of target rows.
+const TARGETS_HEAD: &str = "<thead><tr><th class=\"c-target\">target</th><th class=\"c-backend\">backend</th>\
+<th class=\"c-state\">state</th><th class=\"c-commit\">applied commit</th><th class=\"c-when\">last run</th>\
+<th class=\"wide\">message</th></tr></thead>";
+
+/// The head of every page: title, style, and the script that makes it
+/// live (deferred: the page is whole without it).
+fn head(title: &str) -> String {
+    format!(
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{}</title>\
+         <meta name=\"viewport\" content=\"width=device-width,initial-scale=1\"><style>{STYLE}</style>\
+         <script src=\"/assets/page.js\" defer></script></head><body>",
+        escape(title)
+    )
+}
+
+/// An HTML answer: never cached, and allowed nothing but this server's
+/// own script and the page's style.
+fn html(status: StatusCode, body: String) -> Response {
+    (
         status,
         [
             (header::CONTENT_TYPE, "text/html; charset=utf-8"),
             (header::CACHE_CONTROL, "no-store"),
+            (
+                header::CONTENT_SECURITY_POLICY,
+                "default-src 'none'; script-src 'self'; style-src 'unsafe-inline'; \
+                 connect-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+            ),
         ],
         body,
     )
-        .into_response();
+        .into_response()
+}
+
+/// `GET /assets/page.js`: the script that keeps the page live.
+pub(super) async fn script() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/javascript; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        include_str!("page.js"),
+    )
+        .into_response()
+}
+
+/// A short HTML answer that is not the page: 401, 403 or 404.
+fn refusal(status: StatusCode, text: &str) -> Response {
+    let body = format!(
+        "{}<h1>driftless</h1><p>{}</p></body></html>\n",
+        head("driftless"),
+        escape(text)
+    );
+    let mut r = html(status, body);
     if status == StatusCode::UNAUTHORIZED {
         r.headers_mut().insert(
             header::WWW_AUTHENTICATE,
@@ -79,6 +144,40 @@ fn refusal(status: StatusCode, text: &str) -> Response {
         );
     }
     r
+}
+
+/// Everything the dashboard and its stream show, as one viewer may see it.
+pub(super) struct Board {
+    pub targets: Vec<status::TargetStatus>,
+    /// Targets with a plan waiting for a person.
+    pub awaiting: Vec<String>,
+    pub waiting: Vec<StoredPlan>,
+    pub to_promote: Vec<StoredPlan>,
+}
+
+/// Read the board for `viewer` (`None`: the page is open to anyone).
+pub(super) async fn board(
+    s: &AppState,
+    viewer: Option<&Caller>,
+) -> Result<Board, crate::store::StoreError> {
+    let may_read = |target: &str| viewer.is_none_or(|c| c.may(Verb::Read, target));
+    let targets = status::targets(&s.app).await?;
+    let waiting = s.app.store.plans(Some("pending_approval"), 200).await?;
+    let to_promote = s.app.store.plans(Some("pending_promotion"), 200).await?;
+    let waiting: Vec<StoredPlan> = waiting
+        .into_iter()
+        .filter(|p| may_read(&p.target))
+        .collect();
+    let to_promote: Vec<StoredPlan> = to_promote
+        .into_iter()
+        .filter(|p| may_read(&p.target))
+        .collect();
+    Ok(Board {
+        targets: targets.into_iter().filter(|t| may_read(&t.name)).collect(),
+        awaiting: waiting.iter().map(|p| p.target.clone()).collect(),
+        waiting,
+        to_promote,
+    })
 }
 
 /// `GET /`
@@ -89,20 +188,11 @@ pub(super) async fn index(State(s): State<AppState>, caller: Result<Caller, ApiE
         Ok(v) => v,
         Err(refused) => return *refused,
     };
+    let b = match board(&s, viewer.as_ref()).await {
+        Ok(b) => b,
+        Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
+    };
     let may_read = |target: &str| viewer.as_ref().is_none_or(|c| c.may(Verb::Read, target));
-    let targets = match status::targets(&s.app).await {
-        Ok(t) => t,
-        Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
-    };
-    let targets: Vec<_> = targets.into_iter().filter(|t| may_read(&t.name)).collect();
-    let waiting = match s.app.store.plans(Some("pending_approval"), 200).await {
-        Ok(p) => p,
-        Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
-    };
-    let to_promote = match s.app.store.plans(Some("pending_promotion"), 200).await {
-        Ok(p) => p,
-        Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
-    };
     let buttons = Buttons {
         viewer: viewer.as_ref(),
         key: &s.csrf_key,
@@ -111,36 +201,52 @@ pub(super) async fn index(State(s): State<AppState>, caller: Result<Caller, ApiE
         Some(u) => u.trim_end_matches('/').to_string(),
         None => format!("http://{}", s.addr),
     };
-    let mut h = String::new();
-    let _ = write!(
-        h,
-        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>driftless</title>\
-         <meta name=\"viewport\" content=\"width=device-width\"><style>{STYLE}</style></head><body>\
-         <h1>driftless</h1><h2>Targets</h2><table><thead><tr><th>target</th><th>backend</th>\
-         <th>last result</th><th>applied commit</th><th>last run</th><th>message</th></tr></thead><tbody>"
-    );
-    target_rows(&mut h, &targets, &may_read);
-    h.push_str("</tbody></table><h2>Waiting for approval</h2>");
-    let waiting: Vec<_> = waiting.iter().filter(|p| may_read(&p.target)).collect();
+    let cx = rows::Ctx {
+        settings,
+        now_ms: crate::store::now_ms(),
+        may_read: &may_read,
+        awaiting: &b.awaiting,
+    };
+    let mut h = head("driftless");
+    h.push_str("<h1>driftless</h1><main id=\"board\" data-events=\"/events\">");
+    for g in rows::Group::ALL {
+        let mine: Vec<&status::TargetStatus> = b
+            .targets
+            .iter()
+            .filter(|t| rows::state(t, b.awaiting.contains(&t.name)).0 == g)
+            .collect();
+        let _ = write!(
+            h,
+            "<section id=\"sec-{id}\"{hidden}><h2>{title} <small class=\"count\">{n}</small></h2>\
+             <div class=\"scroll\"><table class=\"targets\">{TARGETS_HEAD}\
+             <tbody id=\"g-{id}\">",
+            id = g.id(),
+            title = g.title(),
+            n = mine.len(),
+            hidden = if mine.is_empty() { " hidden" } else { "" },
+        );
+        for t in mine {
+            h.push_str(&rows::row(t, &cx));
+        }
+        h.push_str("</tbody></table></div></section>");
+    }
+    if b.targets.is_empty() {
+        h.push_str("<p>No target this token may read.</p>");
+    }
+    h.push_str("</main><h2>Waiting for approval</h2>");
+    let waiting: Vec<&StoredPlan> = b.waiting.iter().collect();
     if waiting.is_empty() {
         h.push_str("<p>Nothing waits for approval.</p>");
     }
     approval_cards(&mut h, &waiting, &buttons, &base);
     // Nomad deployments whose canaries wait for a person.
-    let to_promote: Vec<_> = to_promote.iter().filter(|p| may_read(&p.target)).collect();
+    let to_promote: Vec<&StoredPlan> = b.to_promote.iter().collect();
     if !to_promote.is_empty() {
         h.push_str("<h2>Waiting for promotion</h2>");
     }
     promotion_cards(&mut h, &to_promote, &buttons);
     h.push_str("</body></html>\n");
-    (
-        [
-            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
-            (header::CACHE_CONTROL, "no-store"),
-        ],
-        h,
-    )
-        .into_response()
+    html(StatusCode::OK, h)
 }
 
 /// Who may look at the page: `Ok(None)` when it is open to anyone, the
@@ -198,64 +304,6 @@ impl Buttons<'_> {
             );
         }
         format!("<p>As <code>{}</code>: {f}</p>", escape(c.name()))
-    }
-}
-
-/// One row per target the viewer may read; of its dependencies, only
-/// those the viewer may read are named.
-fn target_rows(h: &mut String, targets: &[status::TargetStatus], may_read: &dyn Fn(&str) -> bool) {
-    for t in targets {
-        let result = t.last_result.as_deref().unwrap_or("never run");
-        let mut flags = String::new();
-        if t.destroyed_at.is_some() {
-            flags.push_str(" (destroyed: directory removed)");
-        } else if t.orphaned_since.is_some() {
-            flags.push_str(" (orphaned: directory removed, not applied)");
-        }
-        if t.paused {
-            flags.push_str(" (paused)");
-        }
-        if let Some(hold) = &t.hold {
-            let _ = write!(flags, " ({hold})");
-        }
-        let readable = |names: &[String]| -> Vec<String> {
-            names.iter().filter(|n| may_read(n)).cloned().collect()
-        };
-        let waits = readable(&t.waiting_on);
-        let window = t.window.as_ref();
-        if t.running {
-            flags.push_str(" (running)");
-        } else if let Some(w) = window.filter(|w| w.waiting) {
-            let _ = write!(flags, " (queued, waiting for its window: {})", w.state);
-        } else if t.queued && !waits.is_empty() {
-            let _ = write!(flags, " (queued, waiting on {})", waits.join(", "));
-        } else if t.queued {
-            flags.push_str(" (queued)");
-        }
-        if let Some(w) = window.filter(|w| !w.waiting) {
-            let _ = write!(flags, " (window {})", w.state);
-        }
-        let after = readable(&t.depends_on);
-        if !after.is_empty() {
-            let _ = write!(flags, " after {}", after.join(", "));
-        }
-        let _ = write!(
-            h,
-            "<tr><td><strong>{}</strong>{}</td><td>{}</td><td class=\"{}\">{}</td><td><code>{}</code></td><td>{}</td><td>{}</td></tr>",
-            escape(&t.name),
-            escape(&flags),
-            escape(&t.backend),
-            escape(result),
-            escape(result),
-            escape(
-                t.last_applied_sha
-                    .as_deref()
-                    .map(crate::model::short_sha)
-                    .unwrap_or("-")
-            ),
-            escape(t.last_run_at.as_deref().unwrap_or("-")),
-            escape(t.last_message.as_deref().unwrap_or("")),
-        );
     }
 }
 
@@ -480,20 +528,12 @@ pub(super) async fn decide(
 /// A short page after a form: the outcome and the way back.
 fn page_answer(status: StatusCode, text: &str) -> Response {
     let body = format!(
-        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>driftless</title>\
-         <style>{STYLE}</style></head><body><h1>driftless</h1><p id=\"outcome\">{}</p>\
+        "{}<h1>driftless</h1><p id=\"outcome\">{}</p>\
          <p><a href=\"/\">Back to the page</a></p></body></html>\n",
+        head("driftless"),
         escape(text)
     );
-    (
-        status,
-        [
-            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
-            (header::CACHE_CONTROL, "no-store"),
-        ],
-        body,
-    )
-        .into_response()
+    html(status, body)
 }
 
 #[cfg(test)]

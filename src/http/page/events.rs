@@ -1,0 +1,237 @@
+//! The page's live parts, as Server-Sent Events: `GET /events` (one stream
+//! of row changes for the dashboard, or `?target=NAME` for one target's
+//! page) and `GET /runs/{id}/events` (a run's output for the page, as
+//! `http::follow` streams it). Each stream shows only what its viewer may
+//! read, exactly as the page does. A row is sent when what it shows
+//! changed: at once when this process began or ended a run
+//! (`Store::changes`), else within [`PACE`] (a job queued, a plan decided,
+//! another instance's run). Reads only.
+
+use std::collections::{HashMap, VecDeque};
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures_util::stream;
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use super::rows;
+use super::target::{may_read, reader};
+use super::{AppState, Caller, refusal, viewer};
+use crate::auth::Verb;
+use crate::http::caller::ApiError;
+
+/// How often the rows are read again when nothing in this process said
+/// that something changed.
+const PACE: Duration = Duration::from_secs(2);
+
+#[derive(Deserialize)]
+pub(crate) struct EventsQuery {
+    target: Option<String>,
+    after: Option<i64>,
+}
+
+/// One row, as the dashboard shows it.
+#[derive(Serialize)]
+struct RowEvent<'a> {
+    name: &'a str,
+    /// Its group's id (`failing`, `running`, …).
+    group: &'a str,
+    html: &'a str,
+    /// The run going now, if any.
+    run: Option<i64>,
+}
+
+struct Rows {
+    s: AppState,
+    viewer: Option<Caller>,
+    only: Option<String>,
+    /// What each row showed when last sent.
+    shown: HashMap<String, String>,
+    changes: watch::Receiver<u64>,
+    closing: watch::Receiver<bool>,
+    pending: VecDeque<Event>,
+    over: bool,
+}
+
+/// `GET /events[?target=NAME]`
+pub(crate) async fn board_events(
+    State(s): State<AppState>,
+    caller: Result<Caller, ApiError>,
+    Query(q): Query<EventsQuery>,
+) -> Response {
+    let settings = s.app.settings();
+    let viewer = match &q.target {
+        Some(t) => match reader(&settings, caller, t) {
+            Ok(v) => v,
+            Err(r) => return *r,
+        },
+        None => match viewer(&settings, caller) {
+            Ok(v) => v,
+            Err(r) => return *r,
+        },
+    };
+    let mut changes = s.app.store.changes();
+    changes.mark_unchanged();
+    let rows = Rows {
+        closing: s.closing.subscribe(),
+        s,
+        viewer,
+        only: q.target,
+        shown: HashMap::new(),
+        changes,
+        pending: VecDeque::new(),
+        over: false,
+    };
+    let events = stream::unfold(rows, |mut r| async move {
+        loop {
+            if let Some(e) = r.pending.pop_front() {
+                return Some((Ok::<_, Infallible>(e), r));
+            }
+            if r.over || *r.closing.borrow() {
+                return None;
+            }
+            r.read().await;
+            if r.pending.is_empty() && !r.over {
+                r.wait().await;
+            }
+        }
+    });
+    Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+impl Rows {
+    /// Queue a `row` event for every row whose content changed, a `gone`
+    /// for every row no longer shown.
+    async fn read(&mut self) {
+        let board = match super::board(&self.s, self.viewer.as_ref()).await {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the page's rows");
+                self.pending
+                    .push_back(Event::default().event("error").data(e.to_string()));
+                self.over = true;
+                return;
+            }
+        };
+        // The run going now of each running target, read before
+        // anything is rendered.
+        let mut running = HashMap::new();
+        for t in board.targets.iter().filter(|t| t.running) {
+            if let Ok(r) = self.s.app.store.history(&t.name, 1).await
+                && let Some(r) = r.first().filter(|r| r.result.is_none())
+            {
+                running.insert(t.name.clone(), r.id);
+            }
+        }
+        let settings = self.s.app.settings();
+        let viewer = self.viewer.clone();
+        let readable = move |t: &str| viewer.as_ref().is_none_or(|c| c.may(Verb::Read, t));
+        let cx = rows::Ctx {
+            settings: &settings,
+            now_ms: crate::store::now_ms(),
+            may_read: &readable,
+            awaiting: &board.awaiting,
+        };
+        let mut seen = Vec::new();
+        for t in &board.targets {
+            if self.only.as_ref().is_some_and(|o| *o != t.name) {
+                continue;
+            }
+            seen.push(t.name.clone());
+            let run = running.get(&t.name).copied();
+            let awaits = board.awaiting.contains(&t.name);
+            let key = format!(
+                "{}|{awaits}|{run:?}",
+                serde_json::to_string(t).unwrap_or_default()
+            );
+            if self.shown.get(&t.name) == Some(&key) {
+                continue;
+            }
+            let (group, _, _) = rows::state(t, awaits);
+            let html = rows::row(t, &cx);
+            let data = RowEvent {
+                name: &t.name,
+                group: group.id(),
+                html: &html,
+                run,
+            };
+            if let Ok(e) = Event::default().event("row").json_data(&data) {
+                self.pending.push_back(e);
+            }
+            self.shown.insert(t.name.clone(), key);
+        }
+        let gone: Vec<String> = self
+            .shown
+            .keys()
+            .filter(|n| !seen.contains(n))
+            .cloned()
+            .collect();
+        for name in gone {
+            self.shown.remove(&name);
+            if let Ok(e) = Event::default()
+                .event("gone")
+                .json_data(serde_json::json!({ "name": name }))
+            {
+                self.pending.push_back(e);
+            }
+        }
+    }
+
+    async fn wait(&mut self) {
+        tokio::select! {
+            r = self.changes.changed() => {
+                if r.is_err() {
+                    tokio::time::sleep(PACE).await;
+                }
+            }
+            _ = tokio::time::sleep(PACE) => {}
+            r = self.closing.changed() => {
+                if r.is_err() {
+                    self.over = true;
+                }
+            }
+        }
+    }
+}
+
+/// `GET /runs/{id}/events[?after=N]`: the run's output for the page.
+pub(crate) async fn run_events(
+    State(s): State<AppState>,
+    caller: Result<Caller, ApiError>,
+    Path(id): Path<i64>,
+    Query(q): Query<EventsQuery>,
+    headers: HeaderMap,
+) -> Response {
+    let settings = s.app.settings();
+    let v = match viewer(&settings, caller) {
+        Ok(v) => v,
+        Err(r) => return *r,
+    };
+    let run = match s.app.store.run(id).await {
+        Ok(Some(r)) => r,
+        Ok(None) => return refusal(StatusCode::NOT_FOUND, "No such run."),
+        Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
+    };
+    if let Err(r) = may_read(v, &run.target) {
+        return *r;
+    }
+    let after = match crate::http::api::last_event_id(&headers) {
+        Ok(Some(seen)) => seen,
+        Ok(None) => q.after.unwrap_or(0),
+        Err(e) => return e.into_response(),
+    };
+    crate::http::follow::output(
+        s.app.store.clone(),
+        (run.id, run.target),
+        after,
+        s.closing.subscribe(),
+    )
+    .into_response()
+}
