@@ -13,6 +13,8 @@ STEPS_JSON is a list of steps, run in order in one tab:
     {"screenshot": "/path/file.png"}             the viewport as PNG
     {"html": "/path/file.html"}                  document.documentElement.outerHTML
     {"eval": "JS expression"}                    its value, printed
+    {"media": "dark"}                            prefers-color-scheme emulated
+    {"viewport": [390, 844]}                     a phone's viewport (mobile)
     {"wait_js": "JS expression"}                 poll until it is truthy; its value, printed
     {"request": {"url": ..., "method": "POST", "headers": {...}}}
                                                  an HTTP request from this script (not
@@ -23,7 +25,8 @@ Exit 1 with a message on a protocol error, a missing element or a timeout.
 
 The protocol calls used (Page.enable, Page.navigate, Page.loadEventFired,
 Page.captureScreenshot, Network.enable, Network.setExtraHTTPHeaders,
-Runtime.evaluate) and the DevToolsActivePort file in the profile directory
+Runtime.evaluate, Emulation.setEmulatedMedia,
+Emulation.setDeviceMetricsOverride) and the DevToolsActivePort file in the profile directory
 are as the Chrome DevTools Protocol documents them
 (https://chromedevtools.github.io/devtools-protocol/); the tab is made with
 PUT /json/new, which Chromium requires since version 111.
@@ -161,6 +164,15 @@ def main():
                         raise RuntimeError(f"the tab never reached {step['wait_url']}: {now}")
                     time.sleep(0.1)
                 print(json.dumps({"waited": now[0]}))
+            elif "media" in step:
+                tab.call("Emulation.setEmulatedMedia",
+                         features=[{"name": "prefers-color-scheme", "value": step["media"]}])
+                print(json.dumps({"media": step["media"]}))
+            elif "viewport" in step:
+                w, h = step["viewport"]
+                tab.call("Emulation.setDeviceMetricsOverride",
+                         width=w, height=h, deviceScaleFactor=1, mobile=True)
+                print(json.dumps({"viewport": step["viewport"]}))
             elif "eval" in step:
                 print(json.dumps({"eval": tab.evaluate(step["eval"])}))
             elif "wait_js" in step:

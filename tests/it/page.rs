@@ -415,14 +415,14 @@ fn a_person_approves_a_plan_from_the_page_and_other_sites_cannot() {
     };
     assert_eq!(pending(&ops)["state"], "pending_approval");
 
-    // The person presses Approve.
+    // The person presses Approve, on the target's own page.
     let after_html = root.path().join("after.html");
     let shot_after = tmp.join("page-plan-approved.png");
     let lines = cdp(
         &profile,
         &serde_json::json!([
             auth,
-            { "goto": page },
+            { "goto": format!("{page}targets/net") },
             { "click": format!("#deployment-{id} button.approve") },
             { "html": after_html },
             { "screenshot": shot_after },

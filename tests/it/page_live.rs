@@ -129,7 +129,22 @@ fn the_page_moves_rows_and_streams_a_runs_lines_live_and_only_what_a_viewer_may_
             {"wait_js": "(e => e && e.textContent.includes('ended') && e.textContent)(document.getElementById('run-end'))"},
             {"eval": "[window.__notReloaded === true, document.getElementById('output').textContent]"},
             {"screenshot": dir.join("page-live-target.png").display().to_string()},
+            // Dark mode from the system's preference; a phone's width.
+            {"media": "dark"},
+            {"eval": "getComputedStyle(document.body).backgroundColor"},
+            {"screenshot": dir.join("page-live-target-dark.png").display().to_string()},
+            {"viewport": [390, 844]},
+            {"eval": "document.documentElement.scrollWidth <= window.innerWidth && document.getElementById('t-web-app').getBoundingClientRect().height < 300"},
+            // A moment for the new viewport to be painted.
+            {"wait_js": "(window.__p = window.__p || Date.now(), Date.now() - window.__p > 500)"},
+            {"screenshot": dir.join("page-live-target-phone.png").display().to_string()},
         ]),
+    );
+    assert_eq!(step(&page, "eval", 2), "rgb(21, 21, 21)", "dark mode");
+    assert_eq!(
+        step(&page, "eval", 3),
+        true,
+        "the page is wider than a phone, or its row a column of words"
     );
     let live = step(&page, "wait_js", 0);
     assert!(

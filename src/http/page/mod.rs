@@ -73,7 +73,9 @@ pre.approve{white-space:pre-wrap;word-break:break-all}pre.output{white-space:pre
 tr.row-live td:first-child{border-left:4px solid var(--live)}tr.row-wait td:first-child{border-left:4px solid var(--wait)}\
 table.targets{table-layout:fixed}table.targets td{overflow-wrap:anywhere}.c-target{width:20%}.c-backend{width:9%}\
 .c-state{width:12%}.c-commit{width:12%}.c-when{width:10%}\
-@media (max-width:640px){table.targets{table-layout:auto}}\
+@media (max-width:640px){table.targets thead{display:none}table.targets tr{display:grid;grid-template-columns:1fr auto;\
+border-bottom:1px solid var(--line);padding:.3em 0}table.targets td{border:0;padding:.1em .4em}\
+table.targets td.msg{grid-column:1/-1}}\
 .live-badge{color:var(--live);font-size:.85em;margin-left:.4em;animation:pulse 1.5s ease-in-out infinite}\
 @keyframes pulse{50%{opacity:.35}}@media (prefers-reduced-motion:reduce){.live-badge{animation:none}}\
 .card{border:1px solid var(--line);border-radius:6px;padding:1em;margin:1em 0}h1{font-size:1.4em}\
