@@ -6,7 +6,7 @@
 //! closes. The state database is the relay: the instance running the
 //! command writes a chunk every 250 ms (`tick::output`), and a follower
 //! on any instance reads it there — at once when this process wrote it
-//! (`Store::changes`), else within [`PACE`]. Text is stored redacted; this
+//! (`Store::output_changes`, `Store::run_changes`), else within [`PACE`]. Text is stored redacted; this
 //! module only reads and frames it, and never holds a reader's connection
 //! past the daemon's shutdown.
 
@@ -42,7 +42,10 @@ struct Follow {
     target: String,
     /// The last chunk sent.
     cursor: i64,
+    /// More output was kept.
     changes: watch::Receiver<u64>,
+    /// A run began or ended.
+    ends: watch::Receiver<u64>,
     closing: watch::Receiver<bool>,
     pending: std::collections::VecDeque<Event>,
     over: bool,
@@ -56,14 +59,17 @@ pub(super) fn output(
     after: i64,
     closing: watch::Receiver<bool>,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
-    let mut changes = store.changes();
+    let mut changes = store.output_changes();
     changes.mark_unchanged();
+    let mut ends = store.run_changes();
+    ends.mark_unchanged();
     let follow = Follow {
         store,
         run,
         target,
         cursor: after,
         changes,
+        ends,
         closing,
         pending: Default::default(),
         over: false,
@@ -172,6 +178,11 @@ impl Follow {
     async fn wait(&mut self) {
         tokio::select! {
             r = self.changes.changed() => {
+                if r.is_err() {
+                    tokio::time::sleep(PACE).await;
+                }
+            }
+            r = self.ends.changed() => {
                 if r.is_err() {
                     tokio::time::sleep(PACE).await;
                 }

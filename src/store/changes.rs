@@ -1,5 +1,6 @@
-//! A signal that this process wrote something a watcher of runs may want
-//! to see: a run began or ended, or a run's output grew. Readers that
+//! Signals that this process wrote something a watcher of runs may want
+//! to see: a run began or ended (one signal), a run's output grew (the
+//! other). Readers that
 //! stream (`GET /api/v1/runs/{id}/output?follow=1`, the page's events)
 //! wait on it instead of reading the database on a timer, and read the
 //! database when it fires. Another instance's writes on PostgreSQL do not
@@ -12,29 +13,47 @@ use tokio::sync::watch;
 
 /// Cheap to clone: every clone signals the same watchers.
 #[derive(Clone, Debug)]
-pub(super) struct Changes(Arc<watch::Sender<u64>>);
+pub(super) struct Changes {
+    /// A run began or ended.
+    runs: Arc<watch::Sender<u64>>,
+    /// A run's output grew.
+    output: Arc<watch::Sender<u64>>,
+}
 
 impl Default for Changes {
     fn default() -> Changes {
-        Changes(Arc::new(watch::Sender::new(0)))
+        Changes {
+            runs: Arc::new(watch::Sender::new(0)),
+            output: Arc::new(watch::Sender::new(0)),
+        }
     }
 }
 
+fn bump(tx: &watch::Sender<u64>) {
+    tx.send_modify(|n| *n = n.wrapping_add(1));
+}
+
 impl Changes {
-    /// Something was written.
-    pub(super) fn fire(&self) {
-        self.0.send_modify(|n| *n = n.wrapping_add(1));
+    /// A run began or ended.
+    pub(super) fn run(&self) {
+        bump(&self.runs);
     }
 
-    pub(super) fn watch(&self) -> watch::Receiver<u64> {
-        self.0.subscribe()
+    /// A run's output grew.
+    pub(super) fn output(&self) {
+        bump(&self.output);
     }
 }
 
 impl super::Store {
-    /// Fires when this process began or finished a run, or kept more of a
-    /// run's output (see the module's doc for what it does not see).
-    pub fn changes(&self) -> watch::Receiver<u64> {
-        self.changes.watch()
+    /// Fires when this process began or finished a run (see the module's
+    /// doc for what it does not see).
+    pub fn run_changes(&self) -> watch::Receiver<u64> {
+        self.changes.runs.subscribe()
+    }
+
+    /// Fires when this process kept more of a run's output.
+    pub fn output_changes(&self) -> watch::Receiver<u64> {
+        self.changes.output.subscribe()
     }
 }

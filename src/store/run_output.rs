@@ -51,7 +51,7 @@ impl Store {
                 .bind(data),
         )
         .await?;
-        self.changes.fire();
+        self.changes.output();
         Ok(())
     }
 

@@ -287,7 +287,7 @@ impl Store {
             .await
             .map_err(self.err("recording a run"))?;
         tx.commit().await.map_err(self.err("recording a run"))?;
-        self.changes.fire();
+        self.changes.run();
         Ok((id, state))
     }
 
@@ -387,7 +387,7 @@ impl Store {
             }
         }
         tx.commit().await.map_err(self.err(what))?;
-        self.changes.fire();
+        self.changes.run();
         Ok(run_id)
     }
 

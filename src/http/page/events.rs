@@ -4,7 +4,7 @@
 //! `http::follow` streams it). Each stream shows only what its viewer may
 //! read, exactly as the page does. A row is sent when what it shows
 //! changed: at once when this process began or ended a run
-//! (`Store::changes`), else within [`PACE`] (a job queued, a plan decided,
+//! (`Store::run_changes`), else within [`PACE`] (a job queued, a plan decided,
 //! another instance's run). Reads only.
 
 use std::collections::{HashMap, VecDeque};
@@ -75,7 +75,7 @@ pub(crate) async fn board_events(
             Err(r) => return *r,
         },
     };
-    let mut changes = s.app.store.changes();
+    let mut changes = s.app.store.run_changes();
     changes.mark_unchanged();
     let rows = Rows {
         closing: s.closing.subscribe(),
