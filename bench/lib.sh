@@ -28,3 +28,50 @@ bench_binary() {
     bin=$DRIFTLESS_BIN
   fi
 }
+
+# bench_github_push WORK SECRET: GitHub's own push payload, pointed at
+# WORK/remote.git, in WORK/body.json; prints its X-Hub-Signature-256.
+bench_github_push() {
+  python3 - "$1" <<'PY'
+import json, sys
+work = sys.argv[1]
+v = json.load(open("tests/fixtures/webhooks/github/push-branch.json"))
+v["repository"]["clone_url"] = f"file://{work}/remote.git"
+open(f"{work}/body.json", "w").write(json.dumps(v))
+PY
+  echo "sha256=$(openssl dgst -sha256 -hmac "$2" -r < "$1/body.json" | cut -d' ' -f1)"
+}
+
+# bench_push_lua WORK SIG: WORK/push.lua, a wrk script posting WORK/body.json
+# signed SIG, each request with a delivery id of its own; a status other
+# than 200/202 is written to stderr as `unexpected status N`.
+bench_push_lua() {
+  cat > "$1/push.lua" <<LUA
+local f = assert(io.open("$1/body.json", "rb"))
+local body = f:read("*a")
+f:close()
+local n = 0
+local threads = 0
+function setup(thread)
+  threads = threads + 1
+  thread:set("tid", threads)
+end
+function init(args)
+  wrk.method = "POST"
+  wrk.body = body
+  wrk.headers["Content-Type"] = "application/json"
+  wrk.headers["X-GitHub-Event"] = "push"
+  wrk.headers["X-Hub-Signature-256"] = "$2"
+end
+function request()
+  n = n + 1
+  wrk.headers["X-GitHub-Delivery"] = string.format("bench-%s-%d-%d", tostring(tid), n, os.time())
+  return wrk.format(nil, wrk.path)
+end
+function response(status, headers, body)
+  if status ~= 202 and status ~= 200 then
+    io.stderr:write("unexpected status " .. status .. "\n")
+  end
+end
+LUA
+}

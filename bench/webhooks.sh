@@ -47,14 +47,7 @@ git -C "$work/src" push -q "$work/remote.git" main
 secret="bench-secret-$(date +%s)"
 printf '%s' "$secret" > "$work/secret"
 # GitHub's own push payload, pointed at the local repository.
-python3 - "$work" <<'PY'
-import json, sys
-work = sys.argv[1]
-v = json.load(open("tests/fixtures/webhooks/github/push-branch.json"))
-v["repository"]["clone_url"] = f"file://{work}/remote.git"
-open(f"{work}/body.json", "w").write(json.dumps(v))
-PY
-sig="sha256=$(openssl dgst -sha256 -hmac "$secret" -r < "$work/body.json" | cut -d' ' -f1)"
+sig=$(bench_github_push "$work" "$secret")
 
 port_d=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 port_w=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
@@ -91,34 +84,7 @@ cat > "$work/hooks.json" <<JSON
   }
 }]
 JSON
-cat > "$work/push.lua" <<LUA
-local f = assert(io.open("$work/body.json", "rb"))
-local body = f:read("*a")
-f:close()
-local n = 0
-local threads = 0
-function setup(thread)
-  threads = threads + 1
-  thread:set("tid", threads)
-end
-function init(args)
-  wrk.method = "POST"
-  wrk.body = body
-  wrk.headers["Content-Type"] = "application/json"
-  wrk.headers["X-GitHub-Event"] = "push"
-  wrk.headers["X-Hub-Signature-256"] = "$sig"
-end
-function request()
-  n = n + 1
-  wrk.headers["X-GitHub-Delivery"] = string.format("bench-%s-%d", tostring(tid), n)
-  return wrk.format(nil, wrk.path)
-end
-function response(status, headers, body)
-  if status ~= 202 and status ~= 200 then
-    io.stderr:write("unexpected status " .. status .. "\n")
-  end
-end
-LUA
+bench_push_lua "$work" "$sig"
 
 "$bin" --config "$work/driftless.toml" serve 2>"$work/driftless.log" &
 webhook -hooks "$work/hooks.json" -ip 127.0.0.1 -port "$port_w" >"$work/webhook.log" 2>&1 &

@@ -173,27 +173,48 @@ impl Follow {
         self.over = true;
     }
 
-    /// Until this process writes something, [`PACE`] passes, or the
-    /// daemon stops.
     async fn wait(&mut self) {
-        tokio::select! {
-            r = self.changes.changed() => {
-                if r.is_err() {
-                    tokio::time::sleep(PACE).await;
-                }
-            }
-            r = self.ends.changed() => {
-                if r.is_err() {
-                    tokio::time::sleep(PACE).await;
-                }
-            }
-            _ = tokio::time::sleep(PACE) => {}
-            r = self.closing.changed() => {
-                // Nobody can tell this stream to close any more: close it.
-                if r.is_err() {
-                    self.over = true;
-                }
-            }
+        if wait(
+            &mut self.changes,
+            Some(&mut self.ends),
+            PACE,
+            &mut self.closing,
+        )
+        .await
+        {
+            self.over = true;
         }
     }
+}
+
+/// Until either signal fires (this process wrote something), `pace`
+/// passes, or the daemon stops. True when the stream must close: the
+/// daemon stops, or nothing can tell it to any more.
+pub(super) async fn wait(
+    one: &mut watch::Receiver<u64>,
+    other: Option<&mut watch::Receiver<u64>>,
+    pace: Duration,
+    closing: &mut watch::Receiver<bool>,
+) -> bool {
+    let other = async {
+        match other {
+            Some(rx) => rx.changed().await.is_ok(),
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        r = one.changed() => {
+            if r.is_err() {
+                tokio::time::sleep(pace).await;
+            }
+        }
+        fired = other => {
+            if !fired {
+                tokio::time::sleep(pace).await;
+            }
+        }
+        _ = tokio::time::sleep(pace) => {}
+        r = closing.changed() => return r.is_err() || *closing.borrow(),
+    }
+    *closing.borrow()
 }

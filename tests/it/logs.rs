@@ -211,6 +211,20 @@ fn a_daemons_runs_keep_their_output_too() {
     drop(d);
 }
 
+/// The id of `app`'s first run, once it has begun.
+fn first_run(s: &Setup) -> i64 {
+    let mut id = None;
+    wait_for(
+        std::time::Duration::from_secs(60),
+        "the run to begin",
+        || {
+            id = s.history("app").first().and_then(|r| r["id"].as_i64());
+            id.is_some()
+        },
+    );
+    id.expect("run id")
+}
+
 /// Following a running run (`?follow=1`): its lines arrive while it goes,
 /// each chunk an event numbered by its chunk; a reader that reconnects with
 /// `Last-Event-ID` gets the rest without a duplicate, then the end with the
@@ -248,16 +262,7 @@ fn follow_a_running_run(database: &str, other_process: bool) {
         let d = Daemon::start_with_env(&s.config, s.path(), &env);
         (d.port, Some(d), None, None)
     };
-    let mut id = None;
-    wait_for(
-        std::time::Duration::from_secs(60),
-        "the run to begin",
-        || {
-            id = s.history("app").first().and_then(|r| r["id"].as_i64());
-            id.is_some()
-        },
-    );
-    let id = id.expect("run id");
+    let id = first_run(&s);
     // `driftless logs -f` beside the stream: into a pipe, and on a
     // terminal (util-linux's `script` gives it one) with its progress line.
     let piped = spawn_logs_follower(&s, false);
@@ -466,16 +471,7 @@ fn a_stopping_daemon_closes_its_followers_at_once() {
         s.path(),
         &[("LOGS_TOKEN", SECRET), ("LOGS_KEY", KEY_LINE)],
     );
-    let mut id = None;
-    wait_for(
-        std::time::Duration::from_secs(60),
-        "the run to begin",
-        || {
-            id = s.history("app").first().and_then(|r| r["id"].as_i64());
-            id.is_some()
-        },
-    );
-    let path = format!("/api/v1/runs/{}/output?follow=1", id.expect("id"));
+    let path = format!("/api/v1/runs/{}/output?follow=1", first_run(&s));
     let auth = format!("Bearer {READER}");
     let mut reader = sse_get(d.port, &path, &[("Authorization", &auth)]).open();
     let first = reader

@@ -12,7 +12,7 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream;
@@ -20,8 +20,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use super::rows;
-use super::target::{may_read, reader};
-use super::{AppState, Caller, refusal, viewer};
+use super::target::{readable_run, reader};
+use super::{AppState, Caller, viewer};
 use crate::auth::Verb;
 use crate::http::caller::ApiError;
 
@@ -185,18 +185,8 @@ impl Rows {
     }
 
     async fn wait(&mut self) {
-        tokio::select! {
-            r = self.changes.changed() => {
-                if r.is_err() {
-                    tokio::time::sleep(PACE).await;
-                }
-            }
-            _ = tokio::time::sleep(PACE) => {}
-            r = self.closing.changed() => {
-                if r.is_err() {
-                    self.over = true;
-                }
-            }
+        if crate::http::follow::wait(&mut self.changes, None, PACE, &mut self.closing).await {
+            self.over = true;
         }
     }
 }
@@ -209,19 +199,10 @@ pub(crate) async fn run_events(
     Query(q): Query<EventsQuery>,
     headers: HeaderMap,
 ) -> Response {
-    let settings = s.app.settings();
-    let v = match viewer(&settings, caller) {
-        Ok(v) => v,
+    let run = match readable_run(&s, caller, id).await {
+        Ok(r) => r,
         Err(r) => return *r,
     };
-    let run = match s.app.store.run(id).await {
-        Ok(Some(r)) => r,
-        Ok(None) => return refusal(StatusCode::NOT_FOUND, "No such run."),
-        Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
-    };
-    if let Err(r) = may_read(v, &run.target) {
-        return *r;
-    }
     let after = match crate::http::api::last_event_id(&headers) {
         Ok(Some(seen)) => seen,
         Ok(None) => q.after.unwrap_or(0),

@@ -182,6 +182,14 @@ pub(super) async fn board(
     })
 }
 
+/// Where the page is reached: `[server] public_url`, else the listener.
+fn base_url(s: &AppState) -> String {
+    match &s.app.settings().server.public_url {
+        Some(u) => u.trim_end_matches('/').to_string(),
+        None => format!("http://{}", s.addr),
+    }
+}
+
 /// `GET /`
 pub(super) async fn index(State(s): State<AppState>, caller: Result<Caller, ApiError>) -> Response {
     let settings = &s.app.settings();
@@ -199,10 +207,7 @@ pub(super) async fn index(State(s): State<AppState>, caller: Result<Caller, ApiE
         viewer: viewer.as_ref(),
         key: &s.csrf_key,
     };
-    let base = match &settings.server.public_url {
-        Some(u) => u.trim_end_matches('/').to_string(),
-        None => format!("http://{}", s.addr),
-    };
+    let base = base_url(&s);
     let cx = rows::Ctx {
         settings,
         now_ms: crate::store::now_ms(),

@@ -42,7 +42,23 @@ pub(super) fn may_read(v: Option<Caller>, target: &str) -> Result<Option<Caller>
     Ok(v)
 }
 
-fn unavailable(e: impl std::fmt::Display) -> Response {
+/// Run `id`, for a viewer who may read its target; else the refusal.
+pub(super) async fn readable_run(
+    s: &AppState,
+    caller: Result<Caller, ApiError>,
+    id: i64,
+) -> Result<Run, Box<Response>> {
+    let v = viewer(&s.app.settings(), caller)?;
+    let run = match s.app.store.run(id).await {
+        Ok(Some(r)) => r,
+        Ok(None) => return Err(Box::new(refusal(StatusCode::NOT_FOUND, "No such run."))),
+        Err(e) => return Err(Box::new(unavailable(e))),
+    };
+    may_read(v, &run.target)?;
+    Ok(run)
+}
+
+pub(super) fn unavailable(e: impl std::fmt::Display) -> Response {
     (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response()
 }
 
@@ -116,11 +132,7 @@ pub(crate) async fn target_page(
             viewer: viewer.as_ref(),
             key: &s.csrf_key,
         };
-        let base = match &settings.server.public_url {
-            Some(u) => u.trim_end_matches('/').to_string(),
-            None => format!("http://{}", s.addr),
-        };
-        super::approval_cards(&mut h, &plans, &buttons, &base);
+        super::approval_cards(&mut h, &plans, &buttons, &super::base_url(&s));
         super::promotion_cards(&mut h, &promote, &buttons);
     }
     h.push_str(&live);
@@ -283,19 +295,11 @@ pub(crate) async fn run_page(
     caller: Result<Caller, ApiError>,
     Path(id): Path<i64>,
 ) -> Response {
-    let settings = s.app.settings();
-    let v = match viewer(&settings, caller) {
-        Ok(v) => v,
+    let run = match readable_run(&s, caller, id).await {
+        Ok(r) => r,
         Err(r) => return *r,
     };
-    let run = match s.app.store.run(id).await {
-        Ok(Some(r)) => r,
-        Ok(None) => return refusal(StatusCode::NOT_FOUND, "No such run."),
-        Err(e) => return unavailable(e),
-    };
-    if let Err(r) = may_read(v, &run.target) {
-        return *r;
-    }
+    let settings = s.app.settings();
     let now = crate::store::now_ms();
     let mut h = head(&format!("run {id} of {} · driftless", run.target));
     let result = run.result.as_deref().unwrap_or("running");
