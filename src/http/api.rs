@@ -165,7 +165,8 @@ pub(super) async fn run_output(
     if follow {
         let closing = s.closing.subscribe();
         return Ok(super::follow::output(
-            s.app.store.clone(),
+            &s.feeds,
+            &s.app.store,
             (run.id, run.target),
             after,
             closing,

@@ -3,14 +3,22 @@
 //! is written (`output` events, the chunk's number as the event id, so a
 //! reader that reconnects with `Last-Event-ID` resumes after it without a
 //! duplicate), then one `end` event with the run's result, and the stream
-//! closes. The state database is the relay: the instance running the
-//! command writes a chunk every 250 ms (`tick::output`), and a follower
-//! on any instance reads it there — at once when this process wrote it
-//! (`Store::output_changes`, `Store::run_changes`), else within [`PACE`]. Text is stored redacted; this
-//! module only reads and frames it, and never holds a reader's connection
-//! past the daemon's shutdown.
+//! closes.
+//!
+//! The state database is the relay between instances: the instance running
+//! the command writes a chunk every 250 ms (`tick::output`), and any
+//! instance reads it there — at once when this process wrote it
+//! (`Store::output_changes`, `Store::run_changes`), else within [`PACE`].
+//! Within one process every follower of a run shares one [`Feed`]: one
+//! task reads the run and its new chunks for all of them and keeps the
+//! run's chunks in memory (at most the 4 MiB a run keeps) while anyone
+//! follows it, so a hundred readers of one run cost one reader's queries.
+//! Text is stored redacted; this module only reads and frames it, and
+//! never holds a reader's connection past the daemon's shutdown.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -18,35 +26,187 @@ use futures_util::stream::{self, Stream};
 use serde::Serialize;
 use tokio::sync::watch;
 
+use crate::store::run_output::Chunk;
 use crate::store::{Run, Store};
 
-/// How often a follower reads the database when nothing in this process
-/// told it of a change (another instance's run, on PostgreSQL).
+/// How often a run's feed reads the database when nothing in this process
+/// told it of a change (another process's run: a one-shot tick, or
+/// another instance on PostgreSQL).
 const PACE: Duration = Duration::from_secs(1);
 
-/// The last event: how the run ended.
-#[derive(Serialize)]
-struct End<'a> {
+/// How a run ended, as the last event says it.
+#[derive(Serialize, Clone, Debug)]
+struct End {
     run: i64,
-    target: &'a str,
-    result: Option<&'a str>,
-    message: Option<&'a str>,
+    target: String,
+    result: Option<String>,
+    message: Option<String>,
     /// The run repeated the unchanged run before it and was folded into
     /// that row (`run`), as history keeps a streak.
     folded: bool,
 }
 
-struct Follow {
+/// What a feed knows of its run so far.
+#[derive(Default)]
+struct Known {
+    /// Every chunk of the run, in order.
+    chunks: Vec<Chunk>,
+    end: Option<End>,
+    /// The run's row is gone and no streak row took it.
+    gone: bool,
+    /// The database failed.
+    error: Option<String>,
+}
+
+/// One run's output as this process knows it, shared by its followers.
+struct Feed {
+    known: Mutex<Known>,
+    /// Bumped whenever `known` grows.
+    grew: watch::Sender<u64>,
+}
+
+/// Every run someone in this process follows now.
+#[derive(Default)]
+pub struct Feeds(Mutex<HashMap<i64, Weak<Feed>>>);
+
+impl Feeds {
+    /// The feed of run `run` of `target`, started if nobody follows it yet.
+    fn get(&self, store: &Store, (run, target): (i64, String)) -> Arc<Feed> {
+        let Ok(mut map) = self.0.lock() else {
+            return Feed::start(store, run, target);
+        };
+        map.retain(|_, f| f.strong_count() > 0);
+        if let Some(f) = map.get(&run).and_then(Weak::upgrade) {
+            return f;
+        }
+        let f = Feed::start(store, run, target);
+        map.insert(run, Arc::downgrade(&f));
+        f
+    }
+}
+
+impl Feed {
+    /// A feed, and the task that reads for it until nobody follows or the
+    /// run has ended.
+    fn start(store: &Store, run: i64, target: String) -> Arc<Feed> {
+        let feed = Arc::new(Feed {
+            known: Mutex::new(Known::default()),
+            grew: watch::Sender::new(0),
+        });
+        let weak = Arc::downgrade(&feed);
+        let store = store.clone();
+        tokio::spawn(async move {
+            let mut output = store.output_changes();
+            let mut runs = store.run_changes();
+            let mut reader = Reader {
+                store,
+                run,
+                target,
+                cursor: 0,
+            };
+            // The feed ends with its followers, who close at shutdown.
+            let (_open, mut never) = watch::channel(false);
+            loop {
+                let Some(feed) = weak.upgrade() else { return };
+                let over = reader.read(&feed).await;
+                feed.grew.send_modify(|n| *n = n.wrapping_add(1));
+                drop(feed);
+                if over {
+                    return;
+                }
+                wait(&mut output, Some(&mut runs), PACE, &mut never).await;
+            }
+        });
+        feed
+    }
+}
+
+/// What reads the database for one feed.
+struct Reader {
     store: Store,
     run: i64,
     target: String,
+    /// The last chunk read.
+    cursor: i64,
+}
+
+impl Reader {
+    /// Add what was written since the cursor, and the end once the run has
+    /// one. The run is read before its output: a result recorded means
+    /// every chunk was written before it (`RunOutput::finish`). True when
+    /// nothing more will come.
+    async fn read(&mut self, feed: &Feed) -> bool {
+        let outcome = self.read_db().await;
+        let Ok(mut known) = feed.known.lock() else {
+            return true;
+        };
+        match outcome {
+            Ok((chunks, end)) => {
+                known.chunks.extend(chunks);
+                match end {
+                    Some(Some(end)) => known.end = Some(end),
+                    Some(None) => known.gone = true,
+                    None => return false,
+                }
+            }
+            Err(e) => {
+                tracing::warn!(run = self.run, error = %e, "cannot follow a run's output");
+                known.error = Some(e.to_string());
+            }
+        }
+        true
+    }
+
+    /// New chunks, and `Some(end)` once the run is over (`Some(None)`: its
+    /// row is gone).
+    #[allow(clippy::type_complexity)]
+    async fn read_db(
+        &mut self,
+    ) -> Result<(Vec<Chunk>, Option<Option<End>>), crate::store::StoreError> {
+        let (run, folded) = match self.store.run(self.run).await? {
+            Some(r) => (r, false),
+            // Folded into the unchanged run before it, output and all
+            // (`store::runs::fold`).
+            None => match self.folded_into().await? {
+                Some(into) => (into, true),
+                None => return Ok((Vec::new(), Some(None))),
+            },
+        };
+        let chunks = self.store.run_output(run.id, self.cursor).await?;
+        if let Some(c) = chunks.last() {
+            self.cursor = c.seq;
+        }
+        let end = run.result.is_some().then(|| Some(end_of(&run, folded)));
+        Ok((chunks, end))
+    }
+
+    async fn folded_into(&self) -> Result<Option<Run>, crate::store::StoreError> {
+        Ok(self
+            .store
+            .history(&self.target, 5)
+            .await?
+            .into_iter()
+            .find(|r| r.id < self.run && r.result.as_deref() == Some("no_change")))
+    }
+}
+
+fn end_of(run: &Run, folded: bool) -> End {
+    End {
+        run: run.id,
+        target: run.target.clone(),
+        result: run.result.clone(),
+        message: run.message.clone(),
+        folded,
+    }
+}
+
+/// One reader's place in a feed.
+struct Follow {
+    feed: Arc<Feed>,
+    grew: watch::Receiver<u64>,
+    closing: watch::Receiver<bool>,
     /// The last chunk sent.
     cursor: i64,
-    /// More output was kept.
-    changes: watch::Receiver<u64>,
-    /// A run began or ended.
-    ends: watch::Receiver<u64>,
-    closing: watch::Receiver<bool>,
     pending: std::collections::VecDeque<Event>,
     over: bool,
 }
@@ -54,23 +214,19 @@ struct Follow {
 /// Follow run `run` of `target` (already checked readable) from after
 /// chunk `after`.
 pub(super) fn output(
-    store: Store,
-    (run, target): (i64, String),
+    feeds: &Feeds,
+    store: &Store,
+    run: (i64, String),
     after: i64,
     closing: watch::Receiver<bool>,
-) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
-    let mut changes = store.output_changes();
-    changes.mark_unchanged();
-    let mut ends = store.run_changes();
-    ends.mark_unchanged();
+) -> Sse<impl Stream<Item = Result<Event, Infallible>> + use<>> {
+    let feed = feeds.get(store, run);
+    let grew = feed.grew.subscribe();
     let follow = Follow {
-        store,
-        run,
-        target,
-        cursor: after,
-        changes,
-        ends,
+        feed,
+        grew,
         closing,
+        cursor: after,
         pending: Default::default(),
         over: false,
     };
@@ -82,9 +238,16 @@ pub(super) fn output(
             if f.over || *f.closing.borrow() {
                 return None;
             }
-            f.read().await;
+            f.take();
             if f.pending.is_empty() && !f.over {
-                f.wait().await;
+                tokio::select! {
+                    r = f.grew.changed() => {
+                        if r.is_err() {
+                            f.over = true;
+                        }
+                    }
+                    _ = f.closing.changed() => {}
+                }
             }
         }
     });
@@ -92,96 +255,41 @@ pub(super) fn output(
 }
 
 impl Follow {
-    /// Queue what was written since the cursor, and the end once the run
-    /// has one. The run is read before its output: a result recorded means
-    /// every chunk was written before it (`RunOutput::finish`).
-    async fn read(&mut self) {
-        let run = match self.store.run(self.run).await {
-            Ok(r) => r,
-            Err(e) => return self.fail(&e),
+    /// Queue what the feed holds past the cursor, and its end.
+    fn take(&mut self) {
+        self.grew.mark_unchanged();
+        let Ok(known) = self.feed.known.lock() else {
+            self.over = true;
+            return;
         };
-        let Some(run) = run else {
-            return self.folded().await;
-        };
-        if let Err(e) = self.chunks(run.id).await {
-            return self.fail(&e);
-        }
-        if run.result.is_some() {
-            self.end(&run, false);
-        }
-    }
-
-    async fn chunks(&mut self, run: i64) -> Result<(), crate::store::StoreError> {
-        for c in self.store.run_output(run, self.cursor).await? {
+        let from = self.cursor;
+        for c in known.chunks.iter().filter(|c| c.seq > from) {
             self.cursor = c.seq;
             self.pending.push_back(
                 Event::default()
                     .event("output")
                     .id(c.seq.to_string())
-                    .data(c.data),
+                    .data(&c.data),
             );
         }
-        Ok(())
-    }
-
-    /// The run's row is gone while it was followed: it repeated the
-    /// target's unchanged run before it and was folded into that row,
-    /// output and all (`store::runs::fold`).
-    async fn folded(&mut self) {
-        let into = match self.store.history(&self.target, 5).await {
-            Ok(runs) => runs
-                .into_iter()
-                .find(|r| r.id < self.run && r.result.as_deref() == Some("no_change")),
-            Err(e) => return self.fail(&e),
-        };
-        let Some(into) = into else {
+        if let Some(e) = &known.error {
+            self.pending
+                .push_back(Event::default().event("error").data(e));
             self.over = true;
-            return self.pending.push_back(
+        } else if let Some(end) = &known.end {
+            let event = Event::default().event("end").id(self.cursor.to_string());
+            self.pending.push_back(
+                event
+                    .json_data(end)
+                    .unwrap_or_else(|_| Event::default().event("end")),
+            );
+            self.over = true;
+        } else if known.gone {
+            self.pending.push_back(
                 Event::default()
                     .event("gone")
-                    .data(format!("run {} is no longer recorded", self.run)),
+                    .data("this run is no longer recorded"),
             );
-        };
-        if let Err(e) = self.chunks(into.id).await {
-            return self.fail(&e);
-        }
-        self.end(&into, true);
-    }
-
-    fn end(&mut self, run: &Run, folded: bool) {
-        let end = End {
-            run: run.id,
-            target: &run.target,
-            result: run.result.as_deref(),
-            message: run.message.as_deref(),
-            folded,
-        };
-        let event = Event::default().event("end").id(self.cursor.to_string());
-        self.pending.push_back(
-            event
-                .json_data(end)
-                .unwrap_or_else(|_| Event::default().event("end")),
-        );
-        self.over = true;
-    }
-
-    /// The database failed: say so, and close (the reader reconnects).
-    fn fail(&mut self, e: &crate::store::StoreError) {
-        tracing::warn!(run = self.run, error = %e, "cannot follow a run's output");
-        self.pending
-            .push_back(Event::default().event("error").data(e.to_string()));
-        self.over = true;
-    }
-
-    async fn wait(&mut self) {
-        if wait(
-            &mut self.changes,
-            Some(&mut self.ends),
-            PACE,
-            &mut self.closing,
-        )
-        .await
-        {
             self.over = true;
         }
     }

@@ -60,6 +60,8 @@ pub struct AppState {
     /// Turns true when the daemon stops: streams close, so open readers
     /// do not hold the graceful shutdown (they reconnect elsewhere).
     pub closing: Arc<watch::Sender<bool>>,
+    /// The runs followed now, each read once for all its followers.
+    pub(crate) feeds: Arc<follow::Feeds>,
 }
 
 impl AppState {
@@ -113,6 +115,7 @@ impl AppState {
             wake,
             csrf_key: Arc::new(csrf_key),
             closing: Arc::new(watch::Sender::new(false)),
+            feeds: Default::default(),
         })
     }
 }

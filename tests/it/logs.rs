@@ -272,6 +272,9 @@ fn follow_a_running_run(database: &str, other_process: bool) {
     let within = std::time::Duration::from_secs(30);
 
     let mut first = sse_get(port, &path, &[("Authorization", &auth)]).open();
+    // A second reader of the same run at the same time, read at the end
+    // (the readers of one run share what is read for them).
+    let mut beside = sse_get(port, &path, &[("Authorization", &auth)]).open();
     let mut got = Vec::new();
     while !got.iter().any(|e: &SseEvent| e.data.contains("slow 2\n")) {
         let e = first.next_event(within).expect("an event");
@@ -333,6 +336,17 @@ fn follow_a_running_run(database: &str, other_process: bool) {
     assert_eq!(streamed, kept.json()["output"].as_str().expect("output"));
     assert!(streamed.contains("slow 8\n") && streamed.contains("token=[REDACTED]\n"));
     assert!(!streamed.contains(SECRET) && !streamed.contains(KEY_LINE));
+
+    let mut together = String::new();
+    while let Some(e) = beside.next_event(within) {
+        if e.event == "output" {
+            together.push_str(&e.data);
+        }
+    }
+    assert_eq!(
+        together, streamed,
+        "two readers of one run saw different output"
+    );
 
     // A finished run: everything, the end, closed — at once.
     let mut again = sse_get(port, &path, &[("Authorization", &auth)]).open();

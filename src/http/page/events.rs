@@ -209,7 +209,8 @@ pub(crate) async fn run_events(
         Err(e) => return e.into_response(),
     };
     crate::http::follow::output(
-        s.app.store.clone(),
+        &s.feeds,
+        &s.app.store,
         (run.id, run.target),
         after,
         s.closing.subscribe(),
