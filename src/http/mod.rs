@@ -62,6 +62,8 @@ pub struct AppState {
     pub closing: Arc<watch::Sender<bool>>,
     /// The runs followed now, each read once for all its followers.
     pub(crate) feeds: Arc<follow::Feeds>,
+    /// The board the page's row streams share (`page::events`).
+    pub(crate) boards: Arc<page::Boards>,
 }
 
 impl AppState {
@@ -116,6 +118,7 @@ impl AppState {
             csrf_key: Arc::new(csrf_key),
             closing: Arc::new(watch::Sender::new(false)),
             feeds: Default::default(),
+            boards: Default::default(),
         })
     }
 }

@@ -5,10 +5,13 @@
 //! read, exactly as the page does. A row is sent when what it shows
 //! changed: at once when this process began or ended a run
 //! (`Store::run_changes`), else within [`PACE`] (a job queued, a plan decided,
-//! another instance's run). Reads only.
+//! another instance's run). One task reads the board for every open page
+//! of this process ([`Boards`]); each stream filters it for its viewer.
+//! Reads only.
 
 use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use axum::extract::{Path, Query, State};
@@ -46,13 +49,100 @@ struct RowEvent<'a> {
     run: Option<i64>,
 }
 
+/// The board as last read, with each running target's run: what every
+/// row stream of this process renders from.
+struct Snapshot {
+    board: Result<super::Board, String>,
+    running: HashMap<String, i64>,
+}
+
+/// One board, read for every row stream of this process at once.
+struct BoardFeed {
+    latest: Mutex<Option<Arc<Snapshot>>>,
+    grew: watch::Sender<u64>,
+}
+
+/// The board feed while any page watches it.
+#[derive(Default)]
+pub struct Boards(Mutex<Weak<BoardFeed>>);
+
+impl Boards {
+    fn get(&self, s: &AppState) -> Arc<BoardFeed> {
+        let Ok(mut current) = self.0.lock() else {
+            return BoardFeed::start(s);
+        };
+        if let Some(f) = current.upgrade() {
+            return f;
+        }
+        let f = BoardFeed::start(s);
+        *current = Arc::downgrade(&f);
+        f
+    }
+}
+
+impl BoardFeed {
+    /// The feed, and the task that reads the board for it — every target
+    /// and plan, filtered by each stream for its viewer — at each run's
+    /// start and end here and every [`PACE`], until nobody watches.
+    fn start(s: &AppState) -> Arc<BoardFeed> {
+        let feed = Arc::new(BoardFeed {
+            latest: Mutex::new(None),
+            grew: watch::Sender::new(0),
+        });
+        let weak = Arc::downgrade(&feed);
+        let s = s.clone();
+        tokio::spawn(async move {
+            let mut changes = s.app.store.run_changes();
+            let (_open, mut never) = watch::channel(false);
+            loop {
+                let snapshot = Arc::new(read_board(&s).await);
+                let Some(feed) = weak.upgrade() else { return };
+                if let Ok(mut latest) = feed.latest.lock() {
+                    *latest = Some(snapshot);
+                }
+                feed.grew.send_modify(|n| *n = n.wrapping_add(1));
+                drop(feed);
+                crate::http::follow::wait(&mut changes, None, PACE, &mut never).await;
+            }
+        });
+        feed
+    }
+}
+
+/// Every target and plan, and the run going now of each running target.
+async fn read_board(s: &AppState) -> Snapshot {
+    let board = match super::board(s, None).await {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the page's rows");
+            return Snapshot {
+                board: Err(e.to_string()),
+                running: HashMap::new(),
+            };
+        }
+    };
+    let mut running = HashMap::new();
+    for t in board.targets.iter().filter(|t| t.running) {
+        if let Ok(r) = s.app.store.history(&t.name, 1).await
+            && let Some(r) = r.first().filter(|r| r.result.is_none())
+        {
+            running.insert(t.name.clone(), r.id);
+        }
+    }
+    Snapshot {
+        board: Ok(board),
+        running,
+    }
+}
+
 struct Rows {
     s: AppState,
+    feed: Arc<BoardFeed>,
+    grew: watch::Receiver<u64>,
     viewer: Option<Caller>,
     only: Option<String>,
     /// What each row showed when last sent.
     shown: HashMap<String, String>,
-    changes: watch::Receiver<u64>,
     closing: watch::Receiver<bool>,
     pending: VecDeque<Event>,
     over: bool,
@@ -75,15 +165,16 @@ pub(crate) async fn board_events(
             Err(r) => return *r,
         },
     };
-    let mut changes = s.app.store.run_changes();
-    changes.mark_unchanged();
+    let feed = s.boards.get(&s);
+    let grew = feed.grew.subscribe();
     let rows = Rows {
         closing: s.closing.subscribe(),
         s,
+        feed,
+        grew,
         viewer,
         only: q.target,
         shown: HashMap::new(),
-        changes,
         pending: VecDeque::new(),
         over: false,
     };
@@ -95,9 +186,16 @@ pub(crate) async fn board_events(
             if r.over || *r.closing.borrow() {
                 return None;
             }
-            r.read().await;
+            r.take();
             if r.pending.is_empty() && !r.over {
-                r.wait().await;
+                tokio::select! {
+                    c = r.grew.changed() => {
+                        if c.is_err() {
+                            r.over = true;
+                        }
+                    }
+                    _ = r.closing.changed() => {}
+                }
             }
         }
     });
@@ -107,29 +205,26 @@ pub(crate) async fn board_events(
 }
 
 impl Rows {
-    /// Queue a `row` event for every row whose content changed, a `gone`
-    /// for every row no longer shown.
-    async fn read(&mut self) {
-        let board = match super::board(&self.s, self.viewer.as_ref()).await {
+    /// Queue a `row` event for every row this viewer may read whose content
+    /// changed since the last one sent, a `gone` for every row no longer
+    /// shown.
+    fn take(&mut self) {
+        self.grew.mark_unchanged();
+        let snapshot = match self.feed.latest.lock() {
+            Ok(l) => l.clone(),
+            Err(_) => None,
+        };
+        // Not read yet: the feed's first read wakes this stream.
+        let Some(snapshot) = snapshot else { return };
+        let board = match &snapshot.board {
             Ok(b) => b,
             Err(e) => {
-                tracing::warn!(error = %e, "cannot read the page's rows");
                 self.pending
-                    .push_back(Event::default().event("error").data(e.to_string()));
+                    .push_back(Event::default().event("error").data(e));
                 self.over = true;
                 return;
             }
         };
-        // The run going now of each running target, read before
-        // anything is rendered.
-        let mut running = HashMap::new();
-        for t in board.targets.iter().filter(|t| t.running) {
-            if let Ok(r) = self.s.app.store.history(&t.name, 1).await
-                && let Some(r) = r.first().filter(|r| r.result.is_none())
-            {
-                running.insert(t.name.clone(), r.id);
-            }
-        }
         let settings = self.s.app.settings();
         let viewer = self.viewer.clone();
         let readable = move |t: &str| viewer.as_ref().is_none_or(|c| c.may(Verb::Read, t));
@@ -141,11 +236,11 @@ impl Rows {
         };
         let mut seen = Vec::new();
         for t in &board.targets {
-            if self.only.as_ref().is_some_and(|o| *o != t.name) {
+            if self.only.as_ref().is_some_and(|o| *o != t.name) || !readable(&t.name) {
                 continue;
             }
             seen.push(t.name.clone());
-            let run = running.get(&t.name).copied();
+            let run = snapshot.running.get(&t.name).copied();
             let awaits = board.awaiting.contains(&t.name);
             let key = format!(
                 "{}|{awaits}|{run:?}",
@@ -181,12 +276,6 @@ impl Rows {
             {
                 self.pending.push_back(e);
             }
-        }
-    }
-
-    async fn wait(&mut self) {
-        if crate::http::follow::wait(&mut self.changes, None, PACE, &mut self.closing).await {
-            self.over = true;
         }
     }
 }

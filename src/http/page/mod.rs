@@ -23,6 +23,7 @@ mod events;
 mod rows;
 mod target;
 
+pub(crate) use events::Boards;
 pub(super) use events::{board_events, run_events};
 pub(super) use target::{run_page, target_page};
 
