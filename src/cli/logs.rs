@@ -74,7 +74,7 @@ async fn follow_run(app: &App, r: Run) -> Result<Report, TickError> {
             Some(run) => run,
             // Folded into the unchanged run before it (`store::runs::fold`),
             // its output with it: that row is how it ended.
-            None => match folded_into(app, &r).await? {
+            None => match app.store.folded_into(&r.target, r.id).await? {
                 Some(into) => into,
                 None => {
                     progress.clear();
@@ -105,15 +105,6 @@ async fn follow_run(app: &App, r: Run) -> Result<Report, TickError> {
         stdout: String::new(),
         code: exit_code(&ended),
     })
-}
-
-async fn folded_into(app: &App, r: &Run) -> Result<Option<Run>, TickError> {
-    Ok(app
-        .store
-        .history(&r.target, 5)
-        .await?
-        .into_iter()
-        .find(|o| o.id < r.id && o.result.as_deref() == Some("no_change")))
 }
 
 /// Output to stdout as it comes; on a terminal, a line on stderr saying

@@ -167,7 +167,7 @@ impl Reader {
             Some(r) => (r, false),
             // Folded into the unchanged run before it, output and all
             // (`store::runs::fold`).
-            None => match self.folded_into().await? {
+            None => match self.store.folded_into(&self.target, self.run).await? {
                 Some(into) => (into, true),
                 None => return Ok((Vec::new(), Some(None))),
             },
@@ -178,15 +178,6 @@ impl Reader {
         }
         let end = run.result.is_some().then(|| Some(end_of(&run, folded)));
         Ok((chunks, end))
-    }
-
-    async fn folded_into(&self) -> Result<Option<Run>, crate::store::StoreError> {
-        Ok(self
-            .store
-            .history(&self.target, 5)
-            .await?
-            .into_iter()
-            .find(|r| r.id < self.run && r.result.as_deref() == Some("no_change")))
     }
 }
 

@@ -406,6 +406,17 @@ impl Store {
         .map_err(self.err("reading run history"))
     }
 
+    /// The row run `id` of `target` was folded into when it repeated the
+    /// unchanged run before it (`fold`: a no-change streak keeps one row,
+    /// older than the run): `None` if there is none.
+    pub async fn folded_into(&self, target: &str, id: i64) -> Result<Option<Run>, StoreError> {
+        Ok(self
+            .history(target, 5)
+            .await?
+            .into_iter()
+            .find(|r| r.id < id && r.result.as_deref() == Some("no_change")))
+    }
+
     pub async fn run(&self, id: i64) -> Result<Option<Run>, StoreError> {
         sqlx::query_as::<_, Run>(
             "SELECT id, target, job_id, operation, trigger, delivery_id, requested_sha, sha,
