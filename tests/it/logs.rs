@@ -516,3 +516,110 @@ fn a_stopping_daemon_closes_its_followers_at_once() {
     // The apply the daemon let finish is recorded whole.
     assert_eq!(s.history("app")[0]["result"], "changed");
 }
+
+/// A followed run that repeats the unchanged run before it is folded into
+/// that row when it ends (history keeps one row per streak): its stream
+/// ends naming that row, `folded`, with the output it printed, and
+/// `logs -f` ends with that row's result.
+#[test]
+fn a_followed_run_folded_into_its_streak_ends_naming_the_streak() {
+    const OPS: &str = "logs-ops-token-0003";
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(&[("v", "1")], "first");
+    // Exit 3 is exec's `no_change`.
+    let script = "i=1; while [ $i -le 4 ]; do echo slow $i; sleep 0.5; i=$((i+1)); done; exit 3";
+    let s = Setup::new(&format!(
+        "{}{}",
+        token_table("ops", OPS, &["read", "reconcile:*"]),
+        exec_target(
+            "app",
+            &remote.url(),
+            "interval = \"1h\"",
+            &format!(
+                "apply = [\"sh\", \"-c\", {}]\nalways = true",
+                toml_str(script)
+            ),
+        ),
+    ));
+    let d = Daemon::start(&s);
+    let newest = || s.history("app").first().cloned().unwrap_or_default();
+    let reconcile = || {
+        let r = api_call(
+            d.port,
+            "POST",
+            "/api/v1/targets/app/reconcile?wait=60s",
+            OPS,
+            &serde_json::Value::Null,
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+    };
+    wait_for(std::time::Duration::from_secs(60), "the first run", || {
+        newest()["result"] == "no_change"
+    });
+    // The streak's row: the first manual run.
+    reconcile();
+    let streak = newest();
+    assert_eq!(
+        (&streak["trigger"], &streak["result"]),
+        (&"manual".into(), &"no_change".into())
+    );
+    let streak = streak["id"].as_i64().expect("id");
+    // The same again, followed while it goes.
+    let port = d.port;
+    let again = std::thread::spawn(move || {
+        api_call(
+            port,
+            "POST",
+            "/api/v1/targets/app/reconcile",
+            OPS,
+            &serde_json::Value::Null,
+        )
+    });
+    let mut id = None;
+    wait_for(std::time::Duration::from_secs(30), "the third run", || {
+        let n = newest();
+        id = n["id"]
+            .as_i64()
+            .filter(|i| *i > streak && n["result"].is_null());
+        id.is_some()
+    });
+    let id = id.expect("id");
+    assert_eq!(again.join().expect("join").status, 202);
+    let follower = spawn_logs_follower(&s, false);
+    let auth = format!("Bearer {OPS}");
+    let mut stream = sse_get(
+        d.port,
+        &format!("/api/v1/runs/{id}/output?follow=1"),
+        &[("Authorization", &auth)],
+    )
+    .open();
+    let mut output = String::new();
+    let end = loop {
+        let e = stream
+            .next_event(std::time::Duration::from_secs(30))
+            .expect("an event");
+        match e.event.as_str() {
+            "output" => output.push_str(&e.data),
+            "end" => break e,
+            other => panic!("{other}: {e:?}"),
+        }
+    };
+    let end: serde_json::Value = serde_json::from_str(&end.data).expect("json");
+    assert_eq!(
+        (&end["run"], &end["result"], &end["folded"]),
+        (&streak.into(), &"no_change".into(), &true.into()),
+        "{end}"
+    );
+    assert!(output.contains("slow 4\n"), "{output}");
+    assert_eq!(
+        s.history("app")
+            .iter()
+            .filter(|r| r["trigger"] == "manual")
+            .count(),
+        1,
+        "the run was not folded"
+    );
+    let (_, err, _) = follower.join().expect("logs -f");
+    assert!(err.contains(&format!("run {streak}: no_change")), "{err}");
+}
