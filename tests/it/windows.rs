@@ -168,6 +168,24 @@ fn a_deny_window_keeps_pushes_queued_and_applies_the_newest_once_when_it_opens()
         "{}",
         text(&status.stdout)
     );
+    // The page says the same: the row is among the waiting ones, in
+    // words, and the target's page names its windows.
+    let page = |path: &str| api_call(d.port, "GET", path, DEV, &serde_json::Value::Null).body;
+    let board = page("/");
+    let waiting = board
+        .split("<tbody id=\"g-waiting\">")
+        .nth(1)
+        .and_then(|rest| rest.split("</tbody>").next())
+        .unwrap_or_default();
+    assert!(
+        waiting.contains("id=\"t-web\"") && waiting.contains(">waits for its window<"),
+        "{board}"
+    );
+    let target = page("/targets/web");
+    assert!(
+        target.contains("<dt>windows</dt>") && target.contains("window closed; opens "),
+        "{target}"
+    );
     let queued = jobs(&w.setup.db())
         .into_iter()
         .filter(|j| j.state == "queued")
