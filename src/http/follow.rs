@@ -16,7 +16,7 @@
 //! Text is stored redacted; this module only reads and frames it, and
 //! never holds a reader's connection past the daemon's shutdown.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -105,7 +105,6 @@ impl Feed {
                 cursor: 0,
             };
             // The feed ends with its followers, who close at shutdown.
-            let (_open, mut never) = watch::channel(false);
             loop {
                 let Some(feed) = weak.upgrade() else { return };
                 let over = reader.read(&feed).await;
@@ -114,7 +113,7 @@ impl Feed {
                 if over {
                     return;
                 }
-                wait(&mut output, Some(&mut runs), PACE, &mut never).await;
+                wait(&mut output, Some(&mut runs), PACE).await;
             }
         });
         feed
@@ -191,15 +190,62 @@ fn end_of(run: &Run, folded: bool) -> End {
     }
 }
 
+/// What a stream sends: given the events queue, add what is new since the
+/// last call; true when nothing more will come (the stream then closes
+/// once the queue is sent).
+pub(super) trait Source: Send + 'static {
+    fn take(&mut self, out: &mut VecDeque<Event>) -> bool;
+}
+
+/// `source` as Server-Sent Events: what it has at once, then more each
+/// time `grew` fires, until it says it is over or the daemon stops
+/// (`closing`).
+pub(super) fn events<S: Source>(
+    source: S,
+    grew: watch::Receiver<u64>,
+    closing: watch::Receiver<bool>,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>> + use<S>> {
+    struct Driver<S> {
+        source: S,
+        grew: watch::Receiver<u64>,
+        closing: watch::Receiver<bool>,
+        pending: VecDeque<Event>,
+        over: bool,
+    }
+    let driver = Driver {
+        source,
+        grew,
+        closing,
+        pending: VecDeque::new(),
+        over: false,
+    };
+    let stream = stream::unfold(driver, |mut d| async move {
+        loop {
+            if let Some(e) = d.pending.pop_front() {
+                return Some((Ok(e), d));
+            }
+            if d.over || *d.closing.borrow() {
+                return None;
+            }
+            // Seen before reading: a change from here on wakes the wait.
+            d.grew.mark_unchanged();
+            d.over = d.source.take(&mut d.pending);
+            if d.pending.is_empty() && !d.over {
+                tokio::select! {
+                    r = d.grew.changed() => d.over = r.is_err(),
+                    _ = d.closing.changed() => {}
+                }
+            }
+        }
+    });
+    Sse::new(stream).keep_alive(KeepAlive::default())
+}
+
 /// One reader's place in a feed.
 struct Follow {
     feed: Arc<Feed>,
-    grew: watch::Receiver<u64>,
-    closing: watch::Receiver<bool>,
     /// The last chunk sent.
     cursor: i64,
-    pending: std::collections::VecDeque<Event>,
-    over: bool,
 }
 
 /// Follow run `run` of `target` (already checked readable) from after
@@ -213,50 +259,26 @@ pub(super) fn output(
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>> + use<>> {
     let feed = feeds.get(store, run);
     let grew = feed.grew.subscribe();
-    let follow = Follow {
-        feed,
+    events(
+        Follow {
+            feed,
+            cursor: after,
+        },
         grew,
         closing,
-        cursor: after,
-        pending: Default::default(),
-        over: false,
-    };
-    let events = stream::unfold(follow, |mut f| async move {
-        loop {
-            if let Some(e) = f.pending.pop_front() {
-                return Some((Ok(e), f));
-            }
-            if f.over || *f.closing.borrow() {
-                return None;
-            }
-            f.take();
-            if f.pending.is_empty() && !f.over {
-                tokio::select! {
-                    r = f.grew.changed() => {
-                        if r.is_err() {
-                            f.over = true;
-                        }
-                    }
-                    _ = f.closing.changed() => {}
-                }
-            }
-        }
-    });
-    Sse::new(events).keep_alive(KeepAlive::default())
+    )
 }
 
-impl Follow {
-    /// Queue what the feed holds past the cursor, and its end.
-    fn take(&mut self) {
-        self.grew.mark_unchanged();
+impl Source for Follow {
+    /// What the feed holds past the cursor, and its end.
+    fn take(&mut self, out: &mut VecDeque<Event>) -> bool {
         let Ok(known) = self.feed.known.lock() else {
-            self.over = true;
-            return;
+            return true;
         };
         let from = self.cursor;
         for c in known.chunks.iter().filter(|c| c.seq > from) {
             self.cursor = c.seq;
-            self.pending.push_back(
+            out.push_back(
                 Event::default()
                     .event("output")
                     .id(c.seq.to_string())
@@ -264,37 +286,34 @@ impl Follow {
             );
         }
         if let Some(e) = &known.error {
-            self.pending
-                .push_back(Event::default().event("error").data(e));
-            self.over = true;
+            out.push_back(Event::default().event("error").data(e));
         } else if let Some(end) = &known.end {
             let event = Event::default().event("end").id(self.cursor.to_string());
-            self.pending.push_back(
+            out.push_back(
                 event
                     .json_data(end)
                     .unwrap_or_else(|_| Event::default().event("end")),
             );
-            self.over = true;
         } else if known.gone {
-            self.pending.push_back(
+            out.push_back(
                 Event::default()
                     .event("gone")
                     .data("this run is no longer recorded"),
             );
-            self.over = true;
+        } else {
+            return false;
         }
+        true
     }
 }
 
-/// Until either signal fires (this process wrote something), `pace`
-/// passes, or the daemon stops. True when the stream must close: the
-/// daemon stops, or nothing can tell it to any more.
+/// Until either signal fires (this process wrote something) or `pace`
+/// passes. A signal whose sender is gone waits `pace` instead.
 pub(super) async fn wait(
     one: &mut watch::Receiver<u64>,
     other: Option<&mut watch::Receiver<u64>>,
     pace: Duration,
-    closing: &mut watch::Receiver<bool>,
-) -> bool {
+) {
     let other = async {
         match other {
             Some(rx) => rx.changed().await.is_ok(),
@@ -313,7 +332,5 @@ pub(super) async fn wait(
             }
         }
         _ = tokio::time::sleep(pace) => {}
-        r = closing.changed() => return r.is_err() || *closing.borrow(),
     }
-    *closing.borrow()
 }

@@ -10,15 +10,13 @@
 //! Reads only.
 
 use std::collections::{HashMap, VecDeque};
-use std::convert::Infallible;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::sse::Event;
 use axum::response::{IntoResponse, Response};
-use futures_util::stream;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
@@ -93,7 +91,6 @@ impl BoardFeed {
         let s = s.clone();
         tokio::spawn(async move {
             let mut changes = s.app.store.run_changes();
-            let (_open, mut never) = watch::channel(false);
             loop {
                 let snapshot = Arc::new(read_board(&s).await);
                 let Some(feed) = weak.upgrade() else { return };
@@ -102,7 +99,7 @@ impl BoardFeed {
                 }
                 feed.grew.send_modify(|n| *n = n.wrapping_add(1));
                 drop(feed);
-                crate::http::follow::wait(&mut changes, None, PACE, &mut never).await;
+                crate::http::follow::wait(&mut changes, None, PACE).await;
             }
         });
         feed
@@ -138,14 +135,10 @@ async fn read_board(s: &AppState) -> Snapshot {
 struct Rows {
     s: AppState,
     feed: Arc<BoardFeed>,
-    grew: watch::Receiver<u64>,
     viewer: Option<Caller>,
     only: Option<String>,
     /// What each row showed when last sent.
     shown: HashMap<String, String>,
-    closing: watch::Receiver<bool>,
-    pending: VecDeque<Event>,
-    over: bool,
 }
 
 /// `GET /events[?target=NAME]`
@@ -167,62 +160,35 @@ pub(crate) async fn board_events(
     };
     let feed = s.boards.get(&s);
     let grew = feed.grew.subscribe();
+    let closing = s.closing.subscribe();
     let rows = Rows {
-        closing: s.closing.subscribe(),
         s,
         feed,
-        grew,
         viewer,
         only: q.target,
         shown: HashMap::new(),
-        pending: VecDeque::new(),
-        over: false,
     };
-    let events = stream::unfold(rows, |mut r| async move {
-        loop {
-            if let Some(e) = r.pending.pop_front() {
-                return Some((Ok::<_, Infallible>(e), r));
-            }
-            if r.over || *r.closing.borrow() {
-                return None;
-            }
-            r.take();
-            if r.pending.is_empty() && !r.over {
-                tokio::select! {
-                    c = r.grew.changed() => {
-                        if c.is_err() {
-                            r.over = true;
-                        }
-                    }
-                    _ = r.closing.changed() => {}
-                }
-            }
-        }
-    });
-    Sse::new(events)
-        .keep_alive(KeepAlive::default())
-        .into_response()
+    crate::http::follow::events(rows, grew, closing).into_response()
 }
 
-impl Rows {
+impl crate::http::follow::Source for Rows {
     /// Queue a `row` event for every row this viewer may read whose content
     /// changed since the last one sent, a `gone` for every row no longer
     /// shown.
-    fn take(&mut self) {
-        self.grew.mark_unchanged();
+    fn take(&mut self, out: &mut VecDeque<Event>) -> bool {
         let snapshot = match self.feed.latest.lock() {
             Ok(l) => l.clone(),
             Err(_) => None,
         };
         // Not read yet: the feed's first read wakes this stream.
-        let Some(snapshot) = snapshot else { return };
+        let Some(snapshot) = snapshot else {
+            return false;
+        };
         let board = match &snapshot.board {
             Ok(b) => b,
             Err(e) => {
-                self.pending
-                    .push_back(Event::default().event("error").data(e));
-                self.over = true;
-                return;
+                out.push_back(Event::default().event("error").data(e));
+                return true;
             }
         };
         let settings = self.s.app.settings();
@@ -258,7 +224,7 @@ impl Rows {
                 run,
             };
             if let Ok(e) = Event::default().event("row").json_data(&data) {
-                self.pending.push_back(e);
+                out.push_back(e);
             }
             self.shown.insert(t.name.clone(), key);
         }
@@ -274,9 +240,10 @@ impl Rows {
                 .event("gone")
                 .json_data(serde_json::json!({ "name": name }))
             {
-                self.pending.push_back(e);
+                out.push_back(e);
             }
         }
+        false
     }
 }
 
