@@ -379,6 +379,71 @@ pub fn capabilities_message(aws: &str) -> Option<String> {
 #[cfg(feature = "cloudformation")]
 pub use aws::build;
 
+/// A template's `Resources`, JSON or YAML, as JSON: the plan document's
+/// new properties of each resource. YAML's short forms become the long
+/// ones CloudFormation documents (`!Ref x` → `{"Ref": "x"}`, `!GetAtt a.b`
+/// → `{"Fn::GetAtt": ["a", "b"]}`, `!Condition c` → `{"Condition": "c"}`,
+/// any other `!Name v` → `{"Fn::Name": v}`; AWS's "Intrinsic function
+/// reference"). A template neither reads as is `Null`: the change set,
+/// which AWS read, still says what changes.
+#[cfg_attr(not(feature = "cloudformation"), allow(dead_code))]
+fn template_resources(text: &str) -> serde_json::Value {
+    if let Ok(t) = serde_json::from_str::<serde_json::Value>(text) {
+        return t["Resources"].clone();
+    }
+    match serde_yaml::from_str::<serde_yaml::Value>(text) {
+        Ok(t) => long_form(t)["Resources"].clone(),
+        Err(_) => serde_json::Value::Null,
+    }
+}
+
+/// One YAML node of a template as JSON, its tags in their long form.
+#[cfg_attr(not(feature = "cloudformation"), allow(dead_code))]
+fn long_form(v: serde_yaml::Value) -> serde_json::Value {
+    use serde_json::Value as J;
+    use serde_yaml::Value as Y;
+    match v {
+        Y::Null => J::Null,
+        Y::Bool(b) => J::Bool(b),
+        Y::Number(n) => n
+            .as_i64()
+            .map(J::from)
+            .or_else(|| n.as_u64().map(J::from))
+            .or_else(|| n.as_f64().map(J::from))
+            .unwrap_or(J::Null),
+        Y::String(s) => J::String(s),
+        Y::Sequence(items) => J::Array(items.into_iter().map(long_form).collect()),
+        Y::Mapping(m) => J::Object(
+            m.into_iter()
+                .map(|(k, v)| {
+                    let key = match long_form(k) {
+                        J::String(s) => s,
+                        other => other.to_string(),
+                    };
+                    (key, long_form(v))
+                })
+                .collect(),
+        ),
+        Y::Tagged(t) => {
+            let name = t.tag.to_string();
+            let name = name.trim_start_matches('!');
+            let value = long_form(t.value);
+            let (key, value) = match (name, value) {
+                ("Ref" | "Condition", v) => (name.to_string(), v),
+                ("GetAtt", J::String(s)) => {
+                    let parts = match s.split_once('.') {
+                        Some((res, attr)) => vec![J::from(res), J::from(attr)],
+                        None => vec![J::from(s)],
+                    };
+                    ("Fn::GetAtt".to_string(), J::Array(parts))
+                }
+                (other, v) => (format!("Fn::{other}"), v),
+            };
+            J::Object([(key, value)].into_iter().collect())
+        }
+    }
+}
+
 /// Without the SDK compiled in, a cloudformation target is refused.
 #[cfg(not(feature = "cloudformation"))]
 pub fn build(_cfg: Config, _ctx: Context) -> Result<Box<dyn super::Backend>, BackendError> {
@@ -393,6 +458,51 @@ mod aws;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_yaml_template_gives_its_properties_in_the_long_form() {
+        // YAML wants its indentation: a raw string, not continued lines.
+        let yaml = r#"AWSTemplateFormatVersion: '2010-09-09'
+Resources:
+  Site:
+    Type: AWS::S3::Bucket
+    Properties:
+      BucketName: !Sub '${AWS::StackName}-site'
+      AccessControl: PublicRead
+      Tags:
+        - Key: size
+          Value: 3
+  Param:
+    Type: AWS::SSM::Parameter
+    Properties:
+      Value: !GetAtt Site.Arn
+      Name: !Ref Name
+      Other: !Join [',', [a, !Ref B]]
+"#;
+        let r = template_resources(yaml);
+        assert_eq!(
+            r["Site"]["Properties"],
+            serde_json::json!({
+                "BucketName": {"Fn::Sub": "${AWS::StackName}-site"},
+                "AccessControl": "PublicRead",
+                "Tags": [{"Key": "size", "Value": 3}],
+            })
+        );
+        assert_eq!(
+            r["Param"]["Properties"],
+            serde_json::json!({
+                "Value": {"Fn::GetAtt": ["Site", "Arn"]},
+                "Name": {"Ref": "Name"},
+                "Other": {"Fn::Join": [",", ["a", {"Ref": "B"}]]},
+            })
+        );
+        // JSON as it is; neither: nothing.
+        assert_eq!(
+            template_resources(r#"{"Resources": {"A": {"Type": "T"}}}"#)["A"]["Type"],
+            "T"
+        );
+        assert_eq!(template_resources("a: [\n"), serde_json::Value::Null);
+    }
 
     #[test]
     fn statuses_settle_the_right_way() {

@@ -935,4 +935,36 @@ fn policies_judge_a_change_set_before_it_is_executed() {
     );
     // The refused change set is let go of.
     assert!(!f.calls("DeleteChangeSet").is_empty(), "{:?}", f.moto.log());
+
+    // The same stack as a YAML template with CloudFormation's short forms:
+    // its properties reach the policy too (a public bucket is warned).
+    let yaml = "Parameters:\n  Greeting:\n    Type: String\n\
+                Resources:\n  Greeting:\n    Type: AWS::SSM::Parameter\n    Properties:\n      \
+                Name: /site/greeting\n      Type: String\n      Value: !Ref Greeting\n  \
+                Site:\n    Type: AWS::S3::Bucket\n    Properties:\n      BucketName: site-bucket\n      \
+                AccessControl: PublicRead\n  \
+                Assets:\n    Type: AWS::S3::Bucket\n    Properties:\n      \
+                BucketName: !Sub '${AWS::StackName}-assets'\n      AccessControl: PublicReadWrite\n\
+                Outputs:\n  ParameterName:\n    Value: !Ref Greeting\n";
+    let third = f
+        .remote
+        .commit(&[("cfn/stack.yaml", yaml)], "as YAML, with assets");
+    let cfg = std::fs::read_to_string(&f.s.config).expect("config");
+    std::fs::write(
+        &f.s.config,
+        cfg.replace("template = \"stack.json\"", "template = \"stack.yaml\""),
+    )
+    .expect("config");
+    let (code, out) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    let (result, msg) = f.status();
+    assert_eq!(result, "changed", "{msg}");
+    assert!(
+        msg.contains("policy `public-buckets` warns: bucket Assets is public (PublicReadWrite)"),
+        "{msg}"
+    );
+    assert_eq!(
+        f.s.target_status("site")["last_applied_sha"],
+        third.as_str()
+    );
 }

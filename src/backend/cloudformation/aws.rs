@@ -681,11 +681,7 @@ impl CloudFormation {
         };
         let template = std::fs::read_to_string(self.ctx.workdir.join(&self.cfg.template))
             .map_err(|e| format!("template {}: {e}", self.cfg.template))?;
-        // A JSON template gives each resource's new properties; a YAML
-        // one (CloudFormation's short forms need their own reader) not.
-        let resources: Value = serde_json::from_str::<Value>(&template)
-            .map(|t| t["Resources"].clone())
-            .unwrap_or(Value::Null);
+        let resources = super::template_resources(&template);
         let mut lines = Vec::new();
         let mut items = Vec::new();
         let mut raw = Vec::new();
