@@ -624,3 +624,85 @@ fn a_pulumi_approval_holds_across_previews_that_differ_only_in_time_and_order() 
     assert_eq!(f.status().0, "changed", "{out}");
     assert_eq!(f.cloud().as_object().map(|o| o.len()), Some(6));
 }
+
+/// Policies × Pulumi: an `auto` stack a policy covers is previewed and
+/// judged before every `up` — an update is warned with the sizes from the
+/// preview's steps (before and after), a replacement is denied and
+/// nothing runs `up`, and the next allowed commit applies.
+#[test]
+fn a_policy_judges_a_pulumi_preview_before_up() {
+    let f = fixture("");
+    let policy = f.root.path().join("no_replacements.rego");
+    std::fs::write(
+        &policy,
+        "package main\n\n\
+         deny contains msg if {\n  some c in input.changes\n  c.action in {\"replace\", \"delete\"}\n  \
+         msg := sprintf(\"%s would be %sd\", [c.address, c.action])\n}\n\n\
+         warn contains msg if {\n  some c in input.changes\n  c.action == \"update\"\n  \
+         msg := sprintf(\"bucket size %v -> %v\", [c.before.size, c.after.size])\n}\n",
+    )
+    .expect("write");
+    let cfg = std::fs::read_to_string(&f.s.config).expect("config");
+    std::fs::write(
+        &f.s.config,
+        cfg + &format!(
+            "\n[[policies]]\nname = \"no-replacements\"\nfiles = [{}]\n",
+            toml_str(&policy.display().to_string())
+        ),
+    )
+    .expect("config");
+    let replace_on_name = "    options:\n      replaceOnChanges: [name]\n";
+    f.remote.commit(
+        &[("stack/Pulumi.yaml", &program(1, replace_on_name))],
+        "replace on name",
+    );
+    let ups = || f.calls().iter().filter(|c| c[0] == "up").count();
+
+    let (code, out) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(ups(), 1, "{:?}", f.calls());
+    f.remote.commit(
+        &[("stack/Pulumi.yaml", &program(2, replace_on_name))],
+        "size 2",
+    );
+    let (code, out) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    let (result, msg) = f.status();
+    assert_eq!(result, "changed", "{msg}");
+    assert!(
+        msg.contains("policy `no-replacements` warns: bucket size 1 -> 2"),
+        "{msg}"
+    );
+    assert_eq!(f.cloud()[URN]["size"], 2);
+
+    // A rename replaces the bucket: denied, no `up`.
+    let renamed =
+        program(2, replace_on_name).replace("site-${pulumi.stack}", "www-${pulumi.stack}");
+    f.remote
+        .commit(&[("stack/Pulumi.yaml", &renamed)], "rename");
+    let (code, out) = f.tick();
+    assert_ne!(code, Some(0), "{out}");
+    let (result, msg) = f.status();
+    assert_eq!(result, "failed", "{msg}");
+    assert!(
+        msg.contains(&format!(
+            "denied by policy `no-replacements`: {URN} would be replaced"
+        )) && msg.contains("nothing applied"),
+        "{msg}"
+    );
+    assert_eq!(ups(), 2, "an up ran for a denied plan: {:?}", f.calls());
+    assert_eq!(f.cloud()[URN]["name"], "site-prod");
+
+    // The rename taken back with a size change: allowed, applied.
+    f.remote.commit(
+        &[("stack/Pulumi.yaml", &program(3, replace_on_name))],
+        "size 3 instead",
+    );
+    let (code, out) = f.tick();
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(ups(), 3, "{:?}", f.calls());
+    assert_eq!(
+        (&f.cloud()[URN]["name"], &f.cloud()[URN]["size"]),
+        (&"site-prod".into(), &3.into())
+    );
+}
