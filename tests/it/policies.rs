@@ -261,6 +261,37 @@ fn an_auto_terraform_target_is_planned_judged_and_only_what_passes_is_applied() 
     );
     assert_eq!(rows[0]["state"], "pending_approval", "{rows:?}");
     assert_eq!(s.target_status("prod-net")["last_applied_sha"], third);
+
+    // The person asked sees why on the plan's card, on the target's page
+    // and on the front page.
+    const VIEWER: &str = "dl_viewer-policies-5c1e";
+    let cfg = std::fs::read_to_string(&s.config).expect("config");
+    std::fs::write(&s.config, cfg + &token_table("viewer", VIEWER, &["read"])).expect("config");
+    let d = s.serve();
+    for path in ["/targets/prod-net", "/"] {
+        let r = http(
+            d.port,
+            "GET",
+            path,
+            &[("Authorization", &format!("Bearer {VIEWER}"))],
+            b"",
+        );
+        let page = r.body;
+        assert_eq!(r.status, 200, "{page}");
+        // On the card with the plan and its buttons, not only in the row.
+        let card = page
+            .split_once(&format!("id=\"deployment-{}\"", rows[0]["id"]))
+            .and_then(|(_, card)| card.split_once("</div>"))
+            .map(|(card, _)| card)
+            .unwrap_or_else(|| panic!("{path}: no card for the plan: {page}"));
+        assert!(
+            card.contains(
+                "policy `approve-updates` requires approval: terraform_data.a changes in place"
+            ),
+            "{path}: {card}"
+        );
+    }
+    d.stop();
 }
 
 #[test]

@@ -332,7 +332,7 @@ fn approval_cards(h: &mut String, waiting: &[&StoredPlan], buttons: &Buttons<'_>
             h,
             "<div class=\"card\" id=\"deployment-{}\"><h3>Deployment {}: {} plan of {of}<strong>{}</strong></h3>\
              <p>commit <code>{}</code>, policy <code>{}</code>, planned {}</p>\
-             <p><strong>{}</strong>{}</p><pre class=\"diff\">{}</pre>{}\
+             <p><strong>{}</strong>{}</p>{}<pre class=\"diff\">{}</pre>{}\
              <p>Or approve exactly this plan with:</p><pre class=\"approve\">{}</pre>\
              <p>or <code>driftless approve {}</code></p></div>",
             p.id,
@@ -348,6 +348,7 @@ fn approval_cards(h: &mut String, waiting: &[&StoredPlan], buttons: &Buttons<'_>
             } else {
                 ""
             },
+            why_it_waits(p),
             escape(&p.diff),
             buttons.html(
                 &p.target,
@@ -358,6 +359,18 @@ fn approval_cards(h: &mut String, waiting: &[&StoredPlan], buttons: &Buttons<'_>
             escape(&curl),
             p.id,
         );
+    }
+}
+
+/// What the plan's record says of why it waits, when it says more than
+/// that it does: the policies that ask for a person, and their warnings
+/// (`tick::guard` writes them into the plan's message).
+fn why_it_waits(p: &StoredPlan) -> String {
+    match p.message.as_deref() {
+        Some(m) if !m.is_empty() && m != "waits for approval" => {
+            format!("<p class=\"why\">{}</p>", escape(m))
+        }
+        _ => String::new(),
     }
 }
 
