@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
+use clap_complete::engine::{ArgValueCandidates, CompletionCandidate};
 
 use driftless::app::App;
 use driftless::cli;
@@ -37,7 +38,7 @@ enum Command {
     /// target's lock is held elsewhere.
     Tick {
         /// Target names.
-        #[arg(required_unless_present = "all")]
+        #[arg(required_unless_present = "all", add = ArgValueCandidates::new(target_names))]
         targets: Vec<String>,
         /// Every configured target, one after another in dependency order.
         #[arg(long, conflicts_with = "targets")]
@@ -56,6 +57,7 @@ enum Command {
     /// The runs of one target, newest first.
     History {
         /// The target's name.
+        #[arg(add = ArgValueCandidates::new(target_names))]
         target: String,
         /// Print JSON, with each run's output tail.
         #[arg(long)]
@@ -69,6 +71,7 @@ enum Command {
     /// it changed something, nothing, or still goes; 1: it failed.
     Logs {
         /// The target's name.
+        #[arg(add = ArgValueCandidates::new(target_names))]
         target: String,
         /// This run (an id from `history`) instead of the newest.
         #[arg(long)]
@@ -85,6 +88,7 @@ enum Command {
     /// the target's lock.
     Plan {
         /// The target's name.
+        #[arg(add = ArgValueCandidates::new(target_names))]
         target: String,
         /// Print JSON: commit, changes, destructive, plan_hash, summary, diff.
         #[arg(long)]
@@ -93,6 +97,7 @@ enum Command {
     /// What a target exposes (terraform outputs, the exec command's JSON).
     Outputs {
         /// The target's name.
+        #[arg(add = ArgValueCandidates::new(target_names))]
         target: String,
         /// Print the JSON object as is.
         #[arg(long)]
@@ -103,6 +108,7 @@ enum Command {
     /// is applied again: with any, it is refused without --force.
     Destroy {
         /// The target's name.
+        #[arg(add = ArgValueCandidates::new(target_names))]
         target: String,
         /// Required: destroying is not undone by anything.
         #[arg(long)]
@@ -126,6 +132,7 @@ enum Command {
     /// driftless from registering or approving that Nomad job.
     Pause {
         /// The target's name.
+        #[arg(add = ArgValueCandidates::new(target_names))]
         target: String,
         /// A Nomad job of the target (its job ID), instead of the whole target.
         #[arg(long)]
@@ -134,6 +141,7 @@ enum Command {
     /// Let a paused target (or Nomad job) tick again.
     Resume {
         /// The target's name.
+        #[arg(add = ArgValueCandidates::new(target_names))]
         target: String,
         /// A Nomad job of the target (its job ID), instead of the whole target.
         #[arg(long)]
@@ -160,6 +168,7 @@ enum Command {
     /// from DRIFTLESS_TOKEN, scope `reconcile:<target>`).
     Reconcile {
         /// The target's name.
+        #[arg(add = ArgValueCandidates::new(target_names))]
         target: String,
         /// Start it now even outside the target's change window (scope
         /// `override:<target>`); the run's trigger says `override`.
@@ -179,6 +188,7 @@ enum Command {
     /// under an approval policy its new plan waits for approval.
     Retry {
         /// The target's name.
+        #[arg(add = ArgValueCandidates::new(target_names))]
         target: String,
         /// Accept the branch tip its newest run refused for not descending
         /// from the commit last applied (a force push under `verify`):
@@ -191,6 +201,7 @@ enum Command {
     /// for a person): who, what, when, from which state.
     Events {
         /// The target's name.
+        #[arg(add = ArgValueCandidates::new(target_names))]
         target: String,
         /// Print JSON.
         #[arg(long)]
@@ -203,6 +214,7 @@ enum Command {
     /// target's name given to a new one.
     Forget {
         /// The target's name.
+        #[arg(add = ArgValueCandidates::new(target_names))]
         target: String,
     },
     /// Rollouts in waves ([[target_sets]] and [[groups]] entries with a
@@ -217,6 +229,22 @@ enum Command {
         #[command(subcommand)]
         command: PolicyCommand,
     },
+    /// Print the script that completes driftless's commands, flags and
+    /// target names in SHELL (`source <(driftless completions bash)`); as
+    /// you type, the script asks this binary, which reads the target names
+    /// from the configuration (--config, DRIFTLESS_CONFIG or the default).
+    Completions {
+        /// The shell.
+        shell: Shell,
+    },
+    /// Print the manual page (roff: `driftless man | man -l -`), or with
+    /// --dir write a page for every command there (driftless.1,
+    /// driftless-tick.1, …).
+    Man {
+        /// Write every command's page into this directory instead.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
     /// API tokens.
     Token {
         #[command(subcommand)]
@@ -227,6 +255,14 @@ enum Command {
         #[command(subcommand)]
         command: NotifyCommand,
     },
+}
+
+/// The shells `completions` writes for.
+#[derive(Clone, Copy, ValueEnum)]
+enum Shell {
+    Bash,
+    Zsh,
+    Fish,
 }
 
 #[derive(Subcommand)]
@@ -264,6 +300,7 @@ enum PolicyCommand {
     /// against a recorded plan document (exit 1 when they deny it).
     Eval {
         /// The target's name.
+        #[arg(add = ArgValueCandidates::new(target_names))]
         target: String,
         /// A plan document recorded by `driftless plan --json` (the whole
         /// output or its `document`).
@@ -310,7 +347,13 @@ fn main() -> ExitCode {
     if argv.get(1).is_some_and(|a| a == driftless::keeper::ARG) {
         return driftless::keeper::main(&argv[2..]);
     }
+    // A shell completing a command line (the script `completions`
+    // printed sets COMPLETE): answer it and exit.
+    clap_complete::CompleteEnv::with_factory(Args::command).complete();
     let args = Args::parse();
+    if let Some(code) = without_config(&args.command) {
+        return code;
+    }
     let default_level = match args.command {
         Command::Serve | Command::Tick { .. } | Command::Retry { .. } | Command::Destroy { .. } => {
             "info"
@@ -358,6 +401,62 @@ fn main() -> ExitCode {
     }
 }
 
+/// The commands that need no configuration, run before logging and the
+/// runtime start: `None` for every other command.
+fn without_config(command: &Command) -> Option<ExitCode> {
+    use clap_complete::env::EnvCompleter;
+    let mut out = std::io::stdout().lock();
+    let written = match command {
+        Command::Completions { shell } => {
+            let shell: &dyn EnvCompleter = match shell {
+                Shell::Bash => &clap_complete::env::Bash,
+                Shell::Zsh => &clap_complete::env::Zsh,
+                Shell::Fish => &clap_complete::env::Fish,
+            };
+            shell.write_registration("COMPLETE", "driftless", "driftless", "driftless", &mut out)
+        }
+        Command::Man { dir: None } => clap_mangen::Man::new(Args::command()).render(&mut out),
+        Command::Man { dir: Some(dir) } => std::fs::create_dir_all(dir)
+            .and_then(|()| clap_mangen::generate_to(Args::command(), dir))
+            .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", dir.display()))),
+        _ => return None,
+    };
+    Some(match written {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(cli::EXIT_FAILED)
+        }
+    })
+}
+
+/// The target names a shell offers where a command takes a target: those
+/// of the configuration the command line being completed names (its
+/// `--config`, else DRIFTLESS_CONFIG, else the default path).
+fn target_names() -> Vec<CompletionCandidate> {
+    // Asked as `COMPLETE=bash driftless -- driftless [the words so far]`.
+    let words: Vec<std::ffi::OsString> = std::env::args_os()
+        .skip_while(|a| a != "--")
+        .skip(1)
+        .collect();
+    let mut path = None;
+    for (i, w) in words.iter().enumerate() {
+        let w = w.to_string_lossy();
+        if w == "--config" {
+            path = words.get(i + 1).map(PathBuf::from);
+        } else if let Some(p) = w.strip_prefix("--config=") {
+            path = Some(PathBuf::from(p));
+        }
+    }
+    let path = path
+        .or_else(|| std::env::var_os("DRIFTLESS_CONFIG").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG_PATH));
+    config::target_names(&path)
+        .into_iter()
+        .map(CompletionCandidate::new)
+        .collect()
+}
+
 /// An error and its causes on one line, each cause once: most errors here
 /// already say their cause in their own message, which `{:#}` would
 /// repeat ("…: BadSignature: …: BadSignature: BadSignature").
@@ -371,6 +470,35 @@ fn said(e: &anyhow::Error) -> String {
         }
     }
     out
+}
+
+/// `destroy`'s own checks: confirmed with --yes, and with --force when
+/// other targets depend on it (they stay blocked); what follows is said.
+fn may_destroy(app: &App, target: &str, yes: bool, force: bool) -> anyhow::Result<()> {
+    if !yes {
+        anyhow::bail!(
+            "destroy tears down everything target `{target}` manages; pass --yes to confirm"
+        );
+    }
+    let settings = app.settings();
+    let dependents: Vec<String> = driftless::config::graph::dependents(&settings.targets, target)
+        .iter()
+        .map(|t| format!("`{}`", t.name))
+        .collect();
+    if !dependents.is_empty() {
+        let list = dependents.join(", ");
+        if !force {
+            anyhow::bail!(
+                "{list} depend(s) on `{target}`: destroying it leaves them blocked until \
+                 `{target}` is applied again; pass --force to go on"
+            );
+        }
+        eprintln!("note: {list} stay(s) blocked until `{target}` is applied again");
+    }
+    eprintln!(
+        "note: a running daemon will apply `{target}` again at its next tick unless you remove it from the configuration"
+    );
+    Ok(())
 }
 
 async fn run(args: Args) -> anyhow::Result<u8> {
@@ -429,29 +557,7 @@ async fn run(args: Args) -> anyhow::Result<u8> {
         Command::Plan { target, json } => cli::plan(&rec(), &target, json).await?,
         Command::Outputs { target, json } => cli::outputs(&rec(), &target, json).await?,
         Command::Destroy { target, yes, force } => {
-            if !yes {
-                anyhow::bail!(
-                    "destroy tears down everything target `{target}` manages; pass --yes to confirm"
-                );
-            }
-            let settings = app.settings();
-            let dependents: Vec<String> =
-                driftless::config::graph::dependents(&settings.targets, &target)
-                    .iter()
-                    .map(|t| format!("`{}`", t.name))
-                    .collect();
-            if !dependents.is_empty() {
-                let list = dependents.join(", ");
-                if !force {
-                    anyhow::bail!(
-                        "{list} depend(s) on `{target}`: destroying it leaves them blocked until                          `{target}` is applied again; pass --force to go on"
-                    );
-                }
-                eprintln!("note: {list} stay(s) blocked until `{target}` is applied again");
-            }
-            eprintln!(
-                "note: a running daemon will apply `{target}` again at its next tick unless you remove it from the configuration"
-            );
+            may_destroy(&app, &target, yes, force)?;
             cli::tick(&rec(), &[target], false, Operation::Destroy, Trigger::Cli).await?
         }
         Command::Check => cli::check(&args.config).await,
@@ -498,6 +604,9 @@ async fn run(args: Args) -> anyhow::Result<u8> {
             cli::tick(&rec(), &[target], false, Operation::Apply, Trigger::Retry).await?
         }
         Command::Events { target, json } => cli::events(&app, &target, json).await?,
+        Command::Completions { .. } | Command::Man { .. } => {
+            unreachable!("main runs the commands that need no configuration")
+        }
         Command::Forget { target } => cli::forget(&rec(), &target).await?,
     };
     print!("{}", driftless::redact::printable(&report.stdout));

@@ -523,6 +523,17 @@ pub fn load(path: &Path) -> Result<Settings, ConfigError> {
     load_with_env(path, true)
 }
 
+/// The names of the targets configured in `path`, as far as it makes
+/// sense: a file with problems still names the targets it could read,
+/// and one that does not read names none. For a shell completing a target
+/// name (`driftless completions`), which must never fail.
+pub fn target_names(path: &Path) -> Vec<String> {
+    match parse(path, true, false) {
+        Ok((Some(s), _)) => s.targets.iter().map(|t| t.name.clone()).collect(),
+        _ => Vec::new(),
+    }
+}
+
 fn load_with_env(path: &Path, env: bool) -> Result<Settings, ConfigError> {
     settle(path, parse(path, env, false)?)
 }

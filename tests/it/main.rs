@@ -33,6 +33,7 @@ mod postgres;
 mod previews;
 mod pulumi;
 mod server_limits;
+mod shell;
 mod soak;
 mod tags;
 mod target_sets;
