@@ -229,6 +229,14 @@ enum Command {
         #[command(subcommand)]
         command: PolicyCommand,
     },
+    /// Ask the running daemon's /readyz (at the configured server.listen,
+    /// or --url): a container's HEALTHCHECK, without curl. Exit 0: ready;
+    /// 1: not ready, or no answer within 5 s.
+    Healthcheck {
+        /// Ask this URL instead (e.g. http://127.0.0.1:8080/readyz).
+        #[arg(long)]
+        url: Option<String>,
+    },
     /// Print the script that completes driftless's commands, flags and
     /// target names in SHELL (`source <(driftless completions bash)`); as
     /// you type, the script asks this binary, which reads the target names
@@ -507,6 +515,11 @@ async fn run(args: Args) -> anyhow::Result<u8> {
         print!("{}", driftless::redact::printable(&r.stdout));
         return Ok(r.code);
     }
+    if let Command::Healthcheck { url } = &args.command {
+        let r = cli::healthcheck(&args.config, url.as_deref()).await;
+        print!("{}", driftless::redact::printable(&r.stdout));
+        return Ok(r.code);
+    }
     if let Command::Graph { dot } = args.command {
         let r = cli::graph(&args.config, dot);
         print!("{}", driftless::redact::printable(&r.stdout));
@@ -604,8 +617,8 @@ async fn run(args: Args) -> anyhow::Result<u8> {
             cli::tick(&rec(), &[target], false, Operation::Apply, Trigger::Retry).await?
         }
         Command::Events { target, json } => cli::events(&app, &target, json).await?,
-        Command::Completions { .. } | Command::Man { .. } => {
-            unreachable!("main runs the commands that need no configuration")
+        Command::Completions { .. } | Command::Man { .. } | Command::Healthcheck { .. } => {
+            unreachable!("run those before the configuration is loaded")
         }
         Command::Forget { target } => cli::forget(&rec(), &target).await?,
     };

@@ -15,6 +15,7 @@ use crate::tick::{Planned, Reconciler, TickError, Ticked};
 
 mod check;
 mod deployments;
+mod healthcheck;
 mod logs;
 mod notify;
 mod policy;
@@ -22,6 +23,7 @@ mod rollout;
 
 pub use check::{check, graph};
 pub use deployments::{approve_or_reject, deployments, reconcile};
+pub use healthcheck::healthcheck;
 pub use logs::logs;
 use notify::deliver_notifications;
 pub use notify::{notify_pending, notify_test};

@@ -277,6 +277,13 @@ fn the_image_builds_and_runs_as_a_user_runs_it() {
             .is_some_and(|driftless| driftless.contains("profiles:")),
         "driftless itself must not need a profile: {rendered}"
     );
+    // The driftless service's healthcheck is the binary's own.
+    let driftless = rendered.split("\n  postgres:\n").next().unwrap_or("");
+    assert!(
+        driftless.contains("healthcheck:")
+            && driftless.contains("/usr/local/bin/driftless\n      - healthcheck\n"),
+        "{rendered}"
+    );
 
     // The binary image the build argument names, then the Dockerfile.
     let binary = stripped_binary(&root.path().join("binary"));
@@ -306,9 +313,56 @@ fn the_image_builds_and_runs_as_a_user_runs_it() {
             "docker/Dockerfile",
             "--build-arg",
             "DRIFTLESS_BINARY=driftless-binary:suite",
+            "--build-arg",
+            concat!("VERSION=", env!("CARGO_PKG_VERSION")),
+            "--build-arg",
+            "REVISION=0123456789abcdef0123456789abcdef01234567",
         ],
     );
     succeeded(&out, "docker build");
+    // What the image says of itself: the OCI labels, and its health check
+    // is the binary's own (no curl in the image).
+    let labels: Value = serde_json::from_str(&succeeded(
+        &d.docker(&[
+            "image",
+            "inspect",
+            "--format",
+            "{{json .Config.Labels}}",
+            "driftless:suite",
+        ]),
+        "labels",
+    ))
+    .expect("labels as JSON");
+    for (key, value) in [
+        ("org.opencontainers.image.title", "driftless"),
+        (
+            "org.opencontainers.image.version",
+            env!("CARGO_PKG_VERSION"),
+        ),
+        (
+            "org.opencontainers.image.revision",
+            "0123456789abcdef0123456789abcdef01234567",
+        ),
+        ("org.opencontainers.image.licenses", "MIT OR Apache-2.0"),
+    ] {
+        assert_eq!(labels[key], value, "{key}: {labels}");
+    }
+    let check: Value = serde_json::from_str(&succeeded(
+        &d.docker(&[
+            "image",
+            "inspect",
+            "--format",
+            "{{json .Config.Healthcheck}}",
+            "driftless:suite",
+        ]),
+        "healthcheck",
+    ))
+    .expect("healthcheck as JSON");
+    assert_eq!(
+        check["Test"],
+        serde_json::json!(["CMD", "/usr/local/bin/driftless", "healthcheck"]),
+        "{check}"
+    );
     let (image, base) = (
         image_size(&d, "driftless:suite"),
         image_size(&d, "debian:bookworm-slim"),
@@ -367,7 +421,18 @@ fn the_image_builds_and_runs_as_a_user_runs_it() {
     let run = |name: &str| {
         // `--init`, as docker/compose.yaml's `init: true`: a small init
         // reaps what backend tools orphan and passes SIGTERM on.
-        let mut args: Vec<&str> = vec!["run", "-d", "--init", "--name", name, "--network", "host"];
+        // The image's HEALTHCHECK, asked every second rather than every
+        // 30 s so the test sees it turn healthy.
+        let mut args: Vec<&str> = vec![
+            "run",
+            "-d",
+            "--init",
+            "--health-interval=1s",
+            "--name",
+            name,
+            "--network",
+            "host",
+        ];
         args.extend(["-e", &listen]);
         args.extend(mounts.iter().map(String::as_str));
         args.push("driftless:suite");
@@ -405,6 +470,20 @@ fn the_image_builds_and_runs_as_a_user_runs_it() {
         "{}",
         logs("d1")
     );
+    // Its own health check says so: the binary asked /readyz at the
+    // address the environment set, and docker counts the container healthy.
+    let said = succeeded(
+        &d.docker(&["exec", "d1", "driftless", "healthcheck"]),
+        "driftless healthcheck in the container",
+    );
+    assert_eq!(
+        said.trim(),
+        format!("ready: http://127.0.0.1:{port}/readyz")
+    );
+    wait_for(Duration::from_secs(30), "the container healthy", || {
+        let out = d.docker(&["inspect", "--format", "{{.State.Health.Status}}", "d1"]);
+        text(&out.stdout).trim() == "healthy"
+    });
     // The first interval tick applies the mounted repository.
     wait_for(Duration::from_secs(60), "the first apply", || {
         results_at(&container_history(&d, "d1", &[]), &first) == ["changed"]

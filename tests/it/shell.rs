@@ -211,3 +211,63 @@ fn man_pages_cover_every_command() {
     }
     assert!(pages.join("driftless-policy-eval.1").is_file());
 }
+
+#[test]
+fn healthcheck_asks_readyz_where_the_configuration_listens() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = targets_config(dir.path());
+    let healthcheck = |extra: &[&str]| {
+        let out = output_within(
+            Command::new(bin())
+                .arg("--config")
+                .arg(&config)
+                .arg("healthcheck")
+                .args(extra),
+            Duration::from_secs(30),
+        );
+        (out.status.code(), text(&out.stdout) + &text(&out.stderr))
+    };
+
+    // A port the kernel picks cannot be asked: say what to pass.
+    let base = std::fs::read_to_string(&config).expect("read");
+    let with_port = |listen: &str| {
+        let server = format!("\n[server]\nlisten = \"{listen}\"\n\n");
+        std::fs::write(&config, base.replacen("\n\n", &server, 1)).expect("write");
+    };
+    with_port("127.0.0.1:0");
+    let (code, said) = healthcheck(&[]);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(
+        said.contains("server.listen is 127.0.0.1:0") && said.contains("pass --url"),
+        "{said}"
+    );
+
+    // Serving on a fixed port (every address): asked on loopback, ready.
+    let port = free_port();
+    with_port(&format!("0.0.0.0:{port}"));
+    let d = Daemon::start_with(&config, dir.path());
+    assert_eq!(d.port, port);
+    let (code, said) = healthcheck(&[]);
+    assert_eq!(code, Some(0), "{said}");
+    assert_eq!(
+        said.trim(),
+        format!("ready: http://127.0.0.1:{port}/readyz")
+    );
+    let (code, said) = healthcheck(&["--url", &format!("http://127.0.0.1:{port}/healthz")]);
+    assert_eq!(code, Some(0), "{said}");
+
+    // Not ready: the answer's status and words.
+    let (code, said) = healthcheck(&["--url", &format!("http://127.0.0.1:{port}/no-such-path")]);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(said.contains("answered 404"), "{said}");
+
+    // Stopped: nothing answers, and it says so.
+    d.stop();
+    let (code, said) = healthcheck(&[]);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(
+        said.contains(&format!("http://127.0.0.1:{port}/readyz"))
+            && said.to_lowercase().contains("connection refused"),
+        "{said}"
+    );
+}

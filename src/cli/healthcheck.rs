@@ -1,0 +1,79 @@
+//! `driftless healthcheck`: ask a running daemon's `/readyz` and exit 0
+//! when it is ready, 1 when it is not or does not answer — what a
+//! container's HEALTHCHECK or a monitoring script runs, with no curl in the
+//! image. It reads the configuration for the address only: it never opens
+//! the state database or starts anything.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::Path;
+use std::time::Duration;
+
+use super::{Report, failed};
+
+/// How long the daemon has to answer: a HEALTHCHECK's own timeout is
+/// longer (30 s by default), so this one is what is reported.
+const ANSWER_WITHIN: Duration = Duration::from_secs(5);
+
+/// `driftless healthcheck [--url URL]`
+pub async fn healthcheck(config: &Path, url: Option<&str>) -> Report {
+    let url = match url {
+        Some(u) => u.to_string(),
+        None => match readyz_url(config) {
+            Ok(u) => u,
+            Err(e) => return failed(e),
+        },
+    };
+    let client = match reqwest::Client::builder().timeout(ANSWER_WITHIN).build() {
+        Ok(c) => c,
+        Err(e) => return failed(format!("cannot make an HTTP client: {}", chain(&e))),
+    };
+    match client.get(&url).send().await {
+        Ok(r) if r.status().is_success() => Report {
+            stdout: format!("ready: {url}\n"),
+            code: 0,
+        },
+        Ok(r) => {
+            let status = r.status();
+            let said = r.text().await.unwrap_or_default();
+            failed(format!("{url} answered {status}: {}", said.trim()))
+        }
+        Err(e) => failed(format!("{url}: {}", chain(&e))),
+    }
+}
+
+/// `/readyz` at the configured `server.listen`, asked on loopback when
+/// the daemon listens on every address.
+fn readyz_url(config: &Path) -> Result<String, String> {
+    let settings = crate::config::load(config).map_err(|e| e.to_string())?;
+    let listen = settings.server.listen;
+    if listen.port() == 0 {
+        return Err(format!(
+            "{}: server.listen is {listen}, a port the kernel picks at start; pass --url",
+            config.display()
+        ));
+    }
+    let ip = match listen.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(ip) if ip.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        ip => ip,
+    };
+    Ok(format!(
+        "http://{}/readyz",
+        SocketAddr::new(ip, listen.port())
+    ))
+}
+
+/// An error and its causes ("error sending request …: connection refused").
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let said = c.to_string();
+        if !out.contains(&said) {
+            out.push_str(": ");
+            out.push_str(&said);
+        }
+        cause = c.source();
+    }
+    out
+}
