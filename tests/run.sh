@@ -44,6 +44,14 @@ need_apt docker-compose docker-compose
 need_apt debootstrap debootstrap
 need_apt systemd-analyze systemd
 need_apt strip binutils
+# The Debian package (tests/it/packaging.rs): cargo-deb builds it from
+# Cargo.toml's metadata (pinned: its command line is what packaging/deb.sh
+# drives), Debian's lintian checks it.
+need_apt lintian lintian
+if ! cargo deb --version 2>/dev/null | grep -qx 'cargo-deb 3.8.0'; then
+  echo "== installing cargo-deb (cargo install, about a minute)"
+  cargo install --quiet --locked --version 3.8.0 cargo-deb
+fi
 # The store, queue and group-commit tests also run on PostgreSQL: a
 # throwaway cluster (src/store/testing.rs) from Debian's postgresql.
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt /nonexistent/initdb postgresql

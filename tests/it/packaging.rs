@@ -8,6 +8,10 @@
 //!   Dockerfile's `DRIFTLESS_BINARY` argument, so CI does not compile
 //!   twice), then run as a user would run it.
 //! - `docker/compose.yaml`: `docker-compose config` accepts it.
+//! - The Debian package (`packaging/deb.sh`, cargo-deb): checked by
+//!   lintian, installed with `apt-get install ./…deb` under a real systemd,
+//!   configured and started, restarted, upgraded from a lower version of
+//!   the same binary, purged.
 //! - `systemd/`: `systemd-analyze verify` on every unit, then the units
 //!   under a real systemd (PID 1 of a container): the sandbox leaves the
 //!   daemon what it needs, and an apply orphaned by a `kill -9`ed daemon
@@ -577,6 +581,44 @@ fn shipped_units() -> Vec<(PathBuf, String)> {
     units
 }
 
+/// Run `image` in container `name` with systemd as PID 1 (what it needs
+/// in a container: its cgroups, a tmpfs /run, and the capability to set up
+/// the units' sandboxes), `mount` bound in, on the host's network; wait
+/// until it has booted.
+fn boot_systemd(d: &Dockerd, name: &str, image: &str, mount: &str) {
+    succeeded(
+        &d.docker(&[
+            "run",
+            "-d",
+            "--name",
+            name,
+            "--network",
+            "host",
+            "--cap-add",
+            "SYS_ADMIN",
+            "--security-opt",
+            "seccomp=unconfined",
+            "--security-opt",
+            "apparmor=unconfined",
+            "--tmpfs",
+            "/run",
+            "--tmpfs",
+            "/run/lock",
+            "-v",
+            "/sys/fs/cgroup:/sys/fs/cgroup:rw",
+            "-v",
+            mount,
+            image,
+            "/sbin/init",
+        ]),
+        "docker run systemd",
+    );
+    wait_for(Duration::from_secs(60), "systemd to boot", || {
+        let out = d.docker(&["exec", name, "systemctl", "is-system-running"]);
+        matches!(text(&out.stdout).trim(), "running" | "degraded")
+    });
+}
+
 /// Run `args` in container `name`; its stdout, or a failure naming `what`.
 fn in_container(d: &Dockerd, name: &str, args: &[&str], what: &str) -> String {
     let mut all = vec!["exec", name];
@@ -653,7 +695,7 @@ fn the_systemd_units_verify_and_keep_their_promises_under_systemd() {
         .expect("copy unit");
     }
     std::fs::copy(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("systemd/driftless.sysusers.conf"),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("systemd/driftless.sysusers"),
         ctx.join("driftless.sysusers.conf"),
     )
     .expect("copy sysusers");
@@ -687,39 +729,7 @@ fn the_systemd_units_verify_and_keep_their_promises_under_systemd() {
 
     let remote = Remote::new(root.path(), "infra");
     let repo_mount = format!("{}:/srv/infra.git:ro", remote.bare.display());
-    // What systemd needs to be PID 1 in a container: its cgroups, a tmpfs
-    // /run, and the capability to set up the units' sandboxes.
-    succeeded(
-        &d.docker(&[
-            "run",
-            "-d",
-            "--name",
-            "sd",
-            "--network",
-            "host",
-            "--cap-add",
-            "SYS_ADMIN",
-            "--security-opt",
-            "seccomp=unconfined",
-            "--security-opt",
-            "apparmor=unconfined",
-            "--tmpfs",
-            "/run",
-            "--tmpfs",
-            "/run/lock",
-            "-v",
-            "/sys/fs/cgroup:/sys/fs/cgroup:rw",
-            "-v",
-            &repo_mount,
-            "driftless-systemd:suite",
-            "/sbin/init",
-        ]),
-        "docker run systemd",
-    );
-    wait_for(Duration::from_secs(60), "systemd to boot", || {
-        let out = d.docker(&["exec", "sd", "systemctl", "is-system-running"]);
-        matches!(text(&out.stdout).trim(), "running" | "degraded")
-    });
+    boot_systemd(&d, "sd", "driftless-systemd:suite", &repo_mount);
     let journal = |unit: &str| {
         let out = d.docker(&["exec", "sd", "journalctl", "--no-pager", "-u", unit]);
         text(&out.stdout)
@@ -880,4 +890,246 @@ fn the_systemd_units_verify_and_keep_their_promises_under_systemd() {
         !journal_text.contains(SECRET),
         "the webhook secret is in the journal"
     );
+}
+
+/// `packaging/deb.sh` on the binary this suite built, as version
+/// `version`; the package's path.
+fn debian_package(out: &Path, version: &str) -> PathBuf {
+    let repo_root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let built = output_within(
+        Command::new(repo_root.join("packaging/deb.sh"))
+            .args(["--profile", "dev", "--fast", "--deb-version", version, "-o"])
+            .arg(out)
+            .current_dir(repo_root),
+        Duration::from_secs(600),
+    );
+    let said = succeeded(
+        &built,
+        "packaging/deb.sh (cargo install cargo-deb; see tests/run.sh)",
+    );
+    let deb = PathBuf::from(said.trim().lines().last().unwrap_or(""));
+    assert!(deb.is_file(), "no package: {said}{}", text(&built.stderr));
+    deb
+}
+
+#[test]
+fn the_debian_package_installs_starts_upgrades_and_purges_like_a_debian_service() {
+    let root = tempfile::tempdir().expect("tempdir");
+    // The package, and a lower version of the same binary to upgrade from.
+    let debs = root.path().join("context/debs");
+    std::fs::create_dir_all(&debs).expect("mkdir");
+    let started = Instant::now();
+    let old = debian_package(&debs, "0.0.9-1");
+    let new = debian_package(&debs, concat!(env!("CARGO_PKG_VERSION"), "-1"));
+    println!(
+        "package {}: {} (made in {:.0} s with the previous one)",
+        new.file_name().expect("name").to_string_lossy(),
+        mb(std::fs::metadata(&new).expect("deb").len()),
+        started.elapsed().as_secs_f64()
+    );
+
+    // lintian, Debian's own package checker: no errors.
+    let lint = output_within(
+        Command::new("lintian")
+            .args(["--tag-display-limit", "0"])
+            .arg(&new),
+        Duration::from_secs(300),
+    );
+    let said = text(&lint.stdout) + &text(&lint.stderr);
+    assert!(
+        !said.lines().any(|l| l.starts_with("E: ")),
+        "lintian found errors:\n{said}"
+    );
+
+    // A bookworm with systemd and what the package depends on (the cached
+    // base has no network later: apt-get install ./…deb needs none).
+    let d = dockerd_with_base(root.path());
+    let ctx = root.path().join("context");
+    std::fs::write(
+        ctx.join("Dockerfile"),
+        "FROM debian:bookworm-slim\n\
+         RUN apt-get update \\\n && apt-get install -y --no-install-recommends systemd systemd-sysv git ca-certificates \\\n && rm -rf /var/lib/apt/lists/*\n\
+         COPY debs/ /debs/\n",
+    )
+    .expect("Dockerfile");
+    succeeded(
+        &docker_build(&d, "driftless-deb:suite", &ctx, &[]),
+        "docker build (package image)",
+    );
+    let remote = Remote::new(root.path(), "infra");
+    let first = commit_app(&remote, "1", "0", "root");
+    boot_systemd(
+        &d,
+        "deb",
+        "driftless-deb:suite",
+        &format!("{}:/srv/infra.git:ro", remote.bare.display()),
+    );
+    let sh = |script: &str, what: &str| in_container(&d, "deb", &["sh", "-c", script], what);
+    let journal = || {
+        let out = d.docker(&["exec", "deb", "journalctl", "--no-pager", "-u", "driftless"]);
+        text(&out.stdout)
+    };
+    let old_name = old.file_name().expect("name").to_string_lossy().to_string();
+    let new_name = new.file_name().expect("name").to_string_lossy().to_string();
+
+    // Installed: the user, the modes, the example (which `check` passes),
+    // completions and man pages in their places; enabled, not started.
+    sh(
+        &format!("apt-get install -y --no-install-recommends /debs/{old_name}"),
+        "apt-get install (the previous package)",
+    );
+    let files = sh("dpkg -L driftless", "dpkg -L");
+    let uid = sh("id -u driftless", "the service user").trim().to_string();
+    assert_eq!(
+        sh("stat -c '%U:%G %a' /etc/driftless", "stat").trim(),
+        "root:driftless 750"
+    );
+    sh(
+        "driftless --config /etc/driftless/driftless.toml.example check",
+        "check on the shipped example",
+    );
+    for f in [
+        "/usr/bin/driftless",
+        "/usr/share/bash-completion/completions/driftless",
+        "/usr/share/zsh/vendor-completions/_driftless",
+        "/usr/share/fish/vendor_completions.d/driftless.fish",
+        "/usr/share/man/man1/driftless.1.gz",
+        "/usr/share/man/man1/driftless-tick.1.gz",
+        "/usr/lib/systemd/system/driftless.service",
+        "/usr/lib/systemd/system/driftless-tick@.timer",
+        "/usr/lib/sysusers.d/driftless.conf",
+    ] {
+        assert!(
+            files.lines().any(|l| l == f),
+            "{f} not in the package:\n{files}"
+        );
+    }
+    assert_eq!(
+        sh("systemctl is-enabled driftless", "is-enabled").trim(),
+        "enabled"
+    );
+    let active = d.docker(&["exec", "deb", "systemctl", "is-active", "driftless"]);
+    assert_eq!(
+        text(&active.stdout).trim(),
+        "inactive",
+        "started before it was configured"
+    );
+    assert!(
+        sh(
+            "test -e /var/lib/driftless && echo there || echo none",
+            "state dir"
+        )
+        .trim()
+            == "none",
+        "the package made /var/lib/driftless itself (StateDirectory= does)"
+    );
+
+    // Configured and started: systemd makes the state directory the
+    // service user's, the daemon applies the repository.
+    hand_over(&remote.bare, &uid);
+    let port = free_port();
+    sh(
+        &format!(
+            "printf '%s' '[server]\nlisten = \"127.0.0.1:{port}\"\n\n\
+             [[targets]]\nname = \"app\"\nrepo = \"file:///srv/infra.git\"\npath = \"app\"\ninterval = \"1h\"\n\
+             [targets.backend]\nkind = \"exec\"\napply = [\"sh\", \"apply.sh\"]\n' \
+             > /etc/driftless/driftless.toml && chmod 0640 /etc/driftless/driftless.toml \
+             && chgrp driftless /etc/driftless/driftless.toml"
+        ),
+        "the configuration",
+    );
+    let out = d.docker(&["exec", "deb", "systemctl", "start", "driftless"]);
+    assert!(
+        out.status.success(),
+        "systemctl start: {}\n{}",
+        text(&out.stderr),
+        journal()
+    );
+    let history = || {
+        container_history(
+            &d,
+            "deb",
+            &[
+                "runuser",
+                "-u",
+                "driftless",
+                "--",
+                "env",
+                "DRIFTLESS_CONFIG=/etc/driftless/driftless.toml",
+            ],
+        )
+    };
+    wait_for(Duration::from_secs(60), "the first apply", || {
+        results_at(&history(), &first) == ["changed"]
+    });
+    assert_eq!(
+        sh("stat -c '%U %a' /var/lib/driftless", "stat").trim(),
+        "driftless 750"
+    );
+    assert_eq!(
+        sh("stat -c '%U:%G %a' /etc/driftless", "stat").trim(),
+        "root:driftless 750",
+        "systemd changed the configuration directory's mode"
+    );
+    let main_pid = || {
+        sh("systemctl show -p MainPID --value driftless", "MainPID")
+            .trim()
+            .to_string()
+    };
+
+    // systemctl restart: serving again, nothing lost.
+    let before = main_pid();
+    sh("systemctl restart driftless", "systemctl restart");
+    wait_for(Duration::from_secs(30), "the restarted daemon", || {
+        http_get(port, "/readyz").is_some_and(|(c, _)| c == 200)
+    });
+    assert_ne!(main_pid(), before);
+    assert_eq!(results_at(&history(), &first), ["changed"]);
+
+    // The upgrade: the running service restarted by the package, its
+    // state and configuration kept.
+    let before = main_pid();
+    sh(
+        &format!("apt-get install -y --no-install-recommends /debs/{new_name}"),
+        "apt-get install (the upgrade)",
+    );
+    assert_eq!(
+        sh("dpkg-query -W -f '${Version}' driftless", "version").trim(),
+        concat!(env!("CARGO_PKG_VERSION"), "-1")
+    );
+    wait_for(Duration::from_secs(30), "the upgraded daemon", || {
+        http_get(port, "/readyz").is_some_and(|(c, _)| c == 200)
+    });
+    let after = main_pid();
+    assert!(
+        after != before && after != "0",
+        "not restarted by the upgrade: {before} → {after}\n{}",
+        journal()
+    );
+    assert_eq!(
+        results_at(&history(), &first),
+        ["changed"],
+        "the state was not kept"
+    );
+    assert!(sh("cat /etc/driftless/driftless.toml", "config").contains("name = \"app\""));
+
+    // Purge: nothing of the package is left but the system user.
+    let files = sh("dpkg -L driftless", "dpkg -L");
+    sh("apt-get purge -y driftless", "apt-get purge");
+    let quoted: Vec<String> = files.lines().map(|f| format!("'{f}'")).collect();
+    let left = sh(
+        &format!(
+            "for f in {}; do [ -f \"$f\" ] && echo \"$f\"; done; true",
+            quoted.join(" ")
+        ),
+        "what purge left",
+    );
+    assert!(left.is_empty(), "purge left {left:?}");
+    for gone in ["/etc/driftless", "/var/lib/driftless", "/usr/bin/driftless"] {
+        let out = d.docker(&["exec", "deb", "test", "-e", gone]);
+        assert!(!out.status.success(), "{gone} is still there after purge");
+    }
+    let enabled = d.docker(&["exec", "deb", "systemctl", "is-enabled", "driftless"]);
+    assert!(!enabled.status.success(), "{}", text(&enabled.stdout));
+    assert_eq!(sh("id -u driftless", "the user stays").trim(), uid);
 }
