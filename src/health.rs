@@ -384,7 +384,7 @@ async fn http(h: &HttpCheck, probe: &Probe, each: Duration) -> Result<(), String
         .get(url.as_str())
         .send()
         .await
-        .map_err(|e| said(format!("did not answer: {}", error_chain(&e))))?;
+        .map_err(|e| said(format!("did not answer: {}", crate::error::chain(&e))))?;
     let status = resp.status().as_u16();
     let expected = match h.status {
         Some(s) => status == s,
@@ -404,7 +404,7 @@ async fn http(h: &HttpCheck, probe: &Probe, each: Duration) -> Result<(), String
     while let Some(chunk) = resp
         .chunk()
         .await
-        .map_err(|e| said(format!("broke off its body: {}", error_chain(&e))))?
+        .map_err(|e| said(format!("broke off its body: {}", crate::error::chain(&e))))?
     {
         body.extend_from_slice(&chunk);
         if body.len() >= BODY_MAX {
@@ -429,21 +429,6 @@ async fn http(h: &HttpCheck, probe: &Probe, each: Duration) -> Result<(), String
         }
     }
     Ok(())
-}
-
-/// An error and its sources on one line (reqwest's own says little).
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(c) = src {
-        let line = c.to_string();
-        if !s.contains(&line) {
-            s.push_str(": ");
-            s.push_str(&line);
-        }
-        src = c.source();
-    }
-    s
 }
 
 #[cfg(test)]

@@ -25,7 +25,12 @@ pub async fn healthcheck(config: &Path, url: Option<&str>) -> Report {
     };
     let client = match reqwest::Client::builder().timeout(ANSWER_WITHIN).build() {
         Ok(c) => c,
-        Err(e) => return failed(format!("cannot make an HTTP client: {}", chain(&e))),
+        Err(e) => {
+            return failed(format!(
+                "cannot make an HTTP client: {}",
+                crate::error::chain(&e)
+            ));
+        }
     };
     match client.get(&url).send().await {
         Ok(r) if r.status().is_success() => Report {
@@ -37,7 +42,7 @@ pub async fn healthcheck(config: &Path, url: Option<&str>) -> Report {
             let said = r.text().await.unwrap_or_default();
             failed(format!("{url} answered {status}: {}", said.trim()))
         }
-        Err(e) => failed(format!("{url}: {}", chain(&e))),
+        Err(e) => failed(format!("{url}: {}", crate::error::chain(&e))),
     }
 }
 
@@ -61,19 +66,4 @@ fn readyz_url(config: &Path) -> Result<String, String> {
         "http://{}/readyz",
         SocketAddr::new(ip, listen.port())
     ))
-}
-
-/// An error and its causes ("error sending request …: connection refused").
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        let said = c.to_string();
-        if !out.contains(&said) {
-            out.push_str(": ");
-            out.push_str(&said);
-        }
-        cause = c.source();
-    }
-    out
 }
