@@ -431,6 +431,8 @@ fn without_config(command: &Command) -> Option<ExitCode> {
     };
     Some(match written {
         Ok(()) => ExitCode::SUCCESS,
+        // `driftless man | head`: the reader had what it wanted.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::from(cli::EXIT_FAILED)
