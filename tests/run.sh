@@ -48,6 +48,8 @@ need_apt strip binutils
 # Cargo.toml's metadata (pinned: its command line is what packaging/deb.sh
 # drives), Debian's lintian checks it.
 need_apt lintian lintian
+# Shell completions (tests/it/shell.rs): fish answers `complete -C`.
+need_apt fish fish
 if ! cargo deb --version 2>/dev/null | grep -qx 'cargo-deb 3.8.0'; then
   echo "== installing cargo-deb (cargo install, about a minute)"
   cargo install --quiet --locked --version 3.8.0 cargo-deb

@@ -4,7 +4,9 @@
 //! prints is sourced into a real bash, and the function it registered for
 //! `driftless` (read back from `complete -p`) is called with `COMP_WORDS`
 //! and `COMP_CWORD` set — so the target names come from the binary reading
-//! the configuration, as they do at a prompt.
+//! the configuration, as they do at a prompt. Fish is asked with its own
+//! `complete -C`; zsh's completion needs a terminal (zle), so only its
+//! script is checked.
 
 use std::path::Path;
 use std::process::Command;
@@ -21,10 +23,7 @@ fn bash_offers(words: &[&str], env: &[(&str, &str)]) -> Vec<String> {
         bin_dir.display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    let quoted: Vec<String> = words
-        .iter()
-        .map(|w| format!("'{}'", w.replace('\'', "'\\''")))
-        .collect();
+    let quoted: Vec<String> = words.iter().map(|w| shell_quote(w)).collect();
     let script = format!(
         "set -e\n\
          source <(driftless completions bash)\n\
@@ -145,6 +144,54 @@ fn bash_completes_commands_flags_and_the_configured_target_names() {
         &[],
     );
     assert!(offers.is_empty(), "{offers:?}");
+}
+
+/// What fish offers for `line` (`complete -C`, fish's own way to ask for
+/// a command line's completions), with the script `driftless completions
+/// fish` printed sourced and this build first on the PATH.
+fn fish_offers(line: &str) -> Vec<String> {
+    let bin_dir = bin().parent().expect("the binary's dir").to_path_buf();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = output_within(
+        Command::new("fish")
+            .args(["--no-config", "-c"])
+            .arg(format!(
+                "driftless completions fish | source; complete -C {}",
+                shell_quote(line)
+            ))
+            .env("PATH", path)
+            .env_remove("DRIFTLESS_CONFIG"),
+        Duration::from_secs(30),
+    );
+    assert!(
+        out.status.success(),
+        "fish (apt-get install fish): {}",
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+        .lines()
+        .map(|l| l.split('\t').next().unwrap_or("").trim().to_string())
+        .filter(|l| !l.is_empty())
+        .collect()
+}
+
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+#[test]
+fn fish_completes_the_configured_target_names() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = targets_config(dir.path());
+    let cfg = config.to_str().expect("utf8");
+    let offers = fish_offers(&format!("driftless --config {cfg} logs web-"));
+    assert_eq!(offers, ["web-prod", "web-staging"], "{offers:?}");
+    let offers = fish_offers(&format!("driftless --config {cfg} tick d"));
+    assert_eq!(offers, ["db-main"], "{offers:?}");
 }
 
 #[test]
