@@ -619,6 +619,41 @@ fn boot_systemd(d: &Dockerd, name: &str, image: &str, mount: &str) {
     });
 }
 
+/// `unit`'s journal in container `name`.
+fn journal_of(d: &Dockerd, name: &str, unit: &str) -> String {
+    let out = d.docker(&["exec", name, "journalctl", "--no-pager", "-u", unit]);
+    text(&out.stdout)
+}
+
+/// `systemctl start driftless` in container `name`, its journal said if
+/// it fails.
+fn start_driftless(d: &Dockerd, name: &str) {
+    let out = d.docker(&["exec", name, "systemctl", "start", "driftless"]);
+    assert!(
+        out.status.success(),
+        "systemctl start driftless: {}\n{}",
+        text(&out.stderr),
+        journal_of(d, name, "driftless")
+    );
+}
+
+/// The app target's history as the service user reads it, in container
+/// `name` running the units.
+fn service_history(d: &Dockerd, name: &str) -> Vec<Value> {
+    container_history(
+        d,
+        name,
+        &[
+            "runuser",
+            "-u",
+            "driftless",
+            "--",
+            "env",
+            "DRIFTLESS_CONFIG=/etc/driftless/driftless.toml",
+        ],
+    )
+}
+
 /// Run `args` in container `name`; its stdout, or a failure naming `what`.
 fn in_container(d: &Dockerd, name: &str, args: &[&str], what: &str) -> String {
     let mut all = vec!["exec", name];
@@ -730,10 +765,7 @@ fn the_systemd_units_verify_and_keep_their_promises_under_systemd() {
     let remote = Remote::new(root.path(), "infra");
     let repo_mount = format!("{}:/srv/infra.git:ro", remote.bare.display());
     boot_systemd(&d, "sd", "driftless-systemd:suite", &repo_mount);
-    let journal = |unit: &str| {
-        let out = d.docker(&["exec", "sd", "journalctl", "--no-pager", "-u", unit]);
-        text(&out.stdout)
-    };
+    let journal = |unit: &str| journal_of(&d, "sd", unit);
     // systemd-sysusers made the user at boot.
     let uid = in_container(&d, "sd", &["id", "-u", "driftless"], "the driftless user");
     let uid = uid.trim();
@@ -751,31 +783,12 @@ fn the_systemd_units_verify_and_keep_their_promises_under_systemd() {
         "the secret's owner",
     );
     let first = commit_app(&remote, "1", "0", uid);
-    let history = |d: &Dockerd| {
-        container_history(
-            d,
-            "sd",
-            &[
-                "runuser",
-                "-u",
-                "driftless",
-                "--",
-                "env",
-                "DRIFTLESS_CONFIG=/etc/driftless/driftless.toml",
-            ],
-        )
-    };
+    let history = |d: &Dockerd| service_history(d, "sd");
 
     // The sandboxed daemon starts (`driftless check` first), serves, and
     // applies: its state directory, its home (tools' caches, ssh's known
     // hosts) and the config are what it was left.
-    let out = d.docker(&["exec", "sd", "systemctl", "start", "driftless"]);
-    assert!(
-        out.status.success(),
-        "systemctl start driftless: {}\n{}",
-        text(&out.stderr),
-        journal("driftless")
-    );
+    start_driftless(&d, "sd");
     wait_for(Duration::from_secs(30), "the daemon to serve", || {
         http_get(port, "/readyz").is_some_and(|(c, _)| c == 200)
     });
@@ -965,10 +978,7 @@ fn the_debian_package_installs_starts_upgrades_and_purges_like_a_debian_service(
         &format!("{}:/srv/infra.git:ro", remote.bare.display()),
     );
     let sh = |script: &str, what: &str| in_container(&d, "deb", &["sh", "-c", script], what);
-    let journal = || {
-        let out = d.docker(&["exec", "deb", "journalctl", "--no-pager", "-u", "driftless"]);
-        text(&out.stdout)
-    };
+    let journal = || journal_of(&d, "deb", "driftless");
     let old_name = old.file_name().expect("name").to_string_lossy().to_string();
     let new_name = new.file_name().expect("name").to_string_lossy().to_string();
 
@@ -1038,27 +1048,8 @@ fn the_debian_package_installs_starts_upgrades_and_purges_like_a_debian_service(
         ),
         "the configuration",
     );
-    let out = d.docker(&["exec", "deb", "systemctl", "start", "driftless"]);
-    assert!(
-        out.status.success(),
-        "systemctl start: {}\n{}",
-        text(&out.stderr),
-        journal()
-    );
-    let history = || {
-        container_history(
-            &d,
-            "deb",
-            &[
-                "runuser",
-                "-u",
-                "driftless",
-                "--",
-                "env",
-                "DRIFTLESS_CONFIG=/etc/driftless/driftless.toml",
-            ],
-        )
-    };
+    start_driftless(&d, "deb");
+    let history = || service_history(&d, "deb");
     wait_for(Duration::from_secs(60), "the first apply", || {
         results_at(&history(), &first) == ["changed"]
     });
