@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The Debian package, from a binary already built: completions and man pages
-# made by that binary, then cargo-deb with Cargo.toml's [package.metadata.deb].
+# The Debian package, from a binary already built: completions, man pages and
+# the configuration's JSON Schema made by that binary, then cargo-deb with Cargo.toml's [package.metadata.deb].
 #
 #   cargo build --release --locked && packaging/deb.sh          # target/debian/driftless_<version>_amd64.deb
 #   packaging/deb.sh --profile dev --deb-version 0.0.9-1 -o DIR  # extra arguments go to cargo deb
@@ -33,6 +33,7 @@ mkdir -p "$out/completions" "$out/man"
 "$bin" completions zsh > "$out/completions/_driftless"
 "$bin" completions fish > "$out/completions/driftless.fish"
 "$bin" man --dir "$out/man"
+"$bin" config schema > "$out/driftless.schema.json"
 gzip -9n "$out"/man/*.1
 
 exec cargo deb --no-build --locked "$@"

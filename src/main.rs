@@ -253,6 +253,11 @@ enum Command {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+    /// The configuration file's own tools.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
     /// API tokens.
     Token {
         #[command(subcommand)]
@@ -263,6 +268,15 @@ enum Command {
         #[command(subcommand)]
         command: NotifyCommand,
     },
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Print the configuration's JSON Schema (draft 7), made from the
+    /// structs `check` reads each table into: save it and name it on the
+    /// file's first line (`#:schema ./driftless.schema.json`) for taplo or
+    /// Even Better TOML to complete and check every key.
+    Schema,
 }
 
 /// The shells `completions` writes for.
@@ -427,6 +441,11 @@ fn without_config(command: &Command) -> Option<ExitCode> {
         Command::Man { dir: Some(dir) } => std::fs::create_dir_all(dir)
             .and_then(|()| clap_mangen::generate_to(Args::command(), dir))
             .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", dir.display()))),
+        Command::Config {
+            command: ConfigCommand::Schema,
+        } => serde_json::to_writer_pretty(&mut out, &config::json_schema())
+            .map_err(std::io::Error::from)
+            .and_then(|()| std::io::Write::write_all(&mut out, b"\n")),
         _ => return None,
     };
     Some(match written {
@@ -619,7 +638,10 @@ async fn run(args: Args) -> anyhow::Result<u8> {
             cli::tick(&rec(), &[target], false, Operation::Apply, Trigger::Retry).await?
         }
         Command::Events { target, json } => cli::events(&app, &target, json).await?,
-        Command::Completions { .. } | Command::Man { .. } | Command::Healthcheck { .. } => {
+        Command::Completions { .. }
+        | Command::Man { .. }
+        | Command::Healthcheck { .. }
+        | Command::Config { .. } => {
             unreachable!("run those before the configuration is loaded")
         }
         Command::Forget { target } => cli::forget(&rec(), &target).await?,

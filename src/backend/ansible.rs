@@ -35,37 +35,45 @@ use crate::secret::SecretRef;
 /// nothing: it lives in the checkout beside the playbook).
 pub(super) const RECAP_FILE: &str = ".driftless-ansible-recap.json";
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema, Default)]
 #[serde(rename_all = "lowercase")]
+/// When the playbook runs: `digest` (when the target's files changed) or
+/// `always` (every tick).
 pub enum Mode {
     #[default]
     Digest,
     Always,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+/// `kind = "ansible"`: an Ansible playbook (ansible-core).
 pub struct Config {
     /// The playbook, relative to the target's path.
     pub playbook: String,
     /// `-i`: an inventory file (relative to the target's path) or a host list.
     pub inventory: Option<String>,
+    /// `--limit`: the hosts (a pattern) the playbook runs on.
     pub limit: Option<String>,
+    /// `--tags`: only the tasks with these tags.
     #[serde(default)]
     pub tags: Vec<String>,
     /// `-e @file` for each, relative to the target's path.
     #[serde(default)]
     pub extra_vars_files: Vec<String>,
-    /// A file path or `env:NAME`.
+    /// The vault password: a file path or `env:NAME`.
     pub vault_password_file: Option<String>,
+    /// `digest` (default): run when the target's files changed; `always`:
+    /// every tick.
     #[serde(default)]
     pub mode: Mode,
-    /// On an unchanged digest, run `--check` and apply only if it reports changes.
+    /// On an unchanged digest, run `--check` and apply only if it reports
+    /// changes (drift). Default: false.
     #[serde(default)]
     pub check_drift: bool,
-    /// Run by `destroy`; without one, destroy fails.
+    /// The playbook `driftless destroy` runs; without one, destroy fails.
     pub destroy_playbook: Option<String>,
-    /// `ansible-playbook` or a path to it.
+    /// `ansible-playbook` or a path to it. Default: ansible-playbook.
     #[serde(default = "default_binary")]
     pub binary: String,
     /// Extra environment (`ANSIBLE_*`, …); `env:NAME` values are masked.

@@ -34,29 +34,36 @@ use serde::Deserialize;
 use super::BackendError;
 use super::Context;
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+/// `kind = "cloudformation"`: an AWS CloudFormation stack, through change
+/// sets.
 pub struct Config {
+    /// The stack's name.
     pub stack_name: String,
     /// The template, relative to the target's path.
     pub template: String,
+    /// Template parameters: `Name = "value"`.
     #[serde(default)]
     pub parameters: BTreeMap<String, String>,
     /// A JSON file in the target's path: `{"Key": "Value"}` or the AWS
     /// CLI's `[{"ParameterKey": …, "ParameterValue": …}]`. `parameters`
     /// override it.
     pub parameters_file: Option<String>,
-    /// e.g. `["CAPABILITY_IAM", "CAPABILITY_NAMED_IAM"]`
+    /// The capabilities the stack needs, e.g.
+    /// `["CAPABILITY_IAM", "CAPABILITY_NAMED_IAM"]`.
     #[serde(default)]
     pub capabilities: Vec<String>,
+    /// Stack tags: `Key = "value"`.
     #[serde(default)]
     pub tags: BTreeMap<String, String>,
+    /// The AWS region. Default: the SDK's (environment, profile).
     pub region: Option<String>,
     /// Assume this role (STS) for every call.
     pub role_arn: Option<String>,
     /// A named profile instead of the default chain's choice.
     pub profile: Option<String>,
-    /// For AWS-compatible endpoints and tests.
+    /// Another endpoint, for AWS-compatible services and tests.
     pub endpoint_url: Option<String>,
     /// An S3 bucket the template is uploaded to (under
     /// `driftless/<stack_name>/`) and passed as a `TemplateURL`: for

@@ -37,8 +37,9 @@ use super::{
 };
 use crate::process::{self, Spec};
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+/// `kind = "compose"`: a Docker Compose project.
 pub struct Config {
     /// Compose files, relative to the target's path (default: compose's own
     /// lookup, `compose.yaml` / `docker-compose.yml`).
@@ -46,8 +47,10 @@ pub struct Config {
     pub files: Vec<String>,
     /// The project name (default: the target's name, dots as dashes).
     pub project: Option<String>,
+    /// `--env-file`s, relative to the target's path.
     #[serde(default)]
     pub env_files: Vec<String>,
+    /// `--profile`s to enable.
     #[serde(default)]
     pub profiles: Vec<String>,
     /// `DOCKER_HOST` for the commands (e.g. `ssh://deploy@pi.lan`).
@@ -55,8 +58,9 @@ pub struct Config {
     /// `"docker compose"` (v2) or `"docker-compose"` (v1); detected when unset.
     pub command: Option<String>,
     /// `up --pull <policy>` (v2 only): `always`, `missing`, `never`.
+    #[schemars(extend("enum" = ["always", "missing", "never"]))]
     pub pull: Option<String>,
-    /// `destroy` also removes the project's volumes.
+    /// `destroy` also removes the project's volumes. Default: false.
     #[serde(default)]
     pub destroy_volumes: bool,
 }

@@ -38,10 +38,11 @@ use crate::process::{self, Spec};
 /// The exit code with which an `exec` command says "nothing to do".
 pub const NO_CHANGE_EXIT_CODE: i32 = 3;
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+/// `kind = "exec"`: commands of your own, run in the target's path.
 pub struct Config {
-    /// argv run by `apply`.
+    /// argv run by `apply`, in the target's path (not a shell string).
     pub apply: Vec<String>,
     /// argv run by `destroy` (without one, destroy fails with a clear message).
     pub destroy: Option<Vec<String>>,
@@ -54,7 +55,9 @@ pub struct Config {
     /// environment and masked in output.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
-    /// Run `apply` every tick instead of only when the digest changed.
+    /// Run `apply` every tick (exit 0 = changed, 3 = no_change) instead of
+    /// only when the tracked files, the command or `env` changed. Default:
+    /// false.
     #[serde(default)]
     pub always: bool,
 }

@@ -320,6 +320,27 @@ macro_rules! backends {
         /// Every `kind`, in the registry's order.
         pub const KINDS: &[&str] = &[$($kind),*];
 
+        /// The `[targets.backend]` table's JSON Schema: `kind` is one of
+        /// [`KINDS`], and picks its backend's `Config` (an `if`/`then` per
+        /// kind, so a validator names the key at fault rather than every
+        /// kind it is not). Subschemas are inlined: it stands alone.
+        pub fn json_schema() -> serde_json::Value {
+            let mut generator = schemars::generate::SchemaSettings::draft07()
+                .with(|s| s.inline_subschemas = true)
+                .into_generator();
+            let kinds = vec![$(kind_schema(
+                $kind,
+                <$module::Config as schemars::JsonSchema>::json_schema(&mut generator).to_value(),
+            )),*];
+            serde_json::json!({
+                "description": "How the target is converged: `kind` picks the backend, the other keys are its own (docs/backends.md).",
+                "type": "object",
+                "properties": { "kind": { "description": "The backend.", "enum": KINDS } },
+                "required": ["kind"],
+                "allOf": kinds,
+            })
+        }
+
         impl BackendConfig {
             fn read(kind: &str, v: serde_json::Value) -> Option<Result<Self, Vec<crate::schema::KeyProblem>>> {
                 match kind {
@@ -347,6 +368,25 @@ macro_rules! backends {
             }
         }
     };
+}
+
+/// One kind's part of [`json_schema`]: when `kind` is `kind`, the table is
+/// `config` (the `Config`'s schema) with `kind` among its keys.
+fn kind_schema(kind: &str, mut config: serde_json::Value) -> serde_json::Value {
+    if let Some(props) = config
+        .get_mut("properties")
+        .and_then(serde_json::Value::as_object_mut)
+    {
+        props.insert("kind".into(), serde_json::json!({ "const": kind }));
+    }
+    if let Some(o) = config.as_object_mut() {
+        o.remove("$schema");
+        o.remove("title");
+    }
+    serde_json::json!({
+        "if": { "properties": { "kind": { "const": kind } }, "required": ["kind"] },
+        "then": config,
+    })
 }
 
 backends! {

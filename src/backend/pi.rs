@@ -29,26 +29,35 @@ use super::{
 };
 use crate::process::{self, Spec};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
+/// What deploying the tree does on the host.
 pub enum Action {
     Compose,
     Systemd,
     Command,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+/// `kind = "pi"`: a host over SSH (a Raspberry Pi): the target's tree
+/// copied there, then compose, systemd units or a command.
 pub struct Config {
+    /// The host's name or address.
     pub host: String,
+    /// The SSH port. Default: 22.
     pub port: Option<u16>,
+    /// The user logged in as.
     pub user: String,
+    /// The private key. Default: ssh's own.
     pub identity_file: Option<PathBuf>,
     /// Host keys are always checked; without this file, the user's own
     /// known_hosts is used.
     pub known_hosts_file: Option<PathBuf>,
     /// An absolute directory on the host that receives the target's tree.
     pub remote_dir: String,
+    /// `compose`: `docker compose up` in `remote_dir`; `systemd`: restart
+    /// `units`; `command`: run `command`.
     pub action: Action,
     /// `systemd`: the units to restart.
     #[serde(default)]
@@ -62,10 +71,11 @@ pub struct Config {
     /// Any action: argv run on the host in a copy of the new tree, printing
     /// what deploying it would change (see the module doc).
     pub plan: Option<Vec<String>>,
-    /// Prefix `systemctl` and `docker compose` with `sudo -n`.
+    /// Prefix `systemctl` and `docker compose` with `sudo -n`. Default:
+    /// false.
     #[serde(default)]
     pub sudo: bool,
-    /// How compose is invoked on the host.
+    /// How compose is invoked on the host. Default: ["docker", "compose"].
     #[serde(default = "default_compose")]
     pub compose_command: Vec<String>,
 }

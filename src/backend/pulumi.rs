@@ -33,14 +33,16 @@ use super::{
 };
 use crate::process::{self, Spec};
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+/// `kind = "pulumi"`: a Pulumi stack.
 pub struct Config {
     /// The stack to converge (`org/project/stack` or just `stack`).
     pub stack: String,
     /// The project directory, relative to the target's path (default: the
     /// target's path).
     pub work_dir: Option<String>,
+    /// `pulumi` or a path to it. Default: pulumi.
     #[serde(default = "default_binary")]
     pub binary: String,
     /// `--config-file`, relative to the work dir.

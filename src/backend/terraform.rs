@@ -29,10 +29,11 @@ use crate::process::{self, Spec};
 /// Written into `.terraform/` after a successful init: what init saw.
 pub(super) const INIT_MARKER: &str = ".terraform/driftless-init.sha256";
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+/// `kind = "terraform"`: Terraform or OpenTofu in the target's path.
 pub struct Config {
-    /// `terraform` or `tofu` (or a path to either).
+    /// `terraform` or `tofu` (or a path to either). Default: terraform.
     #[serde(default = "default_binary")]
     pub binary: String,
     /// `-var-file` arguments, relative to the target's path.
@@ -41,13 +42,14 @@ pub struct Config {
     /// `-var name=value` arguments; non-string values are passed as JSON.
     #[serde(default)]
     pub vars: BTreeMap<String, Value>,
-    /// Selected (and created if missing) before apply.
+    /// The workspace selected (and created if missing) before every apply.
     pub workspace: Option<String>,
     /// Extra environment; values `env:NAME` are read from driftless's own
     /// environment and masked in output.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
-    /// Extra arguments for `init` (e.g. `-backend-config=prod.hcl`).
+    /// Extra arguments for `terraform init` (e.g.
+    /// `-backend-config=prod.hcl`).
     #[serde(default)]
     pub init_args: Vec<String>,
     /// How long apply/destroy wait for terraform's own state lock

@@ -74,13 +74,23 @@ const SSLMODES: [&str; 6] = [
     "verify-full",
 ];
 
-#[derive(Deserialize)]
+/// `[database]`: the state in PostgreSQL instead of SQLite in
+/// `state_dir` (git caches, checkouts and locks stay there).
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawDatabase {
+    /// `postgres://user@host:port/database`, without a password.
     url: Option<String>,
+    /// The password: a file holding it, or `env:NAME`. Never shown.
     password_file: Option<String>,
+    /// libpq's sslmode. Default: prefer.
+    #[schemars(extend("enum" = SSLMODES))]
     sslmode: Option<String>,
+    /// The authority (PEM) that signed the server's certificate.
     ca_file: Option<String>,
+    /// How long a running job's claim lasts without a renewal: an instance
+    /// that died keeps its targets from the others this long. At least
+    /// 3s. Default: 30s.
     lease: Option<String>,
 }
 

@@ -7,11 +7,18 @@
 use super::*;
 use crate::decrypt::Sops;
 
-#[derive(Deserialize)]
+/// `decrypt`: SOPS-encrypted files in the repository, decrypted in place
+/// for each run with the target's age key (`sops` on the PATH) and
+/// encrypted again after it.
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct RawDecrypt {
+pub(super) struct RawDecrypt {
+    /// Must be true: SOPS is the one decryption there is.
     sops: Option<bool>,
+    /// The age identity: a file, or `env:NAME` (`env:SOPS_AGE_KEY`).
     age_key_file: Option<String>,
+    /// A glob narrowing which files are decrypted. Default: every SOPS
+    /// file under the target's path.
     files: Option<String>,
 }
 

@@ -7,29 +7,55 @@
 use super::*;
 use crate::health::{Check, Health, HttpCheck, OnUnhealthy, OwnCheck};
 
-#[derive(Deserialize)]
+/// `health`: checks after every apply; the run is `changed` only once
+/// every one passes (docs/health.md).
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct RawHealth {
+pub(super) struct RawHealth {
+    /// The checks, each one of `http`, `tcp`, `command`, `services`
+    /// (compose) or `on_host` (pi).
+    #[schemars(with = "Option<Vec<RawCheck>>")]
     checks: Option<Vec<Value>>,
+    /// Before the first check. Default: 0s.
     grace: Option<String>,
+    /// Between rounds of checks. Default: 5s.
     interval: Option<String>,
+    /// Until every check must pass. Default: 1m.
     timeout: Option<String>,
+    /// `report`: keep what was applied; `rollback`: apply the last healthy
+    /// commit again and hold the target there. Default: report.
+    #[schemars(extend("enum" = ["report", "rollback"]))]
     on_unhealthy: Option<String>,
+    /// An interval tick that applied nothing checks too. Default: false.
     recheck: Option<bool>,
+    /// pi under `rollback`: the host undoes the change by itself unless
+    /// driftless confirms it within this. Default: grace + timeout + 1m.
     confirm_within: Option<String>,
 }
 
-#[derive(Deserialize)]
+/// One `[[targets.health.checks]]` entry.
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct RawCheck {
+    /// A URL that must answer `status` (may name outputs:
+    /// `${outputs.endpoint}/healthz`).
     http: Option<String>,
+    /// `host:port` that must accept a connection.
     tcp: Option<String>,
+    /// argv run in the target's path; exit 0 is healthy.
     command: Option<Vec<String>>,
+    /// compose: every service of the project is running (and healthy, if
+    /// it has a healthcheck).
     services: Option<bool>,
+    /// pi: argv run on the host; exit 0 is healthy.
     on_host: Option<Vec<String>>,
+    /// `http`: the status expected. Default: 200.
     status: Option<u16>,
+    /// `http`: text the body must contain.
     body: Option<String>,
+    /// `http`: a regular expression the body must match.
     body_regex: Option<String>,
+    /// `http`: extra CA roots (PEM) for the URL's certificate.
     ca_file: Option<String>,
 }
 

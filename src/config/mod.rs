@@ -36,6 +36,7 @@ mod rollouts;
 mod server;
 mod sets;
 mod target;
+mod top;
 mod verify;
 mod windows;
 
@@ -49,6 +50,8 @@ pub use sets::{Expansion, Found, TargetSet, literal_part};
 #[cfg(test)]
 use target::url_credentials;
 use target::validate_target;
+use top::RawTop;
+pub use top::json_schema;
 
 /// Where the configuration is read from when neither `--config` nor
 /// `DRIFTLESS_CONFIG` says otherwise.
@@ -471,51 +474,8 @@ impl Settings {
 }
 
 // ---------------------------------------------------------------------------
-// Raw shapes, deserialized section by section so one bad target does not hide
-// the problems of the others.
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawTop {
-    state_dir: Option<String>,
-    server: Option<Value>,
-    #[serde(default)]
-    targets: Vec<Value>,
-    #[serde(default)]
-    target_sets: Vec<Value>,
-    #[serde(default)]
-    groups: Vec<Value>,
-    #[serde(default)]
-    policies: Vec<Value>,
-    #[serde(default)]
-    receivers: Vec<Value>,
-    #[serde(default)]
-    tokens: Vec<Value>,
-    defaults: Option<RawDefaults>,
-    #[serde(default)]
-    notifiers: Vec<Value>,
-    #[serde(default)]
-    forges: Vec<Value>,
-    history: Option<RawHistory>,
-    database: Option<database::RawDatabase>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawHistory {
-    keep: Option<String>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawDefaults {
-    notify: Option<Vec<String>>,
-    repeat_after: Option<String>,
-    forge: Option<String>,
-    verify: Option<Value>,
-    health: Option<Value>,
-    windows: Option<Value>,
-}
+// Raw shapes (`top`), deserialized section by section so one bad target
+// does not hide the problems of the others.
 
 /// Load and validate the configuration at `path`, applying `DRIFTLESS__`
 /// environment overrides.
@@ -793,14 +753,7 @@ fn validate(
     let tokens = validate_tokens(top.tokens, problems);
     let notifiers = validate_notifiers(top.notifiers, base, problems);
     let forges = validate_forges(top.forges, base, problems);
-    let raw_defaults = top.defaults.unwrap_or(RawDefaults {
-        notify: None,
-        repeat_after: None,
-        forge: None,
-        verify: None,
-        health: None,
-        windows: None,
-    });
+    let raw_defaults = top.defaults.unwrap_or_default();
     let defaults = Defaults {
         notify: raw_defaults.notify.unwrap_or_default(),
         repeat_after: duration(

@@ -23,12 +23,19 @@ impl PolicyConfig {
     }
 }
 
-#[derive(Deserialize)]
+/// A `[[policies]]` entry: Rego files on this machine that judge every
+/// plan of the targets they cover (docs/policies.md).
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct RawPolicy {
+pub(super) struct RawPolicy {
+    /// The policy's name, in findings and messages.
     name: String,
+    /// The Rego files (globs allowed), on this machine, never from a
+    /// repository.
     files: Vec<String>,
+    /// Globs of the target names it covers. Default: every target.
     targets: Option<Vec<String>>,
+    /// The Rego package its rules are in. Default: main.
     package: Option<String>,
 }
 

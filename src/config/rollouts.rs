@@ -21,19 +21,43 @@ pub struct Group {
     pub rollout: Rollout,
 }
 
-#[derive(Deserialize)]
+/// `rollout`: a new commit goes to one wave of members at a time
+/// (docs/waves.md).
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct RawRollout {
+pub(super) struct RawRollout {
+    /// How many members each wave reaches in all: a count (1 or more) or a
+    /// percentage ("1%" to "100%"), e.g. `[1, "25%", "100%"]`.
+    #[schemars(with = "Option<Vec<Wave>>", length(min = 1, max = 20))]
     waves: Option<Vec<Value>>,
+    /// Between a wave applied and healthy and the next. Default: 0s.
     pause: Option<String>,
+    /// Members (by name) put in a given wave (numbered from 1).
     wave_of: Option<BTreeMap<String, usize>>,
 }
 
-#[derive(Deserialize)]
+/// One entry of `waves` (`validate_rollout` reads it).
+#[derive(schemars::JsonSchema)]
+#[schemars(untagged)]
+#[allow(dead_code)] // A schema only.
+enum Wave {
+    /// A count of members.
+    Count(#[schemars(range(min = 1))] u64),
+    /// A percentage of the members, "1%" to "100%".
+    Percent(#[schemars(regex(pattern = r"^\s*\+?0*([1-9][0-9]?|100)\s*%\s*$"))] String),
+}
+
+/// A `[[groups]]` entry: named `[[targets]]` entries rolled out together.
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct RawGroup {
+pub(super) struct RawGroup {
+    /// The group's name (rollouts and scopes such as `approve:<name>` name
+    /// it).
     name: String,
+    /// Its `[[targets]]` entries, by name.
     targets: Vec<String>,
+    /// How its targets are rolled out.
+    #[schemars(with = "Option<RawRollout>")]
     rollout: Option<Value>,
 }
 

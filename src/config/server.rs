@@ -4,35 +4,76 @@
 //! every problem collected. Says nothing about what a scope allows (that is
 //! `auth`).
 
+use schemars::JsonSchema;
+
 use super::*;
 
-#[derive(Deserialize)]
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct RawReceiver {
+/// A `[[receivers]]` entry: a webhook endpoint, `POST /hooks/<name>`.
+pub(super) struct RawReceiver {
+    /// The endpoint's name: `POST /hooks/<name>`.
     name: String,
+    /// Who signs its deliveries, and how: github, gitea, forgejo, gitlab
+    /// (its token) or generic (HMAC-SHA256 of the body).
+    #[schemars(extend("enum" = ["github", "gitea", "forgejo", "gitlab", "generic"]))]
     forge: String,
+    /// The secret deliveries are checked against: a file or `env:NAME`. A
+    /// receiver without one is refused at start-up.
     secret_file: Option<String>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct RawToken {
+/// A `[[tokens]]` entry: an API token, as `driftless token new NAME`
+/// prints it.
+pub(super) struct RawToken {
+    /// Who holds it (shown in the history of what it did).
     name: String,
+    /// The token's SHA-256, 64 hex digits (the token itself is never
+    /// written here).
+    #[schemars(regex(pattern = r"^[0-9a-fA-F]{64}$"))]
     sha256: String,
+    /// What it may do: `read`, `read:<glob>`, `reconcile:<glob>`,
+    /// `pause:<glob>`, `approve:<glob>`, `override:<glob>` (globs match
+    /// target names: `*`, `?`).
     scopes: Vec<String>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct RawServer {
+/// `[server]`: the HTTP listener.
+pub(super) struct RawServer {
+    /// Where webhooks, the API, the page, /healthz, /readyz and /metrics
+    /// are served (port 0: any free port). Default: 127.0.0.1:8080.
     listen: Option<String>,
+    /// How many targets may converge at the same time (one target never
+    /// runs twice at once). Default: 4.
+    #[schemars(range(min = 1))]
     workers: Option<i64>,
+    /// Request bodies above this many bytes are answered 413 unread.
+    /// Default: 5 MiB.
+    #[schemars(range(min = 1))]
     max_body_bytes: Option<i64>,
+    /// A client must send its request headers within this. Default: 10s.
     header_read_timeout: Option<String>,
+    /// Every request but a reconcile with `?wait=` must finish within
+    /// this. Default: 30s.
     request_timeout: Option<String>,
+    /// Connections served at once; more wait in the listen backlog.
+    /// Default: 256.
+    #[schemars(range(min = 1))]
     max_connections: Option<i64>,
+    /// The URL people reach driftless at: notifications link to the run
+    /// there.
     public_url: Option<String>,
+    /// Who sees the HTML page at /: `token` (a token with a read scope),
+    /// `open` (anyone who reaches the listener) or `off`. Default: token.
+    #[schemars(extend("enum" = ["token", "open", "off"]))]
     page: Option<String>,
+    /// Who scrapes /metrics: `open` or `token` (a read scope). Default:
+    /// open.
+    #[schemars(extend("enum" = ["open", "token"]))]
     metrics: Option<String>,
 }
 

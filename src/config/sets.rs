@@ -128,6 +128,60 @@ pub fn literal_part(paths: &str) -> String {
         .join("/")
 }
 
+/// The keys a set has beside a target's own ([`SET_KEYS`]; read by hand in
+/// `validate_set`, so a schema only).
+#[derive(schemars::JsonSchema)]
+#[allow(dead_code)]
+struct SetKeys {
+    /// Every member is named `<name_prefix><directory>` (it may be "").
+    name_prefix: String,
+    /// A glob per directory level, relative to the repository's root
+    /// (`stacks/*`): each directory it matches at the branch tip is a
+    /// member.
+    paths: String,
+    /// A member whose directory is removed is destroyed (at the commit it
+    /// last applied) rather than only orphaned. Default: false.
+    destroy_removed: Option<bool>,
+    /// The set's own name, as rollouts and scopes name it (needed with a
+    /// `rollout`).
+    name: Option<String>,
+    /// Its members take a new commit in waves (docs/waves.md).
+    rollout: Option<super::rollouts::RawRollout>,
+}
+
+/// The `[[target_sets]]` list's JSON Schema: an entry has every key of a
+/// `[[targets]]` entry but those of [`MEMBER_KEYS`] and `name`, and
+/// [`SetKeys`].
+pub(super) fn sets_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    use schemars::JsonSchema;
+    let mut set = super::target::RawTarget::json_schema(generator).to_value();
+    let own = SetKeys::json_schema(generator).to_value();
+    if let Some(props) = set.get_mut("properties").and_then(Value::as_object_mut) {
+        for key in MEMBER_KEYS.iter().chain(&["name"]) {
+            props.remove(*key);
+        }
+        if let Some(own) = own.get("properties").and_then(Value::as_object) {
+            props.extend(own.clone());
+        }
+    }
+    if let Some(req) = set.get_mut("required").and_then(Value::as_array_mut) {
+        req.retain(|k| !MEMBER_KEYS.iter().chain(&["name"]).any(|m| k == m));
+        if let Some(own) = own.get("required").and_then(Value::as_array) {
+            req.extend(own.iter().cloned());
+        }
+    }
+    if let Some(o) = set.as_object_mut() {
+        o.insert(
+            "description".into(),
+            Value::String(
+                "A `[[target_sets]]` entry: one target per directory matching `paths`, each made with the set's keys."
+                    .into(),
+            ),
+        );
+    }
+    schemars::json_schema!({ "type": "array", "items": set })
+}
+
 /// Read and check one `[[target_sets]]` table. Its template is checked by
 /// making a sample member (named `<prefix>example`), so a problem in it
 /// is found at load time, not when a directory appears.
@@ -440,6 +494,22 @@ mod tests {
             "state_dir = \"/tmp/x\"\n[[targets]]\nname = \"s-db\"\nrepo = \"https://h/o/r\"\npath = \"db\"\n[targets.backend]\nkind = \"exec\"\napply = [\"true\"]\n{sets}"
         );
         from_toml_str(&text, Path::new("t.toml"), Path::new("/tmp"))
+    }
+
+    /// The schema's set keys are the ones `validate_set` reads.
+    #[test]
+    fn the_schema_names_the_keys_a_set_reads() {
+        use schemars::JsonSchema;
+        let mut generator = schemars::SchemaGenerator::default();
+        let schema = SetKeys::json_schema(&mut generator).to_value();
+        let mut named: Vec<&str> = schema["properties"]
+            .as_object()
+            .map(|p| p.keys().map(String::as_str).collect())
+            .unwrap_or_default();
+        named.sort_unstable();
+        let mut read = SET_KEYS.to_vec();
+        read.sort_unstable();
+        assert_eq!(named, read);
     }
 
     const SET: &str = "[[target_sets]]\nname_prefix = \"s-\"\nrepo = \"https://h/o/r\"\npaths = \"stacks/*\"\ninterval = \"2m\"\n[target_sets.backend]\nkind = \"exec\"\napply = [\"./up\"]\n";

@@ -8,40 +8,120 @@
 
 use std::collections::BTreeMap;
 
+use schemars::JsonSchema;
+
 use super::*;
 
-#[derive(Deserialize)]
+/// A `[[targets]]` entry: one directory of a repository's branch (or
+/// tag), converged by one backend.
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct RawTarget {
+#[schemars(transform = with_backend)]
+pub(super) struct RawTarget {
+    /// The target's name: 1-63 characters from a-z, 0-9, '_', '.', '-',
+    /// starting with a letter or digit (safe in paths and URLs).
     name: String,
+    /// The repository: a URL (https://, ssh://, git://, file://,
+    /// user@host:path) without credentials in it, or a local path.
     repo: String,
+    /// The branch followed. Default: main.
     branch: Option<String>,
+    /// Instead of `branch`: follow the highest version tag matching this
+    /// pattern (at most one `*`; semver order, a leading v allowed).
     tag: Option<String>,
+    /// The directory of the repository the backend works in. Default: the
+    /// repository's root.
     path: Option<String>,
+    /// The fallback tick, with jitter, for when a push notification is
+    /// missed (a duration such as "10m"). Default: 5m.
     interval: Option<String>,
+    /// Every backend operation is bounded by this; commands past it are
+    /// killed and the run fails. Default: 30m.
     timeout: Option<String>,
+    /// Credentials for the repository.
     git: Option<RawGit>,
+    /// Notifiers (by name) told about this target. Default:
+    /// `[defaults] notify`.
     notify: Option<Vec<String>>,
+    /// The repository's web page, for commit links; derived from https://
+    /// and ssh repository URLs when not set.
     web_url: Option<String>,
+    /// What a tick may do: `auto` applies what git says; `approval` makes
+    /// every change wait for a person to approve exactly its plan;
+    /// `approve_destructive` only plans that delete or replace;
+    /// `detect` plans every tick, applies nothing and reports drift.
+    /// All but `auto` need a backend that can plan. Default: auto.
+    #[schemars(extend("enum" = crate::deploy::Policy::NAMES))]
     policy: Option<String>,
+    /// The `[[forges]]` entry (by name) commit statuses and previews go to.
+    /// Default: `[defaults] forge`.
     forge: Option<String>,
+    /// The repository's path on the forge (`owner/name`; GitLab: the
+    /// project path) when `repo` does not say it.
     forge_repo: Option<String>,
+    /// Plan pull requests into `branch` that touch `path` and comment the
+    /// plan on them (needs a `forge`): `true`, or `"forks"` to plan those
+    /// from forks too (planning runs the pull request's code). Default:
+    /// false.
+    #[serde(default)]
+    #[schemars(schema_with = "previews_schema")]
     previews: Option<Value>,
+    /// Apply only signed commits (docs/supply-chain.md). Default:
+    /// `[defaults.verify]`.
+    #[schemars(with = "Option<super::verify::RawVerify>")]
     verify: Option<Value>,
+    /// SOPS-encrypted files decrypted in place for each run
+    /// (docs/supply-chain.md).
+    #[schemars(with = "Option<super::decrypt::RawDecrypt>")]
     decrypt: Option<Value>,
+    /// Targets (by name, or a set's `name_prefix*`) this one converges
+    /// after (docs/dependencies-and-sets.md).
     depends_on: Option<Vec<String>>,
+    /// Other targets' outputs in this target's environment:
+    /// `name = "<target>.outputs.<output>"` (terraform: a lowercase name
+    /// is `TF_VAR_<name>`); the named target becomes a dependency.
     inputs: Option<BTreeMap<String, String>>,
+    /// Health checks after every apply (docs/health.md). Default:
+    /// `[defaults.health]`.
+    #[schemars(with = "Option<super::health::RawHealth>")]
     health: Option<Value>,
+    /// When work may start (docs/windows.md). Default: `[defaults] windows`.
+    #[schemars(with = "Option<super::windows::WindowList>")]
     windows: Option<Value>,
 }
 
-#[derive(Deserialize)]
+/// `previews`: `true`, `false` or `"forks"` (`validate_previews` reads it).
+fn previews_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({ "oneOf": [{ "type": "boolean" }, { "const": "forks" }] })
+}
+
+/// The `backend` key every target (and set) has: read apart from the
+/// rest by [`BackendConfig::from_value`], so added to the schema here.
+pub(super) fn with_backend(schema: &mut schemars::Schema) {
+    let backend = crate::backend::json_schema();
+    if let Some(props) = schema.get_mut("properties").and_then(Value::as_object_mut) {
+        props.insert("backend".into(), backend);
+    }
+    if let Some(req) = schema.get_mut("required").and_then(Value::as_array_mut) {
+        req.push(Value::String("backend".into()));
+    }
+}
+
+/// `[targets.git]`: credentials for the repository.
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct RawGit {
+    /// https: a file holding a token (or `env:NAME`), sent as the password.
     token_file: Option<String>,
+    /// https: the user sent with `token_file`. Default: x-access-token.
     username: Option<String>,
+    /// ssh: a private key.
     identity_file: Option<String>,
+    /// ssh: the host keys (always checked). Default: the user's own
+    /// known_hosts.
     known_hosts_file: Option<String>,
+    /// https: extra CA roots (PEM) for a forge with a private CA, on top of
+    /// the system's.
     ca_file: Option<String>,
 }
 

@@ -7,12 +7,22 @@
 use super::*;
 use crate::git::Verification;
 
-#[derive(Deserialize)]
+/// `verify`: only commits signed by these keys are applied
+/// (docs/supply-chain.md).
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct RawVerify {
+pub(super) struct RawVerify {
+    /// SSH keys in git's allowed-signers format.
     allowed_signers_file: Option<String>,
+    /// OpenPGP public keys (armored or binary).
     gpg_keyring_file: Option<String>,
+    /// `head`: the commit to apply must be signed; `all`: every commit
+    /// since the last applied one. Default: head.
+    #[schemars(extend("enum" = ["head", "all"]))]
     mode: Option<String>,
+    /// A branch tip that does not descend from the commit last applied (a
+    /// force push back) is applied without waiting for
+    /// `driftless retry --accept-rewind`. Default: false.
     allow_rewind: Option<bool>,
 }
 

@@ -9,6 +9,32 @@ use crate::window::{Entry, Windows};
 /// Entries in one list: each is looked at for every next opening.
 const MAX_ENTRIES: usize = 32;
 
+/// `windows`' JSON Schema (`validate_windows` reads the list by hand).
+#[derive(schemars::JsonSchema)]
+#[schemars(transparent)]
+#[allow(dead_code)] // A schema only.
+pub(super) struct WindowList(#[schemars(schema_with = "window_list")] Vec<Value>);
+
+/// At most [`MAX_ENTRIES`] entries, each a table with exactly one key.
+fn window_list(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let entry = |key: &str, says: &str| {
+        serde_json::json!({
+            "type": "object",
+            "properties": { key: { "type": "string", "description": says } },
+            "required": [key],
+            "additionalProperties": false,
+        })
+    };
+    schemars::json_schema!({
+        "type": "array",
+        "maxItems": MAX_ENTRIES,
+        "items": { "oneOf": [
+            entry("allow", "Work may start in this window: a weekly range or one-off dates in an IANA time zone, e.g. \"Mon-Fri 09:00-17:00 Europe/Berlin\"."),
+            entry("deny", "Work may not start in this window (a deny wins), e.g. \"Fri 16:00 - Mon 08:00 Europe/Berlin\"."),
+        ] },
+    })
+}
+
 pub(super) fn validate_windows(
     raw: Value,
     section: &str,

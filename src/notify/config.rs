@@ -4,24 +4,34 @@
 use super::*;
 
 /// Email transport security.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
+/// How the SMTP connection is encrypted.
 pub enum Tls {
     Starttls,
     Tls,
     None,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+/// `kind = "email"`: mail through an SMTP server.
 pub struct EmailConfig {
+    /// The SMTP server.
     pub host: String,
+    /// Default by `tls`: 587, 465, 25.
     pub port: Option<u16>,
+    /// `starttls`, `tls`, or `none` (a loopback host only). Default:
+    /// starttls.
     #[serde(default = "default_tls")]
     pub tls: Tls,
+    /// The SMTP user, with `password_file`.
     pub username: Option<String>,
+    /// The SMTP password: a file or `env:NAME`.
     pub password_file: Option<String>,
+    /// The sender's address.
     pub from: String,
+    /// The recipients' addresses.
     pub to: Vec<String>,
 }
 
@@ -29,19 +39,22 @@ fn default_tls() -> Tls {
     Tls::Starttls
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+/// `kind = "slack"`: a Slack incoming webhook.
 pub struct SlackConfig {
     /// The incoming-webhook URL is a secret: a file or `env:NAME`.
     pub url_file: String,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+/// `kind = "ntfy"`: an ntfy topic (push to a phone).
 pub struct NtfyConfig {
     /// The topic URL (`https://ntfy.sh/my-topic`), or `url_file` when the
     /// topic is a secret.
     pub url: Option<String>,
+    /// A file holding the topic URL (or `env:NAME`), instead of `url`.
     pub url_file: Option<String>,
     /// An access token (`tk_…`), sent as `Authorization: Bearer`.
     pub token_file: Option<String>,
@@ -54,29 +67,118 @@ pub struct NtfyConfig {
     pub tags: BTreeMap<String, Vec<String>>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+/// `kind = "discord"`: a Discord webhook.
 pub struct DiscordConfig {
     /// The webhook URL is a secret: a file or `env:NAME`.
     pub url_file: String,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+/// `kind = "matrix"`: a Matrix room.
 pub struct MatrixConfig {
+    /// The homeserver's URL.
     pub homeserver: String,
+    /// The bot user's access token: a file or `env:NAME`.
     pub access_token_file: String,
+    /// The room's id (`!…:server`).
     pub room_id: String,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+/// `kind = "webhook"`: the event document POSTed as JSON.
 pub struct WebhookConfig {
+    /// Where it is POSTed.
     pub url: Option<String>,
+    /// A file holding the URL (or `env:NAME`), instead of `url`.
     pub url_file: Option<String>,
+    /// Extra request headers.
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
+    /// The body is signed with it (`X-Driftless-Signature-256`,
+    /// HMAC-SHA256): a file or `env:NAME`.
     pub secret_file: Option<String>,
+}
+
+/// The keys every `[[notifiers]]` entry has beside its kind's (read by
+/// hand in [`NotifierConfig::from_value`]; a schema only).
+#[derive(schemars::JsonSchema)]
+#[allow(dead_code)]
+struct Common {
+    /// The notifier's name, as targets' `notify` lists name it.
+    name: String,
+    /// The events it hears. Default: every failure and every
+    /// person-facing event, not `changed`.
+    #[schemars(extend("items" = { "enum": EVENTS }))]
+    events: Option<Vec<String>>,
+    /// How many times a notification is tried before it is given up.
+    /// Default: 10.
+    #[schemars(range(min = 1, max = 100))]
+    attempts: Option<i64>,
+    /// The wait after the first failed attempt; it doubles after each, up
+    /// to 10m. Between 1s and 10m. Default: 2s.
+    retry_after: Option<String>,
+}
+
+/// The event names `events` takes.
+const EVENTS: &[&str] = &[
+    "failed",
+    "blocked",
+    "unhealthy",
+    "rolled_back",
+    "still_failing",
+    "recovered",
+    "changed",
+    "pending_approval",
+    "drift_detected",
+    "drift_resolved",
+    "superseded",
+];
+
+/// The `[[notifiers]]` list's JSON Schema: `kind` picks the keys beside
+/// the common ones (an `if`/`then` per kind, as the backends').
+pub fn notifiers_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    use schemars::JsonSchema;
+    let common = Common::json_schema(generator).to_value();
+    let kinds = [
+        ("email", EmailConfig::json_schema(generator)),
+        ("slack", SlackConfig::json_schema(generator)),
+        ("matrix", MatrixConfig::json_schema(generator)),
+        ("webhook", WebhookConfig::json_schema(generator)),
+        ("ntfy", NtfyConfig::json_schema(generator)),
+        ("discord", DiscordConfig::json_schema(generator)),
+    ];
+    let names: Vec<&str> = kinds.iter().map(|(k, _)| *k).collect();
+    let branches: Vec<Value> = kinds
+        .into_iter()
+        .map(|(kind, s)| {
+            let mut s = s.to_value();
+            if let (Some(props), Some(common)) = (
+                s.get_mut("properties").and_then(Value::as_object_mut),
+                common.get("properties").and_then(Value::as_object),
+            ) {
+                props.extend(common.clone());
+                props.insert("kind".into(), serde_json::json!({ "const": kind }));
+            }
+            serde_json::json!({
+                "if": { "properties": { "kind": { "const": kind } }, "required": ["kind"] },
+                "then": s,
+            })
+        })
+        .collect();
+    schemars::json_schema!({
+        "type": "array",
+        "items": {
+            "description": "A `[[notifiers]]` entry: who hears about a target, and how.",
+            "type": "object",
+            "properties": { "kind": { "description": "How it is told.", "enum": names } },
+            "required": ["name", "kind"],
+            "allOf": branches,
+        },
+    })
 }
 
 /// The kind-specific part of a `[[notifiers]]` table, with each secret it
@@ -278,9 +380,7 @@ fn read_events(value: Option<Value>, errs: &mut Vec<(String, String)>) -> Vec<Ev
                     Some(ev) => out.push(ev),
                     None => errs.push((
                         "events".into(),
-                        format!(
-                            "`{e}` is not one of failed, blocked, still_failing, recovered, changed, pending_approval, drift_detected, drift_resolved, superseded"
-                        ),
+                        format!("`{e}` is not one of {}", EVENTS.join(", ")),
                     )),
                 }
             }
@@ -489,6 +589,19 @@ fn is_loopback(host: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The events the schema offers are those `events` takes.
+    #[test]
+    fn the_schema_offers_every_event_a_notifier_takes() {
+        for e in EVENTS {
+            assert!(Event::parse(e).is_some_and(|p| p.as_str() == *e), "{e}");
+        }
+        assert!(Event::parse("test").is_none(), "`test` is sent, not chosen");
+        let mut errs = Vec::new();
+        let every = Value::Array(EVENTS.iter().map(|e| Value::from(*e)).collect());
+        assert_eq!(read_events(Some(every), &mut errs).len(), EVENTS.len());
+        assert!(errs.is_empty(), "{errs:?}");
+    }
 
     #[test]
     fn loopback_hosts() {

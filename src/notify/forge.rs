@@ -128,12 +128,20 @@ pub struct ForgeConfig {
     pub token: SecretRef,
 }
 
-#[derive(Deserialize)]
+/// A `[[forges]]` entry: a forge API commit statuses and pull-request
+/// previews go to (docs/forges.md).
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct RawForge {
+pub struct RawForge {
+    /// The forge's name, as targets' `forge` names it.
     name: String,
+    /// Which API it speaks.
+    #[schemars(extend("enum" = ["github", "gitea", "forgejo", "gitlab"]))]
     kind: String,
+    /// The API root: `https://api.github.com`, a GitHub Enterprise server,
+    /// or a Gitea, Forgejo or GitLab server's URL.
     api_url: String,
+    /// The API token: a file or `env:NAME`.
     token_file: String,
 }
 

@@ -32,7 +32,7 @@ use crate::secret::SecretRef;
 
 pub use config::{
     DiscordConfig, EmailConfig, MatrixConfig, NotifierConfig, NotifierKind, NtfyConfig,
-    SlackConfig, Tls, WebhookConfig, WebhookUrl,
+    SlackConfig, Tls, WebhookConfig, WebhookUrl, notifiers_schema,
 };
 
 /// What happened, as far as the owners are concerned.

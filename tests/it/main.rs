@@ -14,6 +14,7 @@ mod chaos;
 mod cloudformation;
 mod compose;
 mod config_check;
+mod config_schema;
 mod daemon;
 mod decrypt;
 mod dependencies;

@@ -3,26 +3,32 @@
 
 use super::*;
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+/// `kind = "nomad"`: HashiCorp Nomad jobs, one per file.
 pub struct Config {
-    /// e.g. `https://nomad.lan:4646`
+    /// Nomad's HTTP API, e.g. `https://nomad.lan:4646`.
     pub address: String,
     /// A file holding the ACL token, or `env:NOMAD_TOKEN`.
     pub token_file: Option<String>,
     /// The namespace for jobs that don't name one.
     pub namespace: Option<String>,
+    /// The region jobs are registered in. Default: the agent's.
     pub region: Option<String>,
     /// Extra CA roots (PEM) for Nomad's TLS certificate.
     pub ca_file: Option<PathBuf>,
     /// A client certificate and key (PEM) for mutual TLS.
     pub client_cert_file: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
     pub client_key_file: Option<PathBuf>,
     /// Which files in the target's path are jobs (one job per file).
+    /// Default: *.nomad.hcl.
     #[serde(default = "default_jobs")]
     pub jobs: String,
-    /// The policy of jobs whose meta doesn't set one.
+    /// The policy of jobs whose meta doesn't set one (`auto`, `approval`,
+    /// or `none`: never write the job). Default: auto.
     #[serde(default = "default_policy")]
+    #[schemars(extend("enum" = ["auto", "approval", "none", "detect"]))]
     pub default_policy: String,
     /// `destroy` deregisters (never purges) the target's jobs only when set.
     #[serde(default)]
