@@ -5,7 +5,8 @@
 //! `serde_path_to_error`, so a wrong type names its key too, and after each
 //! problem the offending key is set aside and the table read again, so one
 //! `driftless check` lists every problem of the table at once. Pure: no
-//! I/O.
+//! I/O. ([`kind_branch`]: the JSON Schema of such a table, when its
+//! `kind` picks its keys.)
 
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -72,6 +73,25 @@ pub fn read_partly<T: DeserializeOwned>(mut table: Value) -> (Option<T>, Vec<Key
         removed.push(key);
     }
     (None, problems)
+}
+
+/// One branch of the JSON Schema of a table whose `kind` picks its other
+/// keys (a backend's, a notifier's): when `kind` is `kind`, the table is
+/// `keys` (that kind's struct's schema) with `kind` among them. An
+/// `if`/`then` rather than a `oneOf`, so a validator names the key at
+/// fault rather than every kind the table is not.
+pub fn kind_branch(kind: &str, mut keys: Value) -> Value {
+    if let Some(props) = keys.get_mut("properties").and_then(Value::as_object_mut) {
+        props.insert("kind".into(), serde_json::json!({ "const": kind }));
+    }
+    if let Some(o) = keys.as_object_mut() {
+        o.remove("$schema");
+        o.remove("title");
+    }
+    serde_json::json!({
+        "if": { "properties": { "kind": { "const": kind } }, "required": ["kind"] },
+        "then": keys,
+    })
 }
 
 /// Remove the value at `path` (object keys, array indexes as numbers);

@@ -328,7 +328,7 @@ macro_rules! backends {
             let mut generator = schemars::generate::SchemaSettings::draft07()
                 .with(|s| s.inline_subschemas = true)
                 .into_generator();
-            let kinds = vec![$(kind_schema(
+            let kinds = vec![$(crate::schema::kind_branch(
                 $kind,
                 <$module::Config as schemars::JsonSchema>::json_schema(&mut generator).to_value(),
             )),*];
@@ -368,25 +368,6 @@ macro_rules! backends {
             }
         }
     };
-}
-
-/// One kind's part of [`json_schema`]: when `kind` is `kind`, the table is
-/// `config` (the `Config`'s schema) with `kind` among its keys.
-fn kind_schema(kind: &str, mut config: serde_json::Value) -> serde_json::Value {
-    if let Some(props) = config
-        .get_mut("properties")
-        .and_then(serde_json::Value::as_object_mut)
-    {
-        props.insert("kind".into(), serde_json::json!({ "const": kind }));
-    }
-    if let Some(o) = config.as_object_mut() {
-        o.remove("$schema");
-        o.remove("title");
-    }
-    serde_json::json!({
-        "if": { "properties": { "kind": { "const": kind } }, "required": ["kind"] },
-        "then": config,
-    })
 }
 
 backends! {

@@ -161,12 +161,8 @@ pub fn notifiers_schema(generator: &mut schemars::SchemaGenerator) -> schemars::
                 common.get("properties").and_then(Value::as_object),
             ) {
                 props.extend(common.clone());
-                props.insert("kind".into(), serde_json::json!({ "const": kind }));
             }
-            serde_json::json!({
-                "if": { "properties": { "kind": { "const": kind } }, "required": ["kind"] },
-                "then": s,
-            })
+            crate::schema::kind_branch(kind, s)
         })
         .collect();
     schemars::json_schema!({
