@@ -928,11 +928,21 @@ fn debian_package(out: &Path, version: &str) -> PathBuf {
 #[test]
 fn the_debian_package_installs_starts_upgrades_and_purges_like_a_debian_service() {
     let root = tempfile::tempdir().expect("tempdir");
-    // The package, and a lower version of the same binary to upgrade from.
+    // The package, and a lower version of the same binary to upgrade from
+    // — or, with DRIFTLESS_UPGRADE_FROM_DEB, a package built from an
+    // earlier revision (packaging/upgrade-from.sh: a real upgrade).
     let debs = root.path().join("context/debs");
     std::fs::create_dir_all(&debs).expect("mkdir");
     let started = Instant::now();
-    let old = debian_package(&debs, "0.0.9-1");
+    let old = match std::env::var_os("DRIFTLESS_UPGRADE_FROM_DEB") {
+        Some(from) => {
+            let from = PathBuf::from(from);
+            let to = debs.join(from.file_name().expect("a .deb file name"));
+            std::fs::copy(&from, &to).expect("copy the previous package");
+            to
+        }
+        None => debian_package(&debs, "0.0.9-1"),
+    };
     let new = debian_package(&debs, concat!(env!("CARGO_PKG_VERSION"), "-1"));
     println!(
         "package {}: {} (made in {:.0} s with the previous one)",
@@ -982,13 +992,12 @@ fn the_debian_package_installs_starts_upgrades_and_purges_like_a_debian_service(
     let old_name = old.file_name().expect("name").to_string_lossy().to_string();
     let new_name = new.file_name().expect("name").to_string_lossy().to_string();
 
-    // Installed: the user, the modes, the example (which `check` passes),
-    // completions and man pages in their places; enabled, not started.
+    // Installed: the user, the modes, the example (which `check` passes);
+    // enabled, not started.
     sh(
         &format!("apt-get install -y --no-install-recommends /debs/{old_name}"),
         "apt-get install (the previous package)",
     );
-    let files = sh("dpkg -L driftless", "dpkg -L");
     let uid = sh("id -u driftless", "the service user").trim().to_string();
     assert_eq!(
         sh("stat -c '%U:%G %a' /etc/driftless", "stat").trim(),
@@ -998,22 +1007,6 @@ fn the_debian_package_installs_starts_upgrades_and_purges_like_a_debian_service(
         "driftless --config /etc/driftless/driftless.toml.example check",
         "check on the shipped example",
     );
-    for f in [
-        "/usr/bin/driftless",
-        "/usr/share/bash-completion/completions/driftless",
-        "/usr/share/zsh/vendor-completions/_driftless",
-        "/usr/share/fish/vendor_completions.d/driftless.fish",
-        "/usr/share/man/man1/driftless.1.gz",
-        "/usr/share/man/man1/driftless-tick.1.gz",
-        "/usr/lib/systemd/system/driftless.service",
-        "/usr/lib/systemd/system/driftless-tick@.timer",
-        "/usr/lib/sysusers.d/driftless.conf",
-    ] {
-        assert!(
-            files.lines().any(|l| l == f),
-            "{f} not in the package:\n{files}"
-        );
-    }
     assert_eq!(
         sh("systemctl is-enabled driftless", "is-enabled").trim(),
         "enabled"
@@ -1103,9 +1096,32 @@ fn the_debian_package_installs_starts_upgrades_and_purges_like_a_debian_service(
         "the state was not kept"
     );
     assert!(sh("cat /etc/driftless/driftless.toml", "config").contains("name = \"app\""));
+    // The package's files in their places: completions, man pages, the
+    // schema (the one the binary prints), the units.
+    let files = sh("dpkg -L driftless", "dpkg -L");
+    for f in [
+        "/usr/bin/driftless",
+        "/usr/share/bash-completion/completions/driftless",
+        "/usr/share/zsh/vendor-completions/_driftless",
+        "/usr/share/fish/vendor_completions.d/driftless.fish",
+        "/usr/share/man/man1/driftless.1.gz",
+        "/usr/share/man/man1/driftless-tick.1.gz",
+        "/usr/share/driftless/driftless.schema.json",
+        "/usr/lib/systemd/system/driftless.service",
+        "/usr/lib/systemd/system/driftless-tick@.timer",
+        "/usr/lib/sysusers.d/driftless.conf",
+    ] {
+        assert!(
+            files.lines().any(|l| l == f),
+            "{f} not in the package:\n{files}"
+        );
+    }
+    sh(
+        "driftless config schema | cmp - /usr/share/driftless/driftless.schema.json",
+        "the shipped schema is the one the binary prints",
+    );
 
     // Purge: nothing of the package is left but the system user.
-    let files = sh("dpkg -L driftless", "dpkg -L");
     sh("apt-get purge -y driftless", "apt-get purge");
     let quoted: Vec<String> = files.lines().map(|f| format!("'{f}'")).collect();
     let left = sh(
