@@ -267,6 +267,10 @@ pub struct Target {
     pub tag: Option<String>,
     /// Subdirectory of the repository the backend works in ("" = root).
     pub path: PathBuf,
+    /// `checkout = "sparse"`: the directories its checkout holds (`path`,
+    /// then `extra_paths`), as git's sparse checkout in cone mode; empty:
+    /// a full checkout.
+    pub sparse: Vec<PathBuf>,
     pub interval: Duration,
     pub timeout: Duration,
     pub git: GitAuth,
@@ -385,6 +389,25 @@ impl Target {
         }
     }
 
+    /// Said after a failure of a target with a sparse checkout: what its
+    /// checkout holds, since a file the backend needs elsewhere in the
+    /// repository is missing there. Empty for a full checkout.
+    pub fn sparse_hint(&self) -> String {
+        if self.sparse.is_empty() {
+            return String::new();
+        }
+        let dirs: Vec<String> = self
+            .sparse
+            .iter()
+            .map(|d| d.to_string_lossy().into_owned())
+            .collect();
+        format!(
+            " (its checkout is sparse: only {} and the repository's top-level files are there; \
+             a directory it needs elsewhere goes in `extra_paths`)",
+            dirs.join(", ")
+        )
+    }
+
     /// What git needs of this target.
     pub fn source(&self) -> crate::git::Source<'_> {
         crate::git::Source {
@@ -392,6 +415,7 @@ impl Target {
             repo: &self.repo,
             branch: &self.branch,
             path: &self.path,
+            sparse: &self.sparse,
             auth: &self.git,
         }
     }

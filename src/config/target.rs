@@ -32,6 +32,16 @@ pub(super) struct RawTarget {
     /// The directory of the repository the backend works in. Default: the
     /// repository's root.
     path: Option<String>,
+    /// `full` (default): the whole repository is checked out (its objects
+    /// shared with the other targets on it); `sparse`: only `path`,
+    /// `extra_paths` and the repository's top-level files (git's sparse
+    /// checkout, cone mode), for a backend that reads only its directory.
+    #[schemars(extend("enum" = ["full", "sparse"]))]
+    checkout: Option<String>,
+    /// With `checkout = "sparse"`: more directories of the repository to
+    /// check out beside `path` (a Terraform module, Ansible roles, shared
+    /// files the backend reads).
+    extra_paths: Option<Vec<String>>,
     /// The fallback tick, with jitter, for when a push notification is
     /// missed (a duration such as "10m"). Default: 5m.
     interval: Option<String>,
@@ -156,7 +166,14 @@ pub(super) fn validate_target(
             format!("`{branch}` is not a valid branch name"),
         ));
     }
-    let rel = validate_path(raw.path, label, problems);
+    let rel = validate_path(raw.path, label, "path", problems);
+    let sparse = validate_sparse(
+        raw.checkout.as_deref(),
+        raw.extra_paths,
+        &rel,
+        label,
+        problems,
+    );
     let interval = duration(
         label,
         "interval",
@@ -200,6 +217,7 @@ pub(super) fn validate_target(
         repo,
         branch,
         path: rel,
+        sparse,
         interval,
         timeout,
         git,
@@ -336,7 +354,12 @@ fn validate_tag(
 /// `path`: a subdirectory of the repository, normalised once, here:
 /// `./sub//dir/` is `sub/dir`, `.` the root. Git (routing, checkouts) and
 /// every message see only this spelling.
-fn validate_path(path: Option<String>, label: &str, problems: &mut Vec<Problem>) -> PathBuf {
+fn validate_path(
+    path: Option<String>,
+    label: &str,
+    key: &str,
+    problems: &mut Vec<Problem>,
+) -> PathBuf {
     let path = path.unwrap_or_default();
     if Path::new(&path).is_absolute()
         || Path::new(&path)
@@ -345,7 +368,7 @@ fn validate_path(path: Option<String>, label: &str, problems: &mut Vec<Problem>)
     {
         problems.push(problem(
             label,
-            "path",
+            key,
             format!("`{path}` must be a subdirectory of the repository (relative, no `..`)"),
         ));
     }
@@ -356,6 +379,63 @@ fn validate_path(path: Option<String>, label: &str, problems: &mut Vec<Problem>)
             _ => None,
         })
         .collect()
+}
+
+/// `checkout` and `extra_paths`: the directories a sparse checkout holds
+/// (the target's `path` first), or none for a full one.
+fn validate_sparse(
+    checkout: Option<&str>,
+    extra_paths: Option<Vec<String>>,
+    path: &Path,
+    label: &str,
+    problems: &mut Vec<Problem>,
+) -> Vec<PathBuf> {
+    let sparse = match checkout {
+        None | Some("full") => false,
+        Some("sparse") => true,
+        Some(other) => {
+            problems.push(problem(
+                label,
+                "checkout",
+                format!("`{other}` is not one of \"full\", \"sparse\""),
+            ));
+            false
+        }
+    };
+    if !sparse {
+        // (A `checkout` of another value is its own problem.)
+        if extra_paths.is_some() && matches!(checkout, None | Some("full")) {
+            problems.push(problem(
+                label,
+                "extra_paths",
+                "only with checkout = \"sparse\" (a full checkout has every directory)",
+            ));
+        }
+        return Vec::new();
+    }
+    if path.as_os_str().is_empty() {
+        problems.push(problem(
+            label,
+            "checkout",
+            "a sparse checkout of the repository's root is the whole repository: set `path`, or leave `checkout` out",
+        ));
+        return Vec::new();
+    }
+    let mut dirs = vec![path.to_path_buf()];
+    for (i, extra) in extra_paths.unwrap_or_default().into_iter().enumerate() {
+        let key = format!("extra_paths[{i}]");
+        let dir = validate_path(Some(extra), label, &key, problems);
+        if dir.as_os_str().is_empty() {
+            problems.push(problem(
+                label,
+                &key,
+                "names the repository's root: a sparse checkout of it is the whole repository",
+            ));
+        } else if !dirs.contains(&dir) {
+            dirs.push(dir);
+        }
+    }
+    dirs
 }
 
 /// `[targets.git]`: one way to authenticate, no empty file names.

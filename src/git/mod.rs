@@ -104,6 +104,9 @@ pub struct Source<'a> {
     pub branch: &'a str,
     /// The target's directory inside the repository ("" = the root).
     pub path: &'a Path,
+    /// The directories a sparse checkout holds (`path` among them); empty:
+    /// the whole tree.
+    pub sparse: &'a [PathBuf],
     pub auth: &'a GitAuth,
 }
 
@@ -476,9 +479,13 @@ impl Git {
                 .and_then(|()| std::fs::write(&alternates, &want))
                 .map_err(|e| err(chain(&e)))?;
         }
+        // A sparse checkout holds only its directories; a change of them
+        // (or to or from full) is made by git, and the tree is then reset.
+        let resparsed = set_sparse(&dir, target.sparse).await.map_err(&err)?;
         // Already there, tracked files untouched since (told from the
         // index's stat data, without running git): nothing to move.
         let already = match known {
+            _ if resparsed => false,
             Some(k) => k,
             None => {
                 let at = (dir.clone(), sha.to_string());
@@ -844,6 +851,45 @@ async fn git_run(dir: &Path, args: &[&str]) -> Result<(Spec, process::Output), S
 }
 
 /// Run the git CLI in `dir` and return its stdout; the error is git's stderr.
+/// The note, in a checkout's `.git/`, of the directories its sparse
+/// checkout holds (none: a full checkout), so a tick that changes nothing
+/// runs no git to find out.
+const SPARSE_NOTE: &str = "driftless-sparse";
+
+/// Make the checkout in `dir` hold only `dirs` (git's sparse checkout, cone
+/// mode: those directories and the top-level files), or everything when
+/// `dirs` is empty; whether that changed anything (the tree must then be
+/// reset). The note is written only once git has done it.
+async fn set_sparse(dir: &Path, dirs: &[PathBuf]) -> Result<bool, String> {
+    let note = dir.join(".git").join(SPARSE_NOTE);
+    let want: String = dirs
+        .iter()
+        .map(|d| format!("{}\n", d.to_string_lossy()))
+        .collect();
+    let have = match std::fs::read_to_string(&note) {
+        Ok(h) => h,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(format!("{}: {}", note.display(), chain(&e))),
+    };
+    if have == want {
+        return Ok(false);
+    }
+    if dirs.is_empty() {
+        git_cli(dir, &["sparse-checkout", "disable"]).await?;
+        std::fs::remove_file(&note).map_err(|e| format!("{}: {}", note.display(), chain(&e)))?;
+    } else {
+        let mut args = vec!["sparse-checkout", "set", "--cone", "--"];
+        let names: Vec<String> = dirs
+            .iter()
+            .map(|d| d.to_string_lossy().into_owned())
+            .collect();
+        args.extend(names.iter().map(String::as_str));
+        git_cli(dir, &args).await?;
+        std::fs::write(&note, want).map_err(|e| format!("{}: {}", note.display(), chain(&e)))?;
+    }
+    Ok(true)
+}
+
 async fn git_cli(dir: &Path, args: &[&str]) -> Result<String, String> {
     let (spec, out) = git_run(dir, args).await?;
     if out.success() {

@@ -14,7 +14,9 @@
 //! same second as the index ("racily clean", as git calls it) proves
 //! nothing and sends the sync down the slow path, as does anything this
 //! module does not understand (a conflict, a submodule, a flag driftless
-//! never sets). This module only reads and answers; it never changes a
+//! never sets). An entry outside a sparse checkout's directories
+//! (skip-worktree) is not in the working tree, and a reset leaves it so:
+//! it is not looked at. This module only reads and answers; it never changes a
 //! checkout, and its mistakes can only ever cost a reset, never skip one
 //! that was needed, as long as it answers `false` when unsure.
 
@@ -147,10 +149,15 @@ fn tracked_files_unchanged(dir: &Path, index: &gix::index::File) -> Checked {
     let mut racy_budget = RACY_READ_MAX;
     let mut by_content = false;
     for entry in index.entries() {
+        // Outside a sparse checkout's directories: not in the working tree,
+        // and left alone by a reset too.
+        if entry.flags.contains(Flags::SKIP_WORKTREE) && entry.stage() == Stage::Unconflicted {
+            continue;
+        }
         if entry.stage() != Stage::Unconflicted
             || entry
                 .flags
-                .intersects(Flags::ASSUME_VALID | Flags::SKIP_WORKTREE | Flags::INTENT_TO_ADD)
+                .intersects(Flags::ASSUME_VALID | Flags::INTENT_TO_ADD)
         {
             return Checked::Changed;
         }

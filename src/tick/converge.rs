@@ -689,6 +689,10 @@ impl Reconciler {
                     Operation::Destroy => b.destroy(),
                 };
                 match tokio::time::timeout(target.timeout + BACKSTOP, fut).await {
+                    Ok(s) if s.result == ApplyResult::Failed => Status {
+                        message: format!("{}{}", s.message, target.sparse_hint()),
+                        ..s
+                    },
                     Ok(s) => s,
                     Err(_) => Status::failed(format!(
                         "the backend did not return within the target's timeout ({})",

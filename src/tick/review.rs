@@ -116,7 +116,7 @@ impl Reconciler {
         match backend.plan() {
             None => Err(format!("the {} backend cannot plan", target.backend.kind())),
             Some(fut) => match tokio::time::timeout(target.timeout + BACKSTOP, fut).await {
-                Ok(p) => p,
+                Ok(p) => p.map_err(|e| format!("{e}{}", target.sparse_hint())),
                 Err(_) => Err(format!(
                     "the backend did not finish planning within the target's timeout ({})",
                     humantime::format_duration(target.timeout)

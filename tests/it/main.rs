@@ -36,6 +36,7 @@ mod pulumi;
 mod server_limits;
 mod shell;
 mod soak;
+mod sparse;
 mod tags;
 mod target_sets;
 mod terraform;
