@@ -468,7 +468,11 @@ impl Git {
         }
         if !dir.join(".git").is_dir() {
             std::fs::create_dir_all(&dir).map_err(|e| err(chain(&e)))?;
-            git_cli(&dir, &["init", "-q", "."]).await.map_err(&err)?;
+            // No template: a checkout needs none of git's sample hooks
+            // (most of an empty repository's disk, times every target).
+            git_cli(&dir, &["init", "-q", "--template=", "."])
+                .await
+                .map_err(&err)?;
         }
         // Borrow the cache's objects instead of copying them (as `clone --shared`).
         let alternates = dir.join(".git/objects/info/alternates");
@@ -499,9 +503,20 @@ impl Git {
             // the checkout is from a tick that was killed mid-reset.
             clear_stale_locks(&dir.join(".git"));
             worktree::forget(&dir).map_err(|e| err(chain(&e)))?;
-            git_cli(&dir, &["reset", "-q", "--hard", sha])
-                .await
-                .map_err(&err)?;
+            // No reflog: nobody reads a checkout's history of resets, and
+            // its files would be a fifth of a sparse checkout's disk.
+            let args = [
+                "-c",
+                "core.logAllRefUpdates=false",
+                "reset",
+                "-q",
+                "--hard",
+                sha,
+            ];
+            git_cli(&dir, &args).await.map_err(&err)?;
+            if !target.sparse.is_empty() {
+                worktree::drop_skipped(&dir).map_err(&err)?;
+            }
             worktree::mark(&dir, sha);
         }
         let path = target.path.to_string_lossy().into_owned();

@@ -122,6 +122,32 @@ pub(super) fn mark(dir: &Path, sha: &str) {
     }
 }
 
+/// Drop from a sparse checkout's index the entries outside its directories
+/// (skip-worktree). git keeps one for every file of the whole tree, so on a
+/// monorepo the index is most of a sparse checkout's disk, times every
+/// target. The next `git reset --hard` puts back what it needs: an entry the
+/// index lacks is a file it writes when it is inside the directories, and
+/// marks skip-worktree (dropped again here) when outside. The cache-tree
+/// extension no longer describes the index and goes too.
+pub(super) fn drop_skipped(dir: &Path) -> Result<(), String> {
+    let git_dir = dir.join(".git");
+    let path = git_dir.join("index");
+    let mut index = gix::index::File::at(&path, gix::hash::Kind::Sha1, false, Default::default())
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let before = index.entries().len();
+    index.remove_entries(|_, _, e| {
+        e.flags.contains(Flags::SKIP_WORKTREE) && e.stage() == Stage::Unconflicted
+    });
+    if index.entries().len() == before {
+        return Ok(());
+    }
+    index.remove_tree();
+    index
+        .write(gix::index::write::Options::default())
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(())
+}
+
 fn read_index(git_dir: &Path) -> Option<gix::index::File> {
     // The checksum is verified over the whole file as it is read.
     gix::index::File::at(

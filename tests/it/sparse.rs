@@ -29,6 +29,19 @@ fn files(dir: &Path) -> Vec<String> {
     out
 }
 
+/// The entries of the checkout's index, as `git ls-files` lists them.
+fn indexed(dir: &Path) -> Vec<String> {
+    let out = std::process::Command::new("git")
+        .args(["ls-files"])
+        .current_dir(dir)
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .output()
+        .expect("git ls-files runs");
+    assert!(out.status.success(), "git ls-files: {}", text(&out.stderr));
+    text(&out.stdout).lines().map(str::to_string).collect()
+}
+
 fn last(s: &Setup, target: &str) -> (String, String) {
     let st = s.target_status(target);
     (
@@ -71,6 +84,9 @@ fn a_sparse_checkout_holds_only_its_directories_and_follows_the_config() {
         ],
         "the checkout holds the target's path, its extra paths and the top-level files"
     );
+    // Its index too: git's entries for the rest of the tree are dropped
+    // (on a monorepo they are most of a sparse checkout's disk).
+    assert_eq!(indexed(&s.checkout("app")), files(&s.checkout("app")));
 
     // Nothing to do: nothing moves, and a change outside the target's
     // path is not its change.
@@ -89,11 +105,29 @@ fn a_sparse_checkout_holds_only_its_directories_and_follows_the_config() {
     succeeded(&s.run(&["tick", "app"]), "tick (a change)");
     assert_eq!(last(&s, "app").0, "changed");
     assert!(!s.checkout("app").join("other").exists());
+    assert_eq!(
+        std::fs::read_to_string(s.checkout("app").join("app/deploy.sh")).expect("read"),
+        "test -f ../lib/common.sh && true\n"
+    );
+    assert_eq!(indexed(&s.checkout("app")), files(&s.checkout("app")));
+
+    // A directory added to extra_paths: there at the next run, though its
+    // entries had been dropped from the index.
+    let wider = std::fs::read_to_string(&s.config).expect("config").replace(
+        "extra_paths = [\"lib\", \"deep/a\"]",
+        "extra_paths = [\"lib\", \"deep/a\", \"other\"]",
+    );
+    std::fs::write(&s.config, wider).expect("config");
+    succeeded(&s.run(&["tick", "app"]), "tick (wider)");
+    assert_eq!(
+        std::fs::read_to_string(s.checkout("app").join("other/big.txt")).expect("other/big.txt"),
+        "still not\n"
+    );
 
     // Back to a full checkout: every directory is there again, the
     // checkout at the same commit.
     let full = std::fs::read_to_string(&s.config).expect("config").replace(
-        "checkout = \"sparse\"\nextra_paths = [\"lib\", \"deep/a\"]",
+        "checkout = \"sparse\"\nextra_paths = [\"lib\", \"deep/a\", \"other\"]",
         "",
     );
     std::fs::write(&s.config, full).expect("config");
@@ -103,6 +137,7 @@ fn a_sparse_checkout_holds_only_its_directories_and_follows_the_config() {
         "{:?}",
         files(&s.checkout("app"))
     );
+    assert_eq!(indexed(&s.checkout("app")), files(&s.checkout("app")));
 }
 
 #[test]
