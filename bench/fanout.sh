@@ -29,18 +29,11 @@ trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$wo
 checkout=${FANOUT_CHECKOUT:-full}
 flux_s=256 # 4 min 16 s
 
-git init -q --bare -b main "$work/remote.git"
-git init -q -b main "$work/src"
-mkdir -p "$work/src/app" "$work/src/other"
-echo v1 > "$work/src/app/config"
-for i in $(seq 50); do head -c 2000 /dev/urandom | base64 > "$work/src/other/file$i.txt"; done
-git -C "$work/src" add -A && git -C "$work/src" commit -qm bench
-git -C "$work/src" push -q "$work/remote.git" main
+bench_exec_remote "$work"
 secret="bench-secret-$(date +%s)"
 printf '%s' "$secret" > "$work/secret"
 sig=$(bench_github_push "$work" "$secret")
 
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 now_ms() { date +%s%3N; }
 # Runs that applied something, summed over the targets (/metrics).
 changed() {

@@ -75,3 +75,18 @@ function response(status, headers, body)
 end
 LUA
 }
+
+# bench_exec_remote WORK: WORK/remote.git (pushed from WORK/src), holding an
+# exec target's directory `app` (app/config) and 50 other files.
+bench_exec_remote() {
+  git init -q --bare -b main "$1/remote.git"
+  git init -q -b main "$1/src"
+  mkdir -p "$1/src/app" "$1/src/other"
+  echo v1 > "$1/src/app/config"
+  for i in $(seq 50); do head -c 2000 /dev/urandom | base64 > "$1/src/other/file$i.txt"; done
+  git -C "$1/src" add -A && git -C "$1/src" commit -qm bench
+  git -C "$1/src" push -q "$1/remote.git" main
+}
+
+# free_port: a TCP port on 127.0.0.1 nobody listens on now.
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }

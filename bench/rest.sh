@@ -28,19 +28,12 @@ work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"' EXIT
 
 # A remote with an exec target's directory and 50 other files.
-git init -q --bare -b main "$work/remote.git"
-git init -q -b main "$work/src"
-mkdir -p "$work/src/app" "$work/src/other"
-echo v1 > "$work/src/app/config"
-for i in $(seq 50); do head -c 2000 /dev/urandom | base64 > "$work/src/other/file$i.txt"; done
-git -C "$work/src" add -A && git -C "$work/src" commit -qm bench
-git -C "$work/src" push -q "$work/remote.git" main
+bench_exec_remote "$work"
 
 target_toml() { # name interval
   printf '[[targets]]\nname = "%s"\nrepo = "%s"\npath = "app"\ninterval = "%s"\n[targets.backend]\nkind = "exec"\napply = ["true"]\n' \
     "$1" "$work/remote.git" "$2"
 }
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 now_ms() { date +%s%3N; }
 mean_ms() { # rounds command...: mean wall time of the command, in ms
   local rounds=$1 start end

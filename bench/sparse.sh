@@ -39,7 +39,7 @@ PY
 git -C "$work/src" add -A && git -C "$work/src" commit -qm monorepo
 git -C "$work/src" push -q "$work/remote.git" main
 
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+port=$(free_port)
 {
   echo "state_dir = \"$work/state\""
   printf '[server]\nlisten = "127.0.0.1:%s"\nworkers = 4\n' "$port"
