@@ -510,7 +510,8 @@ fn may_destroy(app: &App, target: &str, yes: bool, force: bool) -> anyhow::Resul
         );
     }
     let settings = app.settings();
-    let dependents: Vec<String> = driftless::config::graph::dependents(&settings.targets, target)
+    let dependents: Vec<String> = settings
+        .dependents(target)
         .iter()
         .map(|t| format!("`{}`", t.name))
         .collect();

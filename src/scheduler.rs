@@ -126,10 +126,14 @@ impl Scheduler {
         let known = self.last_run.get_or_insert_with(HashMap::new);
         let mut candidates = Vec::new();
         for t in &settings.targets {
-            let j = *self
-                .jitter
-                .entry(t.name.clone())
-                .or_insert_with(|| jitter(t.interval));
+            // Looked up before it is made: no name copied a target a pass.
+            let j = match self.jitter.get(&t.name) {
+                Some(j) => *j,
+                None => *self
+                    .jitter
+                    .entry(t.name.clone())
+                    .or_insert_with(|| jitter(t.interval)),
+            };
             // Outside its change window the fallback interval does not
             // apply (a push's job waits queued instead); `tick::window`
             // says which targets' intervals go on.

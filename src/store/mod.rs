@@ -480,20 +480,23 @@ impl Store {
                 })
             })
         };
-        // Migrated on a connection like the writer's: the pool's only read.
-        // Two processes starting at once may race on the first migration:
-        // the loser retries once and finds it applied.
+        // Migrated on the writer's connection, which is kept: the pool's
+        // only read. Two processes starting at once may race on the first
+        // migration: the loser retries once and finds it applied.
         let migrate = || async {
             let mut conn = open().await.map_err(sqlx::migrate::MigrateError::from)?;
-            MIGRATOR.run(&mut conn).await
+            MIGRATOR.run(&mut conn).await.map(|_| conn)
         };
-        if let Err(e) = migrate().await {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            migrate().await.map_err(|_| err("migrating", e.into()))?;
-        }
+        let conn = match migrate().await {
+            Ok(conn) => conn,
+            Err(e) => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                migrate().await.map_err(|_| err("migrating", e.into()))?
+            }
+        };
         Ok(Store {
             pool,
-            writer: write::Writer::new(open, "BEGIN IMMEDIATE".into()),
+            writer: write::Writer::seeded(open, "BEGIN IMMEDIATE".into(), conn),
             kind: Kind::Sqlite,
             path: path.to_path_buf(),
             identity: Some(identity),

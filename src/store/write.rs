@@ -66,6 +66,16 @@ impl Writer {
         }
     }
 
+    /// As [`Writer::new`], its first connection `conn`, already open (the
+    /// one the store was migrated on: one connection fewer to open, and
+    /// its schema read once).
+    pub(super) fn seeded(open: Open, begin: String, conn: Conn) -> Writer {
+        Writer {
+            slot: Arc::new(Mutex::new(Some(conn))),
+            ..Writer::new(open, begin)
+        }
+    }
+
     /// Wait for this process's turn, then begin a write transaction. A
     /// connection found broken as the transaction begins (the database
     /// server restarted since the last write) is replaced, once.

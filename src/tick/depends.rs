@@ -15,7 +15,7 @@ use tracing::{error, info};
 
 use super::{Reconciler, TickError};
 use crate::backend::Backend;
-use crate::config::{Target, graph};
+use crate::config::Target;
 use crate::model::{ApplyResult, Trigger};
 use crate::queue::Request;
 use crate::store::deployments::PlanState;
@@ -121,7 +121,7 @@ impl Reconciler {
         if !matches!(result, ApplyResult::Changed | ApplyResult::NoChange) {
             return;
         }
-        for dep in graph::dependents(&self.app.settings().targets, &target.name) {
+        for dep in self.app.settings().dependents(&target.name) {
             let blocked = match self.app.store.target_state(&dep.name).await {
                 Ok(s) => s.is_some_and(|s| {
                     s.last_result.as_deref() == Some(ApplyResult::Blocked.as_str())
@@ -236,11 +236,7 @@ impl Reconciler {
 
     /// Whether some target takes inputs from `target`.
     pub(super) fn consumed(&self, target: &Target) -> bool {
-        self.app
-            .settings()
-            .targets
-            .iter()
-            .any(|t| t.inputs.iter().any(|i| i.target == target.name))
+        self.app.settings().consumed(&target.name)
     }
 
     /// After a successful apply of a target others take inputs from: read
