@@ -11,7 +11,7 @@
 //! network, git, SQLite or a backend; it only reads the config file and, for
 //! `check`, looks at whether referenced files exist.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Component, Path, PathBuf};
@@ -174,9 +174,9 @@ struct Index {
     /// The list it was made of: where it was, how many targets it held.
     ptr: usize,
     len: usize,
-    at: std::collections::HashMap<String, usize>,
+    at: HashMap<String, usize>,
     /// Targets that depend on each target (`depends_on`), by position.
-    dependents: std::collections::HashMap<String, Vec<usize>>,
+    dependents: HashMap<String, Vec<usize>>,
     /// Targets whose outputs another target takes as inputs.
     consumed: HashSet<String>,
 }
@@ -184,27 +184,24 @@ struct Index {
 impl TargetIndex {
     /// The index of `targets`, if it is still the list it was made of.
     fn of<'a>(&'a self, targets: &[Target]) -> Option<&'a Index> {
-        let index = self.0.get_or_init(|| Index {
-            ptr: targets.as_ptr() as usize,
-            len: targets.len(),
-            at: targets
-                .iter()
-                .enumerate()
-                .map(|(i, t)| (t.name.clone(), i))
-                .collect(),
-            dependents: targets.iter().enumerate().fold(
-                std::collections::HashMap::new(),
-                |mut m: std::collections::HashMap<String, Vec<usize>>, (i, t)| {
-                    for d in &t.depends_on {
-                        m.entry(d.clone()).or_default().push(i);
-                    }
-                    m
-                },
-            ),
-            consumed: targets
-                .iter()
-                .flat_map(|t| t.inputs.iter().map(|i| i.target.clone()))
-                .collect(),
+        let index = self.0.get_or_init(|| {
+            let mut index = Index {
+                ptr: targets.as_ptr() as usize,
+                len: targets.len(),
+                at: HashMap::new(),
+                dependents: HashMap::new(),
+                consumed: HashSet::new(),
+            };
+            for (i, t) in targets.iter().enumerate() {
+                index.at.insert(t.name.clone(), i);
+                for d in &t.depends_on {
+                    index.dependents.entry(d.clone()).or_default().push(i);
+                }
+                index
+                    .consumed
+                    .extend(t.inputs.iter().map(|input| input.target.clone()));
+            }
+            index
         });
         (index.ptr == targets.as_ptr() as usize && index.len == targets.len()).then_some(index)
     }
