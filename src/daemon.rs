@@ -400,7 +400,13 @@ async fn worker(
         let notified = wake.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        match engine.app().queue.claim().await {
+        let queue = &engine.app().queue;
+        let claimed = if just_ran.is_some() {
+            queue.claim_next().await
+        } else {
+            queue.claim().await
+        };
+        match claimed {
             Ok(Some(job)) => {
                 health.store_failing.store(false, Ordering::Relaxed);
                 // Taking another target's job, this worker leaves the one

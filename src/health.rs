@@ -243,8 +243,27 @@ pub enum Verdict {
 
 /// The longest a single check may take, whatever the interval.
 const MAX_TRY: Duration = Duration::from_secs(30);
-/// The shortest time a single check is given.
+/// The shortest time an http or tcp check is given.
 const MIN_TRY: Duration = Duration::from_secs(2);
+/// The shortest time a check that starts a program is given (`command`,
+/// and the backends' own: compose's `services` starts docker-compose
+/// twice, ~0.8 s each unloaded on an x86 and seconds on a loaded Pi; pi's
+/// `on_host` opens an ssh connection). With 2 s such a check failed every
+/// round on a busy host and a healthy apply was rolled back.
+const MIN_TRY_PROGRAM: Duration = Duration::from_secs(10);
+
+impl Check {
+    /// The time this check is given to answer in a round run every
+    /// `interval`: the interval, at least [`MIN_TRY`] (a program:
+    /// [`MIN_TRY_PROGRAM`]), at most [`MAX_TRY`].
+    pub fn time_given(&self, interval: Duration) -> Duration {
+        let least = match self {
+            Check::Http(_) | Check::Tcp { .. } => MIN_TRY,
+            Check::Command { .. } | Check::Own(_) => MIN_TRY_PROGRAM,
+        };
+        interval.clamp(least, MAX_TRY)
+    }
+}
 
 /// Watch `health`'s checks: after what is left of `grace` (`already` has
 /// passed since the apply, for a watch resumed after a restart), a round
@@ -258,8 +277,7 @@ pub async fn watch(health: &Health, probe: &Probe, own: &dyn Own, already: Durat
     let mut rounds = 0;
     loop {
         rounds += 1;
-        let each = health.interval.clamp(MIN_TRY, MAX_TRY);
-        match round(&health.checks, probe, own, each).await {
+        match round(&health.checks, probe, own, health.interval).await {
             Ok(()) => {
                 return Verdict::Healthy {
                     after: began.elapsed() + already,
@@ -282,9 +300,10 @@ async fn round(
     checks: &[Check],
     probe: &Probe,
     own: &dyn Own,
-    each: Duration,
+    interval: Duration,
 ) -> Result<(), String> {
     for c in checks {
+        let each = c.time_given(interval);
         match tokio::time::timeout(each, one(c, probe, own, each)).await {
             Ok(r) => r?,
             Err(_) => {
@@ -434,6 +453,23 @@ async fn http(h: &HttpCheck, probe: &Probe, each: Duration) -> Result<(), String
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_check_that_starts_a_program_is_given_ten_seconds_at_least() {
+        let s = Duration::from_secs;
+        let http = Check::Tcp {
+            address: "127.0.0.1:1".into(),
+        };
+        let program = Check::Command {
+            argv: vec!["true".into()],
+        };
+        assert_eq!(http.time_given(s(1)), s(2));
+        assert_eq!(http.time_given(s(5)), s(5));
+        assert_eq!(program.time_given(s(1)), s(10));
+        assert_eq!(Check::Own(OwnCheck::Services).time_given(s(1)), s(10));
+        assert_eq!(program.time_given(s(20)), s(20));
+        assert_eq!(program.time_given(s(300)), s(30));
+    }
 
     #[test]
     fn placeholders_are_read_and_filled_and_a_missing_output_is_named() {

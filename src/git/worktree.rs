@@ -174,6 +174,16 @@ fn tracked_files_unchanged(dir: &Path, index: &gix::index::File) -> Checked {
     let written = index.timestamp();
     let mut racy_budget = RACY_READ_MAX;
     let mut by_content = false;
+    // Each file is looked up from the checkout's directory, not from the
+    // root: resolving the state directory's path again for every tracked
+    // file was most of a no-op tick's checkout check.
+    let Ok(root) = rustix::fs::open(
+        dir,
+        rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    ) else {
+        return Checked::Changed;
+    };
     for entry in index.entries() {
         // Outside a sparse checkout's directories: not in the working tree,
         // and left alone by a reset too.
@@ -187,33 +197,30 @@ fn tracked_files_unchanged(dir: &Path, index: &gix::index::File) -> Checked {
         {
             return Checked::Changed;
         }
-        let Ok(rel) = gix::path::from_bstr(entry.path(index)) else {
-            return Checked::Changed;
-        };
-        let path = dir.join(rel);
-        let Ok(meta) = gix::index::fs::Metadata::from_path_no_follow(&path) else {
+        let rel: &[u8] = entry.path(index);
+        let Some(found) = lstat_at(&root, rel) else {
             return Checked::Changed;
         };
         let kind_matches = match entry.mode {
-            Mode::FILE => meta.is_file() && !meta.is_executable(),
-            Mode::FILE_EXECUTABLE => meta.is_executable(),
-            Mode::SYMLINK => meta.is_symlink(),
+            Mode::FILE => found.kind == Kind::File,
+            Mode::FILE_EXECUTABLE => found.kind == Kind::Executable,
+            Mode::SYMLINK => found.kind == Kind::Symlink,
             // submodules, and anything else: not this module's to judge
             _ => false,
         };
-        if !kind_matches {
+        if !kind_matches || !entry.stat.matches(&found.stat, options) {
             return Checked::Changed;
         }
-        match Stat::from_fs(&meta) {
-            Ok(now) if entry.stat.matches(&now, options) => {}
-            _ => return Checked::Changed,
-        }
         if entry.stat.is_racy(written, options) {
-            if meta.len() > racy_budget {
+            if found.len > racy_budget {
                 return Checked::Changed;
             }
-            racy_budget -= meta.len();
+            racy_budget -= found.len;
             by_content = true;
+            let Ok(rel) = gix::path::from_bstr(entry.path(index)) else {
+                return Checked::Changed;
+            };
+            let path = dir.join(rel);
             let content = if entry.mode == Mode::SYMLINK {
                 std::fs::read_link(&path).map(|to| to.into_os_string().into_encoded_bytes())
             } else {
@@ -233,6 +240,66 @@ fn tracked_files_unchanged(dir: &Path, index: &gix::index::File) -> Checked {
     } else {
         Checked::Unchanged
     }
+}
+
+/// What a tracked path is in the working tree, as the index's checks see
+/// it.
+#[derive(Debug, PartialEq, Eq, Clone, Copy)]
+enum Kind {
+    File,
+    /// A plain file its owner may run (git's one executable bit).
+    Executable,
+    Symlink,
+    /// A directory, a device, a socket: never what a reset leaves.
+    Other,
+}
+
+/// One tracked path's `lstat`, in the index's terms.
+#[derive(Debug)]
+struct Found {
+    kind: Kind,
+    stat: Stat,
+    len: u64,
+}
+
+/// `lstat` of `rel` (an index path: relative, `/`-separated) under the
+/// directory `root`, the last component not followed, converted as
+/// `gix::index::entry::Stat::from_fs` converts it (times before 1970 or
+/// out of range as zero; device, inode and size cut to 32 bits, as git
+/// does). None when it cannot be read or `rel` is not relative.
+fn lstat_at(root: &std::os::fd::OwnedFd, rel: &[u8]) -> Option<Found> {
+    if rel.first() == Some(&b'/') {
+        return None;
+    }
+    let st = rustix::fs::statat(root, rel, rustix::fs::AtFlags::SYMLINK_NOFOLLOW).ok()?;
+    let time = |secs: i64, nsecs: u64| match (u64::try_from(secs), u32::try_from(nsecs)) {
+        (Ok(secs), Ok(nsecs)) if nsecs < 1_000_000_000 => stat::Time {
+            secs: secs as u32,
+            nsecs,
+        },
+        _ => stat::Time::default(),
+    };
+    let mode = st.st_mode;
+    let kind = match rustix::fs::FileType::from_raw_mode(mode) {
+        rustix::fs::FileType::RegularFile if mode & 0o100 != 0 => Kind::Executable,
+        rustix::fs::FileType::RegularFile => Kind::File,
+        rustix::fs::FileType::Symlink => Kind::Symlink,
+        _ => Kind::Other,
+    };
+    #[allow(clippy::unnecessary_cast)] // the field types differ between targets
+    Some(Found {
+        kind,
+        stat: Stat {
+            mtime: time(st.st_mtime as i64, st.st_mtime_nsec as u64),
+            ctime: time(st.st_ctime as i64, st.st_ctime_nsec as u64),
+            dev: st.st_dev as u32,
+            ino: st.st_ino as u32,
+            uid: st.st_uid,
+            gid: st.st_gid,
+            size: st.st_size as u32,
+        },
+        len: st.st_size as u64,
+    })
 }
 
 #[cfg(test)]
@@ -273,6 +340,52 @@ mod tests {
         git(d, &["reset", "-q", "--hard", &sha]);
         mark(d, &sha);
         (dir, sha)
+    }
+
+    /// A path stat'ed from the checkout's directory reads as gix reads it
+    /// from the root, for every kind of tracked path, and a path that
+    /// leaves the directory is refused.
+    #[test]
+    fn a_path_looked_up_from_the_checkout_reads_as_gix_reads_it() {
+        let (dir, _) = marked_checkout();
+        let d = dir.path();
+        let root = rustix::fs::open(
+            d,
+            rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY,
+            rustix::fs::Mode::empty(),
+        )
+        .expect("open");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::write(d.join("tool"), "#!/bin/sh\n").expect("write");
+        std::fs::set_permissions(d.join("tool"), std::fs::Permissions::from_mode(0o744))
+            .expect("chmod");
+        // mtime, ctime and size all different, so a field read for another
+        // is seen.
+        std::fs::File::options()
+            .write(true)
+            .open(d.join("tool"))
+            .and_then(|f| {
+                f.set_modified(
+                    std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000_000),
+                )
+            })
+            .expect("set mtime");
+        for (rel, kind) in [
+            ("site/index.html", Kind::File),
+            ("run.sh", Kind::File),
+            ("tool", Kind::Executable),
+            ("link", Kind::Symlink),
+            ("site", Kind::Other),
+        ] {
+            let found = lstat_at(&root, rel.as_bytes()).expect(rel);
+            let gix = gix::index::fs::Metadata::from_path_no_follow(&d.join(rel)).expect(rel);
+            assert_eq!(found.kind, kind, "{rel}");
+            assert_eq!(found.stat, Stat::from_fs(&gix).expect(rel), "{rel}");
+            assert_eq!(found.len, gix.len(), "{rel}");
+        }
+        assert!(lstat_at(&root, b"missing").is_none());
+        let abs = d.join("run.sh");
+        assert!(lstat_at(&root, abs.as_os_str().as_encoded_bytes()).is_none());
     }
 
     #[test]

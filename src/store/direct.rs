@@ -109,6 +109,22 @@ fn transact<T>(
     result
 }
 
+/// Bind a statement's parameters by name (`$1`, `$2`…, as the statement
+/// sqlx runs names them), those it does not name left out: one statement
+/// text serves both connections, even where a variant of it uses only
+/// some of them. Then `raw_execute` or `raw_query` runs it.
+pub fn bind(
+    stmt: &mut rusqlite::Statement<'_>,
+    params: &[(&str, &dyn rusqlite::ToSql)],
+) -> Result<(), sqlx::Error> {
+    for (name, value) in params {
+        if let Some(i) = stmt.parameter_index(name).map_err(failure)? {
+            stmt.raw_bind_parameter(i, value).map_err(failure)?;
+        }
+    }
+    Ok(())
+}
+
 /// rusqlite's error as sqlx's, SQLite's extended result code kept as the
 /// code (so a full disk is still recognised as one).
 pub fn failure(e: rusqlite::Error) -> sqlx::Error {

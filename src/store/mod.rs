@@ -347,6 +347,21 @@ pub struct Notice {
     pub statuses: Vec<statuses::NewStatus>,
 }
 
+impl Notice {
+    /// Whether all it writes is the target's own row (what the owners
+    /// were last told): no notification, plan, drift, quarantine or
+    /// commit status. Such a run's end may be written on SQLite's write
+    /// thread (`store::runs`).
+    pub fn only_columns(&self) -> bool {
+        self.outbox.is_empty()
+            && self.plans_told.is_empty()
+            && self.plan_done.is_none()
+            && self.drift.is_none()
+            && self.quarantine.is_none()
+            && self.statuses.is_empty()
+    }
+}
+
 /// The database file and its directory, made private whatever the umask
 /// (the directory 0700, the file 0600; SQLite gives its -wal and -shm
 /// files the same mode). A state directory that holds git caches or
@@ -391,6 +406,30 @@ fn create_private(path: &Path) -> Result<(), (&'static str, sqlx::Error)> {
             .map_err(|e| ("creating it", e.into()))?;
     }
     Ok(())
+}
+
+/// A turn at migrating the database at `path`: an OS lock on the
+/// directory that holds it, held until dropped. Two processes opening one
+/// new or older database at once (a daemon and a timer's one-shot tick,
+/// two ticks) would otherwise both apply a migration, and the second's
+/// `CREATE TABLE` fail: SQLite's migrations take no lock of their own
+/// (PostgreSQL's take an advisory lock). Waits while another process
+/// migrates; the kernel drops the lock if its holder dies. Neither the
+/// database file (an open and close of it here would drop SQLite's own
+/// POSIX locks in this process) nor a lock file (one made by root running
+/// the CLI first would shut the service's user out) is used.
+async fn migration_turn(path: &Path) -> std::io::Result<std::fs::File> {
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    tokio::task::spawn_blocking(move || {
+        let file = std::fs::File::open(&dir)?;
+        file.lock()?;
+        Ok(file)
+    })
+    .await
+    .map_err(std::io::Error::other)?
 }
 
 /// The pool of read-only connections to the database at `url`, each
@@ -481,19 +520,16 @@ impl Store {
             })
         };
         // Migrated on the writer's connection, which is kept: the pool's
-        // only read. Two processes starting at once may race on the first
-        // migration: the loser retries once and finds it applied.
-        let migrate = || async {
-            let mut conn = open().await.map_err(sqlx::migrate::MigrateError::from)?;
-            MIGRATOR.run(&mut conn).await.map(|_| conn)
-        };
-        let conn = match migrate().await {
-            Ok(conn) => conn,
-            Err(e) => {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                migrate().await.map_err(|_| err("migrating", e.into()))?
-            }
-        };
+        // only read. Processes starting at once take turns (`migration_turn`).
+        let turn = migration_turn(path)
+            .await
+            .map_err(|e| err("locking its directory to migrate it", e.into()))?;
+        let mut conn = open().await.map_err(|e| err("opening", e))?;
+        MIGRATOR
+            .run(&mut conn)
+            .await
+            .map_err(|e| err("migrating", e.into()))?;
+        drop(turn);
         Ok(Store {
             pool,
             writer: write::Writer::seeded(open, "BEGIN IMMEDIATE".into(), conn),
@@ -738,6 +774,36 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Processes that open one new database at once (a daemon and a
+    /// timer's tick, two ticks) all get it migrated, none fails on a table
+    /// another made. Opens in one process take the lock as separate
+    /// processes do (an OS lock is per open file).
+    #[test]
+    fn opens_at_once_of_a_new_database_all_migrate_it() {
+        for _ in 0..3 {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let path = dir.path().join("driftless.db");
+            std::thread::scope(|scope| {
+                let opens: Vec<_> = (0..6)
+                    .map(|_| {
+                        scope.spawn(|| {
+                            let rt = tokio::runtime::Builder::new_current_thread()
+                                .enable_all()
+                                .build()
+                                .expect("runtime");
+                            rt.block_on(Store::open(&path)).map(drop)
+                        })
+                    })
+                    .collect();
+                for open in opens {
+                    if let Err(e) = open.join().expect("thread") {
+                        panic!("{e}: {:?}", e.source);
+                    }
+                }
+            });
+        }
+    }
 
     /// A database from before the one deployments table (migration 0010)
     /// keeps every deployment: Nomad's and the plans, their ids, events

@@ -24,14 +24,34 @@ pub(super) const PRUNE_OUTPUT: &str = "DELETE FROM run_output WHERE (run_id, seq
      SELECT run_id, seq FROM run_output o WHERE o.at < $1
        AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.id = o.run_id) LIMIT $2)";
 
+/// [`fold`]'s statements: the output of run `$1` (the streak's) dropped,
+/// then run `$1`'s (the newest's) given to run `$2` (the streak's).
+pub(super) const FOLD: [&str; 2] = [
+    "DELETE FROM run_output WHERE run_id = $1",
+    "UPDATE run_output SET run_id = $2 WHERE run_id = $1",
+];
+
+/// [`fold`] on SQLite's write thread (`store::direct`).
+pub(super) fn fold_direct(
+    tx: &rusqlite::Transaction<'_>,
+    from: i64,
+    into: i64,
+) -> Result<(), sqlx::Error> {
+    use super::direct::failure;
+    tx.prepare_cached(FOLD[0])
+        .and_then(|mut s| s.execute(rusqlite::named_params! { "$1": into }))
+        .map_err(failure)?;
+    tx.prepare_cached(FOLD[1])
+        .and_then(|mut s| s.execute(rusqlite::named_params! { "$1": from, "$2": into }))
+        .map_err(failure)?;
+    Ok(())
+}
+
 /// Run `from` folded into the streak row `into` (`runs::fold`): the
 /// streak keeps the newest run's output, as it keeps its tail.
 pub(super) async fn fold(tx: &mut super::db::Tx, from: i64, into: i64) -> Result<(), sqlx::Error> {
-    sqlx::query("DELETE FROM run_output WHERE run_id = $1")
-        .bind(into)
-        .execute(&mut **tx)
-        .await?;
-    sqlx::query("UPDATE run_output SET run_id = $2 WHERE run_id = $1")
+    sqlx::query(FOLD[0]).bind(into).execute(&mut **tx).await?;
+    sqlx::query(FOLD[1])
         .bind(from)
         .bind(into)
         .execute(&mut **tx)

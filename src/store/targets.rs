@@ -7,6 +7,7 @@
 use serde::Serialize;
 use sqlx::FromRow;
 
+use super::direct::{self, failure};
 use super::{DriftUpdate, Kind, Notice, Operation, Store, StoreError, db, now_ms};
 use crate::model::{ApplyResult, Status};
 
@@ -46,6 +47,15 @@ pub struct TargetState {
     /// since when: a restart resumes them instead of applying again.
     pub health_run: Option<i64>,
     pub health_since: Option<i64>,
+    /// True when the statement that notes a run's start found no
+    /// deployment of the target on record (false where there are some, or
+    /// where the row was read otherwise). Deployments of a target are made
+    /// only by its runs, one at a time: with none at the start and none
+    /// made by this process since ([`Store::deployments_made`]), a run
+    /// has no plan to tell of.
+    #[sqlx(default, try_from = "crate::store::db::Flag")]
+    #[serde(skip)]
+    pub no_deployments: bool,
 }
 
 /// A target the scheduler may queue (see [`Store::schedule_candidates`]).
@@ -122,6 +132,15 @@ pub(super) async fn upsert(
         .map(drop)
 }
 
+/// A run of `$1` starts at `$2`: the target's state as that leaves it.
+fn run_start_sql() -> String {
+    format!(
+        "UPDATE targets SET last_run_at = $2, updated_at = $2 WHERE name = $1
+         RETURNING {TARGET_STATE},
+                   NOT EXISTS (SELECT 1 FROM deployments d WHERE d.target = $1) AS no_deployments"
+    )
+}
+
 /// Note in the run's transaction that a run of `target` starts now: the
 /// target's state as that leaves it.
 pub(super) async fn note_run_start(
@@ -129,34 +148,77 @@ pub(super) async fn note_run_start(
     target: &str,
     now: i64,
 ) -> Result<Option<TargetState>, sqlx::Error> {
-    sqlx::query_as::<_, TargetState>(sqlx::AssertSqlSafe(format!(
-        "UPDATE targets SET last_run_at = $2, updated_at = $2 WHERE name = $1
-         RETURNING {TARGET_STATE}"
-    )))
-    .bind(target)
-    .bind(now)
-    .fetch_optional(tx)
-    .await
+    sqlx::query_as::<_, TargetState>(sqlx::AssertSqlSafe(run_start_sql()))
+        .bind(target)
+        .bind(now)
+        .fetch_optional(tx)
+        .await
 }
 
-/// Fold run `run_id`'s result (`operation` at `sha`) into `target`'s
-/// state, in the run's transaction: a failed or blocked run never moves
-/// the last applied commit. With a notice, also what the owners were told
-/// and the drift the run found or ended.
-pub(super) async fn record_result(
-    tx: &mut db::Conn,
+/// [`note_run_start`] on SQLite's write thread (`store::direct`).
+pub(super) fn note_run_start_direct(
+    tx: &rusqlite::Transaction<'_>,
     target: &str,
-    (run_id, operation, sha): (i64, Operation, Option<&str>),
-    status: &Status,
-    notice: Option<&Notice>,
     now: i64,
-) -> Result<(), sqlx::Error> {
-    // The result and, with a notice, what the owners were told: one
-    // statement ($8 says whether the notice's columns are written).
+) -> Result<Option<TargetState>, sqlx::Error> {
+    let mut stmt = tx.prepare_cached(&run_start_sql()).map_err(failure)?;
+    direct::bind(&mut stmt, &[("$1", &target), ("$2", &now)])?;
+    let mut rows = stmt.raw_query();
+    let state = match rows.next().map_err(failure)? {
+        Some(r) => Some(TargetState {
+            no_deployments: r.get("no_deployments").map_err(failure)?,
+            ..TargetState::of_row(r).map_err(failure)?
+        }),
+        None => None,
+    };
+    // Stepped to its end, so the update is done.
+    while rows.next().map_err(failure)?.is_some() {}
+    Ok(state)
+}
+
+impl TargetState {
+    /// The [`TARGET_STATE`] columns of a row read on SQLite's write thread.
+    fn of_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<TargetState> {
+        Ok(TargetState {
+            name: r.get("name")?,
+            backend: r.get("backend")?,
+            last_applied_sha: r.get("last_applied_sha")?,
+            last_result: r.get("last_result")?,
+            last_message: r.get("last_message")?,
+            last_run_id: r.get("last_run_id")?,
+            last_run_at: r.get("last_run_at")?,
+            consecutive_failures: r.get("consecutive_failures")?,
+            backend_digest: r.get("backend_digest")?,
+            paused_at: r.get("paused_at")?,
+            paused_by: r.get("paused_by")?,
+            failing_since: r.get("failing_since")?,
+            last_notified_at: r.get("last_notified_at")?,
+            last_notified_message: r.get("last_notified_message")?,
+            drift_hash: r.get("drift_hash")?,
+            drift_summary: r.get("drift_summary")?,
+            drift_since: r.get("drift_since")?,
+            rewind_accepted: r.get("rewind_accepted")?,
+            healthy_sha: r.get("healthy_sha")?,
+            quarantined_sha: r.get("quarantined_sha")?,
+            quarantine_reason: r.get("quarantine_reason")?,
+            health_run: r.get("health_run")?,
+            health_since: r.get("health_since")?,
+            no_deployments: false,
+        })
+    }
+}
+
+/// The statement folding a run's `result` of `operation` into its
+/// target's row (`$1`), and, with a notice, what the owners were told
+/// (`$8` says whether the notice's columns are written): `$2` message,
+/// `$3` run, `$4` now, `$5` result, `$6` commit, `$7` backend digest,
+/// `$9`–`$11` the notice's columns. Not every variant names every
+/// parameter.
+fn result_sql(result: ApplyResult, operation: Operation) -> String {
     const TOLD: &str = "failing_since = CASE WHEN $8 THEN $9 ELSE failing_since END,
              last_notified_at = CASE WHEN $8 THEN $10 ELSE last_notified_at END,
              last_notified_message = CASE WHEN $8 THEN $11 ELSE last_notified_message END";
-    let set = match (status.result, operation) {
+    let set = match (result, operation) {
         // Failed or blocked: the last applied commit stays.
         (ApplyResult::Failed | ApplyResult::Blocked, _) => {
             "last_result = $5, last_message = $2, last_run_id = $3,
@@ -189,22 +251,35 @@ pub(super) async fn record_result(
              quarantine_reason = NULL, health_run = NULL, health_since = NULL, updated_at = $4"
         }
     };
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "UPDATE targets SET {set}, {TOLD} WHERE name = $1"
-    )))
-    .bind(target)
-    .bind(&status.message)
-    .bind(run_id)
-    .bind(now)
-    .bind(status.result.as_str())
-    .bind(sha)
-    .bind(&status.digest)
-    .bind(notice.is_some())
-    .bind(notice.and_then(|n| n.failing_since))
-    .bind(notice.and_then(|n| n.last_notified_at))
-    .bind(notice.and_then(|n| n.last_notified_message.as_deref()))
-    .execute(&mut *tx)
-    .await?;
+    format!("UPDATE targets SET {set}, {TOLD} WHERE name = $1")
+}
+
+/// Fold run `run_id`'s result (`operation` at `sha`) into `target`'s
+/// state, in the run's transaction: a failed or blocked run never moves
+/// the last applied commit. With a notice, also what the owners were told
+/// and the drift the run found or ended.
+pub(super) async fn record_result(
+    tx: &mut db::Conn,
+    target: &str,
+    (run_id, operation, sha): (i64, Operation, Option<&str>),
+    status: &Status,
+    notice: Option<&Notice>,
+    now: i64,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(sqlx::AssertSqlSafe(result_sql(status.result, operation)))
+        .bind(target)
+        .bind(&status.message)
+        .bind(run_id)
+        .bind(now)
+        .bind(status.result.as_str())
+        .bind(sha)
+        .bind(&status.digest)
+        .bind(notice.is_some())
+        .bind(notice.and_then(|n| n.failing_since))
+        .bind(notice.and_then(|n| n.last_notified_at))
+        .bind(notice.and_then(|n| n.last_notified_message.as_deref()))
+        .execute(&mut *tx)
+        .await?;
     if let Some((sha, reason)) = notice.and_then(|n| n.quarantine.as_ref()) {
         sqlx::query(
             "UPDATE targets SET quarantined_sha = $2, quarantine_reason = $3 WHERE name = $1",
@@ -236,6 +311,48 @@ pub(super) async fn record_result(
         .await?;
     }
     Ok(())
+}
+
+/// [`record_result`] on SQLite's write thread (`store::direct`), for a
+/// run whose notice holds nothing but the target's own columns
+/// ([`Notice::only_columns`]): anything more is refused, not dropped.
+pub(super) fn record_result_direct(
+    tx: &rusqlite::Transaction<'_>,
+    target: &str,
+    (run_id, operation, sha): (i64, Operation, Option<&str>),
+    status: &Status,
+    notice: Option<&Notice>,
+    now: i64,
+) -> Result<(), sqlx::Error> {
+    if notice.is_some_and(|n| !n.only_columns()) {
+        return Err(sqlx::Error::Protocol(format!(
+            "the result of run {run_id} of target `{target}` carries more than its target's row \
+             and cannot be written on SQLite's write thread"
+        )));
+    }
+    let mut stmt = tx
+        .prepare_cached(&result_sql(status.result, operation))
+        .map_err(failure)?;
+    direct::bind(
+        &mut stmt,
+        &[
+            ("$1", &target),
+            ("$2", &status.message),
+            ("$3", &run_id),
+            ("$4", &now),
+            ("$5", &status.result.as_str()),
+            ("$6", &sha),
+            ("$7", &status.digest),
+            ("$8", &notice.is_some()),
+            ("$9", &notice.and_then(|n| n.failing_since)),
+            ("$10", &notice.and_then(|n| n.last_notified_at)),
+            (
+                "$11",
+                &notice.and_then(|n| n.last_notified_message.as_deref()),
+            ),
+        ],
+    )?;
+    stmt.raw_execute().map(drop).map_err(failure)
 }
 
 impl Store {

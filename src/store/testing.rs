@@ -212,6 +212,21 @@ pub async fn stores(dir: &Path) -> Vec<super::Store> {
     vec![sqlite, pg]
 }
 
+/// A store on SQLite in `dir` (a file of its own) that writes everything
+/// through sqlx, as PostgreSQL does: no write on SQLite's write thread
+/// (`store::direct`). Beside [`stores`], it shows a kind's direct job
+/// writes what its sqlx statements write.
+pub async fn sqlite_through_sqlx(dir: &Path) -> super::Store {
+    let store = super::Store::open(&dir.join("through-sqlx.db"))
+        .await
+        .expect("sqlite store");
+    super::Store {
+        direct: None,
+        group: Default::default(),
+        ..store
+    }
+}
+
 /// A cluster of one test's own, which the test may stop (as a crash:
 /// `pg_ctl -m immediate`) and start again; the shared one stays up for the
 /// other tests. Stopped and removed when dropped.

@@ -20,11 +20,14 @@ struct Asked {
     receiver: Option<String>,
     started: std::time::Instant,
     started_ms: i64,
+    /// [`crate::store::Store::deployments_made`] before the run began.
+    deployments_made: u64,
 }
 
 impl Asked {
-    fn of(job: Option<&Job>, op: Operation) -> Asked {
+    fn of(job: Option<&Job>, op: Operation, deployments_made: u64) -> Asked {
         Asked {
+            deployments_made,
             op,
             job_id: job.map(|j| j.id),
             trigger: job.map(Job::trigger_label).unwrap_or_else(|| "cli".into()),
@@ -59,6 +62,7 @@ impl Asked {
             delivery_id: self.delivery.clone(),
             started: self.started,
             started_ms: self.started_ms,
+            deployments_made: self.deployments_made,
             prev,
             note: None,
             made_from: None,
@@ -89,7 +93,7 @@ impl Reconciler {
         op: Operation,
         since: std::time::Instant,
     ) -> Result<Ticked, TickError> {
-        let asked = Asked::of(job, op);
+        let asked = Asked::of(job, op, self.app.store.deployments_made());
         // Before anything else: what a run killed mid-way left decrypted.
         let note = self.app.settings().decrypted_note(&target.name);
         let leftovers = decrypt::remove_leftovers(&note);

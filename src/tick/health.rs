@@ -389,6 +389,7 @@ mod tests {
             quarantine_reason: Some("502".into()),
             health_run: None,
             health_since: None,
+            no_deployments: false,
         };
         let s = state("bbb", Some("aaa"), Some("bbb"));
         let held = Aim::Held(Hold {

@@ -61,6 +61,9 @@ struct RunInfo {
     delivery_id: Option<String>,
     started: std::time::Instant,
     started_ms: i64,
+    /// How many deployments this process had made before the run began
+    /// (`Store::deployments_made`).
+    deployments_made: u64,
     /// The target's state before this run (read under the target's lock).
     prev: Option<TargetState>,
     /// Said first in the run's message, whatever its result: the tip does

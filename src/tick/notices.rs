@@ -78,14 +78,23 @@ impl Reconciler {
     /// plan; for Nomad, a job's) that waits and whose owners were not told
     /// yet (what changes and how to approve exactly it), and a `superseded`
     /// one for every deployment they were told of that a newer commit
-    /// replaced. One indexed read per tick, whatever the policy: a target
-    /// whose policy was `approval` may still have a plan waiting.
+    /// replaced. One indexed read per tick, whatever the policy (a target
+    /// whose policy was `approval` may still have a plan waiting) — but
+    /// none for a target that had no deployment on record when the run
+    /// began, when this process made none since: its deployments are made
+    /// only by its runs, and this is the one running (most targets of a
+    /// large instance never make one).
     pub(super) async fn plan_notices(
         &self,
         target: &Target,
         run: &RunInfo,
         notice: &mut Notice,
     ) -> Result<(), TickError> {
+        if run.prev.as_ref().is_some_and(|p| p.no_deployments)
+            && self.app.store.deployments_made() == run.deployments_made
+        {
+            return Ok(());
+        }
         let base = self.app.base_url();
         for (p, why) in self.app.store.untold_plans(&target.name).await? {
             let approve = format!(

@@ -670,7 +670,13 @@ fn an_approved_plans_outputs_reach_the_target_that_waited_for_it() {
     );
     assert_eq!(log_lines(&got), ["1"]);
     let app = &s.history("app")[0];
-    assert_eq!(app["result"], "changed", "{app}");
+    assert_eq!(
+        app["result"],
+        "changed",
+        "app: {:#?}\nbase: {:#?}",
+        s.history("app"),
+        s.history("base")
+    );
     drop(daemon);
 }
 

@@ -1345,15 +1345,27 @@ fn owners_are_told_once_that_a_deployment_waits_for_approval() {
         ),
     )
     .expect("config");
-    for _ in 0..3 {
+    let told = || -> Vec<Value> {
+        sink.requests()
+            .into_iter()
+            .map(|r| {
+                serde_json::from_str(r["body"].as_str().unwrap_or("null")).unwrap_or(Value::Null)
+            })
+            .filter(|d| d["event"] == "pending_approval")
+            .collect()
+    };
+    // Told by the tick that made the deployment (the target's first), not
+    // by a later one.
+    assert_eq!(f.tick().0, Some(0));
+    wait_for(
+        Duration::from_secs(10),
+        "the first tick's pending_approval",
+        || !told().is_empty(),
+    );
+    for _ in 0..2 {
         assert_eq!(f.tick().0, Some(0));
     }
-    let sent: Vec<Value> = sink
-        .requests()
-        .into_iter()
-        .map(|r| serde_json::from_str(r["body"].as_str().unwrap_or("null")).unwrap_or(Value::Null))
-        .filter(|d| d["event"] == "pending_approval")
-        .collect();
+    let sent = told();
     assert_eq!(sent.len(), 1, "{sent:#?}");
     let d = &f.deployments()[0];
     let msg = sent[0]["message"].as_str().unwrap_or("");

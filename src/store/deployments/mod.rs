@@ -266,6 +266,7 @@ impl Store {
     /// first.
     pub async fn insert_plan(&self, p: &NewPlan<'_>) -> Result<StoredPlan, StoreError> {
         let what = "recording a plan";
+        self.changes.deployment();
         let mut tx = self.begin_write(what).await?;
         let now = now_ms();
         let decided_at = p.decided_by.map(|_| now);
@@ -668,29 +669,31 @@ struct UntoldRow {
     untold: String,
 }
 
+/// A plan of `target` at `commit` waiting for approval, for tests.
+#[cfg(test)]
+pub(crate) fn new_plan<'a>(target: &'a str, commit: &'a str) -> NewPlan<'a> {
+    NewPlan {
+        target,
+        backend: "terraform",
+        commit_sha: commit,
+        plan_hash: "h",
+        backend_hash: "b",
+        policy: "approval",
+        summary: "1 to add",
+        diff: "+ a",
+        destructive: false,
+        artifact: None,
+        state: PlanState::PendingApproval,
+        decided_by: None,
+        message: "waits",
+        made_from: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::ledger::{Ledger, NewUnit, Policy};
-
-    fn new_plan<'a>(target: &'a str, commit: &'a str) -> NewPlan<'a> {
-        NewPlan {
-            target,
-            backend: "terraform",
-            commit_sha: commit,
-            plan_hash: "h",
-            backend_hash: "b",
-            policy: "approval",
-            summary: "1 to add",
-            diff: "+ a",
-            destructive: false,
-            artifact: None,
-            state: PlanState::PendingApproval,
-            decided_by: None,
-            message: "waits",
-            made_from: None,
-        }
-    }
 
     /// "deployment N" names one thing: plans and Nomad deployments are rows
     /// of one table, listed and decided one way; a target has at most one

@@ -139,6 +139,7 @@ impl Ledger for Store {
     fn insert<'a>(&'a self, d: &'a NewUnit) -> BoxFuture<'a, Result<i64, LedgerError>> {
         Box::pin(async move {
             let what = "recording a unit's deployment";
+            self.changes.deployment();
             let mut tx = self
                 .begin_write(what)
                 .await

@@ -267,21 +267,24 @@ impl Jobs {
     }
 
     /// Claim the oldest runnable job (a target with a running job, or a
-    /// paused one, is not runnable).
-    pub async fn claim(&self) -> Result<Option<Job>, StoreError> {
+    /// paused one, is not runnable); with `look_first`, only after a read
+    /// found one.
+    pub async fn claim(&self, look_first: bool) -> Result<Option<Job>, StoreError> {
         let now = now_ms();
         // Looked for first with a read, which waits for no writer: a worker
         // woken by a delivery whose job folded into one already running
         // (most of a burst) takes no write turn from the deliveries.
-        let runnable: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "SELECT j.id FROM jobs j WHERE {RUNNABLE} LIMIT 1"
-        )))
-        .bind(now)
-        .fetch_optional(self.store.pool())
-        .await
-        .map_err(self.store.err("looking for a job to claim"))?;
-        if runnable.is_none() {
-            return Ok(None);
+        if look_first {
+            let runnable: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                "SELECT j.id FROM jobs j WHERE {RUNNABLE} LIMIT 1"
+            )))
+            .bind(now)
+            .fetch_optional(self.store.pool())
+            .await
+            .map_err(self.store.err("looking for a job to claim"))?;
+            if runnable.is_none() {
+                return Ok(None);
+            }
         }
         let since = self.clock("$1");
         let sql: std::sync::Arc<str> = format!(
@@ -839,6 +842,13 @@ impl JobRecord {
     }
 }
 
+/// The job of run `$1` done with outcome `$2` at `$3`, if it is running
+/// ([`close_with_run`]).
+pub(in crate::store) const CLOSE_WITH_RUN: &str =
+    "UPDATE jobs SET state = 'done', run_id = $1, outcome = $2, lease_owner = NULL,
+            lease_until = NULL, updated_at = $3
+     WHERE id = (SELECT job_id FROM runs WHERE id = $1) AND state = 'running'";
+
 /// Close the job of run `run_id` as that run ended (`outcome`), in the
 /// run's transaction: a job whose run is recorded is never run again.
 pub(in crate::store) async fn close_with_run(
@@ -847,18 +857,20 @@ pub(in crate::store) async fn close_with_run(
     outcome: &str,
     now: i64,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "UPDATE jobs SET state = 'done', run_id = $1, outcome = $2, lease_owner = NULL,
-                lease_until = NULL, updated_at = $3
-         WHERE id = (SELECT job_id FROM runs WHERE id = $1) AND state = 'running'",
-    )
-    .bind(run_id)
-    .bind(outcome)
-    .bind(now)
-    .execute(tx)
-    .await
-    .map(drop)
+    sqlx::query(CLOSE_WITH_RUN)
+        .bind(run_id)
+        .bind(outcome)
+        .bind(now)
+        .execute(tx)
+        .await
+        .map(drop)
 }
+
+/// Job `$1` deleted if it is done and no run names it
+/// ([`delete_if_unnamed`]).
+pub(in crate::store) const DELETE_IF_UNNAMED: &str =
+    "DELETE FROM jobs WHERE id = $1 AND state = 'done'
+       AND NOT EXISTS (SELECT 1 FROM runs WHERE job_id = $1)";
 
 /// Delete job `id` if it is done and no run names it (a streak's older
 /// job, once the streak's row names the newer one).
@@ -866,14 +878,11 @@ pub(in crate::store) async fn delete_if_unnamed(
     tx: &mut crate::store::db::Conn,
     id: Option<i64>,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "DELETE FROM jobs WHERE id = $1 AND state = 'done'
-           AND NOT EXISTS (SELECT 1 FROM runs WHERE job_id = $1)",
-    )
-    .bind(id)
-    .execute(tx)
-    .await
-    .map(drop)
+    sqlx::query(DELETE_IF_UNNAMED)
+        .bind(id)
+        .execute(tx)
+        .await
+        .map(drop)
 }
 
 /// Done jobs no run names, last changed before `$1`, at most `$2` of them

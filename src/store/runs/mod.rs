@@ -3,7 +3,8 @@
 //! owners' notifications queued, in one transaction; the history read
 //! back; a streak of identical `no_change` runs kept as one row, and what
 //! is older than `[history] keep` pruned in small batches (migration
-//! 0013).
+//! 0013). A run's start and its end are group writes (`batch`): runs
+//! starting or ending together share a commit.
 //!
 //! A run joins a streak when the target's run just before it is a
 //! `no_change` apply of the same commit, trigger and message with no
@@ -16,10 +17,10 @@
 
 use std::time::Duration;
 
-use super::{
-    NewRun, Notice, Operation, Run, Store, StoreError, TargetState, now_ms, outbox, statuses,
-};
+use super::{NewRun, Notice, Operation, Run, Store, StoreError, TargetState, now_ms};
 use crate::model::Status;
+
+mod batch;
 
 /// Rows one pruning transaction deletes at most.
 pub const BATCH: i64 = 500;
@@ -67,6 +68,20 @@ const STREAK_ROW: &str = "SELECT id, job_id FROM runs
        AND result = 'no_change' AND operation = 'apply' AND sha IS NOT DISTINCT FROM $3
        AND trigger = $4 AND message IS NOT DISTINCT FROM $5 AND delivery_id IS NULL";
 
+/// The job the streak row `$1` names.
+const STREAK_JOB: &str = "SELECT job_id FROM runs WHERE id = $1";
+
+/// The streak row `$1` takes the finished run `$2` (its end `$3`, output
+/// tail `$4`, result `$5`, message `$6`), if both are `no_change` with the
+/// same message.
+const FOLD_INTO: &str = "UPDATE runs SET finished_at = $3,
+        duration_ms = $3 - (SELECT started_at FROM runs WHERE id = $2),
+        repeats = repeats + 1, output_tail = $4,
+        job_id = (SELECT job_id FROM runs WHERE id = $2)
+     WHERE id = $1 AND result = 'no_change' AND $5 = 'no_change' AND message IS NOT DISTINCT FROM $6";
+
+const DELETE_RUN: &str = "DELETE FROM runs WHERE id = $1";
+
 /// Fold the finished run `run_id` into the streak `streak` says, in the
 /// run's closing transaction: the streak row counts it, takes its end,
 /// duration, output and job, and the run's own row goes, with the job the
@@ -83,7 +98,7 @@ pub(super) async fn fold(
 ) -> Result<i64, sqlx::Error> {
     let found: Option<(i64, Option<i64>)> = match streak {
         Streak::No => None,
-        Streak::Row(id) => sqlx::query_scalar("SELECT job_id FROM runs WHERE id = $1")
+        Streak::Row(id) => sqlx::query_scalar(STREAK_JOB)
             .bind(id)
             .fetch_optional(&mut **tx)
             .await?
@@ -102,27 +117,21 @@ pub(super) async fn fold(
     let Some((streak, older_job)) = found else {
         return Ok(run_id);
     };
-    let folded = sqlx::query(
-        "UPDATE runs SET finished_at = $3,
-                duration_ms = $3 - (SELECT started_at FROM runs WHERE id = $2),
-                repeats = repeats + 1, output_tail = $4,
-                job_id = (SELECT job_id FROM runs WHERE id = $2)
-         WHERE id = $1 AND result = 'no_change' AND $5 = 'no_change' AND message IS NOT DISTINCT FROM $6",
-    )
-    .bind(streak)
-    .bind(run_id)
-    .bind(now)
-    .bind(&status.output_tail)
-    .bind(status.result.as_str())
-    .bind(&status.message)
-    .execute(&mut **tx)
-    .await?
-    .rows_affected();
+    let folded = sqlx::query(FOLD_INTO)
+        .bind(streak)
+        .bind(run_id)
+        .bind(now)
+        .bind(&status.output_tail)
+        .bind(status.result.as_str())
+        .bind(&status.message)
+        .execute(&mut **tx)
+        .await?
+        .rows_affected();
     if folded != 1 {
         return Ok(run_id);
     }
     super::run_output::fold(tx, run_id, streak).await?;
-    sqlx::query("DELETE FROM runs WHERE id = $1")
+    sqlx::query(DELETE_RUN)
         .bind(run_id)
         .execute(&mut **tx)
         .await?;
@@ -265,30 +274,10 @@ impl Store {
         &self,
         run: &NewRun<'_>,
     ) -> Result<(i64, Option<TargetState>), StoreError> {
-        let now = now_ms();
-        let mut tx = self.begin_write("recording a run").await?;
-        let id: i64 = sqlx::query_scalar(
-            "INSERT INTO runs (target, job_id, operation, trigger, delivery_id, requested_sha, started_at, receiver, sha)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING id",
-        )
-        .bind(run.target)
-        .bind(run.job_id)
-        .bind(run.operation.as_str())
-        .bind(run.trigger)
-        .bind(run.delivery_id)
-        .bind(run.requested_sha)
-        .bind(now)
-        .bind(run.receiver)
-        .bind(run.sha)
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(self.err("recording a run"))?;
-        let state = super::targets::note_run_start(&mut tx, run.target, now)
-            .await
-            .map_err(self.err("recording a run"))?;
-        tx.commit().await.map_err(self.err("recording a run"))?;
+        let start = batch::Start::of(run, now_ms());
+        let begun = self.batched("recording a run", start).await?;
         self.changes.run();
-        Ok((id, state))
+        Ok(begun)
     }
 
     /// Record which commit the run is about to apply.
@@ -317,78 +306,19 @@ impl Store {
         notice: Option<&Notice>,
         streak: Streak<'_>,
     ) -> Result<i64, StoreError> {
-        let now = now_ms();
-        let what = "recording a run's result";
-        let mut tx = self.begin_write(what).await?;
-        // A run whose job was taken from this process (its lease ran out:
-        // whoever recovered the job marked the run interrupted) is recorded
-        // as it ended, but its job — another process's now — is left alone.
-        let taken: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM runs WHERE id = $1 AND result = 'interrupted'",
-        )
-        .bind(run_id)
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(self.err(what))?;
-        let kept = fold(&mut tx, target, streak, run_id, now, status)
-            .await
-            .map_err(self.err(what))?;
-        if kept == run_id {
-            sqlx::query(
-                "UPDATE runs SET finished_at = $2, duration_ms = $2 - started_at, result = $3,
-                        message = $4, output_tail = $5
-                 WHERE id = $1",
-            )
-            .bind(run_id)
-            .bind(now)
-            .bind(status.result.as_str())
-            .bind(&status.message)
-            .bind(&status.output_tail)
-            .execute(&mut *tx)
-            .await
-            .map_err(self.err(what))?;
-        }
-        let run_id = kept;
-        // The run's job is over with it, in the same transaction: a job
-        // whose run is recorded is never run again.
-        if taken == 0 {
-            super::jobs::close_with_run(&mut tx, run_id, status.result.as_str(), now)
-                .await
-                .map_err(self.err(what))?;
-        }
-        super::targets::record_result(
-            &mut tx,
-            target,
-            (run_id, operation, sha),
-            status,
-            notice,
-            now,
-        )
-        .await
-        .map_err(self.err(what))?;
-        if let Some(n) = notice {
-            outbox::queue_notifications(&mut tx, target, Some(run_id), &n.outbox, now)
-                .await
-                .map_err(self.err(what))?;
-            for (id, told) in &n.plans_told {
-                super::deployments::mark_told(&mut tx, *id, *told, now)
-                    .await
-                    .map_err(self.err(what))?;
-            }
-            for s in &n.statuses {
-                statuses::record(&mut tx, s, false)
-                    .await
-                    .map_err(self.err(what))?;
-            }
-            if let Some((id, state, message)) = &n.plan_done {
-                super::deployments::finish_applying(&mut tx, (*id, target), *state, message, now)
-                    .await
-                    .map_err(self.err(what))?;
-            }
-        }
-        tx.commit().await.map_err(self.err(what))?;
+        let end = batch::End {
+            run_id,
+            target: target.to_string(),
+            operation,
+            sha: sha.map(str::to_string),
+            status: status.clone(),
+            notice: notice.cloned(),
+            streak: streak.into(),
+            now: now_ms(),
+        };
+        let kept = self.batched("recording a run's result", end).await?;
         self.changes.run();
-        Ok(run_id)
+        Ok(kept)
     }
 
     /// The newest runs of a target, newest first.
@@ -481,13 +411,17 @@ pub(super) async fn interrupt_runs(
 mod tests {
     use super::*;
     use crate::model::ApplyResult;
-    use crate::store::{NewRun, Operation};
+    use crate::store::{NewRun, Notice, Operation};
 
-    /// A store on SQLite and one on PostgreSQL, `web` registered in each.
+    /// A store on SQLite, one on PostgreSQL and one on SQLite writing
+    /// through sqlx only (a run's start and end as PostgreSQL writes
+    /// them), `web` registered in each.
     async fn stores() -> Vec<(std::sync::Arc<tempfile::TempDir>, Store)> {
         let dir = std::sync::Arc::new(tempfile::tempdir().expect("tempdir"));
         let mut out = Vec::new();
-        for store in crate::store::testing::stores(dir.path()).await {
+        let mut all = crate::store::testing::stores(dir.path()).await;
+        all.push(crate::store::testing::sqlite_through_sqlx(dir.path()).await);
+        for store in all {
             store
                 .register_targets(&[("web", "exec")])
                 .await
@@ -567,6 +501,34 @@ mod tests {
             )
             .await
             .expect("finish")
+    }
+
+    /// A run's start says whether its target has any deployment on record
+    /// (a tick whose target has none, and that made none, reads for no
+    /// plan to tell of); a plan made counts in `deployments_made`, and a
+    /// row read otherwise never claims to have none.
+    #[tokio::test]
+    async fn a_runs_start_says_whether_its_target_has_deployments() {
+        for (_dir, store) in stores().await {
+            let (_, state) = store
+                .begin_run_with_state(&new_run("interval"))
+                .await
+                .expect("begin");
+            assert!(state.expect("web's row").no_deployments);
+            let before = store.deployments_made();
+            store
+                .insert_plan(&crate::store::deployments::new_plan("web", "aaa"))
+                .await
+                .expect("plan");
+            assert_eq!(store.deployments_made(), before + 1);
+            let (_, state) = store
+                .begin_run_with_state(&new_run("interval"))
+                .await
+                .expect("begin");
+            assert!(!state.expect("web's row").no_deployments);
+            let read = store.target_state("web").await.expect("read");
+            assert!(!read.expect("web's row").no_deployments);
+        }
     }
 
     #[tokio::test]
@@ -743,5 +705,123 @@ mod tests {
                 .expect("prune");
             assert_eq!(pruned, Pruned::default());
         }
+    }
+
+    /// What the rows of `runs`, `jobs` and `targets` say, timestamps the
+    /// store makes left out, for comparing two stores.
+    async fn rows(store: &Store) -> Vec<String> {
+        // One JSON array a row (SQLite's json_array).
+        let read = |sql: &'static str| sqlx::query_scalar::<_, String>(sql).fetch_all(store.pool());
+        let runs = read(
+            "SELECT json_array(id, job_id, operation, trigger, sha, result, message, repeats,
+                               output_tail) FROM runs ORDER BY id",
+        )
+        .await
+        .expect("runs");
+        let jobs = read(
+            "SELECT json_array(id, state, run_id, outcome, lease_owner) FROM jobs ORDER BY id",
+        )
+        .await
+        .expect("jobs");
+        let mut state = store
+            .target_state("web")
+            .await
+            .expect("state")
+            .expect("row");
+        state.last_run_at = None;
+        let mut out = runs;
+        out.extend(jobs);
+        out.push(format!("{state:?}"));
+        out
+    }
+
+    /// A run's start and end written on SQLite's write thread leave the
+    /// rows the same statements leave written through sqlx: a change with
+    /// what the owners were told, a streak found as it is recorded and
+    /// one found before, a failure, a destroy whose job was taken from it.
+    #[tokio::test]
+    async fn the_write_thread_writes_a_run_as_sqlx_does() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let direct = Store::open(&dir.path().join("direct.db"))
+            .await
+            .expect("store");
+        let through_sqlx = crate::store::testing::sqlite_through_sqlx(dir.path()).await;
+        let mut seen = Vec::new();
+        for store in [direct, through_sqlx] {
+            store
+                .register_targets(&[("web", "exec")])
+                .await
+                .expect("register");
+            // The rows after each step.
+            let mut after = Vec::new();
+            let steps: [(ApplyResult, &str, Operation, bool); 7] = [
+                (ApplyResult::Changed, "interval", Operation::Apply, false),
+                (ApplyResult::NoChange, "interval", Operation::Apply, false),
+                (ApplyResult::NoChange, "interval", Operation::Apply, false),
+                (ApplyResult::NoChange, "cli", Operation::Apply, false),
+                (ApplyResult::Failed, "cli", Operation::Apply, false),
+                (ApplyResult::Changed, "cli", Operation::Apply, false),
+                (ApplyResult::Changed, "cli", Operation::Destroy, true),
+            ];
+            for (n, (result, trigger, op, taken)) in steps.into_iter().enumerate() {
+                let mut tx = store.begin_write("test").await.expect("begin");
+                let job: i64 = sqlx::query_scalar(
+                    "INSERT INTO jobs (target, state, triggers, created_at, updated_at, lease_owner)
+                     VALUES ('web', 'running', '[]', 0, 0, 'me') RETURNING id",
+                )
+                .fetch_one(&mut *tx)
+                .await
+                .expect("job");
+                tx.commit().await.expect("commit");
+                let (id, _) = store
+                    .begin_run_with_state(&NewRun {
+                        target: "web",
+                        job_id: Some(job),
+                        operation: op,
+                        trigger,
+                        delivery_id: None,
+                        requested_sha: Some("ab"),
+                        receiver: Some("here"),
+                        sha: Some("abc"),
+                    })
+                    .await
+                    .expect("begin");
+                if taken {
+                    let mut tx = store.begin_write("test").await.expect("begin");
+                    sqlx::query("UPDATE runs SET result = 'interrupted' WHERE id = $1")
+                        .bind(id)
+                        .execute(&mut *tx)
+                        .await
+                        .expect("interrupt");
+                    tx.commit().await.expect("commit");
+                }
+                let message = format!("{} by {trigger}", result.as_str());
+                let streak = match (result, trigger) {
+                    (ApplyResult::NoChange, "interval") => Streak::Find {
+                        sha: Some("abc"),
+                        trigger,
+                    },
+                    (ApplyResult::NoChange, _) => Streak::Row(id - 1),
+                    _ => Streak::No,
+                };
+                let notice = Notice {
+                    failing_since: Some(n as i64 * 10),
+                    last_notified_at: Some(n as i64 * 10 + 1),
+                    last_notified_message: Some(format!("told {n}")),
+                    ..Notice::default()
+                };
+                let mut s = status(result, &message);
+                s.output_tail = format!("tail {n}");
+                s.digest = Some(format!("digest {n}"));
+                store
+                    .finish_run(id, "web", op, Some("abc"), &s, Some(&notice), streak)
+                    .await
+                    .expect("finish");
+                after.push(rows(&store).await);
+            }
+            seen.push(after);
+        }
+        assert_eq!(seen[0], seen[1], "direct (left) and through sqlx (right)");
+        assert_eq!(seen[0].len(), 7);
     }
 }
