@@ -178,8 +178,13 @@ impl Reconciler {
                     .await?;
                 Duration::ZERO
             }
-            // Nothing applied: checked only under `recheck`, at once.
-            (ApplyResult::NoChange, _) if health.recheck => health.grace,
+            // Nothing applied: checked only under `recheck`, or when the
+            // commit in place is the quarantined one (a person's retry of
+            // it), at once. Unchecked, that retry's `no_change` would lift
+            // the quarantine as healthy.
+            (ApplyResult::NoChange, _) if health.recheck || retries_quarantined(run, sha) => {
+                health.grace
+            }
             _ => return pass(status),
         };
         let applied = status.result == ApplyResult::Changed;
@@ -270,7 +275,8 @@ impl Reconciler {
                 message,
                 ..status
             },
-            quarantine: (run.hold.is_none() && applied).then(|| (sha.to_string(), reason)),
+            quarantine: (run.hold.is_none() && (applied || retries_quarantined(run, sha)))
+                .then(|| (sha.to_string(), reason)),
         }
     }
 
@@ -299,6 +305,16 @@ impl Reconciler {
 }
 
 /// Whether an unhealthy apply of `target` is rolled back.
+/// Run `run` tries `sha`, the commit in place, which is quarantined: a
+/// person's retry (nothing else aims at a quarantined tip).
+fn retries_quarantined(run: &RunInfo, sha: &str) -> bool {
+    run.hold.is_none()
+        && run
+            .prev
+            .as_ref()
+            .is_some_and(|p| p.quarantined_sha.as_deref() == Some(sha))
+}
+
 fn rolls_back(target: &Target) -> bool {
     target
         .health

@@ -180,6 +180,20 @@ fn an_unhealthy_apply_is_reported_and_not_applied_again_until_a_newer_commit() {
     .expect("a JSON document");
     assert_eq!(doc["event"], "unhealthy", "{doc}");
 
+    // A person's retry while it still answers 503: nothing to apply, but
+    // the checks run again and the quarantine holds (unchecked, the
+    // retry's `no_change` lifted it as healthy).
+    let asked = server.asked.load(Ordering::SeqCst);
+    let out = s.run(&["retry", "web"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    let run = newest(&s, "web");
+    assert_eq!(run["result"], "unhealthy", "{run}");
+    assert!(server.asked.load(Ordering::SeqCst) > asked, "checked again");
+    let st = s.target_status("web");
+    assert!(st["quarantined_sha"].is_string(), "{st}");
+    assert_ne!(st["healthy_sha"], st["quarantined_sha"], "{st}");
+    assert_eq!(lines(&applies), 1);
+
     // The service is fixed and a newer commit arrives: applied, healthy.
     server.set(200);
     let fixed = remote.commit(&[("v", "2")], "second");
@@ -197,7 +211,9 @@ fn an_unhealthy_apply_is_reported_and_not_applied_again_until_a_newer_commit() {
     let st = s.target_status("web");
     assert_eq!(st["healthy_sha"], fixed.as_str(), "{st}");
     assert!(st.get("quarantined_sha").is_none(), "{st}");
-    assert_eq!(events(&s), ["unhealthy", "recovered"]);
+    // Told of the first apply and of the retry (a person's new try), then
+    // of the recovery.
+    assert_eq!(events(&s), ["unhealthy", "unhealthy", "recovered"]);
     assert_eq!(lines(&applies), 2);
 }
 
