@@ -371,34 +371,32 @@ pub async fn rollouts(app: &App) -> Result<Vec<(String, Option<RolloutView>)>, S
                 .map(|(m, w)| (m.clone(), *w as usize))
                 .collect::<Vec<_>>(),
         );
-        let members = r
-            .members
-            .iter()
-            .map(|(m, w)| {
-                let (state, why) =
-                    if *w < r.wave || r.state == crate::store::rollouts::RolloutState::Done {
-                        ("done", None)
-                    } else if *w > r.wave {
-                        ("held", None)
-                    } else {
-                        let s = states.iter().find(|s| &s.name == m);
-                        match crate::tick::rollout_verdict(settings.target(m), s, &r) {
-                            crate::tick::Verdict::Done => ("done", None),
-                            crate::tick::Verdict::Failed(why) => ("failed", Some(why)),
-                            crate::tick::Verdict::Waiting => ("waiting", None),
-                        }
-                    };
-                RolloutMember {
-                    target: m.clone(),
-                    wave: waves
-                        .iter()
-                        .position(|x| *x as i64 == *w)
-                        .map_or(0, |i| i + 1),
-                    state,
-                    why,
-                }
-            })
-            .collect();
+        let mut members = Vec::with_capacity(r.members.len());
+        for (m, w) in &r.members {
+            let (state, why) =
+                if *w < r.wave || r.state == crate::store::rollouts::RolloutState::Done {
+                    ("done", None)
+                } else if *w > r.wave {
+                    ("held", None)
+                } else {
+                    let s = states.iter().find(|s| &s.name == m);
+                    let judged_at = crate::tick::rollout_judged_at(&app.store, s).await?;
+                    match crate::tick::rollout_verdict(settings.target(m), s, &r, judged_at) {
+                        crate::tick::Verdict::Done => ("done", None),
+                        crate::tick::Verdict::Failed(why) => ("failed", Some(why)),
+                        crate::tick::Verdict::Waiting => ("waiting", None),
+                    }
+                };
+            members.push(RolloutMember {
+                target: m.clone(),
+                wave: waves
+                    .iter()
+                    .position(|x| *x as i64 == *w)
+                    .map_or(0, |i| i + 1),
+                state,
+                why,
+            });
+        }
         out.push((
             unit.name.to_string(),
             Some(RolloutView {

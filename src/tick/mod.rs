@@ -31,7 +31,9 @@ mod window;
 use converge::with_inputs;
 pub use preview::Previewed;
 pub use rewind::{REWIND_REFUSED, accept as accept_rewind};
-pub use rollout::{Verdict, decide as decide_rollout, verdict as rollout_verdict};
+pub use rollout::{
+    Verdict, decide as decide_rollout, judged_at as rollout_judged_at, verdict as rollout_verdict,
+};
 pub use sets::{SetRefresh, list_sets};
 pub use window::interval_waits;
 

@@ -77,8 +77,18 @@ pub enum Verdict {
 }
 
 /// Where member `t` (`None`: gone from the configuration), its state
-/// `s`, is in the wave in progress of rollout `r`.
-pub fn verdict(t: Option<&Target>, s: Option<&TargetState>, r: &RolloutRow) -> Verdict {
+/// `s`, is in the wave in progress of rollout `r`. `judged_at`: when the
+/// run whose result `s` holds (`last_run_id`) started. A failure or a
+/// quarantine counts only from a run started since the wave did: one
+/// from before is stale — a resumed wave's retry is still to run, or
+/// running (its start moves `last_run_at`, not the result) — and the
+/// member is waiting.
+pub fn verdict(
+    t: Option<&Target>,
+    s: Option<&TargetState>,
+    r: &RolloutRow,
+    judged_at: Option<i64>,
+) -> Verdict {
     // A member gone from the configuration (its directory removed) holds
     // nobody back.
     let Some(t) = t else { return Verdict::Done };
@@ -87,7 +97,8 @@ pub fn verdict(t: Option<&Target>, s: Option<&TargetState>, r: &RolloutRow) -> V
     };
     let at = s.last_applied_sha.as_deref() == Some(r.sha.as_str());
     let result = s.last_result.as_deref().unwrap_or("");
-    if s.quarantined_sha.as_deref() == Some(r.sha.as_str()) {
+    let since = judged_at.is_some_and(|ran| ran >= r.wave_started_at);
+    if since && s.quarantined_sha.as_deref() == Some(r.sha.as_str()) {
         return Verdict::Failed(format!(
             "`{}` is unhealthy: {}",
             t.name,
@@ -100,7 +111,6 @@ pub fn verdict(t: Option<&Target>, s: Option<&TargetState>, r: &RolloutRow) -> V
     if at && healthy && matches!(result, "changed" | "no_change") {
         return Verdict::Done;
     }
-    let since = s.last_run_at.is_some_and(|ran| ran >= r.wave_started_at);
     if since
         && matches!(
             result,
@@ -243,7 +253,9 @@ impl Reconciler {
         let mut verdicts = Vec::new();
         for m in &in_wave {
             let s = self.app.store.target_state(m).await?;
-            verdicts.push((*m, s.clone(), verdict(settings.target(m), s.as_ref(), r)));
+            let judged_at = judged_at(&self.app.store, s.as_ref()).await?;
+            let v = verdict(settings.target(m), s.as_ref(), r, judged_at);
+            verdicts.push((*m, s, v));
         }
         if let Some(why) = verdicts.iter().find_map(|(_, _, v)| match v {
             Verdict::Failed(why) => Some(why.clone()),
@@ -374,6 +386,18 @@ impl Reconciler {
     }
 }
 
+/// When the run whose result `s` holds started ([`verdict`]'s
+/// `judged_at`).
+pub async fn judged_at(
+    store: &crate::store::Store,
+    s: Option<&TargetState>,
+) -> Result<Option<i64>, StoreError> {
+    match s.and_then(|s| s.last_run_id) {
+        Some(id) => store.run_started_at(id).await,
+        None => Ok(None),
+    }
+}
+
 /// The job a wave queues for one of its members.
 fn rollout_request(target: &str) -> crate::queue::Request {
     crate::queue::Request {
@@ -461,6 +485,65 @@ mod tests {
             created_at: 0,
             updated_at: 0,
         }
+    }
+
+    /// A resumed wave starts again at the resume: the member's quarantine
+    /// and failed result from before it are stale until its retry has run
+    /// (the retry's start alone moves `last_run_at`, not the result).
+    #[test]
+    fn a_failure_counts_only_from_a_run_started_since_the_wave() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("c.toml");
+        std::fs::write(
+            &file,
+            "[[targets]]\nname = \"a\"\nrepo = \"/srv/r\"\n\
+             [targets.backend]\nkind = \"exec\"\napply = [\"true\"]\n\
+             [[groups]]\nname = \"fleet\"\ntargets = [\"a\"]\nrollout = { waves = [1] }\n",
+        )
+        .expect("write");
+        let settings = crate::config::load(&file).expect("valid");
+        let t = &settings.targets[0];
+        let r = RolloutRow {
+            wave_started_at: 1_000,
+            ..row(1, RolloutState::Running)
+        };
+        let unhealthy = TargetState {
+            name: "a".into(),
+            last_applied_sha: Some(r.sha.clone()),
+            last_result: Some("unhealthy".into()),
+            last_message: Some("502".into()),
+            last_run_id: Some(7),
+            // The retry has started; its result is not in yet.
+            last_run_at: Some(1_500),
+            quarantined_sha: Some(r.sha.clone()),
+            quarantine_reason: Some("502".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            verdict(Some(t), Some(&unhealthy), &r, Some(900)),
+            Verdict::Waiting
+        );
+        assert_eq!(
+            verdict(Some(t), Some(&unhealthy), &r, None),
+            Verdict::Waiting
+        );
+        assert_eq!(
+            verdict(Some(t), Some(&unhealthy), &r, Some(1_500)),
+            Verdict::Failed("`a` is unhealthy: 502".into())
+        );
+        let failed = TargetState {
+            quarantined_sha: None,
+            last_result: Some("failed".into()),
+            ..unhealthy.clone()
+        };
+        assert_eq!(
+            verdict(Some(t), Some(&failed), &r, Some(900)),
+            Verdict::Waiting
+        );
+        assert_eq!(
+            verdict(Some(t), Some(&failed), &r, Some(1_000)),
+            Verdict::Failed("`a` failed: 502".into())
+        );
     }
 
     #[test]

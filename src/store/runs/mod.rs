@@ -347,6 +347,15 @@ impl Store {
             .find(|r| r.id < id && r.result.as_deref() == Some("no_change")))
     }
 
+    /// When run `id` started (ms): `None` if there is no such run.
+    pub async fn run_started_at(&self, id: i64) -> Result<Option<i64>, StoreError> {
+        sqlx::query_scalar("SELECT started_at FROM runs WHERE id = $1")
+            .bind(id)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(self.err("reading when a run started"))
+    }
+
     pub async fn run(&self, id: i64) -> Result<Option<Run>, StoreError> {
         sqlx::query_as::<_, Run>(
             "SELECT id, target, job_id, operation, trigger, delivery_id, requested_sha, sha,
