@@ -7,6 +7,8 @@
 #
 #   bench/webhooks.sh [DURATION] [CONNECTIONS]     (default 10s, 16)
 #   DRIFTLESS_BIN=/path/to/driftless bench/webhooks.sh   (another build)
+#   BENCH_PG_STATEMENTS=1 bench/webhooks.sh   (PostgreSQL with pg_stat_statements,
+#                                              its busiest statements printed)
 #
 # Every delivery has its own id, so driftless records each one durably
 # (SQLite, synchronous=FULL) and queues a job before answering 202; the
@@ -146,7 +148,11 @@ chmod 711 "$work"
 mkdir -p "$work/pg" "$work/pgsock"
 chown postgres "$work/pg" "$work/pgsock"
 su postgres -s /bin/sh -c "'$pgbin/initdb' -D '$work/pg' -A trust -U postgres" >/dev/null
-su postgres -s /bin/sh -c "'$pgbin/pg_ctl' -D '$work/pg' -o \"-k '$work/pgsock' -c listen_addresses=''\" -l '$work/pgsock/server.log' -w start" >/dev/null
+statements=${BENCH_PG_STATEMENTS:-0}
+pgopts="-k '$work/pgsock' -c listen_addresses=''"
+[ "$statements" = 1 ] && pgopts="$pgopts -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all"
+su postgres -s /bin/sh -c "'$pgbin/pg_ctl' -D '$work/pg' -o \"$pgopts\" -l '$work/pgsock/server.log' -w start" >/dev/null
+[ "$statements" = 1 ] && "$pgbin/psql" -h "$work/pgsock" -U postgres -qc "CREATE EXTENSION pg_stat_statements" postgres
 port_p=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 sed -e "s|^state_dir = .*|state_dir = \"$work/state-pg\"|" -e "s|127.0.0.1:$port_d|127.0.0.1:$port_p|" \
   "$work/driftless.toml" > "$work/driftless-pg.toml"
@@ -158,3 +164,9 @@ echo "== signed GitHub pushes at driftless on PostgreSQL $("$pgbin/postgres" --v
 run driftless-postgres "http://127.0.0.1:$port_p/hooks/github"
 awk -v p="$(cat "$work/driftless-postgres.rps")" -v s="$(cat "$work/driftless.rps")" -v w="$(cat "$work/adnanh-webhook.rps")" \
   'BEGIN { printf "%-30s %10.2f x SQLite   %.2f x webhook (requests per second)\n", "ratio (PostgreSQL)", p / s, p / w }'
+if [ "$statements" = 1 ]; then
+  echo "== the busiest statements on PostgreSQL during the flood (pg_stat_statements, nested ones too)"
+  "$pgbin/psql" -h "$work/pgsock" -U postgres -c "SELECT calls, round(total_exec_time::numeric, 1) AS total_ms,
+      round(mean_exec_time::numeric, 3) AS mean_ms, left(regexp_replace(query, '\s+', ' ', 'g'), 72) AS statement
+    FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 8" postgres
+fi

@@ -497,6 +497,154 @@ mod tests {
         }
     }
 
+    /// A call of the intake function ([`crate::store::Locked`]) on `conn`.
+    async fn call_locked(
+        conn: &mut crate::store::db::Conn,
+        call: crate::store::Locked<Vec<Accepted>>,
+    ) -> Option<Vec<Accepted>> {
+        let called = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(format!(
+            "SELECT {}($1, $2)",
+            call.function
+        )))
+        .bind(call.rows)
+        .bind(call.now)
+        .fetch_one(&mut *conn)
+        .await;
+        match called {
+            Ok(text) => (call.answers)(&text).expect("its answers"),
+            // Rolled back: not for it.
+            Err(sqlx::Error::Database(d))
+                if d.code().as_deref() == Some(crate::store::NOT_WRITTEN) =>
+            {
+                None
+            }
+            Err(e) => panic!("the call: {e}"),
+        }
+    }
+
+    /// On PostgreSQL a batch of deliveries is one call of the write
+    /// connection's intake function. Every delivery new: it answers as
+    /// the usual way does (`deliveries_written_together_…`). One seen
+    /// before: it is rolled back whole, for the usual way to sort them
+    /// out. An
+    /// id twice in the batch: not written so at all.
+    #[tokio::test]
+    async fn the_intake_function_answers_as_the_usual_way_or_writes_nothing() {
+        for (_d, q) in queues().await {
+            if q.store().kind() != crate::store::Kind::Postgres {
+                continue;
+            }
+            let mut conn = q.store().pool().acquire().await.expect("a connection");
+            sqlx::raw_sql(sqlx::AssertSqlSafe(crate::store::jobs::pg_functions(7)))
+                .execute(&mut *conn)
+                .await
+                .expect("the functions");
+            let push = |d: &str, t: &str, sha: &str| {
+                intake(d, vec![req(t, Trigger::Webhook, Some(sha), Some(d))])
+            };
+            let Accepted::Queued { jobs: api, .. } =
+                q.accept(push("d0", "api", "000")).await.expect("accept")
+            else {
+                panic!("d0 taken as a duplicate");
+            };
+            let api = api[0].1;
+            let no_id = Intake {
+                delivery_id: None,
+                ..intake("", vec![req("web", Trigger::Webhook, Some("ccc"), None)])
+            };
+            let batch = [
+                push("d1", "web", "aaa"),
+                intake(
+                    "d2",
+                    vec![
+                        req("web", Trigger::Webhook, Some("bbb"), Some("d2")),
+                        req("api", Trigger::Webhook, Some("bbb"), Some("d2")),
+                    ],
+                ),
+                no_id,
+            ];
+            let call = Intake::locked(batch.iter().collect()).expect("a call");
+            let out = call_locked(&mut conn, call).await.expect("written");
+            let jobs = |a: &Accepted| match a {
+                Accepted::Queued { jobs, .. } => jobs.clone(),
+                Accepted::Duplicate => panic!("a duplicate"),
+            };
+            assert_eq!(out.len(), 3);
+            let web = jobs(&out[0])[0].1;
+            assert_eq!(jobs(&out[0]), vec![("web".to_string(), web)]);
+            assert_eq!(
+                jobs(&out[1]),
+                vec![("web".to_string(), web), ("api".to_string(), api)]
+            );
+            assert_eq!(jobs(&out[2]), vec![("web".to_string(), web)]);
+            assert!(matches!(out[0], Accepted::Queued { new_job: true, .. }));
+
+            // d1 was seen: nothing of this batch is written, d3 included.
+            let again = [push("d3", "web", "ddd"), push("d1", "web", "eee")];
+            let call = Intake::locked(again.iter().collect()).expect("a call");
+            assert_eq!(call_locked(&mut conn, call).await, None);
+            let twice = [push("d4", "web", "fff"), push("d4", "web", "fff")];
+            assert!(Intake::locked(twice.iter().collect()).is_none());
+
+            let kept: Vec<String> =
+                sqlx::query_scalar("SELECT delivery_id FROM deliveries ORDER BY delivery_id")
+                    .fetch_all(q.store().pool())
+                    .await
+                    .expect("deliveries");
+            assert_eq!(kept, vec!["d0", "d1", "d2"]);
+            let first = q.claim().await.expect("claim").expect("api's job");
+            assert_eq!((first.id, first.target.as_str()), (api, "api"));
+            assert_eq!(first.delivery_ids, vec!["d0", "d2"]);
+            assert_eq!(first.requested_sha.as_deref(), Some("bbb"));
+            let job = q.claim().await.expect("claim").expect("web's job");
+            assert_eq!(job.id, web);
+            assert_eq!(job.requested_sha.as_deref(), Some("ccc"));
+            assert_eq!(job.delivery_ids, vec!["d1", "d2"]);
+            assert_eq!(job.triggers, vec![Trigger::Webhook]);
+            assert!(q.claim().await.expect("claim").is_none());
+        }
+    }
+
+    /// A database user without the TEMP privilege: the write connection
+    /// cannot make its functions, and deliveries are written the usual
+    /// way, every one taken once.
+    #[tokio::test]
+    async fn without_temporary_functions_deliveries_are_written_the_usual_way() {
+        let url = crate::store::testing::database().await;
+        let db = url
+            .split('?')
+            .next()
+            .and_then(|u| u.rsplit_once('/'))
+            .map(|(_, db)| db.to_string())
+            .expect("a database name");
+        crate::store::testing::execute(
+            None,
+            &format!(
+                "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'notemp')
+                   THEN CREATE ROLE notemp LOGIN; END IF; END $$;
+                 ALTER DATABASE \"{db}\" OWNER TO notemp;
+                 REVOKE TEMPORARY ON DATABASE \"{db}\" FROM PUBLIC, notemp"
+            ),
+        )
+        .await;
+        let url = url.replacen("postgres://postgres@", "postgres://notemp@", 1);
+        let q = Queue::new(Store::open_postgres(&url).await.expect("a store"));
+        let mut taken = 0;
+        for d in ["d1", "d2", "d1"] {
+            let a = q
+                .accept(intake(
+                    d,
+                    vec![req("web", Trigger::Webhook, Some("aaa"), Some(d))],
+                ))
+                .await
+                .expect("accept");
+            taken += usize::from(a != Accepted::Duplicate);
+        }
+        assert_eq!(taken, 2);
+        let job = q.claim().await.expect("claim").expect("web's job");
+        assert_eq!(job.delivery_ids, vec!["d1", "d2"]);
+    }
+
     /// Many deliveries at once (batched by the writer as they come): each
     /// id taken exactly once, every request in its target's one job.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,8 +13,11 @@
 //! deliveries, one for their jobs) instead of a statement each. On SQLite,
 //! a batch whose every write is of a kind that has a `direct` job is
 //! written on `store::direct`'s connection instead, in one blocking call on
-//! the writer thread, taking the same turn to write. This module runs what
-//! it is given; it knows nothing of deliveries or jobs.
+//! the writer thread, taking the same turn to write. On PostgreSQL, a batch
+//! whose every write is of one kind that has a `locked` call is written by
+//! that one call (a function of the write connection's own that takes the
+//! write lock: one round trip, a transaction of its own). This module runs
+//! what it is given; it knows nothing of deliveries or jobs.
 
 use std::any::{Any, TypeId};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -55,7 +58,39 @@ pub trait Batch: Send + Sync + Sized + 'static {
     fn direct(_all: Vec<&Self>) -> Option<direct::Job<Vec<Self::Out>>> {
         None
     }
+
+    /// The same writes as `run`, as one call of a PL/pgSQL function that
+    /// takes the write lock itself: on PostgreSQL a batch of nothing but
+    /// this kind is then one round trip (the call is a transaction of its
+    /// own) instead of `BEGIN` with the lock, a statement or more, and
+    /// `COMMIT`. None (the default) where these cannot be written so.
+    fn locked(_all: Vec<&Self>) -> Option<Locked<Vec<Self::Out>>> {
+        None
+    }
 }
+
+/// The SQLSTATE a [`Locked`] function raises when the batch is not for it
+/// (a delivery seen before): the call is rolled back whole, and the batch
+/// is written the usual way.
+pub const NOT_WRITTEN: &str = "DLSKP";
+
+/// A [`Batch`] kind's writes as one call of `function`, a PL/pgSQL
+/// function made on the write connection as it opens (`pg_temp`: it lives
+/// as long as the connection, and is always this build's), called as
+/// `function(rows, now)`. It takes the write lock first (its statements
+/// then read what committed before it, a volatile function's statements
+/// each taking a snapshot of their own) and answers with text.
+pub struct Locked<A> {
+    pub function: &'static str,
+    pub rows: String,
+    pub now: i64,
+    /// The function's answer → the writes' answers (each write's, in
+    /// order); `None`: the batch is written the usual way.
+    pub answers: ReadAnswers<A>,
+}
+
+/// How a [`Locked`] call's answer is read.
+pub type ReadAnswers<A> = Box<dyn FnOnce(&str) -> Result<Option<A>, sqlx::Error> + Send>;
 
 /// A [`Batch`] write with the slot its answer goes to, its kind erased.
 struct Slot<B: Batch> {
@@ -109,6 +144,28 @@ fn direct_job<B: Batch>(slots: &[&Erased]) -> Option<direct::Job<Answers>> {
     }))
 }
 
+/// `B::locked` over erased slots (every one a `Slot<B>`), its answers
+/// erased.
+type LockedCall = fn(&[&Erased]) -> Option<Locked<Answers>>;
+
+fn locked_call<B: Batch>(slots: &[&Erased]) -> Option<Locked<Answers>> {
+    let inputs: Vec<&B> = slots
+        .iter()
+        .filter_map(|s| s.downcast_ref::<Slot<B>>())
+        .map(|s| &s.input)
+        .collect();
+    let call = B::locked(inputs)?;
+    let answers = call.answers;
+    Some(Locked {
+        function: call.function,
+        rows: call.rows,
+        now: call.now,
+        answers: Box::new(move |text| {
+            Ok(answers(text)?.map(|outs: Vec<B::Out>| Box::new(outs) as Answers))
+        }),
+    })
+}
+
 /// Put the answers of a [`DirectJob`] in their slots.
 type Fill = fn(&[&Erased], Answers);
 
@@ -130,6 +187,7 @@ enum Work {
         kind: TypeId,
         run: Many,
         direct: DirectJob,
+        locked: LockedCall,
         fill: Fill,
         slot: Erased,
     },
@@ -191,6 +249,7 @@ impl Store {
             kind: TypeId::of::<B>(),
             run: run_many::<B>,
             direct: direct_job::<B>,
+            locked: locked_call::<B>,
             fill: fill::<B>,
             slot,
         };
@@ -352,6 +411,9 @@ async fn run_batch(store: &Store, batch: &mut [Item]) -> Result<(), Failed> {
             direct::Failure::Transaction(e) => Failed::Transaction(store.err(what)(e)),
         });
     }
+    if let Some(done) = run_locked(store, batch).await {
+        return done;
+    }
     let mut tx = store.begin_write(what).await.map_err(Failed::Transaction)?;
     let mut rest = &mut batch[..];
     while let Some((first, _)) = rest.split_first_mut() {
@@ -445,6 +507,73 @@ async fn run_direct(store: &Store, batch: &mut [Item]) -> Option<Result<(), dire
             Some(Ok(()))
         }
         Err(e) => Some(Err(e)),
+    }
+}
+
+/// On PostgreSQL, a batch of writes of one kind that has a
+/// [`Batch::locked`] call, written by that call; None where it is not
+/// such a batch, or where the call wrote nothing or lost its connection
+/// (the batch is then written the usual way: a call whose connection was
+/// lost after its commit leaves those deliveries to be found duplicates,
+/// their jobs queued).
+async fn run_locked(store: &Store, batch: &mut [Item]) -> Option<Result<(), Failed>> {
+    if store.kind != super::Kind::Postgres {
+        return None;
+    }
+    let (what, kind, locked, fill) = match batch.first()? {
+        Item {
+            what,
+            work: Work::Many {
+                kind, locked, fill, ..
+            },
+            ..
+        } => (*what, *kind, *locked, *fill),
+        _ => return None,
+    };
+    let slots = batch
+        .iter_mut()
+        .map(|i| match &mut i.work {
+            Work::Many { kind: k, slot, .. } if *k == kind => Some(&*slot),
+            _ => None,
+        })
+        .collect::<Option<Vec<&Erased>>>()?;
+    let Locked {
+        function,
+        rows,
+        now,
+        answers,
+    } = locked(&slots)?;
+    let sql = format!("SELECT {function}($1, $2)");
+    let called = store
+        .writer
+        .autocommit(move |conn| {
+            Box::pin(async move {
+                sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(sql))
+                    .bind(rows)
+                    .bind(now)
+                    .fetch_one(conn)
+                    .await
+            })
+        })
+        .await;
+    match called.and_then(|text| answers(&text)) {
+        Ok(Some(outs)) => {
+            fill(&slots, outs);
+            Some(Ok(()))
+        }
+        Ok(None) => None,
+        // Not for it (rolled back), or the connection has no such
+        // function: it could not make it (no temporary schema, "pg_temp
+        // does not exist"; or no such function, or not allowed to run it).
+        Err(sqlx::Error::Database(d))
+            if d.code().is_some_and(|c| {
+                matches!(&*c, "3F000" | "42883" | "42501") || c == NOT_WRITTEN
+            }) =>
+        {
+            None
+        }
+        Err(e) if super::write::connection_lost(&e) => None,
+        Err(e) => Some(Err(Failed::Write(store.err(what)(e)))),
     }
 }
 

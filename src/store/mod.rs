@@ -20,7 +20,7 @@ pub mod db;
 pub mod deployments;
 pub mod direct;
 mod group;
-pub use group::{Batch, Tx as BatchTx};
+pub use group::{Batch, Locked, NOT_WRITTEN, Tx as BatchTx};
 pub mod jobs;
 pub mod limits;
 pub mod outbox;
@@ -580,6 +580,18 @@ impl Store {
             Box::pin(async move {
                 let mut conn = <db::Conn as sqlx::Connection>::connect(&url).await?;
                 pg_session(&mut conn).await?;
+                // The write connection's own functions (`Batch::locked`).
+                // Without them (no TEMP privilege) batches are written the
+                // usual way: slower, not wrong.
+                let functions = jobs::pg_functions(PG_WRITE_LOCK);
+                if let Err(e) = sqlx::raw_sql(sqlx::AssertSqlSafe(functions))
+                    .execute(&mut conn)
+                    .await
+                {
+                    tracing::warn!(error = %e,
+                        "cannot make the write connection's temporary functions on PostgreSQL; \
+                         webhook deliveries are written in four round trips a batch instead of one");
+                }
                 Ok(conn)
             })
         });

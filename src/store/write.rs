@@ -11,7 +11,8 @@
 //! half-way is rolled back before anything else runs on the connection. A
 //! connection that cannot begin or roll back is closed (closing it rolls
 //! back whatever it held) and the next write opens a new one. This module
-//! runs no statement beyond those.
+//! runs no statement beyond those, and the one-statement transactions
+//! (`Writer::autocommit`) it is handed.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
@@ -118,6 +119,30 @@ impl Writer {
         })
     }
 
+    /// Run `f` on the write connection in this process's turn, outside any
+    /// transaction: one statement that is a transaction of its own and
+    /// takes the write lock itself (PostgreSQL's locked batches,
+    /// `store::group`). A connection lost on the way is closed; the next
+    /// write opens another.
+    pub(super) async fn autocommit<T>(
+        &self,
+        f: impl for<'c> FnOnce(&'c mut Conn) -> BoxFuture<'c, Result<T, sqlx::Error>>,
+    ) -> Result<T, sqlx::Error> {
+        let mut slot = self.slot.clone().lock_owned().await;
+        self.settle(&mut slot).await;
+        let conn = match slot.as_mut() {
+            Some(conn) => conn,
+            None => slot.insert((self.open)().await?),
+        };
+        let r = f(conn).await;
+        if let Err(e) = &r
+            && connection_lost(e)
+        {
+            *slot = None;
+        }
+        r
+    }
+
     /// Wait for this process's turn to write, beginning nothing here: for
     /// a transaction made on another connection (SQLite's `direct`), which
     /// must not overlap one of this connection's. The turn is held until
@@ -211,7 +236,7 @@ impl Drop for Abandoned<'_> {
 /// The connection is gone rather than the statement refused: the socket
 /// closed, or the server ended the session (SQLSTATE class 08, connection
 /// exception; 57P, an operator's shutdown or restart).
-fn connection_lost(e: &sqlx::Error) -> bool {
+pub(super) fn connection_lost(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_) => true,
         sqlx::Error::WorkerCrashed => true,

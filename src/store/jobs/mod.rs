@@ -24,6 +24,7 @@ use crate::store::{Batch, BatchTx, Store, StoreError, direct, now_ms};
 
 mod enqueue;
 pub use enqueue::Intake;
+pub(crate) use enqueue::pg_functions;
 
 fn json_text<T: Serialize>(v: &T) -> Result<String, sqlx::Error> {
     serde_json::to_string(v).map_err(|e| sqlx::Error::Encode(Box::new(e)))
