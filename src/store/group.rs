@@ -127,18 +127,22 @@ fn run_many<'t, B: Batch>(
     })
 }
 
+/// The inputs of erased slots, every one a `Slot<B>`.
+fn inputs_of<'s, B: Batch>(slots: &[&'s Erased]) -> Vec<&'s B> {
+    slots
+        .iter()
+        .filter_map(|s| s.downcast_ref::<Slot<B>>())
+        .map(|s| &s.input)
+        .collect()
+}
+
 /// `B::direct` over erased slots (every one a `Slot<B>`): the job for
 /// SQLite's write thread, its answers erased; None where `B` has none for
 /// these.
 type DirectJob = fn(&[&Erased]) -> Option<direct::Job<Answers>>;
 
 fn direct_job<B: Batch>(slots: &[&Erased]) -> Option<direct::Job<Answers>> {
-    let inputs: Vec<&B> = slots
-        .iter()
-        .filter_map(|s| s.downcast_ref::<Slot<B>>())
-        .map(|s| &s.input)
-        .collect();
-    let job = B::direct(inputs)?;
+    let job = B::direct(inputs_of(slots))?;
     Some(Box::new(move |tx| {
         job(tx).map(|outs| Box::new(outs) as Answers)
     }))
@@ -149,12 +153,7 @@ fn direct_job<B: Batch>(slots: &[&Erased]) -> Option<direct::Job<Answers>> {
 type LockedCall = fn(&[&Erased]) -> Option<Locked<Answers>>;
 
 fn locked_call<B: Batch>(slots: &[&Erased]) -> Option<Locked<Answers>> {
-    let inputs: Vec<&B> = slots
-        .iter()
-        .filter_map(|s| s.downcast_ref::<Slot<B>>())
-        .map(|s| &s.input)
-        .collect();
-    let call = B::locked(inputs)?;
+    let call = B::locked(inputs_of(slots))?;
     let answers = call.answers;
     Some(Locked {
         function: call.function,

@@ -487,22 +487,29 @@ mod tests {
         }
     }
 
+    /// Exec target `name`, the one member of rollout `fleet` (waves [1]).
+    fn member_of_fleet(name: &str) -> Target {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("c.toml");
+        std::fs::write(
+            &file,
+            format!(
+                "[[targets]]\nname = \"{name}\"\nrepo = \"/srv/r\"\n\
+                 [targets.backend]\nkind = \"exec\"\napply = [\"true\"]\n\
+                 [[groups]]\nname = \"fleet\"\ntargets = [\"{name}\"]\nrollout = {{ waves = [1] }}\n"
+            ),
+        )
+        .expect("write");
+        let settings = crate::config::load(&file).expect("valid");
+        settings.targets[0].clone()
+    }
+
     /// A resumed wave starts again at the resume: the member's quarantine
     /// and failed result from before it are stale until its retry has run
     /// (the retry's start alone moves `last_run_at`, not the result).
     #[test]
     fn a_failure_counts_only_from_a_run_started_since_the_wave() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let file = dir.path().join("c.toml");
-        std::fs::write(
-            &file,
-            "[[targets]]\nname = \"a\"\nrepo = \"/srv/r\"\n\
-             [targets.backend]\nkind = \"exec\"\napply = [\"true\"]\n\
-             [[groups]]\nname = \"fleet\"\ntargets = [\"a\"]\nrollout = { waves = [1] }\n",
-        )
-        .expect("write");
-        let settings = crate::config::load(&file).expect("valid");
-        let t = &settings.targets[0];
+        let t = &member_of_fleet("a");
         let r = RolloutRow {
             wave_started_at: 1_000,
             ..row(1, RolloutState::Running)
@@ -548,17 +555,7 @@ mod tests {
 
     #[test]
     fn a_member_is_held_until_its_wave_and_only_when_it_has_a_commit() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let file = dir.path().join("c.toml");
-        std::fs::write(
-            &file,
-            "[[targets]]\nname = \"b\"\nrepo = \"/srv/r\"\n\
-             [targets.backend]\nkind = \"exec\"\napply = [\"true\"]\n\
-             [[groups]]\nname = \"fleet\"\ntargets = [\"b\"]\nrollout = { waves = [1] }\n",
-        )
-        .expect("write");
-        let settings = crate::config::load(&file).expect("valid");
-        let mut t = settings.targets[0].clone();
+        let mut t = member_of_fleet("b");
         assert_eq!(t.rollout_of.as_deref(), Some("fleet"));
         let named = || TargetState {
             name: "b".into(),
