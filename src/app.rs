@@ -10,7 +10,7 @@ use std::sync::atomic::AtomicBool;
 use crate::config::{Live, Settings, Target};
 use crate::metrics::Metrics;
 use crate::queue::Queue;
-use crate::store::{PgOptions, Store, StoreError};
+use crate::store::{PgOptions, Store, StoreError, Usage};
 
 /// Everything but git. Cheap to clone.
 #[derive(Clone)]
@@ -37,8 +37,13 @@ impl App {
     /// Open the state database, register the configured targets and take
     /// the `[[target_sets]]` members it lists (not orphaned) as targets.
     pub async fn open(settings: Settings) -> Result<App, StoreError> {
+        App::open_for(settings, Usage::Serve).await
+    }
+
+    /// As [`App::open`], its store opened for `usage` ([`Store::open_for`]).
+    pub async fn open_for(settings: Settings, usage: Usage) -> Result<App, StoreError> {
         let store = match &settings.database {
-            None => Store::open(&settings.database_path()).await?,
+            None => Store::open_for(&settings.database_path(), usage).await?,
             Some(db) => {
                 // Git checkouts and locks stay on each host, in state_dir.
                 std::fs::create_dir_all(&settings.state_dir).map_err(|e| StoreError {

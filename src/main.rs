@@ -12,7 +12,7 @@ use driftless::app::App;
 use driftless::cli;
 use driftless::config::{self, DEFAULT_CONFIG_PATH};
 use driftless::model::Trigger;
-use driftless::store::Operation;
+use driftless::store::{Operation, Usage};
 use driftless::tick::Reconciler;
 
 #[derive(Parser)]
@@ -556,7 +556,11 @@ async fn run(args: Args) -> anyhow::Result<u8> {
         return Ok(r.code);
     }
     let settings = config::load(&args.config)?;
-    let app = App::open(settings)
+    let usage = match args.command {
+        Command::Serve => Usage::Serve,
+        _ => Usage::Command,
+    };
+    let app = App::open_for(settings, usage)
         .await
         .context("cannot open the state database")?;
     // Only the commands that converge get git.
@@ -647,6 +651,9 @@ async fn run(args: Args) -> anyhow::Result<u8> {
         }
         Command::Forget { target } => cli::forget(&rec(), &target).await?,
     };
+    // Done with the database: closed, so the next command need not read
+    // the write-ahead log this one leaves (`Store::close`).
+    app.store.close().await;
     print!("{}", driftless::redact::printable(&report.stdout));
     Ok(report.code)
 }

@@ -57,6 +57,18 @@ impl Direct {
         }
     }
 
+    /// Close the connection, if open (the next job opens another).
+    pub(super) fn close(&self) -> Result<(), sqlx::Error> {
+        let conn = match self.conn.lock() {
+            Ok(mut slot) => slot.take(),
+            Err(poisoned) => poisoned.into_inner().take(),
+        };
+        match conn {
+            Some(conn) => conn.close().map_err(|(_, e)| failure(e)),
+            None => Ok(()),
+        }
+    }
+
     /// Run `job` in a transaction of its own and return once it is
     /// committed (or not). This blocks the calling thread for the whole
     /// transaction, fsync included: only the group's writer thread calls

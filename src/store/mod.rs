@@ -438,12 +438,19 @@ async fn migration_turn(path: &Path) -> std::io::Result<std::fs::File> {
 /// exclusive lock SQLite does not wait for: a second process opening it at
 /// that instant gets SQLITE_BUSY at once. That is retried for a few
 /// seconds rather than fail a tick for it.
-async fn read_pool(url: &str, identity: &Identity) -> Result<db::Pool, sqlx::Error> {
+async fn read_pool(url: &str, identity: &Identity, usage: Usage) -> Result<db::Pool, sqlx::Error> {
     let mut attempt = 0;
     loop {
         let id = identity.clone();
         match AnyPoolOptions::new()
-            .max_connections(8)
+            .max_connections(match usage {
+                Usage::Serve => 8,
+                // A command reads one thing at a time: one connection,
+                // whose schema is read once. With more, a read right
+                // after another opened a second one, the first being
+                // handed back to the pool by a task that had not run yet.
+                Usage::Command => 1,
+            })
             // And read only: every write takes its turn on the
             // write connection (`Store::write_one`), so one that
             // does not is refused here, in every test, rather
@@ -483,9 +490,28 @@ async fn read_pool(url: &str, identity: &Identity) -> Result<db::Pool, sqlx::Err
     }
 }
 
+/// What a process opens the store for: the daemon's many tasks at once,
+/// or one command (a one-shot `tick`, `status`), which reads and writes
+/// one thing at a time and exits when done.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Usage {
+    Serve,
+    Command,
+}
+
 impl Store {
-    /// Open (creating if needed) the database at `path` and migrate it.
+    /// Open (creating if needed) the database at `path` and migrate it,
+    /// for the daemon (`Usage::Serve`).
     pub async fn open(path: &Path) -> Result<Store, StoreError> {
+        Store::open_for(path, Usage::Serve).await
+    }
+
+    /// Open (creating if needed) the database at `path` and migrate it,
+    /// for `usage`. For one command, SQLite is read through one
+    /// connection and written through one (no second write connection
+    /// and thread of its own for the group's writes, `direct`): opening
+    /// each is most of what a command's database costs.
+    pub async fn open_for(path: &Path, usage: Usage) -> Result<Store, StoreError> {
         let err = |what, source| StoreError {
             path: path.to_path_buf(),
             what,
@@ -501,7 +527,7 @@ impl Store {
             logged: Default::default(),
         };
         sqlx::any::install_default_drivers();
-        let pool = read_pool(&url, &identity)
+        let pool = read_pool(&url, &identity, usage)
             .await
             .map_err(|e| err("opening", e))?;
         // Write transactions take turns (`writer`) on one connection of
@@ -538,7 +564,8 @@ impl Store {
             identity: Some(identity),
             group: Default::default(),
             connect: None,
-            direct: Some(direct::Direct::new(path.to_path_buf(), PRAGMAS)),
+            direct: (usage == Usage::Serve)
+                .then(|| direct::Direct::new(path.to_path_buf(), PRAGMAS)),
             changes: Default::default(),
         })
     }
@@ -758,6 +785,26 @@ impl Store {
 
     pub fn pool(&self) -> &db::Pool {
         &self.pool
+    }
+
+    /// Close every connection, once a command is done with the store (no
+    /// clone of it may be used after). On SQLite the last connection of
+    /// the last process to close checkpoints the log into the database and
+    /// removes it; a process that just exits leaves the log behind, and
+    /// the next one to open the database reads all of it again (up to
+    /// 4 MB) before its first statement. Nothing is lost either way: only
+    /// committed writes are in the log. A failure to close is no news
+    /// (the next open recovers), said at DEBUG.
+    pub async fn close(&self) {
+        self.pool.close().await;
+        if let Err(error) = self.writer.close().await {
+            tracing::debug!(%error, "closing the write connection");
+        }
+        if let Some(direct) = &self.direct
+            && let Err(error) = direct.close()
+        {
+            tracing::debug!(%error, "closing the direct write connection");
+        }
     }
 
     pub fn path(&self) -> &Path {

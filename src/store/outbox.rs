@@ -250,12 +250,25 @@ impl Store {
     {
         let table = outbox.table();
         let now = now_ms();
+        const DUE: &str = "sent_version < version AND given_up = 0 AND next_attempt_at <= $1";
+        // Mostly nothing is due (each sender looks every few seconds, and a
+        // one-shot command after its run): one read says so, without the
+        // turn to write, a transaction and its commit. A row that becomes
+        // due just after is claimed at the next look.
+        let any: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT id FROM {table} WHERE {DUE} LIMIT 1"
+        )))
+        .bind(now)
+        .fetch_optional(self.pool())
+        .await
+        .map_err(self.err(what))?;
+        if any.is_none() {
+            return Ok(Vec::new());
+        }
         let mut tx = self.begin_write(what).await?;
         let q = format!(
             "UPDATE {table} SET next_attempt_at = $2
-             WHERE id IN (SELECT id FROM {table}
-                          WHERE sent_version < version AND given_up = 0 AND next_attempt_at <= $1
-                          ORDER BY id LIMIT {limit})
+             WHERE id IN (SELECT id FROM {table} WHERE {DUE} ORDER BY id LIMIT {limit})
              RETURNING {columns}"
         );
         let mut rows = sqlx::query_as::<_, R>(sqlx::AssertSqlSafe(q))

@@ -264,3 +264,61 @@ impl Store {
             .map_err(self.err("reading commit statuses"))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// With nothing due a claim only reads: it does not wait for the turn
+    /// to write (each sender looks every few seconds, a one-shot command
+    /// after its run). With something due it takes the turn and claims.
+    #[tokio::test]
+    async fn a_claim_with_nothing_due_takes_no_turn_to_write() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for store in crate::store::testing::stores(dir.path()).await {
+            let soon = Duration::from_secs(3);
+            let held = store.begin_write("a long write").await.expect("tx");
+            let claimed = tokio::time::timeout(soon, store.claim_statuses(60_000)).await;
+            assert!(
+                matches!(&claimed, Ok(Ok(rows)) if rows.is_empty()),
+                "nothing due, yet the claim waited for the turn to write: {claimed:?}"
+            );
+            drop(held);
+
+            let status = NewStatus {
+                forge: "f".into(),
+                repo: "me/infra".into(),
+                sha: "a".repeat(40),
+                context: "driftless/web".into(),
+                target: "web".into(),
+                state: State::Pending,
+                description: "queued".into(),
+                target_url: None,
+                git_ref: Some("main".into()),
+                supersedes_queued_before: None,
+            };
+            store
+                .record_statuses(&[status], true)
+                .await
+                .expect("record");
+            let held = store.begin_write("a long write").await.expect("tx");
+            let waited = tokio::time::timeout(soon, store.claim_statuses(60_000)).await;
+            assert!(
+                waited.is_err(),
+                "a due status was claimed without the turn to write"
+            );
+            drop(held);
+            let rows = store.claim_statuses(60_000).await.expect("claim");
+            assert_eq!(rows.len(), 1, "the due status is claimed");
+            assert!(
+                store
+                    .claim_statuses(60_000)
+                    .await
+                    .expect("claim")
+                    .is_empty(),
+                "a claimed status is left alone for the claim's time"
+            );
+        }
+    }
+}

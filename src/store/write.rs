@@ -77,6 +77,18 @@ impl Writer {
         }
     }
 
+    /// Wait for this process's turn, then close the connection (a
+    /// transaction left unfinished on it is rolled back by the close).
+    /// The next write, if any, opens another.
+    pub(super) async fn close(&self) -> Result<(), sqlx::Error> {
+        let conn = self.slot.lock().await.take();
+        self.unfinished.store(false, Ordering::SeqCst);
+        match conn {
+            Some(conn) => sqlx::Connection::close(conn).await,
+            None => Ok(()),
+        }
+    }
+
     /// Wait for this process's turn, then begin a write transaction. A
     /// connection found broken as the transaction begins (the database
     /// server restarted since the last write) is replaced, once.

@@ -470,6 +470,52 @@ fn a_tick_with_nothing_to_do_starts_no_process_and_still_puts_back_a_hand_edit()
     assert_eq!(std::fs::read_to_string(&conf).expect("read"), "port=80\n");
 }
 
+/// A one-shot command opens the database twice — one connection to read,
+/// one to write (each reads the whole schema as it opens) — and closes
+/// both before it exits, so it leaves no write-ahead log for the next
+/// command to read through before its first statement.
+#[test]
+fn a_one_shot_tick_opens_the_database_twice_and_leaves_no_log_behind() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(&[("site/index.html", "v1")], "first");
+    let s = Setup::new(&exec_target(
+        "site",
+        &remote.url(),
+        "path = \"site\"",
+        "apply = [\"true\"]",
+    ));
+    assert!(s.run(&["tick", "site"]).status.success());
+    let wal = s.db().with_extension("db-wal");
+    assert!(
+        !wal.exists(),
+        "the first tick left {} behind",
+        wal.display()
+    );
+    let traced = s.path().join("open.trace");
+    let out = Command::new("strace")
+        .args(["-f", "-qq", "-e", "trace=openat", "-o"])
+        .arg(&traced)
+        .arg(bin())
+        .arg("--config")
+        .arg(&s.config)
+        .args(["tick", "site"])
+        .output()
+        .expect("strace runs");
+    let stdout = succeeded(&out, "the traced tick");
+    assert!(stdout.contains("no_change"), "{stdout}");
+    let trace = std::fs::read_to_string(&traced).expect("trace");
+    let db = format!("\"{}\"", s.db().display());
+    let opened = trace.lines().filter(|l| l.contains(&db)).count();
+    assert_eq!(opened, 2, "the database opened {opened} times:\n{trace}");
+    assert!(
+        !wal.exists(),
+        "the second tick left {} behind",
+        wal.display()
+    );
+    assert_eq!(s.history("site").len(), 2, "both runs on record");
+}
+
 /// An interval tick takes a fetch of its repository made within its
 /// interval: targets on one repository share one fetch a round instead of
 /// one each (counted at a real `git http-backend`), and a commit pushed
