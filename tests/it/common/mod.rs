@@ -596,6 +596,25 @@ pub fn listening(port: u16) -> bool {
     TcpStream::connect(("127.0.0.1", port)).is_ok()
 }
 
+/// Whether an HTTP server on 127.0.0.1:`port` answers `GET path` with 200:
+/// a stand-in's own page, so that it is this stand-in that answers. Merely
+/// accepting connections proves little: another test's server may take the
+/// port before the stand-in binds it (the stand-in then exits, but only
+/// after being taken as ready), and a connection to a port nobody listens
+/// on can even be its own other end (TCP's simultaneous open).
+pub fn answers_http(port: u16, path: &str) -> bool {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    let req = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n");
+    if s.write_all(req.as_bytes()).is_err() {
+        return false;
+    }
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/") && &head[9..12] == b"200"
+}
+
 /// A `git daemon` serving `base` on a free loopback port (git://).
 pub struct GitDaemon {
     child: Child,
@@ -2019,7 +2038,7 @@ impl ForgeStandin {
                     .spawn()
                     .expect("start python3 tests/forge_standin.py")
             },
-            listening,
+            |port| answers_http(port, "/_standin/journal"),
         );
         ForgeStandin {
             child,
@@ -2154,7 +2173,7 @@ impl ChatStandin {
                     .spawn()
                     .expect("start python3 tests/chat_standin.py")
             },
-            listening,
+            |port| answers_http(port, "/_standin/journal"),
         );
         ChatStandin {
             child,
