@@ -13,10 +13,11 @@
 //! deliveries, one for their jobs) instead of a statement each. On SQLite,
 //! a batch whose every write is of a kind that has a `direct` job is
 //! written on `store::direct`'s connection instead, in one blocking call on
-//! the writer thread, taking the same turn to write. On PostgreSQL, a batch
-//! whose every write is of one kind that has a `locked` call is written by
-//! that one call (a function of the write connection's own that takes the
-//! write lock: one round trip, a transaction of its own). This module runs
+//! the writer thread, taking the same turn to write. On PostgreSQL, the
+//! writes of a batch of a kind that has a `locked` call are written by that
+//! one call (a function of the write connection's own that takes the write
+//! lock: one round trip, a transaction of its own), and the batch's other
+//! writes, if any, after it in a transaction of their own. This module runs
 //! what it is given; it knows nothing of deliveries or jobs.
 
 use std::any::{Any, TypeId};
@@ -352,6 +353,12 @@ fn shared(store: &Store, what: &'static str, e: &StoreError) -> StoreError {
 }
 
 async fn commit(store: &Store, mut batch: Vec<Item>) {
+    if let Some(locked) = take_locked(store, &mut batch) {
+        Box::pin(commit(store, locked)).await;
+        if batch.is_empty() {
+            return;
+        }
+    }
     match run_batch(store, &mut batch).await {
         Ok(()) => {
             for item in batch {
@@ -376,6 +383,43 @@ async fn commit(store: &Store, mut batch: Vec<Item>) {
             }
         }
     }
+}
+
+/// On PostgreSQL, the writes of `batch` of a kind whose [`Batch::locked`]
+/// call takes them, taken out of a batch that holds other writes too (a
+/// worker's claim beside webhook deliveries): they are written by that
+/// one call, the rest the usual way. None where there are none, or where
+/// they are the whole batch (written so anyway).
+fn take_locked(store: &Store, batch: &mut Vec<Item>) -> Option<Vec<Item>> {
+    if store.kind != super::Kind::Postgres {
+        return None;
+    }
+    let mut kinds: Vec<(TypeId, LockedCall)> = Vec::new();
+    for i in batch.iter() {
+        if let Work::Many { kind, locked, .. } = &i.work
+            && !kinds.iter().any(|(k, _)| k == kind)
+        {
+            kinds.push((*kind, *locked));
+        }
+    }
+    if kinds.len() == 1 && batch.iter().all(|i| matches!(i.work, Work::Many { .. })) {
+        return None;
+    }
+    let kind = kinds.into_iter().find_map(|(kind, locked)| {
+        let slots: Vec<&Erased> = batch
+            .iter()
+            .filter_map(|i| match &i.work {
+                Work::Many { kind: k, slot, .. } if *k == kind => Some(slot),
+                _ => None,
+            })
+            .collect();
+        locked(&slots).map(|_| kind)
+    })?;
+    let of_kind = |i: &Item| matches!(&i.work, Work::Many { kind: k, .. } if *k == kind);
+    let (taken, rest): (Vec<Item>, Vec<Item>) =
+        std::mem::take(batch).into_iter().partition(of_kind);
+    *batch = rest;
+    Some(taken)
 }
 
 /// Why a batch did not commit.
@@ -839,6 +883,102 @@ mod tests {
             } else {
                 assert_eq!(direct, 0, "PostgreSQL has no write thread");
             }
+        }
+    }
+
+    /// A kind of write that has a [`Batch::locked`] call: its answers say
+    /// which way it was written.
+    struct Called(i64);
+
+    impl Batch for Called {
+        type Out = (&'static str, i64);
+        fn run<'t>(
+            tx: &'t mut Tx,
+            all: Vec<&'t Called>,
+        ) -> BoxFuture<'t, Result<Vec<Self::Out>, sqlx::Error>> {
+            Box::pin(async move {
+                for c in &all {
+                    sqlx::query(
+                        "INSERT INTO deliveries (receiver, delivery_id, received_at, outcome)
+                         VALUES ('c', 'c' || $1, 0, 'ok')",
+                    )
+                    .bind(c.0)
+                    .execute(&mut **tx)
+                    .await?;
+                }
+                Ok(all.iter().map(|c| ("usual", c.0)).collect())
+            })
+        }
+
+        fn locked(all: Vec<&Called>) -> Option<Locked<Vec<Self::Out>>> {
+            let ids: Vec<i64> = all.iter().map(|c| c.0).collect();
+            Some(Locked {
+                function: "driftless_test_called",
+                rows: serde_json::to_string(&ids).ok()?,
+                now: 0,
+                answers: Box::new(|text| {
+                    let ids: Vec<i64> =
+                        serde_json::from_str(text).map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
+                    Ok(Some(ids.into_iter().map(|n| ("locked", n)).collect()))
+                }),
+            })
+        }
+    }
+
+    /// On PostgreSQL, the writes of a kind with a locked call are written by
+    /// that call even when the batch holds other writes (a worker's claim
+    /// beside webhook deliveries), the others the usual way; every write
+    /// is answered with its own result and on disk. On SQLite there is no
+    /// such call: all are written the usual way.
+    #[tokio::test]
+    async fn a_mixed_batch_writes_its_locked_kind_by_the_call_and_the_rest_as_usual() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for store in crate::store::testing::stores(dir.path()).await {
+            let pg = store.kind() == crate::store::Kind::Postgres;
+            if pg {
+                let made = sqlx::query(
+                    "CREATE OR REPLACE FUNCTION driftless_test_called(p_rows text, p_now bigint)
+                     RETURNS text LANGUAGE plpgsql AS $f$
+                     BEGIN
+                       INSERT INTO deliveries (receiver, delivery_id, received_at, outcome)
+                       SELECT 'c', 'c' || value, p_now, 'ok'
+                       FROM jsonb_array_elements_text(p_rows::jsonb);
+                       RETURN p_rows;
+                     END $f$",
+                );
+                store.write_one("test", made).await.expect("function");
+            }
+            let mut all = Vec::new();
+            for n in 0..40i64 {
+                let store = store.clone();
+                all.push(tokio::spawn(async move {
+                    if n % 4 == 0 {
+                        store
+                            .grouped("test write", move |tx| {
+                                Box::pin(async move {
+                                    sqlx::query(
+                                        "INSERT INTO deliveries (receiver, delivery_id, received_at, outcome)
+                                         VALUES ('g', 'g' || $1, 0, 'ok')",
+                                    )
+                                    .bind(n)
+                                    .execute(&mut **tx)
+                                    .await?;
+                                    Ok(("grouped", n))
+                                })
+                            })
+                            .await
+                    } else {
+                        store.batched("test write", Called(n)).await
+                    }
+                }));
+            }
+            let way = if pg { "locked" } else { "usual" };
+            for (n, h) in (0..).zip(all) {
+                let answer = h.await.expect("task").expect("written");
+                let expected = if n % 4 == 0 { "grouped" } else { way };
+                assert_eq!(answer, (expected, n), "write {n}");
+            }
+            assert_eq!(count_deliveries(&store).await, 40);
         }
     }
 
