@@ -32,17 +32,23 @@ pub async fn healthcheck(config: &Path, url: Option<&str>) -> Report {
             ));
         }
     };
+    // A `--url` may carry a password (a proxy's, basic auth in front of
+    // the daemon): shown without it, and reqwest's errors without the URL.
+    let shown = crate::redact::url_without_password(&url);
     match client.get(&url).send().await {
         Ok(r) if r.status().is_success() => Report {
-            stdout: format!("ready: {url}\n"),
+            stdout: format!("ready: {shown}\n"),
             code: 0,
         },
         Ok(r) => {
             let status = r.status();
             let said = r.text().await.unwrap_or_default();
-            failed(format!("{url} answered {status}: {}", said.trim()))
+            failed(format!("{shown} answered {status}: {}", said.trim()))
         }
-        Err(e) => failed(format!("{url}: {}", crate::error::chain(&e))),
+        Err(e) => failed(format!(
+            "{shown}: {}",
+            crate::error::chain(&e.without_url())
+        )),
     }
 }
 

@@ -302,6 +302,17 @@ fn healthcheck_asks_readyz_where_the_configuration_listens() {
     );
     let (code, said) = healthcheck(&["--url", &format!("http://127.0.0.1:{port}/healthz")]);
     assert_eq!(code, Some(0), "{said}");
+    // A password in the URL is never shown, ready or not.
+    let secret = "hc-canary-9f2e71";
+    let (code, said) = healthcheck(&[
+        "--url",
+        &format!("http://probe:{secret}@127.0.0.1:{port}/healthz"),
+    ]);
+    assert_eq!(code, Some(0), "{said}");
+    assert_eq!(
+        said.trim(),
+        format!("ready: http://probe:***@127.0.0.1:{port}/healthz")
+    );
 
     // Not ready: the answer's status and words.
     let (code, said) = healthcheck(&["--url", &format!("http://127.0.0.1:{port}/no-such-path")]);
@@ -315,6 +326,15 @@ fn healthcheck_asks_readyz_where_the_configuration_listens() {
     assert!(
         said.contains(&format!("http://127.0.0.1:{port}/readyz"))
             && said.to_lowercase().contains("connection refused"),
+        "{said}"
+    );
+    let (code, said) = healthcheck(&[
+        "--url",
+        &format!("http://probe:{secret}@127.0.0.1:{port}/readyz"),
+    ]);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(
+        !said.contains(secret) && said.contains("probe:***@127.0.0.1"),
         "{said}"
     );
 }
