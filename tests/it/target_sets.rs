@@ -21,6 +21,17 @@ const SECRET: &str = "hook-secret-for-the-target-set-tests";
 /// `<root>/<dir>.destroyed`; with `override_db`, `[[targets]]` entry
 /// `s-db` overrides the member of `stacks/db` (it writes `db.override`).
 fn setup(root: &Path, remote: &Remote, destroy_removed: bool, override_db: bool) -> Setup {
+    setup_with(root, remote, destroy_removed, override_db, "")
+}
+
+/// As [`setup`], with `extra` keys in the set's table.
+fn setup_with(
+    root: &Path,
+    remote: &Remote,
+    destroy_removed: bool,
+    override_db: bool,
+    extra: &str,
+) -> Setup {
     let secret = root.join("hook-secret");
     std::fs::write(&secret, SECRET).expect("write");
     let r = root.display();
@@ -30,7 +41,7 @@ fn setup(root: &Path, remote: &Remote, destroy_removed: bool, override_db: bool)
     let cfg = format!(
         "[[receivers]]\nname = \"github\"\nforge = \"github\"\nsecret_file = {secret}\n\n\
          [[target_sets]]\nname_prefix = \"s-\"\nrepo = \"{url}\"\npaths = \"stacks/*\"\n\
-         interval = \"1h\"\ndestroy_removed = {destroy_removed}\n\
+         interval = \"1h\"\ndestroy_removed = {destroy_removed}\n{extra}\
          [target_sets.backend]\nkind = \"exec\"\napply = [\"sh\", \"-c\", {apply}]\n\
          destroy = [\"sh\", \"-c\", {destroy}]\n\n{db}",
         secret = toml_str(&secret.display().to_string()),
@@ -251,6 +262,66 @@ fn destroy_removed_destroys_a_removed_member_and_a_push_to_an_empty_set_is_not_i
             .any(|l| l.starts_with("s-app ") && l.contains("destroyed (directory removed)")),
         "{text}"
     );
+    assert!(daemon.stop().success());
+}
+
+/// Sets × windows: a removed member's destroy (`destroy_removed`) waits
+/// while the set's change window is shut — the member stays, its destroy
+/// pending, nothing destroyed — and runs at the first refresh once it is
+/// open. The windows' clock is moved, as in `windows.rs` (a debug build
+/// reads the offset from `DRIFTLESS_DEBUG_CLOCK_FILE`).
+#[test]
+fn a_removed_members_destroy_waits_for_the_sets_window() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "homelab");
+    remote.commit(&[("readme", "no stacks yet")], "first");
+    let clock = root.path().join("clock");
+    // Two hours on: past the deny window, which is open.
+    std::fs::write(&clock, "7200").expect("write");
+    let window = format!(
+        "windows = [{{ deny = \"{} - {} UTC\" }}]\n",
+        utc_minute(-60),
+        utc_minute(60)
+    );
+    let s = setup_with(root.path(), &remote, true, false, &window);
+    let daemon = Daemon::start_with_clock(&s, &clock);
+    let first = remote.commit(&[("stacks/app/v", "1")], "a stack");
+    push(&remote, daemon.port, &first, &["stacks/app/v"], "add-app");
+    wait_for(Duration::from_secs(30), "the member's apply", || {
+        applied(root.path(), "app.applied") == ["1"]
+            && s.target_status("s-app")["last_applied_sha"] == first
+    });
+
+    // Now: inside the deny window. The directory goes; the destroy waits.
+    std::fs::write(&clock, "0").expect("write");
+    std::fs::remove_dir_all(remote.work.join("stacks/app")).expect("rm");
+    let gone = remote.commit(&[("readme", "no stacks again")], "remove app");
+    push(&remote, daemon.port, &gone, &["stacks/app/v"], "rm-app");
+    wait_for(Duration::from_secs(30), "the destroy held back", || {
+        std::fs::read_to_string(&daemon.log)
+            .is_ok_and(|l| l.contains("s-app") && l.contains("was not destroyed"))
+    });
+    assert!(
+        applied(root.path(), "app.destroyed").is_empty(),
+        "destroyed inside the deny window"
+    );
+    let member = s.target_status("s-app");
+    assert!(member["destroyed_at"].is_null(), "{member}");
+    assert!(names(&s).contains(&"s-app".to_string()), "still a member");
+
+    // The window opens; the next refresh (a push) destroys it.
+    std::fs::write(&clock, "7200").expect("write");
+    let later = remote.commit(&[("readme", "still no stacks")], "later");
+    push(&remote, daemon.port, &later, &["readme"], "later");
+    wait_for(Duration::from_secs(30), "app's destroy", || {
+        applied(root.path(), "app.destroyed") == ["1"]
+    });
+    wait_for(Duration::from_secs(10), "app marked destroyed", || {
+        s.target_status("s-app")["destroyed_at"].is_string()
+    });
+    let runs = s.history("s-app");
+    assert_eq!(runs[0]["operation"], "destroy", "{runs:?}");
+    assert_eq!(runs[0]["trigger"], "directory", "{runs:?}");
     assert!(daemon.stop().success());
 }
 
