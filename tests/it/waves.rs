@@ -36,6 +36,17 @@ impl Fleet {
 
     /// `extra(member)`: more TOML for that member's table.
     fn with(database: &str, pause: &str, extra: impl Fn(&str) -> String) -> Fleet {
+        Fleet::with_backend(database, pause, extra, |_, _| String::new())
+    }
+
+    /// As [`Fleet::with`], `backend(member)` more TOML for that member's
+    /// `[targets.backend]` (given the root directory's path).
+    fn with_backend(
+        database: &str,
+        pause: &str,
+        extra: impl Fn(&str) -> String,
+        backend: impl Fn(&str, &str) -> String,
+    ) -> Fleet {
         let root = tempfile::tempdir().expect("tempdir");
         let remote = Remote::new(root.path(), "fleet");
         remote.commit(&[("v.txt", "1\n")], "1");
@@ -64,7 +75,8 @@ impl Fleet {
                     extra(m)
                 ),
                 &format!(
-                    "apply = [\"sh\", \"-c\", \"cp v.txt {r}/live-{m}; echo $(cat v.txt) $(date +%s%N) >> {r}/applied-{m}.log\"]"
+                    "apply = [\"sh\", \"-c\", \"cp v.txt {r}/live-{m}; echo $(cat v.txt) $(date +%s%N) >> {r}/applied-{m}.log\"]\n{}",
+                    backend(m, &r)
                 ),
             ));
         }
@@ -396,6 +408,85 @@ fn a_wave_waits_for_its_members_window() {
     assert_eq!(member_state(&r, "d"), "done", "{r}");
     std::fs::write(&f.clock, "7200").expect("move the clock");
     f.settled();
+    drop(d);
+}
+
+/// Waves × approvals: a member of wave 2 under `policy = "approval"` holds
+/// its wave while its plan waits — the rollout stays `running`, nothing
+/// halts, wave 3 keeps the commit it had — and approving the plan lets
+/// the wave through and the commit on to wave 3.
+#[test]
+fn a_wave_waits_for_its_members_approval_without_halting() {
+    const OPS: &str = "ops-token-for-waves-0002";
+    let f = Fleet::with_backend(
+        &token_table("ops", OPS, &["approve:b", "read"]),
+        "0s",
+        |m| {
+            if m == "b" {
+                "policy = \"approval\"".into()
+            } else {
+                String::new()
+            }
+        },
+        |m, r| {
+            if m == "b" {
+                format!(
+                    "plan = [\"sh\", \"-c\", \"cmp -s v.txt {r}/live-b || echo '~ file live-b (to '$(cat v.txt)')'\"]"
+                )
+            } else {
+                String::new()
+            }
+        },
+    );
+    let d = f.serve();
+    let ops = Approver {
+        port: d.port,
+        token: OPS,
+    };
+    let plan_of = |v: &str| {
+        let mut found = None;
+        wait_for(Duration::from_secs(30), "b's plan waiting", || {
+            found = ops.pending().into_iter().find(|p| {
+                p["diff"]
+                    .as_str()
+                    .is_some_and(|x| x.contains(&format!("(to {v})")))
+            });
+            found.is_some()
+        });
+        found.unwrap_or_default()
+    };
+    // `b`'s first apply waits for approval like any other.
+    ops.approve(&plan_of("1"));
+    f.settled();
+
+    let two = f.push(d.port, "2");
+    wait_for(
+        Duration::from_secs(30),
+        "the rollout of 2 at wave 2",
+        || {
+            let r = f.rollout();
+            r["sha"] == two.as_str() && r["wave"] == 2
+        },
+    );
+    let waiting = plan_of("2");
+    // Several looks later: held, not halted, and wave 3 keeps 1.
+    std::thread::sleep(Duration::from_secs(3));
+    let r = f.rollout();
+    assert_eq!(r["state"], "running", "{r:#}");
+    assert_eq!(r["wave"], 2, "{r:#}");
+    assert_eq!(member_state(&r, "b"), "waiting", "{r:#}");
+    assert_eq!((f.live("a"), f.live("b")), ("2".into(), "1".into()));
+    assert_eq!((f.live("c"), f.live("d")), ("1".into(), "1".into()));
+
+    ops.approve(&waiting);
+    f.wait_rollout(&two, "done", Duration::from_secs(60));
+    for m in MEMBERS {
+        assert_eq!(f.live(m), "2", "{m}");
+    }
+    assert!(
+        f.applied("c", "2")[0] > f.applied("b", "2")[0],
+        "wave 3 before the approved wave 2"
+    );
     drop(d);
 }
 
