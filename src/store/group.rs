@@ -699,6 +699,29 @@ mod tests {
             .expect("count")
     }
 
+    /// A grouped write of delivery `g<n>` from `receiver`.
+    async fn grouped_delivery(
+        store: &Store,
+        receiver: &'static str,
+        n: i64,
+    ) -> Result<(), StoreError> {
+        store
+            .grouped("test write", move |tx| {
+                Box::pin(async move {
+                    sqlx::query(
+                        "INSERT INTO deliveries (receiver, delivery_id, received_at, outcome)
+                         VALUES ($1, 'g' || $2, 0, 'ok')",
+                    )
+                    .bind(receiver)
+                    .bind(n)
+                    .execute(&mut **tx)
+                    .await
+                    .map(drop)
+                })
+            })
+            .await
+    }
+
     /// A kind of write that is written together.
     struct Row(i64);
 
@@ -751,25 +774,12 @@ mod tests {
                 for n in round..round + 64 {
                     let store = store.clone();
                     all.push(tokio::spawn(async move {
-                    if n % 5 == 0 {
-                        store
-                            .grouped("test write", move |tx| {
-                                Box::pin(async move {
-                                    sqlx::query(
-                                        "INSERT INTO deliveries (receiver, delivery_id, received_at, outcome)
-                                         VALUES ('r', 'g' || $1, 0, 'ok')",
-                                    )
-                                    .bind(n)
-                                    .execute(&mut **tx)
-                                    .await?;
-                                    Ok(n * 10)
-                                })
-                            })
-                            .await
-                    } else {
-                        store.batched("test batch", Row(n)).await
-                    }
-                }));
+                        if n % 5 == 0 {
+                            grouped_delivery(&store, "r", n).await.map(|()| n * 10)
+                        } else {
+                            store.batched("test batch", Row(n)).await
+                        }
+                    }));
                 }
                 expect_answers(round, all).await;
             }
@@ -953,20 +963,9 @@ mod tests {
                 let store = store.clone();
                 all.push(tokio::spawn(async move {
                     if n % 4 == 0 {
-                        store
-                            .grouped("test write", move |tx| {
-                                Box::pin(async move {
-                                    sqlx::query(
-                                        "INSERT INTO deliveries (receiver, delivery_id, received_at, outcome)
-                                         VALUES ('g', 'g' || $1, 0, 'ok')",
-                                    )
-                                    .bind(n)
-                                    .execute(&mut **tx)
-                                    .await?;
-                                    Ok(("grouped", n))
-                                })
-                            })
+                        grouped_delivery(&store, "g", n)
                             .await
+                            .map(|()| ("grouped", n))
                     } else {
                         store.batched("test write", Called(n)).await
                     }

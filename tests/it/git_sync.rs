@@ -406,6 +406,24 @@ fn git_lock_files_left_by_a_killed_tick_do_not_block_later_ones() {
     );
 }
 
+/// `tick <target>` under `strace -f -e trace=<calls>`, which must succeed
+/// with `no_change`: the trace.
+fn traced_no_op_tick(s: &Setup, target: &str, calls: &str) -> String {
+    let traced = s.path().join(format!("{target}.trace"));
+    let out = Command::new("strace")
+        .args(["-f", "-qq", "-e", &format!("trace={calls}"), "-o"])
+        .arg(&traced)
+        .arg(bin())
+        .arg("--config")
+        .arg(&s.config)
+        .args(["tick", target])
+        .output()
+        .expect("strace runs");
+    let stdout = succeeded(&out, "the traced tick");
+    assert!(stdout.contains("no_change"), "{stdout}");
+    std::fs::read_to_string(&traced).expect("trace")
+}
+
 /// A tick whose branch tip is the commit its checkout already holds, with
 /// nothing edited there, starts no process at all — no fetch (the local
 /// remote's ref is read directly and the cache has it), no reset (the
@@ -429,19 +447,7 @@ fn a_tick_with_nothing_to_do_starts_no_process_and_still_puts_back_a_hand_edit()
     assert!(s.run(&["tick", "site"]).status.success());
     // The very next tick (files and index most likely written in the same
     // second: "racily clean", settled by their content, as git does).
-    let traced = s.path().join("exec.trace");
-    let out = Command::new("strace")
-        .args(["-f", "-qq", "-e", "trace=execve,execveat", "-o"])
-        .arg(&traced)
-        .arg(bin())
-        .arg("--config")
-        .arg(&s.config)
-        .args(["tick", "site"])
-        .output()
-        .expect("strace runs");
-    let stdout = succeeded(&out, "the traced tick");
-    assert!(stdout.contains("no_change"), "{stdout}");
-    let trace = std::fs::read_to_string(&traced).expect("trace");
+    let trace = traced_no_op_tick(&s, "site", "execve,execveat");
     let started: Vec<&str> = trace
         .lines()
         .filter(|l| l.contains("execve(") || l.contains("execveat("))
@@ -492,19 +498,7 @@ fn a_one_shot_tick_opens_the_database_twice_and_leaves_no_log_behind() {
         "the first tick left {} behind",
         wal.display()
     );
-    let traced = s.path().join("open.trace");
-    let out = Command::new("strace")
-        .args(["-f", "-qq", "-e", "trace=openat", "-o"])
-        .arg(&traced)
-        .arg(bin())
-        .arg("--config")
-        .arg(&s.config)
-        .args(["tick", "site"])
-        .output()
-        .expect("strace runs");
-    let stdout = succeeded(&out, "the traced tick");
-    assert!(stdout.contains("no_change"), "{stdout}");
-    let trace = std::fs::read_to_string(&traced).expect("trace");
+    let trace = traced_no_op_tick(&s, "site", "openat");
     let db = format!("\"{}\"", s.db().display());
     let opened = trace.lines().filter(|l| l.contains(&db)).count();
     assert_eq!(opened, 2, "the database opened {opened} times:\n{trace}");
