@@ -499,7 +499,7 @@ mod tests {
 
     /// A call of the intake function ([`crate::store::Locked`]) on `conn`.
     async fn call_locked(
-        conn: &mut crate::store::db::Conn,
+        conn: &mut sqlx::AnyConnection,
         call: crate::store::Locked<Vec<Accepted>>,
     ) -> Option<Vec<Accepted>> {
         let called = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(format!(
@@ -534,7 +534,12 @@ mod tests {
             if q.store().kind() != crate::store::Kind::Postgres {
                 continue;
             }
-            let mut conn = q.store().pool().acquire().await.expect("a connection");
+            let mut conn = q
+                .store()
+                .connections()
+                .acquire()
+                .await
+                .expect("a connection");
             sqlx::raw_sql(sqlx::AssertSqlSafe(crate::store::jobs::pg_functions(7)))
                 .execute(&mut *conn)
                 .await

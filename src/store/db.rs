@@ -19,8 +19,14 @@ pub type Db = sqlx::Any;
 pub type Pool = sqlx::AnyPool;
 /// A write transaction on the state database (the store's `write`).
 pub type Tx = super::WriteTx;
-/// One connection to the state database.
-pub type Conn = sqlx::AnyConnection;
+/// One connection to the state database: sqlx's, or a one-shot command's
+/// SQLite connection run on the calling thread (`inline`). Both are
+/// executors for every query.
+#[derive(Debug)]
+pub enum Conn {
+    Sqlx(sqlx::AnyConnection),
+    Inline(super::inline::Inline),
+}
 /// A row read from the state database.
 pub type Row = sqlx::any::AnyRow;
 
@@ -133,19 +139,112 @@ pub fn encode_text(
     <&str as Encode<Db>>::encode(s, buf)
 }
 
-/// Is `conn` a PostgreSQL connection (else SQLite)? For the statements
-/// each dialect says its own way.
 /// One connection of its own to the database at `url`, outside any pool
 /// (a keeper's, which must outlive its instance's pool).
 pub async fn connect_keeper(url: &str) -> Result<Conn, sqlx::Error> {
     use sqlx::Connection;
     sqlx::any::install_default_drivers();
-    Conn::connect(url).await
+    sqlx::AnyConnection::connect(url).await.map(Conn::Sqlx)
 }
 
+/// Is `conn` a PostgreSQL connection (else SQLite)? For the statements
+/// each dialect says its own way.
 pub fn is_postgres(conn: &Conn) -> bool {
     conn.backend_name() == <sqlx::Postgres as sqlx::Database>::NAME
 }
+
+impl Conn {
+    /// The database's name, as sqlx's drivers give it.
+    pub fn backend_name(&self) -> &str {
+        match self {
+            Conn::Sqlx(c) => c.backend_name(),
+            Conn::Inline(_) => <sqlx::Sqlite as sqlx::Database>::NAME,
+        }
+    }
+
+    /// Inside a transaction.
+    pub fn is_in_transaction(&self) -> bool {
+        match self {
+            Conn::Sqlx(c) => sqlx::Connection::is_in_transaction(c),
+            Conn::Inline(c) => c.is_in_transaction(),
+        }
+    }
+
+    /// Close it (a transaction left open is rolled back by the close).
+    pub async fn close(self) -> Result<(), sqlx::Error> {
+        match self {
+            Conn::Sqlx(c) => sqlx::Connection::close(c).await,
+            Conn::Inline(c) => c.close(),
+        }
+    }
+}
+
+/// Where a query reads from: the pool, or a one-shot command's SQLite
+/// connection run on the calling thread (`Store::pool`). Used as an
+/// executor, as the pool is.
+#[derive(Debug, Clone, Copy)]
+pub enum Reader<'a> {
+    Pool(&'a Pool),
+    Inline(&'a super::inline::Inline),
+}
+
+/// Both executors pass each call on to the connection they hold.
+macro_rules! delegate_executor {
+    ($ty:ty, $self:ident => $($pat:pat => $conn:expr),+ $(,)?) => {
+        impl<'c> sqlx::Executor<'c> for $ty {
+            type Database = Db;
+
+            fn fetch_many<'e, 'q: 'e, E>(
+                $self,
+                query: E,
+            ) -> futures_util::stream::BoxStream<
+                'e,
+                Result<sqlx::Either<sqlx::any::AnyQueryResult, Row>, sqlx::Error>,
+            >
+            where
+                'c: 'e,
+                E: 'q + sqlx::Execute<'q, Db>,
+            {
+                match $self { $($pat => sqlx::Executor::fetch_many($conn, query)),+ }
+            }
+
+            fn fetch_optional<'e, 'q: 'e, E>(
+                $self,
+                query: E,
+            ) -> futures_util::future::BoxFuture<'e, Result<Option<Row>, sqlx::Error>>
+            where
+                'c: 'e,
+                E: 'q + sqlx::Execute<'q, Db>,
+            {
+                match $self { $($pat => sqlx::Executor::fetch_optional($conn, query)),+ }
+            }
+
+            fn prepare_with<'e>(
+                $self,
+                sql: sqlx::SqlStr,
+                parameters: &'e [AnyTypeInfo],
+            ) -> futures_util::future::BoxFuture<'e, Result<sqlx::any::AnyStatement, sqlx::Error>>
+            where
+                'c: 'e,
+            {
+                match $self { $($pat => sqlx::Executor::prepare_with($conn, sql, parameters)),+ }
+            }
+
+            fn describe<'e>(
+                $self,
+                sql: sqlx::SqlStr,
+            ) -> futures_util::future::BoxFuture<'e, Result<sqlx::Describe<Db>, sqlx::Error>>
+            where
+                'c: 'e,
+            {
+                match $self { $($pat => sqlx::Executor::describe($conn, sql)),+ }
+            }
+        }
+    };
+}
+
+delegate_executor!(&'c mut Conn, self => Conn::Sqlx(c) => c, Conn::Inline(c) => &*c);
+delegate_executor!(Reader<'c>, self => Reader::Pool(p) => p, Reader::Inline(c) => c);
 
 /// The PostgreSQL server's clock in milliseconds since the Unix epoch.
 /// Job leases are written and judged by this one clock, so instances on

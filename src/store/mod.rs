@@ -21,6 +21,7 @@ pub mod deployments;
 pub mod direct;
 mod group;
 pub use group::{Batch, Locked, NOT_WRITTEN, Tx as BatchTx};
+pub mod inline;
 pub mod jobs;
 pub mod limits;
 pub mod outbox;
@@ -61,7 +62,7 @@ fn liveness_key(owner: &str) -> i32 {
 /// Set up a new PostgreSQL session: an acknowledged request is committed
 /// on disk, so never with `synchronous_commit = off`, whatever the
 /// server's default says.
-async fn pg_session(conn: &mut db::Conn) -> Result<(), sqlx::Error> {
+async fn pg_session(conn: &mut sqlx::AnyConnection) -> Result<(), sqlx::Error> {
     let sync: String = sqlx::query_scalar("SHOW synchronous_commit")
         .fetch_one(&mut *conn)
         .await?;
@@ -109,6 +110,9 @@ pub struct StoreError {
 #[derive(Clone, Debug)]
 pub struct Store {
     pool: db::Pool,
+    /// A command's read connection on SQLite (`inline`), which reads go
+    /// through instead of the pool; None in a daemon and on PostgreSQL.
+    reads: Option<inline::Inline>,
     /// The one connection write transactions take turns on (`write`).
     /// Taking turns here rather than in SQLite's busy handler, whose
     /// back-off sleeps turn contention into latency spikes; other
@@ -206,6 +210,69 @@ impl StoreError {
 /// for another process's write.
 const PRAGMAS: &str = "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; \
      PRAGMA foreign_keys = ON; PRAGMA busy_timeout = 15000;";
+
+/// `PRAGMAS`, for a connection that only reads.
+const READ_ONLY: &str = "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; \
+     PRAGMA foreign_keys = ON; PRAGMA busy_timeout = 15000; PRAGMA query_only = ON;";
+
+/// A connection through sqlx to the SQLite database at `url`, set up.
+async fn sqlite_connection(url: &str) -> Result<sqlx::AnyConnection, sqlx::Error> {
+    let mut conn = <sqlx::AnyConnection as sqlx::Connection>::connect(url).await?;
+    sqlx::raw_sql(PRAGMAS).execute(&mut conn).await?;
+    Ok(conn)
+}
+
+/// An `inline` connection to the database at `path`, set up with `setup`;
+/// SQLITE_BUSY while another process switches a brand-new database to
+/// WAL is retried for a few seconds, as the daemon's pool does.
+async fn open_inline_retrying(path: &Path, setup: &str) -> Result<inline::Inline, sqlx::Error> {
+    let mut attempt = 0;
+    loop {
+        match inline::Inline::open(path, setup) {
+            Err(e) if attempt < 30 && is_busy(&e) => {
+                attempt += 1;
+                tokio::time::sleep(Duration::from_millis(50 + 10 * attempt)).await;
+            }
+            opened => break opened,
+        }
+    }
+}
+
+/// Whether the database holds exactly this binary's migrations, each
+/// applied whole: then sqlx's migrator, which would find nothing to do,
+/// is not run. Anything else (a missing table, a migration missing,
+/// failed, changed or unknown to this binary) is left to the migrator,
+/// which applies or refuses it.
+fn migrated(conn: &inline::Inline) -> Result<bool, sqlx::Error> {
+    use sqlx::Row;
+    let exists = conn.run(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'",
+        None,
+        true,
+    )?;
+    if !exists.iter().any(|i| i.is_right()) {
+        return Ok(false);
+    }
+    let mut applied = std::collections::BTreeMap::new();
+    for item in conn.run(
+        "SELECT version, checksum, success FROM _sqlx_migrations",
+        None,
+        true,
+    )? {
+        if let sqlx::Either::Right(row) = item {
+            let version: i64 = row.try_get(0)?;
+            let checksum: Vec<u8> = row.try_get(1)?;
+            let success: db::Flag = row.try_get(2)?;
+            applied.insert(version, (checksum, success.0));
+        }
+    }
+    let known: std::collections::BTreeMap<i64, (Vec<u8>, bool)> = MIGRATOR
+        .iter()
+        .filter(|m| !m.migration_type.is_down_migration())
+        .map(|m| (m.version, (m.checksum.to_vec(), true)))
+        .collect();
+    Ok(applied == known)
+}
 
 /// SQLITE_BUSY or SQLITE_LOCKED.
 fn is_busy(e: &sqlx::Error) -> bool {
@@ -438,19 +505,12 @@ async fn migration_turn(path: &Path) -> std::io::Result<std::fs::File> {
 /// exclusive lock SQLite does not wait for: a second process opening it at
 /// that instant gets SQLITE_BUSY at once. That is retried for a few
 /// seconds rather than fail a tick for it.
-async fn read_pool(url: &str, identity: &Identity, usage: Usage) -> Result<db::Pool, sqlx::Error> {
+async fn read_pool(url: &str, identity: &Identity) -> Result<db::Pool, sqlx::Error> {
     let mut attempt = 0;
     loop {
         let id = identity.clone();
         match AnyPoolOptions::new()
-            .max_connections(match usage {
-                Usage::Serve => 8,
-                // A command reads one thing at a time: one connection,
-                // whose schema is read once. With more, a read right
-                // after another opened a second one, the first being
-                // handed back to the pool by a task that had not run yet.
-                Usage::Command => 1,
-            })
+            .max_connections(8)
             // And read only: every write takes its turn on the
             // write connection (`Store::write_one`), so one that
             // does not is refused here, in every test, rather
@@ -508,9 +568,8 @@ impl Store {
 
     /// Open (creating if needed) the database at `path` and migrate it,
     /// for `usage`. For one command, SQLite is read through one
-    /// connection and written through one (no second write connection
-    /// and thread of its own for the group's writes, `direct`): opening
-    /// each is most of what a command's database costs.
+    /// connection and written through one, each running its statements
+    /// on the calling thread (`open_inline`).
     pub async fn open_for(path: &Path, usage: Usage) -> Result<Store, StoreError> {
         let err = |what, source| StoreError {
             path: path.to_path_buf(),
@@ -527,7 +586,10 @@ impl Store {
             logged: Default::default(),
         };
         sqlx::any::install_default_drivers();
-        let pool = read_pool(&url, &identity, usage)
+        if usage == Usage::Command {
+            return Store::open_inline(path, &url, identity).await;
+        }
+        let pool = read_pool(&url, &identity)
             .await
             .map_err(|e| err("opening", e))?;
         // Write transactions take turns (`writer`) on one connection of
@@ -538,11 +600,7 @@ impl Store {
             let url = url.clone();
             Arc::new(move || {
                 let url = url.clone();
-                Box::pin(async move {
-                    let mut conn = <db::Conn as sqlx::Connection>::connect(&url).await?;
-                    sqlx::raw_sql(PRAGMAS).execute(&mut conn).await?;
-                    Ok(conn)
-                })
+                Box::pin(async move { sqlite_connection(&url).await.map(db::Conn::Sqlx) })
             })
         };
         // Migrated on the writer's connection, which is kept: the pool's
@@ -550,7 +608,9 @@ impl Store {
         let turn = migration_turn(path)
             .await
             .map_err(|e| err("locking its directory to migrate it", e.into()))?;
-        let mut conn = open().await.map_err(|e| err("opening", e))?;
+        let mut conn = sqlite_connection(&url)
+            .await
+            .map_err(|e| err("opening", e))?;
         MIGRATOR
             .run(&mut conn)
             .await
@@ -558,14 +618,76 @@ impl Store {
         drop(turn);
         Ok(Store {
             pool,
-            writer: write::Writer::seeded(open, "BEGIN IMMEDIATE".into(), conn),
+            reads: None,
+            writer: write::Writer::seeded(open, "BEGIN IMMEDIATE".into(), db::Conn::Sqlx(conn)),
             kind: Kind::Sqlite,
             path: path.to_path_buf(),
             identity: Some(identity),
             group: Default::default(),
             connect: None,
-            direct: (usage == Usage::Serve)
-                .then(|| direct::Direct::new(path.to_path_buf(), PRAGMAS)),
+            direct: Some(direct::Direct::new(path.to_path_buf(), PRAGMAS)),
+            changes: Default::default(),
+        })
+    }
+
+    /// A command's store on SQLite (`Usage::Command`): one connection to
+    /// read through and one to write through, each running its statements
+    /// on the calling thread (`inline`), and no write connection of the
+    /// group's own (`direct`). Migrated through sqlx only when the
+    /// database lacks one of this binary's migrations.
+    async fn open_inline(path: &Path, url: &str, identity: Identity) -> Result<Store, StoreError> {
+        let err = |what, source| StoreError {
+            path: path.to_path_buf(),
+            what,
+            source,
+        };
+        let writes = open_inline_retrying(path, PRAGMAS)
+            .await
+            .map_err(|e| err("opening", e))?;
+        if !migrated(&writes).map_err(|e| err("reading its migrations", e))? {
+            let turn = migration_turn(path)
+                .await
+                .map_err(|e| err("locking its directory to migrate it", e.into()))?;
+            let mut conn = sqlite_connection(url)
+                .await
+                .map_err(|e| err("opening", e))?;
+            MIGRATOR
+                .run(&mut conn)
+                .await
+                .map_err(|e| err("migrating", e.into()))?;
+            sqlx::Connection::close(conn)
+                .await
+                .map_err(|e| err("closing the migration's connection", e))?;
+            drop(turn);
+        }
+        // Read only, as the daemon's pool: every write takes its turn on
+        // the write connection.
+        let reads = open_inline_retrying(path, READ_ONLY)
+            .await
+            .map_err(|e| err("opening", e))?;
+        let id = identity.clone();
+        let reads = reads.checked(move || id.check());
+        let open: write::Open = {
+            let path = path.to_path_buf();
+            Arc::new(move || {
+                let opened = inline::Inline::open(&path, PRAGMAS).map(db::Conn::Inline);
+                Box::pin(std::future::ready(opened))
+            })
+        };
+        Ok(Store {
+            // Never connected: a command's reads go through `reads`.
+            pool: AnyPoolOptions::new()
+                .max_connections(1)
+                .connect_lazy(url)
+                .map_err(|e| err("opening", e))?,
+            reads: Some(reads),
+            writer: write::Writer::seeded(open, "BEGIN IMMEDIATE".into(), db::Conn::Inline(writes)),
+            kind: Kind::Sqlite,
+            path: path.to_path_buf(),
+            identity: Some(identity),
+            group: Default::default(),
+            connect: None,
+            direct: None,
             changes: Default::default(),
         })
     }
@@ -605,7 +727,7 @@ impl Store {
         let open: write::Open = Arc::new(move || {
             let url = connect.clone();
             Box::pin(async move {
-                let mut conn = <db::Conn as sqlx::Connection>::connect(&url).await?;
+                let mut conn = <sqlx::AnyConnection as sqlx::Connection>::connect(&url).await?;
                 pg_session(&mut conn).await?;
                 // The write connection's own functions (`Batch::locked`).
                 // Without them (no TEMP privilege) batches are written the
@@ -619,12 +741,13 @@ impl Store {
                         "cannot make the write connection's temporary functions on PostgreSQL; \
                          webhook deliveries are written in four round trips a batch instead of one");
                 }
-                Ok(conn)
+                Ok(db::Conn::Sqlx(conn))
             })
         });
         let begin = format!("BEGIN; SELECT pg_advisory_xact_lock({PG_WRITE_LOCK})");
         Ok(Store {
             pool,
+            reads: None,
             writer: write::Writer::new(open, begin),
             kind: Kind::Postgres,
             path: shown,
@@ -698,7 +821,7 @@ impl Store {
             .execute(&mut conn)
             .await
             .map_err(self.err(what))?;
-        Ok(Liveness(Some(conn)))
+        Ok(Liveness(Some(db::Conn::Sqlx(conn))))
     }
 
     /// Whether the process owning `owner`'s claims holds its liveness lock
@@ -783,7 +906,17 @@ impl Store {
         Ok(r)
     }
 
-    pub fn pool(&self) -> &db::Pool {
+    /// What reads go through: the pool, or a command's SQLite connection.
+    pub fn pool(&self) -> db::Reader<'_> {
+        match &self.reads {
+            Some(reads) => db::Reader::Inline(reads),
+            None => db::Reader::Pool(&self.pool),
+        }
+    }
+
+    /// The pool of connections itself (PostgreSQL's session-level work,
+    /// and tests that hold connections).
+    pub fn connections(&self) -> &db::Pool {
         &self.pool
     }
 
@@ -797,6 +930,11 @@ impl Store {
     /// (the next open recovers), said at DEBUG.
     pub async fn close(&self) {
         self.pool.close().await;
+        if let Some(reads) = &self.reads
+            && let Err(error) = reads.close()
+        {
+            tracing::debug!(%error, "closing the read connection");
+        }
         if let Err(error) = self.writer.close().await {
             tracing::debug!(%error, "closing the write connection");
         }
@@ -834,9 +972,60 @@ impl Store {
 mod tests {
     use super::*;
 
+    /// A command's store (`open_inline`) skips sqlx's migrator only when
+    /// the database holds exactly this binary's migrations: a new one is
+    /// migrated, reads and writes go through, and one whose applied
+    /// migration differs from the binary's is refused — by the migrator,
+    /// as a daemon's open refuses it — rather than opened.
+    #[tokio::test]
+    async fn a_commands_store_leaves_any_doubt_about_migrations_to_the_migrator() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("driftless.db");
+        let store = Store::open_for(&path, Usage::Command)
+            .await
+            .expect("a new database, migrated");
+        store
+            .write_one(
+                "test",
+                sqlx::query("INSERT INTO health (id, probed_at) VALUES (1, 7)"),
+            )
+            .await
+            .expect("a write");
+        let read: i64 = sqlx::query_scalar("SELECT probed_at FROM health WHERE id = 1")
+            .fetch_one(store.pool())
+            .await
+            .expect("a read");
+        assert_eq!(read, 7);
+        store.close().await;
+        let setup = "PRAGMA busy_timeout = 5000;";
+        let conn = inline::Inline::open(&path, setup).expect("open");
+        assert!(
+            migrated(&conn).expect("check"),
+            "a migrated database not recognised"
+        );
+        conn.run(
+            "UPDATE _sqlx_migrations SET checksum = x'00' \
+             WHERE version = (SELECT MAX(version) FROM _sqlx_migrations)",
+            None,
+            false,
+        )
+        .expect("tamper");
+        assert!(
+            !migrated(&conn).expect("check"),
+            "a changed migration passed"
+        );
+        conn.close().expect("close");
+        let refused = Store::open_for(&path, Usage::Command)
+            .await
+            .expect_err("a changed migration");
+        assert_eq!(refused.what, "migrating", "{refused}");
+        let daemon = Store::open(&path).await.expect_err("a changed migration");
+        assert_eq!(daemon.what, refused.what);
+    }
+
     /// Processes that open one new database at once (a daemon and a
     /// timer's tick, two ticks) all get it migrated, none fails on a table
-    /// another made. Opens in one process take the lock as separate
+    /// another made or on the switch to WAL another is making. Opens in one process take the lock as separate
     /// processes do (an OS lock is per open file).
     #[test]
     fn opens_at_once_of_a_new_database_all_migrate_it() {
@@ -844,14 +1033,19 @@ mod tests {
             let dir = tempfile::tempdir().expect("tempdir");
             let path = dir.path().join("driftless.db");
             std::thread::scope(|scope| {
-                let opens: Vec<_> = (0..6)
-                    .map(|_| {
-                        scope.spawn(|| {
+                // Daemons and commands (`tick` from a timer) alike.
+                let opens: Vec<_> = [Usage::Serve, Usage::Command]
+                    .into_iter()
+                    .cycle()
+                    .take(6)
+                    .map(|usage| {
+                        let path = &path;
+                        scope.spawn(move || {
                             let rt = tokio::runtime::Builder::new_current_thread()
                                 .enable_all()
                                 .build()
                                 .expect("runtime");
-                            rt.block_on(Store::open(&path)).map(drop)
+                            rt.block_on(Store::open_for(path, usage)).map(drop)
                         })
                     })
                     .collect();
@@ -1013,6 +1207,26 @@ mod tests {
     /// kill -9 cannot tell FULL from NORMAL (the OS still has the data);
     /// a power cut can. Every connection the pool hands out, not just the
     /// first, must run with synchronous=FULL, in WAL, with foreign keys.
+    /// `PRAGMA synchronous`, `journal_mode` and `foreign_keys` through `c`
+    /// (a connection, or, by reference, a pool or a command's reads).
+    macro_rules! durability {
+        ($c:expr) => {{
+            let sync: i64 = sqlx::query_scalar("PRAGMA synchronous")
+                .fetch_one($c)
+                .await
+                .expect("pragma");
+            let journal: String = sqlx::query_scalar("PRAGMA journal_mode")
+                .fetch_one($c)
+                .await
+                .expect("pragma");
+            let fk: i64 = sqlx::query_scalar("PRAGMA foreign_keys")
+                .fetch_one($c)
+                .await
+                .expect("pragma");
+            (sync, journal, fk)
+        }};
+    }
+
     #[tokio::test]
     async fn every_pooled_connection_is_durable() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -1021,26 +1235,22 @@ mod tests {
             .expect("open");
         let mut held = Vec::new();
         for _ in 0..8 {
-            held.push(store.pool().acquire().await.expect("connection"));
+            held.push(store.connections().acquire().await.expect("connection"));
+        }
+        for c in held.iter_mut() {
+            assert_eq!(durability!(&mut **c), (2, "wal".into(), 1));
         }
         // And the connection every write transaction runs on.
         let mut write = store.begin_write("test").await.expect("a write");
-        let conns = held.iter_mut().map(|c| &mut **c).chain([&mut *write]);
-        for c in conns {
-            let sync: i64 = sqlx::query_scalar("PRAGMA synchronous")
-                .fetch_one(&mut *c)
-                .await
-                .expect("pragma");
-            let journal: String = sqlx::query_scalar("PRAGMA journal_mode")
-                .fetch_one(&mut *c)
-                .await
-                .expect("pragma");
-            let fk: i64 = sqlx::query_scalar("PRAGMA foreign_keys")
-                .fetch_one(&mut *c)
-                .await
-                .expect("pragma");
-            assert_eq!((sync, journal.as_str(), fk), (2, "wal", 1));
-        }
+        assert_eq!(durability!(&mut *write), (2, "wal".into(), 1));
+        write.commit().await.expect("commit");
+        // And a command's, read and write, which run in place (`inline`).
+        let command = Store::open_for(&dir.path().join("state/driftless.db"), Usage::Command)
+            .await
+            .expect("open for a command");
+        assert_eq!(durability!(command.pool()), (2, "wal".into(), 1));
+        let mut write = command.begin_write("test").await.expect("a write");
+        assert_eq!(durability!(&mut *write), (2, "wal".into(), 1));
         drop(write);
         // And the group's direct connection, where webhook deliveries and
         // their jobs are committed before their 2xx.
@@ -1089,13 +1299,15 @@ mod tests {
             "PoolOptions::new()",
         ];
         // (file, count): SQLite's pool and write connection (which the
-        // migrator uses too) and PostgreSQL's; the direct connection; the
-        // keeper's PostgreSQL lease connection (`db::connect`: it only
-        // renews a lease);
-        // the throwaway PostgreSQL clusters of the tests.
+        // migrator uses too), a command's pool that never connects, and
+        // PostgreSQL's pool and write connection; the direct connection;
+        // a command's SQLite connections (`inline`); the keeper's
+        // PostgreSQL lease connection (`db::connect`: it only renews a
+        // lease); the throwaway PostgreSQL clusters of the tests.
         let known: &[(&str, usize)] = &[
-            ("src/store/mod.rs", 4),
+            ("src/store/mod.rs", 5),
             ("src/store/direct.rs", 1),
+            ("src/store/inline.rs", 1),
             ("src/store/db.rs", 1),
             ("src/store/testing.rs", 2),
         ];

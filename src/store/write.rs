@@ -84,7 +84,7 @@ impl Writer {
         let conn = self.slot.lock().await.take();
         self.unfinished.store(false, Ordering::SeqCst);
         match conn {
-            Some(conn) => sqlx::Connection::close(conn).await,
+            Some(conn) => conn.close().await,
             None => Ok(()),
         }
     }

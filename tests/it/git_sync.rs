@@ -477,11 +477,13 @@ fn a_tick_with_nothing_to_do_starts_no_process_and_still_puts_back_a_hand_edit()
 }
 
 /// A one-shot command opens the database twice — one connection to read,
-/// one to write (each reads the whole schema as it opens) — and closes
+/// one to write (each reads the whole schema as it opens) —, runs their
+/// statements on its own thread (no SQLite thread of sqlx's, to which
+/// each statement would be handed and its rows handed back), and closes
 /// both before it exits, so it leaves no write-ahead log for the next
 /// command to read through before its first statement.
 #[test]
-fn a_one_shot_tick_opens_the_database_twice_and_leaves_no_log_behind() {
+fn a_one_shot_tick_opens_the_database_twice_runs_it_in_place_and_leaves_no_log_behind() {
     let root = tempfile::tempdir().expect("tempdir");
     let remote = Remote::new(root.path(), "infra");
     remote.commit(&[("site/index.html", "v1")], "first");
@@ -498,7 +500,16 @@ fn a_one_shot_tick_opens_the_database_twice_and_leaves_no_log_behind() {
         "the first tick left {} behind",
         wal.display()
     );
-    let trace = traced_no_op_tick(&s, "site", "openat");
+    let trace = traced_no_op_tick(&s, "site", "openat,prctl");
+    // sqlx names its SQLite threads as it starts them.
+    let threads: Vec<&str> = trace
+        .lines()
+        .filter(|l| l.contains("PR_SET_NAME"))
+        .collect();
+    assert!(
+        !threads.is_empty() && !threads.iter().any(|l| l.contains("sqlx")),
+        "threads started: {threads:#?}"
+    );
     let db = format!("\"{}\"", s.db().display());
     let opened = trace.lines().filter(|l| l.contains(&db)).count();
     assert_eq!(opened, 2, "the database opened {opened} times:\n{trace}");
