@@ -56,11 +56,20 @@ type Items = Vec<Either<AnyQueryResult, AnyRow>>;
 
 impl Inline {
     /// Open the database at `path` and run `setup` (its pragmas) on it.
+    /// Closing it leaves the write-ahead log as it is, even as the last
+    /// connection out.
     pub fn open(path: &std::path::Path, setup: &str) -> Result<Inline, sqlx::Error> {
         let conn = Connection::open(path).map_err(failure)?;
         conn.execute_batch(setup).map_err(failure)?;
         // Room for every statement a command runs (rusqlite keeps 16).
         conn.set_prepared_statement_cache_capacity(64);
+        // The last connection out leaves the write-ahead log as it is: the
+        // store decides when a command folds it in (`Store::close`).
+        conn.set_db_config(
+            rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+            true,
+        )
+        .map_err(failure)?;
         Ok(Inline {
             conn: Arc::new(Mutex::new(Some(conn))),
             check: None,
