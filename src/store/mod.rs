@@ -686,7 +686,16 @@ impl Store {
                 .connect_lazy(url)
                 .map_err(|e| err("opening", e))?,
             reads: Some(reads),
-            writer: write::Writer::seeded(open, "BEGIN IMMEDIATE".into(), db::Conn::Inline(writes)),
+            // Every transaction says whether its commit is synced: FULL,
+            // unless begun unsynced (`begin_write_unsynced`), whose setting
+            // lasts only until the next begins. SQLite takes the setting
+            // only outside a transaction.
+            writer: write::Writer::seeded(
+                open,
+                "PRAGMA synchronous = FULL; BEGIN IMMEDIATE".into(),
+                db::Conn::Inline(writes),
+            )
+            .with_unsynced("PRAGMA synchronous = NORMAL; BEGIN IMMEDIATE"),
             kind: Kind::Sqlite,
             path: path.to_path_buf(),
             identity: Some(identity),
@@ -892,6 +901,16 @@ impl Store {
         self.writer.begin().await.map_err(self.err(what))
     }
 
+    /// As [`Store::begin_write`], for writes a power cut may lose without
+    /// harm because a synced commit follows before anything depends on
+    /// them (a one-shot tick's claim of its job: nothing has run yet, and
+    /// its run's start is synced). A command's SQLite store does not sync
+    /// its commit; elsewhere it is an ordinary write transaction.
+    pub async fn begin_write_unsynced(&self, what: &'static str) -> Result<WriteTx, StoreError> {
+        self.check_identity()?;
+        self.writer.begin_unsynced().await.map_err(self.err(what))
+    }
+
     /// Run one statement as a write transaction of its own, taking its
     /// turn with every other write. Never on the pool: there a write
     /// meets the write connection in SQLite's busy handler, whose back-off
@@ -1002,6 +1021,39 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `PRAGMA synchronous` inside `tx`.
+    async fn sync(tx: &mut WriteTx) -> i64 {
+        sqlx::query_scalar::<_, i64>("PRAGMA synchronous")
+            .fetch_one(&mut **tx)
+            .await
+            .expect("pragma")
+    }
+
+    /// A write begun unsynced commits without a sync on a command's
+    /// SQLite store, and the next write is synced again; on a daemon's
+    /// store it is an ordinary, synced write.
+    #[tokio::test]
+    async fn an_unsynced_write_leaves_the_next_one_synced() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("driftless.db");
+        for (usage, lax) in [(Usage::Command, 1), (Usage::Serve, 2)] {
+            let store = Store::open_for(&path, usage).await.expect("open");
+            let mut tx = store.begin_write_unsynced("test").await.expect("begin");
+            assert_eq!(sync(&mut tx).await, lax, "{usage:?}: unsynced");
+            tx.commit().await.expect("commit");
+            let mut tx = store.begin_write("test").await.expect("begin");
+            assert_eq!(sync(&mut tx).await, 2, "{usage:?}: the write after");
+            tx.commit().await.expect("commit");
+            // And after one dropped half-way.
+            let tx = store.begin_write_unsynced("test").await.expect("begin");
+            drop(tx);
+            let mut tx = store.begin_write("test").await.expect("begin");
+            assert_eq!(sync(&mut tx).await, 2, "{usage:?}: after a dropped one");
+            tx.commit().await.expect("commit");
+            store.close().await;
+        }
+    }
 
     /// A command's store (`open_inline`) skips sqlx's migrator only when
     /// the database holds exactly this binary's migrations: a new one is

@@ -37,6 +37,10 @@ pub(super) struct Writer {
     open: Open,
     /// What begins a write transaction.
     begin: Arc<str>,
+    /// What begins one whose commit need not be synced to disk
+    /// (`Writer::begin_unsynced`), where the connection can say so and
+    /// `begin` says again that commits are synced; else `begin`.
+    unsynced: Arc<str>,
 }
 
 impl std::fmt::Debug for Writer {
@@ -63,7 +67,18 @@ impl Writer {
             slot: Default::default(),
             unfinished: Default::default(),
             open,
+            unsynced: begin.clone().into(),
             begin: begin.into(),
+        }
+    }
+
+    /// As this writer, with `unsynced` to begin a transaction whose commit
+    /// need not be synced. Its `begin` must set commits synced again, so
+    /// that no other transaction runs unsynced after it.
+    pub(super) fn with_unsynced(self, unsynced: &str) -> Writer {
+        Writer {
+            unsynced: unsynced.into(),
+            ..self
         }
     }
 
@@ -93,6 +108,20 @@ impl Writer {
     /// connection found broken as the transaction begins (the database
     /// server restarted since the last write) is replaced, once.
     pub(super) async fn begin(&self) -> Result<WriteTx, sqlx::Error> {
+        self.begin_as(self.begin.clone()).await
+    }
+
+    /// As [`Writer::begin`], for a transaction a power cut may lose
+    /// without harm, because a synced commit follows before anything
+    /// depends on it (SQLite's log is synced whole: that commit's sync
+    /// takes this one's writes to disk with it). Its commit is not synced
+    /// where the store can say so (a command's SQLite store); elsewhere it
+    /// is an ordinary transaction.
+    pub(super) async fn begin_unsynced(&self) -> Result<WriteTx, sqlx::Error> {
+        self.begin_as(self.unsynced.clone()).await
+    }
+
+    async fn begin_as(&self, begin: Arc<str>) -> Result<WriteTx, sqlx::Error> {
         let mut slot = self.slot.clone().lock_owned().await;
         self.settle(&mut slot).await;
         let mut fresh = false;
@@ -107,7 +136,7 @@ impl Writer {
             // Armed until the transaction is handed over: a caller that
             // goes away while it begins leaves it to be rolled back.
             let abandoned = Abandoned(Some(self));
-            let begun = sqlx::raw_sql(sqlx::AssertSqlSafe(self.begin.clone()))
+            let begun = sqlx::raw_sql(sqlx::AssertSqlSafe(begin.clone()))
                 .execute(&mut *conn)
                 .await;
             abandoned.disarm();

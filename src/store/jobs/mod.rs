@@ -330,7 +330,10 @@ impl Jobs {
     ) -> Result<Option<Job>, StoreError> {
         let what = "starting a job";
         let now = now_ms();
-        let mut tx = self.store.begin_write(what).await?;
+        // Not synced: lost to a power cut, the claim took nothing (its
+        // run has not begun), and the run's start, synced, takes it to
+        // disk first.
+        let mut tx = self.store.begin_write_unsynced(what).await?;
         let pg = is_postgres(&tx);
         let since = self.clock("$5");
         let sent = std::time::Instant::now();
