@@ -14,8 +14,10 @@
 //! after the other, every row read to the end, and the count of changed
 //! rows SQLite's `changes()` reports. Values come back as that driver
 //! hands them to sqlx's `Any` rows: integers as 64-bit, reals as doubles,
-//! text, blobs, nulls. This module runs what it is given; it knows no
-//! table.
+//! text, blobs, nulls — through fields of sqlx's `Any` types that sqlx
+//! marks `#[doc(hidden)]`, so an upgrade of sqlx may need this file
+//! changed (the build says so). This module runs what it is given; it
+//! knows no table.
 
 use std::sync::{Arc, Mutex};
 
