@@ -46,9 +46,15 @@ impl Identity {
 
 /// Set on every SQLite connection: WAL, `synchronous=FULL` (a job is on
 /// disk before a webhook gets its 2xx), foreign keys, and how long to wait
-/// for another process's write.
-const PRAGMAS: &str = "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; \
-     PRAGMA foreign_keys = ON; PRAGMA busy_timeout = 15000;";
+/// for another process's write. A macro so that `READ_ONLY` is built from
+/// the same text.
+macro_rules! pragmas {
+    () => {
+        "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; \
+         PRAGMA foreign_keys = ON; PRAGMA busy_timeout = 15000;"
+    };
+}
+const PRAGMAS: &str = pragmas!();
 
 /// The write-ahead log a command leaves behind for the next process
 /// (`Store::close`): a no-op tick adds about 80 KB to it, and the next
@@ -56,13 +62,31 @@ const PRAGMAS: &str = "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; \
 pub(super) const COMMAND_LOG_LIMIT: u64 = 512 * 1024;
 
 /// `PRAGMAS`, for a connection that only reads.
-const READ_ONLY: &str = "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; \
-     PRAGMA foreign_keys = ON; PRAGMA busy_timeout = 15000; PRAGMA query_only = ON;";
+const READ_ONLY: &str = concat!(pragmas!(), " PRAGMA query_only = ON;");
 
 /// A connection through sqlx to the SQLite database at `url`, set up.
 async fn sqlite_connection(url: &str) -> Result<sqlx::AnyConnection, sqlx::Error> {
     let mut conn = <sqlx::AnyConnection as sqlx::Connection>::connect(url).await?;
     sqlx::raw_sql(PRAGMAS).execute(&mut conn).await?;
+    Ok(conn)
+}
+
+/// A connection through sqlx to the SQLite database at `url` (the file at
+/// `path`), migrated; processes starting at once take turns
+/// (`migration_turn`). A failure says what was being done.
+async fn migrated_connection(
+    path: &Path,
+    url: &str,
+) -> Result<sqlx::AnyConnection, (&'static str, sqlx::Error)> {
+    let turn = migration_turn(path)
+        .await
+        .map_err(|e| ("locking its directory to migrate it", e.into()))?;
+    let mut conn = sqlite_connection(url).await.map_err(|e| ("opening", e))?;
+    MIGRATOR
+        .run(&mut conn)
+        .await
+        .map_err(|e| ("migrating", e.into()))?;
+    drop(turn);
     Ok(conn)
 }
 
@@ -303,18 +327,10 @@ impl Store {
             })
         };
         // Migrated on the writer's connection, which is kept: the pool's
-        // only read. Processes starting at once take turns (`migration_turn`).
-        let turn = migration_turn(path)
+        // only read.
+        let conn = migrated_connection(path, &url)
             .await
-            .map_err(|e| err("locking its directory to migrate it", e.into()))?;
-        let mut conn = sqlite_connection(&url)
-            .await
-            .map_err(|e| err("opening", e))?;
-        MIGRATOR
-            .run(&mut conn)
-            .await
-            .map_err(|e| err("migrating", e.into()))?;
-        drop(turn);
+            .map_err(|(what, e)| err(what, e))?;
         Ok(Store {
             pool,
             reads: None,
@@ -344,20 +360,12 @@ impl Store {
             .await
             .map_err(|e| err("opening", e))?;
         if !migrated(&writes).map_err(|e| err("reading its migrations", e))? {
-            let turn = migration_turn(path)
+            let conn = migrated_connection(path, url)
                 .await
-                .map_err(|e| err("locking its directory to migrate it", e.into()))?;
-            let mut conn = sqlite_connection(url)
-                .await
-                .map_err(|e| err("opening", e))?;
-            MIGRATOR
-                .run(&mut conn)
-                .await
-                .map_err(|e| err("migrating", e.into()))?;
+                .map_err(|(what, e)| err(what, e))?;
             sqlx::Connection::close(conn)
                 .await
                 .map_err(|e| err("closing the migration's connection", e))?;
-            drop(turn);
         }
         // Read only, as the daemon's pool: every write takes its turn on
         // the write connection.
