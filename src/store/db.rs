@@ -180,12 +180,12 @@ impl Conn {
 }
 
 /// Where a query reads from: the pool, or a one-shot command's SQLite
-/// connection run on the calling thread (`Store::pool`). Used as an
-/// executor, as the pool is.
+/// connections run on the calling thread (`Store::pool`, `inline::Reads`).
+/// Used as an executor, as the pool is.
 #[derive(Debug, Clone, Copy)]
 pub enum Reader<'a> {
     Pool(&'a Pool),
-    Inline(&'a super::inline::Inline),
+    Inline(&'a super::inline::Reads),
 }
 
 /// Both executors pass each call on to the connection they hold.

@@ -128,31 +128,182 @@ impl Inline {
             check().map_err(sqlx::Error::Io)?;
         }
         let values = args.map(|a| a.values.0).unwrap_or_default();
-        self.with(|conn| {
-            let mut items = Items::new();
-            // One statement (sqlx's `query`): prepared once, kept. A text
-            // of several (`raw_sql`), or one this cannot prepare at once
-            // (its second statement needs what its first makes): each
-            // statement prepared and run in turn, as sqlx's driver does.
-            let cached = match persistent {
-                true => conn.prepare_cached(sql).ok(),
-                false => None,
-            };
-            match cached {
-                Some(mut stmt) => {
-                    step(conn, &mut stmt, &values, 0, &mut items)?;
-                }
-                None => {
-                    let mut batch = rusqlite::Batch::new(conn, sql);
-                    let mut used = 0;
-                    while let Some(mut stmt) = batch.next().map_err(failure)? {
-                        used += step(conn, &mut stmt, &values, used, &mut items)?;
-                    }
-                }
-            }
-            Ok(items)
-        })
+        self.with(|conn| run_on(conn, sql, &values, persistent))
     }
+}
+
+/// A command's reads. Each statement runs on the command's write
+/// connection while no transaction is open there — it then reads the last
+/// commit, as a connection of its own would — and otherwise on a
+/// read-only connection of their own, opened the first time one is
+/// needed: a connection's first statement reads the whole schema (about
+/// 0.7 ms here), and a no-op tick never needs the second. Every statement
+/// must be read-only, as on the daemon's pool (`query_only`). Cheap to
+/// clone (the clones share both connections).
+#[derive(Clone)]
+pub struct Reads {
+    /// The write connection's (a clone of the writer's `Inline`). Once
+    /// the writer closed it, reads go to their own.
+    writes: Inline,
+    /// Their own connection: None until first needed.
+    own: Arc<Mutex<Option<Inline>>>,
+    /// Opens their own connection.
+    open: Arc<dyn Fn() -> Result<Inline, sqlx::Error> + Send + Sync>,
+    /// Set by `close`: nothing runs after it.
+    closed: Arc<std::sync::atomic::AtomicBool>,
+    /// Asked before every statement (the store's check that the file at
+    /// its path is still the one open).
+    check: Option<Arc<dyn Fn() -> std::io::Result<()> + Send + Sync>>,
+}
+
+impl std::fmt::Debug for Reads {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reads").finish_non_exhaustive()
+    }
+}
+
+impl Reads {
+    /// Reads through `writes` while no transaction is open on it, else
+    /// through a connection `open` makes when first needed.
+    pub fn new(
+        writes: &Inline,
+        open: impl Fn() -> Result<Inline, sqlx::Error> + Send + Sync + 'static,
+    ) -> Reads {
+        Reads {
+            writes: writes.clone(),
+            own: Default::default(),
+            open: Arc::new(open),
+            closed: Default::default(),
+            check: None,
+        }
+    }
+
+    /// Ask `check` before every statement; one that fails runs nothing.
+    pub fn checked(self, check: impl Fn() -> std::io::Result<()> + Send + Sync + 'static) -> Reads {
+        Reads {
+            check: Some(Arc::new(check)),
+            ..self
+        }
+    }
+
+    /// Whether their own connection was opened.
+    pub fn opened_own(&self) -> bool {
+        self.own.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+    }
+
+    /// Close their own connection, if opened (the write connection is the
+    /// writer's to close); a statement after it is refused.
+    pub fn close(&self) -> Result<(), sqlx::Error> {
+        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+        let own = self.own.lock().unwrap_or_else(|p| p.into_inner()).take();
+        match own {
+            Some(own) => own.close(),
+            None => Ok(()),
+        }
+    }
+
+    /// Run `sql` with `args`, every statement of it to its end, each
+    /// refused unless it only reads.
+    pub fn run(
+        &self,
+        sql: &str,
+        args: Option<AnyArguments>,
+        persistent: bool,
+    ) -> Result<Items, sqlx::Error> {
+        if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(sqlx::Error::PoolClosed);
+        }
+        if let Some(check) = &self.check {
+            check().map_err(sqlx::Error::Io)?;
+        }
+        let values = args.map(|a| a.values.0).unwrap_or_default();
+        {
+            // Held while the statement runs: no transaction begins there
+            // meanwhile.
+            let writes = self.writes.conn.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(conn) = writes.as_ref()
+                && conn.is_autocommit()
+            {
+                return read_on(conn, sql, &values, persistent, true);
+            }
+        }
+        let mut own = self.own.lock().unwrap_or_else(|p| p.into_inner());
+        let own = match own.as_mut() {
+            Some(own) => own,
+            None => own.insert((self.open)()?),
+        };
+        own.with(|conn| read_on(conn, sql, &values, persistent, false))
+    }
+}
+
+/// Run `sql` with `values` on `conn` as a read: a statement that would
+/// write is refused by SQLite's `query_only` (set for the statement when
+/// `only_now`, else the connection's own setting), and one that leaves a
+/// transaction open (`BEGIN`) is rolled back and refused.
+fn read_on(
+    conn: &Connection,
+    sql: &str,
+    values: &[AnyValueKind],
+    persistent: bool,
+    only_now: bool,
+) -> Result<Items, sqlx::Error> {
+    let query_only = |on: bool| {
+        let pragma = match on {
+            true => "PRAGMA query_only = ON",
+            false => "PRAGMA query_only = OFF",
+        };
+        conn.prepare_cached(pragma)
+            .and_then(|mut s| s.execute([]))
+            .map_err(failure)
+    };
+    if only_now {
+        query_only(true)?;
+    }
+    let read = run_on(conn, sql, values, persistent);
+    let reset = match only_now {
+        true => query_only(false).map(drop),
+        false => Ok(()),
+    };
+    if !conn.is_autocommit() {
+        let _ = conn.execute_batch("ROLLBACK");
+        return Err(sqlx::Error::Protocol(
+            "a read left a transaction open; it was rolled back".into(),
+        ));
+    }
+    let items = read?;
+    reset?;
+    Ok(items)
+}
+
+/// Run `sql` with `values` on `conn`, every statement of it to its end.
+fn run_on(
+    conn: &Connection,
+    sql: &str,
+    values: &[AnyValueKind],
+    persistent: bool,
+) -> Result<Items, sqlx::Error> {
+    let mut items = Items::new();
+    // One statement (sqlx's `query`): prepared once, kept. A text of
+    // several (`raw_sql`), or one this cannot prepare at once (its second
+    // statement needs what its first makes): each statement prepared and
+    // run in turn, as sqlx's driver does.
+    let cached = match persistent {
+        true => conn.prepare_cached(sql).ok(),
+        false => None,
+    };
+    match cached {
+        Some(mut stmt) => {
+            step(conn, &mut stmt, values, 0, &mut items)?;
+        }
+        None => {
+            let mut batch = rusqlite::Batch::new(conn, sql);
+            let mut used = 0;
+            while let Some(mut stmt) = batch.next().map_err(failure)? {
+                used += step(conn, &mut stmt, values, used, &mut items)?;
+            }
+        }
+    }
+    Ok(items)
 }
 
 /// Bind, run and read one statement into `items`; the count of
@@ -286,76 +437,82 @@ fn taken<'q, E: sqlx::Execute<'q, Any>>(
     Ok((query.sql(), args, persistent))
 }
 
-impl<'c> sqlx::Executor<'c> for &'c Inline {
-    type Database = Any;
+/// Both run statements in place behind sqlx's `Executor`.
+macro_rules! in_place_executor {
+    ($($ty:ty),+) => {$(
+        impl<'c> sqlx::Executor<'c> for &'c $ty {
+            type Database = Any;
 
-    fn fetch_many<'e, 'q: 'e, E>(
-        self,
-        query: E,
-    ) -> BoxStream<'e, Result<Either<AnyQueryResult, AnyRow>, sqlx::Error>>
-    where
-        'c: 'e,
-        E: 'q + sqlx::Execute<'q, Any>,
-    {
-        let items = taken(query).and_then(|(sql, args, keep)| self.run(sql.as_str(), args, keep));
-        match items {
-            Ok(items) => Box::pin(futures_util::stream::iter(items.into_iter().map(Ok))),
-            Err(e) => Box::pin(futures_util::stream::iter([Err(e)])),
+            fn fetch_many<'e, 'q: 'e, E>(
+                self,
+                query: E,
+            ) -> BoxStream<'e, Result<Either<AnyQueryResult, AnyRow>, sqlx::Error>>
+            where
+                'c: 'e,
+                E: 'q + sqlx::Execute<'q, Any>,
+            {
+                let items = taken(query).and_then(|(sql, args, keep)| self.run(sql.as_str(), args, keep));
+                match items {
+                    Ok(items) => Box::pin(futures_util::stream::iter(items.into_iter().map(Ok))),
+                    Err(e) => Box::pin(futures_util::stream::iter([Err(e)])),
+                }
+            }
+
+            fn fetch_optional<'e, 'q: 'e, E>(
+                self,
+                query: E,
+            ) -> BoxFuture<'e, Result<Option<AnyRow>, sqlx::Error>>
+            where
+                'c: 'e,
+                E: 'q + sqlx::Execute<'q, Any>,
+            {
+                // Every statement run to its end (an UPDATE … RETURNING changes
+                // every row it matches), the first row kept.
+                let first = taken(query)
+                    .and_then(|(sql, args, keep)| self.run(sql.as_str(), args, keep))
+                    .map(|items| {
+                        items.into_iter().find_map(|i| match i {
+                            Either::Right(row) => Some(row),
+                            Either::Left(_) => None,
+                        })
+                    });
+                Box::pin(std::future::ready(first))
+            }
+
+            fn prepare_with<'e>(
+                self,
+                _sql: sqlx::SqlStr,
+                _parameters: &'e [AnyTypeInfo],
+            ) -> BoxFuture<'e, Result<AnyStatement, sqlx::Error>>
+            where
+                'c: 'e,
+            {
+                Box::pin(std::future::ready(Err(sqlx::Error::Protocol(
+                    "statements are not prepared ahead on a command's SQLite connection".into(),
+                ))))
+            }
+
+            fn describe<'e>(
+                self,
+                _sql: sqlx::SqlStr,
+            ) -> BoxFuture<'e, Result<sqlx::Describe<Any>, sqlx::Error>>
+            where
+                'c: 'e,
+            {
+                Box::pin(std::future::ready(Err(sqlx::Error::Protocol(
+                    "statements are not described on a command's SQLite connection".into(),
+                ))))
+            }
         }
-    }
-
-    fn fetch_optional<'e, 'q: 'e, E>(
-        self,
-        query: E,
-    ) -> BoxFuture<'e, Result<Option<AnyRow>, sqlx::Error>>
-    where
-        'c: 'e,
-        E: 'q + sqlx::Execute<'q, Any>,
-    {
-        // Every statement run to its end (an UPDATE … RETURNING changes
-        // every row it matches), the first row kept.
-        let first = taken(query)
-            .and_then(|(sql, args, keep)| self.run(sql.as_str(), args, keep))
-            .map(|items| {
-                items.into_iter().find_map(|i| match i {
-                    Either::Right(row) => Some(row),
-                    Either::Left(_) => None,
-                })
-            });
-        Box::pin(std::future::ready(first))
-    }
-
-    fn prepare_with<'e>(
-        self,
-        _sql: sqlx::SqlStr,
-        _parameters: &'e [AnyTypeInfo],
-    ) -> BoxFuture<'e, Result<AnyStatement, sqlx::Error>>
-    where
-        'c: 'e,
-    {
-        Box::pin(std::future::ready(Err(sqlx::Error::Protocol(
-            "statements are not prepared ahead on a command's SQLite connection".into(),
-        ))))
-    }
-
-    fn describe<'e>(
-        self,
-        _sql: sqlx::SqlStr,
-    ) -> BoxFuture<'e, Result<sqlx::Describe<Any>, sqlx::Error>>
-    where
-        'c: 'e,
-    {
-        Box::pin(std::future::ready(Err(sqlx::Error::Protocol(
-            "statements are not described on a command's SQLite connection".into(),
-        ))))
-    }
+    )+};
 }
+in_place_executor!(Inline, Reads);
 
 #[cfg(test)]
 mod tests {
     use sqlx::Row;
 
-    use super::Inline;
+    use super::{Inline, Reads};
 
     /// A table of every kind of value the store keeps, on a file that
     /// sqlx's SQLite driver and an inline connection both open.
@@ -500,5 +657,83 @@ mod tests {
         inline.close().expect("close");
         let after = sqlx::query("SELECT 1").execute(&other).await;
         assert!(matches!(after, Err(sqlx::Error::PoolClosed)), "{after:?}");
+    }
+
+    /// A command's reads run on its write connection while no transaction
+    /// is open there, and see its last commit; during one they run on a
+    /// read-only connection of their own, opened then, which does not see
+    /// the transaction's writes. Neither lets a statement write, nor
+    /// leaves a transaction open.
+    #[tokio::test]
+    async fn reads_take_the_write_connection_while_it_is_free() {
+        let (d, _pool, writes) = both().await;
+        let path = d.path().join("t.db");
+        let opens = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let reads = {
+            let opens = opens.clone();
+            Reads::new(&writes, move || {
+                opens.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                Inline::open(&path, "PRAGMA query_only = ON;")
+            })
+        };
+        let count = || async {
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM t")
+                .fetch_one(&reads)
+                .await
+                .expect("count")
+        };
+        assert_eq!(count().await, 2);
+        writes
+            .run("INSERT INTO t (name) VALUES ('c')", None, false)
+            .expect("insert");
+        assert_eq!(count().await, 3, "the last commit");
+        assert!(
+            !reads.opened_own(),
+            "opened a connection while the writer's was free"
+        );
+        writes
+            .run(
+                "BEGIN IMMEDIATE; INSERT INTO t (name) VALUES ('d')",
+                None,
+                false,
+            )
+            .expect("begin");
+        assert_eq!(count().await, 3, "read the open transaction's write");
+        assert!(reads.opened_own());
+        writes.run("COMMIT", None, false).expect("commit");
+        assert_eq!(count().await, 4);
+        assert_eq!(opens.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // Writes are refused on either connection, before they run; a
+        // `BEGIN` is rolled back.
+        for open in [false, true] {
+            if open {
+                writes.run("BEGIN", None, false).expect("begin");
+            }
+            let refused = sqlx::query("DELETE FROM t").execute(&reads).await;
+            assert!(
+                refused
+                    .as_ref()
+                    .is_err_and(|e| e.to_string().contains("readonly")),
+                "{refused:?}"
+            );
+            if open {
+                writes.run("ROLLBACK", None, false).expect("rollback");
+            }
+        }
+        let begun = sqlx::raw_sql("BEGIN").execute(&reads).await;
+        assert!(begun.is_err(), "{begun:?}");
+        assert!(
+            !writes.is_in_transaction(),
+            "a read left a transaction open"
+        );
+        assert_eq!(count().await, 4, "a refused write ran");
+        reads.close().expect("close");
+        let after = sqlx::query("SELECT 1").execute(&reads).await;
+        assert!(matches!(after, Err(sqlx::Error::PoolClosed)), "{after:?}");
+        assert_eq!(
+            writes.run("SELECT 1", None, false).map(|i| i.len()).ok(),
+            Some(2),
+            "closing the reads closed the write connection"
+        );
     }
 }

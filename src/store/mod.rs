@@ -112,9 +112,10 @@ pub struct StoreError {
 #[derive(Clone, Debug)]
 pub struct Store {
     pool: db::Pool,
-    /// A command's read connection on SQLite (`inline`), which reads go
-    /// through instead of the pool; None in a daemon and on PostgreSQL.
-    reads: Option<inline::Inline>,
+    /// A command's reads on SQLite (`inline::Reads`), which go through
+    /// its connections instead of the pool; None in a daemon and on
+    /// PostgreSQL.
+    reads: Option<inline::Reads>,
     /// The one connection write transactions take turns on (`write`).
     /// Taking turns here rather than in SQLite's busy handler, whose
     /// back-off sleeps turn contention into latency spikes; other

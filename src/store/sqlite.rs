@@ -367,11 +367,15 @@ impl Store {
                 .await
                 .map_err(|e| err("closing the migration's connection", e))?;
         }
-        // Read only, as the daemon's pool: every write takes its turn on
-        // the write connection.
-        let reads = open_inline_retrying(path, READ_ONLY)
-            .await
-            .map_err(|e| err("opening", e))?;
+        // Reads run on the write connection while it is outside a
+        // transaction, else on a read-only connection of their own (as the
+        // daemon's pool: every write takes its turn on the write
+        // connection), opened when first needed: the database is in WAL
+        // by then, so no open waits on another process switching it.
+        let reads = {
+            let path = path.to_path_buf();
+            inline::Reads::new(&writes, move || inline::Inline::open(&path, READ_ONLY))
+        };
         let id = identity.clone();
         let reads = reads.checked(move || id.check());
         let open: write::Open = {
