@@ -559,6 +559,13 @@ impl Backend for Ansible {
         })
     }
 
+    fn unchanged(&self) -> Option<Status> {
+        if self.cfg.mode != Mode::Digest || self.cfg.check_drift {
+            return None;
+        }
+        tool::unchanged(&self.ctx, &self.digest())
+    }
+
     fn plan(&self) -> Option<BoxFuture<'_, Result<Plan, String>>> {
         Some(Box::pin(Ansible::plan(self)))
     }

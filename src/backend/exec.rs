@@ -213,14 +213,19 @@ impl Exec {
 impl Backend for Exec {
     fn apply(&self) -> BoxFuture<'_, Status> {
         Box::pin(async move {
-            let digest = self.digest();
-            if !self.cfg.always
-                && let Some(same) = tool::unchanged(&self.ctx, &digest)
-            {
+            if let Some(same) = self.unchanged() {
                 return same;
             }
-            self.run_for_status(&self.cfg.apply, Some(digest)).await
+            self.run_for_status(&self.cfg.apply, Some(self.digest()))
+                .await
         })
+    }
+
+    fn unchanged(&self) -> Option<Status> {
+        if self.cfg.always {
+            return None;
+        }
+        tool::unchanged(&self.ctx, &self.digest())
     }
 
     fn plan(&self) -> Option<BoxFuture<'_, Result<Plan, String>>> {

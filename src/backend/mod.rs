@@ -50,6 +50,14 @@ pub trait Backend: Send + Sync {
     /// Converge the real world to the checkout. Idempotent: with nothing to
     /// do it reports `no_change` and changes nothing.
     fn apply(&self) -> BoxFuture<'_, Status>;
+    /// `Some(no change)` when `apply` would answer it at once, running
+    /// nothing and asking nothing of anyone (a digest-mode backend whose
+    /// inputs are those of the last successful apply); `None` (the
+    /// default) when `apply` may do anything. The tick skips a sync for a
+    /// run that ends here (`Reconciler::converge`).
+    fn unchanged(&self) -> Option<Status> {
+        None
+    }
     /// Tear the target down.
     fn destroy(&self) -> BoxFuture<'_, Status>;
     /// What the target exposes (terraform outputs, the command's JSON, …).

@@ -526,12 +526,15 @@ impl Pi {
 impl Backend for Pi {
     fn apply(&self) -> BoxFuture<'_, Status> {
         Box::pin(async move {
-            let digest = self.digest();
-            if let Some(same) = super::tool::unchanged(&self.ctx, &digest) {
+            if let Some(same) = self.unchanged() {
                 return same;
             }
             self.deploy().await
         })
+    }
+
+    fn unchanged(&self) -> Option<Status> {
+        super::tool::unchanged(&self.ctx, &self.digest())
     }
 
     fn plan(&self) -> Option<BoxFuture<'_, Result<Plan, String>>> {

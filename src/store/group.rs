@@ -269,7 +269,7 @@ impl Store {
         answer.await.map_err(|_| self.lost(what))?
     }
 
-    fn lost(&self, what: &'static str) -> StoreError {
+    pub(super) fn lost(&self, what: &'static str) -> StoreError {
         StoreError {
             path: self.path.clone(),
             what,

@@ -412,6 +412,33 @@ impl Store {
         })
     }
 
+    /// Take every commit so far to disk: on a command's SQLite store,
+    /// whose commits may be unsynced (`Store::begin_write_unsynced`), its
+    /// write-ahead log and the directory that holds it are synced, as
+    /// SQLite syncs them for a synced commit (its writes reach the file
+    /// as they are made, with no buffer of its own, so a sync of the file
+    /// takes them all). Elsewhere every commit is synced already.
+    pub async fn sync_log(&self, what: &'static str) -> Result<(), StoreError> {
+        if !self.writer.can_skip_syncs() {
+            return Ok(());
+        }
+        let mut log = self.path.clone().into_os_string();
+        log.push("-wal");
+        let dir = match self.path.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        std::fs::File::open(&log)
+            .and_then(|f| f.sync_all())
+            .and_then(|()| std::fs::File::open(&dir))
+            .and_then(|d| d.sync_all())
+            .map_err(|e| StoreError {
+                path: self.path.clone(),
+                what,
+                source: sqlx::Error::Io(e),
+            })
+    }
+
     /// The size of SQLite's write-ahead log (0 when there is none).
     pub(super) fn log_size(&self) -> u64 {
         let mut log = self.path.clone().into_os_string();

@@ -121,6 +121,12 @@ impl Writer {
         self.begin_as(self.unsynced.clone()).await
     }
 
+    /// Whether [`Writer::begin_unsynced`] begins a transaction whose
+    /// commit is not synced (else every commit is).
+    pub(super) fn can_skip_syncs(&self) -> bool {
+        self.unsynced != self.begin
+    }
+
     async fn begin_as(&self, begin: Arc<str>) -> Result<WriteTx, sqlx::Error> {
         let mut slot = self.slot.clone().lock_owned().await;
         self.settle(&mut slot).await;

@@ -72,6 +72,7 @@ impl Asked {
             recheck_only: false,
             shown_inputs: Default::default(),
             output: None,
+            start_synced: true,
         }
     }
 }
@@ -115,12 +116,8 @@ impl Reconciler {
             Some(Ok(sha)) if self.git.is_at(&target.name, sha).await => Some(sha.clone()),
             _ => None,
         };
-        let (run_id, state) = self
-            .app
-            .store
-            .begin_run_with_state(&asked.row(&target.name, already.as_deref()))
-            .await?;
-        let mut run = asked.run(run_id, state.clone());
+        let (mut run, state) = self.begin(target, &asked, already.as_deref()).await?;
+        let run_id = run.id;
         run.output = output::begin(&self.app.store, &target.name, run_id);
         run.recheck_only = job.is_some_and(|j| window::rechecks_only(target, j));
         match leftovers {
@@ -178,6 +175,7 @@ impl Reconciler {
                 .store
                 .set_run_sha(run_id, synced.sha.as_str())
                 .await?;
+            run.start_synced = true;
         }
         run.resumed_health = health::resumed(target, op, state.as_ref(), &synced.sha);
         let ctx = self.context(target, &synced, state.and_then(|s| s.backend_digest), retry);
@@ -212,6 +210,28 @@ impl Reconciler {
             error!(target = %target.name, error = %e, "decrypted files are left in the checkout");
         }
         ticked
+    }
+
+    /// The run's row, begun. A run whose checkout is already at the tip
+    /// (`already`) may end with nothing done: its start need not wait for
+    /// the disk (`start_on_disk`).
+    async fn begin(
+        &self,
+        target: &Target,
+        asked: &Asked,
+        already: Option<&str>,
+    ) -> Result<(RunInfo, Option<TargetState>), TickError> {
+        let row = asked.row(&target.name, already);
+        let (id, state, start_synced) = match already {
+            Some(_) => self.app.store.begin_run_unsynced(&row).await?,
+            None => {
+                let (id, state) = self.app.store.begin_run_with_state(&row).await?;
+                (id, state, true)
+            }
+        };
+        let mut run = asked.run(id, state.clone());
+        run.start_synced = start_synced;
+        Ok((run, state))
     }
 
     /// A run held back before anything is fetched, recorded: the commit a
@@ -620,6 +640,16 @@ impl Reconciler {
         }
     }
 
+    /// A run begun unsynced (`Store::begin_run_unsynced`) put on disk
+    /// before its backend does anything: a power cut then leaves the run
+    /// on record (interrupted), never an apply without one.
+    async fn start_on_disk(&self, run: &RunInfo) -> Result<(), TickError> {
+        if !run.start_synced {
+            self.app.store.sync_log("recording a run").await?;
+        }
+        Ok(())
+    }
+
     /// The backend's part of a tick: review, detect, or apply/destroy, then
     /// the run recorded.
     pub(super) async fn run_backend(
@@ -631,6 +661,13 @@ impl Reconciler {
         op: Operation,
         retry: bool,
     ) -> Result<Ticked, TickError> {
+        let plain = op == Operation::Apply
+            && !run.recheck_only
+            && !self.reviews(target)
+            && target.tick_policy() != Policy::Detect;
+        if !plain {
+            self.start_on_disk(run).await?;
+        }
         if run.recheck_only {
             return self.recheck_only(target, run, synced, ctx).await;
         }
@@ -665,6 +702,11 @@ impl Reconciler {
             }
             Ok(b) => b,
         };
+        // Only a backend that answers at once that nothing changed runs
+        // with its start not on disk: its end, synced, records it.
+        if b.unchanged().is_none() {
+            self.start_on_disk(run).await?;
+        }
         // Nomad's jobs keep their own plans: under a policy its plan is
         // judged first, and only what passes is registered.
         let mut findings = String::new();
@@ -674,37 +716,7 @@ impl Reconciler {
                 Err(status) => return self.finish(target, run, None, status).await,
             }
         }
-        let status = match run.resumed_health {
-            Some(_) => Status {
-                result: ApplyResult::Changed,
-                message: format!(
-                    "applied by run {}, whose health checks driftless was stopped during; resumed",
-                    run.prev
-                        .as_ref()
-                        .and_then(|s| s.health_run)
-                        .unwrap_or_default()
-                ),
-                output_tail: String::new(),
-                digest: None,
-            },
-            None => {
-                let fut = match op {
-                    Operation::Apply => b.apply(),
-                    Operation::Destroy => b.destroy(),
-                };
-                match tokio::time::timeout(target.timeout + BACKSTOP, fut).await {
-                    Ok(s) if s.result == ApplyResult::Failed => Status {
-                        message: format!("{}{}", s.message, target.sparse_hint()),
-                        ..s
-                    },
-                    Ok(s) => s,
-                    Err(_) => Status::failed(format!(
-                        "the backend did not return within the target's timeout ({})",
-                        humantime::format_duration(target.timeout)
-                    )),
-                }
-            }
-        };
+        let status = applied(target, run, op, b.as_ref()).await;
         let status = match findings.is_empty() {
             true => status,
             false => Status {
@@ -837,4 +849,44 @@ pub(super) fn with_inputs(ctx: &mut Context, inputs: depends::Inputs) {
     }
     ctx.source_digest = hex::encode(h.finalize());
     ctx.inputs = inputs;
+}
+
+/// What the backend's apply or destroy did, bounded by the target's
+/// timeout; for a run that resumes the health checks of an interrupted
+/// one, that run's apply, without applying again.
+async fn applied(
+    target: &Target,
+    run: &RunInfo,
+    op: Operation,
+    b: &dyn backend::Backend,
+) -> Status {
+    if run.resumed_health.is_some() {
+        return Status {
+            result: ApplyResult::Changed,
+            message: format!(
+                "applied by run {}, whose health checks driftless was stopped during; resumed",
+                run.prev
+                    .as_ref()
+                    .and_then(|s| s.health_run)
+                    .unwrap_or_default()
+            ),
+            output_tail: String::new(),
+            digest: None,
+        };
+    }
+    let fut = match op {
+        Operation::Apply => b.apply(),
+        Operation::Destroy => b.destroy(),
+    };
+    match tokio::time::timeout(target.timeout + BACKSTOP, fut).await {
+        Ok(s) if s.result == ApplyResult::Failed => Status {
+            message: format!("{}{}", s.message, target.sparse_hint()),
+            ..s
+        },
+        Ok(s) => s,
+        Err(_) => Status::failed(format!(
+            "the backend did not return within the target's timeout ({})",
+            humantime::format_duration(target.timeout)
+        )),
+    }
 }

@@ -91,6 +91,10 @@ struct RunInfo {
     shown_inputs: std::collections::BTreeMap<String, String>,
     /// Where what its commands print is kept (`tick::output`).
     output: Option<output::RunOutput>,
+    /// Its start is on disk. False for a run begun unsynced
+    /// (`Store::begin_run_unsynced`) until its commit is recorded
+    /// (`Reconciler::start_on_disk`), before its backend runs.
+    start_synced: bool,
 }
 
 /// What a run found besides its status, written with it.

@@ -409,6 +409,14 @@ fn git_lock_files_left_by_a_killed_tick_do_not_block_later_ones() {
 /// `tick <target>` under `strace -f -e trace=<calls>`, which must succeed
 /// with `no_change`: the trace.
 fn traced_no_op_tick(s: &Setup, target: &str, calls: &str) -> String {
+    let (stdout, trace) = traced_tick(s, target, calls);
+    assert!(stdout.contains("no_change"), "{stdout}");
+    trace
+}
+
+/// A one-shot tick of `target` under `strace -f`, tracing `calls`: what
+/// it printed, and the trace.
+fn traced_tick(s: &Setup, target: &str, calls: &str) -> (String, String) {
     let traced = s.path().join(format!("{target}.trace"));
     let out = Command::new("strace")
         .args(["-f", "-qq", "-e", &format!("trace={calls}"), "-o"])
@@ -420,8 +428,7 @@ fn traced_no_op_tick(s: &Setup, target: &str, calls: &str) -> String {
         .output()
         .expect("strace runs");
     let stdout = succeeded(&out, "the traced tick");
-    assert!(stdout.contains("no_change"), "{stdout}");
-    std::fs::read_to_string(&traced).expect("trace")
+    (stdout, std::fs::read_to_string(&traced).expect("trace"))
 }
 
 /// A tick whose branch tip is the commit its checkout already holds, with
@@ -515,14 +522,15 @@ fn a_one_shot_tick_opens_the_database_once_runs_it_in_place_and_keeps_the_log_sm
     let db = format!("\"{}\"", s.db().display());
     let opened = trace.lines().filter(|l| l.contains(&db)).count();
     assert_eq!(opened, 1, "the database opened {opened} times:\n{trace}");
-    // Synced: the run's start and its end, and the state directory once
-    // (the log's entry in it); the job's claim is not (a power cut may
-    // lose it: nothing has run yet, and the run's start syncs it too).
+    // Synced: the run's end, and the state directory once (the log's
+    // entry in it). The job's claim and the run's start are not: a power
+    // cut may lose them, for nothing has run (a run that runs its backend
+    // syncs its start first, below), and the end syncs them too.
     let syncs = trace
         .lines()
         .filter(|l| l.contains("fsync(") || l.contains("fdatasync("))
         .count();
-    assert!(syncs <= 3, "{syncs} syncs:\n{trace}");
+    assert!(syncs <= 2, "{syncs} syncs:\n{trace}");
     // The log each of a dozen no-op ticks leaves (about 80 KB a tick).
     let wal = s.db().with_extension("db-wal");
     let sizes: Vec<u64> = (0..12)
@@ -544,6 +552,42 @@ fn a_one_shot_tick_opens_the_database_once_runs_it_in_place_and_keeps_the_log_sm
         "the log was never folded in: {sizes:?}"
     );
     assert_eq!(s.history("site").len(), 2, "every run on record");
+}
+
+/// A run whose checkout is already at the tip begins without waiting for
+/// the disk, yet it is on disk before its backend runs: an exec target
+/// with `always = true` (its apply runs at every tick) at a commit it has
+/// applied syncs the log between the tick's start and its apply command's.
+#[test]
+fn a_run_at_the_tip_is_on_disk_before_its_backend_runs() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(&[("site/index.html", "v1")], "first");
+    let s = Setup::new(&exec_target(
+        "site",
+        &remote.url(),
+        "path = \"site\"",
+        "always = true\napply = [\"true\"]",
+    ));
+    // The first tick made the database and folded the log it left; the
+    // second started a new log, which syncs its header as it does.
+    for _ in 0..2 {
+        assert!(s.run(&["tick", "site"]).status.success());
+    }
+    let (stdout, trace) = traced_tick(&s, "site", "execve,fsync,fdatasync");
+    assert!(stdout.contains("changed"), "{stdout}");
+    let lines: Vec<&str> = trace.lines().collect();
+    let apply = lines
+        .iter()
+        .position(|l| l.contains("execve(") && l.contains("true\"") && l.ends_with("= 0"))
+        .unwrap_or_else(|| panic!("no apply command started:\n{trace}"));
+    assert!(
+        lines[1..apply]
+            .iter()
+            .any(|l| l.contains("fsync(") || l.contains("fdatasync(")),
+        "the apply command started before anything was synced:\n{trace}"
+    );
+    assert_eq!(s.history("site").len(), 3, "every run on record");
 }
 
 /// An interval tick takes a fetch of its repository made within its

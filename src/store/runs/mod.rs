@@ -280,7 +280,37 @@ impl Store {
         Ok(begun)
     }
 
-    /// Record which commit the run is about to apply.
+    /// As [`Store::begin_run_with_state`], for a run that may end without
+    /// doing anything (its checkout already at the tip): on a command's
+    /// SQLite store the start is committed without a sync, and the answer
+    /// says so (`false`, else `true`: synced). Before such a run does what
+    /// a power cut must not leave unrecorded — its backend runs —,
+    /// [`Store::sync_log`] takes its start to disk; a run that ends
+    /// without that is recorded by its end, which is synced (SQLite's log
+    /// is synced whole).
+    pub async fn begin_run_unsynced(
+        &self,
+        run: &NewRun<'_>,
+    ) -> Result<(i64, Option<TargetState>, bool), StoreError> {
+        if !self.writer.can_skip_syncs() {
+            let (id, state) = self.begin_run_with_state(run).await?;
+            return Ok((id, state, true));
+        }
+        let what = "recording a run";
+        let start = batch::Start::of(run, now_ms());
+        let mut tx = self.begin_write_unsynced(what).await?;
+        let begun = <batch::Start as super::group::Batch>::run(&mut tx, vec![&start])
+            .await
+            .map_err(self.err(what))?;
+        tx.commit().await.map_err(self.err(what))?;
+        self.changes.run();
+        let (id, state) = begun.into_iter().next().ok_or_else(|| self.lost(what))?;
+        Ok((id, state, false))
+    }
+
+    /// Record which commit the run is about to apply (synced: a run begun
+    /// unsynced is on disk after it, when the commit differs — SQLite
+    /// writes nothing for an update that changes nothing).
     pub async fn set_run_sha(&self, run_id: i64, sha: &str) -> Result<(), StoreError> {
         let q = sqlx::query("UPDATE runs SET sha = $2 WHERE id = $1")
             .bind(run_id)
