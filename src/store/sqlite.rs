@@ -1,8 +1,9 @@
 //! Opening the SQLite database: the file made private, migrations taken
 //! in turns, the daemon's pool of read connections and its write
-//! connection, a command's two `inline` connections, and the size of the
-//! write-ahead log a command leaves behind. What is read and written
-//! there is the other modules' business.
+//! connection, a command's `inline` connections (its reads' own opened
+//! when first needed), the write-ahead log a command leaves behind, and
+//! its sync. What is read and written there is the other modules'
+//! business.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
