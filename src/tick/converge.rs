@@ -703,8 +703,10 @@ impl Reconciler {
             Ok(b) => b,
         };
         // Only a backend that answers at once that nothing changed runs
-        // with its start not on disk: its end, synced, records it.
-        if b.unchanged().is_none() {
+        // with its start not on disk: its end, synced, records it. A target
+        // with health checks syncs first whatever its backend says: its
+        // checks may run, and confirm a change to its host.
+        if target.health.is_some() || run.resumed_health.is_some() || b.unchanged().is_none() {
             self.start_on_disk(run).await?;
         }
         // Nomad's jobs keep their own plans: under a policy its plan is

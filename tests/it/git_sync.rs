@@ -590,6 +590,39 @@ fn a_run_at_the_tip_is_on_disk_before_its_backend_runs() {
     assert_eq!(s.history("site").len(), 3, "every run on record");
 }
 
+/// A run at the tip of a target with health checks is on disk before they
+/// run, though its backend has nothing to do (`recheck = true`: a tick
+/// that applied nothing checks too).
+#[test]
+fn a_run_at_the_tip_is_on_disk_before_its_health_checks_run() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let remote = Remote::new(root.path(), "infra");
+    remote.commit(&[("site/index.html", "v1")], "first");
+    let s = Setup::new(&exec_target(
+        "site",
+        &remote.url(),
+        "path = \"site\"\n[targets.health]\ninterval = \"1s\"\ntimeout = \"5s\"\n\
+         recheck = true\n[[targets.health.checks]]\ncommand = [\"test\", \"-f\", \"index.html\"]\n",
+        "apply = [\"true\"]",
+    ));
+    for _ in 0..2 {
+        assert!(s.run(&["tick", "site"]).status.success());
+    }
+    let (stdout, trace) = traced_tick(&s, "site", "execve,fsync,fdatasync");
+    assert!(stdout.contains("no_change"), "{stdout}");
+    let lines: Vec<&str> = trace.lines().collect();
+    let check = lines
+        .iter()
+        .position(|l| l.contains("execve(") && l.contains("test\"") && l.ends_with("= 0"))
+        .unwrap_or_else(|| panic!("no health check ran:\n{trace}"));
+    assert!(
+        lines[1..check]
+            .iter()
+            .any(|l| l.contains("fsync(") || l.contains("fdatasync(")),
+        "the health check ran before anything was synced:\n{trace}"
+    );
+}
+
 /// An interval tick takes a fetch of its repository made within its
 /// interval: targets on one repository share one fetch a round instead of
 /// one each (counted at a real `git http-backend`), and a commit pushed
