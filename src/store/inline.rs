@@ -41,9 +41,8 @@ use super::direct::failure;
 pub struct Inline {
     /// None once closed.
     conn: Arc<Mutex<Option<Connection>>>,
-    /// Asked before every statement (the store's check that the file at
-    /// its path is still the one open).
-    check: Option<Arc<dyn Fn() -> std::io::Result<()> + Send + Sync>>,
+    /// Asked before every statement.
+    check: Option<Check>,
 }
 
 impl std::fmt::Debug for Inline {
@@ -55,6 +54,21 @@ impl std::fmt::Debug for Inline {
 /// What a statement text gave: each row, and after each statement its
 /// count of changed rows — the items sqlx's `fetch_many` yields.
 type Items = Vec<Either<AnyQueryResult, AnyRow>>;
+
+/// Asked before every statement: the store's check that the file at its
+/// path is still the one open.
+type Check = Arc<dyn Fn() -> std::io::Result<()> + Send + Sync>;
+
+/// `check` asked (a failure runs nothing), then the values of `args`.
+fn checked_values(
+    check: &Option<Check>,
+    args: Option<AnyArguments>,
+) -> Result<Vec<AnyValueKind>, sqlx::Error> {
+    if let Some(check) = check {
+        check().map_err(sqlx::Error::Io)?;
+    }
+    Ok(args.map(|a| a.values.0).unwrap_or_default())
+}
 
 impl Inline {
     /// Open the database at `path` and run `setup` (its pragmas) on it.
@@ -124,10 +138,7 @@ impl Inline {
         args: Option<AnyArguments>,
         persistent: bool,
     ) -> Result<Items, sqlx::Error> {
-        if let Some(check) = &self.check {
-            check().map_err(sqlx::Error::Io)?;
-        }
-        let values = args.map(|a| a.values.0).unwrap_or_default();
+        let values = checked_values(&self.check, args)?;
         self.with(|conn| run_on(conn, sql, &values, persistent))
     }
 }
@@ -151,9 +162,8 @@ pub struct Reads {
     open: Arc<dyn Fn() -> Result<Inline, sqlx::Error> + Send + Sync>,
     /// Set by `close`: nothing runs after it.
     closed: Arc<std::sync::atomic::AtomicBool>,
-    /// Asked before every statement (the store's check that the file at
-    /// its path is still the one open).
-    check: Option<Arc<dyn Fn() -> std::io::Result<()> + Send + Sync>>,
+    /// Asked before every statement.
+    check: Option<Check>,
 }
 
 impl std::fmt::Debug for Reads {
@@ -213,10 +223,7 @@ impl Reads {
         if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(sqlx::Error::PoolClosed);
         }
-        if let Some(check) = &self.check {
-            check().map_err(sqlx::Error::Io)?;
-        }
-        let values = args.map(|a| a.values.0).unwrap_or_default();
+        let values = checked_values(&self.check, args)?;
         {
             // Held while the statement runs: no transaction begins there
             // meanwhile.

@@ -429,10 +429,16 @@ impl Store {
             Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
             _ => PathBuf::from("."),
         };
-        std::fs::File::open(&log)
-            .and_then(|f| f.sync_all())
-            .and_then(|()| std::fs::File::open(&dir))
-            .and_then(|d| d.sync_all())
+        // Said with the file that could not be synced.
+        let sync = |file: &Path| {
+            std::fs::File::open(file)
+                .and_then(|f| f.sync_all())
+                .map_err(|e| {
+                    std::io::Error::new(e.kind(), format!("syncing {}: {e}", file.display()))
+                })
+        };
+        sync(Path::new(&log))
+            .and_then(|()| sync(&dir))
             .map_err(|e| StoreError {
                 path: self.path.clone(),
                 what,

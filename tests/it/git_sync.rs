@@ -569,25 +569,35 @@ fn a_run_at_the_tip_is_on_disk_before_its_backend_runs() {
         "path = \"site\"",
         "always = true\napply = [\"true\"]",
     ));
-    // The first tick made the database and folded the log it left; the
-    // second started a new log, which syncs its header as it does.
+    let stdout = synced_before_it_starts(&s, "true", "the apply command");
+    assert!(stdout.contains("changed"), "{stdout}");
+    assert_eq!(s.history("site").len(), 3, "every run on record");
+}
+
+/// A third one-shot tick of `site` under `strace`, asserted to sync
+/// something between its own start and the start of `program` (`what`,
+/// for the message); what it printed. The first tick made the database
+/// and folded the log it left; the second started a new log, which syncs
+/// its header as it does: only the third shows whether the run syncs.
+fn synced_before_it_starts(s: &Setup, program: &str, what: &str) -> String {
     for _ in 0..2 {
         assert!(s.run(&["tick", "site"]).status.success());
     }
-    let (stdout, trace) = traced_tick(&s, "site", "execve,fsync,fdatasync");
-    assert!(stdout.contains("changed"), "{stdout}");
+    let (stdout, trace) = traced_tick(s, "site", "execve,fsync,fdatasync");
     let lines: Vec<&str> = trace.lines().collect();
-    let apply = lines
+    let started = lines
         .iter()
-        .position(|l| l.contains("execve(") && l.contains("true\"") && l.ends_with("= 0"))
-        .unwrap_or_else(|| panic!("no apply command started:\n{trace}"));
+        .position(|l| {
+            l.contains("execve(") && l.contains(&format!("{program}\"")) && l.ends_with("= 0")
+        })
+        .unwrap_or_else(|| panic!("{what} never started:\n{trace}"));
     assert!(
-        lines[1..apply]
+        lines[1..started]
             .iter()
             .any(|l| l.contains("fsync(") || l.contains("fdatasync(")),
-        "the apply command started before anything was synced:\n{trace}"
+        "{what} started before anything was synced:\n{trace}"
     );
-    assert_eq!(s.history("site").len(), 3, "every run on record");
+    stdout
 }
 
 /// A run at the tip of a target with health checks is on disk before they
@@ -605,22 +615,8 @@ fn a_run_at_the_tip_is_on_disk_before_its_health_checks_run() {
          recheck = true\n[[targets.health.checks]]\ncommand = [\"test\", \"-f\", \"index.html\"]\n",
         "apply = [\"true\"]",
     ));
-    for _ in 0..2 {
-        assert!(s.run(&["tick", "site"]).status.success());
-    }
-    let (stdout, trace) = traced_tick(&s, "site", "execve,fsync,fdatasync");
+    let stdout = synced_before_it_starts(&s, "test", "the health check");
     assert!(stdout.contains("no_change"), "{stdout}");
-    let lines: Vec<&str> = trace.lines().collect();
-    let check = lines
-        .iter()
-        .position(|l| l.contains("execve(") && l.contains("test\"") && l.ends_with("= 0"))
-        .unwrap_or_else(|| panic!("no health check ran:\n{trace}"));
-    assert!(
-        lines[1..check]
-            .iter()
-            .any(|l| l.contains("fsync(") || l.contains("fdatasync(")),
-        "the health check ran before anything was synced:\n{trace}"
-    );
 }
 
 /// An interval tick takes a fetch of its repository made within its
