@@ -610,6 +610,93 @@ mod tests {
         }
     }
 
+    /// On PostgreSQL a worker's claim and finish are each one call of a
+    /// function of the write connection's own. The claim function takes
+    /// the runnable jobs in order, one a claim, and answers null for a
+    /// claim that found none (a target's second job waits for its first);
+    /// the finish function closes the job. The queue's own claims go
+    /// through the same function (this one's connection is not the
+    /// queue's, so what the queue then claims shows both agree).
+    #[tokio::test]
+    async fn a_claim_and_a_finish_are_one_call_each_on_postgres() {
+        for (_d, q) in queues().await {
+            if q.store().kind() != crate::store::Kind::Postgres {
+                continue;
+            }
+            let mut conn = q
+                .store()
+                .connections()
+                .acquire()
+                .await
+                .expect("a connection");
+            sqlx::raw_sql(sqlx::AssertSqlSafe(crate::store::jobs::pg_functions(7)))
+                .execute(&mut *conn)
+                .await
+                .expect("the functions");
+            let now = crate::store::now_ms();
+            let claim = |n: usize| {
+                let one = format!(r#"["me", 60000, {now}]"#);
+                format!("[{}]", vec![one; n].join(", "))
+            };
+            let call = |rows: String| {
+                sqlx::query_scalar::<_, String>("SELECT pg_temp.driftless_claim($1, $2)")
+                    .bind(rows)
+                    .bind(now)
+            };
+            // db's first job running, its second queued behind it (not
+            // runnable, though older than web's and api's).
+            q.enqueue(&req("db", Trigger::Manual, None, None))
+                .await
+                .expect("enqueue");
+            let first = call(claim(1)).fetch_one(&mut *conn).await.expect("a call");
+            assert!(first.contains(r#""db""#), "{first}");
+            q.enqueue(&req("db", Trigger::Webhook, Some("ddd"), Some("d0")))
+                .await
+                .expect("enqueue");
+            let web = q
+                .enqueue(&req("web", Trigger::Webhook, Some("aaa"), Some("d1")))
+                .await
+                .expect("enqueue");
+            let api = q
+                .enqueue(&req("api", Trigger::Manual, None, None))
+                .await
+                .expect("enqueue");
+            let answer = call(claim(3)).fetch_one(&mut *conn).await.expect("a call");
+            let answer: serde_json::Value = serde_json::from_str(&answer).expect("JSON");
+            assert_eq!(answer.as_array().map(Vec::len), Some(3), "{answer}");
+            assert_eq!(answer[0][0], web, "{answer}");
+            assert_eq!(answer[0][1], "web");
+            assert_eq!(answer[0][2], r#"["webhook"]"#);
+            assert_eq!(answer[0][3], "aaa");
+            assert_eq!(answer[0][4], r#"["d1"]"#);
+            assert_eq!(answer[0][5], 1);
+            assert_eq!(answer[1][0], api, "{answer}");
+            assert_eq!(answer[2], serde_json::Value::Null, "{answer}");
+            // Queued behind web's running job: not runnable yet.
+            let again = q
+                .enqueue(&req("web", Trigger::Webhook, Some("bbb"), Some("d2")))
+                .await
+                .expect("enqueue");
+            assert!(q.claim().await.expect("claim").is_none());
+            let finish = format!(r#"[[{web}, null, "changed", {now}]]"#);
+            let finished: String = sqlx::query_scalar("SELECT pg_temp.driftless_finish($1, $2)")
+                .bind(&finish)
+                .bind(now)
+                .fetch_one(&mut *conn)
+                .await
+                .expect("the finish call");
+            assert_eq!(finished, "1");
+            let done = q.job(web).await.expect("job").expect("web's job");
+            assert_eq!(done.state, crate::store::jobs::JobStatus::Done);
+            assert_eq!(done.outcome.as_deref(), Some("changed"));
+            let next = q.claim().await.expect("claim").expect("web's next job");
+            assert_eq!(next.id, again);
+            q.finish(next.id, None, "failed").await.expect("finish");
+            let done = q.job(again).await.expect("job").expect("web's job");
+            assert_eq!(done.outcome.as_deref(), Some("failed"));
+        }
+    }
+
     /// A database user without the TEMP privilege: the write connection
     /// cannot make its functions, and deliveries are written the usual
     /// way, every one taken once.

@@ -16,8 +16,9 @@
 //! the writer thread, taking the same turn to write. On PostgreSQL, the
 //! writes of a batch of a kind that has a `locked` call are written by that
 //! one call (a function of the write connection's own that takes the write
-//! lock: one round trip, a transaction of its own), and the batch's other
-//! writes, if any, after it in a transaction of their own. This module runs
+//! lock: one round trip, a transaction of its own) — each such kind in a
+//! batch by its own call, one after the other — and the batch's other
+//! writes, if any, after them in a transaction of their own. This module runs
 //! what it is given; it knows nothing of deliveries or jobs.
 
 use std::any::{Any, TypeId};
@@ -353,7 +354,7 @@ fn shared(store: &Store, what: &'static str, e: &StoreError) -> StoreError {
 }
 
 async fn commit(store: &Store, mut batch: Vec<Item>) {
-    if let Some(locked) = take_locked(store, &mut batch) {
+    while let Some(locked) = take_locked(store, &mut batch) {
         Box::pin(commit(store, locked)).await;
         if batch.is_empty() {
             return;
@@ -388,8 +389,9 @@ async fn commit(store: &Store, mut batch: Vec<Item>) {
 /// On PostgreSQL, the writes of `batch` of a kind whose [`Batch::locked`]
 /// call takes them, taken out of a batch that holds other writes too (a
 /// worker's claim beside webhook deliveries): they are written by that
-/// one call, the rest the usual way. None where there are none, or where
-/// they are the whole batch (written so anyway).
+/// one call, the rest after them (another kind's call, or the usual
+/// way). None where there are none, or where they are the whole batch
+/// (written so anyway).
 fn take_locked(store: &Store, batch: &mut Vec<Item>) -> Option<Vec<Item>> {
     if store.kind != super::Kind::Postgres {
         return None;

@@ -598,8 +598,9 @@ const ENQUEUE_SQLITE: &str = "INSERT INTO jobs (target, state, triggers, request
 /// PostgreSQL ([`Intake::locked`]), made by [`pg_functions`].
 const PG_INTAKE: &str = "pg_temp.driftless_intake";
 
-/// The functions the write connection makes as it opens, on PostgreSQL
-/// (`lock`: the advisory lock every write takes). `driftless_intake(rows,
+/// The intake function the write connection makes as it opens, on
+/// PostgreSQL (`lock`: the advisory lock every write takes; the parent's
+/// `pg_functions` adds a worker's). `driftless_intake(rows,
 /// now)`: `rows` is `[deliveries, jobs]`, each delivery [receiver, id,
 /// outcome], each job a row of [`fold_requests`]. After the lock it
 /// inserts the deliveries; if one is on record already it raises

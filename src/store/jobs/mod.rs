@@ -17,14 +17,26 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use sqlx::FromRow;
 
-use crate::model::{BoxFuture, Trigger};
+use crate::model::Trigger;
 use crate::store::Kind;
 use crate::store::db::{JsonText, PG_NOW_MS, is_postgres, json_field};
-use crate::store::{Batch, BatchTx, Store, StoreError, direct, now_ms};
+use crate::store::{Store, StoreError, now_ms};
 
 mod enqueue;
+mod worker;
 pub use enqueue::Intake;
-pub(crate) use enqueue::pg_functions;
+use worker::{Claim, Finish};
+
+/// The functions the write connection makes as it opens, on PostgreSQL
+/// (`lock`: the advisory lock every write takes): the intake's, a
+/// worker's claim's and its finish's (`Batch::locked`).
+pub(crate) fn pg_functions(lock: i64) -> String {
+    format!(
+        "{};\n{}",
+        enqueue::pg_functions(lock),
+        worker::pg_functions(lock)
+    )
+}
 
 fn json_text<T: Serialize>(v: &T) -> Result<String, sqlx::Error> {
     serde_json::to_string(v).map_err(|e| sqlx::Error::Encode(Box::new(e)))
@@ -124,6 +136,21 @@ const RUNNABLE: &str = "j.state = 'queued' AND j.not_before <= $1
               OR EXISTS (SELECT 1 FROM jobs q WHERE q.target = d.ancestor AND q.state = 'running')))";
 
 json_field!(Vec<Trigger>, Vec<String>);
+
+/// The columns a claim returns of its job: a [`JobRow`].
+const CLAIMED: &str = "id, target, triggers, requested_sha, delivery_ids, attempts, receiver";
+
+/// The claim of the oldest runnable job at `$1` (now) by `$2` (the
+/// owner) for `$3` (the lease, in milliseconds from `since`), which
+/// returns it, leased ([`CLAIMED`]).
+fn claim_sql(since: &str) -> String {
+    format!(
+        "UPDATE jobs SET state = 'running', lease_owner = $2, lease_until = {since} + $3,
+                attempts = attempts + 1, updated_at = $1
+         WHERE id = (SELECT j.id FROM jobs j WHERE {RUNNABLE} ORDER BY j.id LIMIT 1)
+         RETURNING {CLAIMED}"
+    )
+}
 
 #[derive(Debug, Clone, FromRow)]
 struct JobRow {
@@ -287,14 +314,7 @@ impl Jobs {
                 return Ok(None);
             }
         }
-        let since = self.clock("$1");
-        let sql: std::sync::Arc<str> = format!(
-            "UPDATE jobs SET state = 'running', lease_owner = $2, lease_until = {since} + $3,
-                    attempts = attempts + 1, updated_at = $1
-             WHERE id = (SELECT j.id FROM jobs j WHERE {RUNNABLE} ORDER BY j.id LIMIT 1)
-             RETURNING id, target, triggers, requested_sha, delivery_ids, attempts, receiver"
-        )
-        .into();
+        let sql: std::sync::Arc<str> = claim_sql(self.clock("$1")).into();
         // A grouped write: under a stream of deliveries the claim shares
         // their commit rather than taking a turn (and an fsync) of its own.
         // Answered after that commit, so the row is stored.
@@ -644,147 +664,6 @@ impl Jobs {
         .bind(now_ms()))
             .await?;
         Ok(r.rows_affected())
-    }
-}
-
-/// owner, `$3` the lease) returns it, leased.
-struct Claim {
-    sql: std::sync::Arc<str>,
-    now: i64,
-    owner: String,
-    lease_ms: i64,
-}
-
-/// A claimed job, and when its lease was taken.
-type Claimed = Option<(JobRow, std::time::Instant)>;
-
-impl Batch for Claim {
-    type Out = Claimed;
-
-    /// A statement each, in order: each claim takes the job the ones
-    /// before it left.
-    fn run<'t>(
-        tx: &'t mut BatchTx,
-        all: Vec<&'t Claim>,
-    ) -> BoxFuture<'t, Result<Vec<Claimed>, sqlx::Error>> {
-        Box::pin(async move {
-            let mut out = Vec::with_capacity(all.len());
-            for c in all {
-                let sent = std::time::Instant::now();
-                let row = sqlx::query_as::<_, JobRow>(sqlx::AssertSqlSafe(c.sql.clone()))
-                    .bind(c.now)
-                    .bind(&c.owner)
-                    .bind(c.lease_ms)
-                    .fetch_optional(&mut **tx)
-                    .await?;
-                out.push(row.map(|r| (r, sent)));
-            }
-            Ok(out)
-        })
-    }
-
-    fn direct(all: Vec<&Claim>) -> Option<direct::Job<Vec<Claimed>>> {
-        let all: Vec<Claim> = all
-            .into_iter()
-            .map(|c| Claim {
-                sql: c.sql.clone(),
-                owner: c.owner.clone(),
-                ..*c
-            })
-            .collect();
-        Some(Box::new(move |tx| {
-            let mut out = Vec::with_capacity(all.len());
-            for c in &all {
-                let sent = std::time::Instant::now();
-                let mut stmt = tx.prepare_cached(&c.sql).map_err(direct::failure)?;
-                let mut rows = stmt
-                    .query(rusqlite::named_params! { "$1": c.now, "$2": c.owner, "$3": c.lease_ms })
-                    .map_err(direct::failure)?;
-                let row = match rows.next().map_err(direct::failure)? {
-                    None => None,
-                    Some(r) => Some(job_row(r).map_err(direct::failure)?),
-                };
-                // Stepped to its end, so the update is done.
-                while rows.next().map_err(direct::failure)?.is_some() {}
-                out.push(row.map(|r| (r, sent)));
-            }
-            Ok(out)
-        }))
-    }
-}
-
-/// A [`JobRow`] from SQLite's write thread (the columns `RETURNING id,
-/// target, triggers, requested_sha, delivery_ids, attempts, receiver`).
-fn job_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<JobRow> {
-    fn json<T: serde::de::DeserializeOwned>(
-        r: &rusqlite::Row<'_>,
-        i: usize,
-    ) -> rusqlite::Result<T> {
-        let text: String = r.get(i)?;
-        serde_json::from_str(&text).map_err(|e| {
-            rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, Box::new(e))
-        })
-    }
-    Ok(JobRow {
-        id: r.get(0)?,
-        target: r.get(1)?,
-        triggers: json(r, 2)?,
-        requested_sha: r.get(3)?,
-        delivery_ids: json(r, 4)?,
-        attempts: r.get(5)?,
-        receiver: r.get(6)?,
-    })
-}
-
-/// A job is over: `outcome` says how, `run_id` the run it made if any.
-struct Finish {
-    job_id: i64,
-    run_id: Option<i64>,
-    outcome: String,
-    now: i64,
-}
-
-const FINISH: &str =
-    "UPDATE jobs SET state = 'done', run_id = $2, outcome = $3, lease_owner = NULL,
-         lease_until = NULL, updated_at = $4
-     WHERE id = $1";
-
-impl Batch for Finish {
-    type Out = ();
-
-    fn run<'t>(
-        tx: &'t mut BatchTx,
-        all: Vec<&'t Finish>,
-    ) -> BoxFuture<'t, Result<Vec<()>, sqlx::Error>> {
-        Box::pin(async move {
-            for f in &all {
-                sqlx::query(FINISH)
-                    .bind(f.job_id)
-                    .bind(f.run_id)
-                    .bind(&f.outcome)
-                    .bind(f.now)
-                    .execute(&mut **tx)
-                    .await?;
-            }
-            Ok(vec![(); all.len()])
-        })
-    }
-
-    fn direct(all: Vec<&Finish>) -> Option<direct::Job<Vec<()>>> {
-        let all: Vec<(i64, Option<i64>, String, i64)> = all
-            .into_iter()
-            .map(|f| (f.job_id, f.run_id, f.outcome.clone(), f.now))
-            .collect();
-        Some(Box::new(move |tx| {
-            let mut stmt = tx.prepare_cached(FINISH).map_err(direct::failure)?;
-            for f in &all {
-                stmt.execute(
-                    rusqlite::named_params! { "$1": f.0, "$2": f.1, "$3": f.2, "$4": f.3 },
-                )
-                .map_err(direct::failure)?;
-            }
-            Ok(vec![(); all.len()])
-        }))
     }
 }
 
