@@ -899,14 +899,18 @@ mod tests {
     }
 
     /// A kind of write that has a [`Batch::locked`] call: its answers say
-    /// which way it was written.
-    struct Called(i64);
+    /// which way it was written. `K` makes two such kinds, each with a
+    /// function of its own (`FUNCTIONS`).
+    struct Called<const K: usize>(i64);
 
-    impl Batch for Called {
+    /// The locked call of `Called<0>` and of `Called<1>`.
+    const FUNCTIONS: [&str; 2] = ["driftless_test_called", "driftless_test_also"];
+
+    impl<const K: usize> Batch for Called<K> {
         type Out = (&'static str, i64);
         fn run<'t>(
             tx: &'t mut Tx,
-            all: Vec<&'t Called>,
+            all: Vec<&'t Called<K>>,
         ) -> BoxFuture<'t, Result<Vec<Self::Out>, sqlx::Error>> {
             Box::pin(async move {
                 for c in &all {
@@ -922,10 +926,10 @@ mod tests {
             })
         }
 
-        fn locked(all: Vec<&Called>) -> Option<Locked<Vec<Self::Out>>> {
+        fn locked(all: Vec<&Called<K>>) -> Option<Locked<Vec<Self::Out>>> {
             let ids: Vec<i64> = all.iter().map(|c| c.0).collect();
             Some(Locked {
-                function: "driftless_test_called",
+                function: FUNCTIONS[K],
                 rows: serde_json::to_string(&ids).ok()?,
                 now: 0,
                 answers: Box::new(|text| {
@@ -939,37 +943,38 @@ mod tests {
 
     /// On PostgreSQL, the writes of a kind with a locked call are written by
     /// that call even when the batch holds other writes (a worker's claim
-    /// beside webhook deliveries), the others the usual way; every write
-    /// is answered with its own result and on disk. On SQLite there is no
-    /// such call: all are written the usual way.
+    /// beside webhook deliveries) — each such kind by its own call — the
+    /// others the usual way; every write is answered with its own result
+    /// and on disk. On SQLite there is no such call: all are written the
+    /// usual way.
     #[tokio::test]
     async fn a_mixed_batch_writes_its_locked_kind_by_the_call_and_the_rest_as_usual() {
         let dir = tempfile::tempdir().expect("tempdir");
         for store in crate::store::testing::stores(dir.path()).await {
             let pg = store.kind() == crate::store::Kind::Postgres;
-            if pg {
-                let made = sqlx::query(
-                    "CREATE OR REPLACE FUNCTION driftless_test_called(p_rows text, p_now bigint)
+            for function in FUNCTIONS.iter().filter(|_| pg) {
+                let made = sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "CREATE OR REPLACE FUNCTION {function}(p_rows text, p_now bigint)
                      RETURNS text LANGUAGE plpgsql AS $f$
                      BEGIN
                        INSERT INTO deliveries (receiver, delivery_id, received_at, outcome)
                        SELECT 'c', 'c' || value, p_now, 'ok'
                        FROM jsonb_array_elements_text(p_rows::jsonb);
                        RETURN p_rows;
-                     END $f$",
-                );
+                     END $f$"
+                )));
                 store.write_one("test", made).await.expect("function");
             }
             let mut all = Vec::new();
             for n in 0..40i64 {
                 let store = store.clone();
                 all.push(tokio::spawn(async move {
-                    if n % 4 == 0 {
-                        grouped_delivery(&store, "g", n)
+                    match n % 4 {
+                        0 => grouped_delivery(&store, "g", n)
                             .await
-                            .map(|()| ("grouped", n))
-                    } else {
-                        store.batched("test write", Called(n)).await
+                            .map(|()| ("grouped", n)),
+                        1 => store.batched("test write", Called::<1>(n)).await,
+                        _ => store.batched("test write", Called::<0>(n)).await,
                     }
                 }));
             }
