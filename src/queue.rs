@@ -497,6 +497,34 @@ mod tests {
         }
     }
 
+    /// The PostgreSQL queue of [`queues`] (none without PostgreSQL), with
+    /// a connection of its own on which the write connection's functions
+    /// are made (`store::jobs::pg_functions`).
+    async fn with_functions() -> Vec<(
+        std::sync::Arc<tempfile::TempDir>,
+        Queue,
+        sqlx::pool::PoolConnection<sqlx::Any>,
+    )> {
+        let mut out = Vec::new();
+        for (d, q) in queues().await {
+            if q.store().kind() != crate::store::Kind::Postgres {
+                continue;
+            }
+            let mut conn = q
+                .store()
+                .connections()
+                .acquire()
+                .await
+                .expect("a connection");
+            sqlx::raw_sql(sqlx::AssertSqlSafe(crate::store::jobs::pg_functions(7)))
+                .execute(&mut *conn)
+                .await
+                .expect("the functions");
+            out.push((d, q, conn));
+        }
+        out
+    }
+
     /// A call of the intake function ([`crate::store::Locked`]) on `conn`.
     async fn call_locked(
         conn: &mut sqlx::AnyConnection,
@@ -530,20 +558,7 @@ mod tests {
     /// id twice in the batch: not written so at all.
     #[tokio::test]
     async fn the_intake_function_answers_as_the_usual_way_or_writes_nothing() {
-        for (_d, q) in queues().await {
-            if q.store().kind() != crate::store::Kind::Postgres {
-                continue;
-            }
-            let mut conn = q
-                .store()
-                .connections()
-                .acquire()
-                .await
-                .expect("a connection");
-            sqlx::raw_sql(sqlx::AssertSqlSafe(crate::store::jobs::pg_functions(7)))
-                .execute(&mut *conn)
-                .await
-                .expect("the functions");
+        for (_d, q, mut conn) in with_functions().await {
             let push = |d: &str, t: &str, sha: &str| {
                 intake(d, vec![req(t, Trigger::Webhook, Some(sha), Some(d))])
             };
@@ -619,20 +634,7 @@ mod tests {
     /// queue's, so what the queue then claims shows both agree).
     #[tokio::test]
     async fn a_claim_and_a_finish_are_one_call_each_on_postgres() {
-        for (_d, q) in queues().await {
-            if q.store().kind() != crate::store::Kind::Postgres {
-                continue;
-            }
-            let mut conn = q
-                .store()
-                .connections()
-                .acquire()
-                .await
-                .expect("a connection");
-            sqlx::raw_sql(sqlx::AssertSqlSafe(crate::store::jobs::pg_functions(7)))
-                .execute(&mut *conn)
-                .await
-                .expect("the functions");
+        for (_d, q, mut conn) in with_functions().await {
             let now = crate::store::now_ms();
             let claim = |n: usize| {
                 let one = format!(r#"["me", 60000, {now}]"#);
