@@ -168,5 +168,5 @@ if [ "$statements" = 1 ]; then
   echo "== the busiest statements on PostgreSQL during the flood (pg_stat_statements, nested ones too)"
   "$pgbin/psql" -h "$work/pgsock" -U postgres -c "SELECT calls, round(total_exec_time::numeric, 1) AS total_ms,
       round(mean_exec_time::numeric, 3) AS mean_ms, left(regexp_replace(query, '\s+', ' ', 'g'), 72) AS statement
-    FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 8" postgres
+    FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 25" postgres
 fi

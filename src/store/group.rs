@@ -16,9 +16,10 @@
 //! the writer thread, taking the same turn to write. On PostgreSQL, the
 //! writes of a batch of a kind that has a `locked` call are written by that
 //! one call (a function of the write connection's own that takes the write
-//! lock: one round trip, a transaction of its own) — each such kind in a
-//! batch by its own call, one after the other — and the batch's other
-//! writes, if any, after them in a transaction of their own. This module runs
+//! lock: one round trip, a transaction of its own); a batch of nothing but
+//! such kinds, by one statement calling each kind's function; in a batch
+//! with other writes, each such kind by its own call, one after the other,
+//! and the other writes after them in a transaction of their own. This module runs
 //! what it is given; it knows nothing of deliveries or jobs.
 
 use std::any::{Any, TypeId};
@@ -353,7 +354,11 @@ fn shared(store: &Store, what: &'static str, e: &StoreError) -> StoreError {
     }
 }
 
-async fn commit(store: &Store, mut batch: Vec<Item>) {
+async fn commit(store: &Store, batch: Vec<Item>) {
+    let mut batch = all_locked(store, batch).await;
+    if batch.is_empty() {
+        return;
+    }
     while let Some(locked) = take_locked(store, &mut batch) {
         Box::pin(commit(store, locked)).await;
         if batch.is_empty() {
@@ -386,6 +391,133 @@ async fn commit(store: &Store, mut batch: Vec<Item>) {
     }
 }
 
+/// On PostgreSQL, a batch of more than one kind of write, each kind with a
+/// [`Batch::locked`] call (a worker's claim and another's finish beside
+/// webhook deliveries): one statement calls each kind's function in turn,
+/// in the order the kinds came — one round trip and one transaction, where
+/// a call each took a round trip each (the writer's time under a flood is
+/// mostly round trips). Its writes are answered here. Returned, to be
+/// written each kind by its own call as before: the whole batch where it is
+/// not such a batch or the statement did not commit (a kind's call refused
+/// it, the connection was lost, an error: it is all rolled back), and the
+/// writes of a kind whose answer says its call wrote nothing.
+async fn all_locked(store: &Store, batch: Vec<Item>) -> Vec<Item> {
+    if store.kind != super::Kind::Postgres {
+        return batch;
+    }
+    let mut kinds: Vec<(TypeId, LockedCall, Fill)> = Vec::new();
+    for i in &batch {
+        let Work::Many {
+            kind, locked, fill, ..
+        } = &i.work
+        else {
+            return batch;
+        };
+        if !kinds.iter().any(|(k, ..)| k == kind) {
+            kinds.push((*kind, *locked, *fill));
+        }
+    }
+    if kinds.len() < 2 {
+        return batch;
+    }
+    let mut calls = Vec::with_capacity(kinds.len());
+    for (kind, locked, _) in &kinds {
+        match locked(&slots_of(&batch, *kind)) {
+            Some(call) => calls.push(call),
+            None => return batch,
+        }
+    }
+    let what = batch.first().map_or("a grouped write", |i| i.what);
+    let texts = match call_all(store, &mut calls).await {
+        Ok(texts) => texts,
+        Err(e) => {
+            tracing::debug!(error = %e, "one call for a batch's kinds did not commit; a call each");
+            return batch;
+        }
+    };
+    let mut answered: Vec<(TypeId, Result<(), StoreError>)> = Vec::with_capacity(kinds.len());
+    for (((kind, _, fill), call), text) in kinds.iter().zip(calls).zip(texts) {
+        match (call.answers)(&text) {
+            Ok(Some(outs)) => {
+                fill(&slots_of(&batch, *kind), outs);
+                answered.push((*kind, Ok(())));
+            }
+            // Its call wrote nothing: written by a call of its own.
+            Ok(None) => {}
+            // Committed, but its answer cannot be read: every write of the
+            // kind hears it, and none is written again.
+            Err(e) => answered.push((*kind, Err(store.err(what)(e)))),
+        }
+    }
+    let mut rest = Vec::new();
+    for item in batch {
+        let Work::Many { kind, .. } = &item.work else {
+            rest.push(item);
+            continue;
+        };
+        match answered.iter().find(|(k, _)| k == kind) {
+            Some((_, Ok(()))) => {
+                let _ = item.done.send(Ok(()));
+            }
+            Some((_, Err(e))) => {
+                let _ = item.done.send(Err(shared(store, item.what, e)));
+            }
+            None => rest.push(item),
+        }
+    }
+    rest
+}
+
+/// The slots of the writes of `kind` in `batch`, in order.
+fn slots_of(batch: &[Item], kind: TypeId) -> Vec<&Erased> {
+    batch
+        .iter()
+        .filter_map(|i| match &i.work {
+            Work::Many { kind: k, slot, .. } if *k == kind => Some(slot),
+            _ => None,
+        })
+        .collect()
+}
+
+/// One statement calling each of `calls`' functions (`SELECT f($1, $2),
+/// g($3, $4), …`) on the write connection, a transaction of its own; each
+/// call's answer, in order. Each function's statements see what the calls
+/// before it wrote (a volatile function's statements take a snapshot each);
+/// which goes first matters no more than which of two writes sent at the
+/// same moment does.
+async fn call_all(
+    store: &Store,
+    calls: &mut [Locked<Answers>],
+) -> Result<Vec<String>, sqlx::Error> {
+    let mut sql = String::from("SELECT ");
+    for (n, c) in calls.iter().enumerate() {
+        if n > 0 {
+            sql.push_str(", ");
+        }
+        sql.push_str(&format!("{}(${}, ${})", c.function, 2 * n + 1, 2 * n + 2));
+    }
+    let binds: Vec<(String, i64)> = calls
+        .iter_mut()
+        .map(|c| (std::mem::take(&mut c.rows), c.now))
+        .collect();
+    let n = binds.len();
+    store
+        .writer
+        .autocommit(move |conn| {
+            Box::pin(async move {
+                let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+                for (rows, now) in binds {
+                    q = q.bind(rows).bind(now);
+                }
+                let row = q.fetch_one(conn).await?;
+                (0..n)
+                    .map(|i| sqlx::Row::try_get::<String, _>(&row, i))
+                    .collect()
+            })
+        })
+        .await
+}
+
 /// On PostgreSQL, the writes of `batch` of a kind whose [`Batch::locked`]
 /// call takes them, taken out of a batch that holds other writes too (a
 /// worker's claim beside webhook deliveries): they are written by that
@@ -407,16 +539,9 @@ fn take_locked(store: &Store, batch: &mut Vec<Item>) -> Option<Vec<Item>> {
     if kinds.len() == 1 && batch.iter().all(|i| matches!(i.work, Work::Many { .. })) {
         return None;
     }
-    let kind = kinds.into_iter().find_map(|(kind, locked)| {
-        let slots: Vec<&Erased> = batch
-            .iter()
-            .filter_map(|i| match &i.work {
-                Work::Many { kind: k, slot, .. } if *k == kind => Some(slot),
-                _ => None,
-            })
-            .collect();
-        locked(&slots).map(|_| kind)
-    })?;
+    let kind = kinds
+        .into_iter()
+        .find_map(|(kind, locked)| locked(&slots_of(batch, kind)).map(|_| kind))?;
     let of_kind = |i: &Item| matches!(&i.work, Work::Many { kind: k, .. } if *k == kind);
     let (taken, rest): (Vec<Item>, Vec<Item>) =
         std::mem::take(batch).into_iter().partition(of_kind);
@@ -430,18 +555,21 @@ enum Failed {
     Write(StoreError),
     /// The transaction could not begin or commit.
     Transaction(StoreError),
+    /// A [`Locked`] call committed, but its answer cannot be read: its
+    /// writes are never written again (each alone, they would be twice).
+    Answer(StoreError),
 }
 
 impl Failed {
     fn shared(&self, store: &Store, what: &'static str) -> StoreError {
         match self {
-            Failed::Write(e) | Failed::Transaction(e) => shared(store, what, e),
+            Failed::Write(e) | Failed::Transaction(e) | Failed::Answer(e) => shared(store, what, e),
         }
     }
 
     fn into_error(self, store: &Store, what: &'static str) -> StoreError {
         match self {
-            Failed::Write(e) => e,
+            Failed::Write(e) | Failed::Answer(e) => e,
             Failed::Transaction(e) => shared(store, what, &e),
         }
     }
@@ -601,12 +729,8 @@ async fn run_locked(store: &Store, batch: &mut [Item]) -> Option<Result<(), Fail
             })
         })
         .await;
-    match called.and_then(|text| answers(&text)) {
-        Ok(Some(outs)) => {
-            fill(&slots, outs);
-            Some(Ok(()))
-        }
-        Ok(None) => None,
+    let text = match called {
+        Ok(text) => text,
         // Not for it (rolled back), or the connection has no such
         // function: it could not make it (no temporary schema, "pg_temp
         // does not exist"; or no such function, or not allowed to run it).
@@ -615,10 +739,19 @@ async fn run_locked(store: &Store, batch: &mut [Item]) -> Option<Result<(), Fail
                 matches!(&*c, "3F000" | "42883" | "42501") || c == NOT_WRITTEN
             }) =>
         {
-            None
+            return None;
         }
-        Err(e) if super::write::connection_lost(&e) => None,
-        Err(e) => Some(Err(Failed::Write(store.err(what)(e)))),
+        Err(e) if super::write::connection_lost(&e) => return None,
+        // Rolled back: each write may be tried alone.
+        Err(e) => return Some(Err(Failed::Write(store.err(what)(e)))),
+    };
+    match answers(&text) {
+        Ok(Some(outs)) => {
+            fill(&slots, outs);
+            Some(Ok(()))
+        }
+        Ok(None) => None,
+        Err(e) => Some(Err(Failed::Answer(store.err(what)(e)))),
     }
 }
 
@@ -903,8 +1036,12 @@ mod tests {
     /// function of its own (`FUNCTIONS`).
     struct Called<const K: usize>(i64);
 
-    /// The locked call of `Called<0>` and of `Called<1>`.
-    const FUNCTIONS: [&str; 2] = ["driftless_test_called", "driftless_test_also"];
+    /// The locked call of `Called<0>`, `Called<1>` and `Called<2>`.
+    const FUNCTIONS: [&str; 3] = [
+        "driftless_test_called",
+        "driftless_test_also",
+        "driftless_test_wrong",
+    ];
 
     impl<const K: usize> Batch for Called<K> {
         type Out = (&'static str, i64);
@@ -941,6 +1078,141 @@ mod tests {
         }
     }
 
+    /// The functions of `Called<K>` (`FUNCTIONS`): each writes its rows
+    /// as deliveries of receiver `k<K>`, the id of its transaction as
+    /// their outcome, and refuses (`NOT_WRITTEN`) rows holding -1. The
+    /// third answers what is not an answer, and its deliveries' ids carry
+    /// the transaction's, so a second call would write them again.
+    async fn make_functions(store: &Store) {
+        for (k, function) in FUNCTIONS.iter().enumerate() {
+            let (id, answer) = match k {
+                2 => ("'c' || value || '-' || txid_current()", "'not an answer'"),
+                _ => ("'c' || value", "p_rows"),
+            };
+            let made = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "CREATE OR REPLACE FUNCTION {function}(p_rows text, p_now bigint)
+                 RETURNS text LANGUAGE plpgsql AS $f$
+                 BEGIN
+                   INSERT INTO deliveries (receiver, delivery_id, received_at, outcome)
+                   SELECT 'k{k}', {id}, p_now, txid_current()::text
+                   FROM jsonb_array_elements_text(p_rows::jsonb);
+                   IF p_rows::jsonb @> '[-1]' THEN
+                     RAISE EXCEPTION 'seen before' USING ERRCODE = '{NOT_WRITTEN}';
+                   END IF;
+                   RETURN {answer};
+                 END $f$"
+            )));
+            store.write_one("test", made).await.expect("function");
+        }
+    }
+
+    /// Send `Called<K>(n)` for each `(K, n)` of `writes` at once, and give
+    /// each answer in order.
+    async fn send_called(
+        store: &Store,
+        writes: &[(usize, i64)],
+    ) -> Vec<Result<(&'static str, i64), StoreError>> {
+        let mut all = Vec::new();
+        for &(k, n) in writes {
+            let store = store.clone();
+            all.push(tokio::spawn(async move {
+                match k {
+                    2 => store.batched("test write", Called::<2>(n)).await,
+                    1 => store.batched("test write", Called::<1>(n)).await,
+                    _ => store.batched("test write", Called::<0>(n)).await,
+                }
+            }));
+        }
+        let mut answers = Vec::new();
+        for h in all {
+            answers.push(h.await.expect("task"));
+        }
+        answers
+    }
+
+    /// On PostgreSQL, a batch of nothing but kinds with a locked call is
+    /// one statement calling each kind's function: the writes of both
+    /// kinds share a transaction. When one kind's call refuses its writes
+    /// (`NOT_WRITTEN`), nothing of that statement is kept and each kind is
+    /// written as before: the other by its own call, the refused one the
+    /// usual way. Every write is answered, and on disk once.
+    #[tokio::test]
+    async fn a_batch_of_locked_kinds_is_one_statement_and_a_refusal_splits_it() {
+        let url = crate::store::testing::database().await;
+        let store = Store::open_postgres(&url).await.expect("postgres store");
+        make_functions(&store).await;
+        let writes: Vec<(usize, i64)> = (0..20).map(|n| ((n % 2) as usize, n)).collect();
+        let answers: Vec<_> = send_called(&store, &writes)
+            .await
+            .into_iter()
+            .map(|a| a.expect("written"))
+            .collect();
+        let expected: Vec<_> = (0..20).map(|n| ("locked", n)).collect();
+        assert_eq!(answers, expected);
+        let shared: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM (SELECT outcome FROM deliveries GROUP BY outcome
+                                   HAVING count(DISTINCT receiver) = 2) AS both_kinds",
+        )
+        .fetch_one(store.pool())
+        .await
+        .expect("count");
+        assert!(shared >= 1, "no transaction wrote both kinds");
+
+        let writes: Vec<(usize, i64)> = (20..40)
+            .map(|n| ((n % 2) as usize, if n == 21 { -1 } else { n }))
+            .collect();
+        let answers = send_called(&store, &writes).await;
+        for ((k, n), answer) in writes.iter().zip(answers) {
+            let (way, m) = answer.expect("written");
+            assert_eq!(m, *n, "write {n}'s answer");
+            // Kind 1's others went with the refused one (the usual way)
+            // or by a call of their own.
+            match (k, n) {
+                (_, -1) => assert_eq!(way, "usual", "the refused write"),
+                (0, _) => assert_eq!(way, "locked", "write {n} of the other kind"),
+                _ => assert!(matches!(way, "usual" | "locked"), "{way}"),
+            }
+        }
+        let kept: Vec<(String, String)> = sqlx::query_as(
+            "SELECT receiver, delivery_id FROM deliveries WHERE delivery_id = 'c-1'",
+        )
+        .fetch_all(store.pool())
+        .await
+        .expect("read");
+        assert_eq!(
+            kept,
+            [("c".to_string(), "c-1".to_string())],
+            "the refused write, once, the usual way"
+        );
+        assert_eq!(count_deliveries(&store).await, 40);
+    }
+
+    /// On PostgreSQL, a locked call that committed but whose answer cannot
+    /// be read fails each of its writes, and writes none of them again
+    /// (one at a time, each would be written twice) — alone in its batch
+    /// or beside another kind in one statement.
+    #[tokio::test]
+    async fn a_call_whose_answer_cannot_be_read_is_never_written_again() {
+        let url = crate::store::testing::database().await;
+        let store = Store::open_postgres(&url).await.expect("postgres store");
+        make_functions(&store).await;
+        for writes in [vec![(2, 1), (2, 2), (2, 3)], vec![(2, 4), (0, 5), (2, 6)]] {
+            for (answer, (k, n)) in send_called(&store, &writes).await.into_iter().zip(writes) {
+                match (k, answer) {
+                    (2, Err(e)) => assert!(e.to_string().contains("test write"), "{e}"),
+                    (2, Ok(a)) => panic!("write {n} answered {a:?}"),
+                    (_, answer) => assert_eq!(answer.expect("written"), ("locked", n)),
+                }
+            }
+        }
+        let written: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM deliveries WHERE receiver = 'k2'")
+                .fetch_one(store.pool())
+                .await
+                .expect("count");
+        assert_eq!(written, 5, "each write of the third kind once");
+    }
+
     /// On PostgreSQL, the writes of a kind with a locked call are written by
     /// that call even when the batch holds other writes (a worker's claim
     /// beside webhook deliveries) — each such kind by its own call — the
@@ -952,18 +1224,8 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         for store in crate::store::testing::stores(dir.path()).await {
             let pg = store.kind() == crate::store::Kind::Postgres;
-            for function in FUNCTIONS.iter().filter(|_| pg) {
-                let made = sqlx::query(sqlx::AssertSqlSafe(format!(
-                    "CREATE OR REPLACE FUNCTION {function}(p_rows text, p_now bigint)
-                     RETURNS text LANGUAGE plpgsql AS $f$
-                     BEGIN
-                       INSERT INTO deliveries (receiver, delivery_id, received_at, outcome)
-                       SELECT 'c', 'c' || value, p_now, 'ok'
-                       FROM jsonb_array_elements_text(p_rows::jsonb);
-                       RETURN p_rows;
-                     END $f$"
-                )));
-                store.write_one("test", made).await.expect("function");
+            if pg {
+                make_functions(&store).await;
             }
             let mut all = Vec::new();
             for n in 0..40i64 {
