@@ -699,6 +699,82 @@ mod tests {
         }
     }
 
+    /// On PostgreSQL, a delivery, a worker's claim and another's finish
+    /// sent at the same moment are one statement calling the three
+    /// functions: the rows each wrote share one transaction. Each is
+    /// answered as alone would be — the claim takes the job queued before,
+    /// not the one the delivery queued beside it (its target is another).
+    /// A delivery seen before among them rolls that statement back: each
+    /// kind is then written alone, the claim and finish still by their
+    /// calls, the duplicate found one.
+    #[tokio::test]
+    async fn a_delivery_a_claim_and_a_finish_at_once_are_one_statement_on_postgres() {
+        for (_d, q) in queues().await {
+            if q.store().kind() != crate::store::Kind::Postgres {
+                continue;
+            }
+            let xmin = |sql: &'static str, id: String| {
+                let q = q.clone();
+                async move {
+                    sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(sql))
+                        .bind(id)
+                        .fetch_one(q.store().pool())
+                        .await
+                        .expect("xmin")
+                }
+            };
+            let job_xmin = "SELECT xmin::text FROM jobs WHERE id::text = $1";
+            let delivery_xmin = "SELECT xmin::text FROM deliveries WHERE delivery_id = $1";
+            for (round, seen) in [(0, None), (1, Some("d0"))] {
+                q.enqueue(&req("db", Trigger::Manual, None, None))
+                    .await
+                    .expect("enqueue");
+                let db = q.claim().await.expect("claim").expect("db's job");
+                let api = q
+                    .enqueue(&req("api", Trigger::Manual, None, None))
+                    .await
+                    .expect("enqueue");
+                let id = format!("d{round}");
+                let push = intake(
+                    seen.unwrap_or(&id),
+                    vec![req(
+                        "web",
+                        Trigger::Webhook,
+                        Some("aaa"),
+                        seen.or(Some(&id)),
+                    )],
+                );
+                let (a, c, f) = (q.clone(), q.clone(), q.clone());
+                let accepted = tokio::spawn(async move { a.accept(push).await });
+                let claimed = tokio::spawn(async move { c.claim_next().await });
+                let finished = tokio::spawn(async move { f.finish(db.id, None, "changed").await });
+                let accepted = accepted.await.expect("task").expect("accepted");
+                let claimed = claimed.await.expect("task").expect("claimed");
+                finished.await.expect("task").expect("finished");
+                let claimed = claimed.expect("api's job");
+                assert_eq!(claimed.id, api, "round {round}");
+                q.finish(api, None, "changed").await.expect("finish");
+                let done = q.job(db.id).await.expect("job").expect("db's job");
+                assert_eq!(done.outcome.as_deref(), Some("changed"), "round {round}");
+                match (seen, accepted) {
+                    (None, Accepted::Queued { jobs, .. }) => {
+                        assert_eq!(jobs[0].0, "web");
+                        let wrote = [
+                            xmin(delivery_xmin, id.clone()).await,
+                            xmin(job_xmin, jobs[0].1.to_string()).await,
+                            xmin(job_xmin, db.id.to_string()).await,
+                        ];
+                        assert!(wrote.iter().all(|x| *x == wrote[0]), "{wrote:?}");
+                        let web = q.claim().await.expect("claim").expect("web's job");
+                        q.finish(web.id, None, "changed").await.expect("finish");
+                    }
+                    (Some(_), Accepted::Duplicate) => {}
+                    (_, other) => panic!("round {round}: {other:?}"),
+                }
+            }
+        }
+    }
+
     /// A database user without the TEMP privilege: the write connection
     /// cannot make its functions, and deliveries are written the usual
     /// way, every one taken once.
