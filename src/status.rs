@@ -1,6 +1,8 @@
 //! What `driftless status --json` and `GET /api/v1/targets` show: one record
 //! per configured target, from the state database. Read-only.
 
+use std::collections::HashMap;
+
 use serde::Serialize;
 
 use crate::app::App;
@@ -108,24 +110,53 @@ pub fn window(target: &crate::config::Target, queued: bool) -> Option<WindowStat
 /// Every configured target, in configuration order (a set's members as
 /// they are known now), then the sets' orphaned members.
 pub async fn targets(app: &App) -> Result<Vec<TargetStatus>, StoreError> {
-    let states = app.store.target_states().await?;
+    listing(app, None).await
+}
+
+/// [`targets`], or with `only` the configured target of that name alone
+/// (its row read alone, no set's orphaned members).
+async fn listing(app: &App, only: Option<&str>) -> Result<Vec<TargetStatus>, StoreError> {
+    let (states, members) = match only {
+        Some(name) => (
+            app.store.target_state(name).await?.into_iter().collect(),
+            Vec::new(),
+        ),
+        None => (
+            app.store.target_states().await?,
+            app.store.set_members().await?,
+        ),
+    };
     let activity = app.queue.activity().await?;
-    let members = app.store.set_members().await?;
     let redactor = crate::redact::Redactor::new();
     let settings = app.settings();
-    let ancestors = crate::config::graph::ancestors(&settings.targets);
+    // Each looked up by name: a scan of the rows for every target took
+    // most of a listing at 10,000 targets.
+    let mut ancestors: HashMap<String, Vec<String>> = HashMap::new();
+    for (of, on) in crate::config::graph::ancestors(&settings.targets) {
+        ancestors.entry(of).or_default().push(on);
+    }
+    // One row a target (`activity` groups by target).
+    let mut by_target = HashMap::with_capacity(activity.len());
+    for a in &activity {
+        by_target.entry(a.target.as_str()).or_insert(a);
+    }
     let active = |name: &str| {
-        activity
-            .iter()
-            .any(|a| a.target == name && (a.queued > 0 || a.running > 0))
+        by_target
+            .get(name)
+            .is_some_and(|a| a.queued > 0 || a.running > 0)
     };
-    let state = |name: &str| states.iter().find(|s| s.name == name);
+    let mut by_name = HashMap::with_capacity(states.len());
+    for s in &states {
+        by_name.entry(s.name.as_str()).or_insert(s);
+    }
+    let state = |name: &str| by_name.get(name).copied();
     let mut out: Vec<TargetStatus> = settings
         .targets
         .iter()
+        .filter(|t| only.is_none_or(|name| t.name == name))
         .map(|t| {
             let s = state(&t.name);
-            let a = activity.iter().find(|a| a.target == t.name);
+            let a = by_target.get(t.name.as_str()).copied();
             TargetStatus {
                 backend: t.backend.kind().to_string(),
                 repo: redactor.redact(&t.repo),
@@ -139,9 +170,11 @@ pub async fn targets(app: &App) -> Result<Vec<TargetStatus>, StoreError> {
                 drift_since: s.and_then(|s| s.drift_since).map(format_ms),
                 depends_on: t.depends_on.clone(),
                 waiting_on: ancestors
-                    .iter()
-                    .filter(|(of, on)| *of == t.name && active(on))
-                    .map(|(_, on)| on.clone())
+                    .get(&t.name)
+                    .into_iter()
+                    .flatten()
+                    .filter(|on| active(on))
+                    .cloned()
                     .collect(),
                 target_set: t.set.clone(),
                 window: window(t, a.is_some_and(|a| a.queued > 0)),
@@ -226,8 +259,12 @@ pub fn hold(s: &crate::store::TargetState) -> Option<String> {
     Some(crate::health::hold_words(at, bad, why))
 }
 
-/// One target's status, if it is configured.
+/// One target's status: a configured target's from its own row, a set's
+/// orphaned member's from the whole listing; None for neither.
 pub async fn target(app: &App, name: &str) -> Result<Option<TargetStatus>, StoreError> {
+    if app.settings().target(name).is_some() {
+        return Ok(listing(app, Some(name)).await?.into_iter().next());
+    }
     Ok(targets(app).await?.into_iter().find(|t| t.name == name))
 }
 

@@ -279,6 +279,13 @@ fn tokens_and_scopes() {
     assert_eq!(t.status, 200);
     assert_eq!(t.json()["backend"], "exec");
     assert!(t.json()["last_applied_sha"].is_string());
+    // One target's record, read alone, is its record in the listing.
+    let listed = get("/api/v1/targets", Some(&w.token("viewer"))).json();
+    let in_list = listed
+        .as_array()
+        .and_then(|all| all.iter().find(|l| l["name"] == "web-api"))
+        .cloned();
+    assert_eq!(Some(t.json()), in_list);
     let runs = get(
         "/api/v1/targets/web-api/runs?limit=5",
         Some(&w.token("viewer")),
