@@ -480,8 +480,8 @@ fn slots_of(batch: &[Item], kind: TypeId) -> Vec<&Erased> {
 }
 
 /// One statement calling each of `calls`' functions (`SELECT f($1, $2),
-/// g($3, $4), …`) on the write connection, a transaction of its own; each
-/// call's answer, in order. Each function's statements see what the calls
+/// g($3, $4), …`; their rows are taken) on the write connection, a
+/// transaction of its own; each call's answer, in order. Each function's statements see what the calls
 /// before it wrote (a volatile function's statements take a snapshot each);
 /// which goes first matters no more than which of two writes sent at the
 /// same moment does.
@@ -710,25 +710,11 @@ async fn run_locked(store: &Store, batch: &mut [Item]) -> Option<Result<(), Fail
             _ => None,
         })
         .collect::<Option<Vec<&Erased>>>()?;
-    let Locked {
-        function,
-        rows,
-        now,
-        answers,
-    } = locked(&slots)?;
-    let sql = format!("SELECT {function}($1, $2)");
-    let called = store
-        .writer
-        .autocommit(move |conn| {
-            Box::pin(async move {
-                sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(sql))
-                    .bind(rows)
-                    .bind(now)
-                    .fetch_one(conn)
-                    .await
-            })
-        })
-        .await;
+    let mut calls = [locked(&slots)?];
+    let called = call_all(store, &mut calls)
+        .await
+        .and_then(|texts| texts.into_iter().next().ok_or(sqlx::Error::RowNotFound));
+    let [Locked { answers, .. }] = calls;
     let text = match called {
         Ok(text) => text,
         // Not for it (rolled back), or the connection has no such
