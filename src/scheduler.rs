@@ -338,14 +338,7 @@ mod tests {
 
     #[tokio::test]
     async fn paused_and_busy_targets_are_skipped_and_due_ones_queued_once() {
-        let toml = ["a", "b", "c"]
-            .iter()
-            .map(|n| {
-                format!(
-                    "[[targets]]\nname = \"{n}\"\nrepo = \"https://h/o/r\"\ninterval = \"1h\"\n[targets.backend]\nkind = \"exec\"\napply = [\"true\"]\n"
-                )
-            })
-            .collect::<String>();
+        let toml = exec_targets(&["a", "b", "c"]);
         let (_dir, mut sched, queue) = setup(&toml).await;
         queue
             .store()
@@ -386,8 +379,7 @@ mod tests {
     /// not queued on an old reading.
     #[tokio::test]
     async fn a_target_that_ran_since_the_last_reading_is_not_queued() {
-        let toml = "[[targets]]\nname = \"a\"\nrepo = \"https://h/o/r\"\ninterval = \"1h\"\n[targets.backend]\nkind = \"exec\"\napply = [\"true\"]\n";
-        let (_dir, mut sched, queue) = setup(toml).await;
+        let (_dir, mut sched, queue) = setup(&exec_targets(&["a"])).await;
         let two_hours_ago = now_ms() - 2 * 3600 * 1000;
         let q = sqlx::query("UPDATE targets SET last_run_at = $1").bind(two_hours_ago);
         queue.store().write_one("test", q).await.expect("update");
